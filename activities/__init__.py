@@ -1,0 +1,5 @@
+"""All of perdure's I/O: model providers, tools, the artifact store.
+
+Workflows call these by their stable names (`workflows.contracts.Activities`)
+and never import this package.
+"""

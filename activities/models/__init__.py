@@ -1,0 +1,1 @@
+"""Model providers: OpenAI-compatible, Anthropic, and the scripted offline server."""

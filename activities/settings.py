@@ -1,0 +1,37 @@
+"""Where things are, read from the environment. Worker- and CLI-side only.
+
+PERDURE_HOME        state on this machine (artifacts), default ~/.perdure
+PERDURE_TEMPORAL    Temporal frontend address, default localhost:7233
+PERDURE_NAMESPACE   Temporal namespace, default "default"
+PERDURE_UI          Temporal UI base URL, default http://localhost:8233
+PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def perdure_home() -> Path:
+    return Path(os.environ.get("PERDURE_HOME") or Path.home() / ".perdure").expanduser()
+
+
+def temporal_address() -> str:
+    return os.environ.get("PERDURE_TEMPORAL", "localhost:7233")
+
+
+def namespace() -> str:
+    return os.environ.get("PERDURE_NAMESPACE", "default")
+
+
+def ui_base() -> str:
+    return os.environ.get("PERDURE_UI", "http://localhost:8233").rstrip("/")
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("PERDURE_CONFIG") or perdure_home() / "config.toml").expanduser()
+
+
+def goal_ui_link(goal_id: str) -> str:
+    return f"{ui_base()}/namespaces/{namespace()}/workflows/{goal_id}"

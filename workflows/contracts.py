@@ -1,0 +1,247 @@
+"""Typed payloads exchanged between the CLI, workflows and activities.
+
+Every workflow, activity and query has one `<Action>Input` and one
+`<Action>Result` here, so both sides of the wire import the same definition.
+Pure pydantic: no I/O, nothing that varies between runs. Payloads carry
+artifact references and digests, never whole transcripts or large outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.plan import Plan
+from workflows.tool_specs import DEFAULT_TOOLS, RiskClass
+
+TASK_QUEUE = "perdure"
+GOAL_WORKFLOW = "GoalWorkflow"
+
+
+class Activities:
+    """Stable activity names: histories and replay depend on them."""
+
+    PLAN = "perdure.model.plan"
+    GENERATE = "perdure.model.generate"
+    AGENT_TURN = "perdure.model.agent_turn"
+    RUN_TOOL = "perdure.tool.run"
+    WRITE_REPORT = "perdure.report.write"
+
+
+class Queries:
+    PROGRESS = "progress"
+
+
+class ArtifactRef(BaseModel):
+    """A content-addressed blob in the artifact store."""
+
+    model_config = ConfigDict(frozen=True)
+
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    media_type: str = "text/plain"
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_wall_seconds: int | None = Field(default=None, gt=0)
+
+
+class GoalSpec(BaseModel):
+    """What the user asks for. Holds a model *profile name*, never a credential."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str = Field(min_length=1, max_length=20_000)
+    plan: Plan | None = None
+    constraints: list[str] = Field(default_factory=list)
+    budget: Budget = Field(default_factory=Budget)
+    model_profile: str = "default"
+    allowed_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    workspace: str = Field(min_length=1, description="Absolute path of the workspace on the worker's machine.")
+    max_plan_repairs: int = Field(default=2, ge=0, le=5)
+    max_agent_turns: int = Field(default=8, ge=1, le=50)
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class ModelContext(BaseModel):
+    """The stable prompt parts every model call of a goal shares (sent first, for caching)."""
+
+    profile: str
+    goal: str
+    constraints: list[str] = Field(default_factory=list)
+
+
+# --- planning ---------------------------------------------------------------
+
+
+class PlanInput(BaseModel):
+    context: ModelContext
+    allowed_tools: list[str]
+    attempt: int = 1
+    rejected: ArtifactRef | None = Field(default=None, description="The previous reply, when repairing.")
+    rejection: str | None = Field(default=None, description="Why the previous reply was invalid.")
+
+
+class PlanResult(BaseModel):
+    plan: Plan | None = None
+    error: str | None = None
+    raw: ArtifactRef
+    usage: Usage
+    model: str
+
+
+# --- llm and agent nodes ----------------------------------------------------
+
+
+class GenerateInput(BaseModel):
+    context: ModelContext
+    step: str
+    prompt: str
+    inputs: dict[str, ArtifactRef] = Field(default_factory=dict, description="Outputs of the steps it needs.")
+
+
+class GenerateResult(BaseModel):
+    output: ArtifactRef
+    preview: str
+    usage: Usage
+    model: str
+
+
+class ToolCall(BaseModel):
+    call_id: str
+    tool: str
+    args: ArtifactRef = Field(description="The arguments as the model wrote them (JSON text).")
+
+
+class ToolResult(BaseModel):
+    """Outcome of one tool call. Failures the model can act on are data, not errors."""
+
+    call_id: str | None = None
+    tool: str
+    risk: RiskClass | None = None
+    ok: bool
+    output: ArtifactRef | None = None
+    preview: str = ""
+    error: str | None = None
+
+
+class AgentTurnInput(BaseModel):
+    context: ModelContext
+    step: str
+    prompt: str
+    inputs: dict[str, ArtifactRef] = Field(default_factory=dict)
+    tools: list[str]
+    turn: int = Field(ge=1)
+    max_turns: int = Field(ge=1)
+    transcript: ArtifactRef | None = Field(default=None, description="Conversation so far; None on turn 1.")
+    tool_results: list[ToolResult] = Field(default_factory=list, description="Results of the previous turn's calls.")
+
+
+class AgentTurnResult(BaseModel):
+    transcript: ArtifactRef
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    final: ArtifactRef | None = Field(default=None, description="Set when the model answered without tool calls.")
+    preview: str = ""
+    usage: Usage
+    model: str
+
+
+# --- tools --------------------------------------------------------------------
+
+
+class ToolInput(BaseModel):
+    goal_id: str
+    node_key: str
+    tool: str
+    workspace: str
+    args: dict | None = Field(default=None, description="Arguments from a plan step.")
+    args_ref: ArtifactRef | None = Field(default=None, description="Arguments written by a model (JSON text).")
+    inputs: dict[str, ArtifactRef] = Field(default_factory=dict, description="Outputs for {{steps.NAME}} templates.")
+    call_id: str | None = None
+
+
+# --- report -------------------------------------------------------------------
+
+NodeKind = Literal["llm", "agent", "tool"]
+NodeStatus = Literal[
+    "pending", "running", "blocked", "parked", "succeeded", "failed", "uncertain", "invalidated", "abandoned"
+]
+
+
+class StepOutcome(BaseModel):
+    name: str
+    kind: NodeKind
+    status: NodeStatus
+    output: ArtifactRef | None = None
+    error: str | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ReportInput(BaseModel):
+    goal_id: str
+    goal: str
+    outcome: Literal["succeeded", "partial", "failed"]
+    failure: str | None = None
+    steps: list[StepOutcome] = Field(default_factory=list)
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ReportResult(BaseModel):
+    report: ArtifactRef
+    excerpt: str
+
+
+class GoalResult(BaseModel):
+    outcome: Literal["succeeded", "partial", "failed"]
+    failure: str | None = None
+    report: ArtifactRef
+    excerpt: str
+    outputs: dict[str, ArtifactRef] = Field(default_factory=dict)
+    failed_steps: list[str] = Field(default_factory=list)
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+# --- progress -----------------------------------------------------------------
+
+
+class NodeView(BaseModel):
+    name: str
+    kind: NodeKind
+    status: NodeStatus
+    key: str | None = None
+    preview: str = ""
+    error: str | None = None
+
+
+class ProgressSnapshot(BaseModel):
+    goal_id: str
+    phase: str
+    plan_version: int
+    counts: dict[str, int]
+    running: list[str]
+    percent_done: int
+    tokens: int
+    cost_usd: float
+    model_calls: int
+    tool_calls: int
+    nodes: list[NodeView]
+    results: dict[str, str] = Field(default_factory=dict, description="Step name -> output digest.")
+    report: ArtifactRef | None = None
+    failure: str | None = None

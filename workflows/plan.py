@@ -1,0 +1,173 @@
+"""Plans: the structured output of the planner, or a declarative plan file.
+
+Pure validation only. A plan is a list of named steps with dependencies; names
+are stable within a plan version and used for edges, templates and display.
+Tool steps may use `{{steps.NAME}}` inside string arguments to receive the text
+output of a step they depend on; the tool activity resolves it from the
+artifact store, so the workflow never holds the text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workflows.tool_specs import TOOL_SPECS
+
+STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
+TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")
+MAX_STEPS = 64
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=STEP_NAME, description="Unique step name, lower-case identifier.")
+    needs: list[str] = Field(default_factory=list, description="Names of steps this one depends on.")
+
+
+class LlmStep(_Step):
+    kind: Literal["llm"] = "llm"
+    prompt: str = Field(min_length=1)
+
+
+class AgentStep(_Step):
+    kind: Literal["agent"] = "agent"
+    prompt: str = Field(min_length=1)
+    tools: list[str] = Field(default_factory=list, description="Tools the agent may call.")
+    max_turns: int | None = Field(default=None, ge=1, le=50)
+
+
+class ToolStep(_Step):
+    kind: Literal["tool"] = "tool"
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+PlanStep = Annotated[LlmStep | AgentStep | ToolStep, Field(discriminator="kind")]
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[PlanStep] = Field(min_length=1, max_length=MAX_STEPS)
+
+    @model_validator(mode="after")
+    def _graph_is_sound(self) -> Plan:
+        names = [s.name for s in self.steps]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"step names must be unique; repeated: {', '.join(duplicates)}")
+        known = set(names)
+        for step in self.steps:
+            missing = [d for d in step.needs if d not in known]
+            if missing:
+                raise ValueError(f"step '{step.name}' needs unknown step(s): {', '.join(missing)}")
+            if step.name in step.needs:
+                raise ValueError(f"step '{step.name}' depends on itself")
+        cycle = _find_cycle({s.name: s.needs for s in self.steps})
+        if cycle:
+            raise ValueError("steps form a cycle: " + " -> ".join(cycle))
+        return self
+
+    def step(self, name: str) -> LlmStep | AgentStep | ToolStep:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in needs.get(node, []):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if state.get(dep) is None:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in needs:
+        if state.get(node) is None:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def check_plan(plan: Plan, allowed_tools: list[str]) -> list[str]:
+    """Problems that depend on the goal (tools allowed, tool arguments, templates).
+
+    Returns human-readable messages; empty when the plan can run.
+    """
+    problems: list[str] = []
+    allowed = set(allowed_tools)
+    for step in plan.steps:
+        if isinstance(step, ToolStep):
+            problems += _check_tool_step(step, allowed)
+        elif isinstance(step, AgentStep):
+            for tool in step.tools:
+                if tool not in allowed:
+                    problems.append(
+                        f"step '{step.name}': tool '{tool}' is not allowed "
+                        f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
+                    )
+    return problems
+
+
+def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
+    if step.tool not in TOOL_SPECS:
+        return [f"step '{step.name}': unknown tool '{step.tool}' (known: {', '.join(sorted(TOOL_SPECS))})"]
+    if step.tool not in allowed:
+        return [f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"]
+    problems: list[str] = []
+    for ref in template_refs(step.args):
+        if ref not in step.needs:
+            problems.append(f"step '{step.name}': argument uses {{{{steps.{ref}}}}} but does not list '{ref}' in needs")
+    try:
+        TOOL_SPECS[step.tool].args_model.model_validate(step.args)
+    except ValidationError as err:
+        problems.append(f"step '{step.name}': bad arguments for {step.tool}: {describe_validation_error(err)}")
+    return problems
+
+
+def template_refs(value: Any) -> set[str]:
+    """Step names referenced by `{{steps.NAME}}` anywhere inside value."""
+    if isinstance(value, str):
+        return set(TEMPLATE.findall(value))
+    if isinstance(value, dict):
+        return set().union(*(template_refs(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(template_refs(v) for v in value)) if value else set()
+    return set()
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line per problem: `location: message`, readable by a person or a model."""
+    parts = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def parse_plan(data: Any, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:
+    """Validate untrusted plan data. Returns (plan, None) or (None, reason)."""
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as err:
+        return None, describe_validation_error(err)
+    problems = check_plan(plan, allowed_tools)
+    if problems:
+        return None, "; ".join(problems)
+    return plan, None

@@ -1,0 +1,23 @@
+"""Custom search attributes: the one list every server start registers.
+
+The dev-server launcher, the test environments and docker-compose's setup job
+all read `CUSTOM_SEARCH_ATTRIBUTES`; a workflow upserting an attribute the
+server does not know gets stuck, so nothing may upsert a key missing here.
+"""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+GOAL_STATUS = SearchAttributeKey.for_keyword("PerdureStatus")
+PERCENT_DONE = SearchAttributeKey.for_int("PerdurePercentDone")
+COST_USD = SearchAttributeKey.for_float("PerdureCostUsd")
+PARKED = SearchAttributeKey.for_bool("PerdureParked")
+NEEDS_HUMAN = SearchAttributeKey.for_bool("PerdureNeedsHuman")
+LAST_PROGRESS_AT = SearchAttributeKey.for_datetime("PerdureLastProgressAt")
+
+ALL_KEYS = [GOAL_STATUS, PERCENT_DONE, COST_USD, PARKED, NEEDS_HUMAN, LAST_PROGRESS_AT]
+
+# Name -> the type name the Temporal CLI and operator API use.
+_CLI_TYPE = {"KEYWORD": "Keyword", "INT": "Int", "DOUBLE": "Double", "BOOL": "Bool", "DATETIME": "Datetime", "TEXT": "Text"}
+CUSTOM_SEARCH_ATTRIBUTES: dict[str, str] = {k.name: _CLI_TYPE[k.indexed_value_type.name] for k in ALL_KEYS}
