@@ -3,6 +3,7 @@
 PERDURE_HOME        state on this machine (artifacts), default ~/.perdure
 PERDURE_TEMPORAL    Temporal frontend address, default localhost:7233
 PERDURE_NAMESPACE   Temporal namespace, default "default"
+PERDURE_TASK_QUEUE  task queue of the orchestrator workers, default "perdure"
 PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from workflows.contracts import TASK_QUEUE
 
 
 def perdure_home() -> Path:
@@ -23,6 +26,10 @@ def temporal_address() -> str:
 
 def namespace() -> str:
     return os.environ.get("PERDURE_NAMESPACE", "default")
+
+
+def task_queue() -> str:
+    return os.environ.get("PERDURE_TASK_QUEUE", TASK_QUEUE)
 
 
 def ui_base() -> str:

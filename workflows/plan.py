@@ -129,7 +129,9 @@ def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
     if step.tool not in TOOL_SPECS:
         return [f"step '{step.name}': unknown tool '{step.tool}' (known: {', '.join(sorted(TOOL_SPECS))})"]
     if step.tool not in allowed:
-        return [f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"]
+        return [
+            f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"
+        ]
     problems: list[str] = []
     for ref in template_refs(step.args):
         if ref not in step.needs:

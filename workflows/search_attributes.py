@@ -19,5 +19,12 @@ LAST_PROGRESS_AT = SearchAttributeKey.for_datetime("PerdureLastProgressAt")
 ALL_KEYS = [GOAL_STATUS, PERCENT_DONE, COST_USD, PARKED, NEEDS_HUMAN, LAST_PROGRESS_AT]
 
 # Name -> the type name the Temporal CLI and operator API use.
-_CLI_TYPE = {"KEYWORD": "Keyword", "INT": "Int", "DOUBLE": "Double", "BOOL": "Bool", "DATETIME": "Datetime", "TEXT": "Text"}
+_CLI_TYPE = {
+    "KEYWORD": "Keyword",
+    "INT": "Int",
+    "DOUBLE": "Double",
+    "BOOL": "Bool",
+    "DATETIME": "Datetime",
+    "TEXT": "Text",
+}
 CUSTOM_SEARCH_ATTRIBUTES: dict[str, str] = {k.name: _CLI_TYPE[k.indexed_value_type.name] for k in ALL_KEYS}

@@ -1,0 +1,358 @@
+"""The model activities: plan, generate (one llm step) and one turn of an agent loop.
+
+Owns prompt assembly, the agent transcript and turning replies into typed
+results; the decisions (how many repairs, which tool calls to run, when a loop
+ends) stay in the workflow. Large text (replies, transcripts, tool arguments)
+goes to the artifact store and results carry only references and a preview.
+Stable prompt parts (marker, role, goal, constraints, tool catalogue) come
+first so providers can cache them. This module must not log prompts or keys,
+and must not retry: failures leave as `ApplicationError`s for Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
+from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
+from workflows.contracts import (
+    Activities,
+    AgentTurnInput,
+    AgentTurnResult,
+    ArtifactRef,
+    GenerateInput,
+    GenerateResult,
+    ModelContext,
+    PlanInput,
+    PlanResult,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from workflows.plan import MAX_STEPS, Plan, parse_plan
+from workflows.tool_specs import TOOL_SPECS
+
+# Markers let the scripted server (and a person reading a transcript) tell the calls apart.
+PLANNER_MARKER = "PERDURE-PLANNER"
+STEP_MARKER = "PERDURE-STEP"
+AGENT_MARKER = "PERDURE-AGENT"
+
+MAX_INPUT_CHARS = 64_000
+MAX_TOOL_RESULT_CHARS = 16_384
+LAST_TURN_NOTE = (
+    "This is your last turn: no tools are available any more. "
+    "Answer now with the step's final output, using what you have."
+)
+NO_FINAL_ANSWER = "(no final answer: the agent's turns ran out while it still asked for tools)"
+
+EXAMPLE_PLAN = {
+    "steps": [
+        {"name": "listing", "kind": "tool", "tool": "list_dir", "args": {"path": "."}},
+        {
+            "name": "survey",
+            "kind": "agent",
+            "prompt": "Read the files that matter and describe what the project does.",
+            "tools": ["read_file"],
+            "needs": ["listing"],
+        },
+        {"name": "summary", "kind": "llm", "prompt": "Write a one-page summary from the survey.", "needs": ["survey"]},
+        {
+            "name": "save",
+            "kind": "tool",
+            "tool": "write_file",
+            "args": {"path": "SUMMARY.md", "content": "{{steps.summary}}"},
+            "needs": ["summary"],
+        },
+    ]
+}
+
+T = TypeVar("T")
+
+
+class ModelActivities:
+    """Register with a Worker as `activities=ModelActivities(config, store).activities()`."""
+
+    def __init__(self, config: ModelConfig, store: ArtifactStore) -> None:
+        self.config = config
+        self.store = store
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.plan, self.generate, self.agent_turn]
+
+    @activity.defn(name=Activities.PLAN)
+    async def plan(self, input: PlanInput) -> PlanResult:
+        messages = [
+            ChatMessage(role="system", content=planner_system_prompt(input.context, input.allowed_tools)),
+            ChatMessage(role="user", content=f"Goal:\n{input.context.goal}"),
+        ]
+        if input.rejected is not None and input.rejection:
+            messages += [
+                ChatMessage(role="assistant", content=self._text(input.rejected, "the rejected plan")),
+                ChatMessage(
+                    role="user",
+                    content=f"Your plan was rejected: {input.rejection}. Reply with the corrected plan as JSON only.",
+                ),
+            ]
+        response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True))
+        raw = self.store.put_text(response.text)
+        plan, error = parse_plan_reply(response.text, input.allowed_tools)
+        if error:
+            activity.logger.info(f"plan attempt {input.attempt} rejected: {preview(error)}")
+        return PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model)
+
+    @activity.defn(name=Activities.GENERATE)
+    async def generate(self, input: GenerateInput) -> GenerateResult:
+        messages = [
+            ChatMessage(role="system", content=step_system_prompt(input.context)),
+            ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs)),
+        ]
+        response, usage = await self._chat(input.context, ChatRequest(messages=messages))
+        output = self.store.put_text(response.text)
+        return GenerateResult(output=output, preview=preview(response.text), usage=usage, model=response.model)
+
+    @activity.defn(name=Activities.AGENT_TURN)
+    async def agent_turn(self, input: AgentTurnInput) -> AgentTurnResult:
+        last_turn = input.turn >= input.max_turns
+        if input.transcript is None:
+            messages = [
+                ChatMessage(role="system", content=agent_system_prompt(input.context, input.max_turns)),
+                ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs)),
+            ]
+        else:
+            messages = self._transcript(input.transcript)
+            messages += self._tool_result_messages(messages, input.tool_results)
+        if last_turn:
+            messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
+        tools = [] if last_turn else agent_tools(input.tools)
+        response, usage = await self._chat(input.context, ChatRequest(messages=messages, tools=tools))
+
+        calls = [
+            call if call.id else call.model_copy(update={"id": f"call_{input.turn}_{i}"})
+            for i, call in enumerate(response.tool_calls)
+        ]
+        if last_turn:
+            # No tools were offered; a call now could never get a next turn to see its result.
+            calls = []
+        messages.append(ChatMessage(role="assistant", content=response.text, tool_calls=calls))
+        transcript = self.store.put_json([m.model_dump(exclude_defaults=True) for m in messages])
+
+        if calls:
+            tool_calls = [
+                ToolCall(call_id=c.id, tool=c.name, args=self.store.put_text(c.arguments, "application/json"))
+                for c in calls
+            ]
+            summary = "calls " + ", ".join(c.name for c in calls)
+            return AgentTurnResult(
+                transcript=transcript,
+                tool_calls=tool_calls,
+                preview=preview(f"{summary}. {response.text}" if response.text else summary),
+                usage=usage,
+                model=response.model,
+            )
+        text = response.text or (NO_FINAL_ANSWER if response.tool_calls else "")
+        return AgentTurnResult(
+            transcript=transcript,
+            final=self.store.put_text(text),
+            preview=preview(text),
+            usage=usage,
+            model=response.model,
+        )
+
+    # --- helpers ------------------------------------------------------------------
+
+    async def _chat(self, context: ModelContext, request: ChatRequest) -> tuple[ChatResponse, Usage]:
+        profile = self._profile(context.profile)
+        response = await _heartbeating(provider_for(profile).chat(request))
+        usage = Usage(
+            input_tokens=response.input_tokens,
+            output_tokens=response.output_tokens,
+            cost_usd=profile.cost_usd(response.input_tokens, response.output_tokens),
+        )
+        activity.logger.info(
+            f"model call: profile={profile.name} model={response.model} "
+            f"input_tokens={usage.input_tokens} output_tokens={usage.output_tokens} cost_usd={usage.cost_usd:.6f}"
+        )
+        return response, usage
+
+    def _profile(self, name: str) -> ModelProfile:
+        try:
+            return self.config.resolve(name)
+        except UnknownModelProfile as err:
+            raise ApplicationError(str(err), type="UnknownModelProfile", non_retryable=True) from None
+
+    def _text(self, ref: ArtifactRef, what: str) -> str:
+        try:
+            return self.store.get_text(ref)
+        except (ArtifactMissing, ArtifactCorrupt) as err:
+            # The store is local to this machine; another attempt here would find the same thing.
+            raise ApplicationError(f"{what}: {err}", type=type(err).__name__, non_retryable=True) from None
+
+    def _transcript(self, ref: ArtifactRef) -> list[ChatMessage]:
+        try:
+            return [ChatMessage.model_validate(m) for m in json.loads(self._text(ref, "the agent transcript"))]
+        except ValueError as err:
+            raise ApplicationError(
+                f"the agent transcript {ref.digest} is not a list of messages: {err}",
+                type="TranscriptInvalid",
+                non_retryable=True,
+            ) from None
+
+    def _step_message(self, step: str, prompt: str, inputs: dict[str, ArtifactRef]) -> str:
+        parts = [f"step: {step}", prompt]
+        for name in sorted(inputs):
+            text = cap(self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
+            parts.append(f"--- input from step '{name}' ---\n{text}\n--- end of input from step '{name}' ---")
+        return "\n\n".join(parts)
+
+    def _tool_result_messages(self, transcript: list[ChatMessage], results: list[ToolResult]) -> list[ChatMessage]:
+        messages = [self._tool_result_message(r) for r in results]
+        # Providers reject a conversation in which a requested call has no
+        # result, so a call the workflow did not run is answered as an error.
+        pending = transcript[-1].tool_calls if transcript and transcript[-1].role == "assistant" else []
+        answered = {r.call_id for r in results}
+        for call in pending:
+            if call.id not in answered:
+                messages.append(
+                    ChatMessage(role="tool", tool_call_id=call.id, content="ERROR: the call was not run (no result)")
+                )
+        return messages
+
+    def _tool_result_message(self, result: ToolResult) -> ChatMessage:
+        text = self._text(result.output, f"output of tool {result.tool}") if result.output else result.preview
+        if not result.ok:
+            text = f"ERROR: {result.error or 'the tool failed'}" + (f"\n{text}" if text else "")
+        text = cap(text, MAX_TOOL_RESULT_CHARS)
+        if result.call_id:
+            return ChatMessage(role="tool", tool_call_id=result.call_id, content=text)
+        return ChatMessage(role="user", content=f"Result of tool {result.tool}:\n{text}")
+
+
+async def _heartbeating(call: Awaitable[T]) -> T:
+    """Await a model call, heartbeating meanwhile when the activity has a heartbeat timeout."""
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        return await call
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(timeout.total_seconds() / 2)
+            activity.heartbeat()
+
+    beater = asyncio.create_task(beat())
+    try:
+        return await call
+    finally:
+        beater.cancel()
+
+
+# --- prompts (pure) ------------------------------------------------------------------
+
+
+def constraints_block(constraints: list[str]) -> str:
+    if not constraints:
+        return "Constraints: none given."
+    lines = "\n".join(f"- {c}" for c in constraints)
+    return f"Constraints, verbatim from the user (every step must respect them):\n{lines}"
+
+
+def tool_catalogue(allowed_tools: list[str]) -> str:
+    allowed = set(allowed_tools)
+    # Catalogue order, not the caller's order, keeps the prompt prefix stable for caching.
+    entries = [
+        f"- {spec.name} (risk: {spec.risk}): {spec.description}\n"
+        f"  arguments (JSON schema): {json.dumps(spec.json_schema(), sort_keys=True)}"
+        for spec in TOOL_SPECS.values()
+        if spec.name in allowed
+    ]
+    return "Tools the plan may use:\n" + ("\n".join(entries) if entries else "(none: use only llm steps)")
+
+
+def planner_system_prompt(context: ModelContext, allowed_tools: list[str]) -> str:
+    return "\n\n".join(
+        [
+            f"[{PLANNER_MARKER}]\nYou are the planner of perdure, a durable runtime that carries out one goal "
+            "as a graph of steps. You write the plan; the runtime runs it.",
+            constraints_block(context.constraints),
+            tool_catalogue(allowed_tools),
+            "Step kinds:\n"
+            "- llm: one model call with `prompt`; its text output goes to the steps that need it.\n"
+            "- agent: a bounded loop in which a model calls `tools` (a subset of the tools above) "
+            "until it answers; optional `max_turns`.\n"
+            "- tool: one call of `tool` with fixed `args`. A string argument may contain {{steps.NAME}}, "
+            "which is replaced by the text output of step NAME; NAME must be listed in `needs`.\n"
+            "`needs` lists the steps whose outputs a step receives and must wait for; steps that do not "
+            "need each other run in parallel. No cycles. Step names are unique, lower-case, "
+            f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_STEPS} steps.",
+            f"Plan JSON schema:\n{json.dumps(Plan.model_json_schema(), sort_keys=True)}",
+            "Example (illustrative only: use just the tools listed above):\n" + json.dumps(EXAMPLE_PLAN, indent=1),
+            "Reply with the plan as one JSON object only: no prose, no code fences.",
+        ]
+    )
+
+
+def step_system_prompt(context: ModelContext) -> str:
+    return "\n\n".join(
+        [
+            f"[{STEP_MARKER}]\nYou carry out one step of a plan toward the goal below. Reply with the step's "
+            "output only; it is passed verbatim to the steps that need it.",
+            constraints_block(context.constraints),
+            f"Goal:\n{context.goal}",
+        ]
+    )
+
+
+def agent_system_prompt(context: ModelContext, max_turns: int) -> str:
+    return "\n\n".join(
+        [
+            f"[{AGENT_MARKER}]\nYou carry out one step of a plan toward the goal below, using the tools "
+            "offered. Call tools when you need information or need to act; their results come back as "
+            "messages, and a failed call comes back as 'ERROR: ...' for you to work around. When the step "
+            "is done, reply with its final output as plain text and no tool calls. "
+            f"You have at most {max_turns} turns.",
+            constraints_block(context.constraints),
+            f"Goal:\n{context.goal}",
+        ]
+    )
+
+
+def agent_tools(names: list[str]) -> list[ChatTool]:
+    return [
+        ChatTool(name=spec.name, description=f"{spec.description} (risk: {spec.risk})", json_schema=spec.json_schema())
+        for name in names
+        if (spec := TOOL_SPECS.get(name)) is not None
+    ]
+
+
+_FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def parse_plan_reply(text: str, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:
+    """The plan in a model's reply, or the reason it is not one (fit to show the model)."""
+    match = _FENCE.match(text)
+    body = (match.group(1) if match else text).strip()
+    try:
+        data = json.loads(body)
+    except ValueError as err:
+        # Models sometimes wrap the object in a sentence; take the outermost braces.
+        start, end = body.find("{"), body.rfind("}")
+        try:
+            data = json.loads(body[start : end + 1]) if 0 <= start < end else None
+        except ValueError:
+            data = None
+        if data is None:
+            return None, f"reply is not JSON: {err}"
+    return parse_plan(data, allowed_tools)
+
+
+def cap(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[truncated: {len(text) - limit} more characters]"

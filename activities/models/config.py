@@ -1,0 +1,152 @@
+"""Model profiles: which provider, model, endpoint and price a profile name means.
+
+Owns the profile table (built-in profiles plus `[profiles.NAME]` tables from the
+TOML config file) and resolving a name, including `default`, which follows the
+environment of the worker. Workflows carry only a profile *name*; this module
+stores the *name* of the environment variable that holds a key and must never
+read, store or log the key itself (providers read it at call time).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from activities.settings import config_path
+
+DEFAULT_SCRIPT = Path(__file__).parent / "scripts" / "demo.yaml"
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+# USD per million tokens (input, output), list prices. A built-in profile whose
+# model is not listed falls back to its provider's default model, so a budget
+# over-counts rather than silently counting zero; set prices in config.toml.
+LIST_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "claude-sonnet-4-5": (3.00, 15.00),
+    "claude-haiku-4-5": (1.00, 5.00),
+    "claude-opus-4-1": (15.00, 75.00),
+}
+
+
+class UnknownModelProfile(LookupError):
+    """No profile has this name; the message lists the known names."""
+
+
+class ModelConfigInvalid(ValueError):
+    """The config file cannot be read as model profiles."""
+
+
+class ModelProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    provider: Literal["openai", "anthropic", "scripted"]
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = Field(default=None, description="NAME of the env var holding the key, never the key.")
+    price_input_per_mtok: float = Field(default=0.0, ge=0)
+    price_output_per_mtok: float = Field(default=0.0, ge=0)
+    max_output_tokens: int = Field(default=2048, ge=1)
+    timeout_s: float = Field(default=120, gt=0)
+    script: str | None = Field(default=None, description="Scripted profiles only: path of the script file.")
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok) / 1e6
+
+
+class ModelConfig(BaseModel):
+    profiles: dict[str, ModelProfile]
+
+    def resolve(self, name: str) -> ModelProfile:
+        if name in self.profiles:
+            return self.profiles[name]
+        if name == "default":
+            return self.profiles[default_provider_from_env()]
+        known = ", ".join(sorted({*self.profiles, "default"}))
+        raise UnknownModelProfile(f"unknown model profile '{name}'; known profiles: {known}")
+
+
+def default_provider_from_env() -> str:
+    """Which built-in profile `default` means on this worker, judged by which credentials exist."""
+    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
+        return "openai"
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return "anthropic"
+    return "scripted"
+
+
+def builtin_profiles() -> dict[str, ModelProfile]:
+    openai_model = os.environ.get("PERDURE_OPENAI_MODEL") or DEFAULT_OPENAI_MODEL
+    anthropic_model = os.environ.get("PERDURE_ANTHROPIC_MODEL") or DEFAULT_ANTHROPIC_MODEL
+    openai_in, openai_out = LIST_PRICES.get(openai_model, LIST_PRICES[DEFAULT_OPENAI_MODEL])
+    anthropic_in, anthropic_out = LIST_PRICES.get(anthropic_model, LIST_PRICES[DEFAULT_ANTHROPIC_MODEL])
+    return {
+        "scripted": ModelProfile(
+            name="scripted",
+            provider="scripted",
+            model="scripted",
+            script=os.environ.get("PERDURE_SCRIPT") or str(DEFAULT_SCRIPT),
+        ),
+        "openai": ModelProfile(
+            name="openai",
+            provider="openai",
+            model=openai_model,
+            base_url=os.environ.get("OPENAI_BASE_URL") or None,
+            api_key_env="OPENAI_API_KEY",
+            price_input_per_mtok=openai_in,
+            price_output_per_mtok=openai_out,
+        ),
+        "anthropic": ModelProfile(
+            name="anthropic",
+            provider="anthropic",
+            model=anthropic_model,
+            api_key_env="ANTHROPIC_API_KEY",
+            price_input_per_mtok=anthropic_in,
+            price_output_per_mtok=anthropic_out,
+        ),
+    }
+
+
+def load_model_config(path: Path | None = None) -> ModelConfig:
+    """Built-in profiles, overlaid by `[profiles.NAME]` tables of the TOML file when it exists.
+
+    A table named like a built-in profile overrides only the fields it sets.
+    A relative `script` path is taken relative to the config file.
+    """
+    path = path or config_path()
+    profiles = builtin_profiles()
+    if not path.is_file():
+        return ModelConfig(profiles=profiles)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ModelConfigInvalid(f"cannot read model profiles from {path}: {err}") from None
+    tables = data.get("profiles", {})
+    if not isinstance(tables, dict):
+        raise ModelConfigInvalid(f"{path}: 'profiles' must be a table of [profiles.NAME] tables")
+    for name, table in tables.items():
+        profiles[name] = _profile_from_table(path, name, table, profiles.get(name))
+    return ModelConfig(profiles=profiles)
+
+
+def _profile_from_table(path: Path, name: str, table: Any, base: ModelProfile | None) -> ModelProfile:
+    if not isinstance(table, dict):
+        raise ModelConfigInvalid(f"{path}: [profiles.{name}] must be a table")
+    fields = (base.model_dump() if base else {}) | table | {"name": name}
+    if fields.get("script") and "script" in table:
+        script = Path(fields["script"]).expanduser()
+        fields["script"] = str(script if script.is_absolute() else path.parent / script)
+    try:
+        return ModelProfile.model_validate(fields)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors(include_url=False))
+        raise ModelConfigInvalid(f"{path}: [profiles.{name}] is invalid: {problems}") from None

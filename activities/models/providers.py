@@ -1,0 +1,363 @@
+"""A provider-neutral chat call, and the mapping of provider failures onto Temporal retries.
+
+Owns the normalised message model (`ChatMessage`, `ChatRequest`, `ChatResponse`),
+the translation to and from the OpenAI chat-completions and Anthropic messages
+APIs, and `provider_for(profile)`, which for scripted profiles starts an
+in-process `ScriptedServer` so offline runs still go through the real `openai`
+client over HTTP. SDK retries are off: Temporal's retry policy owns retries, and
+every failure leaves here as an `ApplicationError` with a deliberate
+`non_retryable`. API keys are read from the environment at call time and must
+never appear in a message, a log line or a return value.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import anthropic
+import openai
+from pydantic import BaseModel, Field
+from temporalio.exceptions import ApplicationError
+
+from activities.models.config import ModelProfile
+from activities.models.scripted import ScriptedServer
+
+# Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
+NO_KEY = "unused"
+JSON_ONLY = "Reply with a single JSON value only: no prose, no code fences."
+
+
+class ChatToolCall(BaseModel):
+    id: str
+    name: str
+    arguments: str = Field(description="JSON text exactly as the model wrote it.")
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ChatToolCall] = Field(default_factory=list, description="Assistant messages only.")
+    tool_call_id: str | None = Field(default=None, description="Tool messages only.")
+
+
+class ChatTool(BaseModel):
+    name: str
+    description: str
+    json_schema: dict[str, Any]
+
+
+class ChatRequest(BaseModel):
+    messages: list[ChatMessage]
+    tools: list[ChatTool] = Field(default_factory=list)
+    json_mode: bool = False
+    max_output_tokens: int | None = Field(default=None, description="None: the profile's limit.")
+
+
+class ChatResponse(BaseModel):
+    text: str
+    tool_calls: list[ChatToolCall] = Field(default_factory=list)
+    input_tokens: int
+    output_tokens: int
+    model: str
+
+
+class ChatProvider(Protocol):
+    profile: ModelProfile
+
+    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+
+# --- OpenAI and compatible servers ---------------------------------------------
+
+
+class OpenAIProvider:
+    def __init__(self, profile: ModelProfile, api_key: str, base_url: str | None) -> None:
+        self.profile = profile
+        self._api_key = api_key
+        self._base_url = base_url
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        params: dict[str, Any] = {
+            "model": self.profile.model,
+            "messages": [_openai_message(m) for m in request.messages],
+        }
+        limit = request.max_output_tokens or self.profile.max_output_tokens
+        # api.openai.com wants max_completion_tokens (reasoning models reject
+        # max_tokens); compatible servers mostly still only know max_tokens.
+        params["max_completion_tokens" if self._base_url is None else "max_tokens"] = limit
+        if request.tools:
+            params["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.json_schema},
+                }
+                for t in request.tools
+            ]
+        if request.json_mode:
+            params["response_format"] = {"type": "json_object"}
+        client = openai.AsyncOpenAI(
+            api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+        )
+        try:
+            completion = await client.chat.completions.create(**params)
+        except openai.APIError as err:
+            raise model_error(err, self.profile, self._api_key) from None
+        finally:
+            await client.close()
+        if not completion.choices:
+            raise ApplicationError(
+                f"model profile '{self.profile.name}': the reply has no choices",
+                type="ModelRetryable",
+                non_retryable=False,
+            )
+        message = completion.choices[0].message
+        calls = [
+            ChatToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
+            for c in message.tool_calls or []
+            if getattr(c, "function", None) is not None
+        ]
+        usage = completion.usage
+        return ChatResponse(
+            text=message.content or "",
+            tool_calls=calls,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+            model=completion.model or self.profile.model,
+        )
+
+
+def _openai_message(m: ChatMessage) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        return {
+            "role": "assistant",
+            "content": m.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ],
+        }
+    return {"role": m.role, "content": m.content}
+
+
+# --- Anthropic -------------------------------------------------------------------
+
+
+class AnthropicProvider:
+    def __init__(self, profile: ModelProfile, api_key: str, base_url: str | None) -> None:
+        self.profile = profile
+        self._api_key = api_key
+        self._base_url = base_url
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        system = "\n\n".join(m.content for m in request.messages if m.role == "system")
+        if request.json_mode:
+            system = f"{system}\n\n{JSON_ONLY}".strip()
+        params: dict[str, Any] = {
+            "model": self.profile.model,
+            "max_tokens": request.max_output_tokens or self.profile.max_output_tokens,
+            "messages": _anthropic_messages(request.messages, structured_tools=bool(request.tools)),
+        }
+        if system:
+            # The system prompt holds the stable parts (constraints, tools), so it
+            # is the prefix worth caching across a goal's calls.
+            params["system"] = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+        if request.tools:
+            params["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.json_schema} for t in request.tools
+            ]
+        client = anthropic.AsyncAnthropic(
+            api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+        )
+        try:
+            message = await client.messages.create(**params)
+        except anthropic.APIError as err:
+            raise model_error(err, self.profile, self._api_key) from None
+        finally:
+            await client.close()
+        texts, calls = [], []
+        for block in message.content:
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use":
+                calls.append(ChatToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input)))
+        usage = message.usage
+        # Cached prompt tokens are reported apart from input_tokens; count them
+        # all at the input price so budgets never under-count.
+        input_tokens = (
+            usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+        )
+        return ChatResponse(
+            text="".join(texts),
+            tool_calls=calls,
+            input_tokens=input_tokens,
+            output_tokens=usage.output_tokens,
+            model=message.model or self.profile.model,
+        )
+
+
+def _anthropic_messages(messages: list[ChatMessage], structured_tools: bool) -> list[dict[str, Any]]:
+    """Alternating user/assistant messages; tool results become user tool_result blocks.
+
+    Without tools on offer, earlier tool calls and results are rendered as text,
+    because tool_use/tool_result blocks need tool definitions in the request.
+    """
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for m in messages:
+        if m.role == "system":
+            continue
+        if m.role == "user":
+            add("user", [{"type": "text", "text": m.content}] if m.content else [])
+        elif m.role == "tool" and structured_tools:
+            add("user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}])
+        elif m.role == "tool":
+            add("user", [{"type": "text", "text": f"[result of tool call {m.tool_call_id}]\n{m.content}"}])
+        else:
+            blocks = [{"type": "text", "text": m.content}] if m.content else []
+            for c in m.tool_calls:
+                if structured_tools:
+                    blocks.append(
+                        {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments_object(c.arguments)}
+                    )
+                else:
+                    blocks.append({"type": "text", "text": f"[tool call {c.id}: {c.name} {c.arguments}]"})
+            add("assistant", blocks)
+    # A tool_result block must come before any text in its user message.
+    for message in out:
+        if message["role"] == "user":
+            message["content"].sort(key=lambda b: b["type"] != "tool_result")
+    return out
+
+
+def _arguments_object(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {"raw": arguments}
+    return value if isinstance(value, dict) else {"raw": arguments}
+
+
+# --- errors ------------------------------------------------------------------------
+
+
+def model_error(err: Exception, profile: ModelProfile, api_key: str | None = None) -> ApplicationError:
+    """The ApplicationError Temporal should see for a failed provider call.
+
+    408, 409, 429 and 5xx retry (after Retry-After when given); other 4xx are
+    the request's fault and do not; unreachable servers and timeouts retry.
+    """
+    where = f"model profile '{profile.name}' ({profile.provider}, {profile.model})"
+    status = getattr(err, "status_code", None)
+    if isinstance(status, int):
+        response = getattr(err, "response", None)
+        reason = _redact(_provider_message(getattr(err, "body", None)) or str(err), api_key)
+        message = f"{where}: HTTP {status}: {reason}"
+        if status in (408, 409, 429) or status >= 500:
+            delay = retry_after(response.headers) if response is not None else None
+            return ApplicationError(message, type="ModelRetryable", non_retryable=False, next_retry_delay=delay)
+        return ApplicationError(message, type="ModelRequestRejected", non_retryable=True)
+    if isinstance(err, (openai.APIConnectionError, anthropic.APIConnectionError)):
+        cause = f" ({err.__cause__})" if err.__cause__ else ""
+        target = profile.base_url or "the provider's API"
+        message = _redact(f"{where}: cannot reach {target}: {err}{cause}", api_key)
+        return ApplicationError(message, type="ModelUnavailable", non_retryable=False)
+    # Anything else (e.g. a reply that does not fit the schema) is treated as transient.
+    return ApplicationError(_redact(f"{where}: {type(err).__name__}: {err}", api_key), type="ModelRetryable")
+
+
+def _provider_message(body: object) -> str | None:
+    if not isinstance(body, dict):
+        return str(body)[:1000] if body else None
+    inner = body.get("error")
+    if isinstance(inner, dict) and inner.get("message"):
+        return str(inner["message"])
+    return str(body["message"]) if body.get("message") else None
+
+
+def retry_after(headers: Any) -> timedelta | None:
+    """The server's requested wait: `retry-after-ms`, `retry-after` seconds or an HTTP-date."""
+    if headers is None:
+        return None
+    if ms := headers.get("retry-after-ms"):
+        try:
+            return timedelta(milliseconds=max(0.0, float(ms)))
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return timedelta(seconds=max(0.0, float(value)))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return timedelta(seconds=max(0.0, when.timestamp() - time.time()))
+
+
+def _redact(text: str, secret: str | None) -> str:
+    # Defence in depth: SDK errors should not echo keys, but a misbehaving
+    # proxy could put the Authorization header into an error body.
+    if secret and secret != NO_KEY and len(secret) >= 6:
+        return text.replace(secret, "[redacted]")
+    return text
+
+
+# --- choosing a provider --------------------------------------------------------------
+
+
+_scripted_servers: dict[str, ScriptedServer] = {}
+_scripted_lock = threading.Lock()
+
+
+def scripted_server(script: str) -> ScriptedServer:
+    """The one in-process server for this script path, started on first use."""
+    key = str(Path(script).resolve())
+    with _scripted_lock:
+        server = _scripted_servers.get(key)
+        if server is None:
+            server = ScriptedServer(Path(key)).start()
+            _scripted_servers[key] = server
+        return server
+
+
+def provider_for(profile: ModelProfile) -> ChatProvider:
+    """A provider for one call; reads the key from the environment now, never stores it elsewhere."""
+    if profile.provider == "scripted":
+        if not profile.script:
+            raise ApplicationError(
+                f"model profile '{profile.name}' is scripted but names no script file",
+                type="ModelProfileInvalid",
+                non_retryable=True,
+            )
+        return OpenAIProvider(profile, api_key=NO_KEY, base_url=scripted_server(profile.script).openai_base_url)
+    api_key = os.environ.get(profile.api_key_env) if profile.api_key_env else None
+    if not api_key and profile.base_url is None:
+        raise ApplicationError(
+            f"model profile '{profile.name}' needs an API key: set {profile.api_key_env or 'api_key_env'} "
+            "in the worker's environment",
+            type="ModelCredentialsMissing",
+            non_retryable=True,
+        )
+    if profile.provider == "anthropic":
+        return AnthropicProvider(profile, api_key=api_key or NO_KEY, base_url=profile.base_url)
+    return OpenAIProvider(profile, api_key=api_key or NO_KEY, base_url=profile.base_url)

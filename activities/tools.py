@@ -1,0 +1,465 @@
+"""Tool implementations and the `run_tool` activity.
+
+Owns what each tool in `workflows.tool_specs.TOOL_SPECS` does on this machine:
+file tools confined to the workspace, shell commands in a scrubbed environment
+and their own process group, HTTP GET with capped bodies. Outputs go to the
+artifact store; the workflow only sees a reference and a preview.
+
+Failures a model can act on (bad arguments, a missing file, a non-zero exit, a
+404) come back as `ToolResult(ok=False, error=...)`. Only goal-level problems
+raise `ApplicationError`: a missing workspace, a lost artifact, a malformed
+`ToolInput`. This module must not decide risk policy (confirmation,
+idempotency keys); it reports the tool's risk class and the workflow decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import os
+import re
+import signal
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
+from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
+from workflows.plan import TEMPLATE, describe_validation_error
+from workflows.tool_specs import (
+    TOOL_SPECS,
+    HttpGetArgs,
+    ListDirArgs,
+    ReadFileArgs,
+    RunCommandArgs,
+    ToolArgs,
+    WriteFileArgs,
+)
+
+COMMAND_OUTPUT_CAP = 64 * 1024
+"""Bytes of combined stdout+stderr kept from a command: the first half and the last half."""
+
+COMMAND_ERROR_TAIL = 800
+"""Characters of command output quoted in the error, so the model sees why without opening the artifact."""
+
+LIST_DIR_CAP = 1_000
+"""Entries listed before the rest is summarised; a node_modules must not flood the model's context."""
+
+HTTP_TIMEOUT_S = 30.0
+HEARTBEAT_EVERY_S = 5.0
+POLL_EVERY_S = 0.05
+MAX_ERROR_CHARS = 2_000
+"""Errors travel in workflow history and into prompts; keep them short."""
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ToolError(Exception):
+    """A failure the model can act on.
+
+    `output`, when set, is stored next to the error (a failing command's log).
+    """
+
+    def __init__(self, message: str, *, output: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.output = output
+
+
+# --- file tools ---------------------------------------------------------------
+
+
+def _confined(root: Path, relative: str) -> Path:
+    try:
+        return resolve_in_workspace(root, relative)
+    except WorkspaceEscape as err:
+        raise ToolError(str(err)) from None
+
+
+def _decode(data: bytes, encoding: str = "utf-8", *, capped: bool = False) -> str:
+    """Decode text; a capped read may end mid-character, which is dropped rather than shown as garbage."""
+    try:
+        decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    except LookupError:
+        # A server may announce a charset Python does not know.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(data, final=not capped)
+
+
+def _read_file_sync(root: Path, args: ReadFileArgs) -> str:
+    path = _confined(root, args.path)
+    try:
+        if not path.exists():
+            raise ToolError(f"'{args.path}' does not exist in the workspace")
+        if path.is_dir():
+            raise ToolError(f"'{args.path}' is a directory; use list_dir to see its entries")
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            data = f.read(args.max_bytes + 1)
+    except OSError as err:
+        raise ToolError(f"cannot read '{args.path}': {err.strerror or err}") from None
+    if b"\x00" in data[:8192]:
+        raise ToolError(f"'{args.path}' looks like a binary file (it contains NUL bytes); read_file returns text only")
+    if len(data) <= args.max_bytes:
+        return _decode(data)
+    text = _decode(data[: args.max_bytes], capped=True)
+    return text + f"\n[truncated: showing the first {args.max_bytes} of {size} bytes of '{args.path}']"
+
+
+async def read_file(root: Path, args: ReadFileArgs) -> str:
+    # Disk I/O off the event loop: a slow disk must not stall heartbeats of other activities.
+    return await asyncio.to_thread(_read_file_sync, root, args)
+
+
+def _list_dir_sync(root: Path, args: ListDirArgs) -> str:
+    path = _confined(root, args.path)
+    try:
+        if not path.exists():
+            raise ToolError(f"'{args.path}' does not exist in the workspace")
+        if not path.is_dir():
+            raise ToolError(f"'{args.path}' is a file, not a directory; use read_file to read it")
+        entries = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in path.iterdir())
+    except OSError as err:
+        raise ToolError(f"cannot list '{args.path}': {err.strerror or err}") from None
+    if not entries:
+        return f"(directory '{args.path}' is empty)"
+    shown = entries[:LIST_DIR_CAP]
+    text = "\n".join(shown)
+    if len(entries) > LIST_DIR_CAP:
+        text += f"\n[truncated: showing {LIST_DIR_CAP} of {len(entries)} entries]"
+    return text
+
+
+async def list_dir(root: Path, args: ListDirArgs) -> str:
+    return await asyncio.to_thread(_list_dir_sync, root, args)
+
+
+def _write_file_sync(root: Path, args: WriteFileArgs) -> str:
+    path = _confined(root, args.path)
+    data = args.content.encode("utf-8")
+    try:
+        if path.is_dir():
+            raise ToolError(f"'{args.path}' is a directory; give a file path")
+        # `path` is already resolved and inside the workspace, so its parents are too.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Overwrite through a temp file and rename: a retried or crashed write leaves
+        # either the old file or the new one, never a half-written or appended file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".perdure-tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            # mkstemp creates 0600; keep an existing file's mode, give a new one the usual 0644.
+            os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as err:
+        raise ToolError(f"cannot write '{args.path}': {err.strerror or err}") from None
+    shown = path.relative_to(workspace_root(root)).as_posix()
+    return f"wrote {len(data)} bytes to {shown}"
+
+
+async def write_file(root: Path, args: WriteFileArgs) -> str:
+    return await asyncio.to_thread(_write_file_sync, root, args)
+
+
+# --- run_command ----------------------------------------------------------------
+
+
+def command_env(root: Path) -> dict[str, str]:
+    """The whole environment a command sees. Built from scratch so no API key or token of the worker leaks in."""
+    return {
+        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": str(root),
+        "TERM": "dumb",
+    }
+
+
+class _CappedOutput:
+    """Keeps the first and last halves of a stream; commands put the cause of a failure at the end."""
+
+    def __init__(self, cap: int) -> None:
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[: max(0, len(self.tail) - self.tail_cap)]
+
+    def text(self) -> str:
+        omitted = self.total - len(self.head) - len(self.tail)
+        if omitted <= 0:
+            return _decode(bytes(self.head + self.tail))
+        head = _decode(bytes(self.head), capped=True)
+        tail = _decode(bytes(self.tail))
+        return f"{head}\n[truncated: {omitted} of {self.total} bytes of output omitted]\n{tail}"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group is already gone
+
+
+def _heartbeat(details: str) -> None:
+    if activity.in_activity():
+        activity.heartbeat(details)
+
+
+async def run_command(root: Path, args: RunCommandArgs) -> str:
+    real_root = workspace_root(root)
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        args.command,
+        cwd=real_root,
+        env=command_env(real_root),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        # Its own process group, so a timeout or a cancelled activity kills
+        # everything the command started, not just the shell.
+        start_new_session=True,
+    )
+    captured = _CappedOutput(COMMAND_OUTPUT_CAP)
+
+    async def pump() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(65_536):
+            captured.feed(chunk)
+
+    reader = asyncio.create_task(pump())
+    timed_out = False
+    last_heartbeat = started
+    try:
+        # Poll the exit status rather than await proc.wait(): wait() also waits for
+        # the output pipe to close, which a background child can hold open forever.
+        while proc.returncode is None:
+            now = time.monotonic()
+            if now - started >= args.timeout_s:
+                timed_out = True
+                break
+            if now - last_heartbeat >= HEARTBEAT_EVERY_S:
+                _heartbeat(f"running for {now - started:.0f}s")
+                last_heartbeat = now
+            await asyncio.sleep(min(POLL_EVERY_S, args.timeout_s - (now - started)))
+    finally:
+        # SIGKILL, not SIGTERM: the tool promises a bounded wall time, and a
+        # group that ignores TERM would break it. After a normal exit this also
+        # removes background children that would otherwise outlive the activity
+        # and keep the output pipe open. Runs on cancellation too.
+        _kill_group(proc.pid)
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout=5)
+            await asyncio.wait_for(proc.wait(), timeout=5)
+        except TimeoutError:
+            # Only a process that left the group (setsid) can hold the pipe this long.
+            reader.cancel()
+
+    output = captured.text()
+    if timed_out:
+        text = f"$ {args.command}\n{output}\n[killed: timed out after {args.timeout_s:g}s]"
+        raise ToolError(f"timed out after {args.timeout_s:g}s; {_tail(output)}", output=text)
+    code = proc.returncode
+    assert code is not None  # the loop above only ends on exit or timeout
+    text = f"$ {args.command}\n{output}\n[exit code {code}]"
+    if code != 0:
+        raise ToolError(f"command exited with {code}; {_tail(output)}", output=text)
+    return text
+
+
+def _tail(output: str) -> str:
+    stripped = output.strip()
+    if not stripped:
+        return "no output"
+    if len(stripped) <= COMMAND_ERROR_TAIL:
+        return "output:\n" + stripped
+    return "last output:\n…" + stripped[-COMMAND_ERROR_TAIL:]
+
+
+# --- http_get -------------------------------------------------------------------
+
+
+async def http_get(root: Path, args: HttpGetArgs) -> str:
+    del root  # http_get does not touch the workspace
+    body = bytearray()
+    truncated = False
+    try:
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, follow_redirects=True) as client:
+            async with client.stream("GET", args.url) as response:
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > args.max_bytes:
+                        truncated = True
+                        del body[args.max_bytes :]
+                        break
+                status = response.status_code
+                encoding = response.encoding or "utf-8"
+                final_url = str(response.url)
+    except httpx.HTTPError as err:
+        raise ToolError(f"GET {args.url} failed: {type(err).__name__}: {err or 'no detail'}") from None
+
+    text = _decode(bytes(body), encoding, capped=truncated)
+    if not 200 <= status < 300:
+        raise ToolError(f"GET {args.url} returned HTTP {status}; body starts: {preview(text, 300) or '(empty)'}")
+    if b"\x00" in body[:8192]:
+        raise ToolError(f"GET {args.url} returned binary content; http_get returns text only")
+    if truncated:
+        text += f"\n[truncated: showing the first {args.max_bytes} bytes of {final_url}]"
+    return text
+
+
+# --- registry and activity ------------------------------------------------------
+
+ToolFunction = Callable[[Path, Any], Awaitable[str]]
+
+TOOL_FUNCTIONS: dict[str, ToolFunction] = {
+    "read_file": read_file,
+    "list_dir": list_dir,
+    "write_file": write_file,
+    "run_command": run_command,
+    "http_get": http_get,
+}
+
+WORKSPACE_TOOLS = frozenset({"read_file", "list_dir", "write_file", "run_command"})
+"""Tools that need the workspace on this machine; http_get may run on a worker that has none."""
+
+
+class _BadArguments(Exception):
+    """Arguments the model or plan got wrong; becomes ok=False."""
+
+
+class ToolActivities:
+    """Worker-side tool runner. Register `ToolActivities(store).run_tool` with the worker."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store = store
+
+    @activity.defn(name=Activities.RUN_TOOL)
+    async def run_tool(self, input: ToolInput) -> ToolResult:
+        spec = TOOL_SPECS.get(input.tool)
+        if spec is None or input.tool not in TOOL_FUNCTIONS:
+            known = ", ".join(sorted(TOOL_FUNCTIONS))
+            return ToolResult(
+                call_id=input.call_id, tool=input.tool, ok=False, error=f"unknown tool '{input.tool}' (known: {known})"
+            )
+
+        def failed(message: str, output: str | None = None) -> ToolResult:
+            ref = self.store.put_text(output) if output is not None else None
+            return ToolResult(
+                call_id=input.call_id,
+                tool=input.tool,
+                risk=spec.risk,
+                ok=False,
+                output=ref,
+                preview=preview(output) if output is not None else "",
+                error=_clip(message),
+            )
+
+        root = Path(input.workspace)
+        if input.tool in WORKSPACE_TOOLS:
+            try:
+                workspace_root(root)
+            except WorkspaceMissing as err:
+                # The goal points at a workspace this machine does not have: no
+                # model turn or retry can fix that.
+                raise ApplicationError(str(err), type="WorkspaceMissing", non_retryable=True) from None
+
+        try:
+            raw = self._raw_args(input)
+            args = spec.args_model.model_validate(self._resolve_templates(raw, input.inputs))
+        except _BadArguments as err:
+            return failed(str(err))
+        except ValidationError as err:
+            return failed(
+                f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
+            )
+
+        try:
+            text = await TOOL_FUNCTIONS[input.tool](root, args)
+        except ToolError as err:
+            activity.logger.info("tool %s failed: %s", input.tool, err.message)
+            return failed(err.message, err.output)
+        ref = self.store.put_text(text)
+        return ToolResult(
+            call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
+        )
+
+    def _raw_args(self, input: ToolInput) -> dict:
+        if input.args is not None and input.args_ref is not None:
+            raise ApplicationError(
+                f"tool call {input.tool} got both args and args_ref; the workflow must send one",
+                type="BadToolInput",
+                non_retryable=True,
+            )
+        if input.args_ref is None:
+            return dict(input.args or {})
+        text = self._load(input.args_ref, f"the arguments of {input.tool}").decode("utf-8", errors="replace")
+        try:
+            value = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as err:
+            raise _BadArguments(f"arguments for {input.tool} are not valid JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise _BadArguments(f"arguments for {input.tool} must be a JSON object, got {type(value).__name__}")
+        return value
+
+    def _resolve_templates(self, value: Any, inputs: dict[str, ArtifactRef]) -> Any:
+        """Replace `{{steps.NAME}}` in every string with that step's output text."""
+        if isinstance(value, dict):
+            return {k: self._resolve_templates(v, inputs) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._resolve_templates(v, inputs) for v in value]
+        if not isinstance(value, str):
+            return value
+        missing = [name for name in TEMPLATE.findall(value) if name not in inputs]
+        if missing:
+            available = ", ".join(sorted(inputs)) or "none"
+            raise _BadArguments(
+                f"argument uses {{{{steps.{missing[0]}}}}} but no output of step '{missing[0]}' "
+                f"was passed to this tool call (available: {available})"
+            )
+
+        def output_text(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return self._load(inputs[name], f"the output of step '{name}'").decode("utf-8", errors="replace")
+
+        return TEMPLATE.sub(output_text, value)
+
+    def _load(self, ref: ArtifactRef, what: str) -> bytes:
+        try:
+            return self.store.get_bytes(ref)
+        except (ArtifactMissing, ArtifactCorrupt) as err:
+            # The store is this machine's disk: retrying here will not bring the
+            # blob back. The workflow decides (re-run the producer, or fail).
+            raise ApplicationError(f"cannot load {what}: {err}", type=type(err).__name__, non_retryable=True) from None
+
+
+def _expected_fields(model: type[ToolArgs]) -> str:
+    fields = [f"{name} (required)" if field.is_required() else name for name, field in model.model_fields.items()]
+    return "expected fields: " + ", ".join(fields)
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 1] + "…"

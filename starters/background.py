@@ -1,0 +1,87 @@
+"""A background orchestrator worker for the embedded set-up (`make demo`).
+
+Started detached, tracked by a pid file next to the dev server's, and stopped
+by that pid only. The environment that selects models is fingerprinted (a hash,
+never the values) so a changed key or base URL restarts the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODEL_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "PERDURE_CONFIG",
+    "PERDURE_SCRIPT",
+    "PERDURE_HOME",
+)
+
+
+def _env_fingerprint() -> str:
+    material = "\n".join(f"{k}={os.environ.get(k, '')}" for k in MODEL_ENV)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def _alive_worker(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(part.endswith(b"perdure") for part in cmdline) and b"worker" in cmdline
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ensure_worker(data_dir: Path) -> tuple[int, bool]:
+    """Return (pid, reused). Starts `perdure worker` detached when none runs."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = data_dir / "worker.pid"
+    fingerprint = _env_fingerprint()
+    pid = _read_pid(pid_file)
+    if pid and _alive_worker(pid):
+        recorded = pid_file.read_text().split()[1:2]
+        if recorded == [fingerprint]:
+            return pid, True
+        stop_worker(data_dir)
+    log = open(data_dir / "worker.log", "ab")
+    perdure = Path(sys.executable).parent / "perdure"
+    proc = subprocess.Popen(
+        [str(perdure), "worker"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    pid_file.write_text(f"{proc.pid} {fingerprint}\n")
+    time.sleep(0.5)
+    if proc.poll() is not None:
+        raise RuntimeError(f"the worker exited at once; see {data_dir / 'worker.log'}")
+    return proc.pid, False
+
+
+def stop_worker(data_dir: Path, wait_s: float = 10) -> bool:
+    pid_file = data_dir / "worker.pid"
+    pid = _read_pid(pid_file)
+    pid_file.unlink(missing_ok=True)
+    if not pid or not _alive_worker(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and _alive_worker(pid):
+        time.sleep(0.1)
+    if _alive_worker(pid):
+        os.kill(pid, signal.SIGKILL)
+    return True

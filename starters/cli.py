@@ -1,0 +1,253 @@
+"""The `perdure` command line: start, watch and inspect goals; run workers and
+the embedded server. User-facing output goes through rich; goal logic stays in
+the workflow and the client helpers in `starters.goals`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from temporalio.service import RPCError
+
+from activities import settings
+from starters import goals, render
+from starters.client import ServerUnavailable, connect
+from workflows.tool_specs import DEFAULT_TOOLS
+
+app = typer.Typer(help="perdure: durable AI agents on Temporal.", no_args_is_help=True, add_completion=False)
+server_app = typer.Typer(help="The embedded Temporal dev server (temporal-dev/).", no_args_is_help=True)
+app.add_typer(server_app, name="server")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """An error the user can fix; printed without a traceback."""
+
+
+def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return asyncio.run(coro_fn())
+    except (ServerUnavailable, goals.GoalNotFound, goals.BadPlanFile, UserError, ValueError, RuntimeError) as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    except RPCError as err:
+        err_console.print(f"[red]error from Temporal:[/red] {err.message}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def start(
+    goal: Annotated[str | None, typer.Argument(help="What the goal should achieve.")] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", help="Declarative plan file (YAML or JSON).")] = None,
+    workspace: Annotated[Path, typer.Option(help="Directory the tools work in.")] = Path("."),
+    profile: Annotated[str, typer.Option(help="Model profile name (see README).")] = "default",
+    constraint: Annotated[list[str] | None, typer.Option("--constraint", "-c", help="Repeatable.")] = None,
+    tool: Annotated[list[str] | None, typer.Option("--tool", help="Allowed tool; repeatable (default: all).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Token budget.")] = None,
+    max_cost: Annotated[float | None, typer.Option(help="Cost budget in USD.")] = None,
+    max_wall: Annotated[int | None, typer.Option(help="Wall-time budget in seconds.")] = None,
+    goal_id: Annotated[str | None, typer.Option("--id", help="Goal id (default: generated).")] = None,
+    watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
+) -> None:
+    """Start a goal; print its id and Temporal UI link."""
+    allowed = tool or list(DEFAULT_TOOLS)
+    constraints = list(constraint or [])
+    plan_obj = None
+    if plan is not None:
+        try:
+            plan_obj, extras = goals.load_plan_file(plan, allowed)
+        except goals.BadPlanFile as err:
+            err_console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from None
+        goal = goal or extras.get("goal")
+        constraints = constraints or list(extras.get("constraints") or [])
+    if not goal:
+        err_console.print("[red]error:[/red] give the goal text, or a plan file with a 'goal:' field")
+        raise typer.Exit(2)
+    root = workspace.expanduser().resolve()
+    if not root.is_dir():
+        err_console.print(f"[red]error:[/red] workspace {root} is not a directory")
+        raise typer.Exit(2)
+    try:
+        spec = goals.build_spec(
+            goal=goal,
+            plan=plan_obj,
+            constraints=constraints,
+            budget={"max_tokens": max_tokens, "max_cost_usd": max_cost, "max_wall_seconds": max_wall},
+            model_profile=profile,
+            allowed_tools=allowed,
+            workspace=str(root),
+        )
+    except ValueError as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    gid = goal_id or render.new_goal_id(goal)
+
+    async def _start() -> None:
+        client = await connect()
+        await goals.start_goal(client, spec, gid)
+        console.print(f"goal [bold]{gid}[/bold] started")
+        console.print(f"UI: {settings.goal_ui_link(gid)}")
+        if watch:
+            await render.watch(client, gid, console)
+
+    run(_start)
+
+
+@app.command()
+def status(goal_id: str) -> None:
+    """Show a goal's progress snapshot."""
+
+    async def _status() -> None:
+        client = await connect()
+        desc = await goals.describe(client, goal_id)
+        snapshot = None
+        try:
+            snapshot = await goals.progress(client, goal_id)
+        except RPCError as err:
+            console.print(
+                f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
+            )
+        render.print_status(console, desc, snapshot)
+
+    run(_status)
+
+
+@app.command()
+def watch(goal_id: str) -> None:
+    """Show live progress until the goal ends, then its result."""
+
+    async def _watch() -> None:
+        client = await connect()
+        await goals.describe(client, goal_id)
+        await render.watch(client, goal_id, console)
+
+    run(_watch)
+
+
+@app.command("ls")
+def list_goals(
+    status: Annotated[str | None, typer.Option(help="Temporal status: Running, Completed, Failed…")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many goals.")] = 50,
+) -> None:
+    """List goals, newest first."""
+
+    async def _ls() -> None:
+        client = await connect()
+        query = f"ExecutionStatus = '{status}'" if status else None
+        render.print_goal_list(console, await goals.list_goals(client, query, limit))
+
+    run(_ls)
+
+
+@app.command()
+def result(goal_id: str) -> None:
+    """Print a finished goal's report (waits if it is still running)."""
+
+    async def _result() -> None:
+        client = await connect()
+        desc = await goals.describe(client, goal_id)
+        if goals.is_open(desc):
+            console.print("[dim]goal still running; waiting for it to end (Ctrl-C to stop waiting)…[/dim]")
+        render.print_result(console, await goals.result(client, goal_id))
+
+    run(_result)
+
+
+@app.command()
+def history(
+    goal_id: str,
+    out: Annotated[Path, typer.Option("--out", help="File to write the history JSON to.")],
+) -> None:
+    """Export a goal's event history as JSON (for replay tests)."""
+
+    async def _history() -> None:
+        client = await connect()
+        await goals.describe(client, goal_id)
+        hist = await client.get_workflow_handle(goal_id).fetch_history()
+        out.write_text(hist.to_json(), encoding="utf-8")
+        console.print(f"wrote {len(hist.events)} events to {out}")
+
+    run(_history)
+
+
+@app.command()
+def worker() -> None:
+    """Run an orchestrator worker (goal workflows, model and tool activities)."""
+    from workers.orchestrator import configure_logging, run_orchestrator
+
+    configure_logging()
+
+    async def _worker() -> None:
+        await run_orchestrator(await connect())
+
+    try:
+        run(_worker)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def demo() -> None:
+    """Run the demo goal end to end on the embedded server."""
+    from starters.demo import run_demo
+
+    run(lambda: run_demo(console))
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[int, typer.Option(help="Frontend port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="UI port.")] = 8233,
+) -> None:
+    """Start the embedded dev server (reuses a running one)."""
+    from starters import devserver
+
+    try:
+        server = devserver.start_dev_server(port=port, ui_port=ui_port)
+    except RuntimeError as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from None
+    verb = "already running" if server.reused else "started"
+    console.print(f"Temporal dev server {verb} at {server.address} (pid {server.pid}); UI {server.ui_url}")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the embedded dev server and the demo worker (by pid only)."""
+    from starters import devserver
+    from starters.background import stop_worker
+
+    if stop_worker(devserver.dev_dir() / "data"):
+        console.print("demo worker stopped")
+    console.print("dev server stopped" if devserver.stop_dev_server() else "no dev server was running")
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Show whether the embedded dev server runs."""
+    from starters import devserver
+
+    console.print(devserver.dev_server_status())
+
+
+def main() -> None:
+    # The SDK's native runtime can crash at interpreter exit (sdk-python #300)
+    # after the command finished; flush and leave without running finalizers.
+    code = 0
+    try:
+        app()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,101 @@
+"""`make demo`: one real goal end to end on the embedded Temporal server.
+
+Starts the dev server and a background worker when they are not running,
+creates a scratch workspace with a few notes, starts a goal that plans and runs
+several nodes (tools, an llm node, an agent node), shows progress and prints
+the report. Offline it uses the scripted model; with a model key or an
+OpenAI-compatible base URL in the environment the same goal runs on that model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from activities import settings
+from starters import devserver, goals, render
+from starters.background import ensure_worker
+from starters.client import connect
+from workflows.contracts import GoalSpec
+
+DEMO_GOAL = (
+    "Read the project notes in this workspace (notes/ideas.md and notes/todo.md) and write SUMMARY.md "
+    "with the three most important next steps, then check that SUMMARY.md exists and count its words."
+)
+DEMO_CONSTRAINTS = [
+    "Do not modify anything under notes/.",
+    "SUMMARY.md stays under 200 words.",
+]
+DEMO_TOOLS = ["list_dir", "read_file", "write_file", "run_command"]
+
+NOTES = {
+    "notes/ideas.md": (
+        "# Ideas\n\n"
+        "- Cache the nightly export so the dashboard loads in under a second.\n"
+        "- Let users pin a report to their home page.\n"
+        "- Replace the hand-written CSV parser with the standard library's csv module.\n"
+    ),
+    "notes/todo.md": (
+        "# To do\n\n"
+        "- [ ] The nightly export fails when a customer name contains a comma (parser bug).\n"
+        "- [ ] Add a retry to the upload step; it fails about once a week.\n"
+        "- [x] Move the docs to the new site.\n"
+    ),
+    "README.md": "# Demo project\n\nA small project whose notes the demo goal summarises.\n",
+}
+
+
+def demo_profile() -> str:
+    """The profile the demo asks for, chosen from what this environment provides."""
+    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
+        return "openai"
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return "anthropic"
+    return "scripted"
+
+
+def make_workspace() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="perdure-demo-"))
+    for rel, text in NOTES.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+async def run_demo(console: Console) -> None:
+    started = time.monotonic()
+    server = devserver.start_dev_server()
+    console.print(
+        f"Temporal dev server {'reused' if server.reused else 'started'} at {server.address}; UI {server.ui_url}"
+    )
+    client = await connect()
+    pid, reused = ensure_worker(devserver.dev_dir() / "data")
+    console.print(
+        f"worker {'reused' if reused else 'started'} (pid {pid}, log {devserver.dev_dir() / 'data' / 'worker.log'})"
+    )
+    profile = demo_profile()
+    workspace = make_workspace()
+    spec = GoalSpec(
+        goal=DEMO_GOAL,
+        constraints=DEMO_CONSTRAINTS,
+        model_profile=profile,
+        allowed_tools=DEMO_TOOLS,
+        workspace=str(workspace),
+    )
+    goal_id = render.new_goal_id("demo")
+    await goals.start_goal(client, spec, goal_id)
+    console.print(f"goal [bold]{goal_id}[/bold] on model profile '{profile}', workspace {workspace}")
+    console.print(f"UI: {settings.goal_ui_link(goal_id)}")
+    result = await render.watch(client, goal_id, console)
+    elapsed = time.monotonic() - started
+    console.print(f"\ndemo finished in {elapsed:.1f} s")
+    console.print(f"see it in the UI: {settings.goal_ui_link(goal_id)}")
+    console.print(f"or: .venv/bin/temporal workflow list --address {server.address}")
+    console.print("the server and worker keep running; stop both with `make server-stop`")
+    if result is None or result.outcome != "succeeded":
+        raise RuntimeError(f"the demo goal did not succeed ({result.outcome if result else 'no result'})")

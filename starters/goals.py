@@ -1,0 +1,116 @@
+"""Client-side goal operations: build a spec, start, read progress and results.
+
+Used by the CLI and the demo; talks to Temporal only through the client and
+reads the local artifact store for full reports. Holds no goal state.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities import settings
+from activities.artifacts import ArtifactMissing, default_store
+from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
+from workflows.goal import GoalWorkflow
+from workflows.plan import Plan, describe_validation_error, parse_plan
+from workflows.state import GoalInput
+
+
+class GoalNotFound(LookupError):
+    pass
+
+
+class BadPlanFile(ValueError):
+    pass
+
+
+def load_plan_file(path: Path, allowed_tools: list[str]) -> tuple[Plan, dict]:
+    """Read a YAML/JSON plan file: `steps:` plus optional `goal:` and `constraints:`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise BadPlanFile(f"cannot read plan file {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    if not isinstance(data, dict):
+        raise BadPlanFile(f"{path}: expected a mapping with a 'steps' list at the top level")
+    extras = {k: data.pop(k) for k in ("goal", "constraints") if k in data}
+    plan, problem = parse_plan(data, allowed_tools)
+    if plan is None:
+        raise BadPlanFile(f"{path}: {problem}")
+    return plan, extras
+
+
+def build_spec(**fields) -> GoalSpec:
+    try:
+        return GoalSpec(**fields)
+    except ValidationError as err:
+        raise ValueError(describe_validation_error(err)) from None
+
+
+async def start_goal(client: Client, spec: GoalSpec, goal_id: str) -> WorkflowHandle:
+    return await client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec),
+        id=goal_id,
+        task_queue=settings.task_queue(),
+        static_summary=spec.goal[:200],
+    )
+
+
+async def describe(client: Client, goal_id: str) -> WorkflowExecutionDescription:
+    try:
+        return await client.get_workflow_handle(goal_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise GoalNotFound(f"no goal with id '{goal_id}' (list goals with `perdure ls`)") from None
+        raise
+
+
+def is_open(desc: WorkflowExecutionDescription) -> bool:
+    return desc.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> ProgressSnapshot:
+    """Query the goal. Raises RPCError when no worker answers in time."""
+    handle = client.get_workflow_handle(goal_id)
+    return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
+
+
+async def result(client: Client, goal_id: str) -> GoalResult:
+    """Wait for the goal to end. A goal that failed still carries its report."""
+    handle = client.get_workflow_handle(goal_id, result_type=GoalResult)
+    try:
+        return await handle.result()
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.type == "GoalFailed" and cause.details:
+            return GoalResult.model_validate(cause.details[0])
+        raise
+
+
+def read_report(goal_result: GoalResult) -> str:
+    """The full report from the local artifact store, or the excerpt the goal carries."""
+    try:
+        return default_store().get_text(goal_result.report)
+    except ArtifactMissing:
+        return goal_result.excerpt + "\n\n(full report not in this machine's artifact store)"
+
+
+async def list_goals(client: Client, query: str | None = None, limit: int = 50) -> list:
+    full = f"WorkflowType = '{GOAL_WORKFLOW}'" + (f" AND ({query})" if query else "")
+    goals = []
+    async for wf in client.list_workflows(full, limit=limit):
+        goals.append(wf)
+    return goals

@@ -1,0 +1,118 @@
+"""How goals look in a terminal: ids, status tables, live progress, reports.
+
+Presentation only; every fact comes from the server or the goal's query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError
+from temporalio.service import RPCError
+
+from activities import settings
+from starters import goals
+from workflows import search_attributes as sa
+from workflows.contracts import GoalResult, ProgressSnapshot
+
+STATUS_STYLE = {
+    "succeeded": "green",
+    "running": "cyan",
+    "failed": "red",
+    "abandoned": "yellow",
+    "pending": "dim",
+}
+
+
+def new_goal_id(goal: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", goal.lower()).strip("-")[:32].rstrip("-") or "goal"
+    return f"goal-{slug}-{uuid.uuid4().hex[:6]}"
+
+
+def _status_name(desc) -> str:
+    return desc.status.name.title() if desc.status is not None else "Unknown"
+
+
+def print_status(console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None) -> None:
+    console.print(f"[bold]{desc.id}[/bold] · {_status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
+    console.print(f"UI: {settings.goal_ui_link(desc.id)}")
+    if snap is None:
+        return
+    console.print(
+        f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · "
+        f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
+    )
+    table = Table("step", "kind", "status", "key", "output / error")
+    for node in snap.nodes:
+        style = STATUS_STYLE.get(node.status, "")
+        table.add_row(
+            node.name,
+            node.kind,
+            f"[{style}]{node.status}[/{style}]" if style else node.status,
+            (node.key or "").removeprefix("node:")[:12],
+            node.error or node.preview,
+        )
+    console.print(table)
+    if snap.failure:
+        console.print(f"[red]failure:[/red] {snap.failure}")
+
+
+def print_goal_list(console: Console, executions: list) -> None:
+    table = Table("goal", "status", "phase", "done", "cost", "started")
+    for wf in executions:
+        attrs = wf.typed_search_attributes
+        percent = attrs.get(sa.PERCENT_DONE)
+        cost = attrs.get(sa.COST_USD)
+        table.add_row(
+            wf.id,
+            _status_name(wf),
+            attrs.get(sa.GOAL_STATUS) or "",
+            f"{percent}%" if percent is not None else "",
+            f"${cost:.4f}" if cost is not None else "",
+            f"{wf.start_time:%Y-%m-%d %H:%M:%S}",
+        )
+    console.print(table if executions else "no goals yet")
+
+
+def print_result(console: Console, result: GoalResult) -> None:
+    colour = {"succeeded": "green", "partial": "yellow", "failed": "red"}[result.outcome]
+    console.print(f"outcome: [{colour}]{result.outcome}[/{colour}] · tokens {result.tokens} · ${result.cost_usd:.4f}")
+    if result.failure:
+        console.print(f"[red]reason:[/red] {result.failure}")
+    console.print(Markdown(goals.read_report(result)))
+
+
+async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 0.5) -> GoalResult | None:
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("starting", total=100)
+        while True:
+            desc = await goals.describe(client, goal_id)
+            if not goals.is_open(desc):
+                bar.update(task, completed=100)
+                break
+            try:
+                snap = await goals.progress(client, goal_id, timeout_s=3)
+                running = ", ".join(snap.running) or "—"
+                bar.update(task, completed=snap.percent_done, description=f"{snap.phase} · running: {running}")
+            except RPCError:
+                bar.update(task, description="waiting for a worker")
+            await asyncio.sleep(poll_s)
+    try:
+        result = await goals.result(client, goal_id)
+    except WorkflowFailureError as err:
+        console.print(f"[red]goal ended without a result:[/red] {err.cause or err}")
+        return None
+    print_result(console, result)
+    return result

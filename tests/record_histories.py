@@ -1,0 +1,73 @@
+"""Record golden histories from real runs: `make histories`.
+
+Runs each scenario on a fresh local dev server with the production worker and
+writes `tests/histories/<name>.json`. Existing files are never overwritten: a
+workflow change that breaks replay needs `workflow.patched` or a new workflow
+version, not a new recording of an old name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.artifacts import ArtifactStore
+from activities.models.config import ModelConfig
+from activities.models.scripted import ScriptedServer
+from tests.conftest import openai_profile
+from tests.scenarios import demo_script, spec, write_notes
+from workers.orchestrator import build_worker
+from workflows.goal import GoalWorkflow
+from workflows.search_attributes import ALL_KEYS
+from workflows.state import GoalInput
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+async def record_goal_demo(env: WorkflowEnvironment, out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(demo_script()) as server:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        write_notes(workspace)
+        config = ModelConfig(profiles={"test": openai_profile(server)})
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=spec(workspace)), id=out.stem, task_queue=task_queue
+            )
+            await handle.result()
+            history = await handle.fetch_history()
+    out.write_text(history.to_json(), encoding="utf-8")
+    print(f"recorded {out} ({len(history.events)} events)")
+
+
+SCENARIOS = {"goal-v1-demo": record_goal_demo}
+
+
+async def main() -> None:
+    todo = {name: fn for name, fn in SCENARIOS.items() if not (HISTORIES / f"{name}.json").exists()}
+    if not todo:
+        print("every scenario already has a golden history; nothing to record")
+        return
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        search_attributes=ALL_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    try:
+        for name, record in todo.items():
+            await record(env, HISTORIES / f"{name}.json")
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

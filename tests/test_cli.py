@@ -1,0 +1,151 @@
+"""The `perdure` CLI as a user runs it: real subprocesses for the worker and
+the commands, against the session's dev server and a scripted model server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios import SUMMARY_TEXT, demo_script, write_notes
+
+PERDURE = str(Path(sys.executable).parent / "perdure")
+
+
+def cli_env(env, tmp_path: Path, task_queue: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_TASK_QUEUE": task_queue,
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "PERDURE_CONFIG": str(tmp_path / "config.toml"),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+        **extra,
+    }
+
+
+def perdure(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli_worker(env, tmp_path, task_queue, scripted):
+    """A real `perdure worker` subprocess whose 'test' profile points at a scripted server."""
+    server = scripted(demo_script())
+    (tmp_path / "config.toml").write_text(
+        "[profiles.test]\n"
+        'provider = "openai"\n'
+        'model = "scripted-gpt"\n'
+        f'base_url = "{server.openai_base_url}"\n'
+        "price_input_per_mtok = 1.0\n"
+        "price_output_per_mtok = 2.0\n"
+    )
+    variables = cli_env(env, tmp_path, task_queue)
+    log = open(tmp_path / "worker.log", "w")
+    proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    yield variables
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+def test_start_then_watch_completes_and_prints_the_result(cli_worker, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    write_notes(workspace)
+
+    started = perdure(
+        "start",
+        "Summarise the notes into SUMMARY.md",
+        "--workspace",
+        str(workspace),
+        "--profile",
+        "test",
+        "--id",
+        "cli-goal-1",
+        env=cli_worker,
+    )
+    assert started.returncode == 0, started.stderr
+    assert "goal cli-goal-1 started" in started.stdout
+    assert "http://localhost:8233/namespaces/default/workflows/cli-goal-1" in started.stdout
+
+    watched = perdure("watch", "cli-goal-1", env=cli_worker, timeout=120)
+    assert watched.returncode == 0, watched.stderr
+    assert "outcome: succeeded" in watched.stdout
+    assert "write-summary" in watched.stdout  # the report's step table
+    assert (workspace / "SUMMARY.md").read_text() == SUMMARY_TEXT
+
+    status = perdure("status", "cli-goal-1", env=cli_worker)
+    assert status.returncode == 0, status.stderr
+    assert "Completed" in status.stdout and "read-todo" in status.stdout
+
+    listed = perdure("ls", env=cli_worker)
+    assert "cli-goal-1" in listed.stdout
+
+    out = tmp_path / "history.json"
+    exported = perdure("history", "cli-goal-1", "--out", str(out), env=cli_worker)
+    assert exported.returncode == 0, exported.stderr
+    assert '"workflowExecutionStartedEventAttributes"' in out.read_text()
+
+    result = perdure("result", "cli-goal-1", env=cli_worker)
+    assert result.returncode == 0 and "outcome: succeeded" in result.stdout
+
+
+def test_plan_file_goal_runs_without_a_planner(cli_worker, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "in.txt").write_text("hello")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "goal: copy a file\n"
+        "steps:\n"
+        "  - {name: read, kind: tool, tool: read_file, args: {path: in.txt}}\n"
+        "  - {name: write, kind: tool, tool: write_file, needs: [read], args: {path: out.txt, content: '{{steps.read}}!'}}\n"
+    )
+    started = perdure(
+        "start", "--plan", str(plan), "--workspace", str(workspace), "--id", "cli-plan-1", "--watch", env=cli_worker
+    )
+    assert started.returncode == 0, started.stderr
+    assert "outcome: succeeded" in started.stdout
+    assert (workspace / "out.txt").read_text() == "hello!"
+
+
+def test_clear_errors(env, tmp_path, task_queue):
+    variables = cli_env(env, tmp_path, task_queue)
+
+    unknown = perdure("status", "no-such-goal", env=variables)
+    assert unknown.returncode == 2 and "no goal with id 'no-such-goal'" in unknown.stderr
+
+    bad_plan = tmp_path / "bad.yaml"
+    bad_plan.write_text("steps:\n  - {name: a, kind: tool, tool: rm_rf}\n")
+    rejected = perdure("start", "--plan", str(bad_plan), "x", env=variables)
+    assert rejected.returncode == 2 and "unknown tool 'rm_rf'" in rejected.stderr
+
+    not_yaml = tmp_path / "broken.yaml"
+    not_yaml.write_text("steps: [unclosed\n")
+    broken = perdure("start", "--plan", str(not_yaml), "x", env=variables)
+    assert broken.returncode == 2 and "is not valid YAML" in broken.stderr
+
+    down = perdure("ls", env={**variables, "PERDURE_TEMPORAL": "127.0.0.1:1"})
+    assert down.returncode == 2 and "cannot reach Temporal at 127.0.0.1:1" in down.stderr
+    assert "perdure server start" in down.stderr
+
+
+def test_goal_waits_durably_when_no_worker_runs(env, tmp_path, task_queue):
+    """Admission does not need a worker: the goal is accepted and reports it waits."""
+    variables = cli_env(env, tmp_path, task_queue)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    started = perdure("start", "anything", "--workspace", str(workspace), "--id", "cli-nowork-1", env=variables)
+    assert started.returncode == 0, started.stderr
+    begin = time.monotonic()
+    status = perdure("status", "cli-nowork-1", env=variables, timeout=30)
+    assert status.returncode == 0
+    assert "Running" in status.stdout and "no worker answered" in status.stdout
+    assert time.monotonic() - begin < 20

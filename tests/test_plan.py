@@ -1,0 +1,56 @@
+"""Plan validation: every rejection says what was wrong, in words a model can act on."""
+
+from __future__ import annotations
+
+from workflows.plan import parse_plan
+
+TOOLS = ["read_file", "write_file", "list_dir"]
+
+
+def step(name, **fields):
+    fields.setdefault("kind", "llm")
+    if fields["kind"] in ("llm", "agent"):
+        fields.setdefault("prompt", "p")
+    return {"name": name, **fields}
+
+
+def test_valid_plan_parses():
+    plan, problem = parse_plan(
+        {"steps": [step("a"), step("b", kind="tool", tool="read_file", args={"path": "{{steps.a}}"}, needs=["a"])]},
+        TOOLS,
+    )
+    assert problem is None and [s.name for s in plan.steps] == ["a", "b"]
+
+
+def test_rejections_name_the_problem():
+    cases = {
+        "steps: List should have at least 1 item": {"steps": []},
+        "unique; repeated: a": {"steps": [step("a"), step("a")]},
+        "needs unknown step(s): zz": {"steps": [step("a", needs=["zz"])]},
+        "depends on itself": {"steps": [step("a", needs=["a"])]},
+        "cycle: a -> b -> a": {"steps": [step("a", needs=["b"]), step("b", needs=["a"])]},
+        "unknown tool 'rm'": {"steps": [step("a", kind="tool", tool="rm")]},
+        "tool 'http_get' is not allowed": {
+            "steps": [step("a", kind="tool", tool="http_get", args={"url": "http://x"})]
+        },
+        "bad arguments for read_file: path: Field required": {"steps": [step("a", kind="tool", tool="read_file")]},
+        "does not list 'a' in needs": {
+            "steps": [step("a"), step("b", kind="tool", tool="read_file", args={"path": "{{steps.a}}"})]
+        },
+        "steps.0.llm.name: String should match pattern": {"steps": [step("Bad Name")]},
+        "Input tag 'shell' found using 'kind' does not match": {"steps": [step("a", kind="shell")]},
+    }
+    for expected, data in cases.items():
+        plan, problem = parse_plan(data, TOOLS)
+        assert plan is None, expected
+        assert expected in problem, (expected, problem)
+
+
+def test_agent_tools_must_be_allowed():
+    plan, problem = parse_plan({"steps": [step("a", kind="agent", tools=["run_command"])]}, TOOLS)
+    assert plan is None and "step 'a': tool 'run_command' is not allowed" in problem
+
+
+def test_not_a_mapping_is_rejected():
+    plan, problem = parse_plan(["not", "a", "plan"], TOOLS)
+    assert plan is None and problem

@@ -1,0 +1,58 @@
+"""Determinism: every golden history under tests/histories/ replays against the
+current workflow code, and a changed workflow is caught as nondeterministic.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
+from workflows.goal import GoalWorkflow
+from workflows.state import GoalInput
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+WORKFLOWS = [GoalWorkflow]
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+
+
+def test_there_is_a_golden_history_per_workflow_type():
+    recorded = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in HISTORIES}
+    assert {GOAL_WORKFLOW} <= recorded
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+async def test_golden_history_replays(path: Path):
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(load(path))
+
+
+@workflow.defn(name=GOAL_WORKFLOW)
+class GoalWorkflowThatReportsFirst:
+    """A plausible edit: someone moves the report before planning."""
+
+    @workflow.run
+    async def run(self, input: GoalInput) -> GoalResult:
+        await workflow.execute_activity(Activities.WRITE_REPORT, {}, start_to_close_timeout=timedelta(seconds=5))
+        raise AssertionError("unreachable in replay")
+
+
+async def test_changed_workflow_is_caught_as_nondeterministic():
+    golden = next(
+        p
+        for p in HISTORIES
+        if load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name == GOAL_WORKFLOW
+    )
+    replayer = Replayer(workflows=[GoalWorkflowThatReportsFirst], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(load(golden), raise_on_replay_failure=False)
+    assert isinstance(result.replay_failure, NondeterminismError)

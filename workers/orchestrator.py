@@ -1,0 +1,76 @@
+"""The orchestrator worker: goal workflows plus model, tool and report activities.
+
+Stateless and replaceable: every durable fact lives in Temporal or in the
+artifact store, so any number of these can poll the `perdure` task queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import structlog
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import settings
+from activities.artifacts import ArtifactStore, default_store
+from activities.model_activities import ModelActivities
+from activities.models.config import ModelConfig, load_model_config
+from activities.report import ReportActivities
+from activities.tools import ToolActivities
+from workflows.contracts import TASK_QUEUE
+from workflows.goal import GoalWorkflow
+
+log = structlog.get_logger(__name__)
+
+
+def build_worker(
+    client: Client,
+    *,
+    task_queue: str = TASK_QUEUE,
+    store: ArtifactStore | None = None,
+    model_config: ModelConfig | None = None,
+    **worker_options,
+) -> Worker:
+    store = store or default_store()
+    models = ModelActivities(model_config or load_model_config(), store)
+    tools = ToolActivities(store)
+    report = ReportActivities(store)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[GoalWorkflow],
+        activities=[models.plan, models.generate, models.agent_turn, tools.run_tool, report.write_report],
+        **worker_options,
+    )
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+    )
+
+
+async def run_orchestrator(client: Client, task_queue: str | None = None) -> None:
+    task_queue = task_queue or settings.task_queue()
+    worker = build_worker(client, task_queue=task_queue)
+    log.info("worker polling", task_queue=task_queue, namespace=client.namespace)
+    await worker.run()
+
+
+def main() -> None:
+    from starters.client import connect
+
+    configure_logging()
+
+    async def _run() -> None:
+        await run_orchestrator(await connect())
+
+    asyncio.run(_run())
