@@ -1,0 +1,280 @@
+"""Deployment plumbing checked as files: docker-compose.yml, Dockerfile, the
+dev-server argv, and the CI entry point's exit codes.
+
+There is no Docker engine here, so compose is parsed, not run. What must agree
+with the code, above all the custom search attributes every server registers,
+is compared with `workflows/search_attributes.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from starters import devserver
+from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+INDEXED = {"Text": "TEXT", "Keyword": "KEYWORD", "Int": "INT", "Double": "DOUBLE", "Bool": "BOOL",
+           "Datetime": "DATETIME", "KeywordList": "KEYWORD_LIST"}  # fmt: skip
+
+
+def env(service: str) -> dict[str, Any]:
+    environment = SERVICES[service].get("environment", {})
+    if isinstance(environment, list):
+        return dict(item.split("=", 1) if "=" in item else (item, None) for item in environment)
+    return environment
+
+
+def depends(service: str) -> dict[str, Any]:
+    return SERVICES[service]["depends_on"]
+
+
+def command_text(service: str) -> str:
+    command = SERVICES[service]["command"]
+    return "\n".join(command) if isinstance(command, list) else command
+
+
+def test_all_services_exist() -> None:
+    assert {"postgresql", "temporal", "temporal-ui", "temporal-setup", "worker"} <= set(SERVICES)
+
+
+def test_postgres_keeps_its_data_on_a_volume() -> None:
+    assert SERVICES["postgresql"]["image"] == "postgres:16"
+    volume = SERVICES["postgresql"]["volumes"][0].split(":")[0]
+    assert volume in COMPOSE["volumes"]
+
+
+def test_temporal_runs_on_postgres_and_exposes_7233() -> None:
+    temporal = SERVICES["temporal"]
+    assert temporal["image"].startswith("temporalio/auto-setup:")
+    assert env("temporal")["DB"] == "postgres12"
+    assert env("temporal")["POSTGRES_SEEDS"] == "postgresql"
+    assert {"POSTGRES_USER", "POSTGRES_PWD", "DB_PORT"} <= set(env("temporal"))
+    assert "7233:7233" in [str(port) for port in temporal["ports"]]
+    assert depends("temporal")["postgresql"]["condition"] == "service_healthy"
+    assert "test" in temporal["healthcheck"]
+    # auto-setup's own test attributes would take SQL visibility columns perdure needs.
+    assert env("temporal")["SKIP_ADD_CUSTOM_SEARCH_ATTRIBUTES"] == "true"
+
+
+def test_ui_is_on_host_port_8233_like_the_dev_server() -> None:
+    ui = SERVICES["temporal-ui"]
+    assert ui["image"].startswith("temporalio/ui:")
+    assert env("temporal-ui")["TEMPORAL_ADDRESS"] == "temporal:7233"
+    assert [str(port).split(":")[0] for port in ui["ports"]] == ["8233"]
+
+
+def test_setup_registers_exactly_the_custom_search_attributes() -> None:
+    setup = SERVICES["temporal-setup"]
+    assert setup["image"].startswith("temporalio/admin-tools:")
+    assert depends("temporal-setup")["temporal"]["condition"] == "service_healthy"
+    script = command_text("temporal-setup")
+    creates = [line for line in script.splitlines() if "search-attribute create" in line]
+    registered: dict[str, str] = {}
+    for line in creates:
+        # One attribute per call: CLI 1.9.1 keeps only the first of several --name flags.
+        assert len(re.findall(r"--name\s", line)) == 1, line
+        assert "--address temporal:7233" in line and "--namespace default" in line, line
+        name = re.search(r"--name\s+(\S+)", line).group(1)
+        kind = re.search(r"--type\s+(\S+)", line).group(1)
+        assert name not in registered, f"{name} registered twice"
+        registered[name] = kind
+        # Tolerating "already exists" must still insist on the right type.
+        fallback = re.search(r'\|\|.*"(\w+)": "INDEXED_VALUE_TYPE_(\w+)"', line)
+        assert fallback is not None, f"no already-registered fallback for {name}"
+        assert fallback.groups() == (name, INDEXED[kind])
+    assert registered == CUSTOM_SEARCH_ATTRIBUTES
+
+
+def test_setup_script_is_not_mangled_by_compose_interpolation() -> None:
+    # Compose substitutes $VAR / ${VAR} in the command before the shell sees it.
+    assert "$" not in command_text("temporal-setup").replace("$$", "")
+
+
+def test_custom_attributes_fit_sql_visibility_columns() -> None:
+    # SQL visibility (SQLite in dev, PostgreSQL in compose) has fixed columns per type.
+    limits = {"Keyword": 10, "Bool": 3, "Int": 3, "Double": 3, "Datetime": 3, "Text": 3, "KeywordList": 3}
+    for kind, count in Counter(CUSTOM_SEARCH_ATTRIBUTES.values()).items():
+        assert count <= limits[kind], f"{count} {kind} attributes; SQL visibility has {limits[kind]} columns"
+
+
+def test_worker_scales_out_against_the_compose_temporal() -> None:
+    worker = SERVICES["worker"]
+    build = worker["build"]
+    assert (build if isinstance(build, str) else build["context"]) == "."
+    assert "replicas" in worker["deploy"]
+    assert str(worker["deploy"]["replicas"]) == "${PERDURE_WORKERS:-2}"
+    assert "container_name" not in worker  # replicas need generated names
+    assert worker["command"] in (["perdure", "worker"], "perdure worker")
+    assert depends("worker")["temporal-setup"]["condition"] == "service_completed_successfully"
+
+    worker_env = env("worker")
+    host, _, port = worker_env["PERDURE_TEMPORAL"].partition(":")
+    assert host in SERVICES and host == "temporal" and port == "7233"
+
+    home = worker_env["PERDURE_HOME"]
+    mounts = dict(reversed(volume.split(":")[:2]) for volume in worker["volumes"])
+    assert home in mounts, "PERDURE_HOME must be a mounted volume"
+    assert mounts[home] in COMPOSE["volumes"], "PERDURE_HOME must be a named volume all replicas share"
+
+
+def test_credentials_are_passed_by_name_never_written() -> None:
+    reference = re.compile(r"\$\{\w+(:?-)?\}")
+    for name in SERVICES:
+        for key, value in env(name).items():
+            if re.search(r"(API_KEY|SECRET|TOKEN)$", key):
+                assert value is None or reference.fullmatch(str(value)), f"{name}.{key} has a literal value"
+    assert {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"} <= set(env("worker"))
+    assert not re.search(r"sk-[A-Za-z0-9]", (ROOT / "docker-compose.yml").read_text())
+
+
+def test_dockerfile_installs_perdure_and_runs_the_worker_unprivileged() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert any(re.match(r"RUN pip install (\.|/app)$", line) for line in lines)
+    users = [line for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("USER root", "USER 0")
+    assert lines[-1] == 'CMD ["perdure", "worker"]'
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "temporal-dev/data", ".git"} <= set(ignored)
+
+
+def test_dynamic_config_is_one_file_for_both_servers(tmp_path: Path) -> None:
+    path = ROOT / "temporal-dev" / "dynamic-config.yaml"
+    values = devserver.load_dynamic_config(path)
+    assert values, "the file is expected to hold at least one setting"
+
+    # Compose mounts the very file at the path the server is told to read.
+    target = env("temporal")["DYNAMIC_CONFIG_FILE_PATH"]
+    mounts = dict(volume.split(":")[:2] for volume in SERVICES["temporal"]["volumes"])
+    assert mounts.get("./temporal-dev/dynamic-config.yaml") == target
+
+    # The dev server gets each value as --dynamic-config-value KEY=JSON.
+    argv = devserver.dev_server_argv(7233, 8233, tmp_path)
+    flags = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dynamic-config-value"]
+    assert {flag.split("=", 1)[0]: json.loads(flag.split("=", 1)[1]) for flag in flags} == values
+
+
+def test_constrained_dynamic_config_is_refused(tmp_path: Path) -> None:
+    constrained = tmp_path / "dc.yaml"
+    constrained.write_text("frontend.namespaceRPS.visibility:\n  - value: 5\n    constraints: {namespace: x}\n")
+    with pytest.raises(devserver.DevServerError, match="constraints"):
+        devserver.load_dynamic_config(constrained)
+
+
+def test_dev_server_argv_registers_the_same_attributes(tmp_path: Path) -> None:
+    argv = devserver.dev_server_argv(7233, 8233, tmp_path)
+    assert argv[1:3] == ["server", "start-dev"]
+    pairs = [argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--search-attribute"]
+    assert len(pairs) == len(CUSTOM_SEARCH_ATTRIBUTES)
+    assert dict(pairs) == CUSTOM_SEARCH_ATTRIBUTES
+    assert argv[argv.index("--db-filename") + 1] == str(tmp_path.resolve() / "temporal.db")
+
+
+# ------------------------------------------------------------------ CI / make
+
+
+@pytest.fixture
+def ci_checkout(tmp_path: Path) -> Path:
+    """The real Makefile and .ci/run in a scratch checkout whose .venv reuses
+    this interpreter's packages and is already bootstrapped, so `make test`
+    runs pytest without reinstalling anything."""
+    if shutil.which("make") is None:
+        pytest.fail("GNU make is required for the Makefile and .ci/run")
+    checkout = tmp_path / "checkout"
+    (checkout / ".ci").mkdir(parents=True)
+    shutil.copy2(ROOT / "Makefile", checkout / "Makefile")
+    shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    venv = checkout / ".venv"
+    venv.mkdir()
+    real_venv = Path(sys.prefix)
+    (venv / "pyvenv.cfg").write_text((real_venv / "pyvenv.cfg").read_text())
+    (venv / "bin").symlink_to(real_venv / "bin")
+    (venv / "lib").symlink_to(real_venv / "lib")
+    stamp = venv / ".installed"
+    stamp.touch()
+    later = (checkout / "pyproject.toml").stat().st_mtime + 10
+    os.utime(stamp, (later, later))
+    return checkout
+
+
+def run_ci(checkout: Path, tests: Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTEST_ARGS": f"-p no:cacheprovider {tests}"}
+    environment.pop("MAKEFLAGS", None)
+    return subprocess.run(
+        [str(checkout / ".ci" / "run")], cwd=tests, env=environment, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ci_run_is_executable() -> None:
+    assert os.access(ROOT / ".ci" / "run", os.X_OK)
+    assert (ROOT / ".ci" / "run").read_text().startswith("#!/usr/bin/env bash")
+
+
+def test_ci_run_passes_when_no_tests_are_collected(ci_checkout: Path) -> None:
+    empty = ci_checkout / "no_tests"
+    empty.mkdir()
+    result = run_ci(ci_checkout, empty)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "collected no tests (exit 5)" in result.stdout
+    assert "pip install" not in result.stdout  # the stamp was honoured
+
+
+def test_ci_run_fails_when_a_test_fails(ci_checkout: Path) -> None:
+    failing = ci_checkout / "failing"
+    failing.mkdir()
+    (failing / "test_fails.py").write_text("def test_fails():\n    assert False\n")
+    result = run_ci(ci_checkout, failing)
+    assert result.returncode != 0
+    assert "1 failed" in result.stdout
+
+
+def test_make_refuses_a_python_older_than_3_11(tmp_path: Path, ci_checkout: Path) -> None:
+    shutil.rmtree(ci_checkout / ".venv")
+    # A Python that reports 3.10 to `--version` and to `-c` code; anything else
+    # (such as `-m venv`) fails, so getting past the check is visible.
+    old_python = tmp_path / "python3.10"
+    old_python.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  --version) echo "Python 3.10.12";;\n'
+        f"  -c) exec {sys.executable} -c \"import sys; sys.version_info = (3, 10, 12, 'final', 0)\n$2\";;\n"
+        "  *) exit 1;;\n"
+        "esac\n"
+    )
+    old_python.chmod(0o755)
+    assert subprocess.run([old_python, "-c", "import sys; sys.exit(sys.version_info < (3, 10))"]).returncode == 0
+    result = subprocess.run(
+        ["make", "-C", str(ci_checkout), f"PYTHON={old_python}", "install"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "needs Python >= 3.11" in result.stderr and "3.10.12" in result.stderr
+    assert not (ci_checkout / ".venv").exists()
+
+
+def test_makefile_has_the_entry_points() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w.-]+):", makefile, re.MULTILINE))
+    wanted = {"demo", "test", "bench", "server-start", "server-stop", "histories", "clean"}
+    assert wanted <= targets
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split())
+    assert wanted <= phony
+    assert re.search(r"^(\.venv/\.installed|\$\(STAMP\)): pyproject\.toml", makefile, re.MULTILINE)

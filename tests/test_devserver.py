@@ -1,0 +1,264 @@
+"""The embedded dev server launcher against the real `temporal` binary.
+
+Each test uses its own data directory and free ports, so it never meets a
+server on 7233. Every server a test starts is stopped by pid in teardown.
+Search attributes are checked through the SDK's operator service, not through
+the CLI the launcher itself uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from starters import devserver
+from starters.devserver import DevServerError, dev_server_status, start_dev_server, stop_dev_server
+from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
+
+pytestmark = pytest.mark.timeout(60)
+
+# Expected types come from the SDK keys, independently of the launcher's own
+# CLI-name -> enum table.
+EXPECTED_TYPES = {key.name: f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}" for key in ALL_KEYS}
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def process_exists(pid: int) -> bool:
+    """True while the pid has any /proc entry, a zombie included."""
+    return Path(f"/proc/{pid}").exists()
+
+
+def registered_attributes(address: str) -> dict[str, str]:
+    async def listing() -> dict[str, str]:
+        client = await Client.connect(address)
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
+        return {name: IndexedValueType.Name(kind) for name, kind in response.custom_attributes.items()}
+
+    return asyncio.run(listing())
+
+
+def spawn_raw_server(port: int, ui_port: int, *extra: str) -> subprocess.Popen[bytes]:
+    """A server this module did not start (someone else's), with the same binary name."""
+    process = subprocess.Popen(
+        [str(devserver.temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1",
+         "--port", str(port), "--ui-port", str(ui_port), "--log-level", "error", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if registered_attributes(f"127.0.0.1:{port}") is not None:
+                return process
+        except Exception:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"raw dev server on {port} never answered")
+
+
+def kill_raw(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    data = tmp_path / "data"
+    yield data
+    stop_dev_server(data)
+
+
+def test_start_status_reuse_stop_restart(data_dir: Path) -> None:
+    port, ui_port = free_ports(2)
+    first = start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir)
+    assert first.reused is False
+    assert first.pid is not None and process_exists(first.pid)
+    assert first.address == f"127.0.0.1:{port}"
+    assert first.ui_url == f"http://localhost:{ui_port}"
+    assert (data_dir / "server.pid").read_text().strip() == str(first.pid)
+    assert first.db == data_dir / "temporal.db" and first.db.exists()
+
+    status = dev_server_status(data_dir, port=port)
+    assert (status.running, status.managed, status.pid, status.address) == (True, True, first.pid, first.address)
+    assert status.ui_url == first.ui_url
+
+    assert set(CUSTOM_SEARCH_ATTRIBUTES) == set(EXPECTED_TYPES)
+    assert registered_attributes(first.address) == EXPECTED_TYPES
+
+    # A durable fact for after the restart: a workflow (no worker needed)
+    # carrying a custom search attribute, which lives in the SQLite visibility.
+    workflow_id = f"devserver-probe-{uuid.uuid4().hex[:8]}"
+    asyncio.run(start_probe(first.address, workflow_id))
+
+    again = start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir)
+    assert again.reused is True
+    assert again.pid == first.pid
+
+    assert stop_dev_server(data_dir) is True
+    assert not process_exists(first.pid)
+    assert not (data_dir / "server.pid").exists()
+    assert stop_dev_server(data_dir) is False
+    assert dev_server_status(data_dir, port=port).running is False
+
+    restarted = start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir)
+    assert restarted.reused is False
+    assert restarted.pid != first.pid
+    assert registered_attributes(restarted.address) == EXPECTED_TYPES
+    asyncio.run(check_probe_survived(restarted.address, workflow_id))
+
+
+async def start_probe(address: str, workflow_id: str) -> None:
+    client = await Client.connect(address)
+    await client.start_workflow(
+        "PerdureDevServerProbe",
+        id=workflow_id,
+        task_queue="devserver-probe",
+        search_attributes=TypedSearchAttributes([SearchAttributePair(GOAL_STATUS, "probe")]),
+    )
+
+
+async def check_probe_survived(address: str, workflow_id: str) -> None:
+    client = await Client.connect(address)
+    described = await client.get_workflow_handle(workflow_id).describe()
+    assert described.status == WorkflowExecutionStatus.RUNNING
+    assert described.typed_search_attributes.get(GOAL_STATUS) == "probe"
+    deadline = time.monotonic() + 10
+    while True:
+        found = [w.id async for w in client.list_workflows(f'PerdureStatus = "probe" AND WorkflowId = "{workflow_id}"')]
+        if found == [workflow_id]:
+            return
+        assert time.monotonic() < deadline, "the probe is not listed by its custom search attribute after restart"
+        await asyncio.sleep(0.2)
+
+
+def test_attribute_added_to_the_list_later_is_registered_on_an_existing_db(data_dir: Path) -> None:
+    """start-dev ignores --search-attribute on an existing db; the launcher must not rely on it."""
+    port, ui_port = free_ports(2)
+    data_dir.mkdir(parents=True)
+    older = spawn_raw_server(
+        port, ui_port, "--db-filename", str(data_dir / "temporal.db"), "--search-attribute", "PerdureStatus=Keyword"
+    )
+    try:
+        assert registered_attributes(f"127.0.0.1:{port}") == {"PerdureStatus": "INDEXED_VALUE_TYPE_KEYWORD"}
+    finally:
+        older.terminate()
+        older.wait(15)
+
+    server = start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir)
+    assert server.reused is False
+    assert registered_attributes(server.address) == EXPECTED_TYPES
+
+
+def test_someone_elses_server_is_reused_and_never_stopped(tmp_path: Path, data_dir: Path) -> None:
+    port, ui_port, our_port, our_ui_port = free_ports(4)
+    foreign = spawn_raw_server(port, ui_port, "--headless")
+    try:
+        assert registered_attributes(f"127.0.0.1:{port}") == {}
+        reused = start_dev_server(port=port, ui_port=ui_port, data_dir=tmp_path / "other")
+        assert reused.reused is True
+        assert reused.pid is None
+        assert reused.ui_url is None  # headless: nothing answers on the UI port
+        assert registered_attributes(reused.address) == EXPECTED_TYPES
+        assert not (tmp_path / "other" / "server.pid").exists()
+
+        ours = start_dev_server(port=our_port, ui_port=our_ui_port, data_dir=data_dir)
+        assert ours.pid is not None and ours.pid != foreign.pid
+
+        # Stopping signals only the recorded pid: the other temporal process,
+        # same binary name, keeps running.
+        assert stop_dev_server(tmp_path / "other") is False
+        assert stop_dev_server(data_dir) is True
+        assert not process_exists(ours.pid)
+        assert foreign.poll() is None
+        assert registered_attributes(reused.address) == EXPECTED_TYPES
+    finally:
+        kill_raw(foreign)
+
+
+def test_stale_pid_files_neither_block_start_nor_get_signalled(data_dir: Path) -> None:
+    port, ui_port = free_ports(2)
+    data_dir.mkdir(parents=True)
+    pid_file = data_dir / "server.pid"
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        pid_file.write_text(f"{bystander.pid}\n")  # alive, but not our server
+        assert stop_dev_server(data_dir) is False
+        assert bystander.poll() is None
+        assert not pid_file.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    pid_file.write_text(f"{finished.pid}\n")  # dead
+    server = start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir)
+    assert server.reused is False
+    assert server.pid != finished.pid
+    assert pid_file.read_text().strip() == str(server.pid)
+
+
+def test_a_server_that_dies_at_start_reports_its_log(data_dir: Path) -> None:
+    port, ui_port = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ui_port))
+        taken.listen()
+        with pytest.raises(DevServerError) as failure:
+            start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir, wait_s=15)
+    assert "exited with code" in str(failure.value)
+    assert "address already in use" in str(failure.value)  # the tail of server.log
+    assert not (data_dir / "server.pid").exists()
+
+
+def test_a_port_held_by_something_else_is_a_clear_error(data_dir: Path) -> None:
+    port, ui_port = free_ports(2)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        stop = threading.Event()
+
+        def hang_up() -> None:
+            listener.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    connection, _ = listener.accept()
+                    connection.close()
+                except OSError:
+                    continue
+
+        thread = threading.Thread(target=hang_up, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(DevServerError, match="does not answer as a Temporal frontend"):
+                start_dev_server(port=port, ui_port=ui_port, data_dir=data_dir, wait_s=1)
+        finally:
+            stop.set()
+            thread.join()
+    assert not (data_dir / "server.pid").exists()
