@@ -389,7 +389,10 @@ class ToolActivities:
 
         try:
             raw = self._raw_args(input)
-            args = spec.args_model.model_validate(self._resolve_templates(raw, input.inputs))
+            # Templates belong to plan steps; a model writes literal text, and
+            # `{{steps.x}}` in a file it writes must stay as written.
+            resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None else raw
+            args = spec.args_model.model_validate(resolved)
         except _BadArguments as err:
             return failed(str(err))
         except ValidationError as err:

@@ -75,8 +75,8 @@ def start(
         raise typer.Exit(2)
     root = workspace.expanduser().resolve()
     if not root.is_dir():
-        err_console.print(f"[red]error:[/red] workspace {root} is not a directory")
-        raise typer.Exit(2)
+        # Workers may run elsewhere (docker-compose); the tool activity checks it there.
+        err_console.print(f"[yellow]warning:[/yellow] workspace {root} is not a directory on this machine")
     try:
         spec = goals.build_spec(
             goal=goal,

@@ -193,6 +193,14 @@ async def test_template_whose_artifact_is_gone_is_goal_level(store: ArtifactStor
     assert err.value.type == "ArtifactMissing" and err.value.non_retryable
 
 
+async def test_model_written_args_are_literal(store: ArtifactStore, ws: Path) -> None:
+    """A model writing a template-looking string gets exactly what it wrote."""
+    ref = store.put_text(json.dumps({"path": "t.md", "content": "use {{steps.summary}} here"}), "application/json")
+    result = await run(store, ws, "write_file", args_ref=ref, inputs={"summary": store.put_text("SECRET")})
+    assert result.ok, result.error
+    assert (ws / "t.md").read_text() == "use {{steps.summary}} here"
+
+
 def test_every_spec_has_an_implementation() -> None:
     assert set(TOOL_FUNCTIONS) == set(TOOL_SPECS)
 
