@@ -42,3 +42,10 @@ def config_path() -> Path:
 
 def goal_ui_link(goal_id: str) -> str:
     return f"{ui_base()}/namespaces/{namespace()}/workflows/{goal_id}"
+
+
+def dev_server_ports() -> tuple[int, int]:
+    """Frontend and UI ports for the embedded server, taken from PERDURE_TEMPORAL and PERDURE_UI."""
+    frontend = temporal_address().rpartition(":")[2]
+    ui = ui_base().rpartition(":")[2]
+    return int(frontend) if frontend.isdigit() else 7233, int(ui) if ui.isdigit() else 8233

@@ -206,19 +206,22 @@ def demo() -> None:
 
 @server_app.command("start")
 def server_start(
-    port: Annotated[int, typer.Option(help="Frontend port.")] = 7233,
-    ui_port: Annotated[int, typer.Option(help="UI port.")] = 8233,
+    port: Annotated[int | None, typer.Option(help="Frontend port (default: from PERDURE_TEMPORAL, else 7233).")] = None,
+    ui_port: Annotated[int | None, typer.Option(help="UI port (default: from PERDURE_UI, else 8233).")] = None,
 ) -> None:
     """Start the embedded dev server (reuses a running one)."""
     from starters import devserver
 
+    default_port, default_ui_port = settings.dev_server_ports()
+    port, ui_port = port or default_port, ui_port or default_ui_port
     try:
         server = devserver.start_dev_server(port=port, ui_port=ui_port)
     except RuntimeError as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(1) from None
     verb = "already running" if server.reused else "started"
-    console.print(f"Temporal dev server {verb} at {server.address} (pid {server.pid}); UI {server.ui_url}")
+    owner = f"pid {server.pid}" if server.pid else "not started by perdure"
+    console.print(f"Temporal dev server {verb} at {server.address} ({owner}); UI {server.ui_url or 'unknown'}")
 
 
 @server_app.command("stop")
@@ -237,7 +240,15 @@ def server_status() -> None:
     """Show whether the embedded dev server runs."""
     from starters import devserver
 
-    console.print(devserver.dev_server_status())
+    port, ui_port = settings.dev_server_ports()
+    status = devserver.dev_server_status(port=port, ui_port=ui_port)
+    if not status.running:
+        console.print(f"no Temporal server answers on port {port}; start one with `perdure server start`")
+        raise typer.Exit(1)
+    owner = f"pid {status.pid}" if status.managed else "not started by perdure"
+    console.print(f"Temporal server running at {status.address} ({owner}); UI {status.ui_url or 'unknown'}")
+    if status.managed:
+        console.print(f"database: {status.db}")
 
 
 def main() -> None:

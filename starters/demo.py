@@ -67,9 +67,18 @@ def make_workspace() -> Path:
     return root
 
 
+def show_new_files(console: Console, workspace: Path) -> None:
+    """What the goal left in the workspace besides the seeded notes."""
+    created = sorted(p for p in workspace.rglob("*") if p.is_file() and str(p.relative_to(workspace)) not in NOTES)
+    for path in created:
+        console.rule(f"{path.relative_to(workspace)} (written by the goal)")
+        console.print(path.read_text(encoding="utf-8", errors="replace")[:4000], markup=False, highlight=False)
+
+
 async def run_demo(console: Console) -> None:
     started = time.monotonic()
-    server = devserver.start_dev_server()
+    port, ui_port = settings.dev_server_ports()
+    server = devserver.start_dev_server(port=port, ui_port=ui_port)
     console.print(
         f"Temporal dev server {'reused' if server.reused else 'started'} at {server.address}; UI {server.ui_url}"
     )
@@ -93,6 +102,7 @@ async def run_demo(console: Console) -> None:
     console.print(f"UI: {settings.goal_ui_link(goal_id)}")
     result = await render.watch(client, goal_id, console)
     elapsed = time.monotonic() - started
+    show_new_files(console, workspace)
     console.print(f"\ndemo finished in {elapsed:.1f} s")
     console.print(f"see it in the UI: {settings.goal_ui_link(goal_id)}")
     console.print(f"or: .venv/bin/temporal workflow list --address {server.address}")

@@ -1,0 +1,67 @@
+"""`make demo`'s command, as a user runs it, on its own embedded server.
+
+Runs `perdure demo` in a subprocess with a scratch dev directory and free
+ports, so it starts a real dev server and a background worker, then checks the
+goal is on the server and that `perdure server stop` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_in(data: Path) -> list[int]:
+    return [int(p.read_text().split()[0]) for p in (data / "server.pid", data / "worker.pid") if p.exists()]
+
+
+def test_demo_runs_end_to_end_offline(tmp_path):
+    port, ui_port = free_port(), free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")},
+        "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
+        "PERDURE_UI": f"http://localhost:{ui_port}",
+        "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "160",
+    }
+    data = tmp_path / "temporal-dev" / "data"
+    try:
+        demo = subprocess.run([BIN / "perdure", "demo"], env=env, capture_output=True, text=True, timeout=120)
+        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+        assert "on model profile 'scripted'" in demo.stdout
+        assert "outcome: succeeded" in demo.stdout
+        assert "SUMMARY.md (written by the goal)" in demo.stdout
+        assert "Fix the nightly export: the CSV parser" in demo.stdout  # what the agent wrote
+        assert f"http://localhost:{ui_port}/namespaces/default/workflows/goal-demo-" in demo.stdout
+
+        listed = subprocess.run(
+            [BIN / "temporal", "workflow", "list", "--address", f"127.0.0.1:{port}", "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        goals = json.loads(listed.stdout)
+        assert [g["type"]["name"] for g in goals] == ["GoalWorkflow"]
+        assert goals[0]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"
+        started = pids_in(data)
+        assert len(started) == 2  # the dev server and the demo's background worker
+    finally:
+        stop = subprocess.run([BIN / "perdure", "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
+    assert "demo worker stopped" in stop.stdout and "dev server stopped" in stop.stdout
+    for pid in started:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text()
