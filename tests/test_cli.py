@@ -106,7 +106,11 @@ def test_plan_file_goal_runs_without_a_planner(cli_worker, tmp_path):
         "goal: copy a file\n"
         "steps:\n"
         "  - {name: read, kind: tool, tool: read_file, args: {path: in.txt}}\n"
-        "  - {name: write, kind: tool, tool: write_file, needs: [read], args: {path: out.txt, content: '{{steps.read}}!'}}\n"
+        "  - name: write\n"
+        "    kind: tool\n"
+        "    tool: write_file\n"
+        "    needs: [read]\n"
+        "    args: {path: out.txt, content: '{{steps.read}}!'}\n"
     )
     started = perdure(
         "start", "--plan", str(plan), "--workspace", str(workspace), "--id", "cli-plan-1", "--watch", env=cli_worker
