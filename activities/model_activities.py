@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.faults import fault_point
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from workflows.contracts import (
@@ -33,6 +34,7 @@ from workflows.contracts import (
     ModelContext,
     PlanInput,
     PlanResult,
+    PlanRevision,
     ToolCall,
     ToolResult,
     Usage,
@@ -91,7 +93,18 @@ class ModelActivities:
     async def plan(self, input: PlanInput) -> PlanResult:
         messages = [
             ChatMessage(role="system", content=planner_system_prompt(input.context, input.allowed_tools)),
-            ChatMessage(role="user", content=f"Goal:\n{input.context.goal}"),
+            ChatMessage(
+                role="user",
+                content="\n\n".join(
+                    part
+                    for part in (
+                        f"Goal:\n{input.context.goal}",
+                        steering_block(input.context),
+                        revision_block(input.revision) if input.revision else "",
+                    )
+                    if part
+                ),
+            ),
         ]
         if input.rejected is not None and input.rejection:
             messages += [
@@ -112,7 +125,7 @@ class ModelActivities:
     async def generate(self, input: GenerateInput) -> GenerateResult:
         messages = [
             ChatMessage(role="system", content=step_system_prompt(input.context)),
-            ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs)),
+            ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)),
         ]
         response, usage = await self._chat(input.context, ChatRequest(messages=messages))
         output = self.store.put_text(response.text)
@@ -124,11 +137,18 @@ class ModelActivities:
         if input.transcript is None:
             messages = [
                 ChatMessage(role="system", content=agent_system_prompt(input.context, input.max_turns)),
-                ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs)),
+                ChatMessage(
+                    role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)
+                ),
             ]
         else:
             messages = self._transcript(input.transcript)
             messages += self._tool_result_messages(messages, input.tool_results)
+            if input.new_guidance:
+                guidance = "\n".join(f"- {g}" for g in input.new_guidance)
+                messages.append(
+                    ChatMessage(role="user", content=f"New guidance from the user (applies from now on):\n{guidance}")
+                )
         if last_turn:
             messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
         tools = [] if last_turn else agent_tools(input.tools)
@@ -170,6 +190,8 @@ class ModelActivities:
 
     async def _chat(self, context: ModelContext, request: ChatRequest) -> tuple[ChatResponse, Usage]:
         profile = self._profile(context.profile)
+        # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
+        fault_point("model_call", profile.name, activity=activity.info().activity_type)
         response = await _heartbeating(provider_for(profile).chat(request))
         usage = Usage(
             input_tokens=response.input_tokens,
@@ -205,12 +227,15 @@ class ModelActivities:
                 non_retryable=True,
             ) from None
 
-    def _step_message(self, step: str, prompt: str, inputs: dict[str, ArtifactRef]) -> str:
+    def _step_message(
+        self, step: str, prompt: str, inputs: dict[str, ArtifactRef], context: ModelContext | None = None
+    ) -> str:
         parts = [f"step: {step}", prompt]
         for name in sorted(inputs):
             text = cap(self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
             parts.append(f"--- input from step '{name}' ---\n{text}\n--- end of input from step '{name}' ---")
-        return "\n\n".join(parts)
+        steering = steering_block(context) if context else ""
+        return "\n\n".join(parts + ([steering] if steering else []))
 
     def _tool_result_messages(self, transcript: list[ChatMessage], results: list[ToolResult]) -> list[ChatMessage]:
         messages = [self._tool_result_message(r) for r in results]
@@ -261,6 +286,35 @@ def constraints_block(constraints: list[str]) -> str:
         return "Constraints: none given."
     lines = "\n".join(f"- {c}" for c in constraints)
     return f"Constraints, verbatim from the user (every step must respect them):\n{lines}"
+
+
+def steering_block(context: ModelContext) -> str:
+    """The parts of the context the user changes while the goal runs (sent after the stable parts)."""
+    parts = []
+    if context.premises:
+        parts.append(
+            "Premises (current values):\n" + "\n".join(f"- {k} = {v}" for k, v in sorted(context.premises.items()))
+        )
+    if context.guidance:
+        parts.append("Guidance from the user, oldest first:\n" + "\n".join(f"- {g}" for g in context.guidance))
+    if context.rejected:
+        parts.append(
+            "Rejected paths (the user rejected these; do not repeat them):\n"
+            + "\n".join(f"- {r}" for r in context.rejected)
+        )
+    return "\n\n".join(parts)
+
+
+def revision_block(revision: PlanRevision) -> str:
+    finished = "\n".join(f"- {name}: {text}" for name, text in sorted(revision.finished.items())) or "(none)"
+    requests = "\n".join(f"- {r}" for r in revision.requests) or "(none)"
+    return (
+        f"Revise the current plan. Reason: {revision.reason}\n\n"
+        f"Current plan:\n{json.dumps(revision.current.model_dump(mode='json'), sort_keys=True)}\n\n"
+        "Finished steps (a step kept unchanged reuses its output at no cost):\n"
+        f"{finished}\n\nNew requests from the user:\n{requests}\n\n"
+        "Reply with the complete revised plan (kept steps included) as one JSON object."
+    )
 
 
 def tool_catalogue(allowed_tools: list[str]) -> str:

@@ -64,6 +64,11 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         for step in errored:
             lines += ["", f"### {step.name} ({step.status})", "", *_fenced(step.error or "")]
 
+    if input.unfinished:
+        lines += ["", "## Unfinished work", "", *(f"- {_one_line(item)}" for item in input.unfinished)]
+    if input.notes:
+        lines += ["", "## What changed along the way", "", *(f"- {_one_line(note)}" for note in input.notes)]
+
     return "\n".join(lines) + "\n"
 
 

@@ -40,6 +40,23 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         await environment.shutdown()
 
 
+@pytest_asyncio.fixture(scope="session")
+async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server with per-workflow time skipping (SDK v2, experimental): idle
+    workflows jump straight to their next timer, and custom search attributes work."""
+    environment = await WorkflowEnvironment.start_time_skipping_v2(
+        dev_server_existing_path=str(BIN / "temporal"),
+        search_attributes=ALL_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
+    )
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
 @pytest.fixture
 def task_queue() -> str:
     return f"tq-{uuid.uuid4().hex[:10]}"

@@ -31,6 +31,18 @@ class Activities:
 
 class Queries:
     PROGRESS = "progress"
+    INBOX = "inbox"
+
+
+class Signals:
+    MESSAGE = "message"
+
+
+class Updates:
+    SUBMIT = "submit"
+
+
+Outcome = Literal["succeeded", "partial", "failed", "aborted"]
 
 
 class ArtifactRef(BaseModel):
@@ -65,6 +77,9 @@ class GoalSpec(BaseModel):
     workspace: str = Field(min_length=1, description="Absolute path of the workspace on the worker's machine.")
     max_plan_repairs: int = Field(default=2, ge=0, le=5)
     max_agent_turns: int = Field(default=8, ge=1, le=50)
+    premises: dict[str, str] = Field(
+        default_factory=dict, description="Named assumptions steps may rest on, e.g. scope=all_modules."
+    )
 
 
 class Usage(BaseModel):
@@ -78,19 +93,34 @@ class Usage(BaseModel):
 
 
 class ModelContext(BaseModel):
-    """The stable prompt parts every model call of a goal shares (sent first, for caching)."""
+    """What every model call of a goal is told. The goal and constraints are
+    stable (sent first, for caching); premises, guidance and rejected paths
+    change as the user steers (sent after them)."""
 
     profile: str
     goal: str
     constraints: list[str] = Field(default_factory=list)
+    premises: dict[str, str] = Field(default_factory=dict)
+    guidance: list[str] = Field(default_factory=list, description="The user's steering messages, oldest first.")
+    rejected: list[str] = Field(default_factory=list, description="Rejected paths and why, never to be repeated.")
 
 
 # --- planning ---------------------------------------------------------------
 
 
+class PlanRevision(BaseModel):
+    """Asks the planner for a new version of a running plan."""
+
+    reason: str
+    current: Plan
+    finished: dict[str, str] = Field(default_factory=dict, description="Finished step -> output preview.")
+    requests: list[str] = Field(default_factory=list, description="Follow-up work the user queued.")
+
+
 class PlanInput(BaseModel):
     context: ModelContext
     allowed_tools: list[str]
+    revision: PlanRevision | None = None
     attempt: int = 1
     rejected: ArtifactRef | None = Field(default=None, description="The previous reply, when repairing.")
     rejection: str | None = Field(default=None, description="Why the previous reply was invalid.")
@@ -127,8 +157,23 @@ class ToolCall(BaseModel):
     args: ArtifactRef = Field(description="The arguments as the model wrote them (JSON text).")
 
 
+class Compensation(BaseModel):
+    """The tool call that undoes one effect; itself keyed, so running it twice undoes once."""
+
+    tool: str
+    args: dict
+    reason: str
+
+
 class ToolResult(BaseModel):
-    """Outcome of one tool call. Failures the model can act on are data, not errors."""
+    """Outcome of one tool call. Failures the model can act on are data, not errors.
+
+    For remote writes: `effect_key` names the effect; `receipt` is the service's
+    small proof of it (message id, commit sha, payment id); `uncertain` means
+    perdure cannot know whether the effect happened (`error` says what is
+    unknown) and will not guess; `compensation` is set whenever the effect may
+    have happened and can be undone.
+    """
 
     call_id: str | None = None
     tool: str
@@ -137,6 +182,10 @@ class ToolResult(BaseModel):
     output: ArtifactRef | None = None
     preview: str = ""
     error: str | None = None
+    effect_key: str | None = None
+    uncertain: bool = False
+    receipt: dict | None = None
+    compensation: Compensation | None = None
 
 
 class AgentTurnInput(BaseModel):
@@ -149,6 +198,7 @@ class AgentTurnInput(BaseModel):
     max_turns: int = Field(ge=1)
     transcript: ArtifactRef | None = Field(default=None, description="Conversation so far; None on turn 1.")
     tool_results: list[ToolResult] = Field(default_factory=list, description="Results of the previous turn's calls.")
+    new_guidance: list[str] = Field(default_factory=list, description="Steering that arrived since the last turn.")
 
 
 class AgentTurnResult(BaseModel):
@@ -172,6 +222,7 @@ class ToolInput(BaseModel):
     args_ref: ArtifactRef | None = Field(default=None, description="Arguments written by a model (JSON text).")
     inputs: dict[str, ArtifactRef] = Field(default_factory=dict, description="Outputs for {{steps.NAME}} templates.")
     call_id: str | None = None
+    confirmed: bool = Field(default=False, description="A human confirmed this call; required for irreversible tools.")
 
 
 # --- report -------------------------------------------------------------------
@@ -195,9 +246,11 @@ class StepOutcome(BaseModel):
 class ReportInput(BaseModel):
     goal_id: str
     goal: str
-    outcome: Literal["succeeded", "partial", "failed"]
+    outcome: Outcome
     failure: str | None = None
     steps: list[StepOutcome] = Field(default_factory=list)
+    unfinished: list[str] = Field(default_factory=list, description="'step: why' for every step not finished.")
+    notes: list[str] = Field(default_factory=list, description="Plan versions, steering, questions: what changed.")
     tokens: int = 0
     cost_usd: float = 0.0
 
@@ -208,12 +261,13 @@ class ReportResult(BaseModel):
 
 
 class GoalResult(BaseModel):
-    outcome: Literal["succeeded", "partial", "failed"]
+    outcome: Outcome
     failure: str | None = None
     report: ArtifactRef
     excerpt: str
     outputs: dict[str, ArtifactRef] = Field(default_factory=dict)
     failed_steps: list[str] = Field(default_factory=list)
+    unfinished: list[str] = Field(default_factory=list)
     tokens: int = 0
     cost_usd: float = 0.0
 
@@ -228,6 +282,15 @@ class NodeView(BaseModel):
     key: str | None = None
     preview: str = ""
     error: str | None = None
+
+
+class QuestionView(BaseModel):
+    id: str
+    title: str
+    done: str
+    stuck: str
+    options: list[dict[str, str]]
+    recommendation: str
 
 
 class ProgressSnapshot(BaseModel):
@@ -245,3 +308,8 @@ class ProgressSnapshot(BaseModel):
     results: dict[str, str] = Field(default_factory=dict, description="Step name -> output digest.")
     report: ArtifactRef | None = None
     failure: str | None = None
+    parked: bool = False
+    pause_reason: str | None = None
+    premises: dict[str, str] = Field(default_factory=dict)
+    questions: list[QuestionView] = Field(default_factory=list, description="Open human checkpoints, one batch.")
+    pending_messages: int = 0

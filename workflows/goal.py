@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -22,7 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import graph
+    from workflows import graph, questions
     from workflows import search_attributes as sa
     from workflows.contracts import (
         GOAL_WORKFLOW,
@@ -37,17 +38,32 @@ with workflow.unsafe.imports_passed_through():
         NodeView,
         PlanInput,
         PlanResult,
+        PlanRevision,
         ProgressSnapshot,
         Queries,
+        QuestionView,
         ReportInput,
         ReportResult,
+        Signals,
         StepOutcome,
         ToolInput,
         ToolResult,
+        Updates,
         Usage,
     )
-    from workflows.plan import AgentStep, LlmStep, PlanStep, ToolStep, check_plan
-    from workflows.state import GoalInput, GoalState, KindStats, Node, PlanVersion
+    from workflows.invalidation import RAN, held_by, invalidate_by_premise, invalidate_from
+    from workflows.messages import (
+        InboxEntry,
+        InboxView,
+        Receipt,
+        Refusal,
+        UserMessage,
+        content_digest,
+        parse_message,
+        receipt_of,
+    )
+    from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
+    from workflows.state import GoalInput, GoalState, KindStats, Node, PlanDiff, PlanVersion, RejectedPath
 
 MODEL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -80,10 +96,13 @@ class GoalFailed(Exception):
 class GoalWorkflow:
     @workflow.init
     def __init__(self, input: GoalInput) -> None:
-        self._state = input.state or GoalState(spec=input.spec)
-        # Bumped whenever a node settles; the dispatch loop waits on it.
-        self._settled = 0
-        self._published: tuple[str, int] | None = None
+        self._state = input.state or GoalState(spec=input.spec, premises=dict(input.spec.premises))
+        # Bumped when a node settles or a message arrives; the loop waits on it.
+        self._wakeups = 0
+        self._published: tuple | None = None
+        # In-flight node tasks, so a rewind, narrow or abort can cancel them.
+        # Never carried across continue-as-new: that happens with nothing in flight.
+        self._tasks: dict[str, asyncio.Task] = {}
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
@@ -97,7 +116,10 @@ class GoalWorkflow:
             await self._run_graph()
         except GoalFailed as err:
             state.failure = str(err)
+        self._close_inbox()
         result = await self._report()
+        # Updates still waiting for a receipt get it before the goal closes.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         if state.failure:
             raise ApplicationError(
                 state.failure,
@@ -106,6 +128,129 @@ class GoalWorkflow:
                 non_retryable=True,
             )
         return result
+
+    # --- admission: every user message, by signal or update -------------------------
+
+    @workflow.signal(name=Signals.MESSAGE)
+    def message_signal(self, raw: Any) -> None:
+        """Durable admission without a worker: the server stores the signal; the
+        payload is checked here, since a signal cannot be refused at the door."""
+        message, problem = parse_message(raw)
+        request_id = raw.get("request_id") if isinstance(raw, dict) else None
+        if message is None:
+            self._refuse(request_id if isinstance(request_id, str) else None, problem or "malformed message")
+            return
+        problem = self._admission_problem(message)
+        if problem:
+            self._refuse(message.request_id, problem)
+            return
+        if self._entry(message.request_id) is None:
+            self._admit(message, "signal")
+
+    @workflow.update(name=Updates.SUBMIT)
+    async def submit(self, raw: Any) -> Receipt:
+        """Admission with a receipt, when a worker is up. Waits until the message
+        is applied, except steer and queue, which apply later by design. The
+        payload is typed loosely so the validator, not the decoder, explains
+        what is wrong with a malformed one."""
+        message, _ = parse_message(raw)
+        entry = self._entry(message.request_id) or self._admit(message, "update")
+        if entry.kind not in ("steer", "queue") and self._state.phase in ("running", "parked", "awaiting_human"):
+            await workflow.wait_condition(lambda: entry.status != "pending" or self._state.phase == "reporting")
+        return receipt_of(entry)
+
+    @submit.validator
+    def _validate_submit(self, raw: Any) -> None:
+        message, problem = parse_message(raw)
+        problem = problem or self._admission_problem(message)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.query(name=Queries.INBOX)
+    def inbox(self) -> InboxView:
+        return InboxView(entries=[receipt_of(e) for e in self._state.inbox], refused=self._state.refused)
+
+    def _entry(self, request_id: str) -> InboxEntry | None:
+        return next((e for e in self._state.inbox if e.request_id == request_id), None)
+
+    def _admission_problem(self, message: UserMessage) -> str | None:
+        """Why a well-formed message cannot be admitted now, or None. A retry of
+        an admitted message (same id, same content) is not a problem."""
+        state = self._state
+        existing = self._entry(message.request_id)
+        if existing is not None:
+            if existing.digest != content_digest(message):
+                return (
+                    f"request id '{message.request_id}' was already used for a different {existing.kind} message; "
+                    "use a new request id for a new message"
+                )
+            return None
+        if state.phase in ("reporting", "finished", "failed"):
+            return f"the goal has ended ({state.phase}); it takes no more messages"
+        if state.pause.mode == "aborting" and message.kind != "abort":
+            return "the goal is being aborted"
+        kind = message.kind
+        if kind == "rewind":
+            if state.plan is None or message.node not in state.nodes:
+                known = ", ".join(state.nodes) or "none yet"
+                return f"unknown step '{message.node}' (steps: {known})"
+            if state.nodes[message.node].status not in RAN:
+                return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
+        elif kind == "narrow":
+            unknown = sorted(set(message.premises) - set(state.premises))
+            if unknown:
+                known = ", ".join(f"{k}={v}" for k, v in sorted(state.premises.items())) or "none"
+                return f"unknown premise key(s): {', '.join(unknown)} (this goal's premises: {known})"
+        elif kind in ("answer", "approve"):
+            question = next((q for q in state.questions if q.id == message.question_id), None)
+            if question is None:
+                return f"no question '{message.question_id}' on this goal"
+            if question.status != "open" or self._pending_answer(question.id):
+                return f"question '{message.question_id}' is already answered"
+            choice = message.choice if kind == "answer" else ("approve" if message.approved else "reject")
+            if choice not in {o.id for o in question.options}:
+                options = ", ".join(o.id for o in question.options)
+                return f"'{choice}' is not an option of {question.id} (options: {options})"
+        elif kind == "park" and state.pause.mode == "parked":
+            return f"the goal is already parked ({state.pause.reason})"
+        elif kind == "resume" and state.pause.mode != "parked":
+            return "the goal is not parked"
+        return None
+
+    def _pending_answer(self, question_id: str) -> bool:
+        return any(
+            e.status == "pending" and e.kind in ("answer", "approve") and e.message.question_id == question_id
+            for e in self._state.inbox
+        )
+
+    def _admit(self, message: UserMessage, via: str) -> InboxEntry:
+        entry = InboxEntry(
+            request_id=message.request_id,
+            kind=message.kind,
+            digest=content_digest(message),
+            message=message,
+            via=via,
+            received_at=workflow.now(),
+        )
+        self._state.inbox.append(entry)
+        self._wakeups += 1
+        return entry
+
+    def _refuse(self, request_id: str | None, reason: str) -> None:
+        workflow.logger.info("message refused", extra={"request_id": request_id, "reason": reason})
+        self._state.refused.append(Refusal(request_id=request_id, reason=reason, received_at=workflow.now()))
+
+    def _settle(self, entry: InboxEntry, status: str, note: str, **detail: Any) -> None:
+        entry.status, entry.note, entry.settled_at = status, note, workflow.now()
+        entry.detail.update(detail)
+
+    def _close_inbox(self) -> None:
+        """No message is silently dropped: what was never applied says why."""
+        for entry in self._state.inbox:
+            if entry.status == "pending":
+                self._settle(entry, "rejected", f"the goal ended before this {entry.kind} could be applied")
+
+    # --- queries --------------------------------------------------------------------
 
     @workflow.query(name=Queries.PROGRESS)
     def progress(self) -> ProgressSnapshot:
@@ -132,13 +277,40 @@ class GoalWorkflow:
             results={n.name: n.output.digest for n in nodes if n.output is not None},
             report=state.result.report if state.result else None,
             failure=state.failure,
+            parked=state.pause.mode == "parked",
+            pause_reason=state.pause.reason,
+            premises=state.premises,
+            questions=[
+                QuestionView(
+                    id=q.id,
+                    title=q.title,
+                    done=q.done,
+                    stuck=q.stuck,
+                    options=[o.model_dump() for o in q.options],
+                    recommendation=q.recommendation,
+                )
+                for q in state.open_questions()
+            ],
+            pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
         )
 
     # --- planning -----------------------------------------------------------
 
-    def _model_context(self) -> ModelContext:
-        spec = self._state.spec
-        return ModelContext(profile=spec.model_profile, goal=spec.goal, constraints=spec.constraints)
+    def _model_context(self, boundary: str) -> ModelContext:
+        """The context for a model call about to start: pending steers apply here."""
+        state, spec = self._state, self._state.spec
+        for entry in state.inbox:
+            if entry.kind == "steer" and entry.status == "pending":
+                state.guidance.append(entry.message.text)
+                self._settle(entry, "applied", f"applied at {boundary}")
+        return ModelContext(
+            profile=spec.model_profile,
+            goal=spec.goal,
+            constraints=spec.constraints,
+            premises=state.premises,
+            guidance=state.guidance,
+            rejected=[path.for_prompt() for path in state.rejected_paths],
+        )
 
     async def _make_plan(self) -> None:
         state, spec = self._state, self._state.spec
@@ -150,16 +322,26 @@ class GoalWorkflow:
                 PlanVersion(version=1, plan=spec.plan, reason="declarative plan from the user", source="plan-file")
             )
             return
+        plan, repairs = await self._ask_planner(None)
+        reason = "planned from the goal" if not repairs else f"planned after {repairs} repair(s)"
+        state.plan_versions.append(PlanVersion(version=1, plan=plan, reason=reason, source="planner"))
+
+    async def _ask_planner(self, revision: PlanRevision | None) -> tuple[Plan, int]:
+        """A valid plan and how many repairs it took; GoalFailed when there is none."""
+        spec = self._state.spec
         rejected: ArtifactRef | None = None
         rejection: str | None = None
         attempts = spec.max_plan_repairs + 1
+        label = "replan" if revision else "plan"
         for attempt in range(1, attempts + 1):
+            summary = label if attempt == 1 else f"{label} · repair {attempt - 1} of {spec.max_plan_repairs}"
             try:
                 result = await workflow.execute_activity(
                     Activities.PLAN,
                     PlanInput(
-                        context=self._model_context(),
+                        context=self._model_context(summary),
                         allowed_tools=spec.allowed_tools,
+                        revision=revision,
                         attempt=attempt,
                         rejected=rejected,
                         rejection=rejection,
@@ -167,41 +349,270 @@ class GoalWorkflow:
                     result_type=PlanResult,
                     start_to_close_timeout=MODEL_TIMEOUT,
                     retry_policy=MODEL_RETRY,
-                    summary="plan" if attempt == 1 else f"plan · repair {attempt - 1} of {spec.max_plan_repairs}",
+                    summary=summary,
                 )
             except ActivityError as err:
                 raise GoalFailed(f"the planner call failed: {failure_message(err)}") from err
             self._charge_model_call(result.usage)
             if result.plan is not None:
-                reason = "planned from the goal" if attempt == 1 else f"planned after {attempt - 1} repair(s)"
-                state.plan_versions.append(
-                    PlanVersion(version=len(state.plan_versions) + 1, plan=result.plan, reason=reason, source="planner")
-                )
-                return
+                return result.plan, attempt - 1
             rejected, rejection = result.raw, result.error
             workflow.logger.info("plan rejected", extra={"attempt": attempt, "reason": rejection})
         raise GoalFailed(f"the planner gave no valid plan in {attempts} attempt(s); last problem: {rejection}")
 
     def _materialise_nodes(self) -> None:
-        plan = self._state.plan
-        assert plan is not None
+        plan = self._plan()
         for step in plan.steps:
             if step.name not in self._state.nodes:
                 self._state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
 
-    # --- execution ------------------------------------------------------------
+    # --- the loop -------------------------------------------------------------
 
     async def _run_graph(self) -> None:
+        """Apply messages, dispatch what is ready, wait for the next event; until done."""
         state = self._state
-        plan = state.plan
-        assert plan is not None
         while True:
-            for name in graph.ready_steps(plan, state.nodes):
-                self._dispatch(plan.step(name))
-            if not any(n.status == "running" for n in state.nodes.values()):
+            await self._apply_messages()
+            if state.pause.mode == "aborting":
+                self._cancel_in_flight(f"aborted: {state.abort_reason}")
                 return
-            seen = self._settled
-            await workflow.wait_condition(lambda seen=seen: self._settled != seen)
+            if state.pause.mode == "running":
+                held = self._held()
+                for name in graph.ready_steps(self._plan(), state.nodes):
+                    if name not in held:
+                        self._dispatch(self._plan().step(name))
+            running = any(n.status == "running" for n in state.nodes.values())
+            if not running and state.pause.mode == "running" and not state.open_questions():
+                queued = [e for e in state.inbox if e.kind == "queue" and e.status == "pending"]
+                if not queued:
+                    return
+                await self._plan_follow_up(queued)
+                continue
+            state.phase = self._waiting_phase(running)
+            self._publish()
+            seen = self._wakeups
+            timeout = self._park_timeout()
+            try:
+                await workflow.wait_condition(
+                    lambda seen=seen: self._wakeups != seen,
+                    timeout=timeout,
+                    timeout_summary="parked: wake or expiry" if timeout else None,
+                )
+            except TimeoutError:
+                self._on_park_deadline()
+
+    def _waiting_phase(self, running: bool) -> str:
+        state = self._state
+        if state.pause.mode == "parked":
+            return "parked"
+        if not running and state.open_questions():
+            return "awaiting_human"
+        return "running"
+
+    def _held(self) -> set[str]:
+        return {name for q in self._state.open_questions() for name in q.hold}
+
+    def _park_timeout(self) -> timedelta | None:
+        pause = self._state.pause
+        if pause.mode != "parked":
+            return None
+        deadlines = [d for d in (pause.wake_at, None if pause.expiry_asked else pause.expires_at) if d]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - workflow.now(), timedelta(seconds=1))
+
+    def _on_park_deadline(self) -> None:
+        state, pause = self._state, self._state.pause
+        now = workflow.now()
+        if pause.wake_at and now >= pause.wake_at:
+            self._resume("woke at the time set when parking")
+            return
+        if pause.expires_at and now >= pause.expires_at and not pause.expiry_asked:
+            pause.expiry_asked = True
+            expiry = pause.expires_at - (pause.parked_at or pause.expires_at)
+            state.questions.append(questions.park_expired(state, now, expiry))
+
+    # --- applying messages at the safe point ----------------------------------------
+
+    async def _apply_messages(self) -> None:
+        for entry in list(self._state.inbox):
+            if entry.status != "pending" or entry.kind in ("steer", "queue"):
+                continue
+            message = entry.message
+            if entry.kind == "park":
+                self._park(message.reason, message.until, timedelta(hours=message.expiry_hours))
+                self._settle(entry, "applied", f"parked: {message.reason}")
+            elif entry.kind == "resume":
+                self._resume("resumed by the user")
+                self._settle(entry, "applied", "resumed")
+            elif entry.kind == "abort":
+                self._abort(message.reason, message.rollback)
+                self._settle(entry, "applied", f"aborting: {message.reason}")
+            elif entry.kind == "rewind":
+                self._settle(entry, "applied", **self._rewind(message.node, message.why))
+            elif entry.kind == "narrow":
+                self._settle(entry, "applied", **self._narrow(message.premises, message.why))
+            elif entry.kind in ("answer", "approve"):
+                self._settle(entry, "applied", self._answer(entry))
+
+    def _park(self, reason: str, until, expiry: timedelta) -> None:
+        now = workflow.now()
+        self._state.pause.mode = "parked"
+        self._state.pause.reason = reason
+        self._state.pause.parked_at = now
+        self._state.pause.wake_at = until
+        self._state.pause.expires_at = now + expiry
+        self._state.pause.expiry_asked = False
+
+    def _resume(self, why: str) -> None:
+        pause = self._state.pause
+        pause.mode, pause.reason, pause.wake_at, pause.expires_at = "running", None, None, None
+        for question in self._state.open_questions():
+            if question.topic == "park_expired":
+                question.status, question.answer, question.answered_at = "answered", "resume", workflow.now()
+        workflow.logger.info("resumed", extra={"why": why})
+
+    def _abort(self, reason: str, rollback: bool) -> None:
+        self._state.pause.mode = "aborting"
+        self._state.pause.rollback = rollback
+        self._state.abort_reason = reason
+
+    def _answer(self, entry: InboxEntry) -> str:
+        message = entry.message
+        question = next(q for q in self._state.questions if q.id == message.question_id)
+        choice = message.choice if entry.kind == "answer" else ("approve" if message.approved else "reject")
+        question.status, question.answer, question.answer_text = "answered", choice, message.text
+        question.answered_at = workflow.now()
+        if question.topic == "park_expired":
+            if choice == "resume":
+                self._resume("the user answered the expiry question")
+            elif choice == "extend":
+                pause = self._state.pause
+                extension = (pause.expires_at or workflow.now()) - (pause.parked_at or workflow.now())
+                pause.parked_at, pause.expires_at, pause.expiry_asked = (
+                    workflow.now(),
+                    workflow.now() + extension,
+                    False,
+                )
+            elif choice == "abort":
+                self._abort("the user chose to stop after the park expired", rollback=False)
+        elif question.topic == "narrow_confirm" and choice == "redo":
+            self._void(question.nodes)
+        return f"{question.id} answered: {choice}"
+
+    def _rewind(self, node: str, why: str) -> dict:
+        state = self._state
+        target = state.nodes[node]
+        state.rejected_paths.append(RejectedPath(node=node, why=why, output_preview=target.preview, at=workflow.now()))
+        invalidation = invalidate_from(self._plan(), self._statuses(), node)
+        self._void(invalidation.void)
+        self._new_plan_version(
+            "rewind", f"rewind of '{node}': {why}", PlanDiff(invalidated=invalidation.void, kept=invalidation.kept)
+        )
+        return {
+            "note": f"rewound '{node}': {len(invalidation.void)} step(s) void, {len(invalidation.kept)} kept",
+            "void": invalidation.void,
+            "kept": invalidation.kept,
+        }
+
+    def _narrow(self, changes: dict[str, str], why: str | None) -> dict:
+        state = self._state
+        invalidation = invalidate_by_premise(self._plan(), self._statuses(), changes)
+        state.premises = {**state.premises, **changes}
+        self._void(invalidation.void)
+        if invalidation.to_confirm:
+            hold = held_by(self._plan(), invalidation.to_confirm)
+            state.questions.append(
+                questions.narrow_confirm(state, workflow.now(), invalidation.to_confirm, hold, changes)
+            )
+        change = ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
+        self._new_plan_version(
+            "narrow",
+            f"narrowed {change}" + (f": {why}" if why else ""),
+            PlanDiff(invalidated=invalidation.void, kept=invalidation.kept, to_confirm=invalidation.to_confirm),
+        )
+        return {
+            "note": (
+                f"narrowed {change}: {len(invalidation.void)} void, {len(invalidation.kept)} kept, "
+                f"{len(invalidation.to_confirm)} to confirm"
+            ),
+            "void": invalidation.void,
+            "kept": invalidation.kept,
+            "to_confirm": invalidation.to_confirm,
+        }
+
+    def _statuses(self) -> dict[str, str]:
+        return {name: node.status for name, node in self._state.nodes.items()}
+
+    def _void(self, names: list[str]) -> None:
+        """Reset void work to pending, cancelling it if in flight; its cached output
+        is forgotten so it runs again. Abandoned work downstream may run again too."""
+        state = self._state
+        reset = set(names)
+        for name in names:
+            reset.update(d for d in graph.downstream(self._plan(), name) if state.nodes[d].status == "abandoned")
+        for name in reset:
+            node = state.nodes[name]
+            if node.key and state.outputs_by_key.get(node.key) == node.output:
+                state.outputs_by_key.pop(node.key, None)
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            node.status, node.output, node.preview, node.error, node.key, node.reused = (
+                "pending",
+                None,
+                "",
+                None,
+                None,
+                False,
+            )
+        # A node that was waiting on a twin's in-flight work has nobody to wait on now.
+        for node in state.nodes.values():
+            if node.status == "running" and node.reused and node.name not in self._tasks:
+                if not any(t.key == node.key and t.name in self._tasks for t in state.nodes.values()):
+                    node.status, node.key, node.reused = "pending", None, False
+
+    def _new_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
+        versions = self._state.plan_versions
+        versions.append(
+            PlanVersion(version=len(versions) + 1, plan=plan or self._plan(), reason=reason, source=source, diff=diff)
+        )
+
+    async def _plan_follow_up(self, queued: list[InboxEntry]) -> None:
+        """The goal would be idle: plan the queued follow-up work as a new plan version."""
+        state = self._state
+        current = self._plan()
+        revision = PlanRevision(
+            reason="the user queued follow-up work",
+            current=current,
+            finished={n.name: n.preview for n in state.nodes.values() if n.status == "succeeded"},
+            requests=[e.message.text for e in queued],
+        )
+        try:
+            plan, _ = await self._ask_planner(revision)
+        except GoalFailed as err:
+            for entry in queued:
+                self._settle(entry, "rejected", f"could not plan it: {err}")
+            return
+        old = {s.name: s for s in current.steps}
+        added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
+        removed = [name for name in old if name not in {s.name for s in plan.steps}]
+        for name in added + removed:
+            state.nodes.pop(name, None)
+        self._new_plan_version("queue", "planned queued follow-up work", PlanDiff(added=added, removed=removed), plan)
+        self._materialise_nodes()
+        for entry in queued:
+            self._settle(entry, "applied", f"planned as plan v{len(state.plan_versions)}", added=added)
+
+    def _cancel_in_flight(self, why: str) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+        for node in self._state.nodes.values():
+            if node.status == "running":
+                node.status, node.error, node.finished_at = "abandoned", why, workflow.now()
+
+    # --- execution ------------------------------------------------------------
 
     def _dispatch(self, step: PlanStep) -> None:
         state = self._state
@@ -211,23 +622,23 @@ class GoalWorkflow:
             output = state.nodes[dep].output
             assert output is not None  # ready_steps only yields steps whose deps succeeded
             deps[dep] = output.digest
-        node.key = graph.node_key(step, deps)
+        node.key = graph.node_key(step, deps, state.premises)
         node.started_at = workflow.now()
+        node.runs += 1
         cached = state.outputs_by_key.get(node.key)
         if cached is not None:
             # Same kind, input and dependency outputs as finished work: reuse it.
             node.status, node.output, node.reused, node.finished_at = "succeeded", cached, True, node.started_at
             return
         node.status = "running"
-        if any(
-            n.key == node.key and n.status == "running" and not n.reused for n in state.nodes.values() if n is not node
-        ):
+        twins = [n for n in state.nodes.values() if n is not node and n.key == node.key and n.status == "running"]
+        if any(not n.reused for n in twins):
             # The same work is in flight: share its outcome instead of paying twice.
             node.reused = True
             return
-        asyncio.create_task(self._run_node(step, node))
+        self._tasks[step.name] = asyncio.create_task(self._run_node(step, node, node.runs))
 
-    async def _run_node(self, step: PlanStep, node: Node) -> None:
+    async def _run_node(self, step: PlanStep, node: Node, run: int) -> None:
         try:
             if isinstance(step, ToolStep):
                 output, preview = await self._run_tool_step(step, node)
@@ -235,20 +646,30 @@ class GoalWorkflow:
                 output, preview = await self._run_llm_step(step, node)
             else:
                 output, preview = await self._run_agent_step(step, node)
-            assert node.key is not None
-            self._state.outputs_by_key[node.key] = output
-            for settled in self._sharing(node):
-                settled.status, settled.output, settled.preview = "succeeded", output, preview
+        except asyncio.CancelledError:
+            # Voided or aborted while in flight; whoever cancelled it set its status.
+            return
         except (ActivityError, NodeFailed) as err:
+            if node.runs != run or node.status != "running":
+                return  # an outcome for work that was voided meanwhile
             error = failure_message(err) if isinstance(err, ActivityError) else str(err)
             for settled in self._sharing(node):
                 settled.status, settled.error = "failed", error
                 self._abandon_downstream(settled.name)
-        finally:
-            node.finished_at = workflow.now()
-            self._record_kind_stats(node)
-            self._settled += 1
-            self._publish()
+        else:
+            if node.runs != run or node.status != "running":
+                return
+            assert node.key is not None
+            self._state.outputs_by_key[node.key] = output
+            for settled in self._sharing(node):
+                settled.status, settled.output, settled.preview = "succeeded", output, preview
+        # Not in a `finally`: on worker eviction the coroutine is closed and
+        # must not touch workflow state on its way out.
+        self._tasks.pop(node.name, None)
+        node.finished_at = workflow.now()
+        self._record_kind_stats(node)
+        self._wakeups += 1
+        self._publish()
 
     def _sharing(self, node: Node) -> list[Node]:
         """The node plus any node that waited on the same in-flight key."""
@@ -290,13 +711,16 @@ class GoalWorkflow:
         return result.output, result.preview
 
     async def _run_llm_step(self, step: LlmStep, node: Node) -> tuple[ArtifactRef, str]:
+        summary = f"llm · {step.name} · {short_key(node.key)}"
         result = await workflow.execute_activity(
             Activities.GENERATE,
-            GenerateInput(context=self._model_context(), step=step.name, prompt=step.prompt, inputs=self._inputs(step)),
+            GenerateInput(
+                context=self._model_context(summary), step=step.name, prompt=step.prompt, inputs=self._inputs(step)
+            ),
             result_type=GenerateResult,
             start_to_close_timeout=MODEL_TIMEOUT,
             retry_policy=MODEL_RETRY,
-            summary=f"llm · {step.name} · {short_key(node.key)}",
+            summary=summary,
         )
         self._charge_model_call(result.usage, node)
         return result.output, result.preview
@@ -307,10 +731,15 @@ class GoalWorkflow:
         tool_results: list[ToolResult] = []
         inputs = self._inputs(step)
         for turn in range(1, max_turns + 1):
+            summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
+            context = self._model_context(summary)
+            # Turn 1 sees all guidance in its prompt; later turns are told what is new.
+            new_guidance = context.guidance[node.guidance_seen :] if turn > 1 else []
+            node.guidance_seen = len(context.guidance)
             result = await workflow.execute_activity(
                 Activities.AGENT_TURN,
                 AgentTurnInput(
-                    context=self._model_context(),
+                    context=context,
                     step=step.name,
                     prompt=step.prompt,
                     inputs=inputs,
@@ -319,11 +748,12 @@ class GoalWorkflow:
                     max_turns=max_turns,
                     transcript=transcript,
                     tool_results=tool_results,
+                    new_guidance=new_guidance,
                 ),
                 result_type=AgentTurnResult,
                 start_to_close_timeout=MODEL_TIMEOUT,
                 retry_policy=MODEL_RETRY,
-                summary=f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}",
+                summary=summary,
             )
             self._charge_model_call(result.usage, node)
             node.turns = turn
@@ -391,24 +821,31 @@ class GoalWorkflow:
         stats.costs_usd = (stats.costs_usd + [node.cost_usd])[-LEDGER_SAMPLES:]
         stats.tokens = (stats.tokens + [node.tokens])[-LEDGER_SAMPLES:]
 
+    def _outcome(self, nodes: list[Node]) -> str:
+        state = self._state
+        if state.failure:
+            return "failed"
+        if state.pause.mode == "aborting":
+            return "aborted"
+        if nodes and all(n.status == "succeeded" for n in nodes):
+            return "succeeded"
+        return "partial"
+
     async def _report(self) -> GoalResult:
         state = self._state
         state.phase = "reporting"
         self._publish()
         nodes = [state.nodes[name] for name in graph.topological_order(state.plan)] if state.plan else []
-        if state.failure:
-            outcome = "failed"
-        elif nodes and all(n.status == "succeeded" for n in nodes):
-            outcome = "succeeded"
-        else:
-            outcome = "partial"
+        outcome = self._outcome(nodes)
+        unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
+        failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         report = await workflow.execute_activity(
             Activities.WRITE_REPORT,
             ReportInput(
                 goal_id=workflow.info().workflow_id,
                 goal=state.spec.goal,
                 outcome=outcome,
-                failure=state.failure,
+                failure=failure,
                 steps=[
                     StepOutcome(
                         name=n.name,
@@ -421,6 +858,8 @@ class GoalWorkflow:
                     )
                     for n in nodes
                 ],
+                unfinished=unfinished,
+                notes=self._report_notes(),
                 tokens=state.ledger.tokens,
                 cost_usd=state.ledger.cost_usd,
             ),
@@ -431,11 +870,12 @@ class GoalWorkflow:
         )
         state.result = GoalResult(
             outcome=outcome,
-            failure=state.failure,
+            failure=failure,
             report=report.report,
             excerpt=report.excerpt,
             outputs={n.name: n.output for n in nodes if n.output is not None},
             failed_steps=[n.name for n in nodes if n.status in ("failed", "abandoned")],
+            unfinished=unfinished,
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
         )
@@ -443,7 +883,15 @@ class GoalWorkflow:
         self._publish()
         return state.result
 
-    def _plan(self):
+    def _report_notes(self) -> list[str]:
+        state = self._state
+        notes = [f"plan v{v.version} ({v.source}): {v.reason}" for v in state.plan_versions[1:]]
+        notes += [f"guidance applied: {g}" for g in state.guidance]
+        notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
+        notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
+        return notes
+
+    def _plan(self) -> Plan:
         plan = self._state.plan
         assert plan is not None
         return plan
@@ -461,12 +909,15 @@ class GoalWorkflow:
         """Mirror phase and progress to search attributes and the UI's details.
 
         Search-attribute upserts are history events, so they are written only
-        when the phase changes or progress crosses a ten-percent step.
+        when the phase, the pause or the need for a human changes, or progress
+        crosses a ten-percent step.
         """
         state = self._state
         percent = self._percent_done()
         workflow.set_current_details(self._details_markdown(percent))
-        marker = (state.phase, percent // 10)
+        parked = state.pause.mode == "parked"
+        needs_human = bool(state.open_questions())
+        marker = (state.phase, percent // 10, parked, needs_human)
         if marker == self._published:
             return
         self._published = marker
@@ -475,6 +926,8 @@ class GoalWorkflow:
                 sa.GOAL_STATUS.value_set(state.phase),
                 sa.PERCENT_DONE.value_set(percent),
                 sa.COST_USD.value_set(round(state.ledger.cost_usd, 6)),
+                sa.PARKED.value_set(parked),
+                sa.NEEDS_HUMAN.value_set(needs_human),
                 sa.LAST_PROGRESS_AT.value_set(workflow.now()),
             ]
         )
@@ -489,6 +942,10 @@ class GoalWorkflow:
             f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
             f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",
         ]
+        if state.pause.mode == "parked":
+            lines.append(f"parked: {state.pause.reason}")
+        for question in state.open_questions():
+            lines.append(f"**needs you** ({question.id}): {question.title}")
         if state.failure:
             lines.append(f"failure: {state.failure}")
         return "\n\n".join(lines)

@@ -18,17 +18,26 @@ TERMINAL = {"succeeded", "failed", "uncertain", "invalidated", "abandoned"}
 
 
 def step_input(step: PlanStep) -> dict:
-    """The part of a step that determines its output; name and edges excluded."""
-    return step.model_dump(mode="json", exclude={"name", "needs"})
+    """The part of a step that determines its output; name, edges and premises excluded."""
+    return step.model_dump(mode="json", exclude={"name", "needs", "premises"})
 
 
-def node_key(step: PlanStep, dep_digests: Mapping[str, str]) -> str:
+def node_key(step: PlanStep, dep_digests: Mapping[str, str], premises: Mapping[str, str] | None = None) -> str:
     """Stable key: kind + canonical input + digests of the outputs it consumes.
 
     `dep_digests` maps each needed step name to its output digest; names are
-    kept because templates refer to dependencies by name.
+    kept because templates refer to dependencies by name. A step that declares
+    premises also keys on them: on the set of values it holds for, or on the
+    current value when it depends on the premise loosely, so narrowing within
+    that set keeps the key and anything else gives new work a new key.
     """
-    material = {"kind": step.kind, "input": step_input(step), "deps": dict(sorted(dep_digests.items()))}
+    material: dict = {"kind": step.kind, "input": step_input(step), "deps": dict(sorted(dep_digests.items()))}
+    if step.premises:
+        current = premises or {}
+        material["premises"] = {
+            key: sorted(values) if values is not None else current.get(key)
+            for key, values in sorted(step.premises.items())
+        }
     return "node:" + digest_of(material).removeprefix("sha256:")
 
 

@@ -26,6 +26,10 @@ class _Step(BaseModel):
 
     name: str = Field(pattern=STEP_NAME, description="Unique step name, lower-case identifier.")
     needs: list[str] = Field(default_factory=list, description="Names of steps this one depends on.")
+    premises: dict[str, list[str] | None] = Field(
+        default_factory=dict,
+        description="Premise key -> the values this step's output holds for (null: depends on it, judge on change).",
+    )
 
 
 class LlmStep(_Step):

@@ -13,11 +13,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from workflows.contracts import ArtifactRef, GoalResult, GoalSpec, NodeKind, NodeStatus
+from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 
 SCHEMA_VERSION = 1
 
-Phase = Literal["planning", "running", "reporting", "finished", "failed"]
+Phase = Literal["planning", "running", "parked", "awaiting_human", "aborting", "reporting", "finished", "failed"]
 
 
 class Node(BaseModel):
@@ -32,6 +33,8 @@ class Node(BaseModel):
     preview: str = ""
     error: str | None = None
     reused: bool = False
+    runs: int = Field(default=0, description="Times dispatched; a result from an older run is ignored.")
+    guidance_seen: int = Field(default=0, description="How much of the goal's guidance this node's model has seen.")
     turns: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
@@ -59,11 +62,66 @@ class Ledger(BaseModel):
         return self.input_tokens + self.output_tokens
 
 
+class PlanDiff(BaseModel):
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    invalidated: list[str] = Field(default_factory=list)
+    kept: list[str] = Field(default_factory=list)
+    to_confirm: list[str] = Field(default_factory=list)
+
+
 class PlanVersion(BaseModel):
     version: int
     plan: Plan
     reason: str
-    source: Literal["planner", "plan-file"]
+    source: Literal["planner", "plan-file", "narrow", "rewind", "queue"]
+    diff: PlanDiff = Field(default_factory=PlanDiff)
+
+
+class QuestionOption(BaseModel):
+    id: str
+    label: str
+    cost: str = Field(default="", description="What choosing it costs, in words (time, money, redone work).")
+
+
+class Question(BaseModel):
+    """A human checkpoint. Open questions are asked together, as one batch."""
+
+    id: str
+    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect"]
+    title: str
+    done: str = Field(description="What the goal has done so far.")
+    stuck: str = Field(description="Where it is stuck and why it needs a person.")
+    options: list[QuestionOption]
+    recommendation: str
+    status: Literal["open", "answered"] = "open"
+    answer: str | None = None
+    answer_text: str | None = None
+    asked_at: datetime
+    answered_at: datetime | None = None
+    nodes: list[str] = Field(default_factory=list, description="Nodes this question decides about.")
+    hold: list[str] = Field(default_factory=list, description="Pending nodes that wait for the answer.")
+
+
+class PauseState(BaseModel):
+    mode: Literal["running", "parked", "aborting"] = "running"
+    reason: str | None = None
+    parked_at: datetime | None = None
+    wake_at: datetime | None = None
+    expires_at: datetime | None = None
+    expiry_asked: bool = False
+    rollback: bool = False
+
+
+class RejectedPath(BaseModel):
+    node: str
+    why: str
+    output_preview: str = ""
+    at: datetime
+
+    def for_prompt(self) -> str:
+        shown = f" (its output began: {self.output_preview})" if self.output_preview else ""
+        return f"step '{self.node}' was rejected: {self.why}{shown}"
 
 
 class GoalState(BaseModel):
@@ -76,6 +134,17 @@ class GoalState(BaseModel):
     ledger: Ledger = Field(default_factory=Ledger)
     failure: str | None = None
     result: GoalResult | None = None
+    premises: dict[str, str] = Field(default_factory=dict)
+    guidance: list[str] = Field(default_factory=list)
+    inbox: list[InboxEntry] = Field(default_factory=list)
+    refused: list[Refusal] = Field(default_factory=list)
+    questions: list[Question] = Field(default_factory=list)
+    pause: PauseState = Field(default_factory=PauseState)
+    rejected_paths: list[RejectedPath] = Field(default_factory=list)
+    abort_reason: str | None = None
+
+    def open_questions(self) -> list[Question]:
+        return [q for q in self.questions if q.status == "open"]
 
     @property
     def plan(self) -> Plan | None:

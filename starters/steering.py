@@ -1,0 +1,50 @@
+"""Sending user messages to a goal: an update when a worker answers (the
+receipt comes back at once, a bad message is refused with its reason), else a
+signal, which the server stores durably until a worker applies it. Both carry
+the same request id, so a message that lands both ways is still one message.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows.goal import GoalWorkflow
+from workflows.messages import InboxView, Receipt
+
+UPDATE_WAIT = timedelta(seconds=5)
+
+
+class MessageRejected(ValueError):
+    """The goal refused the message; the text says why."""
+
+
+def new_request_id() -> str:
+    return f"cli-{uuid.uuid4().hex[:12]}"
+
+
+async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
+    """The receipt, or None when no worker answered and the message went by signal."""
+    handle = client.get_workflow_handle(goal_id)
+    payload = message.model_dump(mode="json")
+    try:
+        return await handle.execute_update(GoalWorkflow.submit, payload, rpc_timeout=UPDATE_WAIT)
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        raise MessageRejected(getattr(cause, "message", None) or str(cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        pass  # no worker answered in time: fall back to durable admission
+    except RPCError as err:
+        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED):
+            raise
+    await handle.signal(GoalWorkflow.message_signal, payload)
+    return None
+
+
+async def inbox(client: Client, goal_id: str, timeout_s: float = 5) -> InboxView:
+    handle = client.get_workflow_handle(goal_id)
+    return await handle.query(GoalWorkflow.inbox, rpc_timeout=timedelta(seconds=timeout_s))

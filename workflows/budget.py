@@ -1,0 +1,231 @@
+"""Budget gates: whether the next node may run, and how, given what the goal has used.
+
+Owns the gate rules (soft gate, hard gate with a wrap-up whitelist, the
+estimate check, the in-flight emergency check) and the human-readable reasons
+the workflow records with each decision. The workflow calls `gate` before every
+dispatch and `emergency_check` whenever usage changes while nodes run; the
+prompt never sees a budget.
+
+Pure: runs inside the workflow sandbox, so no I/O, clocks or randomness. Wall
+time used is passed in (the workflow computes it from `workflow.now()`). It
+does not cancel, compact or record anything itself; it only decides.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from workflows.contracts import Budget
+from workflows.estimates import KindEstimate, describe_basis
+
+GateAction = Literal["dispatch", "degraded", "skip", "wrap_up_only", "emergency_stop"]
+Dimension = Literal["tokens", "cost_usd", "wall_seconds"]
+
+# Fixed order: ties between dimensions resolve to the earlier one, so reasons are stable.
+DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
+DEFAULT_SOFT_FRACTION = 0.7
+
+# How severe each action is; as usage grows the action for a node never gets less severe.
+ACTION_SEVERITY: dict[str, int] = {
+    "dispatch": 0,
+    "degraded": 1,
+    "skip": 2,
+    "wrap_up_only": 3,
+    "emergency_stop": 4,
+}
+
+
+class BudgetUse(BaseModel):
+    """What the goal has used so far, in the three budgeted dimensions."""
+
+    tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0)
+    wall_seconds: float = Field(default=0.0, ge=0)
+
+
+class GateDecision(BaseModel):
+    """The gate's verdict for one node (or for the goal, in an emergency), with its reason.
+
+    dispatch: run normally. degraded: run with compacted context and low-value
+    tools dropped, and record that it did. skip: do not start this node, its
+    estimate would overrun the remaining budget. wrap_up_only: a budget is
+    spent; only wrap-up nodes run. emergency_stop: a budget went past 100%
+    while nodes ran; freeze, cancel in-flight work, emit the best result.
+    """
+
+    action: GateAction
+    reason: str
+    dimension: Dimension | None = None
+    fraction_used: dict[str, float] = Field(default_factory=dict)
+
+
+def _limits(budget: Budget) -> dict[Dimension, float]:
+    limits: dict[Dimension, float | None] = {
+        "tokens": budget.max_tokens,
+        "cost_usd": budget.max_cost_usd,
+        "wall_seconds": budget.max_wall_seconds,
+    }
+    return {d: float(limit) for d, limit in limits.items() if limit is not None}
+
+
+def _used(used: BudgetUse, dimension: Dimension) -> float:
+    return float(getattr(used, dimension))
+
+
+def _estimated(estimate: KindEstimate, dimension: Dimension) -> float:
+    return {"tokens": estimate.tokens_p80, "cost_usd": estimate.cost_p80, "wall_seconds": estimate.seconds_p80}[
+        dimension
+    ]
+
+
+def budget_fractions(budget: Budget, used: BudgetUse) -> dict[str, float]:
+    """Fraction used of each limited dimension (1.0 = all of it; may exceed 1). Unlimited ones are absent."""
+    return {d: _used(used, d) / limit for d, limit in _limits(budget).items()}
+
+
+def format_amount(dimension: Dimension, value: float) -> str:
+    """An amount in its dimension's unit, as a person would write it: '6,000 tokens', '$1.25', '12 min'."""
+    if dimension == "tokens":
+        return f"{round(value):,} tokens"
+    if dimension == "cost_usd":
+        if abs(value) >= 100:
+            return f"${value:,.0f}"
+        if abs(value) >= 1:
+            return f"${value:,.2f}"
+        return f"${value:.4f}"
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def _label(dimension: Dimension) -> str:
+    return {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "wall time"}[dimension]
+
+
+def _worst(fractions: dict[str, float]) -> Dimension:
+    # max() keeps the first of equal values, and DIMENSIONS order is the dict order.
+    return max(fractions, key=lambda d: fractions[d])  # type: ignore[return-value]
+
+
+def _spent_text(dimension: Dimension, used: float, limit: float) -> str:
+    return (
+        f"{_label(dimension)} at {used / limit:.0%} "
+        f"({format_amount(dimension, used)} of {format_amount(dimension, limit)})"
+    )
+
+
+def gate(
+    budget: Budget,
+    used: BudgetUse,
+    estimate: KindEstimate,
+    *,
+    node_kind: str,
+    wrap_up: bool,
+    soft_fraction: float = DEFAULT_SOFT_FRACTION,
+) -> GateDecision:
+    """Decide how (and whether) to dispatch one node. Rules, first match wins:
+
+    1. no limits: dispatch.
+    2. a wrap-up node (report, unfinished list, notify) is never held back: it
+       runs degraded once any dimension reaches `soft_fraction`, including past
+       100%, and dispatches normally below it. Its estimate is not checked.
+    3. any dimension at or past 100%: wrap_up_only (the node is not started).
+    4. the node's P80 estimate would take any dimension past 100%: skip.
+    5. any dimension at or past `soft_fraction`: degraded.
+    6. otherwise dispatch.
+    `dimension` names the dimension that decided (the most used one on ties of rule).
+    """
+    if not 0.0 < soft_fraction <= 1.0:
+        raise ValueError(f"soft_fraction must be within (0, 1], got {soft_fraction}")
+    limits = _limits(budget)
+    fractions = budget_fractions(budget, used)
+    if not limits:
+        return GateDecision(action="dispatch", reason="no budget limits set", fraction_used=fractions)
+
+    worst = _worst(fractions)
+    worst_text = _spent_text(worst, _used(used, worst), limits[worst])
+
+    if wrap_up:
+        if fractions[worst] >= soft_fraction:
+            past = "past the hard gate" if fractions[worst] >= 1.0 else f"past the {soft_fraction:.0%} soft gate"
+            return GateDecision(
+                action="degraded",
+                reason=f"wrap-up {node_kind} node runs degraded {past}: {worst_text}",
+                dimension=worst,
+                fraction_used=fractions,
+            )
+        return GateDecision(
+            action="dispatch", reason=f"wrap-up {node_kind} node within budget", fraction_used=fractions
+        )
+
+    if fractions[worst] >= 1.0:
+        return GateDecision(
+            action="wrap_up_only",
+            reason=f"{worst_text}: only wrap-up nodes run; {node_kind} node not started",
+            dimension=worst,
+            fraction_used=fractions,
+        )
+
+    overruns: list[tuple[float, Dimension]] = []
+    for d, limit in limits.items():
+        after = _used(used, d) + _estimated(estimate, d)
+        if after > limit:
+            overruns.append((after / limit, d))
+    if overruns:
+        # The worst projected overrun decides; ties keep DIMENSIONS order.
+        _, decisive = max(overruns, key=lambda item: item[0])
+        basis = describe_basis(estimate, node_kind)
+        parts = []
+        for _, d in sorted(overruns, key=lambda item: DIMENSIONS.index(item[1])):
+            remaining = limits[d] - _used(used, d)
+            if d == "tokens":
+                left = f"the remaining {remaining:,.0f} of {limits[d]:,.0f} tokens"
+            else:
+                whole = format_amount(d, limits[d])
+                left = f"the remaining {format_amount(d, remaining)} of the {whole} {_label(d)} budget"
+            parts.append(f"estimated {format_amount(d, _estimated(estimate, d))} ({basis}) would exceed {left}")
+        return GateDecision(
+            action="skip",
+            reason=f"{node_kind} node not started: " + "; ".join(parts),
+            dimension=decisive,
+            fraction_used=fractions,
+        )
+
+    if fractions[worst] >= soft_fraction:
+        return GateDecision(
+            action="degraded",
+            reason=f"{worst_text}, past the {soft_fraction:.0%} soft gate: {node_kind} node runs degraded "
+            "(compacted context, low-value tools dropped)",
+            dimension=worst,
+            fraction_used=fractions,
+        )
+    return GateDecision(action="dispatch", reason=f"{worst_text}: within budget", fraction_used=fractions)
+
+
+def emergency_check(budget: Budget, used: BudgetUse, *, ceiling: float = 1.0) -> GateDecision | None:
+    """While nodes run: an emergency_stop decision if any dimension is past `ceiling` (1.0 = 100%), else None.
+
+    "Past" is strict: usage exactly at the limit is not an emergency (the next
+    dispatch meets the hard gate instead). Wrap-up nodes run past 100% by
+    design, so while one runs the caller either skips this check or passes a
+    higher `ceiling`.
+    """
+    limits = _limits(budget)
+    if not limits:
+        return None
+    fractions = budget_fractions(budget, used)
+    over = {d: f for d, f in fractions.items() if f > ceiling}
+    if not over:
+        return None
+    worst = _worst(over)
+    return GateDecision(
+        action="emergency_stop",
+        reason=f"{_spent_text(worst, _used(used, worst), limits[worst])} while nodes ran: "
+        "freeze, cancel in-flight work, emit the best result and the unfinished list",
+        dimension=worst,
+        fraction_used=fractions,
+    )

@@ -1,0 +1,69 @@
+"""Human checkpoints: the question cards a goal asks, built from its state. Pure.
+
+A card says what is done, where the goal is stuck, the options with what each
+costs, and a recommendation, so a person can answer without reading the log.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from workflows.state import GoalState, Question, QuestionOption
+
+
+def _done_summary(state: GoalState) -> str:
+    done = [n.name for n in state.nodes.values() if n.status == "succeeded"]
+    total = len(state.nodes)
+    if not done:
+        return f"nothing finished yet (0 of {total} steps)"
+    return f"{len(done)} of {total} steps finished: {', '.join(done[:12])}{' …' if len(done) > 12 else ''}"
+
+
+def next_question_id(state: GoalState) -> str:
+    return f"q{len(state.questions) + 1}"
+
+
+def park_expired(state: GoalState, now: datetime, expiry: timedelta) -> Question:
+    hours = expiry.total_seconds() / 3600
+    return Question(
+        id=next_question_id(state),
+        topic="park_expired",
+        title=f"Still parked: {state.pause.reason}",
+        done=_done_summary(state),
+        stuck=f"The goal has been parked since {state.pause.parked_at:%Y-%m-%d %H:%M} UTC ({state.pause.reason}).",
+        options=[
+            QuestionOption(id="resume", label="Resume now", cost="work continues at once"),
+            QuestionOption(
+                id="extend", label=f"Keep waiting another {hours:g} h", cost="nothing is spent while parked"
+            ),
+            QuestionOption(id="abort", label="Stop and report what is done", cost="unfinished steps are dropped"),
+        ],
+        recommendation="extend if what you are waiting for is still coming; otherwise resume",
+        asked_at=now,
+    )
+
+
+def narrow_confirm(state: GoalState, now: datetime, nodes: list[str], hold: list[str], changes: dict) -> Question:
+    change = ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
+    spent = sum(state.nodes[n].cost_usd for n in nodes if n in state.nodes)
+    tokens = sum(state.nodes[n].tokens for n in nodes if n in state.nodes)
+    return Question(
+        id=next_question_id(state),
+        topic="narrow_confirm",
+        title=f"Do these steps still hold after {change}?",
+        done=_done_summary(state),
+        stuck=(
+            f"Steps {', '.join(nodes)} depend on what changed in a way the goal cannot judge"
+            + (f"; {', '.join(hold)} wait for the answer." if hold else ".")
+        ),
+        options=[
+            QuestionOption(
+                id="redo", label="Redo them under the new premises", cost=f"about {tokens} tokens (${spent:.4f}) again"
+            ),
+            QuestionOption(id="keep", label="Keep their outputs", cost="nothing"),
+        ],
+        recommendation="redo if their output mentions what you narrowed away; otherwise keep",
+        asked_at=now,
+        nodes=list(nodes),
+        hold=list(hold),
+    )
