@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from temporalio.service import RPCError
 from activities import settings
 from starters import goals, render
 from starters.client import ServerUnavailable, connect
+from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
 
 app = typer.Typer(help="perdure: durable AI agents on Temporal.", no_args_is_help=True, add_completion=False)
@@ -178,6 +180,170 @@ def history(
         console.print(f"wrote {len(hist.events)} events to {out}")
 
     run(_history)
+
+
+# --- steering: every message carries a request id; a retry with the same id is the same message ---
+
+RequestId = Annotated[
+    str | None, typer.Option("--request-id", help="Idempotency id; reuse it to retry the same message safely.")
+]
+
+
+def _send(goal_id: str, message_type: type, request_id: str | None, **fields: Any) -> None:
+    from pydantic import ValidationError
+
+    from starters import steering
+
+    rid = request_id or steering.new_request_id()
+    try:
+        message = message_type(request_id=rid, **fields)
+    except ValidationError as err:
+        err_console.print(f"[red]error:[/red] {describe_validation_error(err)}")
+        raise typer.Exit(2) from None
+
+    async def _go() -> None:
+        client = await connect()
+        await goals.describe(client, goal_id)
+        try:
+            receipt = await steering.send(client, goal_id, message)
+        except steering.MessageRejected as err:
+            err_console.print(f"[red]rejected:[/red] {err}")
+            raise typer.Exit(2) from None
+        if receipt is None:
+            console.print(
+                f"{message.kind} accepted by the server (request id {rid}); no worker is running, "
+                "it will be applied when one starts. Check with `perdure inbox`."
+            )
+            return
+        render.print_receipt(console, receipt)
+
+    run(_go)
+
+
+@app.command()
+def steer(goal_id: str, text: str, request_id: RequestId = None) -> None:
+    """Guide the goal; applied at the next model turn and kept from then on."""
+    from workflows.messages import Steer
+
+    _send(goal_id, Steer, request_id, text=text)
+
+
+@app.command()
+def queue(goal_id: str, text: str, request_id: RequestId = None) -> None:
+    """Queue follow-up work, planned when the current work is done."""
+    from workflows.messages import Queue
+
+    _send(goal_id, Queue, request_id, text=text)
+
+
+@app.command()
+def answer(
+    goal_id: str,
+    question_id: str,
+    choice: str,
+    text: Annotated[str | None, typer.Option(help="A note with the answer.")] = None,
+    request_id: RequestId = None,
+) -> None:
+    """Answer a question the goal asked (see `perdure status`)."""
+    from workflows.messages import Answer
+
+    _send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text)
+
+
+@app.command()
+def approve(
+    goal_id: str,
+    question_id: str,
+    reject: Annotated[bool, typer.Option("--reject", help="Refuse instead of approving.")] = False,
+    text: Annotated[str | None, typer.Option(help="Why.")] = None,
+    request_id: RequestId = None,
+) -> None:
+    """Approve (or --reject) what a confirmation question proposes."""
+    from workflows.messages import Approve
+
+    _send(goal_id, Approve, request_id, question_id=question_id, approved=not reject, text=text)
+
+
+@app.command()
+def park(
+    goal_id: str,
+    reason: Annotated[str, typer.Option(help="What the goal waits for.")],
+    until: Annotated[datetime | None, typer.Option(help="Wake at this UTC time (ISO 8601).")] = None,
+    expiry_hours: Annotated[float, typer.Option(help="Ask again after this long.")] = 48,
+    request_id: RequestId = None,
+) -> None:
+    """Pause dispatching until resume (or --until); no stall checks while parked."""
+    from workflows.messages import Park
+
+    wake = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
+    _send(goal_id, Park, request_id, reason=reason, until=wake, expiry_hours=expiry_hours)
+
+
+@app.command()
+def resume(goal_id: str, request_id: RequestId = None) -> None:
+    """Resume a parked goal."""
+    from workflows.messages import Resume
+
+    _send(goal_id, Resume, request_id)
+
+
+@app.command()
+def narrow(
+    goal_id: str,
+    premises: Annotated[list[str], typer.Argument(help="KEY=VALUE, e.g. scope=module_a")],
+    why: Annotated[str | None, typer.Option(help="Why the requirement changed.")] = None,
+    request_id: RequestId = None,
+) -> None:
+    """Change premises: void the work they invalidate, keep the rest."""
+    from workflows.messages import Narrow
+
+    changes = {}
+    for item in premises:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            err_console.print(f"[red]error:[/red] '{item}' is not KEY=VALUE")
+            raise typer.Exit(2)
+        changes[key] = value
+    _send(goal_id, Narrow, request_id, premises=changes, why=why)
+
+
+@app.command()
+def rewind(
+    goal_id: str,
+    node: str,
+    why: Annotated[str, typer.Option(help="What was wrong; the model is shown it.")],
+    request_id: RequestId = None,
+) -> None:
+    """Void a step and what depends on it, and record why it was wrong."""
+    from workflows.messages import Rewind
+
+    _send(goal_id, Rewind, request_id, node=node, why=why)
+
+
+@app.command()
+def abort(
+    goal_id: str,
+    reason: Annotated[str, typer.Option(help="Why.")] = "aborted by the user",
+    rollback: Annotated[bool, typer.Option(help="Run registered compensations, newest first.")] = False,
+    request_id: RequestId = None,
+) -> None:
+    """Stop dispatching and finish with the report and the unfinished list."""
+    from workflows.messages import Abort
+
+    _send(goal_id, Abort, request_id, reason=reason, rollback=rollback)
+
+
+@app.command("inbox")
+def show_inbox(goal_id: str) -> None:
+    """Every message sent to a goal and its receipt."""
+    from starters import steering
+
+    async def _inbox() -> None:
+        client = await connect()
+        await goals.describe(client, goal_id)
+        render.print_inbox(console, await steering.inbox(client, goal_id))
+
+    run(_inbox)
 
 
 @app.command()

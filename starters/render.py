@@ -20,6 +20,7 @@ from activities import settings
 from starters import goals
 from workflows import search_attributes as sa
 from workflows.contracts import GoalResult, ProgressSnapshot
+from workflows.messages import InboxView, Receipt
 
 STATUS_STYLE = {
     "succeeded": "green",
@@ -59,8 +60,44 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
             node.error or node.preview,
         )
     console.print(table)
+    if snap.parked:
+        console.print(f"[yellow]parked:[/yellow] {snap.pause_reason}")
+    if snap.premises:
+        console.print("premises: " + ", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items())))
+    print_questions(console, snap)
     if snap.failure:
         console.print(f"[red]failure:[/red] {snap.failure}")
+
+
+def print_questions(console: Console, snap: ProgressSnapshot) -> None:
+    for q in snap.questions:
+        console.rule(f"[bold]needs you[/bold] · {q.id}: {q.title}")
+        console.print(f"done: {q.done}")
+        console.print(f"stuck: {q.stuck}")
+        for option in q.options:
+            cost = f" ({option['cost']})" if option.get("cost") else ""
+            console.print(f"  [bold]{option['id']}[/bold]: {option['label']}{cost}")
+        console.print(f"recommended: {q.recommendation}")
+        console.print(f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
+
+
+def print_receipt(console: Console, receipt: Receipt) -> None:
+    colour = {"applied": "green", "pending": "cyan", "rejected": "red"}[receipt.status]
+    console.print(f"{receipt.kind} {receipt.request_id}: [{colour}]{receipt.status}[/{colour}]")
+    if receipt.note:
+        console.print(receipt.note)
+    for key in ("void", "kept", "to_confirm"):
+        if key in receipt.detail:
+            console.print(f"  {key}: {', '.join(receipt.detail[key]) or '—'}")
+
+
+def print_inbox(console: Console, view: InboxView) -> None:
+    table = Table("request id", "kind", "status", "note")
+    for entry in view.entries:
+        table.add_row(entry.request_id, entry.kind, entry.status, entry.note or "")
+    console.print(table if view.entries else "no messages")
+    for refusal in view.refused:
+        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {refusal.reason}")
 
 
 def print_goal_list(console: Console, executions: list) -> None:

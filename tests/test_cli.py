@@ -153,3 +153,73 @@ def test_goal_waits_durably_when_no_worker_runs(env, tmp_path, task_queue):
     assert status.returncode == 0
     assert "Running" in status.stdout and "no worker answered" in status.stdout
     assert time.monotonic() - begin < 20
+
+
+def test_a_steering_session(env, tmp_path, task_queue, scripted):
+    """Steer with no worker running (durable), then rewind and inspect the inbox."""
+    server = scripted({"replies": [{"when": "PERDURE-STEP", "content": "step done"}]})
+    (tmp_path / "config.toml").write_text(
+        f'[profiles.test]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.openai_base_url}"\n'
+    )
+    variables = cli_env(env, tmp_path, task_queue)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "goal: steer me\n"
+        "steps:\n"
+        "  - {name: first, kind: llm, prompt: Write the first part.}\n"
+        "  - name: gate\n"
+        "    kind: tool\n"
+        "    tool: run_command\n"
+        "    args: {command: 'while [ ! -f GO ]; do sleep 0.05; done'}\n"
+        "  - {name: after, kind: llm, needs: [first, gate], prompt: Finish.}\n"
+    )
+    started = perdure(
+        "start",
+        "--plan",
+        str(plan),
+        "--workspace",
+        str(workspace),
+        "--profile",
+        "test",
+        "--id",
+        "cli-steer-1",
+        env=variables,
+    )
+    assert started.returncode == 0, started.stderr
+
+    steered = perdure("steer", "cli-steer-1", "Use short sentences.", "--request-id", "s-1", env=variables)
+    assert steered.returncode == 0, steered.stderr
+    assert "accepted by the server (request id s-1); no worker is running" in steered.stdout
+
+    log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        refused = perdure("rewind", "cli-steer-1", "nope", "--why", "x", env=variables)
+        assert refused.returncode == 2 and "rejected: unknown step 'nope'" in refused.stderr
+
+        deadline = time.monotonic() + 30
+        while "first" not in str([r["last_message"][:12] for r in server.requests()]):
+            assert time.monotonic() < deadline, "the first step never ran"
+            time.sleep(0.2)
+        time.sleep(1)
+        rewound = perdure("rewind", "cli-steer-1", "first", "--why", "too long", env=variables)
+        assert rewound.returncode == 0, rewound.stderr
+        assert "rewind" in rewound.stdout and "applied" in rewound.stdout and "void: first" in rewound.stdout
+
+        (workspace / "GO").touch()
+        watched = perdure("watch", "cli-steer-1", env=variables, timeout=60)
+        assert "outcome: succeeded" in watched.stdout, watched.stdout + watched.stderr
+
+        inbox = perdure("inbox", "cli-steer-1", env=variables)
+        assert inbox.returncode == 0, inbox.stderr
+        assert "s-1" in inbox.stdout and inbox.stdout.count("applied") >= 2
+    finally:
+        worker.kill()
+        worker.wait()
+        log.close()
+    first_calls = [r for r in server.requests() if r["last_message"].startswith("step: first\n")]
+    assert len(first_calls) == 2
+    assert "Use short sentences." in first_calls[0]["last_message"]
+    assert "step 'first' was rejected: too long" in first_calls[1]["last_message"]

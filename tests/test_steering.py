@@ -19,7 +19,7 @@ from tests.history_tools import scheduled_activities
 from tests.scenarios import spec
 from workflows import search_attributes as sa
 from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Narrow, Park, Rewind, Steer
+from workflows.messages import Abort, Answer, Narrow, Park, Queue, Rewind, Steer
 from workflows.state import GoalInput
 
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
@@ -228,3 +228,80 @@ async def test_park_expiry_becomes_one_question(ts_env, task_queue, store, works
     ]
     assert timers == [timedelta(hours=48)]
     assert len(calls_for(server, "only")) == 1
+
+
+async def test_steer_reaches_a_running_agent_at_its_next_turn(env, task_queue, store, workspace, scripted):
+    wait_for_go = {"command": "while [ ! -f GO ]; do sleep 0.05; done; echo opened"}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "[exit code 0]", "content": "finished after the gate"},
+                {"when": "PERDURE-AGENT", "tool_calls": [{"name": "run_command", "arguments": wait_for_go}]},
+            ]
+        }
+    )
+    agent = {"name": "worker", "kind": "agent", "prompt": "Wait for the gate.", "tools": ["run_command"]}
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, [agent])
+        await wait_until(handle, lambda s: s.tool_calls == 0 and len(server.requests()) == 1)
+        receipt = await submit(handle, Steer(request_id="s1", text="Mention the gate in the answer."))
+        assert receipt.status == "pending"  # applied at the next model-turn boundary, not now
+        (workspace / "GO").touch()
+        result = await handle.result()
+        inbox = await handle.query(GoalWorkflow.inbox)
+
+    assert result.outcome == "succeeded"
+    first, second = server.requests()
+    assert "Mention the gate" not in first["last_message"]
+    assert second["last_message"] == "New guidance from the user (applies from now on):\n- Mention the gate in the answer."
+    assert inbox.entries[0].status == "applied" and "agent turn 2/8 · worker" in inbox.entries[0].note
+
+
+async def test_queued_work_is_planned_when_the_goal_would_be_idle(env, task_queue, store, workspace, scripted):
+    revised = {
+        "steps": [
+            llm("first"),
+            gate(),
+            llm("extra", ["first"]),
+        ]
+    }
+    server = scripted({"replies": [{"when": "Revise the current plan", "json": revised}, *STEP_REPLY["replies"]]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, [llm("first"), gate()])
+        await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        receipt = await submit(handle, Queue(request_id="q1", text="Also write an extra section."))
+        assert receipt.status == "pending"
+        (workspace / "GO").touch()
+        result = await handle.result()
+        inbox = await handle.query(GoalWorkflow.inbox)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    planner = [r for r in server.requests() if "Revise the current plan" in r["last_message"]]
+    assert len(planner) == 1 and "Also write an extra section." in planner[0]["last_message"]
+    assert inbox.entries[0].status == "applied" and inbox.entries[0].detail["added"] == ["extra"]
+    assert snapshot.plan_version == 2 and result.outcome == "succeeded"
+    # Kept steps were not run again: one call for "first", one for "extra".
+    assert len(calls_for(server, "first")) == 1 and len(calls_for(server, "extra")) == 1
+
+
+async def test_narrow_asks_about_loose_dependants_and_redoes_on_request(env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    steps = [
+        llm("judge", premises={"scope": None}),
+        llm("use", ["judge", "gate"]),
+        gate(),
+    ]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, premises={"scope": "all"})
+        await wait_until(handle, lambda s: statuses(s)["judge"] == "succeeded")
+        receipt = await submit(handle, Narrow(request_id="n1", premises={"scope": "docs"}))
+        (workspace / "GO").touch()
+        snapshot = await wait_until(handle, lambda s: s.questions and statuses(s)["gate"] == "succeeded")
+        assert statuses(snapshot)["use"] == "pending"  # held until the question is answered
+        assert snapshot.phase == "awaiting_human"
+        answer = await submit(handle, Answer(request_id="n2", question_id="q1", choice="redo"))
+        result = await handle.result()
+
+    assert receipt.detail["to_confirm"] == ["judge"] and receipt.detail["void"] == []
+    assert answer.status == "applied" and result.outcome == "succeeded"
+    assert len(calls_for(server, "judge")) == 2 and len(calls_for(server, "use")) == 1
