@@ -58,11 +58,13 @@ def start(
     max_cost: Annotated[float | None, typer.Option(help="Cost budget in USD.")] = None,
     max_wall: Annotated[int | None, typer.Option(help="Wall-time budget in seconds.")] = None,
     goal_id: Annotated[str | None, typer.Option("--id", help="Goal id (default: generated).")] = None,
+    premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
 ) -> None:
     """Start a goal; print its id and Temporal UI link."""
     allowed = tool or list(DEFAULT_TOOLS)
     constraints = list(constraint or [])
+    premises = _key_values(premise or [])
     plan_obj = None
     if plan is not None:
         try:
@@ -72,6 +74,7 @@ def start(
             raise typer.Exit(2) from None
         goal = goal or extras.get("goal")
         constraints = constraints or list(extras.get("constraints") or [])
+        premises = {**(extras.get("premises") or {}), **premises}
     if not goal:
         err_console.print("[red]error:[/red] give the goal text, or a plan file with a 'goal:' field")
         raise typer.Exit(2)
@@ -88,6 +91,7 @@ def start(
             model_profile=profile,
             allowed_tools=allowed,
             workspace=str(root),
+            premises=premises,
         )
     except ValueError as err:
         err_console.print(f"[red]error:[/red] {err}")
@@ -297,14 +301,18 @@ def narrow(
     """Change premises: void the work they invalidate, keep the rest."""
     from workflows.messages import Narrow
 
-    changes = {}
-    for item in premises:
+    _send(goal_id, Narrow, request_id, premises=_key_values(premises), why=why)
+
+
+def _key_values(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             err_console.print(f"[red]error:[/red] '{item}' is not KEY=VALUE")
             raise typer.Exit(2)
-        changes[key] = value
-    _send(goal_id, Narrow, request_id, premises=changes, why=why)
+        pairs[key] = value
+    return pairs
 
 
 @app.command()

@@ -34,7 +34,7 @@ class BadPlanFile(ValueError):
 
 
 def load_plan_file(path: Path, allowed_tools: list[str]) -> tuple[Plan, dict]:
-    """Read a YAML/JSON plan file: `steps:` plus optional `goal:` and `constraints:`."""
+    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:` and `premises:`."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -45,7 +45,12 @@ def load_plan_file(path: Path, allowed_tools: list[str]) -> tuple[Plan, dict]:
         raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
     if not isinstance(data, dict):
         raise BadPlanFile(f"{path}: expected a mapping with a 'steps' list at the top level")
-    extras = {k: data.pop(k) for k in ("goal", "constraints") if k in data}
+    extras = {k: data.pop(k) for k in ("goal", "constraints", "premises") if k in data}
+    premises = extras.get("premises")
+    if premises is not None and (
+        not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())
+    ):
+        raise BadPlanFile(f"{path}: 'premises' must map each key to a string value, e.g. scope: all_modules")
     plan, problem = parse_plan(data, allowed_tools)
     if plan is None:
         raise BadPlanFile(f"{path}: {problem}")

@@ -174,6 +174,7 @@ def test_a_steering_session(env, tmp_path, task_queue, scripted):
         "    tool: run_command\n"
         "    args: {command: 'while [ ! -f GO ]; do sleep 0.05; done'}\n"
         "  - {name: after, kind: llm, needs: [first, gate], prompt: Finish.}\n"
+        "premises: {scope: everything}\n"
     )
     started = perdure(
         "start",
@@ -198,6 +199,8 @@ def test_a_steering_session(env, tmp_path, task_queue, scripted):
     try:
         refused = perdure("rewind", "cli-steer-1", "nope", "--why", "x", env=variables)
         assert refused.returncode == 2 and "rejected: unknown step 'nope'" in refused.stderr
+        unknown = perdure("narrow", "cli-steer-1", "colour=red", env=variables)
+        assert "unknown premise key(s): colour (this goal's premises: scope=everything)" in unknown.stderr
 
         deadline = time.monotonic() + 30
         while "first" not in str([r["last_message"][:12] for r in server.requests()]):
