@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install demo test bench server-start server-stop histories clean distclean
+.PHONY: install demo demo-crash test soak bench server-start server-stop histories clean distclean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/perdure demo
 
+# A worker SIGKILLed right after the mail API accepted an email; a new worker
+# finishes the goal; the ledgers show each effect once.
+demo-crash: $(STAMP)
+	$(BIN)/python -m starters.demo_crash
+
 # pytest exits with 5 when it collects no tests (an empty suite, or a
 # PYTEST_ARGS filter matching nothing). That is not a failure here; make
 # would otherwise report any non-zero status as its own exit code 2.
@@ -39,6 +44,12 @@ test: $(STAMP)
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as success"; exit 0; fi; \
 	exit $$status
+
+# Seeded random worker kills across goals with remote effects (own dev server).
+# The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.
+SOAK_KILLS ?= 20
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak --kills $(SOAK_KILLS)
 
 bench: $(STAMP)
 	@test -f bench/run.py || { echo "error: bench/run.py does not exist yet" >&2; exit 1; }

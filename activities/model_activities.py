@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,8 @@ from workflows.contracts import (
     AgentTurnInput,
     AgentTurnResult,
     ArtifactRef,
+    DriftInput,
+    DriftResult,
     GenerateInput,
     GenerateResult,
     ModelContext,
@@ -40,7 +43,7 @@ from workflows.contracts import (
     Usage,
 )
 from workflows.plan import MAX_STEPS, Plan, parse_plan
-from workflows.tool_specs import TOOL_SPECS
+from workflows.tool_specs import LOW_VALUE_TOOLS, TOOL_SPECS
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"
@@ -48,6 +51,12 @@ STEP_MARKER = "PERDURE-STEP"
 AGENT_MARKER = "PERDURE-AGENT"
 
 MAX_INPUT_CHARS = 64_000
+DEGRADED_INPUT_CHARS = 8_000
+DEGRADED_NOTE = (
+    "[degraded: the goal's budget is running low] Inputs above are compacted and only core tools are offered; "
+    "answer as briefly as the step allows."
+)
+DRIFT_MARKER = "PERDURE-DRIFT"
 MAX_TOOL_RESULT_CHARS = 16_384
 LAST_TURN_NOTE = (
     "This is your last turn: no tools are available any more. "
@@ -87,7 +96,7 @@ class ModelActivities:
         self.store = store
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.plan, self.generate, self.agent_turn]
+        return [self.plan, self.generate, self.agent_turn, self.drift_check]
 
     @activity.defn(name=Activities.PLAN)
     async def plan(self, input: PlanInput) -> PlanResult:
@@ -131,6 +140,31 @@ class ModelActivities:
         output = self.store.put_text(response.text)
         return GenerateResult(output=output, preview=preview(response.text), usage=usage, model=response.model)
 
+    @activity.defn(name=Activities.DRIFT_CHECK)
+    async def drift_check(self, input: DriftInput) -> DriftResult:
+        """Would finishing the current plan satisfy the goal? One structured model call."""
+        finished = "\n".join(f"- {name}: {text}" for name, text in sorted(input.finished.items())) or "(none)"
+        messages = [
+            ChatMessage(role="system", content=drift_system_prompt(input.context)),
+            ChatMessage(
+                role="user",
+                content="\n\n".join(
+                    part
+                    for part in (
+                        f"Goal:\n{input.context.goal}",
+                        steering_block(input.context),
+                        f"Current plan:\n{json.dumps(input.plan.model_dump(mode='json'), sort_keys=True)}",
+                        f"Finished steps:\n{finished}",
+                        'Reply with JSON only: {"on_track": true|false, "reason": "..."}',
+                    )
+                    if part
+                ),
+            ),
+        ]
+        response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True))
+        on_track, reason = parse_drift_reply(response.text)
+        return DriftResult(on_track=on_track, reason=reason, usage=usage, model=response.model)
+
     @activity.defn(name=Activities.AGENT_TURN)
     async def agent_turn(self, input: AgentTurnInput) -> AgentTurnResult:
         last_turn = input.turn >= input.max_turns
@@ -149,9 +183,11 @@ class ModelActivities:
                 messages.append(
                     ChatMessage(role="user", content=f"New guidance from the user (applies from now on):\n{guidance}")
                 )
+        for note in input.notes:
+            messages.append(ChatMessage(role="user", content=f"Note from the runtime: {note}"))
         if last_turn:
             messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
-        tools = [] if last_turn else agent_tools(input.tools)
+        tools = [] if last_turn else agent_tools(core_tools(input.tools) if input.context.degraded else input.tools)
         response, usage = await self._chat(input.context, ChatRequest(messages=messages, tools=tools))
 
         calls = [
@@ -166,7 +202,12 @@ class ModelActivities:
 
         if calls:
             tool_calls = [
-                ToolCall(call_id=c.id, tool=c.name, args=self.store.put_text(c.arguments, "application/json"))
+                ToolCall(
+                    call_id=c.id,
+                    tool=c.name,
+                    args=self.store.put_text(c.arguments, "application/json"),
+                    preview=preview(c.arguments, 160),
+                )
                 for c in calls
             ]
             summary = "calls " + ", ".join(c.name for c in calls)
@@ -192,7 +233,7 @@ class ModelActivities:
         profile = self._profile(context.profile)
         # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
         fault_point("model_call", profile.name, activity=activity.info().activity_type)
-        response = await _heartbeating(provider_for(profile).chat(request))
+        response = await _heartbeating(provider_for(profile).chat(request), profile.name)
         usage = Usage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
@@ -235,7 +276,11 @@ class ModelActivities:
             text = cap(self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
             parts.append(f"--- input from step '{name}' ---\n{text}\n--- end of input from step '{name}' ---")
         steering = steering_block(context) if context else ""
-        return "\n\n".join(parts + ([steering] if steering else []))
+        text = "\n\n".join(parts + ([steering] if steering else []))
+        if context is not None and context.degraded:
+            # Past the soft budget gate: compact the context and say so.
+            text = cap(text, DEGRADED_INPUT_CHARS) + "\n\n" + DEGRADED_NOTE
+        return text
 
     def _tool_result_messages(self, transcript: list[ChatMessage], results: list[ToolResult]) -> list[ChatMessage]:
         messages = [self._tool_result_message(r) for r in results]
@@ -260,16 +305,19 @@ class ModelActivities:
         return ChatMessage(role="user", content=f"Result of tool {result.tool}:\n{text}")
 
 
-async def _heartbeating(call: Awaitable[T]) -> T:
-    """Await a model call, heartbeating meanwhile when the activity has a heartbeat timeout."""
+async def _heartbeating(call: Awaitable[T], profile: str) -> T:
+    """Await a model call, heartbeating what it waits for when the activity has a heartbeat timeout."""
     timeout = activity.info().heartbeat_timeout
     if not timeout:
         return await call
+    started = time.monotonic()
 
     async def beat() -> None:
         while True:
+            activity.heartbeat(
+                {"doing": f"waiting for model profile {profile}", "for_s": round(time.monotonic() - started)}
+            )
             await asyncio.sleep(timeout.total_seconds() / 2)
-            activity.heartbeat()
 
     beater = asyncio.create_task(beat())
     try:
@@ -315,6 +363,33 @@ def revision_block(revision: PlanRevision) -> str:
         f"{finished}\n\nNew requests from the user:\n{requests}\n\n"
         "Reply with the complete revised plan (kept steps included) as one JSON object."
     )
+
+
+def core_tools(names: list[str]) -> list[str]:
+    """The tools kept in degraded mode: everything not marked low-value."""
+    return [n for n in names if n not in LOW_VALUE_TOOLS]
+
+
+def drift_system_prompt(context: ModelContext) -> str:
+    return "\n\n".join(
+        [
+            f"[{DRIFT_MARKER}]\nYou check a long-running plan for drift: given the goal, its constraints, the "
+            "plan and what has finished, decide whether finishing the plan as it stands will satisfy the goal.",
+            constraints_block(context.constraints),
+        ]
+    )
+
+
+def parse_drift_reply(text: str) -> tuple[bool, str]:
+    """(on_track, reason). A reply that cannot be read counts as on track: drift
+    checks advise, and a garbled one must not trigger a replan."""
+    match = _FENCE.match(text)
+    body = (match.group(1) if match else text).strip()
+    try:
+        data = json.loads(body)
+        return bool(data["on_track"]), str(data.get("reason") or "no reason given")
+    except (ValueError, KeyError, TypeError):
+        return True, f"unreadable drift verdict, assumed on track: {preview(text, 120)}"
 
 
 def tool_catalogue(allowed_tools: list[str]) -> str:

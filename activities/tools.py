@@ -8,8 +8,10 @@ artifact store; the workflow only sees a reference and a preview.
 Failures a model can act on (bad arguments, a missing file, a non-zero exit, a
 404) come back as `ToolResult(ok=False, error=...)`. Only goal-level problems
 raise `ApplicationError`: a missing workspace, a lost artifact, a malformed
-`ToolInput`. This module must not decide risk policy (confirmation,
-idempotency keys); it reports the tool's risk class and the workflow decides.
+`ToolInput`. Tools whose replay policy is not `safe` (remote writes) run through
+`activities.effect_tools.run_effect`, which owns effect keys, the retry decision
+and the confirmation check for irreversible tools; this module only dispatches
+to it. Asking a human stays with the workflow.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.effect_tools import EFFECT_TOOLS, EffectTool, Heartbeat, run_effect
+from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
 from workflows.plan import TEMPLATE, describe_validation_error
@@ -61,18 +65,6 @@ MAX_ERROR_CHARS = 2_000
 """Errors travel in workflow history and into prompts; keep them short."""
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class ToolError(Exception):
-    """A failure the model can act on.
-
-    `output`, when set, is stored next to the error (a failing command's log).
-    """
-
-    def __init__(self, message: str, *, output: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.output = output
 
 
 # --- file tools ---------------------------------------------------------------
@@ -335,16 +327,20 @@ async def http_get(root: Path, args: HttpGetArgs) -> str:
 
 ToolFunction = Callable[[Path, Any], Awaitable[str]]
 
-TOOL_FUNCTIONS: dict[str, ToolFunction] = {
+TOOL_FUNCTIONS: dict[str, ToolFunction | EffectTool] = {
     "read_file": read_file,
     "list_dir": list_dir,
     "write_file": write_file,
     "run_command": run_command,
     "http_get": http_get,
+    **EFFECT_TOOLS,
 }
 
-WORKSPACE_TOOLS = frozenset({"read_file", "list_dir", "write_file", "run_command"})
-"""Tools that need the workspace on this machine; http_get may run on a worker that has none."""
+WORKSPACE_TOOLS = frozenset(
+    {"read_file", "list_dir", "write_file", "run_command"}
+    | {name for name, tool in EFFECT_TOOLS.items() if tool.needs_workspace}
+)
+"""Tools that need the workspace on this machine; HTTP tools may run on a worker that has none."""
 
 
 class _BadArguments(Exception):
@@ -400,11 +396,15 @@ class ToolActivities:
                 f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
             )
 
-        try:
-            text = await TOOL_FUNCTIONS[input.tool](root, args)
-        except ToolError as err:
-            activity.logger.info("tool %s failed: %s", input.tool, err.message)
-            return failed(err.message, err.output)
+        implementation = TOOL_FUNCTIONS[input.tool]
+        async with Heartbeat() as beat:
+            if isinstance(implementation, EffectTool):
+                return await run_effect(implementation, spec, input, args, self.store, beat)
+            try:
+                text = await implementation(root, args)
+            except ToolError as err:
+                activity.logger.info("tool %s failed: %s", input.tool, err.message)
+                return failed(err.message, err.output)
         ref = self.store.put_text(text)
         return ToolResult(
             call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)

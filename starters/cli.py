@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from activities import settings
 from starters import goals, render
 from starters.client import ServerUnavailable, connect
+from workflows import search_attributes as sa
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
 
@@ -124,6 +125,7 @@ def status(goal_id: str) -> None:
                 f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
             )
         render.print_status(console, desc, snapshot)
+        render.print_activities(console, desc)
 
     run(_status)
 
@@ -143,13 +145,25 @@ def watch(goal_id: str) -> None:
 @app.command("ls")
 def list_goals(
     status: Annotated[str | None, typer.Option(help="Temporal status: Running, Completed, Failed…")] = None,
+    phase: Annotated[str | None, typer.Option(help="Goal phase: running, parked, awaiting_human, finished…")] = None,
+    needs_human: Annotated[bool, typer.Option("--needs-human", help="Only goals waiting for an answer.")] = False,
+    parked: Annotated[bool, typer.Option("--parked", help="Only parked goals.")] = False,
     limit: Annotated[int, typer.Option(help="At most this many goals.")] = 50,
 ) -> None:
-    """List goals, newest first."""
+    """List goals, newest first, filtered by their search attributes."""
 
     async def _ls() -> None:
         client = await connect()
-        query = f"ExecutionStatus = '{status}'" if status else None
+        filters = []
+        if status:
+            filters.append(f"ExecutionStatus = '{status}'")
+        if phase:
+            filters.append(f"{sa.GOAL_STATUS.name} = '{phase}'")
+        if needs_human:
+            filters.append(f"{sa.NEEDS_HUMAN.name} = true")
+        if parked:
+            filters.append(f"{sa.PARKED.name} = true")
+        query = " AND ".join(filters) or None
         render.print_goal_list(console, await goals.list_goals(client, query, limit))
 
     run(_ls)
@@ -215,8 +229,8 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
             raise typer.Exit(2) from None
         if receipt is None:
             console.print(
-                f"{message.kind} accepted by the server (request id {rid}); no worker is running, "
-                "it will be applied when one starts. Check with `perdure inbox`."
+                f"{message.kind} accepted by the server (request id {rid}); no worker answered yet, "
+                "so it is applied when one does. Check with `perdure inbox`."
             )
             return
         render.print_receipt(console, receipt)

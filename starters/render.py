@@ -49,6 +49,12 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
         f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · "
         f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
     )
+    for dimension, fraction in snap.budget.items():
+        console.print(f"budget {dimension:<13} {budget_bar(fraction)} {fraction:>4.0%}")
+    if snap.degraded:
+        console.print("[yellow]running degraded: past the soft budget gate[/yellow]")
+    if snap.eta:
+        console.print(f"ETA: {snap.eta}")
     table = Table("step", "kind", "status", "key", "output / error")
     for node in snap.nodes:
         style = STATUS_STYLE.get(node.status, "")
@@ -65,8 +71,28 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
     if snap.premises:
         console.print("premises: " + ", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items())))
     print_questions(console, snap)
+    for conclusion in snap.conclusions:
+        console.print(f"[dim]concluded[/dim] {conclusion}")
+    for entry in snap.gate_log[-5:]:
+        console.print(f"[dim]gate[/dim] {entry}")
     if snap.failure:
         console.print(f"[red]failure:[/red] {snap.failure}")
+
+
+def budget_bar(fraction: float, width: int = 20) -> str:
+    filled = min(width, round(fraction * width))
+    colour = "red" if fraction >= 1 else "yellow" if fraction >= 0.7 else "green"
+    return f"[{colour}]{'█' * filled}[/{colour}]{'░' * (width - filled)}"
+
+
+def print_activities(console: Console, desc: WorkflowExecutionDescription) -> None:
+    """What each running activity last reported (its heartbeat), straight from the server."""
+    for pending in desc.raw_description.pending_activities:
+        details = ""
+        if pending.HasField("heartbeat_details") and pending.heartbeat_details.payloads:
+            details = " · " + pending.heartbeat_details.payloads[0].data.decode(errors="replace")[:160]
+        failure = f" · last failure: {pending.last_failure.message}" if pending.HasField("last_failure") else ""
+        console.print(f"[dim]activity[/dim] {pending.activity_type.name} attempt {pending.attempt}{details}{failure}")
 
 
 def print_questions(console: Console, snap: ProgressSnapshot) -> None:
@@ -142,7 +168,13 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
             try:
                 snap = await goals.progress(client, goal_id, timeout_s=3)
                 running = ", ".join(snap.running) or "—"
-                bar.update(task, completed=snap.percent_done, description=f"{snap.phase} · running: {running}")
+                extras = [f"{k} {v:.0%}" for k, v in snap.budget.items()]
+                if snap.eta:
+                    extras.append(f"ETA {snap.eta}")
+                if snap.questions:
+                    extras.append(f"needs you: {len(snap.questions)} question(s)")
+                tail = f" · {' · '.join(extras)}" if extras else ""
+                bar.update(task, completed=snap.percent_done, description=f"{snap.phase} · running: {running}{tail}")
             except RPCError:
                 bar.update(task, description="waiting for a worker")
             await asyncio.sleep(poll_s)

@@ -192,7 +192,7 @@ def test_a_steering_session(env, tmp_path, task_queue, scripted):
 
     steered = perdure("steer", "cli-steer-1", "Use short sentences.", "--request-id", "s-1", env=variables)
     assert steered.returncode == 0, steered.stderr
-    assert "accepted by the server (request id s-1); no worker is running" in steered.stdout
+    assert "accepted by the server (request id s-1); no worker answered yet" in steered.stdout
 
     log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
@@ -226,3 +226,39 @@ def test_a_steering_session(env, tmp_path, task_queue, scripted):
     assert len(first_calls) == 2
     assert "Use short sentences." in first_calls[0]["last_message"]
     assert "step 'first' was rejected: too long" in first_calls[1]["last_message"]
+
+
+def test_ls_finds_goals_that_need_a_person(cli_worker, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "goal: wait for me\n"
+        "steps:\n"
+        "  - {name: gate, kind: tool, tool: run_command, args: {command: 'while [ ! -f GO ]; do sleep 0.05; done'}}\n"
+        "  - {name: after, kind: tool, tool: list_dir, needs: [gate], args: {}}\n"
+    )
+    started = perdure(
+        "start", "--plan", str(plan), "--workspace", str(workspace), "--id", "cli-human-1", env=cli_worker
+    )
+    assert started.returncode == 0, started.stderr
+    parked = perdure(
+        "park", "cli-human-1", "--reason", "waiting for review", "--expiry-hours", "0.0005", env=cli_worker
+    )
+    assert parked.returncode == 0 and "applied" in parked.stdout, parked.stdout + parked.stderr
+
+    deadline = time.monotonic() + 30
+    while "cli-human-1" not in perdure("ls", "--needs-human", env=cli_worker).stdout:
+        assert time.monotonic() < deadline, "the goal never showed up as needing a person"
+        time.sleep(0.5)
+    assert "cli-human-1" in perdure("ls", "--parked", env=cli_worker).stdout
+    status = perdure("status", "cli-human-1", env=cli_worker)
+    assert "needs you · q1: Still parked: waiting for review" in status.stdout
+    assert "perdure answer cli-human-1 q1 <option>" in status.stdout
+
+    answered = perdure("answer", "cli-human-1", "q1", "resume", env=cli_worker)
+    assert answered.returncode == 0 and "applied" in answered.stdout
+    (workspace / "GO").touch()
+    watched = perdure("watch", "cli-human-1", env=cli_worker, timeout=60)
+    assert "outcome: succeeded" in watched.stdout
+    assert "cli-human-1" not in perdure("ls", "--needs-human", env=cli_worker).stdout

@@ -86,7 +86,7 @@ async def run(fn, arg):
 def test_activity_names_are_the_contract_names(store):
     acts = ModelActivities(ModelConfig(profiles={}), store)
     names = [fn.__temporal_activity_definition.name for fn in acts.activities()]
-    assert names == [Activities.PLAN, Activities.GENERATE, Activities.AGENT_TURN]
+    assert names == [Activities.PLAN, Activities.GENERATE, Activities.AGENT_TURN, Activities.DRIFT_CHECK]
 
 
 # --- plan -----------------------------------------------------------------------

@@ -253,7 +253,9 @@ async def test_steer_reaches_a_running_agent_at_its_next_turn(env, task_queue, s
     assert result.outcome == "succeeded"
     first, second = server.requests()
     assert "Mention the gate" not in first["last_message"]
-    assert second["last_message"] == "New guidance from the user (applies from now on):\n- Mention the gate in the answer."
+    assert (
+        second["last_message"] == "New guidance from the user (applies from now on):\n- Mention the gate in the answer."
+    )
     assert inbox.entries[0].status == "applied" and "agent turn 2/8 · worker" in inbox.entries[0].note
 
 

@@ -41,7 +41,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[GoalWorkflow],
-        activities=[models.plan, models.generate, models.agent_turn, tools.run_tool, report.write_report],
+        activities=[*models.activities(), tools.run_tool, report.write_report],
         **worker_options,
     )
 

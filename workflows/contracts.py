@@ -27,6 +27,7 @@ class Activities:
     AGENT_TURN = "perdure.model.agent_turn"
     RUN_TOOL = "perdure.tool.run"
     WRITE_REPORT = "perdure.report.write"
+    DRIFT_CHECK = "perdure.model.drift_check"
 
 
 class Queries:
@@ -80,6 +81,9 @@ class GoalSpec(BaseModel):
     premises: dict[str, str] = Field(
         default_factory=dict, description="Named assumptions steps may rest on, e.g. scope=all_modules."
     )
+    soft_gate: float = Field(default=0.7, gt=0, le=1, description="Budget fraction from which nodes run degraded.")
+    drift_every: int = Field(default=12, ge=0, description="Check for drift every N finished nodes; 0 = never.")
+    stall_threshold: int = Field(default=2, ge=1, le=20, description="Stale agent steps before each stall response.")
 
 
 class Usage(BaseModel):
@@ -103,6 +107,7 @@ class ModelContext(BaseModel):
     premises: dict[str, str] = Field(default_factory=dict)
     guidance: list[str] = Field(default_factory=list, description="The user's steering messages, oldest first.")
     rejected: list[str] = Field(default_factory=list, description="Rejected paths and why, never to be repeated.")
+    degraded: bool = Field(default=False, description="Budget past the soft gate: compact context, core tools only.")
 
 
 # --- planning ---------------------------------------------------------------
@@ -155,6 +160,7 @@ class ToolCall(BaseModel):
     call_id: str
     tool: str
     args: ArtifactRef = Field(description="The arguments as the model wrote them (JSON text).")
+    preview: str = Field(default="", description="A short rendering of the arguments, for people and stall checks.")
 
 
 class Compensation(BaseModel):
@@ -199,6 +205,7 @@ class AgentTurnInput(BaseModel):
     transcript: ArtifactRef | None = Field(default=None, description="Conversation so far; None on turn 1.")
     tool_results: list[ToolResult] = Field(default_factory=list, description="Results of the previous turn's calls.")
     new_guidance: list[str] = Field(default_factory=list, description="Steering that arrived since the last turn.")
+    notes: list[str] = Field(default_factory=list, description="Runtime notes for this turn (e.g. stall reminders).")
 
 
 class AgentTurnResult(BaseModel):
@@ -293,6 +300,19 @@ class QuestionView(BaseModel):
     recommendation: str
 
 
+class DriftInput(BaseModel):
+    context: ModelContext
+    plan: Plan
+    finished: dict[str, str] = Field(default_factory=dict, description="Finished step -> output preview.")
+
+
+class DriftResult(BaseModel):
+    on_track: bool
+    reason: str
+    usage: Usage
+    model: str
+
+
 class ProgressSnapshot(BaseModel):
     goal_id: str
     phase: str
@@ -313,3 +333,9 @@ class ProgressSnapshot(BaseModel):
     premises: dict[str, str] = Field(default_factory=dict)
     questions: list[QuestionView] = Field(default_factory=list, description="Open human checkpoints, one batch.")
     pending_messages: int = 0
+    budget: dict[str, float] = Field(default_factory=dict, description="Fraction used per budgeted dimension.")
+    degraded: bool = False
+    eta: str | None = Field(default=None, description="A coarse range with its confidence, never a precise number.")
+    eta_confidence: str | None = None
+    conclusions: list[str] = Field(default_factory=list, description="Latest finished outputs, briefly.")
+    gate_log: list[str] = Field(default_factory=list, description="Budget, density and stall decisions, latest last.")

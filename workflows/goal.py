@@ -23,7 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import graph, questions
+    from workflows import budget, graph, questions, stall
     from workflows import search_attributes as sa
     from workflows.contracts import (
         GOAL_WORKFLOW,
@@ -31,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
         AgentTurnInput,
         AgentTurnResult,
         ArtifactRef,
+        DriftInput,
+        DriftResult,
         GenerateInput,
         GenerateResult,
         GoalResult,
@@ -51,6 +53,9 @@ with workflow.unsafe.imports_passed_through():
         Updates,
         Usage,
     )
+    from workflows.density import fair_share_limit, verdict_for_step
+    from workflows.estimates import estimate_kind
+    from workflows.eta import estimate_eta
     from workflows.invalidation import RAN, held_by, invalidate_by_premise, invalidate_from
     from workflows.messages import (
         InboxEntry,
@@ -64,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
     from workflows.state import GoalInput, GoalState, KindStats, Node, PlanDiff, PlanVersion, RejectedPath
+    from workflows.tool_specs import TOOL_SPECS
 
 MODEL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -79,9 +85,15 @@ TOOL_RETRY = RetryPolicy(
 )
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 MODEL_TIMEOUT = timedelta(minutes=5)
+# Model activities heartbeat while they wait: a dead worker is noticed in this
+# long instead of the full start-to-close timeout.
+MODEL_HEARTBEAT = timedelta(seconds=30)
 TOOL_TIMEOUT = timedelta(minutes=2)
-# Keeps the per-kind ledger bounded however long the goal runs.
+# Keeps the per-kind ledger and the gate log bounded however long the goal runs.
 LEDGER_SAMPLES = 200
+GATE_LOG_ENTRIES = 200
+# Nodes with a live task: running, or waiting inside it for a person or a resume.
+IN_FLIGHT = {"running", "blocked", "parked"}
 
 
 class NodeFailed(Exception):
@@ -97,6 +109,7 @@ class GoalWorkflow:
     @workflow.init
     def __init__(self, input: GoalInput) -> None:
         self._state = input.state or GoalState(spec=input.spec, premises=dict(input.spec.premises))
+        self._state.started_at = self._state.started_at or workflow.now()
         # Bumped when a node settles or a message arrives; the loop waits on it.
         self._wakeups = 0
         self._published: tuple | None = None
@@ -155,8 +168,11 @@ class GoalWorkflow:
         what is wrong with a malformed one."""
         message, _ = parse_message(raw)
         entry = self._entry(message.request_id) or self._admit(message, "update")
-        if entry.kind not in ("steer", "queue") and self._state.phase in ("running", "parked", "awaiting_human"):
-            await workflow.wait_condition(lambda: entry.status != "pending" or self._state.phase == "reporting")
+        if entry.kind not in ("steer", "queue"):
+            # Applied at the loop's next safe point (after planning, if a plan is being made).
+            await workflow.wait_condition(
+                lambda: entry.status != "pending" or self._state.phase in ("reporting", "finished", "failed")
+            )
         return receipt_of(entry)
 
     @submit.validator
@@ -256,6 +272,7 @@ class GoalWorkflow:
     def progress(self) -> ProgressSnapshot:
         state = self._state
         nodes = list(state.nodes.values())
+        eta = self._eta()
         counts: dict[str, int] = {}
         for node in nodes:
             counts[node.status] = counts.get(node.status, 0) + 1
@@ -292,11 +309,30 @@ class GoalWorkflow:
                 for q in state.open_questions()
             ],
             pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
+            budget=budget.budget_fractions(state.spec.budget, self._actual_use()),
+            degraded=any(n.degraded for n in nodes if n.status in IN_FLIGHT),
+            eta=eta.text if eta else None,
+            eta_confidence=eta.confidence if eta else None,
+            conclusions=[
+                f"{n.name}: {n.preview}" for n in nodes if n.status == "succeeded" and n.kind != "tool" and n.preview
+            ][-5:],
+            gate_log=state.gate_log[-10:],
         )
+
+    def _eta(self):
+        state = self._state
+        if state.phase in ("finished", "failed", "reporting"):
+            return None
+        remaining: dict[str, int] = {}
+        for node in state.nodes.values():
+            if node.status not in graph.TERMINAL:
+                remaining[node.kind] = remaining.get(node.kind, 0) + 1
+        running = sum(1 for n in state.nodes.values() if n.status == "running")
+        return estimate_eta(remaining, state.ledger.by_kind, running=running, parallelism=max(1, running))
 
     # --- planning -----------------------------------------------------------
 
-    def _model_context(self, boundary: str) -> ModelContext:
+    def _model_context(self, boundary: str, node: Node | None = None) -> ModelContext:
         """The context for a model call about to start: pending steers apply here."""
         state, spec = self._state, self._state.spec
         for entry in state.inbox:
@@ -310,6 +346,7 @@ class GoalWorkflow:
             premises=state.premises,
             guidance=state.guidance,
             rejected=[path.for_prompt() for path in state.rejected_paths],
+            degraded=bool(node and node.degraded),
         )
 
     async def _make_plan(self) -> None:
@@ -348,6 +385,7 @@ class GoalWorkflow:
                     ),
                     result_type=PlanResult,
                     start_to_close_timeout=MODEL_TIMEOUT,
+                    heartbeat_timeout=MODEL_HEARTBEAT,
                     retry_policy=MODEL_RETRY,
                     summary=summary,
                 )
@@ -379,9 +417,12 @@ class GoalWorkflow:
             if state.pause.mode == "running":
                 held = self._held()
                 for name in graph.ready_steps(self._plan(), state.nodes):
-                    if name not in held:
+                    if name not in held and self._admit_by_gates(self._plan().step(name)):
                         self._dispatch(self._plan().step(name))
-            running = any(n.status == "running" for n in state.nodes.values())
+                if self._drift_check_due():
+                    await self._check_drift()
+                    continue
+            running = any(n.status in IN_FLIGHT for n in state.nodes.values())
             if not running and state.pause.mode == "running" and not state.open_questions():
                 queued = [e for e in state.inbox if e.kind == "queue" and e.status == "pending"]
                 if not queued:
@@ -405,12 +446,149 @@ class GoalWorkflow:
         state = self._state
         if state.pause.mode == "parked":
             return "parked"
-        if not running and state.open_questions():
+        if state.open_questions() and not any(n.status == "running" for n in state.nodes.values()):
             return "awaiting_human"
         return "running"
 
     def _held(self) -> set[str]:
         return {name for q in self._state.open_questions() for name in q.hold}
+
+    # --- budget and density gates: decided here, before dispatch, never in a prompt ----
+
+    def _admit_by_gates(self, step: PlanStep) -> bool:
+        """Whether `step` may start now. A step refused for good is abandoned with the
+        reason; one that only has to wait for in-flight work to settle stays pending."""
+        state = self._state
+        node = state.nodes[step.name]
+        estimate = estimate_kind(
+            state.ledger.by_kind.get(step.kind), step.kind, price_per_1k_tokens_usd=self._observed_price()
+        )
+        decision = budget.gate(
+            state.spec.budget,
+            self._committed(),
+            estimate,
+            node_kind=step.kind,
+            wrap_up=False,
+            soft_fraction=state.spec.soft_gate,
+        )
+        if decision.action in ("skip", "wrap_up_only", "emergency_stop"):
+            if any(n.status in IN_FLIGHT for n in state.nodes.values()):
+                return False  # in-flight work may come in under its estimate; judge again then
+            self._stop_node(step.name, f"not started: {decision.reason}")
+            return False
+        if step.needs and state.spec.budget.max_cost_usd:
+            limit = fair_share_limit(state.spec.budget.max_cost_usd, len(state.nodes))
+            verdict = verdict_for_step(step.name, state.nodes, limit)
+            if verdict.action != "ok":
+                self._stop_node(step.name, f"not started: branch {verdict.branch} {verdict.reason}")
+                return False
+        node.degraded = decision.action == "degraded"
+        if node.degraded:
+            self._log_gate(f"{step.name}: runs degraded ({decision.reason})")
+        return True
+
+    def _stop_node(self, name: str, reason: str) -> None:
+        node = self._state.nodes[name]
+        node.status, node.error = "abandoned", reason
+        self._log_gate(f"{name}: {reason}")
+        self._abandon_downstream(name)
+
+    def _log_gate(self, entry: str) -> None:
+        log = self._state.gate_log
+        log.append(entry)
+        del log[:-GATE_LOG_ENTRIES]
+
+    def _actual_use(self) -> budget.BudgetUse:
+        state = self._state
+        started = state.started_at or workflow.now()
+        return budget.BudgetUse(
+            tokens=state.ledger.tokens,
+            cost_usd=state.ledger.cost_usd,
+            wall_seconds=(workflow.now() - started).total_seconds(),
+        )
+
+    def _committed(self) -> budget.BudgetUse:
+        """What is spent plus what in-flight nodes are expected to spend still (their P80)."""
+        state = self._state
+        use = self._actual_use()
+        price = self._observed_price()
+        for node in state.nodes.values():
+            if node.status in IN_FLIGHT:
+                estimate = estimate_kind(state.ledger.by_kind.get(node.kind), node.kind, price_per_1k_tokens_usd=price)
+                use.tokens += max(0, estimate.tokens_p80 - node.tokens)
+                use.cost_usd += max(0.0, estimate.cost_p80 - node.cost_usd)
+        return use
+
+    def _observed_price(self) -> float | None:
+        ledger = self._state.ledger
+        return ledger.cost_usd / (ledger.tokens / 1000) if ledger.tokens else None
+
+    def _check_emergency(self) -> None:
+        state = self._state
+        if state.pause.mode == "aborting":
+            return
+        decision = budget.emergency_check(state.spec.budget, self._actual_use())
+        if decision is not None:
+            self._log_gate(f"emergency stop: {decision.reason}")
+            self._abort(f"emergency stop: {decision.reason}", rollback=False)
+            self._wakeups += 1
+
+    # --- drift: does finishing this plan still satisfy the goal? -------------------
+
+    def _drift_check_due(self) -> bool:
+        state = self._state
+        every = state.spec.drift_every
+        done = sum(1 for n in state.nodes.values() if n.status == "succeeded")
+        return bool(every) and done >= (state.drift_checks + 1) * every
+
+    async def _check_drift(self) -> None:
+        state = self._state
+        state.drift_checks += 1
+        finished = {n.name: n.preview for n in state.nodes.values() if n.status == "succeeded"}
+        summary = f"drift check {state.drift_checks}"
+        try:
+            verdict = await workflow.execute_activity(
+                Activities.DRIFT_CHECK,
+                DriftInput(context=self._model_context(summary), plan=self._plan(), finished=finished),
+                result_type=DriftResult,
+                start_to_close_timeout=MODEL_TIMEOUT,
+                heartbeat_timeout=MODEL_HEARTBEAT,
+                retry_policy=MODEL_RETRY,
+                summary=summary,
+            )
+        except ActivityError as err:
+            self._log_gate(f"{summary} could not run: {failure_message(err)}")
+            return
+        self._charge_model_call(verdict.usage)
+        self._log_gate(f"{summary}: {'on track' if verdict.on_track else 'drifting'} ({verdict.reason})")
+        if verdict.on_track:
+            return
+        revision = PlanRevision(
+            reason=f"a drift check found: {verdict.reason}", current=self._plan(), finished=finished
+        )
+        try:
+            plan, _ = await self._ask_planner(revision)
+        except GoalFailed as err:
+            self._log_gate(f"replanning after the drift check failed: {err}")
+            return
+        self._adopt_plan(plan, "drift", f"drift check: {verdict.reason}")
+
+    def _adopt_plan(self, plan: Plan, source: str, reason: str) -> PlanDiff:
+        """Make `plan` current. Unchanged steps keep their nodes; changed or removed
+        ones are dropped (cancelled if in flight); finished work is reused by key."""
+        state = self._state
+        old = {s.name: s for s in self._plan().steps}
+        added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
+        removed = [name for name in old if name not in {s.name for s in plan.steps}]
+        for name in added + removed:
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            state.nodes.pop(name, None)
+        diff = PlanDiff(added=added, removed=removed)
+        self._new_plan_version(source, reason, diff, plan)
+        self._materialise_nodes()
+        return diff
 
     def _park_timeout(self) -> timedelta | None:
         pause = self._state.pause
@@ -594,22 +772,16 @@ class GoalWorkflow:
             for entry in queued:
                 self._settle(entry, "rejected", f"could not plan it: {err}")
             return
-        old = {s.name: s for s in current.steps}
-        added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
-        removed = [name for name in old if name not in {s.name for s in plan.steps}]
-        for name in added + removed:
-            state.nodes.pop(name, None)
-        self._new_plan_version("queue", "planned queued follow-up work", PlanDiff(added=added, removed=removed), plan)
-        self._materialise_nodes()
+        diff = self._adopt_plan(plan, "queue", "planned queued follow-up work")
         for entry in queued:
-            self._settle(entry, "applied", f"planned as plan v{len(state.plan_versions)}", added=added)
+            self._settle(entry, "applied", f"planned as plan v{len(state.plan_versions)}", added=diff.added)
 
     def _cancel_in_flight(self, why: str) -> None:
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
         for node in self._state.nodes.values():
-            if node.status == "running":
+            if node.status in IN_FLIGHT:
                 node.status, node.error, node.finished_at = "abandoned", why, workflow.now()
 
     # --- execution ------------------------------------------------------------
@@ -715,10 +887,14 @@ class GoalWorkflow:
         result = await workflow.execute_activity(
             Activities.GENERATE,
             GenerateInput(
-                context=self._model_context(summary), step=step.name, prompt=step.prompt, inputs=self._inputs(step)
+                context=self._model_context(summary, node),
+                step=step.name,
+                prompt=step.prompt,
+                inputs=self._inputs(step),
             ),
             result_type=GenerateResult,
             start_to_close_timeout=MODEL_TIMEOUT,
+            heartbeat_timeout=MODEL_HEARTBEAT,
             retry_policy=MODEL_RETRY,
             summary=summary,
         )
@@ -729,10 +905,12 @@ class GoalWorkflow:
         max_turns = step.max_turns or self._state.spec.max_agent_turns
         transcript: ArtifactRef | None = None
         tool_results: list[ToolResult] = []
+        notes: list[str] = []
         inputs = self._inputs(step)
         for turn in range(1, max_turns + 1):
+            await self._wait_while_parked(node)
             summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
-            context = self._model_context(summary)
+            context = self._model_context(summary, node)
             # Turn 1 sees all guidance in its prompt; later turns are told what is new.
             new_guidance = context.guidance[node.guidance_seen :] if turn > 1 else []
             node.guidance_seen = len(context.guidance)
@@ -749,9 +927,11 @@ class GoalWorkflow:
                     transcript=transcript,
                     tool_results=tool_results,
                     new_guidance=new_guidance,
+                    notes=notes,
                 ),
                 result_type=AgentTurnResult,
                 start_to_close_timeout=MODEL_TIMEOUT,
+                heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=summary,
             )
@@ -760,34 +940,83 @@ class GoalWorkflow:
             transcript = result.transcript
             if result.final is not None:
                 return result.final, result.preview
-            tool_results = []
-            for index, call in enumerate(result.tool_calls):
-                if call.tool not in step.tools:
-                    tool_results.append(
-                        ToolResult(
-                            call_id=call.call_id,
-                            tool=call.tool,
-                            ok=False,
-                            error=f"tool '{call.tool}' is not available in this step; "
-                            f"available: {', '.join(step.tools) or 'none'}",
-                        )
-                    )
-                    continue
-                tool_results.append(
-                    await self._call_tool(
-                        ToolInput(
-                            goal_id=workflow.info().workflow_id,
-                            node_key=f"{node.key}#turn{turn}.{index}",
-                            tool=call.tool,
-                            workspace=self._state.spec.workspace,
-                            args_ref=call.args,
-                            inputs=inputs,
-                            call_id=call.call_id,
-                        ),
-                        summary=f"tool {call.tool} · {step.name} turn {turn} · {short_key(node.key)}",
-                    )
-                )
+            tool_results = [
+                await self._agent_tool_call(step, node, turn, i, c) for i, c in enumerate(result.tool_calls)
+            ]
+            notes = await self._judge_stall(step, node, result, tool_results)
         raise NodeFailed(f"the agent used all {max_turns} turns without a final answer")
+
+    async def _agent_tool_call(self, step: AgentStep, node: Node, turn: int, index: int, call) -> ToolResult:
+        if call.tool not in step.tools:
+            return ToolResult(
+                call_id=call.call_id,
+                tool=call.tool,
+                ok=False,
+                error=f"tool '{call.tool}' is not available in this step; available: {', '.join(step.tools) or 'none'}",
+            )
+        return await self._call_tool(
+            ToolInput(
+                goal_id=workflow.info().workflow_id,
+                node_key=f"{node.key}#turn{turn}.{index}",
+                tool=call.tool,
+                workspace=self._state.spec.workspace,
+                args_ref=call.args,
+                inputs=self._inputs(step),
+                call_id=call.call_id,
+            ),
+            summary=f"tool {call.tool} · {step.name} turn {turn} · {short_key(node.key)}",
+        )
+
+    async def _wait_while_parked(self, node: Node) -> None:
+        """An agent does not start a new turn while the goal is parked (and is not judged meanwhile)."""
+        if self._state.pause.mode != "parked":
+            return
+        node.status = "parked"
+        self._wakeups += 1
+        await workflow.wait_condition(lambda: self._state.pause.mode != "parked")
+        node.status = "running"
+
+    async def _judge_stall(
+        self, step: AgentStep, node: Node, turn: AgentTurnResult, results: list[ToolResult]
+    ) -> list[str]:
+        """Feed the stall ladder one step; return notes for the model's next turn."""
+        outputs = [r.preview if r.ok else f"error: {r.error}" for r in results] or [turn.preview]
+        calls = [stall.describe_call(c.tool, c.preview) for c in turn.tool_calls]
+        node.stall, action = stall.observe_step(
+            node.stall, outputs, threshold=self._state.spec.stall_threshold, calls=calls
+        )
+        if action is None:
+            return []
+        self._log_gate(f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})")
+        if action.kind == "remind":
+            return [stall.remind_message(action.tried, self._state.spec.stall_threshold)]
+        if action.kind == "switch_tool":
+            return [stall.switch_tool_message(action.tried, step.tools)]
+        if action.kind == "ask_human":
+            question = questions.stalled(
+                self._state, workflow.now(), step.name, stall.ask_human_message(step.name, action.tried)
+            )
+            self._state.questions.append(question)
+            answer = await self._await_answer(node, question)
+            if answer == "continue":
+                return [f"A person reviewed the stall and said to continue. {question.answer_text or ''}".strip()]
+        self._state.rejected_paths.append(
+            RejectedPath(
+                node=step.name,
+                why=f"abandoned after repeated steps without new information: {'; '.join(action.tried[-3:])}",
+                output_preview=node.preview,
+                at=workflow.now(),
+            )
+        )
+        raise NodeFailed(f"abandoned: {action.reason}")
+
+    async def _await_answer(self, node: Node, question) -> str:
+        """Block this node (only) until a person answers the question."""
+        node.status = "blocked"
+        self._wakeups += 1  # the loop re-judges the phase: the goal may now await a person
+        await workflow.wait_condition(lambda: question.status == "answered")
+        node.status = "running"
+        return question.answer or ""
 
     async def _call_tool(self, tool_input: ToolInput, summary: str) -> ToolResult:
         result = await workflow.execute_activity(
@@ -795,6 +1024,7 @@ class GoalWorkflow:
             tool_input,
             result_type=ToolResult,
             start_to_close_timeout=tool_timeout(tool_input),
+            heartbeat_timeout=tool_heartbeat(tool_input),
             retry_policy=TOOL_RETRY,
             summary=summary,
         )
@@ -812,6 +1042,7 @@ class GoalWorkflow:
         if node is not None:
             node.tokens += usage.tokens
             node.cost_usd += usage.cost_usd
+        self._check_emergency()
 
     def _record_kind_stats(self, node: Node) -> None:
         stats = self._state.ledger.by_kind.setdefault(node.kind, KindStats())
@@ -942,6 +1173,12 @@ class GoalWorkflow:
             f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
             f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",
         ]
+        fractions = budget.budget_fractions(state.spec.budget, self._actual_use())
+        if fractions:
+            lines.append("budget: " + " · ".join(f"{k} {v:.0%}" for k, v in fractions.items()))
+        eta = self._eta()
+        if eta:
+            lines.append(f"ETA: {eta.text}")
         if state.pause.mode == "parked":
             lines.append(f"parked: {state.pause.reason}")
         for question in state.open_questions():
@@ -952,13 +1189,20 @@ class GoalWorkflow:
 
 
 def tool_timeout(tool_input: ToolInput) -> timedelta:
-    """run_command carries its own timeout; leave room for start-up and output capture."""
-    if tool_input.tool == "run_command" and tool_input.args:
-        return timedelta(seconds=float(tool_input.args.get("timeout_s", 60)) + 30)
+    """Each tool's own start-to-close timeout; run_command carries its own limit, plus
+    room for start-up and output capture."""
     if tool_input.tool == "run_command":
         # Model-written arguments are not visible here; allow the tool's maximum.
-        return timedelta(seconds=600 + 30)
-    return TOOL_TIMEOUT
+        limit = float(tool_input.args.get("timeout_s", 60)) if tool_input.args else 600
+        return timedelta(seconds=limit + 30)
+    spec = TOOL_SPECS.get(tool_input.tool)
+    return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
+
+
+def tool_heartbeat(tool_input: ToolInput) -> timedelta | None:
+    """Remote writes heartbeat, so a killed worker is noticed in seconds, not at the timeout."""
+    spec = TOOL_SPECS.get(tool_input.tool)
+    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else None
 
 
 def failure_message(err: ActivityError) -> str:

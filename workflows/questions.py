@@ -67,3 +67,22 @@ def narrow_confirm(state: GoalState, now: datetime, nodes: list[str], hold: list
         nodes=list(nodes),
         hold=list(hold),
     )
+
+
+def stalled(state: GoalState, now: datetime, step: str, message: str) -> Question:
+    node = state.nodes.get(step)
+    spent = f"{node.tokens} tokens (${node.cost_usd:.4f}) so far" if node else ""
+    return Question(
+        id=next_question_id(state),
+        topic="stalled",
+        title=f"Step '{step}' is going in circles",
+        done=_done_summary(state),
+        stuck=message,
+        options=[
+            QuestionOption(id="continue", label="Let it keep trying", cost=f"more turns; {spent}"),
+            QuestionOption(id="abandon", label="Abandon this path", cost="the step fails; work that needs it stops"),
+        ],
+        recommendation="abandon unless you can add a hint with `perdure steer` first",
+        asked_at=now,
+        nodes=[step],
+    )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from workflows.contracts import ArtifactRef, GoalResult, GoalSpec, NodeKind, NodeStatus
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
+from workflows.stall import StallState
 
 SCHEMA_VERSION = 1
 
@@ -35,6 +36,8 @@ class Node(BaseModel):
     reused: bool = False
     runs: int = Field(default=0, description="Times dispatched; a result from an older run is ignored.")
     guidance_seen: int = Field(default=0, description="How much of the goal's guidance this node's model has seen.")
+    degraded: bool = False
+    stall: StallState = Field(default_factory=StallState)
     turns: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
@@ -74,7 +77,7 @@ class PlanVersion(BaseModel):
     version: int
     plan: Plan
     reason: str
-    source: Literal["planner", "plan-file", "narrow", "rewind", "queue"]
+    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift"]
     diff: PlanDiff = Field(default_factory=PlanDiff)
 
 
@@ -88,7 +91,7 @@ class Question(BaseModel):
     """A human checkpoint. Open questions are asked together, as one batch."""
 
     id: str
-    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect"]
+    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect", "stalled"]
     title: str
     done: str = Field(description="What the goal has done so far.")
     stuck: str = Field(description="Where it is stuck and why it needs a person.")
@@ -142,6 +145,9 @@ class GoalState(BaseModel):
     pause: PauseState = Field(default_factory=PauseState)
     rejected_paths: list[RejectedPath] = Field(default_factory=list)
     abort_reason: str | None = None
+    started_at: datetime | None = None
+    drift_checks: int = 0
+    gate_log: list[str] = Field(default_factory=list)
 
     def open_questions(self) -> list[Question]:
         return [q for q in self.questions if q.status == "open"]

@@ -1,17 +1,28 @@
-"""The tool catalogue: names, risk classes and argument contracts.
+"""The tool catalogue: names, risk classes, replay policies and argument contracts.
 
 Pure data shared by the planner prompt, plan validation in the workflow and the
-tool activities. Implementations live in `activities/tools.py`; this module must
-never import them.
+tool activities. Implementations live in `activities/tools.py` and
+`activities/effect_tools.py`; this module must never import them.
+
+Every tool declares a risk class (what its effect reaches) and a replay policy
+(what a retry after an interrupted attempt may do):
+- `safe`: re-run freely (reads, overwrites inside the workspace);
+- `keyed`: re-send with the same effect key to a service that deduplicates it;
+- `check`: look the effect up by its key before writing, write only if absent;
+- `once`: never re-run; a retry after an interrupted attempt is `uncertain`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
+ReplayPolicy = Literal["safe", "keyed", "check", "once"]
+
+HTTP_URL = r"^https?://"
+EMAIL = r"^[^@\s<>,;]+@[^@\s<>,;]+$"
 
 
 class ToolArgs(BaseModel):
@@ -42,39 +53,118 @@ class HttpGetArgs(ToolArgs):
     max_bytes: int = Field(default=65_536, ge=1, le=1_048_576)
 
 
+# --- remote effects -------------------------------------------------------------
+
+
+class HttpUndo(ToolArgs):
+    """The request that undoes an http_request (e.g. DELETE of the resource it creates)."""
+
+    method: Literal["POST", "PUT", "PATCH", "DELETE"]
+    url: str = Field(pattern=HTTP_URL)
+    body: Any = Field(default=None, description="JSON body of the undo request.")
+
+
+class HttpRequestArgs(ToolArgs):
+    method: Literal["POST", "PUT", "PATCH", "DELETE"]
+    url: str = Field(pattern=HTTP_URL, description="http or https URL.")
+    body: Any = Field(default=None, description="JSON body (any JSON value); omitted when null.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    undo: HttpUndo | None = Field(default=None, description="How to undo this request, registered before it is sent.")
+    max_bytes: int = Field(default=65_536, ge=1, le=1_048_576)
+
+
+class SendEmailArgs(ToolArgs):
+    to: str = Field(pattern=EMAIL, max_length=320, description="One recipient address.")
+    subject: str = Field(min_length=1, max_length=998)
+    body: str = Field(description="Plain-text body.")
+
+
+class GitCommitArgs(ToolArgs):
+    message: str = Field(min_length=1, description="Commit message; perdure appends an Effect-Key trailer.")
+    paths: list[str] | None = Field(
+        default=None, description="Paths relative to the workspace to commit; default: every change in the workspace."
+    )
+
+
+class GitRevertArgs(ToolArgs):
+    effect_key: str = Field(pattern=r"^fx-[0-9a-f]{32}$", description="Effect-Key trailer of the commit to revert.")
+
+
+class NotifyWebhookArgs(ToolArgs):
+    url: str = Field(pattern=HTTP_URL)
+    payload: dict[str, Any] = Field(description="JSON object POSTed to the webhook.")
+
+
+class MakePaymentArgs(ToolArgs):
+    amount_cents: int = Field(gt=0, le=100_000_000)
+    currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, upper case.")
+    recipient: str = Field(min_length=1, max_length=200)
+    memo: str = Field(default="", max_length=500)
+
+
+class RefundPaymentArgs(ToolArgs):
+    payment_key: str | None = Field(
+        default=None, pattern=r"^fx-[0-9a-f]{32}$", description="Effect key the payment was made with."
+    )
+    payment_id: str | None = Field(default=None, min_length=1, description="Payment id from the payments API.")
+    reason: str = Field(default="compensation", max_length=500)
+
+    @model_validator(mode="after")
+    def _names_a_payment(self) -> RefundPaymentArgs:
+        if not self.payment_key and not self.payment_id:
+            raise ValueError("give payment_key or payment_id")
+        return self
+
+
 class ToolSpec(BaseModel):
     name: str
     risk: RiskClass
+    replay: ReplayPolicy
     description: str
     args_model: type[ToolArgs]
+    compensation: str | None = Field(default=None, description="The tool that undoes this one's effect.")
+    start_to_close_s: float = Field(default=120, gt=0, description="Recommended start-to-close timeout.")
+    heartbeat_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Recommended heartbeat timeout: how fast a killed worker is noticed. The activity "
+        "heartbeats in the background whenever one is set.",
+    )
 
     def json_schema(self) -> dict:
         return self.args_model.model_json_schema()
 
+
+REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 5}
+"""An HTTP call is bounded at 30 s; heartbeats every ~1.7 s let a dead worker be noticed within 5 s."""
 
 TOOL_SPECS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
         ToolSpec(
             name="read_file",
+            replay="safe",
             risk="read",
             description="Read a text file inside the workspace.",
             args_model=ReadFileArgs,
         ),
         ToolSpec(
             name="list_dir",
+            replay="safe",
             risk="read",
             description="List the entries of a directory inside the workspace.",
             args_model=ListDirArgs,
         ),
         ToolSpec(
             name="write_file",
+            replay="safe",
             risk="local-write",
             description="Create or overwrite a text file inside the workspace.",
             args_model=WriteFileArgs,
         ),
         ToolSpec(
             name="run_command",
+            replay="safe",
             # Arbitrary commands can reach further, but v1 runs them confined to
             # the workspace with a scrubbed environment; issue #3 refines this.
             risk="local-write",
@@ -83,11 +173,78 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ),
         ToolSpec(
             name="http_get",
+            replay="safe",
             risk="read",
             description="Fetch a URL with HTTP GET and return the start of the body.",
             args_model=HttpGetArgs,
         ),
+        ToolSpec(
+            name="http_request",
+            risk="remote-write",
+            replay="keyed",
+            description="Send a POST, PUT, PATCH or DELETE with a JSON body. The effect key goes out as the "
+            "Idempotency-Key header, so a retry is deduplicated by services that support it.",
+            args_model=HttpRequestArgs,
+            compensation="http_request",
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="send_email",
+            risk="remote-write",
+            replay="keyed",
+            description="Send one plain-text email through the mail API configured on the worker.",
+            args_model=SendEmailArgs,
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="git_commit",
+            risk="remote-write",
+            replay="check",
+            description="Commit changes in the workspace's git repository (all changes, or the given paths).",
+            args_model=GitCommitArgs,
+            compensation="git_revert",
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="git_revert",
+            risk="remote-write",
+            replay="check",
+            description="Revert the commit perdure made under an effect key (a compensation).",
+            args_model=GitRevertArgs,
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="notify_webhook",
+            risk="remote-write",
+            replay="once",
+            description="POST a JSON payload to a webhook that cannot deduplicate; never sent twice.",
+            args_model=NotifyWebhookArgs,
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="make_payment",
+            risk="irreversible",
+            replay="keyed",
+            description="Pay a recipient through the payments API configured on the worker. "
+            "Needs a human confirmation; a refund is registered as its compensation before it is sent.",
+            args_model=MakePaymentArgs,
+            compensation="refund_payment",
+            **REMOTE_TIMEOUTS,
+        ),
+        ToolSpec(
+            name="refund_payment",
+            risk="remote-write",
+            replay="keyed",
+            description="Refund a payment in full (a compensation for make_payment).",
+            args_model=RefundPaymentArgs,
+            **REMOTE_TIMEOUTS,
+        ),
     ]
 }
 
-DEFAULT_TOOLS: list[str] = list(TOOL_SPECS)
+DEFAULT_TOOLS: list[str] = [name for name, spec in TOOL_SPECS.items() if spec.risk in ("read", "local-write")]
+"""Tools a goal may use unless it names its own: nothing that reaches outside the workspace."""
+
+# Dropped first when a goal runs degraded (past its soft budget gate): they
+# widen the search rather than finish the work.
+LOW_VALUE_TOOLS: frozenset[str] = frozenset({"list_dir", "http_get"})

@@ -11,7 +11,9 @@ Script: `{"replies": [entry, ...]}`; the first unspent entry (file order) whose
 `when` (substring of any message, system included) and `when_last` (substring of
 the last message) match wins. An entry replies with exactly one of `content`,
 `json`, `tool_calls` or `status` (+ `body`, `headers`); `times` limits its uses;
-`usage` overrides the chars/4 token estimate.
+`usage` overrides the chars/4 token estimate; `delay_s` makes the server wait that
+long after logging the request before it answers (a slow model, or a window in
+which a crash test kills the caller mid-call).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class ScriptedReply(BaseModel):
     body: dict[str, Any] | str | None = Field(default=None, description="Error body (dict verbatim) or message.")
     headers: dict[str, str] = Field(default_factory=dict)
     usage: ScriptedUsage | None = None
+    delay_s: float = Field(default=0.0, ge=0, le=300)
 
     @model_validator(mode="after")
     def _one_kind_of_reply(self) -> ScriptedReply:
@@ -341,6 +344,9 @@ class ScriptedServer:
                     "json_mode": seen.json_mode,
                 }
             )
+        if entry is not None and entry.delay_s:
+            # Outside the lock, after logging: the request is visible as arrived while the reply waits.
+            time.sleep(entry.delay_s)
         if entry is None:
             excerpt = " ".join(seen.last_text.split())[:300]
             log.warning("scripted.no_match", path=path, last_message=excerpt)
@@ -409,13 +415,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller went away (a crash test killed it mid-call); the request is logged
 
     def log_message(self, format: str, *args: Any) -> None:
         # Silenced: the server runs inside workers and tests, and the request

@@ -1,0 +1,417 @@
+"""Small local stand-ins for the services remote-write tools talk to, each keeping a ledger.
+
+Used by the crash tests and `make demo-crash`; never by a worker in production.
+Each service is a threaded HTTP server speaking a realistic wire format:
+
+- `MailAPI`: modelled on Resend's `POST /emails` (JSON, `Authorization: Bearer`,
+  `Idempotency-Key`), answering `{"id": ...}`;
+- `PaymentsAPI`: `POST /payments`, `POST /refunds`, `GET /payments?idempotency_key=`,
+  Stripe-shaped errors;
+- `LedgerAPI`: a bookkeeping API for `http_request`: `POST /entries`,
+  `PUT|PATCH|DELETE /entries/{id}`;
+- `WebhookReceiver`: records every POST and cannot deduplicate.
+
+The first three implement idempotency keys the way payment and mail APIs do:
+the same key with the same request replays the stored response (with
+`Idempotent-Replayed: true`) and records nothing new; the same key with a
+different request is refused with 422; a key whose first request is still being
+processed gets 409. Each exposes what it received (`ledger()`, `requests`,
+`replays`, and `GET /_ledger`) and can wait `respond_delay_s` after recording an
+effect before answering, which widens the "accepted but not yet completed"
+window a crash test aims at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from workflows.canonical import digest_of
+
+Reply = tuple[int, Any, dict[str, str]]
+
+
+@dataclass
+class _Remembered:
+    request_digest: str
+    reply: Reply | None = None  # None while the first request is being processed
+
+
+class FakeService:
+    """Base: HTTP plumbing, bearer auth, idempotency keys, the ledger and the response delay."""
+
+    name = "service"
+
+    def __init__(
+        self, *, api_key: str | None = None, respond_delay_s: float = 0.0, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.api_key = api_key
+        self.respond_delay_s = respond_delay_s
+        self._host = host
+        self._port = port
+        self._lock = threading.Lock()
+        self._ledger: list[dict] = []
+        self._keys: dict[str, _Remembered] = {}
+        self.requests = 0
+        self.replays = 0
+        self._httpd: ThreadingHTTPServer | None = None
+
+    # --- life cycle ---------------------------------------------------------------
+
+    def start(self) -> FakeService:
+        if self._httpd is None:
+            self._httpd = ThreadingHTTPServer((self._host, self._port), _Handler)
+            self._httpd.daemon_threads = True
+            self._httpd.service = self  # type: ignore[attr-defined]
+            self._port = self._httpd.server_address[1]
+            threading.Thread(
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fake-{self.name}", daemon=True
+            ).start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> FakeService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    # --- what it received -----------------------------------------------------------
+
+    def ledger(self) -> list[dict]:
+        with self._lock:
+            return [dict(entry) for entry in self._ledger]
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "service": self.name,
+                "ledger": [dict(e) for e in self._ledger],
+                "requests": self.requests,
+                "replays": self.replays,
+            }
+
+    def record(self, entry: dict) -> None:
+        with self._lock:
+            self._ledger.append(entry)
+
+    # --- request handling -------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str], body: Any) -> Reply:
+        if method == "GET" and path == "/_ledger":
+            return 200, self.snapshot(), {}
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            return self.error(401, "missing_api_key", "Missing or invalid API key in the Authorization header.")
+        if method == "GET":
+            return self.read(path, query)
+        with self._lock:
+            self.requests += 1
+        key = headers.get("idempotency-key")
+        if not key:
+            return self.write(method, path, body, None)
+        fingerprint = digest_of({"method": method, "path": path, "body": body})
+        with self._lock:
+            remembered = self._keys.get(key)
+            if remembered is None:
+                self._keys[key] = _Remembered(fingerprint)
+            elif remembered.request_digest != fingerprint:
+                return self.error(
+                    422,
+                    "invalid_idempotent_request",
+                    "Same idempotency key used with a different request payload.",
+                )
+            elif remembered.reply is None:
+                return self.error(
+                    409, "concurrent_idempotent_requests", "A request with this idempotency key is still in progress."
+                )
+            else:
+                self.replays += 1
+                status, payload, extra = remembered.reply
+                return status, payload, {**extra, "Idempotent-Replayed": "true"}
+        reply = self.write(method, path, body, key)
+        with self._lock:
+            if reply[0] >= 500:
+                del self._keys[key]  # a failure the client may retry with the same key
+            else:
+                self._keys[key].reply = reply
+        return reply
+
+    def read(self, path: str, query: dict[str, list[str]]) -> Reply:
+        return self.error(404, "not_found", f"no such path: GET {path}")
+
+    def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
+        """Make the effect (first time a key is seen) and answer."""
+        raise NotImplementedError
+
+    def error(self, status: int, name: str, message: str) -> Reply:
+        return status, {"statusCode": status, "name": name, "message": message}, {}
+
+
+class MailAPI(FakeService):
+    """`POST /emails` as Resend takes it: from, to (string or list), subject, text/html, headers."""
+
+    name = "mail"
+
+    def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
+        if (method, path) != ("POST", "/emails"):
+            return self.error(404, "not_found", f"no such path: {method} {path}")
+        if not isinstance(body, dict):
+            return self.error(422, "validation_error", "The request body must be a JSON object.")
+        to = body.get("to")
+        recipients = [to] if isinstance(to, str) else to
+        missing = [f for f in ("from", "subject") if not body.get(f)]
+        if not recipients or not all(isinstance(r, str) and "@" in r for r in recipients):
+            missing.append("to")
+        if not (body.get("text") or body.get("html")):
+            missing.append("text")
+        if missing:
+            return self.error(422, "validation_error", f"Missing or invalid field(s): {', '.join(missing)}.")
+        message_id = str(uuid.uuid4())
+        headers = body.get("headers") if isinstance(body.get("headers"), dict) else {}
+        self.record(
+            {
+                "id": message_id,
+                "from": body["from"],
+                "to": list(recipients),
+                "subject": body["subject"],
+                "text": body.get("text") or "",
+                "message_id_header": headers.get("Message-ID"),
+                "idempotency_key": key,
+                "received_at": time.time(),
+            }
+        )
+        return 200, {"id": message_id}, {}
+
+    def read(self, path: str, query: dict[str, list[str]]) -> Reply:
+        if path.startswith("/emails/"):
+            wanted = path.removeprefix("/emails/")
+            for message in self.ledger():
+                if message["id"] == wanted:
+                    return 200, {"object": "email", **message}, {}
+            return self.error(404, "not_found", "Email not found.")
+        return super().read(path, query)
+
+
+class PaymentsAPI(FakeService):
+    """Payments and full refunds; errors shaped like Stripe's (`{"error": {"type", "code", "message"}}`)."""
+
+    name = "payments"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.payments: dict[str, dict] = {}
+        self.refunds: dict[str, dict] = {}
+        self._payment_keys: dict[str, str] = {}
+
+    def error(self, status: int, name: str, message: str, **extra: Any) -> Reply:
+        kind = "idempotency_error" if "idempotent" in name else "invalid_request_error"
+        return status, {"error": {"type": kind, "code": name, "message": message, **extra}}, {}
+
+    def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
+        if not isinstance(body, dict):
+            return self.error(400, "parameter_invalid", "The request body must be a JSON object.")
+        if (method, path) == ("POST", "/payments"):
+            return self._pay(body, key)
+        if (method, path) == ("POST", "/refunds"):
+            return self._refund(body, key)
+        return self.error(404, "resource_missing", f"no such path: {method} {path}")
+
+    def _pay(self, body: dict, key: str | None) -> Reply:
+        amount, currency, recipient = body.get("amount_cents"), body.get("currency"), body.get("recipient")
+        if not isinstance(amount, int) or amount <= 0 or not isinstance(currency, str) or not recipient:
+            return self.error(400, "parameter_invalid", "amount_cents (> 0), currency and recipient are required.")
+        payment = {
+            "id": f"pay_{uuid.uuid4().hex[:16]}",
+            "object": "payment",
+            "status": "succeeded",
+            "amount_cents": amount,
+            "currency": currency,
+            "recipient": recipient,
+            "memo": body.get("memo", ""),
+            "refunded": False,
+        }
+        with self._lock:
+            self.payments[payment["id"]] = payment
+            if key:
+                self._payment_keys[key] = payment["id"]
+        self.record({"kind": "payment", "idempotency_key": key, **payment})
+        return 200, payment, {}
+
+    def _refund(self, body: dict, key: str | None) -> Reply:
+        with self._lock:
+            payment = self.payments.get(str(body.get("payment_id")))
+            if payment is None:
+                return self.error(404, "resource_missing", f"No such payment: '{body.get('payment_id')}'")
+            if payment["refunded"]:
+                return self.error(
+                    400,
+                    "charge_already_refunded",
+                    f"Payment {payment['id']} has already been refunded.",
+                    refund_id=payment.get("refund_id"),
+                )
+            refund = {
+                "id": f"re_{uuid.uuid4().hex[:16]}",
+                "object": "refund",
+                "status": "succeeded",
+                "payment_id": payment["id"],
+                "amount_cents": payment["amount_cents"],
+                "reason": body.get("reason", ""),
+            }
+            payment["refunded"], payment["refund_id"] = True, refund["id"]
+            self.refunds[refund["id"]] = refund
+        self.record({"kind": "refund", "idempotency_key": key, **refund})
+        return 200, refund, {}
+
+    def read(self, path: str, query: dict[str, list[str]]) -> Reply:
+        with self._lock:
+            if path == "/payments":
+                key = (query.get("idempotency_key") or [""])[0]
+                found = [self.payments[self._payment_keys[key]]] if key in self._payment_keys else []
+                return 200, {"object": "list", "data": [dict(p) for p in found]}, {}
+            if path.startswith("/payments/") and path.removeprefix("/payments/") in self.payments:
+                return 200, dict(self.payments[path.removeprefix("/payments/")]), {}
+        return self.error(404, "resource_missing", f"no such path: GET {path}")
+
+
+class LedgerAPI(FakeService):
+    """A bookkeeping API: entries created, replaced, patched and deleted over JSON."""
+
+    name = "ledger"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entries: dict[str, dict] = {}
+
+    def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
+        if (method, path) == ("POST", "/entries"):
+            if not isinstance(body, dict):
+                return self.error(422, "validation_error", "An entry is a JSON object.")
+            entry = {**body, "id": f"ent_{uuid.uuid4().hex[:12]}"}
+            with self._lock:
+                self.entries[entry["id"]] = entry
+            self.record({"op": "create", "id": entry["id"], "body": body, "idempotency_key": key})
+            return 201, entry, {}
+        if path.startswith("/entries/") and method in ("PUT", "PATCH", "DELETE"):
+            entry_id = path.removeprefix("/entries/")
+            with self._lock:
+                current = self.entries.get(entry_id)
+                if current is None:
+                    return self.error(404, "not_found", f"no entry {entry_id}")
+                if method == "DELETE":
+                    del self.entries[entry_id]
+                    reply: dict = {"id": entry_id, "deleted": True}
+                else:
+                    if not isinstance(body, dict):
+                        return self.error(422, "validation_error", "An entry is a JSON object.")
+                    base = {} if method == "PUT" else current
+                    reply = self.entries[entry_id] = {**base, **body, "id": entry_id}
+            self.record({"op": method.lower(), "id": entry_id, "body": body, "idempotency_key": key})
+            return 200, reply, {}
+        return self.error(404, "not_found", f"no such path: {method} {path}")
+
+    def read(self, path: str, query: dict[str, list[str]]) -> Reply:
+        if path == "/entries":
+            with self._lock:
+                return 200, {"data": list(self.entries.values())}, {}
+        return super().read(path, query)
+
+
+class WebhookReceiver(FakeService):
+    """Accepts any POST and records it; knows nothing of idempotency, like most webhooks."""
+
+    name = "webhook"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reply_status = 200
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str], body: Any) -> Reply:
+        if method == "GET" and path == "/_ledger":
+            return 200, self.snapshot(), {}
+        if method != "POST":
+            return self.error(405, "method_not_allowed", "webhooks take POST")
+        with self._lock:
+            self.requests += 1
+        self.record({"path": path, "body": body, "effect_key": headers.get("x-perdure-effect-key")})
+        return self.reply_status, {"received": self.reply_status < 300}, {}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ThreadingHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self) -> None:
+        service: FakeService = self.server.service  # type: ignore[attr-defined]
+        url = urlsplit(self.path)
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw) if raw.strip() else None
+        except ValueError:
+            self._send(*service.error(400, "invalid_json", "The request body is not valid JSON."))
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        status, payload, extra = service.handle(
+            self.command, url.path.rstrip("/") or "/", parse_qs(url.query), headers, body
+        )
+        if self.command != "GET" and service.respond_delay_s:
+            time.sleep(service.respond_delay_s)
+        self._send(status, payload, extra)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815 - the stdlib's names
+
+    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client died while we answered: the ledger already has the effect
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # the ledger is the record of what was received
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the fake mail, payments, ledger and webhook services.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--respond-delay", type=float, default=0.0, help="seconds to wait after recording an effect")
+    args = parser.parse_args(argv)
+    services = [
+        cls(host=args.host, respond_delay_s=args.respond_delay).start()
+        for cls in (MailAPI, PaymentsAPI, LedgerAPI, WebhookReceiver)
+    ]
+    for service in services:
+        print(f"{service.name:9} {service.base_url}  (ledger: {service.base_url}/_ledger)", flush=True)
+    print("set PERDURE_MAIL_URL / PERDURE_PAYMENTS_URL on the worker to use them; Ctrl-C stops", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for service in services:
+            service.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Crash-test harness: real `perdure worker` subprocesses that a fault point SIGKILLs, and what they leave behind.
+
+A `CrashRig` owns one task queue, one PERDURE_HOME (artifact store) and the fake
+services the goal's tools talk to. It starts workers exactly as a user does
+(`perdure worker` with PERDURE_* variables), with PERDURE_FAULT set when a test
+wants the process killed at a fault point, waits for that process to die of
+SIGKILL, and starts the next one. Goals are started from the test process
+through the client, so only the subprocess ever runs workflow or activity code.
+
+After a kill, `after_kill` checks that every activity the dead worker held has a
+heartbeat timeout: without one the server would notice the death only at the
+activity's start-to-close timeout (minutes). It also resets the goal's sticky
+task queue, as a worker does when it shuts down cleanly, so the next workflow
+task goes straight to the new worker instead of waiting for the dead worker's
+queue to time out; activity timing is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
+from temporalio.client import Client, WorkflowHandle
+
+from activities.artifacts import ArtifactStore
+from activities.models.scripted import ScriptedServer
+from starters.fakes import FakeService
+from workflows.contracts import GoalResult, GoalSpec
+from workflows.goal import GoalWorkflow
+from workflows.state import GoalInput
+
+PERDURE = str(Path(sys.executable).parent / "perdure")
+MAIL_KEY = "re_test_mail_key"
+PAYMENTS_KEY = "sk_test_payments_key"
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen
+    log: Path
+    fault: str | None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def killed_by_sigkill(self) -> bool:
+        return self.proc.poll() == -signal.SIGKILL
+
+    def kill(self) -> None:
+        """SIGKILL this (our own child) process and reap it."""
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+
+def write_model_config(path: Path, server: ScriptedServer, profile: str = "test") -> None:
+    path.write_text(
+        f"[profiles.{profile}]\n"
+        'provider = "openai"\n'
+        'model = "scripted-gpt"\n'
+        f'base_url = "{server.openai_base_url}"\n'
+        "price_input_per_mtok = 1.0\n"
+        "price_output_per_mtok = 2.0\n"
+    )
+
+
+@dataclass
+class CrashRig:
+    client: Client
+    root: Path
+    mail: FakeService | None = None
+    payments: FakeService | None = None
+    model: ScriptedServer | None = None
+    task_queue: str = field(default_factory=lambda: f"crash-{uuid.uuid4().hex[:10]}")
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.home = self.root / "home"
+        self.config = self.root / "config.toml"
+        if self.model is not None:
+            write_model_config(self.config, self.model)
+        else:
+            self.config.write_text("")
+
+    @property
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(self.home / "artifacts")
+
+    @property
+    def target(self) -> str:
+        return self.client.service_client.config.target_host
+
+    def worker_env(self, fault: str | None) -> dict[str, str]:
+        variables = {k: v for k, v in os.environ.items() if k != "PERDURE_FAULT"}
+        variables.update(
+            PERDURE_TEMPORAL=self.target,
+            PERDURE_NAMESPACE=self.client.namespace,
+            PERDURE_TASK_QUEUE=self.task_queue,
+            PERDURE_HOME=str(self.home),
+            PERDURE_CONFIG=str(self.config),
+        )
+        if self.mail is not None:
+            variables.update(PERDURE_MAIL_URL=self.mail.base_url, PERDURE_MAIL_KEY=MAIL_KEY)
+        if self.payments is not None:
+            variables.update(PERDURE_PAYMENTS_URL=self.payments.base_url, PERDURE_PAYMENTS_KEY=PAYMENTS_KEY)
+        if fault:
+            variables["PERDURE_FAULT"] = fault
+        return variables
+
+    def start_worker(self, fault: str | None = None) -> WorkerProcess:
+        log = self.root / f"worker-{len(self.workers) + 1}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [PERDURE, "worker"],
+                env=self.worker_env(fault),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        worker = WorkerProcess(proc, log, fault)
+        self.workers.append(worker)
+        return worker
+
+    async def start_goal(self, spec: GoalSpec, goal_id: str | None = None) -> WorkflowHandle:
+        return await self.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec),
+            id=goal_id or f"crash-goal-{uuid.uuid4().hex[:10]}",
+            task_queue=self.task_queue,
+        )
+
+    async def wait_killed(self, worker: WorkerProcess, timeout_s: float = 60) -> None:
+        """Wait for the fault point to SIGKILL the worker; fail with its log otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while worker.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if worker.alive():
+            worker.kill()
+            raise AssertionError(f"fault {worker.fault} never fired in {timeout_s:g}s; log:\n{worker.log_tail()}")
+        if not worker.killed_by_sigkill():
+            raise AssertionError(
+                f"the worker exited with {worker.proc.returncode}, not SIGKILL; log:\n{worker.log_tail()}"
+            )
+
+    async def after_kill(self, handle: WorkflowHandle) -> None:
+        """Check the dead worker's activities can be noticed quickly, and free the goal's sticky queue."""
+        history = await handle.fetch_history()
+        blind = pending_without_heartbeat_timeout(history)
+        if blind:
+            raise AssertionError(
+                "the workflow scheduled these activities without a heartbeat timeout, so a killed worker is "
+                "noticed only at their start-to-close timeout: "
+                + ", ".join(blind)
+                + ". Set heartbeat_timeout from ToolSpec.heartbeat_timeout_s (tools) and on model activities."
+            )
+        await self.client.workflow_service.reset_sticky_task_queue(
+            ResetStickyTaskQueueRequest(
+                namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=handle.id)
+            )
+        )
+
+    async def result(self, handle: WorkflowHandle, timeout_s: float = 120) -> GoalResult:
+        return await asyncio.wait_for(handle.result(), timeout_s)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.alive():
+                worker.kill()
+
+
+def pending_without_heartbeat_timeout(history) -> list[str]:
+    """Activities scheduled but not finished whose heartbeat timeout is unset."""
+    scheduled: dict[int, tuple[str, float]] = {}
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            heartbeat = attrs.heartbeat_timeout.ToTimedelta().total_seconds()
+            scheduled[event.event_id] = (attrs.activity_type.name, heartbeat)
+        for kind, name in (
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "activity_task_completed_event_attributes"),
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, "activity_task_failed_event_attributes"),
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, "activity_task_timed_out_event_attributes"),
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED, "activity_task_canceled_event_attributes"),
+        ):
+            if event.event_type == kind:
+                scheduled.pop(getattr(event, name).scheduled_event_id, None)
+    return sorted({name for name, heartbeat in scheduled.values() if heartbeat <= 0})
+
+
+def activity_outcomes(history, activity_type: str) -> tuple[int, int, list[int]]:
+    """(scheduled, completed, attempts of the completed) for one activity type."""
+    scheduled: set[int] = set()
+    attempts: dict[int, int] = {}
+    completed: list[int] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            attempts[attrs.scheduled_event_id] = attrs.attempt
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            sid = event.activity_task_completed_event_attributes.scheduled_event_id
+            if sid in scheduled:
+                completed.append(sid)
+    return len(scheduled), len(completed), [attempts.get(sid, 0) for sid in completed]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=_git_env()
+    ).stdout.strip()
+
+
+def init_repo(repo: Path) -> None:
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.name", "Test User")
+    git(repo, "config", "user.email", "test@example.com")
+    (repo / "README.md").write_text("# crash test repository\n")
+    git(repo, "add", "README.md")
+    git(repo, "commit", "-q", "-m", "initial commit")
+
+
+def _git_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}

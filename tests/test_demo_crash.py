@@ -1,0 +1,47 @@
+"""`make demo-crash` as a new user runs it: its own embedded server and ports, a real worker killed
+mid-effect, a second worker finishing the goal, each effect once in the printed ledgers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.test_demo import free_port
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_crash_shows_each_effect_once(tmp_path):
+    port, ui_port = free_port(), free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")},
+        "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
+        "PERDURE_UI": f"http://localhost:{ui_port}",
+        "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "160",
+    }
+    try:
+        demo = subprocess.run(
+            [BIN / "python", "-m", "starters.demo_crash"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=280,
+        )
+        out = demo.stdout
+        assert demo.returncode == 0, out[-4000:] + demo.stderr[-3000:]
+        assert "worker 1 killed (SIGKILL) right after the mail API accepted notice 2" in out
+        assert "goal outcome: succeeded" in out
+        for email in ("ada@example.com", "grace@example.com", "alan@example.com"):
+            assert f"{email:20} 1 message(s)" in out
+            assert f"{email:20} 1 credit(s)" in out
+        assert "every effect exactly once; goal finished" in out
+        assert "sent 'Sorry about Tuesday's outage' to grace@example.com" in out
+    finally:
+        subprocess.run([BIN / "perdure", "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
