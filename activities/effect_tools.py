@@ -60,7 +60,8 @@ from workflows.tool_specs import (
 )
 
 HTTP_TIMEOUT_S = 30.0
-GIT_TIMEOUT_S = 60.0
+GIT_TIMEOUT_S = 45.0
+"""Below the 60 s start-to-close recommended for git tools, so a hung hook fails the call, not the attempt."""
 BODY_EXCERPT_CHARS = 300
 EFFECT_TRAILER = "Effect-Key"
 REVERTS_TRAILER = "Reverts-Effect-Key"
@@ -152,6 +153,12 @@ async def run_effect(
             f"{input.tool} is irreversible and needs a human confirmation before it runs; "
             "nothing was sent (the workflow must ask and set confirmed)"
         )
+
+    if input.resolution == "happened":
+        # A person checked the receiving side after an uncertain attempt: record, do not send.
+        receipt = {"confirmed_by": "a person, after an uncertain attempt"}
+        text = impl.describe(call, args, receipt)
+        return outcome.result(ok=True, output=store.put_text(text), preview=preview(text), receipt=receipt)
 
     info = activity.info()
     previous = last_heartbeat(info.heartbeat_details, key)

@@ -54,7 +54,12 @@ def start(
     workspace: Annotated[Path, typer.Option(help="Directory the tools work in.")] = Path("."),
     profile: Annotated[str, typer.Option(help="Model profile name (see README).")] = "default",
     constraint: Annotated[list[str] | None, typer.Option("--constraint", "-c", help="Repeatable.")] = None,
-    tool: Annotated[list[str] | None, typer.Option("--tool", help="Allowed tool; repeatable (default: all).")] = None,
+    tool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool", help="Allowed tool; repeatable (default: the safe tools, plus those a plan file names)."
+        ),
+    ] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget.")] = None,
     max_cost: Annotated[float | None, typer.Option(help="Cost budget in USD.")] = None,
     max_wall: Annotated[int | None, typer.Option(help="Wall-time budget in seconds.")] = None,
@@ -69,7 +74,10 @@ def start(
     plan_obj = None
     if plan is not None:
         try:
-            plan_obj, extras = goals.load_plan_file(plan, allowed)
+            plan_obj, extras = goals.load_plan_file(plan, tool)
+            if not tool:
+                # Tools named in a plan file are allowed by writing them there.
+                allowed = sorted(set(allowed) | set(goals.plan_tools(plan_obj)))
         except goals.BadPlanFile as err:
             err_console.print(f"[red]error:[/red] {err}")
             raise typer.Exit(2) from None

@@ -21,8 +21,9 @@ from activities import settings
 from activities.artifacts import ArtifactMissing, default_store
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
 from workflows.goal import GoalWorkflow
-from workflows.plan import Plan, describe_validation_error, parse_plan
+from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
 from workflows.state import GoalInput
+from workflows.tool_specs import TOOL_SPECS
 
 
 class GoalNotFound(LookupError):
@@ -33,8 +34,9 @@ class BadPlanFile(ValueError):
     pass
 
 
-def load_plan_file(path: Path, allowed_tools: list[str]) -> tuple[Plan, dict]:
-    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:` and `premises:`."""
+def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[Plan, dict]:
+    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:` and `premises:`.
+    Without `allowed_tools`, any known tool may appear (see `plan_tools`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -51,10 +53,21 @@ def load_plan_file(path: Path, allowed_tools: list[str]) -> tuple[Plan, dict]:
         not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())
     ):
         raise BadPlanFile(f"{path}: 'premises' must map each key to a string value, e.g. scope: all_modules")
-    plan, problem = parse_plan(data, allowed_tools)
+    plan, problem = parse_plan(data, allowed_tools or list(TOOL_SPECS))
     if plan is None:
         raise BadPlanFile(f"{path}: {problem}")
     return plan, extras
+
+
+def plan_tools(plan: Plan) -> list[str]:
+    """Every tool a plan names: writing it into a plan file is the user allowing it."""
+    named: set[str] = set()
+    for step in plan.steps:
+        if isinstance(step, ToolStep):
+            named.add(step.tool)
+        elif isinstance(step, AgentStep):
+            named.update(step.tools)
+    return sorted(named)
 
 
 def build_spec(**fields) -> GoalSpec:

@@ -9,10 +9,7 @@ through the client, so only the subprocess ever runs workflow or activity code.
 
 After a kill, `after_kill` checks that every activity the dead worker held has a
 heartbeat timeout: without one the server would notice the death only at the
-activity's start-to-close timeout (minutes). It also resets the goal's sticky
-task queue, as a worker does when it shuts down cleanly, so the next workflow
-task goes straight to the new worker instead of waiting for the dead worker's
-queue to time out; activity timing is untouched.
+activity's start-to-close timeout (minutes).
 """
 
 from __future__ import annotations
@@ -27,9 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
 from activities.artifacts import ArtifactStore
@@ -164,7 +159,8 @@ class CrashRig:
             )
 
     async def after_kill(self, handle: WorkflowHandle) -> None:
-        """Check the dead worker's activities can be noticed quickly, and free the goal's sticky queue."""
+        """Check the dead worker's activities can be noticed quickly. The goal's sticky queue is
+        left alone: the worker's short sticky timeout is what hands it to the next worker."""
         history = await handle.fetch_history()
         blind = pending_without_heartbeat_timeout(history)
         if blind:
@@ -174,11 +170,6 @@ class CrashRig:
                 + ", ".join(blind)
                 + ". Set heartbeat_timeout from ToolSpec.heartbeat_timeout_s (tools) and on model activities."
             )
-        await self.client.workflow_service.reset_sticky_task_queue(
-            ResetStickyTaskQueueRequest(
-                namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=handle.id)
-            )
-        )
 
     async def result(self, handle: WorkflowHandle, timeout_s: float = 120) -> GoalResult:
         return await asyncio.wait_for(handle.result(), timeout_s)

@@ -30,6 +30,14 @@ def cli_env(env, tmp_path: Path, task_queue: str, **extra: str) -> dict[str, str
     }
 
 
+def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
+    """A worker subprocess is ready once it logs that it polls (updates need one to answer)."""
+    deadline = time.monotonic() + timeout_s
+    while "worker polling" not in log.read_text():
+        assert time.monotonic() < deadline, f"the worker did not start polling:\n{log.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
 def perdure(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -49,6 +57,7 @@ def cli_worker(env, tmp_path, task_queue, scripted):
     variables = cli_env(env, tmp_path, task_queue)
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    wait_for_polling(tmp_path / "worker.log")
     yield variables
     proc.kill()
     proc.wait()
@@ -197,15 +206,15 @@ def test_a_steering_session(env, tmp_path, task_queue, scripted):
     log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
     try:
+        deadline = time.monotonic() + 30
+        while "first" not in str([r["last_message"][:12] for r in server.requests()]):
+            assert time.monotonic() < deadline, "the first step never ran"
+            time.sleep(0.2)
         refused = perdure("rewind", "cli-steer-1", "nope", "--why", "x", env=variables)
         assert refused.returncode == 2 and "rejected: unknown step 'nope'" in refused.stderr
         unknown = perdure("narrow", "cli-steer-1", "colour=red", env=variables)
         assert "unknown premise key(s): colour (this goal's premises: scope=everything)" in unknown.stderr
 
-        deadline = time.monotonic() + 30
-        while "first" not in str([r["last_message"][:12] for r in server.requests()]):
-            assert time.monotonic() < deadline, "the first step never ran"
-            time.sleep(0.2)
         time.sleep(1)
         rewound = perdure("rewind", "cli-steer-1", "first", "--why", "too long", env=variables)
         assert rewound.returncode == 0, rewound.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 import structlog
 from temporalio.client import Client
@@ -24,6 +25,13 @@ from workflows.goal import GoalWorkflow
 
 log = structlog.get_logger(__name__)
 
+# A goal's workflow tasks go to the worker that has it cached (its sticky queue).
+# If that worker dies, the server waits this long before handing the task to any
+# worker, which then replays the history. The SDK default (10 s) is the largest
+# part of recovering from a killed worker; a few seconds is still far longer than
+# a healthy worker takes to pick up a task, so cached runs are not given up early.
+STICKY_TIMEOUT = timedelta(seconds=3)
+
 
 def build_worker(
     client: Client,
@@ -37,6 +45,7 @@ def build_worker(
     models = ModelActivities(model_config or load_model_config(), store)
     tools = ToolActivities(store)
     report = ReportActivities(store)
+    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     return Worker(
         client,
         task_queue=task_queue,

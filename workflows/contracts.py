@@ -230,6 +230,11 @@ class ToolInput(BaseModel):
     inputs: dict[str, ArtifactRef] = Field(default_factory=dict, description="Outputs for {{steps.NAME}} templates.")
     call_id: str | None = None
     confirmed: bool = Field(default=False, description="A human confirmed this call; required for irreversible tools.")
+    resolution: Literal["happened", "not_happened"] | None = Field(
+        default=None,
+        description="A person's answer about an uncertain earlier call: 'happened' records it without sending, "
+        "'not_happened' sends it again.",
+    )
 
 
 # --- report -------------------------------------------------------------------

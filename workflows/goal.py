@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows import budget, graph, questions, stall
     from workflows import search_attributes as sa
+    from workflows.canonical import canonical_json
     from workflows.contracts import (
         GOAL_WORKFLOW,
         Activities,
@@ -68,7 +69,16 @@ with workflow.unsafe.imports_passed_through():
         receipt_of,
     )
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
-    from workflows.state import GoalInput, GoalState, KindStats, Node, PlanDiff, PlanVersion, RejectedPath
+    from workflows.state import (
+        CompensationRecord,
+        GoalInput,
+        GoalState,
+        KindStats,
+        Node,
+        PlanDiff,
+        PlanVersion,
+        RejectedPath,
+    )
     from workflows.tool_specs import TOOL_SPECS
 
 MODEL_RETRY = RetryPolicy(
@@ -83,17 +93,25 @@ TOOL_RETRY = RetryPolicy(
     maximum_attempts=3,
     non_retryable_error_types=["WorkspaceMissing"],
 )
+# Retries by replay policy: re-sending a keyed effect or re-checking one is safe,
+# so those get more attempts; a `once` tool's second attempt only reports uncertain.
+RETRY_BY_POLICY = {
+    "safe": TOOL_RETRY,
+    "keyed": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6),
+    "check": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6),
+    "once": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2),
+}
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 MODEL_TIMEOUT = timedelta(minutes=5)
 # Model activities heartbeat while they wait: a dead worker is noticed in this
 # long instead of the full start-to-close timeout.
-MODEL_HEARTBEAT = timedelta(seconds=30)
+MODEL_HEARTBEAT = timedelta(seconds=10)
 TOOL_TIMEOUT = timedelta(minutes=2)
 # Keeps the per-kind ledger and the gate log bounded however long the goal runs.
 LEDGER_SAMPLES = 200
 GATE_LOG_ENTRIES = 200
 # Nodes with a live task: running, or waiting inside it for a person or a resume.
-IN_FLIGHT = {"running", "blocked", "parked"}
+IN_FLIGHT = {"running", "blocked", "parked", "uncertain"}
 
 
 class NodeFailed(Exception):
@@ -413,6 +431,8 @@ class GoalWorkflow:
             await self._apply_messages()
             if state.pause.mode == "aborting":
                 self._cancel_in_flight(f"aborted: {state.abort_reason}")
+                if state.pause.rollback:
+                    await self._roll_back()
                 return
             if state.pause.mode == "running":
                 held = self._held()
@@ -877,6 +897,9 @@ class GoalWorkflow:
                 inputs=self._inputs(step),
             ),
             summary=f"tool {step.tool} · {step.name} · {short_key(node.key)}",
+            node=node,
+            what=f"{step.tool} {canonical_json(step.args)[:300]}",
+            why=f"plan step '{step.name}'",
         )
         if not result.ok or result.output is None:
             raise NodeFailed(f"{step.tool} failed: {result.error}")
@@ -965,6 +988,9 @@ class GoalWorkflow:
                 call_id=call.call_id,
             ),
             summary=f"tool {call.tool} · {step.name} turn {turn} · {short_key(node.key)}",
+            node=node,
+            what=f"{call.tool} {call.preview}",
+            why=f"the agent in step '{step.name}' asked for it (turn {turn}): {step.prompt[:200]}",
         )
 
     async def _wait_while_parked(self, node: Node) -> None:
@@ -1010,26 +1036,101 @@ class GoalWorkflow:
         )
         raise NodeFailed(f"abandoned: {action.reason}")
 
-    async def _await_answer(self, node: Node, question) -> str:
+    async def _await_answer(self, node: Node, question, status: str = "blocked") -> str:
         """Block this node (only) until a person answers the question."""
-        node.status = "blocked"
+        node.status = status
         self._wakeups += 1  # the loop re-judges the phase: the goal may now await a person
         await workflow.wait_condition(lambda: question.status == "answered")
         node.status = "running"
         return question.answer or ""
 
-    async def _call_tool(self, tool_input: ToolInput, summary: str) -> ToolResult:
-        result = await workflow.execute_activity(
-            Activities.RUN_TOOL,
-            tool_input,
-            result_type=ToolResult,
-            start_to_close_timeout=tool_timeout(tool_input),
-            heartbeat_timeout=tool_heartbeat(tool_input),
-            retry_policy=TOOL_RETRY,
-            summary=summary,
-        )
+    async def _call_tool(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
+        """One tool call with the effect rules around it: an irreversible tool waits for a
+        person's confirmation; an uncertain outcome is a question, never a guess; an
+        effect that can be undone has its compensation registered."""
+        spec = TOOL_SPECS.get(tool_input.tool)
+        if spec is not None and spec.risk == "irreversible":
+            question = questions.confirm_effect(self._state, workflow.now(), node.name, tool_input.tool, what, why)
+            self._state.questions.append(question)
+            if await self._await_answer(node, question) != "approve":
+                reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
+                self._state.rejected_paths.append(
+                    RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
+                )
+                return ToolResult(
+                    call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=reason
+                )
+            tool_input = tool_input.model_copy(update={"confirmed": True})
+        result = await self._execute_tool(tool_input, summary)
+        if result.uncertain:
+            question = questions.uncertain_effect(
+                self._state, workflow.now(), node.name, tool_input.tool, result.effect_key or "?", result.error or ""
+            )
+            self._state.questions.append(question)
+            answer = await self._await_answer(node, question, status="uncertain")
+            if answer in ("happened", "not_happened"):
+                resolved = tool_input.model_copy(update={"resolution": answer})
+                result = await self._execute_tool(resolved, f"{summary} · {answer.replace('_', ' ')}")
+        if result.ok and result.compensation is not None and result.effect_key:
+            self._state.compensations.append(
+                CompensationRecord(node=node.name, effect_key=result.effect_key, compensation=result.compensation)
+            )
+        return result
+
+    async def _execute_tool(self, tool_input: ToolInput, summary: str) -> ToolResult:
+        spec = TOOL_SPECS.get(tool_input.tool)
+        try:
+            result = await workflow.execute_activity(
+                Activities.RUN_TOOL,
+                tool_input,
+                result_type=ToolResult,
+                start_to_close_timeout=tool_timeout(tool_input),
+                heartbeat_timeout=tool_heartbeat(tool_input),
+                retry_policy=RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY,
+                summary=summary,
+            )
+        except ActivityError as err:
+            if spec is None or spec.risk not in ("remote-write", "irreversible"):
+                raise
+            # Out of attempts (or time) on a write to the outside world: whether it
+            # landed is unknown, and that is a question for a person, not a failure.
+            details = getattr(err.cause, "details", None) or [{}]
+            key = details[0].get("effect_key") if isinstance(details[0], dict) else None
+            result = ToolResult(
+                call_id=tool_input.call_id,
+                tool=tool_input.tool,
+                risk=spec.risk,
+                ok=False,
+                uncertain=True,
+                effect_key=key,
+                error=f"{tool_input.tool} did not complete and may or may not have happened: {failure_message(err)}",
+            )
         self._state.ledger.tool_calls += 1
         return result
+
+    async def _roll_back(self) -> None:
+        """Abort with rollback: undo registered effects newest first, each a keyed tool call."""
+        for record in reversed(self._state.compensations):
+            if record.status == "done":
+                continue
+            comp = record.compensation
+            try:
+                result = await self._execute_tool(
+                    ToolInput(
+                        goal_id=workflow.info().workflow_id,
+                        node_key=f"compensate:{record.effect_key}",
+                        tool=comp.tool,
+                        workspace=self._state.spec.workspace,
+                        args=comp.args,
+                        confirmed=True,
+                    ),
+                    summary=f"compensate · {comp.tool} · {record.node} · {record.effect_key[:15]}",
+                )
+            except ActivityError as err:
+                record.status, record.note = "failed", failure_message(err)
+                continue
+            record.status = "done" if result.ok else "failed"
+            record.note = result.preview if result.ok else result.error
 
     # --- ledger, report, visibility ---------------------------------------------
 
@@ -1120,6 +1221,11 @@ class GoalWorkflow:
         notes += [f"guidance applied: {g}" for g in state.guidance]
         notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
         notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
+        notes += [
+            f"effect {r.effect_key} of {r.node}: undo by {r.compensation.tool} {r.status}"
+            + (f" ({r.note})" if r.note else "")
+            for r in state.compensations
+        ]
         return notes
 
     def _plan(self) -> Plan:

@@ -86,3 +86,40 @@ def stalled(state: GoalState, now: datetime, step: str, message: str) -> Questio
         asked_at=now,
         nodes=[step],
     )
+
+
+def confirm_effect(state: GoalState, now: datetime, step: str, tool: str, what: str, why: str) -> Question:
+    return Question(
+        id=next_question_id(state),
+        topic="confirm_effect",
+        title=f"Confirm {tool} in step '{step}'",
+        done=_done_summary(state),
+        stuck=f"{tool} is irreversible, so it runs only with your confirmation. It will: {what}. Why: {why}",
+        options=[
+            QuestionOption(id="approve", label=f"Run {tool} as shown", cost="cannot be undone"),
+            QuestionOption(
+                id="reject", label="Do not run it", cost="the step is told you refused (add why with --text)"
+            ),
+        ],
+        recommendation="approve only if the amount, recipient and reason are what you expect",
+        asked_at=now,
+        nodes=[step],
+    )
+
+
+def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effect_key: str, error: str) -> Question:
+    return Question(
+        id=next_question_id(state),
+        topic="uncertain_effect",
+        title=f"Did {tool} in step '{step}' happen?",
+        done=_done_summary(state),
+        stuck=f"{error} (effect key {effect_key})",
+        options=[
+            QuestionOption(id="happened", label="It happened: carry on", cost="nothing is sent again"),
+            QuestionOption(id="not_happened", label="It did not happen: send it now", cost="one more call"),
+            QuestionOption(id="fail", label="Leave it: fail the step", cost="work that needs it stops"),
+        ],
+        recommendation="check the receiving side for the effect key, then answer happened or not_happened",
+        asked_at=now,
+        nodes=[step],
+    )

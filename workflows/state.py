@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from workflows.contracts import ArtifactRef, GoalResult, GoalSpec, NodeKind, NodeStatus
+from workflows.contracts import ArtifactRef, Compensation, GoalResult, GoalSpec, NodeKind, NodeStatus
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallState
@@ -116,6 +116,16 @@ class PauseState(BaseModel):
     rollback: bool = False
 
 
+class CompensationRecord(BaseModel):
+    """An effect that happened and how to undo it; run newest first on abort with rollback."""
+
+    node: str
+    effect_key: str
+    compensation: Compensation
+    status: Literal["registered", "done", "failed"] = "registered"
+    note: str | None = None
+
+
 class RejectedPath(BaseModel):
     node: str
     why: str
@@ -146,6 +156,7 @@ class GoalState(BaseModel):
     rejected_paths: list[RejectedPath] = Field(default_factory=list)
     abort_reason: str | None = None
     started_at: datetime | None = None
+    compensations: list[CompensationRecord] = Field(default_factory=list)
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
 

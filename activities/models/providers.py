@@ -15,13 +15,13 @@ from __future__ import annotations
 import email.utils
 import json
 import os
+import sys
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import anthropic
 import openai
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
@@ -174,6 +174,10 @@ class AnthropicProvider:
             params["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.json_schema} for t in request.tools
             ]
+        # Imported here: the anthropic package costs ~3 s of worker start-up, paid
+        # only by workers that use an Anthropic profile.
+        import anthropic
+
         client = anthropic.AsyncAnthropic(
             api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
         )
@@ -273,13 +277,20 @@ def model_error(err: Exception, profile: ModelProfile, api_key: str | None = Non
             delay = retry_after(response.headers) if response is not None else None
             return ApplicationError(message, type="ModelRetryable", non_retryable=False, next_retry_delay=delay)
         return ApplicationError(message, type="ModelRequestRejected", non_retryable=True)
-    if isinstance(err, (openai.APIConnectionError, anthropic.APIConnectionError)):
+    if isinstance(err, _connection_errors()):
         cause = f" ({err.__cause__})" if err.__cause__ else ""
         target = profile.base_url or "the provider's API"
         message = _redact(f"{where}: cannot reach {target}: {err}{cause}", api_key)
         return ApplicationError(message, type="ModelUnavailable", non_retryable=False)
     # Anything else (e.g. a reply that does not fit the schema) is treated as transient.
     return ApplicationError(_redact(f"{where}: {type(err).__name__}: {err}", api_key), type="ModelRetryable")
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [openai.APIConnectionError]
+    if (anthropic := sys.modules.get("anthropic")) is not None:
+        errors.append(anthropic.APIConnectionError)
+    return tuple(errors)
 
 
 def _provider_message(body: object) -> str | None:

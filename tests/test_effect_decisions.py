@@ -1,0 +1,152 @@
+"""The goal's side of effects: a person decides what cannot be known (an uncertain
+`once` call after a SIGKILL), confirms irreversible calls, and an abort with
+rollback undoes registered effects newest first. Real fake services keep the
+ledgers; the workers are real (a subprocess where one is killed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from starters.fakes import PaymentsAPI, WebhookReceiver
+from tests.conftest import openai_profile, running_worker
+from tests.harness import PAYMENTS_KEY, CrashRig, git, init_repo
+from tests.history_tools import scheduled_activities
+from tests.scenarios import spec
+from tests.test_steering import gate, start, statuses, submit, wait_until
+from workflows.messages import Abort, Answer, Approve
+from workflows.plan import Plan
+
+RECIPIENTS = ["ada", "grace", "alan", "edsger", "barbara"]
+
+
+@pytest.fixture
+def payments(monkeypatch):
+    with PaymentsAPI() as service:
+        monkeypatch.setenv("PERDURE_PAYMENTS_URL", service.base_url)
+        monkeypatch.setenv("PERDURE_PAYMENTS_KEY", PAYMENTS_KEY)
+        yield service
+
+
+def pay_step(name: str = "pay", **extra) -> dict:
+    args = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 42"}
+    return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
+
+
+async def test_uncertain_once_call_becomes_a_question_and_nothing_is_sent_twice(env, tmp_path):
+    with WebhookReceiver(respond_delay_s=0.2) as hook:
+        rig = CrashRig(env.client, tmp_path / "rig")
+        try:
+            steps = [
+                {
+                    "name": f"notice-{i}",
+                    "kind": "tool",
+                    "tool": "notify_webhook",
+                    "args": {"url": f"{hook.base_url}/deploys", "payload": {"to": who}},
+                    **({"needs": [f"notice-{i - 1}"]} if i > 1 else {}),
+                }
+                for i, who in enumerate(RECIPIENTS, start=1)
+            ]
+            workspace = tmp_path / "ws"
+            workspace.mkdir()
+            worker = rig.start_worker(fault="after_effect:notify_webhook:4")
+            handle = await rig.start_goal(
+                spec(workspace, plan=Plan.model_validate({"steps": steps}), allowed_tools=["notify_webhook"])
+            )
+            await rig.wait_killed(worker)
+            assert [e["body"]["to"] for e in hook.ledger()] == RECIPIENTS[:4]
+            await rig.after_kill(handle)
+            rig.start_worker()
+
+            snapshot = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+            assert snapshot.questions[0].title == "Did notify_webhook in step 'notice-4' happen?"
+            assert statuses(snapshot)["notice-4"] == "uncertain" and statuses(snapshot)["notice-5"] == "pending"
+            assert len(hook.ledger()) == 4  # nothing re-sent while the question is open
+            await submit(handle, Answer(request_id="u1", question_id="q1", choice="happened"))
+            result = await rig.result(handle)
+        finally:
+            rig.close()
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert Counter(e["body"]["to"] for e in hook.ledger()) == Counter(RECIPIENTS)  # five, one each
+    assert "question q1 (Did notify_webhook in step 'notice-4' happen?): happened" in rig.store.get_text(result.report)
+
+
+async def test_irreversible_call_waits_for_approval(env, task_queue, store, workspace, scripted, payments):
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, [pay_step()], allowed_tools=["make_payment"])
+        snapshot = await wait_until(handle, lambda s: s.questions)
+        question = snapshot.questions[0]
+        assert question.title == "Confirm make_payment in step 'pay'"
+        assert '"amount_cents":12500' in question.stuck and "ACME GmbH" in question.stuck
+        assert payments.ledger() == []  # nothing paid before the answer
+        await submit(handle, Approve(request_id="c1", question_id="q1"))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded"
+    assert [(e["kind"], e["amount_cents"]) for e in payments.ledger()] == [("payment", 12_500)]
+
+
+async def test_a_refusal_is_shown_to_the_model(env, task_queue, store, workspace, scripted, payments):
+    pay = {"amount_cents": 99_000, "currency": "EUR", "recipient": "ACME GmbH"}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "a person refused make_payment", "content": "Understood: no payment made."},
+                {"when": "PERDURE-AGENT", "tool_calls": [{"name": "make_payment", "arguments": pay}]},
+            ]
+        }
+    )
+    agent = {"name": "settle", "kind": "agent", "prompt": "Settle the invoice.", "tools": ["make_payment"]}
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, [agent], allowed_tools=["make_payment"])
+        await wait_until(handle, lambda s: s.questions)
+        await submit(handle, Approve(request_id="r1", question_id="q1", approved=False, text="too expensive"))
+        result = await handle.result()
+
+    assert payments.ledger() == []
+    assert result.outcome == "succeeded"
+    first, second = server.requests()
+    assert "a person refused make_payment: too expensive" in second["last_message"]
+    assert "rejected path: step 'settle' was rejected: a person refused make_payment" in store.get_text(result.report)
+
+
+async def test_abort_with_rollback_undoes_effects_newest_first(env, task_queue, store, tmp_path, scripted, payments):
+    repo = tmp_path / "repo"
+    init_repo(repo)
+    server = scripted({"replies": []})
+    steps = [
+        pay_step(),
+        {"name": "write", "kind": "tool", "tool": "write_file", "args": {"path": "PAID", "content": "yes"}},
+        {
+            "name": "commit",
+            "kind": "tool",
+            "tool": "git_commit",
+            "needs": ["pay", "write"],
+            "args": {"message": "Record the payment", "paths": ["PAID"]},
+        },
+        gate(["commit"]),
+    ]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(
+            env, task_queue, repo, steps, allowed_tools=["make_payment", "write_file", "git_commit", "run_command"]
+        )
+        await wait_until(handle, lambda s: s.questions)
+        await submit(handle, Approve(request_id="c1", question_id="q1"))
+        await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True))
+        result = await handle.result()
+        history = await handle.fetch_history()
+    (repo / "GO").touch()
+
+    assert result.outcome == "aborted"
+    assert [e["kind"] for e in payments.ledger()] == ["payment", "refund"]
+    log = git(repo, "log", "--format=%s").splitlines()
+    assert log[0].startswith('Revert "Record the payment') and log[1].startswith("Record the payment")
+    compensations = [s for _, _, s in scheduled_activities(history) if s.startswith("compensate")]
+    assert [c.split(" · ")[1] for c in compensations] == ["git_revert", "refund_payment"]  # newest first
+    report = store.get_text(result.report)
+    assert "undo by git_revert done" in report and "undo by refund_payment done" in report
