@@ -8,6 +8,7 @@ artifact references and digests, never whole transcripts or large outputs.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +85,12 @@ class GoalSpec(BaseModel):
     soft_gate: float = Field(default=0.7, gt=0, le=1, description="Budget fraction from which nodes run degraded.")
     drift_every: int = Field(default=12, ge=0, description="Check for drift every N finished nodes; 0 = never.")
     stall_threshold: int = Field(default=2, ge=1, le=20, description="Stale agent steps before each stall response.")
+    stall_after_s: float = Field(
+        default=1800, gt=0, description="The watchdog calls a goal stalled after this long without progress."
+    )
+    continue_as_new_after_events: int = Field(
+        default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
+    )
 
 
 class Usage(BaseModel):
@@ -344,3 +351,10 @@ class ProgressSnapshot(BaseModel):
     eta_confidence: str | None = None
     conclusions: list[str] = Field(default_factory=list, description="Latest finished outputs, briefly.")
     gate_log: list[str] = Field(default_factory=list, description="Budget, density and stall decisions, latest last.")
+    started_at: datetime | None = None
+    runs: int = Field(default=1, description="Runs in the goal's continue-as-new chain so far.")
+    last_progress_at: datetime | None = Field(default=None, description="When a node last settled (new information).")
+    stall_after_s: float = Field(default=1800, description="The goal's threshold for 'no progress' when not parked.")
+    stall_rungs: dict[str, int] = Field(default_factory=dict, description="Agent node -> stall-ladder rungs fired.")
+    park_expires_at: datetime | None = None
+    oldest_question_at: datetime | None = Field(default=None, description="When the oldest open question was asked.")

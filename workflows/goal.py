@@ -68,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         parse_message,
         receipt_of,
     )
+    from workflows.migrations import StateRefused, load_state
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
     from workflows.state import (
         CompensationRecord,
@@ -126,7 +127,17 @@ class GoalFailed(Exception):
 class GoalWorkflow:
     @workflow.init
     def __init__(self, input: GoalInput) -> None:
-        self._state = input.state or GoalState(spec=input.spec, premises=dict(input.spec.premises))
+        self._load_problem: str | None = None
+        if input.state is None:
+            self._state = GoalState(spec=input.spec, premises=dict(input.spec.premises))
+        else:
+            try:
+                self._state = load_state(input.state)
+            except StateRefused as err:
+                # Never continue with a state this code cannot read: park, say why, keep it for audit.
+                self._load_problem = f"cannot resume from the carried state: {err}"
+                self._state = GoalState(spec=input.spec, premises=dict(input.spec.premises), phase="parked")
+                self._park(self._load_problem, None, timedelta(days=3650))
         self._state.started_at = self._state.started_at or workflow.now()
         # Bumped when a node settles or a message arrives; the loop waits on it.
         self._wakeups = 0
@@ -138,6 +149,8 @@ class GoalWorkflow:
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
         state = self._state
+        if self._load_problem:
+            return await self._refuse_to_resume()
         try:
             if state.plan is None:
                 await self._make_plan()
@@ -159,6 +172,19 @@ class GoalWorkflow:
                 non_retryable=True,
             )
         return result
+
+    async def _refuse_to_resume(self) -> GoalResult:
+        """A carried state that cannot be loaded: stay parked (visible, answerable) until aborted."""
+        while self._state.pause.mode != "aborting":
+            seen = self._wakeups
+            await workflow.wait_condition(lambda seen=seen: self._wakeups != seen)
+            await self._apply_messages()  # admission lets only an abort through
+        self._state.failure = self._load_problem
+        self._close_inbox()
+        result = await self._report()
+        raise ApplicationError(
+            self._state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True
+        )
 
     # --- admission: every user message, by signal or update -------------------------
 
@@ -221,6 +247,8 @@ class GoalWorkflow:
             return None
         if state.phase in ("reporting", "finished", "failed"):
             return f"the goal has ended ({state.phase}); it takes no more messages"
+        if self._load_problem and message.kind != "abort":
+            return f"{self._load_problem}; it can only be aborted"
         if state.pause.mode == "aborting" and message.kind != "abort":
             return "the goal is being aborted"
         kind = message.kind
@@ -335,6 +363,13 @@ class GoalWorkflow:
                 f"{n.name}: {n.preview}" for n in nodes if n.status == "succeeded" and n.kind != "tool" and n.preview
             ][-5:],
             gate_log=state.gate_log[-10:],
+            started_at=state.started_at,
+            runs=state.runs,
+            last_progress_at=state.last_progress_at or state.started_at,
+            stall_after_s=state.spec.stall_after_s,
+            stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
+            park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
+            oldest_question_at=min((q.asked_at for q in state.open_questions()), default=None),
         )
 
     def _eta(self):
@@ -429,12 +464,14 @@ class GoalWorkflow:
         state = self._state
         while True:
             await self._apply_messages()
+            if self._continue_as_new_due() and not any(n.status in IN_FLIGHT for n in state.nodes.values()):
+                await self._continue_as_new()
             if state.pause.mode == "aborting":
                 self._cancel_in_flight(f"aborted: {state.abort_reason}")
                 if state.pause.rollback:
                     await self._roll_back()
                 return
-            if state.pause.mode == "running":
+            if state.pause.mode == "running" and not self._continue_as_new_due():
                 held = self._held()
                 for name in graph.ready_steps(self._plan(), state.nodes):
                     if name not in held and self._admit_by_gates(self._plan().step(name)):
@@ -461,6 +498,24 @@ class GoalWorkflow:
                 )
             except TimeoutError:
                 self._on_park_deadline()
+
+    def _continue_as_new_due(self) -> bool:
+        """History is bounded: start a new run when the server suggests it, or at the
+        goal's own event limit. The loop stops dispatching until nothing is in flight."""
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or (
+            info.get_current_history_length() >= self._state.spec.continue_as_new_after_events
+        )
+
+    async def _continue_as_new(self) -> None:
+        state = self._state
+        # Handlers still running would be cut off by the new run; let them finish.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        state.runs += 1
+        self._log_gate(
+            f"continued as new: run {state.runs} after {workflow.info().get_current_history_length()} events"
+        )
+        workflow.continue_as_new(GoalInput(spec=state.spec, state=state.model_dump(mode="json")))
 
     def _waiting_phase(self, running: bool) -> str:
         state = self._state
@@ -652,6 +707,10 @@ class GoalWorkflow:
                 self._settle(entry, "applied", **self._narrow(message.premises, message.why))
             elif entry.kind in ("answer", "approve"):
                 self._settle(entry, "applied", self._answer(entry))
+            elif entry.kind == "escalate":
+                question = questions.escalation(self._state, workflow.now(), message.finding, message.detail)
+                self._state.questions.append(question)
+                self._settle(entry, "applied", f"asked as {question.id}")
 
     def _park(self, reason: str, until, expiry: timedelta) -> None:
         now = workflow.now()
@@ -696,6 +755,10 @@ class GoalWorkflow:
                 self._abort("the user chose to stop after the park expired", rollback=False)
         elif question.topic == "narrow_confirm" and choice == "redo":
             self._void(question.nodes)
+        elif question.topic == "escalation" and choice == "park":
+            self._park("parked after a watchdog escalation", None, timedelta(hours=48))
+        elif question.topic == "escalation" and choice == "abort":
+            self._abort("stopped after a watchdog escalation", rollback=False)
         return f"{question.id} answered: {choice}"
 
     def _rewind(self, node: str, why: str) -> dict:
@@ -858,7 +921,7 @@ class GoalWorkflow:
         # Not in a `finally`: on worker eviction the coroutine is closed and
         # must not touch workflow state on its way out.
         self._tasks.pop(node.name, None)
-        node.finished_at = workflow.now()
+        node.finished_at = self._state.last_progress_at = workflow.now()
         self._record_kind_stats(node)
         self._wakeups += 1
         self._publish()

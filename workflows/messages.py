@@ -82,8 +82,17 @@ class Abort(_Message):
     rollback: bool = False
 
 
+class Escalate(_Message):
+    """From the watchdog: something needs a person's look; asked as a question on the goal."""
+
+    kind: Literal["escalate"] = "escalate"
+    finding: str = Field(min_length=1, max_length=64, description="What the watchdog classified, e.g. stalled.")
+    detail: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
 UserMessage = Annotated[
-    Steer | Queue | Answer | Approve | Park | Resume | Narrow | Rewind | Abort, Field(discriminator="kind")
+    Steer | Queue | Answer | Approve | Park | Resume | Narrow | Rewind | Abort | Escalate,
+    Field(discriminator="kind"),
 ]
 USER_MESSAGE = TypeAdapter(UserMessage)
 

@@ -123,3 +123,20 @@ def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effe
         asked_at=now,
         nodes=[step],
     )
+
+
+def escalation(state: GoalState, now: datetime, finding: str, detail: str) -> Question:
+    return Question(
+        id=next_question_id(state),
+        topic="escalation",
+        title=f"The watchdog found this goal {finding}",
+        done=_done_summary(state),
+        stuck=detail,
+        options=[
+            QuestionOption(id="continue", label="Carry on as it is", cost="it keeps spending"),
+            QuestionOption(id="park", label="Park it until I look", cost="nothing is spent while parked"),
+            QuestionOption(id="abort", label="Stop and report", cost="unfinished work is dropped"),
+        ],
+        recommendation="park it if you cannot look now; steer it if you can see what it misses",
+        asked_at=now,
+    )

@@ -10,14 +10,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.contracts import ArtifactRef, Compensation, GoalResult, GoalSpec, NodeKind, NodeStatus
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Phase = Literal["planning", "running", "parked", "awaiting_human", "aborting", "reporting", "finished", "failed"]
 
@@ -91,7 +91,7 @@ class Question(BaseModel):
     """A human checkpoint. Open questions are asked together, as one batch."""
 
     id: str
-    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect", "stalled"]
+    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect", "stalled", "escalation"]
     title: str
     done: str = Field(description="What the goal has done so far.")
     stuck: str = Field(description="Where it is stuck and why it needs a person.")
@@ -138,6 +138,9 @@ class RejectedPath(BaseModel):
 
 
 class GoalState(BaseModel):
+    # Unknown fields are an error, not something to drop: see workflows/migrations.py.
+    model_config = ConfigDict(extra="forbid")
+
     schema_version: int = SCHEMA_VERSION
     spec: GoalSpec
     phase: Phase = "planning"
@@ -156,6 +159,8 @@ class GoalState(BaseModel):
     rejected_paths: list[RejectedPath] = Field(default_factory=list)
     abort_reason: str | None = None
     started_at: datetime | None = None
+    last_progress_at: datetime | None = None
+    runs: int = Field(default=1, description="Runs in the continue-as-new chain so far, this one included.")
     compensations: list[CompensationRecord] = Field(default_factory=list)
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
@@ -169,7 +174,11 @@ class GoalState(BaseModel):
 
 
 class GoalInput(BaseModel):
-    """Workflow input: the spec, plus the carried state when continuing as new."""
+    """Workflow input: the spec, plus the carried state when continuing as new.
+
+    The state travels as a plain mapping so an old or damaged one reaches the
+    workflow's own loader (and a clear refusal) instead of failing in the decoder.
+    """
 
     spec: GoalSpec
-    state: GoalState | None = None
+    state: dict | None = None

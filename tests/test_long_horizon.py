@@ -1,0 +1,139 @@
+"""Long goals: continue-as-new carries the one state object (receipts, questions,
+outputs) across runs, and a carried state is migrated or refused, never half-read.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import new_goal_id, openai_profile, running_worker
+from tests.scenarios import spec
+from tests.test_steering import llm, submit, wait_until
+from workflows.goal import GoalWorkflow
+from workflows.messages import Abort, Answer, Resume
+from workflows.migrations import StateRefused, load_state
+from workflows.search_attributes import ALL_KEYS
+from workflows.state import SCHEMA_VERSION, GoalInput, GoalState
+
+STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
+
+
+@pytest_asyncio.fixture(scope="module")
+async def short_history_env():
+    """A dev server that suggests continue-as-new after 40 events (dynamic config)."""
+    environment = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        search_attributes=ALL_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40"],
+    )
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
+def chain(n: int) -> list[dict]:
+    return [llm(f"s{i:02d}", [f"s{i - 1:02d}"] if i else []) for i in range(n)]
+
+
+async def run_chain(environment, task_queue, store, workspace, server, goal_id):
+    escalate = {"request_id": "wd-1", "kind": "escalate", "finding": "slow", "detail": "check me"}
+    steer = {"request_id": "st-1", "kind": "steer", "text": "Keep it short."}
+    handle = await environment.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(workspace, plan={"steps": chain(12)}, drift_every=0)),
+        id=goal_id,
+        task_queue=task_queue,
+    )
+    await handle.signal(GoalWorkflow.message_signal, steer)
+    await handle.signal(GoalWorkflow.message_signal, escalate)
+    async with running_worker(environment, task_queue, store, openai_profile(server)):
+        snapshot = await wait_until(handle, lambda s: s.counts.get("succeeded", 0) == 12 and s.questions, 60)
+        runs_before_answer = snapshot.runs
+        receipt = await submit(handle, Answer(request_id="a-1", question_id="q1", choice="continue"))
+        result = await handle.result()
+        inbox = await handle.query(GoalWorkflow.inbox)
+    return result, inbox, runs_before_answer, receipt
+
+
+async def test_continue_as_new_keeps_receipts_questions_and_results(
+    short_history_env, env, task_queue, store, workspace, scripted
+):
+    server = scripted(STEP_REPLY)
+    chained, inbox, runs, receipt = await run_chain(
+        short_history_env, task_queue, store, workspace, server, new_goal_id("can")
+    )
+    plain, _, plain_runs, _ = await run_chain(env, task_queue + "-plain", store, workspace, server, new_goal_id("one"))
+
+    assert runs >= 3 and plain_runs == 1  # the question was still open in a later run
+    assert receipt.status == "applied"
+    assert [(e.request_id, e.status) for e in inbox.entries] == [
+        ("st-1", "applied"),
+        ("wd-1", "applied"),
+        ("a-1", "applied"),
+    ]
+    assert chained.outcome == plain.outcome == "succeeded"
+    assert {k: v.digest for k, v in chained.outputs.items()} == {k: v.digest for k, v in plain.outputs.items()}
+    assert chained.tokens == plain.tokens
+    # Every model call was made once: 12 steps per goal, none repeated by a new run.
+    assert len(server.requests()) == 24
+
+
+def v1_state(**overrides) -> dict:
+    current = GoalState(spec=spec(Path("/tmp/ws"), premises={"scope": "all"})).model_dump(mode="json")
+    data = {k: v for k, v in current.items() if k not in ("premises",)}
+    return {**data, "schema_version": 1, **overrides}
+
+
+def test_an_older_state_is_migrated():
+    state = load_state(v1_state())
+    assert state.schema_version == SCHEMA_VERSION
+    assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ("not a mapping", "is a str, not a mapping"),
+        ({"spec": {}}, "has no integer schema_version"),
+        (v1_state(schema_version=99), "schema v99, newer than this worker's"),
+        ({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}, "mystery: Extra inputs are not permitted"),
+        ({**v1_state(), "schema_version": SCHEMA_VERSION, "phase": "dancing"}, "phase: Input should be"),
+    ],
+)
+def test_a_state_that_cannot_be_read_is_refused(data, reason):
+    with pytest.raises(StateRefused) as refused:
+        load_state(data)
+    assert reason in str(refused.value)
+
+
+async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    goal_spec = spec(workspace, plan={"steps": chain(1)})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=goal_spec, state={**v1_state(), "schema_version": 99}),
+            id=new_goal_id("corrupt"),
+            task_queue=task_queue,
+        )
+        snapshot = await wait_until(handle, lambda s: s.parked)
+        assert "cannot resume from the carried state" in snapshot.pause_reason
+        assert "schema v99" in snapshot.pause_reason
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await submit(handle, Resume(request_id="r1"))
+        assert "it can only be aborted" in refused.value.cause.message
+        await submit(handle, Abort(request_id="x1"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "schema v99, newer than this worker's" in str(failure.value.cause)
+    assert server.requests() == []  # nothing ran on a state it could not read

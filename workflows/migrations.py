@@ -1,0 +1,56 @@
+"""Loading a carried goal state written by another version of this code. Pure.
+
+Continue-as-new carries the goal's whole state as a plain mapping. A state of
+an older `schema_version` goes through the migration functions below, one
+version at a time; a state this code cannot read (newer version, unknown
+fields, invalid values) is refused with the reason, never half-loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from workflows.plan import describe_validation_error
+from workflows.state import SCHEMA_VERSION, GoalState
+
+
+class StateRefused(ValueError):
+    """The carried state cannot be loaded; the message says why."""
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    # v1 had no goal-level premises: they lived only in the spec. Defaulting the
+    # new field to {} would silently drop them, so copy them over.
+    spec = data.get("spec") or {}
+    return {**data, "premises": dict(spec.get("premises") or {}), "schema_version": 2}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+
+
+def load_state(data: Any) -> GoalState:
+    if not isinstance(data, dict):
+        raise StateRefused(f"the carried state is a {type(data).__name__}, not a mapping")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise StateRefused("the carried state has no integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise StateRefused(
+            f"the carried state is schema v{version}, newer than this worker's v{SCHEMA_VERSION}; "
+            "run a worker with the newer code"
+        )
+    while version < SCHEMA_VERSION:
+        migrate = MIGRATIONS.get(version)
+        if migrate is None:
+            raise StateRefused(f"no migration from schema v{version} to v{version + 1}")
+        data = migrate(data)
+        version = data["schema_version"]
+    try:
+        return GoalState.model_validate(data)
+    except ValidationError as err:
+        raise StateRefused(
+            f"the carried state does not fit schema v{SCHEMA_VERSION}: {describe_validation_error(err)}"
+        ) from None

@@ -1,0 +1,155 @@
+"""WatchdogWorkflow: one pass of the watchdog over the open goals of a task queue.
+
+A Temporal Schedule starts one run every interval (overlap: skip). A run
+recalls the watchdog's memory, scans the goals (visibility, each goal's
+`progress` query, the server's view of its pending activities), judges them
+with the pure rules of `watchdog_rules`, signals the interventions, and stores
+the memory again. The workflow only decides; every RPC and file is an activity.
+
+Why the memory is a file and not workflow state: every Schedule action starts
+a new, independent execution with the schedule's fixed arguments, so nothing
+carries from one run to the next inside Temporal. The alternatives were a
+long-lived memory workflow (an update every minute, its own continue-as-new)
+or reading the previous run's result through the schedule (racy, and lost
+with retention). The memory is small and derived, because the goals' inboxes
+dedupe every intervention by its request id, so a JSON file under
+`$PERDURE_HOME/watchdog/`, replaced atomically by an activity, is enough. It
+lives where the artifact store lives, which workers already share.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+# Pure models and rules: passed through so the sandbox does not re-import pydantic per run.
+with workflow.unsafe.imports_passed_through():
+    from workflows import watchdog_rules as rules
+    from workflows.watchdog_contracts import (
+        INFRASTRUCTURE_KINDS,
+        WATCHDOG_STATE_QUERY,
+        WATCHDOG_WORKFLOW,
+        InterveneInput,
+        InterveneResult,
+        RecallInput,
+        RecallResult,
+        RememberInput,
+        RememberResult,
+        ScanInput,
+        ScanResult,
+        WatchdogActivities,
+        WatchdogInput,
+        WatchdogResult,
+        WatchdogRunState,
+    )
+
+RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=5)
+SHORT = timedelta(seconds=30)
+DETAIL_LINES = 20
+
+
+@workflow.defn(name=WATCHDOG_WORKFLOW)
+class WatchdogWorkflow:
+    @workflow.init
+    def __init__(self, input: WatchdogInput) -> None:
+        self._state = WatchdogRunState()
+
+    @workflow.run
+    async def run(self, input: WatchdogInput) -> WatchdogResult:
+        state = self._state
+        now = input.as_of or workflow.now()
+        scope = input.task_queue
+        workflow.set_current_details(f"**watchdog** · {scope} · recalling memory")
+        recalled = await workflow.execute_activity(
+            WatchdogActivities.RECALL,
+            RecallInput(scope=scope),
+            result_type=RecallResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+            summary=f"recall memory · {scope}",
+        )
+        memory = recalled.memory
+        state.phase = "scanning"
+        # A scan of many goals can meet many silent ones, each waiting its query timeout.
+        scan_timeout = timedelta(seconds=max(60.0, 4 * input.query_timeout_s + input.max_goals * 0.5))
+        scan = await workflow.execute_activity(
+            WatchdogActivities.SCAN,
+            ScanInput(task_queue=scope, query_timeout_s=input.query_timeout_s, max_goals=input.max_goals),
+            result_type=ScanResult,
+            start_to_close_timeout=scan_timeout,
+            heartbeat_timeout=timedelta(seconds=2 * input.query_timeout_s + 30),
+            retry_policy=RETRY,
+            summary=f"scan open goals · {scope}",
+        )
+        state.goals = len(scan.goals)
+        assessment = rules.assess(scan.goals, memory, now, input.rules)
+        state.findings = [f for f in assessment.findings if f.kind != "healthy"]
+        state.phase = "intervening"
+        outcomes = []
+        if assessment.interventions:
+            nudges = sum(1 for i in assessment.interventions if i.action == "nudge")
+            escalations = len(assessment.interventions) - nudges
+            result = await workflow.execute_activity(
+                WatchdogActivities.INTERVENE,
+                InterveneInput(interventions=assessment.interventions),
+                result_type=InterveneResult,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RETRY,
+                summary=f"intervene · {nudges} nudge(s), {escalations} escalation(s)",
+            )
+            outcomes = result.outcomes
+        state.sent = [o.request_id for o in outcomes if o.sent]
+        state.failed = [f"{o.request_id}: {o.error}" for o in outcomes if not o.sent]
+        memory = rules.remember(
+            memory, scan.goals, assessment, outcomes, now, workflow.info().workflow_id, scan.seconds
+        )
+        state.phase = "remembering"
+        await workflow.execute_activity(
+            WatchdogActivities.REMEMBER,
+            RememberInput(scope=scope, memory=memory),
+            result_type=RememberResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+            summary=f"remember · {len(memory.open_incidents())} open incident(s)",
+        )
+        state.phase = "done"
+        state.open_incidents = len(memory.open_incidents())
+        result = WatchdogResult(
+            as_of=now,
+            goals=len(scan.goals),
+            findings=state.findings,
+            counts=rules.finding_counts(assessment.findings),
+            sent=state.sent,
+            failed=state.failed,
+            open_incidents=memory.open_incidents(),
+            resolved_incidents=[i for i in assessment.incidents if i.resolved_at is not None],
+            scan_seconds=scan.seconds,
+        )
+        workflow.set_current_details(details_markdown(scope, result))
+        return result
+
+    @workflow.query(name=WATCHDOG_STATE_QUERY)
+    def state(self) -> WatchdogRunState:
+        return self._state
+
+
+def details_markdown(scope: str, result: WatchdogResult) -> str:
+    """The run's summary as the Temporal UI shows it (current details)."""
+    counts = " · ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in result.counts.items()) or "no goals"
+    lines = [
+        f"**watchdog** · {scope} · {result.goals} open goal(s) · scan {result.scan_seconds:.2f} s",
+        counts,
+    ]
+    if result.sent:
+        lines.append("sent: " + ", ".join(result.sent))
+    if result.failed:
+        lines.append("not sent: " + "; ".join(result.failed))
+    for incident in result.open_incidents[:DETAIL_LINES]:
+        lines.append(f"**incident** {incident.id}: {incident.detail}")
+    for incident in result.resolved_incidents[:DETAIL_LINES]:
+        lines.append(f"resolved {incident.id}: {incident.resolution}")
+    for finding in [f for f in result.findings if f.kind not in INFRASTRUCTURE_KINDS][:DETAIL_LINES]:
+        lines.append(f"{finding.goal_id}: **{finding.kind.replace('_', ' ')}**, {finding.detail}")
+    return "\n\n".join(lines)
