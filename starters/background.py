@@ -2,7 +2,8 @@
 
 Started detached, tracked by a pid file next to the dev server's, and stopped
 by that pid only. The environment that selects models is fingerprinted (a hash,
-never the values) so a changed key or base URL restarts the worker.
+never the values), with the code's file times, so a changed key, base URL or
+code restarts the worker.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ MODEL_ENV = (
 
 
 def _env_fingerprint() -> str:
+    """Changes when the model environment or the code changes: a worker started
+    before `git pull` must not keep serving the demo with old workflow code."""
     material = "\n".join(f"{k}={os.environ.get(k, '')}" for k in MODEL_ENV)
+    root = Path(__file__).resolve().parents[1]
+    for package in ("workflows", "activities", "workers", "starters"):
+        for source in sorted((root / package).rglob("*.py")):
+            material += f"\n{source.relative_to(root)}:{source.stat().st_mtime_ns}"
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 

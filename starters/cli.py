@@ -19,6 +19,7 @@ from temporalio.service import RPCError
 
 from activities import settings
 from starters import goals, render
+from starters import watchdog_cli as wd
 from starters.client import ServerUnavailable, connect
 from workflows import search_attributes as sa
 from workflows.plan import describe_validation_error
@@ -27,6 +28,8 @@ from workflows.tool_specs import DEFAULT_TOOLS
 app = typer.Typer(help="perdure: durable AI agents on Temporal.", no_args_is_help=True, add_completion=False)
 server_app = typer.Typer(help="The embedded Temporal dev server (temporal-dev/).", no_args_is_help=True)
 app.add_typer(server_app, name="server")
+watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals and intervenes.", no_args_is_help=True)
+app.add_typer(watchdog_app, name="watchdog")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -39,7 +42,15 @@ class UserError(Exception):
 def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
     try:
         return asyncio.run(coro_fn())
-    except (ServerUnavailable, goals.GoalNotFound, goals.BadPlanFile, UserError, ValueError, RuntimeError) as err:
+    except (
+        ServerUnavailable,
+        goals.GoalNotFound,
+        goals.BadPlanFile,
+        wd.WatchdogMissing,
+        UserError,
+        ValueError,
+        RuntimeError,
+    ) as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     except RPCError as err:
@@ -398,6 +409,87 @@ def demo() -> None:
     from starters.demo import run_demo
 
     run(lambda: run_demo(console))
+
+
+# --- the watchdog: one schedule per task queue, created by the workers ---------------
+
+
+@watchdog_app.command("status")
+def watchdog_status() -> None:
+    """The schedule: interval, paused or not, last and next run."""
+
+    async def _status() -> None:
+        client = await connect()
+        queue = settings.task_queue()
+        wd.print_status(console, await wd.describe(client, queue), queue)
+
+    run(_status)
+
+
+@watchdog_app.command("pause")
+def watchdog_pause(note: Annotated[str, typer.Option(help="Why (shown in status).")] = "paused from the CLI") -> None:
+    """Stop scheduling runs (goals are left alone meanwhile)."""
+
+    async def _pause() -> None:
+        await wd.pause(await connect(), settings.task_queue(), note)
+        console.print("watchdog paused")
+
+    run(_pause)
+
+
+@watchdog_app.command("resume")
+def watchdog_resume(note: Annotated[str, typer.Option(help="Shown in status.")] = "resumed from the CLI") -> None:
+    """Schedule runs again."""
+
+    async def _resume() -> None:
+        await wd.resume(await connect(), settings.task_queue(), note)
+        console.print("watchdog resumed")
+
+    run(_resume)
+
+
+@watchdog_app.command("run-now")
+def watchdog_run_now(
+    wait: Annotated[bool, typer.Option(help="Wait for the run and print what it found.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the run.")] = 120,
+) -> None:
+    """Run the watchdog once now (after a run already going, if any)."""
+
+    async def _run_now() -> None:
+        client = await connect()
+        workflow_id = await wd.run_now(client, settings.task_queue())
+        if workflow_id is None:
+            raise UserError("the run was triggered but has not started yet; check `perdure watchdog status`")
+        console.print(f"watchdog run {workflow_id} started · UI: {settings.goal_ui_link(workflow_id)}")
+        if wait:
+            try:
+                result = await wd.run_result(client, workflow_id, timeout)
+            except TimeoutError:
+                raise UserError(f"no result within {timeout:g} s; is a worker running (`perdure worker`)?") from None
+            wd.print_result(console, workflow_id, result)
+
+    run(_run_now)
+
+
+@watchdog_app.command("report")
+def watchdog_report(
+    show_all: Annotated[bool, typer.Option("--all", help="Include healthy goals.")] = False,
+) -> None:
+    """Open incidents and the latest findings per goal."""
+    queue = settings.task_queue()
+    memory, path = wd.read_memory(queue)
+    if memory is not None:
+        wd.print_report(console, memory, path, show_all)
+        return
+
+    async def _from_last_run() -> None:
+        console.print(f"[dim]no watchdog memory at {path}; showing the schedule's last finished run[/dim]")
+        last = await wd.last_run_result(await connect(), queue)
+        if last is None:
+            raise UserError("the watchdog has not finished a run yet")
+        wd.print_result(console, *last)
+
+    run(_from_last_run)
 
 
 @server_app.command("start")

@@ -11,6 +11,7 @@ import uuid
 
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError
@@ -63,7 +64,7 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
             node.kind,
             f"[{style}]{node.status}[/{style}]" if style else node.status,
             (node.key or "").removeprefix("node:")[:12],
-            node.error or node.preview,
+            escape(node.error or node.preview),
         )
     console.print(table)
     if snap.parked:
@@ -72,11 +73,11 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
         console.print("premises: " + ", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items())))
     print_questions(console, snap)
     for conclusion in snap.conclusions:
-        console.print(f"[dim]concluded[/dim] {conclusion}")
+        console.print(f"[dim]concluded[/dim] {escape(conclusion)}")
     for entry in snap.gate_log[-5:]:
-        console.print(f"[dim]gate[/dim] {entry}")
+        console.print(f"[dim]gate[/dim] {escape(entry)}")
     if snap.failure:
-        console.print(f"[red]failure:[/red] {snap.failure}")
+        console.print(f"[red]failure:[/red] {escape(snap.failure)}")
 
 
 def budget_bar(fraction: float, width: int = 20) -> str:
@@ -97,13 +98,13 @@ def print_activities(console: Console, desc: WorkflowExecutionDescription) -> No
 
 def print_questions(console: Console, snap: ProgressSnapshot) -> None:
     for q in snap.questions:
-        console.rule(f"[bold]needs you[/bold] · {q.id}: {q.title}")
-        console.print(f"done: {q.done}")
-        console.print(f"stuck: {q.stuck}")
+        console.rule(f"[bold]needs you[/bold] · {q.id}: {escape(q.title)}")
+        console.print(f"done: {escape(q.done)}")
+        console.print(f"stuck: {escape(q.stuck)}")
         for option in q.options:
             cost = f" ({option['cost']})" if option.get("cost") else ""
-            console.print(f"  [bold]{option['id']}[/bold]: {option['label']}{cost}")
-        console.print(f"recommended: {q.recommendation}")
+            console.print(f"  [bold]{option['id']}[/bold]: {escape(option['label'] + cost)}")
+        console.print(f"recommended: {escape(q.recommendation)}")
         console.print(f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
 
 
