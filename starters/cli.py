@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from temporalio.service import RPCError
 
 from activities import settings
@@ -483,7 +484,7 @@ def watchdog_report(
         return
 
     async def _from_last_run() -> None:
-        console.print(f"[dim]no watchdog memory at {path}; showing the schedule's last finished run[/dim]")
+        console.print(f"[dim]no watchdog memory at {escape(path)}; showing the schedule's last finished run[/dim]")
         last = await wd.last_run_result(await connect(), queue)
         if last is None:
             raise UserError("the watchdog has not finished a run yet")

@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from temporalio.client import (
     Client,
@@ -132,9 +133,9 @@ def print_status(console: Console, desc: ScheduleDescription, task_queue: str) -
     schedule, info = desc.schedule, desc.info
     every = ", ".join(span(i.every.total_seconds()) for i in schedule.spec.intervals) or "no interval"
     state = "[yellow]paused[/yellow]" if schedule.state.paused else "[green]active[/green]"
-    console.print(f"[bold]{desc.id}[/bold] · {state} · every {every} · watches task queue {task_queue}")
+    console.print(f"[bold]{desc.id}[/bold] · {state} · every {every} · watches task queue {escape(task_queue)}")
     if schedule.state.note:
-        console.print(f"note: {schedule.state.note}")
+        console.print(f"note: {escape(schedule.state.note)}")
     console.print(
         f"runs: {info.num_actions} · skipped (overlap): {info.num_actions_skipped_overlap} · "
         f"created {info.created_at:%Y-%m-%d %H:%M:%S} UTC"
@@ -166,7 +167,9 @@ def print_incidents(console: Console, incidents: list[Incident], title: str) -> 
             last = incident.detail
         else:
             last = f"{incident.resolution} ({_ago(incident.resolved_at)})"
-        table.add_row(incident.id, f"{incident.opened_at:%Y-%m-%d %H:%M:%S}", str(incident.checks), last)
+        table.add_row(
+            escape(incident.id), f"{incident.opened_at:%Y-%m-%d %H:%M:%S}", str(incident.checks), escape(last)
+        )
     console.print(table)
 
 
@@ -177,7 +180,7 @@ def print_findings(console: Console, findings: list[Finding], show_healthy: bool
         return
     table = Table("goal", "finding", "detail")
     for finding in shown:
-        table.add_row(finding.goal_id, _kind(finding.kind), finding.detail)
+        table.add_row(escape(finding.goal_id), _kind(finding.kind), escape(finding.detail))
     console.print(table)
 
 
@@ -185,9 +188,9 @@ def print_result(console: Console, workflow_id: str, result: WatchdogResult) -> 
     counts = " · ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in result.counts.items()) or "no goals"
     console.print(f"[bold]{workflow_id}[/bold] · {result.goals} goal(s) · scan {result.scan_seconds:.2f} s · {counts}")
     for rid in result.sent:
-        console.print(f"sent {rid}")
+        console.print(f"sent {escape(rid)}")
     for failure in result.failed:
-        console.print(f"[red]not sent[/red] {failure}")
+        console.print(f"[red]not sent[/red] {escape(failure)}")
     print_incidents(console, result.open_incidents, "open")
     print_incidents(console, result.resolved_incidents, "resolved by this run")
     print_findings(console, result.findings, show_healthy=False, goals=result.goals)
@@ -196,11 +199,11 @@ def print_result(console: Console, workflow_id: str, result: WatchdogResult) -> 
 def print_report(console: Console, memory: WatchdogMemory, path: str, show_healthy: bool) -> None:
     run = memory.last_run
     if run is None:
-        console.print(f"the watchdog has not finished a run yet ({path})")
+        console.print(f"the watchdog has not finished a run yet ({escape(path)})")
         return
     counts = " · ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in run.counts.items()) or "no goals"
     console.print(f"last run [bold]{run.run_id}[/bold] {_ago(run.at)} · {run.goals} goal(s) · {counts}")
-    console.print(f"[dim]memory: {path}[/dim]")
+    console.print(f"[dim]memory: {escape(path)}[/dim]")
     opened = memory.open_incidents()
     console.print(f"open incidents: {len(opened)}" if opened else "[green]no open incidents[/green]")
     print_incidents(console, opened, "open")
@@ -211,5 +214,5 @@ def print_report(console: Console, memory: WatchdogMemory, path: str, show_healt
     if memory.sent:
         table = Table("request id", "goal", "action", "sent", title="interventions sent (open goals)")
         for rid, sent in memory.sent.items():
-            table.add_row(rid, sent.goal_id, sent.action, _ago(sent.sent_at))
+            table.add_row(escape(rid), escape(sent.goal_id), sent.action, _ago(sent.sent_at))
         console.print(table)

@@ -12,6 +12,7 @@ import asyncio
 import sys
 import tempfile
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -26,6 +27,8 @@ from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.search_attributes import ALL_KEYS
 from workflows.state import GoalInput
+from workflows.watchdog import WatchdogWorkflow
+from workflows.watchdog_contracts import WatchdogInput
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -48,7 +51,38 @@ async def record_goal_demo(env: WorkflowEnvironment, out: Path) -> None:
     print(f"recorded {out} ({len(history.events)} events)")
 
 
-SCENARIOS = {"goal-v1-demo": record_goal_demo}
+async def record_watchdog_nudge(env: WorkflowEnvironment, out: Path) -> None:
+    """A watchdog run that finds a goal stalled (judged an hour ahead) and nudges it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        gate = {"name": "gate", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 3"}}
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={})):
+            goal = await env.client.start_workflow(
+                GoalWorkflow.run,
+                GoalInput(spec=spec(workspace, plan={"steps": [gate]}, stall_after_s=60)),
+                id=f"{out.stem}-goal",
+                task_queue=task_queue,
+            )
+            while not (await goal.query(GoalWorkflow.progress)).running:
+                await asyncio.sleep(0.1)
+            handle = await env.client.start_workflow(
+                WatchdogWorkflow.run,
+                WatchdogInput(task_queue=task_queue, as_of=datetime.now(UTC) + timedelta(hours=1)),
+                id=out.stem,
+                task_queue=task_queue,
+            )
+            result = await handle.result()
+            assert result.sent, "the recorded run should nudge the stalled goal"
+            history = await handle.fetch_history()
+            await goal.terminate("recorded")
+    out.write_text(history.to_json(), encoding="utf-8")
+    print(f"recorded {out} ({len(history.events)} events)")
+
+
+SCENARIOS = {"goal-v1-demo": record_goal_demo, "watchdog-v1-nudge": record_watchdog_nudge}
 
 
 async def main() -> None:

@@ -17,9 +17,11 @@ from temporalio.workflow import NondeterminismError
 from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
+from workflows.watchdog import WatchdogWorkflow
+from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow]
+WORKFLOWS = [GoalWorkflow, WatchdogWorkflow]
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -28,7 +30,7 @@ def load(path: Path) -> WorkflowHistory:
 
 def test_there_is_a_golden_history_per_workflow_type():
     recorded = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in HISTORIES}
-    assert {GOAL_WORKFLOW} <= recorded
+    assert {GOAL_WORKFLOW, WATCHDOG_WORKFLOW} <= recorded
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

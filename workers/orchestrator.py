@@ -1,4 +1,5 @@
-"""The orchestrator worker: goal workflows plus model, tool and report activities.
+"""The orchestrator worker: goal workflows plus model, tool and report activities,
+and the watchdog (its workflow, its activities, and its schedule).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store, so any number of these can poll the `perdure` task queue.
@@ -12,6 +13,7 @@ from datetime import timedelta
 
 import structlog
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities import settings
@@ -20,8 +22,11 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
 from activities.tools import ToolActivities
+from activities.visibility import VisibilityActivities
+from workers import watchdog_schedule
 from workflows.contracts import TASK_QUEUE
 from workflows.goal import GoalWorkflow
+from workflows.watchdog import WatchdogWorkflow
 
 log = structlog.get_logger(__name__)
 
@@ -45,12 +50,14 @@ def build_worker(
     models = ModelActivities(model_config or load_model_config(), store)
     tools = ToolActivities(store)
     report = ReportActivities(store)
+    # The watchdog's memory lives next to the artifact store, which workers share.
+    watchdog = VisibilityActivities(client, home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[GoalWorkflow],
-        activities=[*models.activities(), tools.run_tool, report.write_report],
+        workflows=[GoalWorkflow, WatchdogWorkflow],
+        activities=[*models.activities(), tools.run_tool, report.write_report, *watchdog.activities()],
         **worker_options,
     )
 
@@ -70,8 +77,29 @@ def configure_logging(level: str = "INFO") -> None:
 async def run_orchestrator(client: Client, task_queue: str | None = None) -> None:
     task_queue = task_queue or settings.task_queue()
     worker = build_worker(client, task_queue=task_queue)
+    await ensure_watchdog(client, task_queue)
     log.info("worker polling", task_queue=task_queue, namespace=client.namespace)
     await worker.run()
+
+
+async def ensure_watchdog(client: Client, task_queue: str) -> None:
+    """Create or update the watchdog's schedule (PERDURE_WATCHDOG_INTERVAL_S, 0 = off).
+    A server refusing schedules leaves the worker running without a watchdog."""
+    interval = watchdog_schedule.interval_from_env()
+    if interval is None:
+        log.info("watchdog schedule not managed", reason=f"{watchdog_schedule.INTERVAL_ENV} is off")
+        return
+    try:
+        ensured = await watchdog_schedule.ensure_watchdog_schedule(client, interval, task_queue)
+    except RPCError as err:
+        log.warning("watchdog schedule not ensured", error=err.message)
+        return
+    log.info(
+        "watchdog schedule " + ensured.outcome,
+        schedule_id=ensured.schedule_id,
+        every_s=interval.total_seconds(),
+        changes=ensured.changes or None,
+    )
 
 
 def main() -> None:

@@ -124,6 +124,7 @@ class GoalObservation(BaseModel):
     oldest_question_at: datetime | None = None
     budget: dict[str, float] = Field(default_factory=dict)
     pending: list[PendingActivityView] = Field(default_factory=list)
+    pending_known: bool = Field(default=True, description="False when the server could not describe the goal.")
 
 
 class ScanResult(BaseModel):

@@ -176,6 +176,11 @@ def assess(goals: list[GoalObservation], memory: WatchdogMemory, now: datetime, 
         findings.extend(goal_findings)
         interventions.extend(goal_interventions)
     open_goals = {g.goal_id for g in goals}
+    # A goal the server could not describe this time: its activity faults are unknown, not cleared.
+    undescribed = {g.goal_id for g in goals if not g.pending_known}
+    for key, incident in incidents.items():
+        if incident.goal_id in undescribed and incident.kind in ("failing", "unreachable"):
+            seen_faults.add(key)
     resolved = []
     for key, incident in incidents.items():
         if key in seen_faults:

@@ -1,0 +1,57 @@
+"""The watchdog's memory on disk: one small JSON file per watched task queue,
+`$PERDURE_HOME/watchdog/<task queue>.json`, replaced atomically.
+
+Owns the path and the read/write; never decides anything. A missing or
+unreadable file is not an error: the watchdog starts from an empty memory,
+which costs at most a re-sent intervention that the goal's inbox dedupes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workflows.watchdog_contracts import MEMORY_SCHEMA_VERSION, WatchdogMemory
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def memory_path(home: Path, scope: str) -> Path:
+    name = _UNSAFE.sub("_", scope).lstrip(".") or "default"
+    return home / "watchdog" / f"{name}.json"
+
+
+def load_memory(path: Path) -> tuple[WatchdogMemory, str | None]:
+    """The stored memory, or an empty one and why."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return WatchdogMemory(), f"no memory at {path} yet"
+    except OSError as err:
+        return WatchdogMemory(), f"cannot read {path}: {err.strerror}"
+    try:
+        memory = WatchdogMemory.model_validate_json(text)
+    except ValidationError as err:
+        return WatchdogMemory(), f"{path} is unreadable ({err.error_count()} problem(s)); starting afresh"
+    if memory.schema_version != MEMORY_SCHEMA_VERSION:
+        return WatchdogMemory(), f"{path} has schema version {memory.schema_version}; starting afresh"
+    return memory, None
+
+
+def save_memory(path: Path, memory: WatchdogMemory) -> None:
+    """Write-then-rename, so a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(memory.model_dump_json(indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
