@@ -305,6 +305,8 @@ class NodeView(BaseModel):
 
 class QuestionView(BaseModel):
     id: str
+    topic: str = ""
+    asked_at: datetime | None = None
     title: str
     done: str
     stuck: str

@@ -346,6 +346,8 @@ class GoalWorkflow:
             questions=[
                 QuestionView(
                     id=q.id,
+                    topic=q.topic,
+                    asked_at=q.asked_at,
                     title=q.title,
                     done=q.done,
                     stuck=q.stuck,
@@ -724,6 +726,8 @@ class GoalWorkflow:
     def _resume(self, why: str) -> None:
         pause = self._state.pause
         pause.mode, pause.reason, pause.wake_at, pause.expires_at = "running", None, None, None
+        # A wait that ends is a fresh start for anyone judging progress by time.
+        self._state.last_progress_at = workflow.now()
         for question in self._state.open_questions():
             if question.topic == "park_expired":
                 question.status, question.answer, question.answered_at = "answered", "resume", workflow.now()
@@ -739,7 +743,7 @@ class GoalWorkflow:
         question = next(q for q in self._state.questions if q.id == message.question_id)
         choice = message.choice if entry.kind == "answer" else ("approve" if message.approved else "reject")
         question.status, question.answer, question.answer_text = "answered", choice, message.text
-        question.answered_at = workflow.now()
+        question.answered_at = self._state.last_progress_at = workflow.now()
         if question.topic == "park_expired":
             if choice == "resume":
                 self._resume("the user answered the expiry question")
