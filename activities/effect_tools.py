@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -81,24 +82,24 @@ class EffectCall:
     store: ArtifactStore
 
 
-class EffectTool:
+class EffectTool(ABC):
     """One remote-write tool. `send` makes the effect and returns a small receipt."""
 
     needs_workspace = False
 
-    async def send(self, call: EffectCall, args: Any) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    async def send(self, call: EffectCall, args: Any) -> dict: ...
 
     async def lookup(self, call: EffectCall, args: Any) -> dict | None:
         """For `check` tools: the receipt of the effect if it already happened."""
-        raise NotImplementedError(f"{call.tool} has no lookup")
+        raise TypeError(f"{call.tool} is not a `check` tool and has no lookup")
 
-    def describe(self, call: EffectCall, args: Any, receipt: dict) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def describe(self, call: EffectCall, args: Any, receipt: dict) -> str: ...
 
+    @abstractmethod
     def target(self, args: Any) -> str:
         """Where the effect lands, for messages."""
-        raise NotImplementedError
 
 
 class Heartbeat:

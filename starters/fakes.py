@@ -156,8 +156,8 @@ class FakeService:
         return self.error(404, "not_found", f"no such path: GET {path}")
 
     def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
-        """Make the effect (first time a key is seen) and answer."""
-        raise NotImplementedError
+        """Make the effect (first time a key is seen) and answer. Services that take writes override it."""
+        return self.error(405, "method_not_allowed", f"{self.name} takes no writes")
 
     def error(self, status: int, name: str, message: str) -> Reply:
         return status, {"statusCode": status, "name": name, "message": message}, {}
