@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from activities.local_http import BackgroundHTTPServer
 from workflows.canonical import digest_of
 
 Reply = tuple[int, Any, dict[str, str]]
@@ -44,53 +45,30 @@ class _Remembered:
     reply: Reply | None = None  # None while the first request is being processed
 
 
-class FakeService:
+class FakeService(BackgroundHTTPServer):
     """Base: HTTP plumbing, bearer auth, idempotency keys, the ledger and the response delay."""
 
     name = "service"
 
+    @property
+    def handler(self) -> type[BaseHTTPRequestHandler]:  # defined below this class
+        return _Handler
+
+    @property
+    def thread_name(self) -> str:
+        return f"fake-{self.name}"
+
     def __init__(
         self, *, api_key: str | None = None, respond_delay_s: float = 0.0, host: str = "127.0.0.1", port: int = 0
     ) -> None:
+        super().__init__(host, port)
         self.api_key = api_key
         self.respond_delay_s = respond_delay_s
-        self._host = host
-        self._port = port
         self._lock = threading.Lock()
         self._ledger: list[dict] = []
         self._keys: dict[str, _Remembered] = {}
         self.requests = 0
         self.replays = 0
-        self._httpd: ThreadingHTTPServer | None = None
-
-    # --- life cycle ---------------------------------------------------------------
-
-    def start(self) -> FakeService:
-        if self._httpd is None:
-            self._httpd = ThreadingHTTPServer((self._host, self._port), _Handler)
-            self._httpd.daemon_threads = True
-            self._httpd.service = self  # type: ignore[attr-defined]
-            self._port = self._httpd.server_address[1]
-            threading.Thread(
-                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fake-{self.name}", daemon=True
-            ).start()
-        return self
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-
-    def __enter__(self) -> FakeService:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self._host}:{self._port}"
 
     # --- what it received -----------------------------------------------------------
 
@@ -357,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _serve(self) -> None:
-        service: FakeService = self.server.service  # type: ignore[attr-defined]
+        service: FakeService = self.server.owner  # type: ignore[attr-defined]
         url = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:

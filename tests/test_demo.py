@@ -27,10 +27,13 @@ def pids_in(data: Path) -> list[int]:
     return [int(p.read_text().split()[0]) for p in (data / "server.pid", data / "worker.pid") if p.exists()]
 
 
-def test_demo_runs_end_to_end_offline(tmp_path):
+def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
+    """A user's environment with no model keys or perdure settings of its own, pointed
+    at a scratch dev directory and free ports: (env, frontend port, UI port)."""
     port, ui_port = free_port(), free_port()
+    model_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")},
+        **{k: v for k, v in os.environ.items() if k not in model_keys and not k.startswith("PERDURE_")},
         "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
         "PERDURE_UI": f"http://localhost:{ui_port}",
         "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
@@ -38,6 +41,11 @@ def test_demo_runs_end_to_end_offline(tmp_path):
         "NO_COLOR": "1",
         "COLUMNS": "160",
     }
+    return env, port, ui_port
+
+
+def test_demo_runs_end_to_end_offline(tmp_path):
+    env, port, ui_port = isolated_demo_env(tmp_path)
     data = tmp_path / "temporal-dev" / "data"
     try:
         demo = subprocess.run([BIN / "perdure", "demo"], env=env, capture_output=True, text=True, timeout=120)

@@ -3,28 +3,18 @@ mid-effect, a second worker finishing the goal, each effect once in the printed 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_demo import free_port
+from tests.test_demo import isolated_demo_env
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_demo_crash_shows_each_effect_once(tmp_path):
-    port, ui_port = free_port(), free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")},
-        "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
-        "PERDURE_UI": f"http://localhost:{ui_port}",
-        "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
-        "PERDURE_HOME": str(tmp_path / "home"),
-        "NO_COLOR": "1",
-        "COLUMNS": "160",
-    }
+    env, _, _ = isolated_demo_env(tmp_path)
     try:
         demo = subprocess.run(
             [BIN / "python", "-m", "starters.demo_crash"],

@@ -31,6 +31,8 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from activities.local_http import BackgroundHTTPServer
+
 log = structlog.get_logger(__name__)
 
 Flavour = Literal["openai", "anthropic"]
@@ -256,7 +258,7 @@ def _tool_input(call: ScriptedToolCall) -> dict:
     return value if isinstance(value, dict) else {"raw": call.arguments}
 
 
-class ScriptedServer:
+class ScriptedServer(BackgroundHTTPServer):
     """The script served over HTTP from a daemon thread.
 
     `base_url` is the server root WITHOUT `/v1`; `anthropic_base_url` is the same
@@ -264,44 +266,19 @@ class ScriptedServer:
     `base_url + "/v1"` (what `openai.AsyncOpenAI` takes).
     """
 
+    thread_name = "scripted-model"
+
+    @property
+    def handler(self) -> type[BaseHTTPRequestHandler]:  # defined below this class
+        return _Handler
+
     def __init__(self, script: Path | str | dict, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port)
         self.script = load_script(script)
-        self._host = host
-        self._port = port
         self._lock = threading.Lock()
         self._uses = [0] * len(self.script.replies)
         self._log: list[dict] = []
         self._served = 0
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> ScriptedServer:
-        if self._httpd is None:
-            self._httpd = ThreadingHTTPServer((self._host, self._port), _Handler)
-            self._httpd.scripted = self  # type: ignore[attr-defined]
-            self._port = self._httpd.server_address[1]
-            # A short poll interval keeps stop() quick; tests start and stop many servers.
-            self._thread = threading.Thread(
-                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="scripted-model", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-
-    def __enter__(self) -> ScriptedServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self._host}:{self._port}"
 
     @property
     def openai_base_url(self) -> str:
@@ -382,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def scripted(self) -> ScriptedServer:
-        return self.server.scripted  # type: ignore[attr-defined]
+        return self.server.owner  # type: ignore[attr-defined]
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path.rstrip("/") == "/_scripted/requests":
