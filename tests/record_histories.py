@@ -23,8 +23,10 @@ from activities.models.config import ModelConfig
 from activities.models.scripted import ScriptedServer
 from tests.conftest import openai_profile
 from tests.scenarios import demo_script, spec, write_notes
+from tests.test_steering import gate, llm, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
+from workflows.messages import Park, Resume, Steer
 from workflows.search_attributes import ALL_KEYS
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
@@ -82,11 +84,75 @@ async def record_watchdog_nudge(env: WorkflowEnvironment, out: Path) -> None:
     print(f"recorded {out} ({len(history.events)} events)")
 
 
-SCENARIOS = {"goal-v1-demo": record_goal_demo, "watchdog-v1-nudge": record_watchdog_nudge}
+STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
+
+
+async def record_goal_steered(env: WorkflowEnvironment, out: Path) -> None:
+    """A goal steered while it runs: a steer and a park by update, a malformed signal
+    (refused with a reason), a resume by signal, then the gate opens and it finishes."""
+    steps = [gate(), llm("draft", ["gate"]), llm("polish", ["draft"])]
+    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(STEP_REPLY) as server:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        config = ModelConfig(profiles={"test": openai_profile(server)})
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run,
+                GoalInput(spec=spec(workspace, plan={"steps": steps}, drift_every=0)),
+                id=out.stem,
+                task_queue=task_queue,
+            )
+            await wait_until(handle, lambda s: s.running)
+            await submit(handle, Steer(request_id="st-1", text="Keep every answer under 50 words."))
+            await submit(handle, Park(request_id="pk-1", reason="reviewing the draft plan"))
+            await handle.signal(GoalWorkflow.message_signal, {"request_id": "bad-1", "kind": "teleport"})
+            await handle.signal(GoalWorkflow.message_signal, Resume(request_id="rs-1").model_dump(mode="json"))
+            await wait_until(handle, lambda s: not s.parked)
+            (workspace / "GO").touch()
+            await handle.result()
+            history = await handle.fetch_history()
+    out.write_text(history.to_json(), encoding="utf-8")
+    print(f"recorded {out} ({len(history.events)} events)")
+
+
+async def record_goal_continue_as_new(env: WorkflowEnvironment, out: Path) -> None:
+    """A chain long enough to continue as new at the goal's own event limit; the first
+    run (ending in ContinuedAsNew) and the last (starting from a carried state) are kept."""
+    steps = [llm(f"s{i:02d}", [f"s{i - 1:02d}"] if i else []) for i in range(8)]
+    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(STEP_REPLY) as server:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        config = ModelConfig(profiles={"test": openai_profile(server)})
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0, continue_as_new_after_events=50)
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            await handle.signal(GoalWorkflow.message_signal, Steer(request_id="st-1", text="Be brief.").model_dump())
+            await handle.result()
+            first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
+            last = await env.client.get_workflow_handle(out.stem).fetch_history()
+    assert first.events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), "no continue-as-new"
+    for name, history in ((f"{out.stem}-first-run", first), (f"{out.stem}-last-run", last)):
+        path = out.with_name(f"{name}.json")
+        path.write_text(history.to_json(), encoding="utf-8")
+        print(f"recorded {path} ({len(history.events)} events)")
+
+
+SCENARIOS = {
+    "goal-v1-demo": record_goal_demo,
+    "watchdog-v1-nudge": record_watchdog_nudge,
+    "goal-v1-steered": record_goal_steered,
+    "goal-v1-continue-as-new": record_goal_continue_as_new,
+}
 
 
 async def main() -> None:
-    todo = {name: fn for name, fn in SCENARIOS.items() if not (HISTORIES / f"{name}.json").exists()}
+    todo = {name: fn for name, fn in SCENARIOS.items() if not list(HISTORIES.glob(f"{name}*.json"))}
     if not todo:
         print("every scenario already has a golden history; nothing to record")
         return
