@@ -17,7 +17,9 @@ any subject counts. The points:
                         activity heartbeats its receipt or completes;
 - `after_receipt:TOOL`  after the receipt heartbeat, before the activity completes;
 - `model_call`          when a model request is about to go out; with a delay the
-                        process dies while the call is in flight.
+                        process dies while the call is in flight;
+- `tool_done:TOOL`      a tool without an outside effect (a read, a workspace write)
+                        has its result, before the activity returns it.
 
 Examples: `after_effect:send_email:4`, `before_effect:fx-0123…:1`, `model_call:2+0.5`.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FAULT_ENV = "PERDURE_FAULT"
-POINTS = frozenset({"before_effect", "after_effect", "after_receipt", "model_call"})
+POINTS = frozenset({"before_effect", "after_effect", "after_receipt", "model_call", "tool_done"})
 
 _reached: Counter[tuple[str, str | None]] = Counter()
 _lock = threading.Lock()

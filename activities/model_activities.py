@@ -22,6 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.compaction import ERROR_PREFIX, RESULT_PREFIX, CompactedPrompt, compact_prompt
 from activities.faults import fault_point
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
@@ -30,6 +31,7 @@ from workflows.contracts import (
     AgentTurnInput,
     AgentTurnResult,
     ArtifactRef,
+    ContextCompaction,
     DriftInput,
     DriftResult,
     GenerateInput,
@@ -188,7 +190,9 @@ class ModelActivities:
         if last_turn:
             messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
         tools = [] if last_turn else agent_tools(core_tools(input.tools) if input.context.degraded else input.tools)
-        response, usage = await self._chat(input.context, ChatRequest(messages=messages, tools=tools))
+        compacted = self._compacted(input, messages)
+        sent = compacted.messages if compacted else messages
+        response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools))
 
         calls = [
             call if call.id else call.model_copy(update={"id": f"call_{input.turn}_{i}"})
@@ -198,7 +202,20 @@ class ModelActivities:
             # No tools were offered; a call now could never get a next turn to see its result.
             calls = []
         messages.append(ChatMessage(role="assistant", content=response.text, tool_calls=calls))
+        # The whole transcript, never the compacted prompt: the next turn compacts afresh from it.
         transcript = self.store.put_json([m.model_dump(exclude_defaults=True) for m in messages])
+        compaction = (
+            ContextCompaction(
+                turn=input.turn,
+                compacted_turns=compacted.turns,
+                chars_before=compacted.chars_before,
+                chars_after=compacted.chars_after,
+                full_transcript=transcript,
+                sent_prompt=self.store.put_json([m.model_dump(exclude_defaults=True) for m in sent]),
+            )
+            if compacted
+            else None
+        )
 
         if calls:
             tool_calls = [
@@ -217,6 +234,7 @@ class ModelActivities:
                 preview=preview(f"{summary}. {response.text}" if response.text else summary),
                 usage=usage,
                 model=response.model,
+                compaction=compaction,
             )
         text = response.text or (NO_FINAL_ANSWER if response.tool_calls else "")
         return AgentTurnResult(
@@ -225,6 +243,7 @@ class ModelActivities:
             preview=preview(text),
             usage=usage,
             model=response.model,
+            compaction=compaction,
         )
 
     # --- helpers ------------------------------------------------------------------
@@ -244,6 +263,24 @@ class ModelActivities:
             f"input_tokens={usage.input_tokens} output_tokens={usage.output_tokens} cost_usd={usage.cost_usd:.6f}"
         )
         return response, usage
+
+    def _compacted(self, input: AgentTurnInput, messages: list[ChatMessage]) -> CompactedPrompt | None:
+        """The prompt with older finished turns compacted, when it is over the goal's threshold."""
+        threshold = input.compact_after_chars
+        if threshold is not None and input.context.degraded:
+            # Past the soft budget gate the design asks for a compacted context.
+            threshold = min(threshold, DEGRADED_INPUT_CHARS)
+        compacted = compact_prompt(messages, threshold)
+        if compacted is None:
+            return None
+        # The prompt now shows these outputs only by digest; make sure each digest resolves.
+        for text in compacted.archived:
+            self.store.put_text(text)
+        activity.logger.info(
+            f"agent turn {input.turn} of step '{input.step}': turns {compacted.turns} compacted, "
+            f"prompt {compacted.chars_before} -> {compacted.chars_after} chars"
+        )
+        return compacted
 
     def _profile(self, name: str) -> ModelProfile:
         try:
@@ -275,12 +312,15 @@ class ModelActivities:
         for name in sorted(inputs):
             text = cap(self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
             parts.append(f"--- input from step '{name}' ---\n{text}\n--- end of input from step '{name}' ---")
-        steering = steering_block(context) if context else ""
-        text = "\n\n".join(parts + ([steering] if steering else []))
+        text = "\n\n".join(parts)
         if context is not None and context.degraded:
-            # Past the soft budget gate: compact the context and say so.
-            text = cap(text, DEGRADED_INPUT_CHARS) + "\n\n" + DEGRADED_NOTE
-        return text
+            # Past the soft budget gate: compact the inputs and say so. The cap
+            # comes before the steering, which is never cut (premises, guidance
+            # and rejected paths reach the model verbatim).
+            text = cap(text, DEGRADED_INPUT_CHARS)
+        steering = steering_block(context) if context else ""
+        degraded_note = DEGRADED_NOTE if context is not None and context.degraded else ""
+        return "\n\n".join(part for part in (text, steering, degraded_note) if part)
 
     def _tool_result_messages(self, transcript: list[ChatMessage], results: list[ToolResult]) -> list[ChatMessage]:
         messages = [self._tool_result_message(r) for r in results]
@@ -291,18 +331,20 @@ class ModelActivities:
         for call in pending:
             if call.id not in answered:
                 messages.append(
-                    ChatMessage(role="tool", tool_call_id=call.id, content="ERROR: the call was not run (no result)")
+                    ChatMessage(
+                        role="tool", tool_call_id=call.id, content=f"{ERROR_PREFIX}the call was not run (no result)"
+                    )
                 )
         return messages
 
     def _tool_result_message(self, result: ToolResult) -> ChatMessage:
         text = self._text(result.output, f"output of tool {result.tool}") if result.output else result.preview
         if not result.ok:
-            text = f"ERROR: {result.error or 'the tool failed'}" + (f"\n{text}" if text else "")
+            text = f"{ERROR_PREFIX}{result.error or 'the tool failed'}" + (f"\n{text}" if text else "")
         text = cap(text, MAX_TOOL_RESULT_CHARS)
         if result.call_id:
             return ChatMessage(role="tool", tool_call_id=result.call_id, content=text)
-        return ChatMessage(role="user", content=f"Result of tool {result.tool}:\n{text}")
+        return ChatMessage(role="user", content=f"{RESULT_PREFIX}{result.tool}:\n{text}")
 
 
 async def _heartbeating(call: Awaitable[T], profile: str) -> T:

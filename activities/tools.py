@@ -35,6 +35,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
 from activities.effect_tools import EFFECT_TOOLS, EffectTool, Heartbeat, run_effect
+from activities.faults import fault_point
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
@@ -405,6 +406,7 @@ class ToolActivities:
             except ToolError as err:
                 activity.logger.info("tool %s failed: %s", input.tool, err.message)
                 return failed(err.message, err.output)
+            fault_point("tool_done", input.tool)
         ref = self.store.put_text(text)
         return ToolResult(
             call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)

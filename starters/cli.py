@@ -131,7 +131,10 @@ def start(
 
 
 @app.command()
-def status(goal_id: str) -> None:
+def status(
+    goal_id: str,
+    why: Annotated[bool, typer.Option("--why", help="Say where each step's tool calls ran, and why.")] = False,
+) -> None:
     """Show a goal's progress snapshot."""
 
     async def _status() -> None:
@@ -144,7 +147,7 @@ def status(goal_id: str) -> None:
             console.print(
                 f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
             )
-        render.print_status(console, desc, snapshot)
+        render.print_status(console, desc, snapshot, why=why)
         render.print_activities(console, desc)
 
     run(_status)

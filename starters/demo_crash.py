@@ -35,6 +35,7 @@ from activities.artifacts import default_store
 from starters import devserver
 from starters.client import connect
 from starters.fakes import LedgerAPI, MailAPI
+from starters.goals import GOAL_TASK_TIMEOUT
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
 from workflows.plan import Plan
@@ -133,7 +134,12 @@ async def run_demo_crash(console: Console) -> bool:
             allowed_tools=["send_email", "http_request"],
         )
         handle = await client.start_workflow(
-            GoalWorkflow.run, GoalInput(spec=spec), id=goal_id, task_queue=task_queue, static_summary=spec.goal
+            GoalWorkflow.run,
+            GoalInput(spec=spec),
+            id=goal_id,
+            task_queue=task_queue,
+            static_summary=spec.goal,
+            task_timeout=GOAL_TASK_TIMEOUT,
         )
         console.print(f"goal [bold]{goal_id}[/bold]: 3 emails + 3 ledger credits; UI: {settings.goal_ui_link(goal_id)}")
 

@@ -77,6 +77,14 @@ def build_spec(**fields) -> GoalSpec:
         raise ValueError(describe_validation_error(err)) from None
 
 
+# How long a workflow task may run before the server gives it to another worker.
+# It is also how long a goal waits after its worker dies in the middle of a task
+# (a read segment of local activities runs inside one), so it bounds recovery.
+# The server's default is 10 s; perdure's workflow tasks take milliseconds, and a
+# segment's local activities keep a long task alive by heartbeating it.
+GOAL_TASK_TIMEOUT = timedelta(seconds=4)
+
+
 async def start_goal(client: Client, spec: GoalSpec, goal_id: str) -> WorkflowHandle:
     return await client.start_workflow(
         GoalWorkflow.run,
@@ -84,6 +92,7 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str) -> WorkflowHa
         id=goal_id,
         task_queue=settings.task_queue(),
         static_summary=spec.goal[:200],
+        task_timeout=GOAL_TASK_TIMEOUT,
     )
 
 

@@ -41,7 +41,14 @@ def _status_name(desc) -> str:
     return desc.status.name.title() if desc.status is not None else "Unknown"
 
 
-def print_status(console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None) -> None:
+def ran_as(placements: dict[str, str]) -> str:
+    """'local' / 'activity' per tool, from the node's placement reasons."""
+    return ", ".join(f"{tool}: {why.partition(':')[0].removesuffix(' activity')}" for tool, why in placements.items())
+
+
+def print_status(
+    console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None, why: bool = False
+) -> None:
     console.print(f"[bold]{desc.id}[/bold] · {_status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
     console.print(f"UI: {settings.goal_ui_link(desc.id)}")
     if snap is None:
@@ -56,7 +63,7 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
         console.print("[yellow]running degraded: past the soft budget gate[/yellow]")
     if snap.eta:
         console.print(f"ETA: {snap.eta}")
-    table = Table("step", "kind", "status", "key", "output / error")
+    table = Table("step", "kind", "status", "key", "ran as", "output / error")
     for node in snap.nodes:
         style = STATUS_STYLE.get(node.status, "")
         table.add_row(
@@ -64,9 +71,14 @@ def print_status(console: Console, desc: WorkflowExecutionDescription, snap: Pro
             node.kind,
             f"[{style}]{node.status}[/{style}]" if style else node.status,
             (node.key or "").removeprefix("node:")[:12],
+            escape(ran_as(node.placements)),
             escape(node.error or node.preview),
         )
     console.print(table)
+    if why:
+        for node in snap.nodes:
+            for tool, reason in node.placements.items():
+                console.print(f"[dim]{escape(node.name)} · {tool}[/dim] {escape(reason)}")
     if snap.parked:
         console.print(f"[yellow]parked:[/yellow] {snap.pause_reason}")
     if snap.premises:

@@ -30,6 +30,7 @@ from temporalio.client import Client, WorkflowHandle
 from activities.artifacts import ArtifactStore
 from activities.models.scripted import ScriptedServer
 from starters.fakes import FakeService
+from starters.goals import GOAL_TASK_TIMEOUT
 from workflows.contracts import GoalResult, GoalSpec
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
@@ -143,6 +144,7 @@ class CrashRig:
             GoalInput(spec=spec),
             id=goal_id or f"crash-goal-{uuid.uuid4().hex[:10]}",
             task_queue=self.task_queue,
+            task_timeout=GOAL_TASK_TIMEOUT,
         )
 
     async def wait_killed(self, worker: WorkerProcess, timeout_s: float = 60) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.converter import default as default_converter
+
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
 def _summary(event) -> str:
@@ -45,3 +49,31 @@ def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
 
 def largest_event_bytes(history: WorkflowHistory) -> int:
     return max(e.ByteSize() for e in history.events)
+
+
+def local_activities(history: WorkflowHistory) -> list[tuple[int, str, str, int]]:
+    """(event id, activity type, summary, completing workflow task's event id) for every
+    local activity, which history records as a marker when its workflow task completes."""
+    found = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+            continue
+        attrs = event.marker_recorded_event_attributes
+        if attrs.marker_name != LOCAL_ACTIVITY_MARKER:
+            continue
+        data = json.loads(attrs.details["data"].payloads[0].data)
+        found.append((event.event_id, data["activity_type"], _summary(event), attrs.workflow_task_completed_event_id))
+    return found
+
+
+def tool_timeline(history: WorkflowHistory) -> list[tuple[str, str]]:
+    """("local" | "activity", summary) for every tool call, in history order."""
+    timeline = []
+    local = {event_id: summary for event_id, _, summary, _ in local_activities(history)}
+    scheduled = {event_id: summary for event_id, _, summary in scheduled_activities(history)}
+    for event in history.events:
+        if event.event_id in local and local[event.event_id].startswith("tool "):
+            timeline.append(("local", local[event.event_id]))
+        elif event.event_id in scheduled and scheduled[event.event_id].startswith("tool "):
+            timeline.append(("activity", scheduled[event.event_id]))
+    return timeline

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.plan import Plan
+from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.tool_specs import DEFAULT_TOOLS, RiskClass
 
 TASK_QUEUE = "perdure"
@@ -45,6 +46,9 @@ class Updates:
 
 
 Outcome = Literal["succeeded", "partial", "failed", "aborted"]
+
+# Past this many characters an agent turn's prompt has its older finished turns compacted.
+DEFAULT_COMPACT_AFTER_CHARS = 24_000
 
 
 class ArtifactRef(BaseModel):
@@ -88,8 +92,20 @@ class GoalSpec(BaseModel):
     stall_after_s: float = Field(
         default=1800, gt=0, description="The watchdog calls a goal stalled after this long without progress."
     )
+    local_activities_up_to_s: float = Field(
+        default=DEFAULT_LOCAL_UP_TO_S,
+        ge=0,
+        description="Short replay-safe tool calls expected to take at most this long run as local activities, "
+        "checkpointed together at the next side effect; 0 = every call is a regular activity.",
+    )
     continue_as_new_after_events: int = Field(
         default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
+    )
+    compact_context_after_chars: int | None = Field(
+        default=DEFAULT_COMPACT_AFTER_CHARS,
+        ge=1,
+        description="An agent turn whose prompt is longer than this sends its older finished turns as one line "
+        "each (failed attempts and the latest turns stay whole); None: never compact.",
     )
 
 
@@ -213,6 +229,20 @@ class AgentTurnInput(BaseModel):
     tool_results: list[ToolResult] = Field(default_factory=list, description="Results of the previous turn's calls.")
     new_guidance: list[str] = Field(default_factory=list, description="Steering that arrived since the last turn.")
     notes: list[str] = Field(default_factory=list, description="Runtime notes for this turn (e.g. stall reminders).")
+    compact_after_chars: int | None = Field(
+        default=DEFAULT_COMPACT_AFTER_CHARS, ge=1, description="The goal's compaction threshold; None: never compact."
+    )
+
+
+class ContextCompaction(BaseModel):
+    """How one agent turn's prompt was compacted. Only the prompt: the full transcript stays in the store."""
+
+    turn: int = Field(ge=1)
+    compacted_turns: list[int] = Field(description="Earlier turns the model saw as one line each.")
+    chars_before: int = Field(ge=0)
+    chars_after: int = Field(ge=0)
+    full_transcript: ArtifactRef = Field(description="The whole transcript, this turn's reply included.")
+    sent_prompt: ArtifactRef = Field(description="The compacted messages the model was sent.")
 
 
 class AgentTurnResult(BaseModel):
@@ -222,6 +252,7 @@ class AgentTurnResult(BaseModel):
     preview: str = ""
     usage: Usage
     model: str
+    compaction: ContextCompaction | None = Field(default=None, description="Set when this turn's prompt was compacted.")
 
 
 # --- tools --------------------------------------------------------------------
@@ -301,6 +332,8 @@ class NodeView(BaseModel):
     key: str | None = None
     preview: str = ""
     error: str | None = None
+    placements: dict[str, str] = Field(default_factory=dict, description="Tool -> where its calls ran and why.")
+    compactions: int = Field(default=0, description="Agent turns whose prompt was compacted.")
 
 
 class QuestionView(BaseModel):

@@ -23,7 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import budget, graph, questions, stall
+    from workflows import budget, graph, questions, segments, stall
     from workflows import search_attributes as sa
     from workflows.canonical import canonical_json
     from workflows.contracts import (
@@ -82,15 +82,22 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.tool_specs import TOOL_SPECS
 
+# workflow.patched ids: a history recorded without the change replays the old way.
+READ_SEGMENTS_PATCH = "read-segments"
+
+# Recovery after a worker dies mid-step = the heartbeat timeout (when the server notices)
+# + the first retry interval (README, "Crashes and recovery"). A retry that follows a
+# lost worker needs no back-off; later ones (a failing service) still back off.
+RETRY_FIRST = timedelta(seconds=0.5)
 MODEL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
+    initial_interval=RETRY_FIRST,
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=60),
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile"],
 )
 TOOL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
+    initial_interval=RETRY_FIRST,
     maximum_attempts=3,
     non_retryable_error_types=["WorkspaceMissing"],
 )
@@ -98,15 +105,16 @@ TOOL_RETRY = RetryPolicy(
 # so those get more attempts; a `once` tool's second attempt only reports uncertain.
 RETRY_BY_POLICY = {
     "safe": TOOL_RETRY,
-    "keyed": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6),
-    "check": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6),
-    "once": RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2),
+    "keyed": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
+    "check": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
+    "once": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=2),
 }
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 MODEL_TIMEOUT = timedelta(minutes=5)
 # Model activities heartbeat while they wait: a dead worker is noticed in this
-# long instead of the full start-to-close timeout.
-MODEL_HEARTBEAT = timedelta(seconds=10)
+# long instead of the full start-to-close timeout. The SDK sends heartbeats at most
+# every 80% of it, so a shorter timeout risks judging a busy worker dead.
+MODEL_HEARTBEAT = timedelta(seconds=4)
 TOOL_TIMEOUT = timedelta(minutes=2)
 # Keeps the per-kind ledger and the gate log bounded however long the goal runs.
 LEDGER_SAMPLES = 200
@@ -334,7 +342,16 @@ class GoalWorkflow:
             model_calls=state.ledger.model_calls,
             tool_calls=state.ledger.tool_calls,
             nodes=[
-                NodeView(name=n.name, kind=n.kind, status=n.status, key=n.key, preview=n.preview, error=n.error)
+                NodeView(
+                    name=n.name,
+                    kind=n.kind,
+                    status=n.status,
+                    key=n.key,
+                    preview=n.preview,
+                    error=n.error,
+                    placements=n.placements,
+                    compactions=len(n.compactions),
+                )
                 for n in nodes
             ],
             results={n.name: n.output.digest for n in nodes if n.output is not None},
@@ -1018,6 +1035,7 @@ class GoalWorkflow:
                     tool_results=tool_results,
                     new_guidance=new_guidance,
                     notes=notes,
+                    compact_after_chars=self._state.spec.compact_context_after_chars,
                 ),
                 result_type=AgentTurnResult,
                 start_to_close_timeout=MODEL_TIMEOUT,
@@ -1027,14 +1045,27 @@ class GoalWorkflow:
             )
             self._charge_model_call(result.usage, node)
             node.turns = turn
+            if result.compaction is not None:
+                node.compactions.append(result.compaction)
             transcript = result.transcript
             if result.final is not None:
                 return result.final, result.preview
-            tool_results = [
-                await self._agent_tool_call(step, node, turn, i, c) for i, c in enumerate(result.tool_calls)
-            ]
+            tool_results = await self._agent_tool_calls(step, node, turn, result.tool_calls)
             notes = await self._judge_stall(step, node, result, tool_results)
         raise NodeFailed(f"the agent used all {max_turns} turns without a final answer")
+
+    async def _agent_tool_calls(self, step: AgentStep, node: Node, turn: int, calls: list) -> list[ToolResult]:
+        """The tool calls of one model turn, in the model's order; consecutive calls that
+        run as local activities (independent reads) run concurrently."""
+        if not self._segments_enabled():
+            return [await self._agent_tool_call(step, node, turn, i, c) for i, c in enumerate(calls)]
+        local = [c.tool in step.tools and self._placement(c.tool).local for c in calls]
+        results: list[ToolResult | None] = [None] * len(calls)
+        for group in segments.batches(local):
+            done = await asyncio.gather(*(self._agent_tool_call(step, node, turn, i, calls[i]) for i in group))
+            for index, tool_result in zip(group, done, strict=True):
+                results[index] = tool_result
+        return [r for r in results if r is not None]
 
     async def _agent_tool_call(self, step: AgentStep, node: Node, turn: int, index: int, call) -> ToolResult:
         if call.tool not in step.tools:
@@ -1128,7 +1159,7 @@ class GoalWorkflow:
                     call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=reason
                 )
             tool_input = tool_input.model_copy(update={"confirmed": True})
-        result = await self._execute_tool(tool_input, summary)
+        result = await self._execute_tool(tool_input, summary, node)
         if result.uncertain:
             question = questions.uncertain_effect(
                 self._state, workflow.now(), node.name, tool_input.tool, result.effect_key or "?", result.error or ""
@@ -1137,25 +1168,51 @@ class GoalWorkflow:
             answer = await self._await_answer(node, question, status="uncertain")
             if answer in ("happened", "not_happened"):
                 resolved = tool_input.model_copy(update={"resolution": answer})
-                result = await self._execute_tool(resolved, f"{summary} · {answer.replace('_', ' ')}")
+                result = await self._execute_tool(resolved, f"{summary} · {answer.replace('_', ' ')}", node)
         if result.ok and result.compensation is not None and result.effect_key:
             self._state.compensations.append(
                 CompensationRecord(node=node.name, effect_key=result.effect_key, compensation=result.compensation)
             )
         return result
 
-    async def _execute_tool(self, tool_input: ToolInput, summary: str) -> ToolResult:
+    def _segments_enabled(self) -> bool:
+        """Goals recorded before read segments existed replay their reads as activities."""
+        return workflow.patched(READ_SEGMENTS_PATCH)
+
+    def _placement(self, tool: str) -> segments.Placement:
+        placement = segments.place_tool(tool, self._state.spec.local_activities_up_to_s)
+        if placement.local and not self._segments_enabled():
+            return segments.Placement(where="activity", why="goal started before read segments existed")
+        return placement
+
+    async def _execute_tool(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         spec = TOOL_SPECS.get(tool_input.tool)
+        retry = RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY
+        placement = self._placement(tool_input.tool)
+        if node is not None:
+            node.placements[tool_input.tool] = placement.describe()
         try:
-            result = await workflow.execute_activity(
-                Activities.RUN_TOOL,
-                tool_input,
-                result_type=ToolResult,
-                start_to_close_timeout=tool_timeout(tool_input),
-                heartbeat_timeout=tool_heartbeat(tool_input),
-                retry_policy=RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY,
-                summary=summary,
-            )
+            if placement.local:
+                # Part of a read segment: the result is written to history with the next
+                # workflow task; a crash before then re-runs the (free) read.
+                result = await workflow.execute_local_activity(
+                    Activities.RUN_TOOL,
+                    tool_input,
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+            else:
+                result = await workflow.execute_activity(
+                    Activities.RUN_TOOL,
+                    tool_input,
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input),
+                    heartbeat_timeout=tool_heartbeat(tool_input),
+                    retry_policy=retry,
+                    summary=summary,
+                )
         except ActivityError as err:
             if spec is None or spec.risk not in ("remote-write", "irreversible"):
                 raise

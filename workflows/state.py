@@ -12,7 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.contracts import ArtifactRef, Compensation, GoalResult, GoalSpec, NodeKind, NodeStatus
+from workflows.contracts import (
+    ArtifactRef,
+    Compensation,
+    ContextCompaction,
+    GoalResult,
+    GoalSpec,
+    NodeKind,
+    NodeStatus,
+)
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallState
@@ -39,10 +47,16 @@ class Node(BaseModel):
     degraded: bool = False
     stall: StallState = Field(default_factory=StallState)
     turns: int = 0
+    compactions: list[ContextCompaction] = Field(
+        default_factory=list, description="Agent turns whose prompt was compacted, oldest first."
+    )
     tokens: int = 0
     cost_usd: float = 0.0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    placements: dict[str, str] = Field(
+        default_factory=dict, description="Tool -> where its calls ran and why (workflows/segments.py)."
+    )
 
 
 class KindStats(BaseModel):

@@ -130,13 +130,20 @@ class ToolSpec(BaseModel):
         description="Recommended heartbeat timeout: how fast a killed worker is noticed. The activity "
         "heartbeats in the background whenever one is set.",
     )
+    expected_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Typical duration when it is known in advance (local disk work); None when it depends "
+        "on something outside the worker (a network, a command). Decides where the call runs: workflows/segments.py.",
+    )
 
     def json_schema(self) -> dict:
         return self.args_model.model_json_schema()
 
 
-REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 5}
-"""An HTTP call is bounded at 30 s; heartbeats every ~1.7 s let a dead worker be noticed within 5 s."""
+REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 4}
+"""An HTTP call is bounded at 30 s; heartbeats let a dead worker be noticed within 4 s (the SDK
+sends them at most every 3.2 s, so that is also the margin against judging a busy worker dead)."""
 
 TOOL_SPECS: dict[str, ToolSpec] = {
     spec.name: spec
@@ -144,6 +151,7 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             name="read_file",
             replay="safe",
+            expected_s=0.1,
             risk="read",
             description="Read a text file inside the workspace.",
             args_model=ReadFileArgs,
@@ -151,6 +159,7 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             name="list_dir",
             replay="safe",
+            expected_s=0.1,
             risk="read",
             description="List the entries of a directory inside the workspace.",
             args_model=ListDirArgs,
@@ -158,6 +167,7 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             name="write_file",
             replay="safe",
+            expected_s=0.1,
             risk="local-write",
             description="Create or overwrite a text file inside the workspace.",
             args_model=WriteFileArgs,

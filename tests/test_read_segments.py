@@ -1,0 +1,153 @@
+"""Checkpoints at side-effect boundaries: short reads run as local activities whose results
+reach history together, every remote write is its own activity, and a worker killed inside
+a read segment costs only re-running the (free) reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from starters.fakes import LedgerAPI
+from tests.conftest import openai_profile, running_worker
+from tests.harness import CrashRig
+from tests.history_tools import local_activities, scheduled_activities, tool_timeline
+from tests.scenarios import spec
+from tests.test_goal_workflow import run_goal
+from workflows.goal import GoalWorkflow
+
+WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
+
+
+def reads_and_writes(ledger_url: str) -> list[dict]:
+    """20 reads in a chain, with a ledger entry written after reads 7, 14 and 20."""
+    steps: list[dict] = []
+    previous: list[str] = []
+    for i in range(1, 21):
+        name = f"read-{i:02d}"
+        read = {"path": f"pages/{i:02d}.md"}
+        steps.append({"name": name, "kind": "tool", "tool": "read_file", "args": read, "needs": previous})
+        previous = [name]
+        if i in WRITES_AFTER:
+            write = f"write-{WRITES_AFTER.index(i) + 1}"
+            body = {"ref": write, "pages": i}
+            step = {"method": "POST", "url": f"{ledger_url}/entries", "body": body}
+            steps.append({"name": write, "kind": "tool", "tool": "http_request", "args": step, "needs": previous})
+            previous = [write]
+    return steps
+
+
+def write_pages(workspace: Path) -> None:
+    (workspace / "pages").mkdir()
+    for i in range(1, 21):
+        (workspace / f"pages/{i:02d}.md").write_text(f"page {i}\n")
+
+
+def segment_spec(workspace: Path, ledger_url: str):
+    return spec(
+        workspace,
+        plan={"steps": reads_and_writes(ledger_url)},
+        allowed_tools=["read_file", "http_request"],
+        drift_every=0,
+    )
+
+
+def step_of(summary: str) -> str:
+    return summary.split(" · ")[1]
+
+
+@pytest.fixture
+def ledger():
+    with LedgerAPI() as service:
+        yield service
+
+
+async def test_reads_are_grouped_between_writes_and_each_write_is_its_own_activity(
+    env, task_queue, store, workspace, scripted, ledger
+):
+    write_pages(workspace)
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(env, task_queue, segment_spec(workspace, ledger.base_url))
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
+
+    history = await handle.fetch_history()
+    timeline = [(where, step_of(summary)) for where, summary in tool_timeline(history)]
+    expected = (
+        [("local", f"read-{i:02d}") for i in range(1, 8)]
+        + [("activity", "write-1")]
+        + [("local", f"read-{i:02d}") for i in range(8, 15)]
+        + [("activity", "write-2")]
+        + [("local", f"read-{i:02d}") for i in range(15, 21)]
+        + [("activity", "write-3")]
+    )
+    assert timeline == expected
+    # Each segment's reads reached history in one workflow-task completion, the one that
+    # also scheduled the write ending the segment.
+    tasks = {step_of(s): task for _, _, s, task in local_activities(history)}
+    writes = {step_of(s): eid for eid, _, s in scheduled_activities(history) if s.startswith("tool ")}
+    for segment, (first, last) in enumerate([(1, 7), (8, 14), (15, 20)], start=1):
+        segment_tasks = {tasks[f"read-{i:02d}"] for i in range(first, last + 1)}
+        assert len(segment_tasks) == 1, f"segment {segment} spread over tasks {segment_tasks}"
+        (task,) = segment_tasks
+        assert task < writes[f"write-{segment}"]
+    assert Counter(entry["body"]["ref"] for entry in ledger.ledger()) == {"write-1": 1, "write-2": 1, "write-3": 1}
+    # Where each step ran, and why, is on the node.
+    nodes = {n.name: n for n in snapshot.nodes}
+    assert nodes["read-05"].placements["read_file"].startswith("local activity: read, safe to re-run")
+    assert nodes["write-2"].placements["http_request"].startswith("activity: remote-write")
+
+
+async def test_worker_killed_inside_a_read_segment_reruns_only_the_reads(env, tmp_path):
+    # A slow ledger keeps write-1 in flight long enough to start the standby worker.
+    with LedgerAPI(respond_delay_s=1.0) as ledger:
+        rig = CrashRig(env.client, tmp_path / "rig")
+        try:
+            workspace = tmp_path / "ws"
+            workspace.mkdir()
+            write_pages(workspace)
+            # Reads 1-7 are the first segment; the 10th read is inside the second.
+            first = rig.start_worker(fault="tool_done:read_file:10")
+            handle = await rig.start_goal(segment_spec(workspace, ledger.base_url))
+            await wait_for_running(handle, "write-1")
+            standby = rig.start_worker()
+            await wait_for_log(standby.log, "worker polling")
+
+            await rig.wait_killed(first)
+            assert "perdure fault: SIGKILL at tool_done:read_file:10" in first.log_tail()
+            result = await rig.result(handle)
+        finally:
+            rig.close()
+        assert result.outcome == "succeeded", result.excerpt
+        entries = ledger.ledger()
+
+    assert Counter(entry["body"]["ref"] for entry in entries) == {"write-1": 1, "write-2": 1, "write-3": 1}
+    history = await handle.fetch_history()
+    timeline = [step_of(summary) for _, summary in tool_timeline(history)]
+    assert [s for s in timeline if s.startswith("write")] == ["write-1", "write-2", "write-3"]
+    assert sorted(s for s in timeline if s.startswith("read")) == [f"read-{i:02d}" for i in range(1, 21)]
+    # Reads 8-10 had run on the killed worker, but their segment never reached history
+    # from it: the standby re-ran them and committed the whole segment.
+    identities = {e.event_id: e.workflow_task_completed_event_attributes.identity for e in history.events}
+    reads = {step_of(s): task for _, _, s, task in local_activities(history)}
+    assert all(not identities[reads[f"read-{i:02d}"]].startswith(f"{first.pid}@") for i in range(8, 15))
+    assert all(identities[reads[f"read-{i:02d}"]].startswith(f"{first.pid}@") for i in range(1, 8))
+
+
+async def wait_for_running(handle, step: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while step not in (await handle.query(GoalWorkflow.progress)).running:
+        assert time.monotonic() < deadline, f"{step} never ran"
+        await asyncio.sleep(0.05)
+
+
+async def wait_for_log(log: Path, line: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not log.exists() or line not in log.read_text():
+        assert time.monotonic() < deadline, f"'{line}' not in {log}"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,89 @@
+"""The segmentation rule: where each tool call runs, decided in one place from the tool's
+risk class, replay policy and expected duration."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workflows.segments import DEFAULT_LOCAL_UP_TO_S, batches, place, place_tool
+from workflows.tool_specs import TOOL_SPECS, ReadFileArgs, ToolSpec
+
+
+def tool(risk: str, replay: str = "safe", expected_s: float | None = 0.1) -> ToolSpec:
+    return ToolSpec(name="t", risk=risk, replay=replay, description="", args_model=ReadFileArgs, expected_s=expected_s)
+
+
+def test_a_short_read_runs_in_a_segment():
+    placement = place(tool("read"))
+    assert placement.local
+    assert placement.describe().startswith("local activity: read, safe to re-run")
+
+
+def test_a_short_workspace_write_that_is_safe_to_repeat_runs_in_a_segment():
+    assert place(tool("local-write")).local
+
+
+def test_every_outside_effect_is_its_own_activity_whatever_its_duration():
+    for risk in ("remote-write", "irreversible"):
+        for replay in ("safe", "keyed", "check", "once"):
+            placement = place(tool(risk, replay, expected_s=0.01))
+            assert placement.where == "activity"
+            assert placement.why.startswith(f"{risk}: a side effect gets its own checkpoint")
+
+
+def test_a_call_that_is_not_free_to_repeat_is_an_activity():
+    for replay in ("keyed", "check", "once"):
+        placement = place(tool("read", replay))
+        assert placement.where == "activity" and f"'{replay}'" in placement.why
+
+
+def test_long_or_unpredictable_calls_are_activities_that_heartbeat():
+    assert "expected 5 s > 2 s" in place(tool("read", expected_s=5)).why
+    assert not place(tool("read", expected_s=None)).local
+    assert not place(tool("read", expected_s=0.1), local_up_to_s=0).local
+    assert place(tool("read", expected_s=5), local_up_to_s=10).local
+
+
+def test_unknown_tools_are_activities():
+    assert place_tool("no_such_tool").where == "activity"
+
+
+def test_the_catalogue_places_reads_locally_and_every_effect_remotely():
+    where = {name: place_tool(name).where for name in TOOL_SPECS}
+    assert where["read_file"] == where["list_dir"] == where["write_file"] == "local"
+    # A command or a network fetch takes as long as something outside the worker decides.
+    assert where["run_command"] == where["http_get"] == "activity"
+    for name, spec in TOOL_SPECS.items():
+        if spec.risk in ("remote-write", "irreversible"):
+            assert where[name] == "activity", name
+
+
+@given(
+    st.sampled_from(["read", "local-write", "remote-write", "irreversible"]),
+    st.sampled_from(["safe", "keyed", "check", "once"]),
+    st.one_of(st.none(), st.floats(min_value=0.001, max_value=1e4)),
+    st.floats(min_value=0, max_value=1e4),
+)
+def test_only_short_replay_safe_calls_without_outside_effects_are_ever_local(risk, replay, expected, limit):
+    placement = place(tool(risk, replay, expected), limit)
+    eligible = risk in ("read", "local-write") and replay == "safe" and expected is not None
+    assert placement.local == (eligible and 0 < limit and expected <= limit)
+    assert placement.why
+
+
+@given(st.lists(st.booleans(), max_size=30))
+def test_batches_keep_the_models_order_and_never_group_an_activity(local):
+    groups = batches(local)
+    assert [i for group in groups for i in group] == list(range(len(local)))
+    for group in groups:
+        assert len(group) == 1 or all(local[i] for i in group)
+    # Neighbouring local calls are never split.
+    for left, right in zip(groups, groups[1:], strict=False):
+        assert not (local[left[-1]] and local[right[0]])
+
+
+def test_default_limit_is_the_goal_specs_default():
+    from workflows.contracts import GoalSpec
+
+    assert GoalSpec(goal="g", workspace="/w").local_activities_up_to_s == DEFAULT_LOCAL_UP_TO_S
