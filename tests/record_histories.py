@@ -143,11 +143,56 @@ async def record_goal_continue_as_new(env: WorkflowEnvironment, out: Path) -> No
         print(f"recorded {path} ({len(history.events)} events)")
 
 
+async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
+    """Read segments: tool reads as local activities, and an agent turn asking for two reads at once."""
+    plan = {
+        "steps": [
+            {"name": "inventory", "kind": "tool", "tool": "list_dir", "args": {"path": "notes"}},
+            {
+                "name": "digest",
+                "kind": "agent",
+                "needs": ["inventory"],
+                "tools": ["read_file", "write_file"],
+                "prompt": "AGENT-DIGEST: read both notes, then write DIGEST.md.",
+            },
+        ]
+    }
+    reads = [{"name": "read_file", "arguments": {"path": f"notes/{n}.md"}} for n in ("ideas", "todo")]
+    write = {"name": "write_file", "arguments": {"path": "DIGEST.md", "content": "cache, pin, fix, retry\n"}}
+    script = {
+        "replies": [
+            {"when": "AGENT-DIGEST", "times": 1, "tool_calls": reads},
+            {"when": "AGENT-DIGEST", "times": 1, "tool_calls": [write]},
+            {"when": "AGENT-DIGEST", "times": 1, "content": "DIGEST.md written."},
+        ]
+    }
+    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(script) as server:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        write_notes(workspace)
+        config = ModelConfig(profiles={"test": openai_profile(server)})
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run,
+                GoalInput(spec=spec(workspace, plan=plan, drift_every=0)),
+                id=out.stem,
+                task_queue=task_queue,
+            )
+            result = await handle.result()
+            assert result.outcome == "succeeded", result.excerpt
+            history = await handle.fetch_history()
+    out.write_text(history.to_json(), encoding="utf-8")
+    print(f"recorded {out} ({len(history.events)} events)")
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
     "goal-v1-steered": record_goal_steered,
     "goal-v1-continue-as-new": record_goal_continue_as_new,
+    "goal-v1-read-segments": record_goal_segments,
 }
 
 
