@@ -21,11 +21,12 @@ import time
 import uuid
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
+from workers.converter import data_converter
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
@@ -48,25 +49,29 @@ def goal_spec(workspace: Path, parked: bool) -> GoalSpec:
     return GoalSpec(goal="bench: stay open", plan={"steps": [step]}, model_profile="none", workspace=str(workspace))
 
 
-async def measure(goals: int = 100, runs: int = 3) -> dict:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
+async def measure(goals: int = 100, runs: int = 3, client: Client | None = None) -> dict:
+    """On `client`'s server (bench/run.py shares one), or on a dev server of its own."""
+    env = None
+    if client is None:
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+            search_attributes=ALL_KEYS,
+            data_converter=data_converter(),
+            dev_server_log_level="error",
+        )
+        client = env.client
     task_queue = f"bench-{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workspace = Path(tmp) / "ws"
             workspace.mkdir()
             store = ArtifactStore(Path(tmp) / "artifacts")
-            worker = build_worker(env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={}))
+            worker = build_worker(client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={}))
             async with worker:
                 handles = []
                 for i in range(goals):
                     parked = i % 2 == 0
-                    handle = await env.client.start_workflow(
+                    handle = await client.start_workflow(
                         GoalWorkflow.run,
                         GoalInput(spec=goal_spec(workspace, parked)),
                         id=f"bench-goal-{i:03d}-{uuid.uuid4().hex[:6]}",
@@ -81,7 +86,7 @@ async def measure(goals: int = 100, runs: int = 3) -> dict:
                 seconds, results = [], []
                 for _ in range(runs):
                     started = time.perf_counter()
-                    result: WatchdogResult = await env.client.execute_workflow(
+                    result: WatchdogResult = await client.execute_workflow(
                         WatchdogWorkflow.run,
                         WatchdogInput(task_queue=task_queue),
                         id=f"bench-watchdog-{uuid.uuid4().hex[:8]}",
@@ -95,7 +100,8 @@ async def measure(goals: int = 100, runs: int = 3) -> dict:
                 await asyncio.gather(*(h.result() for i, h in enumerate(handles) if i % 2))
                 await asyncio.gather(*(h.terminate("bench over") for i, h in enumerate(handles) if not i % 2))
     finally:
-        await env.shutdown()
+        if env is not None:
+            await env.shutdown()
     last = results[-1]
     if last.goals != goals:
         raise RuntimeError(f"the watchdog saw {last.goals} goals, expected {goals}")

@@ -5,9 +5,9 @@ a user sees when the server is not there. No workflow logic lives here.
 from __future__ import annotations
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities import settings
+from workers.converter import data_converter
 
 
 class ServerUnavailable(RuntimeError):
@@ -18,7 +18,7 @@ async def connect(address: str | None = None, namespace: str | None = None) -> C
     address = address or settings.temporal_address()
     namespace = namespace or settings.namespace()
     try:
-        return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+        return await Client.connect(address, namespace=namespace, data_converter=data_converter())
     except RuntimeError as err:
         raise ServerUnavailable(
             f"cannot reach Temporal at {address} ({err}). Start the embedded server with "

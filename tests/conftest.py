@@ -13,25 +13,36 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig, ModelProfile
 from activities.models.scripted import ScriptedServer
+from workers import converter
 from workers.orchestrator import build_worker
 from workflows.search_attributes import ALL_KEYS
 
 BIN = Path(sys.executable).parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def payload_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Large payloads go to a session temp dir, never to ~/.perdure. Set in the
+    environment, so workers and CLI subprocesses started by tests use the same one."""
+    directory = tmp_path_factory.mktemp("payloads")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(converter.STORE_ENV, f"disk:{directory}")
+        patch.delenv(converter.THRESHOLD_ENV, raising=False)
+        yield directory
+
+
 @pytest_asyncio.fixture(scope="session")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
+async def env(payload_store: Path) -> AsyncIterator[WorkflowEnvironment]:
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
+        data_converter=converter.data_converter(),
         dev_server_log_level="error",
     )
     try:
@@ -41,13 +52,13 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+async def ts_env(payload_store: Path) -> AsyncIterator[WorkflowEnvironment]:
     """A dev server with per-workflow time skipping (SDK v2, experimental): idle
     workflows jump straight to their next timer, and custom search attributes work."""
     environment = await WorkflowEnvironment.start_time_skipping_v2(
         dev_server_existing_path=str(BIN / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
+        data_converter=converter.data_converter(),
         dev_server_log_level="error",
         dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
     )

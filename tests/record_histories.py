@@ -15,7 +15,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
@@ -24,6 +23,7 @@ from activities.models.scripted import ScriptedServer
 from tests.conftest import openai_profile
 from tests.scenarios import demo_script, spec, write_notes
 from tests.test_steering import gate, llm, submit, wait_until
+from workers.converter import data_converter
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.messages import Park, Resume, Steer
@@ -204,7 +204,7 @@ async def main() -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
         dev_server_log_level="error",
     )
     try:

@@ -299,26 +299,28 @@ def _check_goal(report, number, steps, repo, result, mail, ledger, model) -> Non
 
 
 async def _main(kills: int, seed: int) -> int:
-    from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
+    from workers import converter
     from workflows.search_attributes import ALL_KEYS
 
     started = time.monotonic()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
-    try:
-        with tempfile.TemporaryDirectory(prefix="perdure-soak-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="perdure-soak-") as tmp:
+        # One payload store for this client and the worker subprocesses, which inherit the environment.
+        os.environ[converter.STORE_ENV] = f"disk:{tmp}/payloads"
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+            search_attributes=ALL_KEYS,
+            data_converter=converter.data_converter(),
+            dev_server_log_level="error",
+        )
+        try:
             print(f"soak: {kills} kills, seed {seed}, workers are `perdure worker` subprocesses", flush=True)
             report = await run_soak(
                 env.client, Path(tmp), kills=kills, seed=seed, say=lambda text: print(text, flush=True)
             )
-    finally:
-        await env.shutdown()
+        finally:
+            await env.shutdown()
     for problem in report.problems:
         print(f"problem: {problem}", flush=True)
     print(

@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from starters import devserver
+from workers import converter
+from workers.payload_store import DiskPayloadDriver
 from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +131,20 @@ def test_worker_scales_out_against_the_compose_temporal() -> None:
     mounts = dict(reversed(volume.split(":")[:2]) for volume in worker["volumes"])
     assert home in mounts, "PERDURE_HOME must be a mounted volume"
     assert mounts[home] in COMPOSE["volumes"], "PERDURE_HOME must be a named volume all replicas share"
+
+
+def test_payload_store_is_on_the_volume_every_worker_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = env("worker")["PERDURE_PAYLOAD_STORE"]
+    # Overridable from the shell (say, with s3://), shared disk by default.
+    match = re.fullmatch(r"\$\{PERDURE_PAYLOAD_STORE:-(.+)\}", value)
+    assert match, value
+    monkeypatch.setenv("PERDURE_PAYLOAD_STORE", match.group(1))
+    driver = converter.payload_driver()
+    assert isinstance(driver, DiskPayloadDriver)
+    mounts = dict(reversed(volume.split(":")[:2]) for volume in SERVICES["worker"]["volumes"])
+    shared = [target for target, source in mounts.items() if source in COMPOSE["volumes"]]
+    assert any(driver.root.is_relative_to(target) for target in shared), f"{driver.root} is not on a shared volume"
+    assert env("worker")["PERDURE_PAYLOAD_THRESHOLD_BYTES"] is None  # passed through by name
 
 
 def test_credentials_are_passed_by_name_never_written() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import new_goal_id, openai_profile, running_worker
 from tests.scenarios import spec
 from tests.test_steering import llm, submit, wait_until
+from workers.converter import data_converter
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
 from workflows.migrations import StateRefused, load_state
@@ -31,7 +31,7 @@ async def short_history_env():
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
         dev_server_log_level="error",
         dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40"],
     )

@@ -1,0 +1,154 @@
+"""The one data converter of perdure: client, worker and replayer all take it
+from `data_converter()`, so what one side writes the others can read.
+
+It is the pydantic converter plus the SDK's external storage (claim check):
+any payload of at least the threshold is written to a payload store and only a
+small reference goes into history. perdure already keeps outputs out of history
+as artifact references; this is the safety net for whatever is still big (a
+large plan, a grown state object), which would otherwise fail at Temporal's
+2 MB payload limit or eat the 50 MB history.
+
+PERDURE_PAYLOAD_STORE            where large payloads go:
+                                 `disk` (default): $PERDURE_HOME/payloads
+                                 `disk:/abs/dir`: that directory
+                                 `s3://bucket[/prefix]`: S3, via the SDK's driver
+                                   (needs `pip install 'temporalio[aioboto3]'`;
+                                   credentials and region from the usual AWS
+                                   environment)
+                                 `off`: no external storage
+PERDURE_PAYLOAD_THRESHOLD_BYTES  payloads of at least this size are stored
+                                 outside history, default 131072 (128 KiB)
+
+Every worker, the CLI and any replayer must see the same store: a reference
+is useless where its payload cannot be read. Building the converter reads the
+environment and touches neither disk nor network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, ExternalStorage, StorageDriver
+
+from activities.settings import perdure_home
+from workers.payload_store import DiskPayloadDriver
+
+STORE_ENV = "PERDURE_PAYLOAD_STORE"
+THRESHOLD_ENV = "PERDURE_PAYLOAD_THRESHOLD_BYTES"
+
+# Well below Temporal's 2 MB payload limit (and its 256 KB warning), and above
+# anything perdure puts in history by design: outputs travel as artifact
+# references and the recorded goal payloads are a few KB, so in normal operation
+# nothing is offloaded and history stays readable in the UI.
+DEFAULT_THRESHOLD_BYTES = 128 * 1024
+# A threshold at or above the server's limit would let a payload fail before it
+# is ever offloaded.
+MAX_THRESHOLD_BYTES = 2 * 1024 * 1024 - 1
+
+
+class PayloadStoreConfigError(ValueError):
+    """PERDURE_PAYLOAD_STORE or PERDURE_PAYLOAD_THRESHOLD_BYTES has a value perdure cannot use."""
+
+
+def data_converter() -> DataConverter:
+    """The pydantic converter, with external storage as the environment says."""
+    driver = payload_driver()
+    if driver is None:
+        return pydantic_data_converter
+    storage = ExternalStorage(drivers=[driver], payload_size_threshold=payload_threshold())
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+
+
+def payload_driver() -> StorageDriver | None:
+    value = os.environ.get(STORE_ENV, "").strip()
+    if value in ("", "disk"):
+        return DiskPayloadDriver(perdure_home() / "payloads")
+    if value == "off":
+        return None
+    if value.startswith("disk:"):
+        directory = Path(value.removeprefix("disk:")).expanduser()
+        if not directory.is_absolute():
+            raise PayloadStoreConfigError(
+                f"{STORE_ENV}={value!r}: the directory must be an absolute path, so that workers "
+                "and the CLI resolve it the same way"
+            )
+        return DiskPayloadDriver(directory)
+    if value.startswith("s3://"):
+        bucket, _, prefix = value.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise PayloadStoreConfigError(f"{STORE_ENV}={value!r}: no bucket name after s3://")
+        return _s3_driver(bucket, prefix.strip("/"), value)
+    raise PayloadStoreConfigError(
+        f"{STORE_ENV}={value!r} is not understood; use disk, disk:/absolute/dir, s3://bucket[/prefix] or off"
+    )
+
+
+def payload_threshold() -> int:
+    value = os.environ.get(THRESHOLD_ENV, "").strip()
+    if not value:
+        return DEFAULT_THRESHOLD_BYTES
+    try:
+        threshold = int(value)
+    except ValueError:
+        raise PayloadStoreConfigError(f"{THRESHOLD_ENV}={value!r} is not a whole number of bytes") from None
+    if not 0 <= threshold <= MAX_THRESHOLD_BYTES:
+        raise PayloadStoreConfigError(
+            f"{THRESHOLD_ENV}={value!r} is out of range: use 0 (store every payload) up to "
+            f"{MAX_THRESHOLD_BYTES} (just under Temporal's 2 MB payload limit)"
+        )
+    return threshold
+
+
+def _s3_driver(bucket: str, prefix: str, value: str) -> StorageDriver:
+    try:
+        import aioboto3
+        from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
+    except ImportError as err:
+        raise PayloadStoreConfigError(
+            f"{STORE_ENV}={value!r} needs the S3 client, which is not installed ({err.name} is missing): "
+            "pip install 'temporalio[aioboto3]'"
+        ) from None
+    return S3StorageDriver(client=_PrefixedS3Client(aioboto3.Session(), new_aioboto3_client, prefix), bucket=bucket)
+
+
+class _PrefixedS3Client(S3StorageDriverClient):
+    """The SDK's aioboto3 adapter, one client per call, keys under a prefix.
+
+    A client per call because the converter is built synchronously, outside any
+    event loop, and the CLI runs a new loop per command, while an aiobotocore
+    client belongs to the loop that opened it. Offloaded payloads are rare, so
+    the extra connection does not matter.
+    """
+
+    def __init__(self, session, wrap: Callable[[Any], S3StorageDriverClient], prefix: str) -> None:
+        self._session = session
+        self._wrap = wrap
+        self._prefix = prefix
+
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[S3StorageDriverClient]:
+        async with self._session.client("s3") as s3:
+            yield self._wrap(s3)
+
+    def _key(self, key: str) -> str:
+        # The prefix is configuration, not part of the claim: readers need the same value.
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        async with self._client() as s3:
+            await s3.put_object(bucket=bucket, key=self._key(key), data=data)
+
+    async def object_exists(self, *, bucket: str, key: str) -> bool:
+        async with self._client() as s3:
+            return await s3.object_exists(bucket=bucket, key=self._key(key))
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        async with self._client() as s3:
+            return await s3.get_object(bucket=bucket, key=self._key(key))
