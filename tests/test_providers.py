@@ -231,3 +231,20 @@ def test_anthropic_messages_pair_tool_results_and_flatten_without_tools():
     flat = _anthropic_messages(messages, structured_tools=False)
     assert {b["type"] for m in flat for b in m["content"]} == {"text"}
     assert "[result of tool call t1]\nA" in [b["text"] for b in flat[2]["content"]]
+
+
+@pytest.mark.parametrize("flavour", ["openai", "anthropic"])
+async def test_calls_reuse_one_client_and_its_connection(flavour):
+    # Building a client loads an SSL context (~60 ms), and a new connection is a new
+    # handshake with a real API: a worker keeps one client per endpoint and key.
+    with ScriptedServer(SCRIPT) as fresh:
+        profile = openai_profile(fresh.openai_base_url) if flavour == "openai" else anthropic_profile(fresh.base_url)
+        for _ in range(3):
+            assert (await provider_for(profile).chat(ask("hello"))).text == "hi"
+        assert len(fresh.requests()) == 3 and fresh.connections == 1
+        # Another key is another client.
+        other = profile.model_copy(update={"api_key_env": "PERDURE_OTHER_KEY"})
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PERDURE_OTHER_KEY", "sk-other")
+            await provider_for(other).chat(ask("hello"))
+        assert fresh.connections == 2

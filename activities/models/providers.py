@@ -12,12 +12,16 @@ never appear in a message, a log line or a return value.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import hashlib
 import json
 import os
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -74,6 +78,25 @@ class ChatProvider(Protocol):
     async def chat(self, request: ChatRequest) -> ChatResponse: ...
 
 
+# --- clients --------------------------------------------------------------------
+
+# One SDK client per (provider, endpoint, key, timeout) and event loop: building one
+# loads an SSL context (~60 ms here), and a kept client reuses its connections, so a
+# call does not pay a new TCP/TLS handshake either. Clients belong to the loop that
+# made them; the pool forgets a loop when it is garbage-collected.
+_POOL: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def pooled_client(kind: str, make: Callable[[], Any], api_key: str, base_url: str | None, timeout_s: float) -> Any:
+    # The key is looked up by digest; the client itself holds it, as any SDK client does.
+    ident = (kind, base_url, hashlib.sha256(api_key.encode()).hexdigest(), timeout_s)
+    clients = _POOL.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(ident)
+    if client is None or client.is_closed():
+        client = clients[ident] = make()
+    return client
+
+
 # --- OpenAI and compatible servers ---------------------------------------------
 
 
@@ -102,15 +125,19 @@ class OpenAIProvider:
             ]
         if request.json_mode:
             params["response_format"] = {"type": "json_object"}
-        client = openai.AsyncOpenAI(
-            api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+        client = pooled_client(
+            "openai",
+            lambda: openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+            ),
+            self._api_key,
+            self._base_url,
+            self.profile.timeout_s,
         )
         try:
             completion = await client.chat.completions.create(**params)
         except openai.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
-        finally:
-            await client.close()
         if not completion.choices:
             raise ApplicationError(
                 f"model profile '{self.profile.name}': the reply has no choices",
@@ -178,15 +205,19 @@ class AnthropicProvider:
         # only by workers that use an Anthropic profile.
         import anthropic
 
-        client = anthropic.AsyncAnthropic(
-            api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+        client = pooled_client(
+            "anthropic",
+            lambda: anthropic.AsyncAnthropic(
+                api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+            ),
+            self._api_key,
+            self._base_url,
+            self.profile.timeout_s,
         )
         try:
             message = await client.messages.create(**params)
         except anthropic.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
-        finally:
-            await client.close()
         texts, calls = [], []
         for block in message.content:
             if block.type == "text":

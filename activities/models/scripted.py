@@ -279,6 +279,7 @@ class ScriptedServer(BackgroundHTTPServer):
         self._uses = [0] * len(self.script.replies)
         self._log: list[dict] = []
         self._served = 0
+        self.connections = 0
 
     @property
     def openai_base_url(self) -> str:
@@ -296,6 +297,10 @@ class ScriptedServer(BackgroundHTTPServer):
         with self._lock:
             self._uses = [0] * len(self.script.replies)
             self._log = []
+
+    def count_connection(self) -> None:
+        with self._lock:
+            self.connections += 1
 
     def respond(self, flavour: Flavour, path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         """Status, JSON body and extra headers for one request; records it in the log."""
@@ -356,10 +361,17 @@ class ScriptedServer(BackgroundHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: ThreadingHTTPServer
+    # Keep-alive, as the real APIs: a client that keeps its connection pays no new handshake.
+    protocol_version = "HTTP/1.1"
 
     @property
     def scripted(self) -> ScriptedServer:
         return self.server.owner  # type: ignore[attr-defined]
+
+    def handle(self) -> None:
+        """One TCP connection, which may carry many requests."""
+        self.scripted.count_connection()
+        super().handle()
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path.rstrip("/") == "/_scripted/requests":
