@@ -35,6 +35,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactStore, preview
+from activities.client_pool import http_client
 from activities.faults import fault_point
 from activities.tool_errors import NotSent, OutcomeUnknown, ToolError
 from activities.workspace import WorkspaceEscape, resolve_in_workspace, workspace_root
@@ -266,8 +267,8 @@ async def http_call(method: str, url: str, *, body: Any = None, headers: dict[st
         kwargs["json"] = body
     try:
         # Redirects are not followed: re-sending a write to another URL is a new effect.
-        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, follow_redirects=False) as client:
-            return await client.request(method, url, **kwargs)
+        client = http_client(HTTP_TIMEOUT_S, follow_redirects=False)
+        return await client.request(method, url, **kwargs)
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as err:
         raise ToolError(f"{method} {url}: {err}") from None
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as err:

@@ -34,6 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from activities.client_pool import http_client
 from activities.effect_tools import EFFECT_TOOLS, EffectTool, Heartbeat, run_effect
 from activities.faults import fault_point
 from activities.tool_errors import ToolError
@@ -300,17 +301,17 @@ async def http_get(root: Path, args: HttpGetArgs) -> str:
     body = bytearray()
     truncated = False
     try:
-        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, follow_redirects=True) as client:
-            async with client.stream("GET", args.url) as response:
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > args.max_bytes:
-                        truncated = True
-                        del body[args.max_bytes :]
-                        break
-                status = response.status_code
-                encoding = response.encoding or "utf-8"
-                final_url = str(response.url)
+        client = http_client(HTTP_TIMEOUT_S, follow_redirects=True)
+        async with client.stream("GET", args.url) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > args.max_bytes:
+                    truncated = True
+                    del body[args.max_bytes :]
+                    break
+            status = response.status_code
+            encoding = response.encoding or "utf-8"
+            final_url = str(response.url)
     except httpx.HTTPError as err:
         raise ToolError(f"GET {args.url} failed: {type(err).__name__}: {err or 'no detail'}") from None
 

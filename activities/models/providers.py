@@ -12,7 +12,6 @@ never appear in a message, a log line or a return value.
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import hashlib
 import json
@@ -20,7 +19,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +28,7 @@ import openai
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
+from activities.client_pool import pooled
 from activities.models.config import ModelProfile
 from activities.models.scripted import ScriptedServer
 
@@ -80,21 +79,12 @@ class ChatProvider(Protocol):
 
 # --- clients --------------------------------------------------------------------
 
-# One SDK client per (provider, endpoint, key, timeout) and event loop: building one
-# loads an SSL context (~60 ms here), and a kept client reuses its connections, so a
-# call does not pay a new TCP/TLS handshake either. Clients belong to the loop that
-# made them; the pool forgets a loop when it is garbage-collected.
-_POOL: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Any]] = weakref.WeakKeyDictionary()
-
 
 def pooled_client(kind: str, make: Callable[[], Any], api_key: str, base_url: str | None, timeout_s: float) -> Any:
-    # The key is looked up by digest; the client itself holds it, as any SDK client does.
-    ident = (kind, base_url, hashlib.sha256(api_key.encode()).hexdigest(), timeout_s)
-    clients = _POOL.setdefault(asyncio.get_running_loop(), {})
-    client = clients.get(ident)
-    if client is None or client.is_closed():
-        client = clients[ident] = make()
-    return client
+    """One SDK client per provider, endpoint, key and timeout (activities/client_pool.py):
+    a kept client skips ~60 ms of SSL set-up and reuses its connections. The key is
+    looked up by digest; the client itself holds it, as any SDK client does."""
+    return pooled((kind, base_url, hashlib.sha256(api_key.encode()).hexdigest(), timeout_s), make)
 
 
 # --- OpenAI and compatible servers ---------------------------------------------
