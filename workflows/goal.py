@@ -153,6 +153,14 @@ class GoalWorkflow:
         # In-flight node tasks, so a rewind, narrow or abort can cancel them.
         # Never carried across continue-as-new: that happens with nothing in flight.
         self._tasks: dict[str, asyncio.Task] = {}
+        # Key -> nodes waiting on the in-flight run of that key (they share its outcome).
+        # An index, checked against the nodes on every use, so a stale entry is harmless;
+        # it spares a scan of every node per dispatch and per settled node.
+        self._followers: dict[str, list[str]] = {}
+        self._owners: dict[str, str] = {}  # key -> the node whose task runs it
+        # Kind -> estimate, for one pass of the loop: the ledger does not change within it.
+        self._estimates: dict[str, Any] = {}
+        self._details_at = None
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
@@ -492,9 +500,15 @@ class GoalWorkflow:
                 return
             if state.pause.mode == "running" and not self._continue_as_new_due():
                 held = self._held()
+                self._estimates = {}
+                committed = self._committed()
                 for name in graph.ready_steps(self._plan(), state.nodes):
-                    if name not in held and self._admit_by_gates(self._plan().step(name)):
-                        self._dispatch(self._plan().step(name))
+                    step = self._plan().step(name)
+                    if name not in held and self._admit_by_gates(step, committed):
+                        self._dispatch(step)
+                        if state.nodes[name].status in IN_FLIGHT:
+                            # Now in flight: reserve its P80 for the next step's gate.
+                            self._reserve(committed, step.kind)
                 if self._drift_check_due():
                     await self._check_drift()
                     continue
@@ -549,18 +563,16 @@ class GoalWorkflow:
 
     # --- budget and density gates: decided here, before dispatch, never in a prompt ----
 
-    def _admit_by_gates(self, step: PlanStep) -> bool:
-        """Whether `step` may start now. A step refused for good is abandoned with the
-        reason; one that only has to wait for in-flight work to settle stays pending."""
+    def _admit_by_gates(self, step: PlanStep, committed: budget.BudgetUse) -> bool:
+        """Whether `step` may start now, given what is spent and reserved (`committed`).
+        A step refused for good is abandoned with the reason; one that only has to wait
+        for in-flight work to settle stays pending."""
         state = self._state
         node = state.nodes[step.name]
-        estimate = estimate_kind(
-            state.ledger.by_kind.get(step.kind), step.kind, price_per_1k_tokens_usd=self._observed_price()
-        )
         decision = budget.gate(
             state.spec.budget,
-            self._committed(),
-            estimate,
+            committed,
+            self._estimate(step.kind),
             node_kind=step.kind,
             wrap_up=False,
             soft_fraction=state.spec.soft_gate,
@@ -603,15 +615,23 @@ class GoalWorkflow:
 
     def _committed(self) -> budget.BudgetUse:
         """What is spent plus what in-flight nodes are expected to spend still (their P80)."""
-        state = self._state
         use = self._actual_use()
-        price = self._observed_price()
-        for node in state.nodes.values():
+        for node in self._state.nodes.values():
             if node.status in IN_FLIGHT:
-                estimate = estimate_kind(state.ledger.by_kind.get(node.kind), node.kind, price_per_1k_tokens_usd=price)
-                use.tokens += max(0, estimate.tokens_p80 - node.tokens)
-                use.cost_usd += max(0.0, estimate.cost_p80 - node.cost_usd)
+                self._reserve(use, node.kind, node)
         return use
+
+    def _reserve(self, use: budget.BudgetUse, kind: str, node: Node | None = None) -> None:
+        estimate = self._estimate(kind)
+        use.tokens += max(0, estimate.tokens_p80 - (node.tokens if node else 0))
+        use.cost_usd += max(0.0, estimate.cost_p80 - (node.cost_usd if node else 0.0))
+
+    def _estimate(self, kind: str):
+        if kind not in self._estimates:
+            self._estimates[kind] = estimate_kind(
+                self._state.ledger.by_kind.get(kind), kind, price_per_1k_tokens_usd=self._observed_price()
+            )
+        return self._estimates[kind]
 
     def _observed_price(self) -> float | None:
         ledger = self._state.ledger
@@ -907,12 +927,18 @@ class GoalWorkflow:
             node.status, node.output, node.reused, node.finished_at = "succeeded", cached, True, node.started_at
             return
         node.status = "running"
-        twins = [n for n in state.nodes.values() if n is not node and n.key == node.key and n.status == "running"]
-        if any(not n.reused for n in twins):
+        owner = self._owners.get(node.key)
+        if owner is not None and owner != node.name and self._in_flight_run_of(owner, node.key):
             # The same work is in flight: share its outcome instead of paying twice.
             node.reused = True
+            self._followers.setdefault(node.key, []).append(node.name)
             return
+        self._owners[node.key] = node.name
         self._tasks[step.name] = asyncio.create_task(self._run_node(step, node, node.runs))
+
+    def _in_flight_run_of(self, name: str, key: str) -> bool:
+        node = self._state.nodes.get(name)
+        return node is not None and node.key == key and node.status == "running" and not node.reused
 
     async def _run_node(self, step: PlanStep, node: Node, run: int) -> None:
         try:
@@ -949,9 +975,10 @@ class GoalWorkflow:
 
     def _sharing(self, node: Node) -> list[Node]:
         """The node plus any node that waited on the same in-flight key."""
-        followers = [
-            n for n in self._state.nodes.values() if n is not node and n.key == node.key and n.status == "running"
-        ]
+        nodes = self._state.nodes
+        names = dict.fromkeys(self._followers.pop(node.key or "", []))
+        followers = [nodes[n] for n in names if nodes[n] is not node and nodes[n].key == node.key]
+        followers = [n for n in followers if n.status == "running"]
         for follower in followers:
             follower.finished_at = workflow.now()
         return [node, *followers]
@@ -1375,10 +1402,16 @@ class GoalWorkflow:
         """
         state = self._state
         percent = self._percent_done()
-        workflow.set_current_details(self._details_markdown(percent))
         parked = state.pause.mode == "parked"
         needs_human = bool(state.open_questions())
         marker = (state.phase, percent // 10, parked, needs_human)
+        now = workflow.now()
+        if self._details_at != now or marker != self._published:
+            # workflow.now() stands still within a workflow task: the details (what the UI
+            # shows, not history) are worked out once per task and on every change of phase,
+            # not for every node that settles in a long read segment.
+            self._details_at = now
+            workflow.set_current_details(self._details_markdown(percent))
         if marker == self._published:
             return
         self._published = marker

@@ -141,9 +141,12 @@ class ToolSpec(BaseModel):
         return self.args_model.model_json_schema()
 
 
-REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 4}
-"""An HTTP call is bounded at 30 s; heartbeats let a dead worker be noticed within 4 s (the SDK
-sends them at most every 3.2 s, so that is also the margin against judging a busy worker dead)."""
+REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 3}
+"""An HTTP call is bounded at 30 s; heartbeats let a dead worker be noticed within 3 s. The SDK
+sends them at most every 2.4 s, so a worker slower than that to send one is judged dead by
+mistake: harmless for keyed and checked effects, whose retry sends the same key."""
+ONCE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 5}
+"""A `once` tool's retry is a question for a person, so a busy worker gets more slack."""
 
 TOOL_SPECS: dict[str, ToolSpec] = {
     spec.name: spec
@@ -229,7 +232,7 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             replay="once",
             description="POST a JSON payload to a webhook that cannot deduplicate; never sent twice.",
             args_model=NotifyWebhookArgs,
-            **REMOTE_TIMEOUTS,
+            **ONCE_TIMEOUTS,
         ),
         ToolSpec(
             name="make_payment",
