@@ -44,7 +44,7 @@ from workflows.contracts import (
     ToolResult,
     Usage,
 )
-from workflows.plan import MAX_STEPS, Plan, parse_plan
+from workflows.plan import MAX_PLANNED_STEPS, Plan, parse_plan
 from workflows.tool_specs import LOW_VALUE_TOOLS, TOOL_SPECS
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
@@ -461,7 +461,7 @@ def planner_system_prompt(context: ModelContext, allowed_tools: list[str]) -> st
             "which is replaced by the text output of step NAME; NAME must be listed in `needs`.\n"
             "`needs` lists the steps whose outputs a step receives and must wait for; steps that do not "
             "need each other run in parallel. No cycles. Step names are unique, lower-case, "
-            f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_STEPS} steps.",
+            f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_PLANNED_STEPS} steps.",
             f"Plan JSON schema:\n{json.dumps(Plan.model_json_schema(), sort_keys=True)}",
             "Example (illustrative only: use just the tools listed above):\n" + json.dumps(EXAMPLE_PLAN, indent=1),
             "Reply with the plan as one JSON object only: no prose, no code fences.",
@@ -520,6 +520,9 @@ def parse_plan_reply(text: str, allowed_tools: list[str]) -> tuple[Plan | None, 
             data = None
         if data is None:
             return None, f"reply is not JSON: {err}"
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if isinstance(steps, list) and len(steps) > MAX_PLANNED_STEPS:
+        return None, f"the plan has {len(steps)} steps; at most {MAX_PLANNED_STEPS}: merge steps or plan a first stage"
     return parse_plan(data, allowed_tools)
 
 

@@ -327,3 +327,10 @@ async def test_generate_with_anthropic_profile(scripted, store):
     assert result.model == "claude-test"
     assert result.usage.cost_usd == 0.0
     assert server.requests()[0]["flavour"] == "anthropic"
+
+
+def test_a_models_plan_is_held_to_fewer_steps_than_a_plan_file():
+    steps = [{"name": f"s{i}", "kind": "tool", "tool": "list_dir", "args": {}} for i in range(65)]
+    plan, error = parse_plan_reply(json.dumps({"steps": steps}), DEFAULT_TOOLS)
+    assert plan is None and error == "the plan has 65 steps; at most 64: merge steps or plan a first stage"
+    assert parse_plan_reply(json.dumps({"steps": steps[:64]}), DEFAULT_TOOLS)[1] is None

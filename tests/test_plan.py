@@ -54,3 +54,25 @@ def test_agent_tools_must_be_allowed():
 def test_not_a_mapping_is_rejected():
     plan, problem = parse_plan(["not", "a", "plan"], TOOLS)
     assert plan is None and problem
+
+
+def test_a_plan_file_may_have_thousands_of_steps_but_not_unbounded():
+    chain = [
+        {"name": f"s{i}", "kind": "tool", "tool": "list_dir", "needs": [f"s{i - 1}"] if i else []} for i in range(2000)
+    ]
+    plan, error = parse_plan({"steps": chain}, ["list_dir"])
+    assert error is None and len(plan.steps) == 2000
+    too_many = [{"name": f"s{i}", "kind": "tool", "tool": "list_dir"} for i in range(10_001)]
+    plan, error = parse_plan({"steps": too_many}, ["list_dir"])
+    assert plan is None and "10000" in error
+
+
+def test_a_long_chain_listed_last_step_first_is_checked_without_recursion():
+    chain = [
+        {"name": f"s{i}", "kind": "tool", "tool": "list_dir", "needs": [f"s{i - 1}"] if i else []} for i in range(5000)
+    ]
+    plan, error = parse_plan({"steps": list(reversed(chain))}, ["list_dir"])
+    assert error is None and len(plan.steps) == 5000
+    chain[0]["needs"] = ["s4999"]
+    plan, error = parse_plan({"steps": list(reversed(chain))}, ["list_dir"])
+    assert plan is None and "cycle" in error

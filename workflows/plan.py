@@ -10,6 +10,7 @@ artifact store, so the workflow never holds the text.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -18,7 +19,11 @@ from workflows.tool_specs import TOOL_SPECS
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")
-MAX_STEPS = 64
+# A plan file (or a plan built by a program) may be large: goals run for days and
+# thousands of nodes. A model's plan is held to far fewer steps (MAX_PLANNED_STEPS):
+# longer model-written plans are rarely coherent, and a goal re-plans as it goes.
+MAX_STEPS = 10_000
+MAX_PLANNED_STEPS = 64
 
 
 class _Step(BaseModel):
@@ -61,7 +66,7 @@ class Plan(BaseModel):
     @model_validator(mode="after")
     def _graph_is_sound(self) -> Plan:
         names = [s.name for s in self.steps]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         if duplicates:
             raise ValueError(f"step names must be unique; repeated: {', '.join(duplicates)}")
         known = set(names)
@@ -77,35 +82,45 @@ class Plan(BaseModel):
         return self
 
     def step(self, name: str) -> LlmStep | AgentStep | ToolStep:
-        for s in self.steps:
-            if s.name == name:
-                return s
+        """The step called `name`, in constant time: the workflow looks a step up for every
+        dispatch, which a linear scan made quadratic in the plan's size."""
+        for rebuild in (False, True):
+            positions = self.__dict__.get(_POSITIONS)
+            if positions is None or rebuild:
+                # Kept beside the fields (never dumped, ignored by ==); checked on every
+                # use, since `steps` may have been replaced or edited since it was built.
+                positions = {s.name: i for i, s in enumerate(self.steps)}
+                self.__dict__[_POSITIONS] = positions
+            i = positions.get(name)
+            if i is not None and i < len(self.steps) and self.steps[i].name == name:
+                return self.steps[i]
         raise KeyError(name)
 
 
+_POSITIONS = "_step_positions"
+
+
 def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for dep in needs.get(node, []):
-            if state.get(dep) == 1:
-                return stack[stack.index(dep) :] + [dep]
-            if state.get(dep) is None:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in needs:
-        if state.get(node) is None:
-            found = visit(node)
-            if found:
-                return found
+    """A dependency cycle as [a, b, ..., a], or None. Iterative: a plan may chain
+    thousands of steps, deeper than Python's recursion limit."""
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    for root in needs:
+        if root in state:
+            continue
+        path: list[str] = [root]
+        pending = [iter(needs.get(root, []))]
+        state[root] = 1
+        while pending:
+            dep = next(pending[-1], None)
+            if dep is None:
+                state[path.pop()] = 2
+                pending.pop()
+            elif state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            elif dep not in state:
+                state[dep] = 1
+                path.append(dep)
+                pending.append(iter(needs.get(dep, [])))
     return None
 
 
