@@ -1,0 +1,239 @@
+"""Plumbing shared by the benchmarks: the dev server, in-process workers, scratch
+workspaces, plan-file goals, timing, and facts read out of real histories.
+
+Benchmarks drive perdure only through its public surface (a `GoalSpec` started
+as `GoalWorkflow`, a `perdure worker` subprocess) so they measure whatever the
+workflow code does at run time. Nothing here changes how perdure behaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.artifacts import ArtifactStore
+from activities.models.config import ModelConfig
+from activities.tools import ToolActivities
+from starters.goals import GOAL_TASK_TIMEOUT
+from workers.converter import STORE_ENV, THRESHOLD_ENV, data_converter
+from workers.orchestrator import build_worker
+from workflows.contracts import GoalResult, GoalSpec
+from workflows.goal import GoalWorkflow
+from workflows.search_attributes import ALL_KEYS
+from workflows.state import GoalInput
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def use_home(home: Path) -> None:
+    """Point PERDURE_HOME and the payload store of this process (and of the workers it
+    starts, which inherit the environment) at a scratch directory, never ~/.perdure."""
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["PERDURE_HOME"] = str(home)
+    os.environ[STORE_ENV] = f"disk:{home / 'payloads'}"
+    os.environ.pop(THRESHOLD_ENV, None)
+    # Workers started by benchmarks must not create a watchdog schedule that runs every minute.
+    os.environ["PERDURE_WATCHDOG_INTERVAL_S"] = "0"
+
+
+async def start_server() -> WorkflowEnvironment:
+    """One dev server (in-memory database), every perdure search attribute registered."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        search_attributes=ALL_KEYS,
+        data_converter=data_converter(),
+        dev_server_log_level="error",
+    )
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def perdure_worker(client: Client, task_queue: str, home: Path, model_config: ModelConfig | None = None) -> Worker:
+    """The production worker (same workflows, activities and options), in this process."""
+    return build_worker(
+        client,
+        task_queue=task_queue,
+        store=ArtifactStore(home / "artifacts"),
+        model_config=model_config or ModelConfig(profiles={}),
+    )
+
+
+def raw_worker(client: Client, task_queue: str, home: Path) -> Worker:
+    """The baseline: the raw workflows of bench/raw.py and the very same tool activity."""
+    from bench.raw import RAW_WORKFLOWS
+
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=RAW_WORKFLOWS,
+        activities=[ToolActivities(ArtifactStore(home / "artifacts")).run_tool],
+    )
+
+
+def make_workspace(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def goal_spec(workspace: Path, steps: list[dict], **overrides) -> GoalSpec:
+    """A plan-file goal with no model in the loop unless a step asks for one. Drift checks
+    are off: they are model calls every 12 nodes, which would be timed as node overhead."""
+    fields: dict = dict(
+        goal="bench: " + (overrides.pop("label", None) or f"{len(steps)} steps"),
+        plan={"steps": steps},
+        model_profile="none",
+        workspace=str(workspace),
+        drift_every=0,
+    )
+    fields.update(overrides)
+    return GoalSpec(**fields)
+
+
+async def start_goal(client: Client, task_queue: str, spec: GoalSpec, prefix: str) -> WorkflowHandle:
+    """Start a goal with the options `perdure start` uses (starters/goals.py), on any task queue."""
+    return await client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec),
+        id=new_id(prefix),
+        task_queue=task_queue,
+        static_summary=spec.goal[:200],
+        task_timeout=GOAL_TASK_TIMEOUT,
+    )
+
+
+async def run_goal(
+    client: Client, task_queue: str, spec: GoalSpec, prefix: str
+) -> tuple[GoalResult, float, WorkflowHandle]:
+    """Start a goal and wait for its result: (result, wall seconds from start to result, the start handle)."""
+    started = time.perf_counter()
+    handle = await start_goal(client, task_queue, spec, prefix)
+    result = await handle.result()
+    return result, time.perf_counter() - started, handle
+
+
+def chain_steps(tool: str, args: list[dict], prefix: str = "s") -> list[dict]:
+    """One tool step per args, each needing the one before (a chain)."""
+    steps = []
+    for i, step_args in enumerate(args):
+        step = {"name": f"{prefix}{i:05d}", "kind": "tool", "tool": tool, "args": step_args}
+        if i:
+            step["needs"] = [f"{prefix}{i - 1:05d}"]
+        steps.append(step)
+    return steps
+
+
+def slope_ms(small: tuple[int, float], large: tuple[int, float]) -> float:
+    """Milliseconds per unit from two (count, seconds) runs: the fixed cost (start, report,
+    first workflow task) cancels out, leaving the cost of one more unit."""
+    (n_small, s_small), (n_large, s_large) = small, large
+    if n_large <= n_small:
+        raise ValueError(f"need two different sizes, got {n_small} and {n_large}")
+    return (s_large - s_small) / (n_large - n_small) * 1000
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+# --- histories -------------------------------------------------------------------
+
+
+async def run_chain(client: Client, handle: WorkflowHandle) -> list[WorkflowHistory]:
+    """Every run of a goal's continue-as-new chain, first run first (from the start handle)."""
+    workflow_id, run_id = handle.id, handle.first_execution_run_id or handle.run_id
+    histories = []
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        run_id = next_run_id(history)
+    return histories
+
+
+def next_run_id(history: WorkflowHistory) -> str | None:
+    last = history.events[-1]
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+        return last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return None
+
+
+def payloads_in(message) -> Iterator[Payload]:
+    """Every Payload anywhere inside a protobuf message (inputs, results, markers, memo,
+    search attributes, failures' details)."""
+    if isinstance(message, Payload):
+        yield message
+        return
+    for descriptor, value in message.ListFields():
+        if descriptor.type != descriptor.TYPE_MESSAGE:
+            continue
+        if hasattr(value, "ListFields"):
+            yield from payloads_in(value)
+            continue
+        # A repeated field, or a map (whose values may be scalars).
+        items = value.values() if descriptor.message_type.GetOptions().map_entry else value
+        for item in items:
+            if hasattr(item, "ListFields"):
+                yield from payloads_in(item)
+
+
+def max_payload_bytes(history: WorkflowHistory) -> int:
+    return max((p.ByteSize() for e in history.events for p in payloads_in(e)), default=0)
+
+
+def event_seconds(event) -> float:
+    return event.event_time.ToDatetime().timestamp()
+
+
+def kill_child(proc) -> None:
+    """End a worker subprocess this benchmark started (by its own handle, never by name)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+@dataclass
+class Section:
+    """What one benchmark hands back to bench/run.py: headline figures (merged into
+    results.json) and lines that explain them (printed only)."""
+
+    figures: dict[str, float]
+    notes: list[str]
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def run_standalone(measure, argv_options: dict) -> dict:
+    """Run one benchmark module on its own dev server (`python -m bench.<module>`)."""
+    import tempfile
+
+    async def _main() -> Section:
+        with tempfile.TemporaryDirectory(prefix="perdure-bench-") as tmp:
+            use_home(Path(tmp) / "home")
+            env = await start_server()
+            try:
+                return await measure(env.client, Path(tmp), **argv_options)
+            finally:
+                await env.shutdown()
+
+    section = asyncio.run(_main())
+    for line in section.notes:
+        print(line, flush=True)
+    for key, value in {**section.figures, **section.extra}.items():
+        print(f"{key} = {value}", flush=True)
+    return section.figures

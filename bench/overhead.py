@@ -1,0 +1,225 @@
+"""Per-step cost of a goal against raw Temporal, on one server, in one run.
+
+- Read chain: a goal of N `read_file` steps of tiny files, each needing the one
+  before, against a raw workflow calling the same `perdure.tool.run` activity N
+  times with the same `ToolInput` shape, as activities and as local activities.
+  Per-step cost is the slope between an N-step and a smaller run, so the fixed
+  cost of a goal (start, report) and of a workflow cancels out. Gives
+  `read_step_ms`, `raw_activity_ms`, `raw_local_activity_ms` and their ratio
+  `node_overhead_ratio`; the N-step goal's history gives `events_per_node` and
+  `max_payload_bytes`.
+- Write chain: the same with `http_request` POSTs carrying an Idempotency-Key to
+  the fake ledger service (`write_step_ms`, against the raw activity).
+- Fan-out: 100 independent read steps against 100 concurrent raw activities
+  (`fanout_ratio` = raw time / goal time).
+
+    .venv/bin/python -m bench.overhead [--nodes 50] [--small 10] [--fanout 100] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from bench.common import (
+    Section,
+    chain_steps,
+    goal_spec,
+    make_workspace,
+    max_payload_bytes,
+    median,
+    new_id,
+    perdure_worker,
+    raw_worker,
+    run_chain,
+    run_goal,
+    run_standalone,
+    slope_ms,
+)
+from bench.raw import RawMode, RawToolsInput, RawToolsWorkflow
+from starters.fakes import LedgerAPI
+from workflows.contracts import ToolInput
+from workflows.tool_specs import TOOL_SPECS
+
+KEYS = (
+    "node_overhead_ratio",
+    "events_per_node",
+    "max_payload_bytes",
+    "read_step_ms",
+    "raw_local_activity_ms",
+    "raw_activity_ms",
+    "write_step_ms",
+    "fanout_ratio",
+)
+
+
+def read_args(count: int) -> list[dict]:
+    return [{"path": f"f{i:05d}.txt"} for i in range(count)]
+
+
+def write_args(ledger: LedgerAPI, count: int, tag: str) -> list[dict]:
+    # A distinct body per step and per run: the same request under another goal's key
+    # would be a different effect anyway, but identical steps would share a node key.
+    return [
+        {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"bench": tag, "n": i}} for i in range(count)
+    ]
+
+
+async def run_raw(
+    client: Client, task_queue: str, workspace: Path, tool: str, args: list[dict], mode: RawMode
+) -> float:
+    """Seconds from start to result of one raw workflow over these calls."""
+    workflow_id = new_id(f"raw-{mode}")
+    spec = TOOL_SPECS[tool]
+    calls = [
+        ToolInput(goal_id=workflow_id, node_key=f"raw:{i}", tool=tool, workspace=str(workspace), args=a)
+        for i, a in enumerate(args)
+    ]
+    started = time.perf_counter()
+    result = await client.execute_workflow(
+        RawToolsWorkflow.run,
+        RawToolsInput(
+            calls=calls,
+            mode=mode,
+            start_to_close_s=spec.start_to_close_s,
+            heartbeat_s=spec.heartbeat_timeout_s,
+            maximum_attempts=6 if spec.replay == "keyed" else 3,
+        ),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    elapsed = time.perf_counter() - started
+    if result.ok != len(calls):
+        raise RuntimeError(f"raw {mode} {tool}: {result.ok} of {len(calls)} calls succeeded")
+    return elapsed
+
+
+async def run_perdure(client: Client, task_queue: str, workspace: Path, steps: list[dict], tools: list[str]):
+    spec = goal_spec(workspace, steps, allowed_tools=tools)
+    result, seconds, handle = await run_goal(client, task_queue, spec, "bench-goal")
+    if result.outcome != "succeeded":
+        raise RuntimeError(f"bench goal {handle.id}: {result.outcome}: {result.failure or result.unfinished[:3]}")
+    return seconds, handle
+
+
+async def measure(
+    client: Client, workdir: Path, nodes: int = 50, small: int = 10, fanout: int = 100, repeats: int = 3
+) -> Section:
+    home = workdir / "overhead"
+    workspace = make_workspace(home / "ws", {f"f{i:05d}.txt": "x\n" for i in range(max(nodes, fanout))})
+    tq_goal, tq_raw = new_id("bench-overhead"), new_id("bench-raw")
+    writes, small_writes = max(small + 1, nodes // 2), small
+    times: dict[tuple[str, int], list[float]] = {}
+    notes: list[str] = []
+
+    def record(kind: str, size: int, seconds: float) -> None:
+        times.setdefault((kind, size), []).append(seconds)
+
+    with LedgerAPI() as ledger:
+        async with perdure_worker(client, tq_goal, home), raw_worker(client, tq_raw, home):
+            # Warm up both paths (sandbox imports, connections) before anything is timed.
+            await run_perdure(client, tq_goal, workspace, chain_steps("read_file", read_args(3)), ["read_file"])
+            for mode in ("sequential", "local", "concurrent"):
+                await run_raw(client, tq_raw, workspace, "read_file", read_args(3), mode)
+
+            last_chain = None
+            for r in range(repeats):
+                for size in (small, nodes):
+                    seconds, last_chain = await run_perdure(
+                        client, tq_goal, workspace, chain_steps("read_file", read_args(size)), ["read_file"]
+                    )
+                    record("goal-read", size, seconds)
+                    for mode in ("sequential", "local"):
+                        seconds = await run_raw(client, tq_raw, workspace, "read_file", read_args(size), mode)
+                        record(f"raw-{mode}", size, seconds)
+                for size in (small_writes, writes):
+                    tag = new_id(f"w{r}-{size}")
+                    seconds, _ = await run_perdure(
+                        client,
+                        tq_goal,
+                        workspace,
+                        chain_steps("http_request", write_args(ledger, size, tag)),
+                        ["http_request"],
+                    )
+                    record("goal-write", size, seconds)
+                    args = write_args(ledger, size, tag + "-raw")
+                    seconds = await run_raw(client, tq_raw, workspace, "http_request", args, "sequential")
+                    record("raw-write", size, seconds)
+
+            fan_steps = [
+                {"name": f"f{i:05d}", "kind": "tool", "tool": "read_file", "args": a}
+                for i, a in enumerate(read_args(fanout))
+            ]
+            for _ in range(repeats):
+                seconds, _ = await run_perdure(client, tq_goal, workspace, fan_steps, ["read_file"])
+                record("goal-fanout", fanout, seconds)
+                seconds = await run_raw(client, tq_raw, workspace, "read_file", read_args(fanout), "concurrent")
+                record("raw-fanout", fanout, seconds)
+
+        assert last_chain is not None
+        history = (await run_chain(client, last_chain))[0]
+
+    def per_step(kind: str, lo: int, hi: int) -> float:
+        return slope_ms((lo, median(times[(kind, lo)])), (hi, median(times[(kind, hi)])))
+
+    read_ms = per_step("goal-read", small, nodes)
+    raw_ms = per_step("raw-sequential", small, nodes)
+    local_ms = per_step("raw-local", small, nodes)
+    write_ms = per_step("goal-write", small_writes, writes)
+    raw_write_ms = per_step("raw-write", small_writes, writes)
+    goal_fan, raw_fan = median(times[("goal-fanout", fanout)]), median(times[("raw-fanout", fanout)])
+    kinds = Counter(EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events)
+
+    def wall(kind: str, size: int) -> str:
+        return f"{median(times[(kind, size)]):.2f} s"
+
+    notes += [
+        f"read chain (read_file of a 2-byte file; median of {repeats}; "
+        f"per step = slope between {small} and {nodes} steps):",
+        f"  goal           {small}: {wall('goal-read', small)}, {nodes}: {wall('goal-read', nodes)} "
+        f"-> {read_ms:.1f} ms/step (end to end {median(times[('goal-read', nodes)]) / nodes * 1000:.1f} ms/step)",
+        f"  raw activity   {small}: {wall('raw-sequential', small)}, {nodes}: {wall('raw-sequential', nodes)} "
+        f"-> {raw_ms:.1f} ms/step",
+        f"  raw local act. {small}: {wall('raw-local', small)}, {nodes}: {wall('raw-local', nodes)} "
+        f"-> {local_ms:.1f} ms/step",
+        f"  goal/raw activity = {read_ms / raw_ms:.2f}x, goal/raw local activity = {read_ms / local_ms:.2f}x",
+        f"write chain (http_request POST with Idempotency-Key to the fake ledger; slope {small_writes} -> {writes}):",
+        f"  goal {write_ms:.1f} ms/step, raw activity {raw_write_ms:.1f} ms/step -> {write_ms / raw_write_ms:.2f}x",
+        f"fan-out of {fanout} independent reads: goal {goal_fan:.2f} s, raw concurrent {raw_fan:.2f} s "
+        f"-> raw/goal {raw_fan / goal_fan:.2f}",
+        f"history of the {nodes}-step goal: {len(history.events)} events ({len(history.events) / nodes:.2f}/step), "
+        f"largest payload {max_payload_bytes(history)} bytes",
+        "  events by type: " + ", ".join(f"{k.lower()} {v}" for k, v in kinds.most_common()),
+    ]
+    figures = {
+        "node_overhead_ratio": round(read_ms / raw_ms, 3),
+        "events_per_node": round(len(history.events) / nodes, 2),
+        "max_payload_bytes": max_payload_bytes(history),
+        "read_step_ms": round(read_ms, 2),
+        "raw_local_activity_ms": round(local_ms, 2),
+        "raw_activity_ms": round(raw_ms, 2),
+        "write_step_ms": round(write_ms, 2),
+        "fanout_ratio": round(raw_fan / goal_fan, 3),
+    }
+    # Printed next to write_step_ms by bench/run.py; not a results.json key.
+    figures_extra = {"raw_write_activity_ms": round(raw_write_ms, 2)}
+    return Section(figures=figures, notes=notes, extra=figures_extra)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--small", type=int, default=10)
+    parser.add_argument("--fanout", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    return run_standalone(measure, vars(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The raw Temporal baseline: plain workflows that call perdure's own tool activity
+(`perdure.tool.run`, the `run_tool` the orchestrator worker registers) with the
+same `ToolInput` a goal sends, and nothing else: no graph, no state, no ledger.
+
+Every perdure figure is judged against one of these, measured in the same run on
+the same server. They must stay this plain; a baseline that grows features stops
+being the floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+# The contracts are pure pydantic; passing them through avoids re-importing
+# pydantic in the sandbox for every run, exactly as workflows/goal.py does.
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts import Activities, ToolInput, ToolResult
+
+RawMode = Literal["sequential", "local", "concurrent"]
+
+
+class RawToolsInput(BaseModel):
+    calls: list[ToolInput]
+    mode: RawMode
+    start_to_close_s: float = 120
+    heartbeat_s: float | None = None
+    maximum_attempts: int = 3
+
+
+class RawToolsResult(BaseModel):
+    calls: int
+    ok: int
+
+
+@workflow.defn(name="bench.RawTools")
+class RawToolsWorkflow:
+    """Runs the calls one after another (as activities or local activities) or all at once."""
+
+    @workflow.run
+    async def run(self, input: RawToolsInput) -> RawToolsResult:
+        options = dict(
+            result_type=ToolResult,
+            start_to_close_timeout=timedelta(seconds=input.start_to_close_s),
+            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=input.maximum_attempts),
+        )
+        if input.mode == "local":
+            results = [await workflow.execute_local_activity(Activities.RUN_TOOL, c, **options) for c in input.calls]
+        else:
+            if input.heartbeat_s:
+                options["heartbeat_timeout"] = timedelta(seconds=input.heartbeat_s)
+            if input.mode == "sequential":
+                results = [await workflow.execute_activity(Activities.RUN_TOOL, c, **options) for c in input.calls]
+            else:
+                results = await asyncio.gather(
+                    *(workflow.execute_activity(Activities.RUN_TOOL, c, **options) for c in input.calls)
+                )
+        return RawToolsResult(calls=len(results), ok=sum(1 for r in results if r.ok))
+
+
+RAW_WORKFLOWS = [RawToolsWorkflow]

@@ -1,0 +1,263 @@
+"""A goal of 10,000 nodes: wall time, its continue-as-new chain, events per run.
+
+Shape: W independent chains of D `read_file` steps (W x D nodes; each step needs
+the one before it in its chain, chains share nothing), W = 100 by default. The
+width stays fixed while the depth grows, so every size has the same parallelism
+and only the number of nodes changes: growth in time per node is the cost of
+the goal's bookkeeping, not of the shape.
+
+Sizes run smallest first, within one time budget for all of them. From the
+last two, a quadratic fit predicts the time of each next size; a size predicted
+to exceed what is left of the budget is skipped (and said so), so the figure
+`nodes_10k_wall_s` is recorded only when 10,000 nodes actually ran. Each goal's
+run chain is walked through `continued_as_new` events to count runs and the
+largest number of events in any one run (`max_events_per_run`). One run of a
+few hundred events is then replayed under cProfile to show where workflow time
+goes.
+
+    .venv/bin/python -m bench.scale [--sizes 200,500,1000,2000,5000,10000] [--width 100] [--budget-s 480]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.worker import Replayer
+
+from bench.common import (
+    Section,
+    event_seconds,
+    goal_spec,
+    make_workspace,
+    max_payload_bytes,
+    new_id,
+    perdure_worker,
+    run_chain,
+    start_goal,
+)
+from workers.converter import STORE_ENV, data_converter
+from workflows.goal import GoalWorkflow
+from workflows.watchdog import WatchdogWorkflow
+
+KEYS = ("nodes_10k_wall_s", "max_events_per_run")
+TARGET_NODES = 10_000
+PROFILE_MAX_EVENTS = 700
+
+
+def chains(width: int, depth: int) -> list[dict]:
+    """W chains of D steps; the first step of each chain reads its own file, so no two
+    nodes share a key (later steps differ by the step they need)."""
+    steps = []
+    for c in range(width):
+        for d in range(depth):
+            step = {"name": f"c{c:03d}-{d:05d}", "kind": "tool", "tool": "read_file", "args": {"path": f"c{c:03d}.txt"}}
+            if d:
+                step["needs"] = [f"c{c:03d}-{d - 1:05d}"]
+            steps.append(step)
+    return steps
+
+
+@dataclass
+class SizeRun:
+    nodes: int
+    seconds: float
+    outcome: str
+    runs: list[WorkflowHistory]
+    largest_offloaded: int
+
+    @property
+    def events(self) -> list[int]:
+        return [len(h.events) for h in self.runs]
+
+    def workflow_task_ms(self) -> list[float]:
+        """Mean workflow-task time (started -> completed, server clock) per run: the
+        workflow's own processing, including the local activities it ran in that task."""
+        means = []
+        for history in self.runs:
+            started: dict[int, float] = {}
+            spans = []
+            for e in history.events:
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                    started[e.event_id] = event_seconds(e)
+                elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                    begun = started.get(e.workflow_task_completed_event_attributes.started_event_id)
+                    if begun is not None:
+                        spans.append(event_seconds(e) - begun)
+            means.append(sum(spans) / len(spans) * 1000 if spans else 0.0)
+        return means
+
+    def workflow_task_failures(self) -> int:
+        """Workflow tasks that timed out or failed (each one is retried from the last
+        completed task, re-running every local activity since)."""
+        bad = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+        return sum(1 for h in self.runs for e in h.events if e.event_type in bad)
+
+    def describe(self) -> str:
+        return (
+            f"{self.nodes:>6} nodes: {self.seconds:7.1f} s ({self.seconds / self.nodes * 1000:.1f} ms/node), "
+            f"{self.outcome}, {len(self.runs)} run(s), events per run {self.events}, "
+            f"largest payload in history {max(max_payload_bytes(h) for h in self.runs)} B, "
+            f"largest payload offloaded to the store {self.largest_offloaded} B, "
+            f"mean workflow task per run {[round(ms, 1) for ms in self.workflow_task_ms()]} ms, "
+            f"workflow tasks timed out or failed: {self.workflow_task_failures()}"
+        )
+
+
+async def run_size(
+    client: Client, task_queue: str, workspace: Path, payloads: Path, width: int, nodes: int, timeout_s: float
+) -> SizeRun:
+    depth = max(1, nodes // width)
+    spec = goal_spec(workspace, chains(width, depth), allowed_tools=["read_file"], label=f"{width}x{depth} chains")
+    before = _offloaded(payloads)
+    started = time.perf_counter()
+    handle: WorkflowHandle = await start_goal(client, task_queue, spec, f"bench-scale-{nodes}")
+    try:
+        result = await asyncio.wait_for(handle.result(), timeout_s)
+        outcome = result.outcome
+    except TimeoutError:
+        outcome = f"NOT FINISHED after {timeout_s:.0f} s (terminated)"
+        await handle.terminate("bench: over its time budget")
+    except Exception as err:  # a failed goal is a finding to report, not a crash of the benchmark
+        outcome = f"FAILED: {type(err).__name__}: {getattr(err, 'cause', None) or err}"
+    seconds = time.perf_counter() - started
+    runs = await run_chain(client, handle)
+    largest = max((size for name, size in _offloaded(payloads).items() if name not in before), default=0)
+    return SizeRun(width * depth, seconds, outcome, runs, largest)
+
+
+def _offloaded(payloads: Path) -> dict[str, int]:
+    """Payloads the converter's external storage wrote (path -> bytes)."""
+    if not payloads.exists():
+        return {}
+    return {str(p): p.stat().st_size for p in payloads.rglob("*") if p.is_file()}
+
+
+def predict(points: list[tuple[int, float]], nodes: int) -> float:
+    """Seconds for `nodes` from a fit t = a*n + b*n^2 through the two largest points
+    (no constant: the fixed cost of a goal is small next to these sizes)."""
+    (n1, t1), (n2, t2) = points[-2], points[-1]
+    det = n1 * n2 * n2 - n2 * n1 * n1
+    if det == 0:
+        return t2 * nodes / n2
+    a = (t1 * n2 * n2 - t2 * n1 * n1) / det
+    b = (n1 * t2 - n2 * t1) / det
+    return max(a * nodes + b * nodes * nodes, t2 * nodes / n2)
+
+
+async def profile_replay(history: WorkflowHistory, top: int = 14) -> list[str]:
+    """Replay one run under cProfile (in the replayer's own workflow thread) and list
+    the functions with the most cumulative time."""
+    profiler = cProfile.Profile()
+    executor = ThreadPoolExecutor(max_workers=1)
+    executor.submit(profiler.enable).result()
+    replayer = Replayer(
+        workflows=[GoalWorkflow, WatchdogWorkflow], data_converter=data_converter(), workflow_task_executor=executor
+    )
+    started = time.perf_counter()
+    await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    seconds = time.perf_counter() - started
+    executor.submit(profiler.disable).result()
+    executor.shutdown()
+    lines = [f"replay of the largest run ({len(history.events)} events) took {seconds:.1f} s under cProfile"]
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    for order, restrict, label in (
+        ("cumulative", r"workflows/", "perdure workflow code, by cumulative time"),
+        ("tottime", "", "everything, by own time"),
+    ):
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).sort_stats(order)
+        stats.print_stats(restrict, top) if restrict else stats.print_stats(top)
+        lines.append(f"  {label}:")
+        for line in out.getvalue().splitlines():
+            if "ncalls" in line or ("(" in line and ":" in line and line[:1] == " "):
+                lines.append("    " + line.replace(root, "").replace(".venv/lib/python3.11/site-packages/", "")[:170])
+    return lines
+
+
+async def measure(
+    client: Client,
+    workdir: Path,
+    sizes: tuple[int, ...] = (200, 500, 1000, 2000, 5000, TARGET_NODES),
+    width: int = 100,
+    budget_s: float = 480,
+    profile: bool = True,
+) -> Section:
+    home = workdir / "scale"
+    workspace = make_workspace(home / "ws", {f"c{c:03d}.txt": "x\n" for c in range(width)})
+    payloads = Path(os.environ.get(STORE_ENV, "").removeprefix("disk:") or workdir / "no-payload-store")
+    task_queue = new_id("bench-scale")
+    notes = [f"shape: {width} independent chains of read_file steps (depth = nodes / {width})"]
+    done: list[SizeRun] = []
+    deadline = time.monotonic() + budget_s
+    async with perdure_worker(client, task_queue, home):
+        for nodes in sizes:
+            left = deadline - time.monotonic()
+            if len(done) >= 2:
+                expected = predict([(r.nodes, r.seconds) for r in done], nodes)
+                if expected > left:
+                    notes.append(
+                        f"{nodes:>6} nodes: skipped, predicted {expected:.0f} s from the growth so far "
+                        f"({left:.0f} s of the {budget_s:.0f} s budget left)"
+                    )
+                    continue
+            run = await run_size(client, task_queue, workspace, payloads, width, nodes, timeout_s=max(left, 30))
+            done.append(run)
+            notes.append(run.describe())
+            if run.outcome != "succeeded":
+                break
+    if profile and done:
+        # A run of a few hundred events is enough to see what grows; larger ones profile slowly.
+        runs = sorted((h for r in done for h in r.runs), key=lambda h: len(h.events))
+        small = [h for h in runs if len(h.events) <= PROFILE_MAX_EVENTS]
+        notes += await profile_replay((small or runs)[-1])
+    if len(done) >= 2:
+        (n1, t1), (n2, t2) = (done[0].nodes, done[0].seconds), (done[-1].nodes, done[-1].seconds)
+        notes.append(
+            f"growth: {n2 / n1:.1f}x the nodes took {t2 / t1:.1f}x the time "
+            f"(linear would be {n2 / n1:.1f}x; per node {t1 / n1 * 1000:.1f} -> {t2 / n2 * 1000:.1f} ms)"
+        )
+    figures: dict[str, float] = {}
+    full = next((r for r in done if r.nodes >= TARGET_NODES and r.outcome == "succeeded"), None)
+    if full is not None:
+        figures["nodes_10k_wall_s"] = round(full.seconds, 1)
+        figures["max_events_per_run"] = max(full.events)
+        notes.append(
+            f"10,000-node goal: {len(full.runs)} run(s) in its chain, at most {max(full.events)} events per run"
+        )
+    else:
+        largest = max((n for r in done for n in r.events), default=0)
+        notes.append(
+            "nodes_10k_wall_s and max_events_per_run not recorded: no 10,000-node goal finished "
+            f"(largest run measured: {largest} events)"
+        )
+    return Section(figures=figures, notes=notes, extra={"runs_in_chain": len(full.runs)} if full else {})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from bench.common import run_standalone
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="200,500,1000,2000,5000,10000")
+    parser.add_argument("--width", type=int, default=100)
+    parser.add_argument("--budget-s", type=float, default=480, help="for all sizes together")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args(argv)
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    return run_standalone(
+        measure, {"sizes": sizes, "width": args.width, "budget_s": args.budget_s, "profile": not args.no_profile}
+    )
+
+
+if __name__ == "__main__":
+    main()
