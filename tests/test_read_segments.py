@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from starters.fakes import LedgerAPI
 from tests.conftest import openai_profile, running_worker
@@ -18,7 +19,7 @@ from tests.harness import CrashRig
 from tests.history_tools import local_activities, scheduled_activities, tool_timeline
 from tests.scenarios import spec
 from tests.test_goal_workflow import run_goal
-from workflows.goal import GoalWorkflow
+from workflows.goal import SEGMENT_MAX_CALLS, GoalWorkflow
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
 
@@ -151,3 +152,25 @@ async def wait_for_log(log: Path, line: str, timeout_s: float = 30) -> None:
     while not log.exists() or line not in log.read_text():
         assert time.monotonic() < deadline, f"'{line}' not in {log}"
         await asyncio.sleep(0.05)
+
+
+async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
+    env, task_queue, store, workspace, scripted
+):
+    (workspace / "pages").mkdir()
+    steps = []
+    for i in range(SEGMENT_MAX_CALLS + 50):
+        (workspace / f"pages/{i}.md").write_text(f"page {i}\n")
+        steps.append({"name": f"read-{i:03d}", "kind": "tool", "tool": "read_file", "args": {"path": f"pages/{i}.md"}})
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(
+            env, task_queue, spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+        )
+    assert result.outcome == "succeeded", result.excerpt
+    history = await handle.fetch_history()
+    per_task = Counter(task for _, _, s, task in local_activities(history) if s.startswith("tool "))
+    assert sum(per_task.values()) == SEGMENT_MAX_CALLS + 50
+    assert len(per_task) >= 2 and max(per_task.values()) <= SEGMENT_MAX_CALLS
+    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert len(timers) == len(per_task) - 1  # one break between consecutive segments

@@ -84,9 +84,14 @@ with workflow.unsafe.imports_passed_through():
 
 # workflow.patched ids: a history recorded without the change replays the old way.
 READ_SEGMENTS_PATCH = "read-segments"
+SEGMENT_CAP_PATCH = "segment-cap"
+# Local activities started in one workflow task before the goal ends it with a 1 ms
+# timer: the task (and what a crash inside it re-runs) stays short however wide the
+# read-only part of a goal is.
+SEGMENT_MAX_CALLS = 100
 
 # Recovery after a worker dies mid-step = the heartbeat timeout (when the server notices)
-# + the first retry interval (README, "Crashes and recovery"). A retry that follows a
+# + the first retry interval (README, "Checkpoints and recovery"). A retry that follows a
 # lost worker needs no back-off; later ones (a failing service) still back off.
 RETRY_FIRST = timedelta(seconds=0.5)
 MODEL_RETRY = RetryPolicy(
@@ -161,6 +166,10 @@ class GoalWorkflow:
         # Kind -> estimate, for one pass of the loop: the ledger does not change within it.
         self._estimates: dict[str, Any] = {}
         self._details_at = None
+        # Local activities started in the current workflow task, and the shared break
+        # that ends a segment grown past SEGMENT_MAX_CALLS.
+        self._segment = (0, 0)  # (history length when the task started, calls)
+        self._segment_break: asyncio.Task | None = None
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
@@ -1212,6 +1221,22 @@ class GoalWorkflow:
             return segments.Placement(where="activity", why="goal started before read segments existed")
         return placement
 
+    async def _segment_room(self) -> None:
+        """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
+        for a short timer, which ends the task once the calls in flight are done. Every
+        caller waiting meanwhile shares the one timer."""
+        while True:
+            started, calls = self._segment
+            length = workflow.info().get_current_history_length()
+            if length != started:
+                started, calls = length, 0  # a new workflow task: a new segment
+            if calls < SEGMENT_MAX_CALLS or not workflow.patched(SEGMENT_CAP_PATCH):
+                break
+            if self._segment_break is None or self._segment_break.done():
+                self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))
+            await asyncio.shield(self._segment_break)
+        self._segment = (started, calls + 1)
+
     async def _execute_tool(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         spec = TOOL_SPECS.get(tool_input.tool)
         retry = RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY
@@ -1222,6 +1247,7 @@ class GoalWorkflow:
             if placement.local:
                 # Part of a read segment: the result is written to history with the next
                 # workflow task; a crash before then re-runs the (free) read.
+                await self._segment_room()
                 result = await workflow.execute_local_activity(
                     Activities.RUN_TOOL,
                     tool_input,
