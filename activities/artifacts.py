@@ -37,19 +37,7 @@ class ArtifactStore:
 
     def put_bytes(self, data: bytes, media_type: str = "application/octet-stream") -> ArtifactRef:
         digest = sha256_digest(data)
-        path = self._path(digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_once(self._path(digest), data)
         return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
 
     def put_text(self, text: str, media_type: str = "text/plain") -> ArtifactRef:
@@ -88,3 +76,22 @@ def preview(text: str, limit: int = 200) -> str:
     """A short single-paragraph excerpt for progress views and history summaries."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def write_once(path: Path, data: bytes) -> None:
+    """Write a content-addressed file unless it exists. Atomic: a reader sees no file or
+    the whole file; two writers of the same name write the same bytes, so the last
+    rename wins harmlessly."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

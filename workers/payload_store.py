@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +23,8 @@ from temporalio.converter import (
     StorageDriverRetrieveContext,
     StorageDriverStoreContext,
 )
+
+from activities.artifacts import write_once
 
 DRIVER_NAME = "perdure.disk"
 """Written into every reference in history: renaming it orphans stored payloads."""
@@ -68,21 +68,7 @@ class DiskPayloadDriver(StorageDriver):
         claim = StorageDriverClaim(
             claim_data={"hash_algorithm": "sha256", "hash_value": hashlib.sha256(data).hexdigest()}
         )
-        path = self.path_for(claim)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                # Atomic: a reader sees no file or the whole file. Two writers of the
-                # same digest write the same bytes, so the last rename wins harmlessly.
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_once(self.path_for(claim), data)
         return claim
 
     def _retrieve_one(self, claim: StorageDriverClaim) -> Payload:
