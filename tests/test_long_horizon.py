@@ -4,6 +4,7 @@ outputs) across runs, and a carried state is migrated or refused, never half-rea
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -69,9 +70,8 @@ async def test_continue_as_new_keeps_receipts_questions_and_results(
     short_history_env, env, task_queue, store, workspace, scripted
 ):
     server = scripted(STEP_REPLY)
-    chained, inbox, runs, receipt = await run_chain(
-        short_history_env, task_queue, store, workspace, server, new_goal_id("can")
-    )
+    goal_id = new_goal_id("can")
+    chained, inbox, runs, receipt = await run_chain(short_history_env, task_queue, store, workspace, server, goal_id)
     plain, _, plain_runs, _ = await run_chain(env, task_queue + "-plain", store, workspace, server, new_goal_id("one"))
 
     assert runs >= 3 and plain_runs == 1  # the question was still open in a later run
@@ -86,6 +86,13 @@ async def test_continue_as_new_keeps_receipts_questions_and_results(
     assert chained.tokens == plain.tokens
     # Every model call was made once: 12 steps per goal, none repeated by a new run.
     assert len(server.requests()) == 24
+    # The last run started from the state as JSON text, with the plan in it once.
+    last = await short_history_env.client.get_workflow_handle(goal_id).fetch_history()
+    started = last.events[0].workflow_execution_started_event_attributes
+    carried = GoalInput.model_validate_json(started.input.payloads[0].data)
+    assert isinstance(carried.state, str) and carried.spec.plan is None
+    state = load_state(carried.state)
+    assert state.spec.plan is None and [s.name for s in state.plan.steps] == [s["name"] for s in chain(12)]
 
 
 def v1_state(**overrides) -> dict:
@@ -94,16 +101,25 @@ def v1_state(**overrides) -> dict:
     return {**data, "schema_version": 1, **overrides}
 
 
-def test_an_older_state_is_migrated():
-    state = load_state(v1_state())
+@pytest.mark.parametrize("carried", [v1_state(), json.dumps(v1_state())], ids=["mapping", "text"])
+def test_an_older_state_is_migrated(carried):
+    state = load_state(carried)
     assert state.schema_version == SCHEMA_VERSION
     assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
+
+
+def test_a_current_state_round_trips_through_text():
+    state = GoalState(spec=spec(Path("/tmp/ws"), premises={"scope": "all"}), runs=3)
+    assert load_state(state.model_dump_json()) == state
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        ("not a mapping", "is a str, not a mapping"),
+        (["a list"], "is a list, not a mapping"),
+        ("{not json", "is not JSON"),
+        (json.dumps(v1_state(schema_version=99)), "schema v99, newer than this worker's"),
+        (json.dumps({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}), "mystery: Extra inputs"),
         ({"spec": {}}, "has no integer schema_version"),
         (v1_state(schema_version=99), "schema v99, newer than this worker's"),
         ({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}, "mystery: Extra inputs are not permitted"),

@@ -75,7 +75,11 @@ class GoalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     goal: str = Field(min_length=1, max_length=20_000)
-    plan: Plan | None = None
+    plan: Plan | None = Field(
+        default=None,
+        description="A declarative plan (plan file) instead of the planner. Once it is the goal's plan v1 "
+        "the carried state keeps it there only: a continued run's spec has none.",
+    )
     constraints: list[str] = Field(default_factory=list)
     budget: Budget = Field(default_factory=Budget)
     model_profile: str = "default"

@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         GenerateResult,
         GoalResult,
         ModelContext,
+        NodeStatus,
         NodeView,
         PlanInput,
         PlanResult,
@@ -69,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         receipt_of,
     )
     from workflows.migrations import StateRefused, load_state
+    from workflows.node_index import NodeIndex
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
     from workflows.state import (
         CompensationRecord,
@@ -170,6 +172,7 @@ class GoalWorkflow:
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
         self._segment_break: asyncio.Task | None = None
+        self._index: NodeIndex | None = None
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
@@ -412,11 +415,9 @@ class GoalWorkflow:
         state = self._state
         if state.phase in ("finished", "failed", "reporting"):
             return None
-        remaining: dict[str, int] = {}
-        for node in state.nodes.values():
-            if node.status not in graph.TERMINAL:
-                remaining[node.kind] = remaining.get(node.kind, 0) + 1
-        running = sum(1 for n in state.nodes.values() if n.status == "running")
+        index = self._node_index()
+        remaining = index.unsettled_by_kind()
+        running = index.count(("running",))
         return estimate_eta(remaining, state.ledger.by_kind, running=running, parallelism=max(1, running))
 
     # --- planning -----------------------------------------------------------
@@ -500,7 +501,7 @@ class GoalWorkflow:
         state = self._state
         while True:
             await self._apply_messages()
-            if self._continue_as_new_due() and not any(n.status in IN_FLIGHT for n in state.nodes.values()):
+            if self._continue_as_new_due() and not self._node_index().any(IN_FLIGHT):
                 await self._continue_as_new()
             if state.pause.mode == "aborting":
                 self._cancel_in_flight(f"aborted: {state.abort_reason}")
@@ -511,7 +512,7 @@ class GoalWorkflow:
                 held = self._held()
                 self._estimates = {}
                 committed = self._committed()
-                for name in graph.ready_steps(self._plan(), state.nodes):
+                for name in self._node_index().ready():
                     step = self._plan().step(name)
                     if name not in held and self._admit_by_gates(step, committed):
                         self._dispatch(step)
@@ -521,7 +522,7 @@ class GoalWorkflow:
                 if self._drift_check_due():
                     await self._check_drift()
                     continue
-            running = any(n.status in IN_FLIGHT for n in state.nodes.values())
+            running = self._node_index().any(IN_FLIGHT)
             if not running and state.pause.mode == "running" and not state.open_questions():
                 queued = [e for e in state.inbox if e.kind == "queue" and e.status == "pending"]
                 if not queued:
@@ -557,13 +558,17 @@ class GoalWorkflow:
         self._log_gate(
             f"continued as new: run {state.runs} after {workflow.info().get_current_history_length()} events"
         )
-        workflow.continue_as_new(GoalInput(spec=state.spec, state=state.model_dump(mode="json")))
+        # The plan travels once, in plan_versions: a plan file's copy in the spec is not
+        # read again once planned, and at 10,000 steps each copy costs the next run's
+        # first workflow task a second of validation.
+        state.spec = state.spec.model_copy(update={"plan": None})
+        workflow.continue_as_new(GoalInput(spec=state.spec, state=state.model_dump_json()))
 
     def _waiting_phase(self, running: bool) -> str:
         state = self._state
         if state.pause.mode == "parked":
             return "parked"
-        if state.open_questions() and not any(n.status == "running" for n in state.nodes.values()):
+        if state.open_questions() and not self._node_index().any(("running",)):
             return "awaiting_human"
         return "running"
 
@@ -587,7 +592,7 @@ class GoalWorkflow:
             soft_fraction=state.spec.soft_gate,
         )
         if decision.action in ("skip", "wrap_up_only", "emergency_stop"):
-            if any(n.status in IN_FLIGHT for n in state.nodes.values()):
+            if self._node_index().any(IN_FLIGHT):
                 return False  # in-flight work may come in under its estimate; judge again then
             self._stop_node(step.name, f"not started: {decision.reason}")
             return False
@@ -604,7 +609,8 @@ class GoalWorkflow:
 
     def _stop_node(self, name: str, reason: str) -> None:
         node = self._state.nodes[name]
-        node.status, node.error = "abandoned", reason
+        self._set_status(node, "abandoned")
+        node.error = reason
         self._log_gate(f"{name}: {reason}")
         self._abandon_downstream(name)
 
@@ -625,9 +631,9 @@ class GoalWorkflow:
     def _committed(self) -> budget.BudgetUse:
         """What is spent plus what in-flight nodes are expected to spend still (their P80)."""
         use = self._actual_use()
-        for node in self._state.nodes.values():
-            if node.status in IN_FLIGHT:
-                self._reserve(use, node.kind, node)
+        nodes = self._state.nodes
+        for name in self._node_index().names(IN_FLIGHT):
+            self._reserve(use, nodes[name].kind, nodes[name])
         return use
 
     def _reserve(self, use: budget.BudgetUse, kind: str, node: Node | None = None) -> None:
@@ -661,8 +667,7 @@ class GoalWorkflow:
     def _drift_check_due(self) -> bool:
         state = self._state
         every = state.spec.drift_every
-        done = sum(1 for n in state.nodes.values() if n.status == "succeeded")
-        return bool(every) and done >= (state.drift_checks + 1) * every
+        return bool(every) and self._node_index().count(("succeeded",)) >= (state.drift_checks + 1) * every
 
     async def _check_drift(self) -> None:
         state = self._state
@@ -869,19 +874,14 @@ class GoalWorkflow:
             task = self._tasks.pop(name, None)
             if task is not None:
                 task.cancel()
-            node.status, node.output, node.preview, node.error, node.key, node.reused = (
-                "pending",
-                None,
-                "",
-                None,
-                None,
-                False,
-            )
+            self._set_status(node, "pending")
+            node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
         # A node that was waiting on a twin's in-flight work has nobody to wait on now.
         for node in state.nodes.values():
             if node.status == "running" and node.reused and node.name not in self._tasks:
                 if not any(t.key == node.key and t.name in self._tasks for t in state.nodes.values()):
-                    node.status, node.key, node.reused = "pending", None, False
+                    self._set_status(node, "pending")
+                    node.key, node.reused = None, False
 
     def _new_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
         versions = self._state.plan_versions
@@ -913,9 +913,10 @@ class GoalWorkflow:
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
-        for node in self._state.nodes.values():
-            if node.status in IN_FLIGHT:
-                node.status, node.error, node.finished_at = "abandoned", why, workflow.now()
+        nodes = self._state.nodes
+        for name in self._node_index().names(IN_FLIGHT):
+            self._set_status(nodes[name], "abandoned")
+            nodes[name].error, nodes[name].finished_at = why, workflow.now()
 
     # --- execution ------------------------------------------------------------
 
@@ -925,7 +926,7 @@ class GoalWorkflow:
         deps = {}
         for dep in step.needs:
             output = state.nodes[dep].output
-            assert output is not None  # ready_steps only yields steps whose deps succeeded
+            assert output is not None  # only steps whose deps succeeded are ready
             deps[dep] = output.digest
         node.key = graph.node_key(step, deps, state.premises)
         node.started_at = workflow.now()
@@ -933,9 +934,10 @@ class GoalWorkflow:
         cached = state.outputs_by_key.get(node.key)
         if cached is not None:
             # Same kind, input and dependency outputs as finished work: reuse it.
-            node.status, node.output, node.reused, node.finished_at = "succeeded", cached, True, node.started_at
+            node.output, node.reused, node.finished_at = cached, True, node.started_at
+            self._set_status(node, "succeeded")
             return
-        node.status = "running"
+        self._set_status(node, "running")
         owner = self._owners.get(node.key)
         if owner is not None and owner != node.name and self._in_flight_run_of(owner, node.key):
             # The same work is in flight: share its outcome instead of paying twice.
@@ -965,7 +967,8 @@ class GoalWorkflow:
                 return  # an outcome for work that was voided meanwhile
             error = failure_message(err) if isinstance(err, ActivityError) else str(err)
             for settled in self._sharing(node):
-                settled.status, settled.error = "failed", error
+                self._set_status(settled, "failed")
+                settled.error = error
                 self._abandon_downstream(settled.name)
         else:
             if node.runs != run or node.status != "running":
@@ -973,7 +976,9 @@ class GoalWorkflow:
             assert node.key is not None
             self._state.outputs_by_key[node.key] = output
             for settled in self._sharing(node):
-                settled.status, settled.output, settled.preview = "succeeded", output, preview
+                # Output first: a dependant made ready by this status reads it.
+                settled.output, settled.preview = output, preview
+                self._set_status(settled, "succeeded")
         # Not in a `finally`: on worker eviction the coroutine is closed and
         # must not touch workflow state on its way out.
         self._tasks.pop(node.name, None)
@@ -996,7 +1001,8 @@ class GoalWorkflow:
         for name in graph.downstream(self._plan(), failed):
             blocked = self._state.nodes[name]
             if blocked.status == "pending":
-                blocked.status, blocked.error = "abandoned", f"needs '{failed}', which failed"
+                self._set_status(blocked, "abandoned")
+                blocked.error = f"needs '{failed}', which failed"
 
     def _inputs(self, step: PlanStep) -> dict[str, ArtifactRef]:
         refs = {}
@@ -1131,10 +1137,10 @@ class GoalWorkflow:
         """An agent does not start a new turn while the goal is parked (and is not judged meanwhile)."""
         if self._state.pause.mode != "parked":
             return
-        node.status = "parked"
+        self._set_status(node, "parked")
         self._wakeups += 1
         await workflow.wait_condition(lambda: self._state.pause.mode != "parked")
-        node.status = "running"
+        self._set_status(node, "running")
 
     async def _judge_stall(
         self, step: AgentStep, node: Node, turn: AgentTurnResult, results: list[ToolResult]
@@ -1172,10 +1178,10 @@ class GoalWorkflow:
 
     async def _await_answer(self, node: Node, question, status: str = "blocked") -> str:
         """Block this node (only) until a person answers the question."""
-        node.status = status
+        self._set_status(node, status)
         self._wakeups += 1  # the loop re-judges the phase: the goal may now await a person
         await workflow.wait_condition(lambda: question.status == "answered")
-        node.status = "running"
+        self._set_status(node, "running")
         return question.answer or ""
 
     async def _call_tool(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
@@ -1410,13 +1416,24 @@ class GoalWorkflow:
         assert plan is not None
         return plan
 
+    def _node_index(self) -> NodeIndex:
+        """Statuses and ready steps without a scan of every node (workflows/node_index.py);
+        built again when the plan or the node table changes."""
+        state = self._state
+        if self._index is None or not self._index.fits(state.plan, state.nodes):
+            self._index = NodeIndex(state.plan, state.nodes)
+        return self._index
+
+    def _set_status(self, node: Node, status: NodeStatus) -> None:
+        self._node_index().set_status(node, status)
+
     def _percent_done(self) -> int:
         state = self._state
         if state.phase in ("finished", "failed"):
             return 100
         if not state.nodes:
             return 0
-        settled = sum(1 for n in state.nodes.values() if n.status in graph.TERMINAL)
+        settled = self._node_index().count(graph.TERMINAL)
         return int(100 * settled / len(state.nodes))
 
     def _publish(self) -> None:
@@ -1454,8 +1471,9 @@ class GoalWorkflow:
 
     def _details_markdown(self, percent: int) -> str:
         state = self._state
-        done = sum(1 for n in state.nodes.values() if n.status == "succeeded")
-        running = [n.name for n in state.nodes.values() if n.status == "running"]
+        index = self._node_index()
+        done = index.count(("succeeded",))
+        running = index.names(("running",))
         lines = [
             f"**{state.phase}** · {percent}% · {done}/{len(state.nodes)} nodes succeeded",
             f"running: {', '.join(running) or '—'}",

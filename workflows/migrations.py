@@ -1,6 +1,7 @@
 """Loading a carried goal state written by another version of this code. Pure.
 
-Continue-as-new carries the goal's whole state as a plain mapping. A state of
+Continue-as-new carries the goal's whole state as JSON text (earlier versions:
+a plain mapping). A state of
 an older `schema_version` goes through the migration functions below, one
 version at a time; a state this code cannot read (newer version, unknown
 fields, invalid values) is refused with the reason, never half-loaded.
@@ -8,6 +9,7 @@ fields, invalid values) is refused with the reason, never half-loaded.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,8 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v
 
 
 def load_state(data: Any) -> GoalState:
+    if isinstance(data, str):
+        return _load_text(data)
     if not isinstance(data, dict):
         raise StateRefused(f"the carried state is a {type(data).__name__}, not a mapping")
     version = data.get("schema_version")
@@ -54,3 +58,20 @@ def load_state(data: Any) -> GoalState:
         raise StateRefused(
             f"the carried state does not fit schema v{SCHEMA_VERSION}: {describe_validation_error(err)}"
         ) from None
+
+
+def _load_text(text: str) -> GoalState:
+    """A state carried as JSON text, as this version writes it: a current one is
+    validated straight from the text; an older or damaged one goes through the
+    mapping path above, to be migrated or refused with the reason."""
+    try:
+        state = GoalState.model_validate_json(text)
+    except ValidationError:
+        state = None
+    if state is not None and state.schema_version == SCHEMA_VERSION:
+        return state
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise StateRefused(f"the carried state is not JSON: {err}") from None
+    return load_state(data)
