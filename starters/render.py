@@ -54,7 +54,7 @@ def print_status(
     if snap is None:
         return
     console.print(
-        f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · "
+        f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · run {snap.runs} · "
         f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
     )
     for dimension, fraction in snap.budget.items():

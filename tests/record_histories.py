@@ -193,6 +193,8 @@ SCENARIOS = {
     "goal-v1-steered": record_goal_steered,
     "goal-v1-continue-as-new": record_goal_continue_as_new,
     "goal-v1-read-segments": record_goal_segments,
+    # The same run after the carried state became JSON text with each plan once (schema v3).
+    "goal-v1-text-state-continue-as-new": record_goal_continue_as_new,
 }
 
 

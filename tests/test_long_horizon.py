@@ -5,14 +5,17 @@ outputs) across runs, and a carried state is migrated or refused, never half-rea
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from rich.console import Console
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from starters.render import print_status
 from tests.conftest import new_goal_id, openai_profile, running_worker
 from tests.scenarios import spec
 from tests.test_steering import llm, submit, wait_until
@@ -20,8 +23,9 @@ from workers.converter import data_converter
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
 from workflows.migrations import StateRefused, load_state
+from workflows.plan import LlmStep, Plan
 from workflows.search_attributes import ALL_KEYS
-from workflows.state import SCHEMA_VERSION, GoalInput, GoalState
+from workflows.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
 
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 
@@ -63,7 +67,9 @@ async def run_chain(environment, task_queue, store, workspace, server, goal_id):
         receipt = await submit(handle, Answer(request_id="a-1", question_id="q1", choice="continue"))
         result = await handle.result()
         inbox = await handle.query(GoalWorkflow.inbox)
-    return result, inbox, runs_before_answer, receipt
+        console = Console(record=True, width=200)
+        print_status(console, await handle.describe(), await handle.query(GoalWorkflow.progress))
+    return result, inbox, runs_before_answer, receipt, console.export_text()
 
 
 async def test_continue_as_new_keeps_receipts_questions_and_results(
@@ -71,10 +77,17 @@ async def test_continue_as_new_keeps_receipts_questions_and_results(
 ):
     server = scripted(STEP_REPLY)
     goal_id = new_goal_id("can")
-    chained, inbox, runs, receipt = await run_chain(short_history_env, task_queue, store, workspace, server, goal_id)
-    plain, _, plain_runs, _ = await run_chain(env, task_queue + "-plain", store, workspace, server, new_goal_id("one"))
+    chained, inbox, runs, receipt, status = await run_chain(
+        short_history_env, task_queue, store, workspace, server, goal_id
+    )
+    plain, _, plain_runs, _, plain_status = await run_chain(
+        env, task_queue + "-plain", store, workspace, server, new_goal_id("one")
+    )
 
     assert runs >= 3 and plain_runs == 1  # the question was still open in a later run
+    # `perdure status` shows where the goal is in its run chain.
+    final_runs = int(re.search(r"· run (\d+) ·", status).group(1))
+    assert final_runs >= runs and "· run 1 ·" in plain_status
     assert receipt.status == "applied"
     assert [(e.request_id, e.status) for e in inbox.entries] == [
         ("st-1", "applied"),
@@ -108,6 +121,20 @@ def test_an_older_state_is_migrated(carried):
     assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
 
 
+def test_a_plan_kept_by_a_new_version_is_carried_once():
+    first, second = (Plan(steps=[LlmStep(name=n, prompt="p")]) for n in ("a", "b"))
+    versions = [(first, "planner"), (first, "narrow"), (second, "queue"), (second.model_copy(deep=True), "rewind")]
+    state = GoalState(
+        spec=spec(Path("/tmp/ws")),
+        plan_versions=[PlanVersion(version=i + 1, plan=p, reason="r", source=s) for i, (p, s) in enumerate(versions)],
+    )
+    carried = json.loads(state.model_dump_json())
+    assert [v["plan"] is not None for v in carried["plan_versions"]] == [True, False, True, False]
+    loaded = load_state(json.dumps(carried))
+    assert loaded == state
+    assert loaded.plan_versions[1].plan is loaded.plan_versions[0].plan  # shared, validated once
+
+
 def test_a_current_state_round_trips_through_text():
     state = GoalState(spec=spec(Path("/tmp/ws"), premises={"scope": "all"}), runs=3)
     assert load_state(state.model_dump_json()) == state
@@ -124,6 +151,14 @@ def test_a_current_state_round_trips_through_text():
         (v1_state(schema_version=99), "schema v99, newer than this worker's"),
         ({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}, "mystery: Extra inputs are not permitted"),
         ({**v1_state(), "schema_version": SCHEMA_VERSION, "phase": "dancing"}, "phase: Input should be"),
+        (
+            {
+                **v1_state(),
+                "schema_version": SCHEMA_VERSION,
+                "plan_versions": [{"version": 1, "plan": None, "reason": "r", "source": "planner"}],
+            },
+            "plan v1 has no plan",
+        ),
     ],
 )
 def test_a_state_that_cannot_be_read_is_refused(data, reason):

@@ -30,7 +30,14 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "premises": dict(spec.get("premises") or {}), "schema_version": 2}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    # v3 lets a plan version omit a plan equal to the one before; v2 always wrote it
+    # out, which v3 still reads. Only the version changes. (A v2 worker cannot read
+    # a v3 state: it refuses it as newer instead of failing on a missing plan.)
+    return {**data, "schema_version": 3}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def load_state(data: Any) -> GoalState:

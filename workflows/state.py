@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer, model_validator
 
 from workflows.contracts import (
     ArtifactRef,
@@ -25,7 +25,7 @@ from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Phase = Literal["planning", "running", "parked", "awaiting_human", "aborting", "reporting", "finished", "failed"]
 
@@ -96,7 +96,10 @@ class PlanDiff(BaseModel):
 
 class PlanVersion(BaseModel):
     version: int
-    plan: Plan
+    plan: Plan | None = Field(
+        description="Never None in a loaded state. In the carried form, None means the same plan as the "
+        "version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version."
+    )
     reason: str
     source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift"]
     diff: PlanDiff = Field(default_factory=PlanDiff)
@@ -185,6 +188,24 @@ class GoalState(BaseModel):
     compensations: list[CompensationRecord] = Field(default_factory=list)
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
+
+    @field_serializer("plan_versions", mode="wrap")
+    def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:
+        dumped = handler(versions)
+        for i in range(1, len(versions)):
+            before, plan = versions[i - 1].plan, versions[i].plan
+            if plan is before or plan == before:
+                dumped[i]["plan"] = None
+        return dumped
+
+    @model_validator(mode="after")
+    def _share_repeated_plans(self) -> GoalState:
+        for i, version in enumerate(self.plan_versions):
+            if version.plan is None:
+                if i == 0:
+                    raise ValueError("plan v1 has no plan")
+                version.plan = self.plan_versions[i - 1].plan
+        return self
 
     def open_questions(self) -> list[Question]:
         return [q for q in self.questions if q.status == "open"]
