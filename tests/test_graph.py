@@ -87,3 +87,36 @@ def test_topological_order_puts_dependencies_first(order):
     assert sorted(placed) == sorted(order)
     for step in plan.steps:
         assert all(placed.index(d) < placed.index(step.name) for d in step.needs)
+
+
+def _first_fit_order(plan: Plan) -> list[str]:
+    """The definition of the stable order: repeatedly place the first step in plan order
+    whose needs are all placed (the quadratic version topological_order replaced)."""
+    placed: list[str] = []
+    remaining = list(plan.steps)
+    while remaining:
+        step = next(s for s in remaining if set(s.needs) <= set(placed))
+        placed.append(step.name)
+        remaining.remove(step)
+    return placed
+
+
+@given(st.data())
+def test_topological_order_is_the_stable_first_fit_order(data):
+    size = data.draw(st.integers(min_value=1, max_value=12))
+    steps = [
+        LlmStep(
+            name=f"s{i}", prompt="p", needs=[f"s{d}" for d in data.draw(st.sets(st.integers(0, i - 1)))] if i else []
+        )
+        for i in range(size)
+    ]
+    plan = Plan(steps=data.draw(st.permutations(steps)))
+    assert graph.topological_order(plan) == _first_fit_order(plan)
+
+
+def test_topological_order_of_a_long_chain_listed_last_first():
+    # 10,000 steps listed in reverse: the first-fit scan is quadratic (tens of seconds); the
+    # report of a goal of that size runs inside one workflow task.
+    steps = [LlmStep(name=f"s{i:05d}", prompt="p", needs=[f"s{i - 1:05d}"] if i else []) for i in range(10_000)]
+    plan = Plan(steps=list(reversed(steps)))
+    assert graph.topological_order(plan) == [s.name for s in steps]

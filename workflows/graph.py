@@ -7,6 +7,7 @@ the same work gets the same key in every run and after every replan.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 
 from workflows.canonical import digest_of
@@ -70,15 +71,22 @@ def downstream(plan: Plan, name: str) -> list[str]:
 
 
 def topological_order(plan: Plan) -> list[str]:
-    """Plan steps ordered so every step comes after the steps it needs (stable)."""
+    """Plan steps ordered so every step comes after the steps it needs (stable: of the
+    steps whose needs are placed, the one listed first in the plan goes next)."""
+    position = {s.name: i for i, s in enumerate(plan.steps)}
+    waiting = {s.name: len(set(s.needs)) for s in plan.steps}
+    dependants: dict[str, list[str]] = {s.name: [] for s in plan.steps}
+    for step in plan.steps:
+        for dep in set(step.needs):
+            dependants[dep].append(step.name)
+    ready = [position[name] for name, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
     placed: list[str] = []
-    placed_set: set[str] = set()
-    remaining = list(plan.steps)
-    while remaining:
-        for step in remaining:
-            if all(d in placed_set for d in step.needs):
-                placed.append(step.name)
-                placed_set.add(step.name)
-                remaining.remove(step)
-                break
+    while ready:
+        name = plan.steps[heapq.heappop(ready)].name
+        placed.append(name)
+        for child in dependants[name]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, position[child])
     return placed
