@@ -39,7 +39,8 @@ ERROR_PREFIX = "ERROR: "
 RESULT_PREFIX = "Result of tool "
 COMPACTED_HEADER = (
     "[compacted by the runtime] Earlier turns that succeeded, one line each: the turn, each call with "
-    "its arguments, the start of its output and the artifact digest of the output in full. "
+    "its arguments, the start of its output and the artifact digest of the output in full "
+    "(the read_artifact tool returns it). "
     "Failed attempts and the latest turns are shown in full."
 )
 ARGS_PREVIEW_CHARS = 80

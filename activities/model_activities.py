@@ -45,7 +45,7 @@ from workflows.contracts import (
     Usage,
 )
 from workflows.plan import MAX_PLANNED_STEPS, Plan, parse_plan
-from workflows.tool_specs import LOW_VALUE_TOOLS, TOOL_SPECS
+from workflows.tool_specs import COMPACTION_TOOL, LOW_VALUE_TOOLS, TOOL_SPECS
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"
@@ -189,8 +189,11 @@ class ModelActivities:
             messages.append(ChatMessage(role="user", content=f"Note from the runtime: {note}"))
         if last_turn:
             messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
-        tools = [] if last_turn else agent_tools(core_tools(input.tools) if input.context.degraded else input.tools)
         compacted = self._compacted(input, messages)
+        # A compacted prompt shows some outputs as one line with their digest; the model
+        # may read one in full (the workflow allows the call on exactly these turns).
+        offered = [*input.tools, COMPACTION_TOOL] if compacted and COMPACTION_TOOL not in input.tools else input.tools
+        tools = [] if last_turn else agent_tools(core_tools(offered) if input.context.degraded else offered)
         sent = compacted.messages if compacted else messages
         response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools))
 

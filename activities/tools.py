@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from workflows.tool_specs import (
     TOOL_SPECS,
     HttpGetArgs,
     ListDirArgs,
+    ReadArtifactArgs,
     ReadFileArgs,
     RunCommandArgs,
     ToolArgs,
@@ -101,12 +103,18 @@ def _read_file_sync(root: Path, args: ReadFileArgs) -> str:
             data = f.read(args.max_bytes + 1)
     except OSError as err:
         raise ToolError(f"cannot read '{args.path}': {err.strerror or err}") from None
+    return _capped_text(data, args.max_bytes, size, f"'{args.path}'", "read_file")
+
+
+def _capped_text(data: bytes, max_bytes: int, size: int, what: str, tool: str) -> str:
+    """`data` (read up to max_bytes + 1 of `size` bytes) as text: refused when binary,
+    with a note when cut."""
     if b"\x00" in data[:8192]:
-        raise ToolError(f"'{args.path}' looks like a binary file (it contains NUL bytes); read_file returns text only")
-    if len(data) <= args.max_bytes:
+        raise ToolError(f"{what} looks like a binary file (it contains NUL bytes); {tool} returns text only")
+    if len(data) <= max_bytes:
         return _decode(data)
-    text = _decode(data[: args.max_bytes], capped=True)
-    return text + f"\n[truncated: showing the first {args.max_bytes} of {size} bytes of '{args.path}']"
+    text = _decode(data[:max_bytes], capped=True)
+    return text + f"\n[truncated: showing the first {max_bytes} of {size} bytes of {what}]"
 
 
 async def read_file(root: Path, args: ReadFileArgs) -> str:
@@ -325,6 +333,17 @@ async def http_get(root: Path, args: HttpGetArgs) -> str:
     return text
 
 
+async def read_artifact(store: ArtifactStore, _root: Path, args: ReadArtifactArgs) -> str:
+    """An earlier output in full, from the artifact store (the workspace plays no part)."""
+    try:
+        data = await asyncio.to_thread(store.get_bytes, args.digest)
+    except ArtifactMissing:
+        raise ToolError(f"no output with digest {args.digest}; use a digest shown in this conversation") from None
+    except ArtifactCorrupt as err:
+        raise ToolError(f"the output {args.digest} cannot be read: {err}") from None
+    return _capped_text(data, args.max_bytes, len(data), f"the output {args.digest}", "read_artifact")
+
+
 # --- registry and activity ------------------------------------------------------
 
 ToolFunction = Callable[[Path, Any], Awaitable[str]]
@@ -354,12 +373,16 @@ class ToolActivities:
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
+        self.functions: dict[str, ToolFunction | EffectTool] = {
+            **TOOL_FUNCTIONS,
+            "read_artifact": functools.partial(read_artifact, store),
+        }
 
     @activity.defn(name=Activities.RUN_TOOL)
     async def run_tool(self, input: ToolInput) -> ToolResult:
         spec = TOOL_SPECS.get(input.tool)
-        if spec is None or input.tool not in TOOL_FUNCTIONS:
-            known = ", ".join(sorted(TOOL_FUNCTIONS))
+        if spec is None or input.tool not in self.functions:
+            known = ", ".join(sorted(self.functions))
             return ToolResult(
                 call_id=input.call_id, tool=input.tool, ok=False, error=f"unknown tool '{input.tool}' (known: {known})"
             )
@@ -398,7 +421,7 @@ class ToolActivities:
                 f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
             )
 
-        implementation = TOOL_FUNCTIONS[input.tool]
+        implementation = self.functions[input.tool]
         async with Heartbeat() as beat:
             if isinstance(implementation, EffectTool):
                 return await run_effect(implementation, spec, input, args, self.store, beat)

@@ -384,19 +384,28 @@ async def test_past_the_soft_budget_gate_the_threshold_drops(store):
     assert all(r.compaction is None for r in results)
 
 
-async def test_a_goals_agent_node_compacts_and_records_it(env, task_queue, tmp_path, workspace):
+async def test_a_goals_agent_node_compacts_records_it_and_reads_a_compacted_output_back(
+    env, task_queue, tmp_path, workspace
+):
     """The same story through the real workflow, tools and worker: the goal's threshold
-    reaches the activity, and the node keeps the record."""
+    reaches the activity, the node keeps the record, and on a compacted turn the model
+    may read a shortened output in full by the digest its line shows."""
     (workspace / "docs").mkdir()
     for name, text in BIG.items():
         (workspace / f"docs/{name}.md").write_text(text)
     read = [{"name": "read_file", "arguments": {"path": f"docs/{name}.md"}} for name in ("missing", *BIG)]
+    alpha = sha256_digest(BIG["alpha"].encode())
     script = [
-        {"when_last": "step: survey", "tool_calls": [read[0]]},
-        {"when_last": "ERROR:", "tool_calls": [read[1]]},
-        {"when_last": "ALPHA-CONTENT", "tool_calls": [read[2]]},
-        {"when_last": "BRAVO-CONTENT", "tool_calls": [read[3]]},
-        {"when_last": "CHARLIE-CONTENT", "content": "The docs cover alpha, bravo and charlie."},
+        {"when_last": "step: survey", "times": 1, "tool_calls": [read[0]]},
+        {"when_last": "ERROR:", "times": 1, "tool_calls": [read[1]]},
+        {"when_last": "ALPHA-CONTENT", "times": 1, "tool_calls": [read[2]]},
+        {"when_last": "BRAVO-CONTENT", "times": 1, "tool_calls": [read[3]]},
+        {
+            "when_last": "CHARLIE-CONTENT",
+            "times": 1,
+            "tool_calls": [{"name": "read_artifact", "arguments": {"digest": alpha}}],
+        },
+        {"when_last": "ALPHA-CONTENT", "content": "The docs cover alpha, bravo and charlie."},
     ]
     plan = {"steps": [{"name": "survey", "kind": "agent", "tools": ["read_file"], "prompt": "Read the docs."}]}
     goal_store = ArtifactStore(tmp_path / "artifacts")
@@ -408,7 +417,12 @@ async def test_a_goals_agent_node_compacts_and_records_it(env, task_queue, tmp_p
             snapshot = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "succeeded", result.excerpt
     [node] = snapshot.nodes
-    assert node.compactions == 1  # turn 5: turn 2 (alpha) compacted; 1 failed, 3-4 current
+    assert node.compactions == 2  # turn 5: turn 2 (alpha) compacted; 1 failed, 3-4 current; turn 6 too
+    offered = [seen_openai(body).tools for body in server.bodies]
+    assert ["read_artifact" in tools for tools in offered] == [False, False, False, False, True, True]
+    assert f"[{alpha}]" in received_text(server, 4)  # the line names the digest it can be read back by
+    assert BIG["alpha"] in seen_openai(server.bodies[5]).last_text  # read back in full
+    assert node.placements["read_artifact"].startswith("local activity: read")
     text = received_text(server, 4)
     assert "Do not modify notes/." in text  # the goal's constraint
     assert '"docs/missing.md"' in text and "ERROR:" in text  # the failed attempt

@@ -181,6 +181,7 @@ def test_catalogue_declares_risk_and_replay_for_every_tool():
     expected = {
         "read_file": ("read", "safe"),
         "list_dir": ("read", "safe"),
+        "read_artifact": ("read", "safe"),
         "write_file": ("local-write", "safe"),
         "run_command": ("local-write", "safe"),
         "http_get": ("read", "safe"),

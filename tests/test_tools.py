@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import ArtifactStore
-from activities.tools import COMMAND_OUTPUT_CAP, TOOL_FUNCTIONS, ToolActivities, ToolError, command_env, read_file
+from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, command_env, read_file
 from workflows.contracts import ToolInput, ToolResult
 from workflows.tool_specs import TOOL_SPECS, ReadFileArgs
 
@@ -157,7 +157,8 @@ async def test_malformed_json_args_ref(store: ArtifactStore, ws: Path) -> None:
 async def test_unknown_tool(store: ArtifactStore, ws: Path) -> None:
     result = await run(store, ws, "rm_rf", {})
     assert not result.ok and result.risk is None
-    assert result.error == f"unknown tool 'rm_rf' (known: {', '.join(sorted(TOOL_FUNCTIONS))})"
+    known = ToolActivities(store).functions
+    assert result.error == f"unknown tool 'rm_rf' (known: {', '.join(sorted(known))})"
 
 
 async def test_templates_resolved_from_step_outputs(store: ArtifactStore, ws: Path) -> None:
@@ -201,8 +202,30 @@ async def test_model_written_args_are_literal(store: ArtifactStore, ws: Path) ->
     assert (ws / "t.md").read_text() == "use {{steps.summary}} here"
 
 
-def test_every_spec_has_an_implementation() -> None:
-    assert set(TOOL_FUNCTIONS) == set(TOOL_SPECS)
+def test_every_spec_has_an_implementation(store: ArtifactStore) -> None:
+    assert set(ToolActivities(store).functions) == set(TOOL_SPECS)
+
+
+# --- read_artifact ----------------------------------------------------------------------
+
+
+async def test_read_artifact_returns_an_output_in_full_by_digest(store: ArtifactStore, ws: Path) -> None:
+    text = "line\n" * 3000
+    ref = store.put_text(text)
+    result = await run(store, ws, "read_artifact", {"digest": ref.digest})
+    assert result.ok and result.risk == "read"
+    assert output_of(store, result) == text
+    capped = await run(store, ws, "read_artifact", {"digest": ref.digest, "max_bytes": 10})
+    assert output_of(store, capped).startswith("line\nline\n\n[truncated: showing the first 10 of 15000 bytes")
+
+
+async def test_read_artifact_says_what_is_wrong_with_a_digest(store: ArtifactStore, ws: Path) -> None:
+    missing = await run(store, ws, "read_artifact", {"digest": "sha256:" + "0" * 64})
+    assert not missing.ok and "no output with digest sha256:000" in (missing.error or "")
+    malformed = await run(store, ws, "read_artifact", {"digest": "abc"})
+    assert not malformed.ok and "digest" in (malformed.error or "") and "pattern" in (malformed.error or "")
+    binary = await run(store, ws, "read_artifact", {"digest": store.put_bytes(b"\x00\x01").digest})
+    assert not binary.ok and "binary" in (binary.error or "")
 
 
 # --- run_command ----------------------------------------------------------------------

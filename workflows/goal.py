@@ -82,7 +82,7 @@ with workflow.unsafe.imports_passed_through():
         PlanVersion,
         RejectedPath,
     )
-    from workflows.tool_specs import TOOL_SPECS
+    from workflows.tool_specs import COMPACTION_TOOL, TOOL_SPECS
 
 # workflow.patched ids: a history recorded without the change replays the old way.
 READ_SEGMENTS_PATCH = "read-segments"
@@ -1092,30 +1092,37 @@ class GoalWorkflow:
             transcript = result.transcript
             if result.final is not None:
                 return result.final, result.preview
-            tool_results = await self._agent_tool_calls(step, node, turn, result.tool_calls)
+            compacted = result.compaction is not None and COMPACTION_TOOL not in step.tools
+            offered = [*step.tools, COMPACTION_TOOL] if compacted else step.tools
+            tool_results = await self._agent_tool_calls(step, node, turn, result.tool_calls, offered)
             notes = await self._judge_stall(step, node, result, tool_results)
         raise NodeFailed(f"the agent used all {max_turns} turns without a final answer")
 
-    async def _agent_tool_calls(self, step: AgentStep, node: Node, turn: int, calls: list) -> list[ToolResult]:
+    async def _agent_tool_calls(
+        self, step: AgentStep, node: Node, turn: int, calls: list, offered: list[str]
+    ) -> list[ToolResult]:
         """The tool calls of one model turn, in the model's order; consecutive calls that
-        run as local activities (independent reads) run concurrently."""
+        run as local activities (independent reads) run concurrently. `offered`: the
+        tools this turn's model saw (the step's, plus read_artifact after a compaction)."""
         if not self._segments_enabled():
-            return [await self._agent_tool_call(step, node, turn, i, c) for i, c in enumerate(calls)]
-        local = [c.tool in step.tools and self._placement(c.tool).local for c in calls]
+            return [await self._agent_tool_call(step, node, turn, i, c, offered) for i, c in enumerate(calls)]
+        local = [c.tool in offered and self._placement(c.tool).local for c in calls]
         results: list[ToolResult | None] = [None] * len(calls)
         for group in segments.batches(local):
-            done = await asyncio.gather(*(self._agent_tool_call(step, node, turn, i, calls[i]) for i in group))
+            done = await asyncio.gather(*(self._agent_tool_call(step, node, turn, i, calls[i], offered) for i in group))
             for index, tool_result in zip(group, done, strict=True):
                 results[index] = tool_result
         return [r for r in results if r is not None]
 
-    async def _agent_tool_call(self, step: AgentStep, node: Node, turn: int, index: int, call) -> ToolResult:
-        if call.tool not in step.tools:
+    async def _agent_tool_call(
+        self, step: AgentStep, node: Node, turn: int, index: int, call, offered: list[str]
+    ) -> ToolResult:
+        if call.tool not in offered:
             return ToolResult(
                 call_id=call.call_id,
                 tool=call.tool,
                 ok=False,
-                error=f"tool '{call.tool}' is not available in this step; available: {', '.join(step.tools) or 'none'}",
+                error=f"tool '{call.tool}' is not available in this step; available: {', '.join(offered) or 'none'}",
             )
         return await self._call_tool(
             ToolInput(

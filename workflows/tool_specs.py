@@ -48,6 +48,11 @@ class RunCommandArgs(ToolArgs):
     timeout_s: float = Field(default=60, gt=0, le=600)
 
 
+class ReadArtifactArgs(ToolArgs):
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Digest of an output named in the conversation.")
+    max_bytes: int = Field(default=65_536, ge=1, le=1_048_576)
+
+
 class HttpGetArgs(ToolArgs):
     url: str = Field(pattern=r"^https?://", description="http or https URL.")
     max_bytes: int = Field(default=65_536, ge=1, le=1_048_576)
@@ -168,6 +173,15 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             args_model=ListDirArgs,
         ),
         ToolSpec(
+            name="read_artifact",
+            replay="safe",
+            expected_s=0.1,
+            risk="read",
+            description="Read an earlier output in full by its artifact digest (a compacted conversation "
+            "names the digest of each output it shortened).",
+            args_model=ReadArtifactArgs,
+        ),
+        ToolSpec(
             name="write_file",
             replay="safe",
             expected_s=0.1,
@@ -255,7 +269,13 @@ TOOL_SPECS: dict[str, ToolSpec] = {
     ]
 }
 
-DEFAULT_TOOLS: list[str] = [name for name, spec in TOOL_SPECS.items() if spec.risk in ("read", "local-write")]
+# Offered to an agent by the runtime, not by the plan: on a turn whose prompt was
+# compacted, so the model can read in full an output it sees as one line.
+COMPACTION_TOOL = "read_artifact"
+
+DEFAULT_TOOLS: list[str] = [
+    name for name, spec in TOOL_SPECS.items() if spec.risk in ("read", "local-write") and name != COMPACTION_TOOL
+]
 """Tools a goal may use unless it names its own: nothing that reaches outside the workspace."""
 
 # Dropped first when a goal runs degraded (past its soft budget gate): they
