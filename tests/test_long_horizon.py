@@ -188,3 +188,21 @@ async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_
             await handle.result()
     assert "schema v99, newer than this worker's" in str(failure.value.cause)
     assert server.requests() == []  # nothing ran on a state it could not read
+
+
+def test_loading_leaves_the_collector_as_it_found_it():
+    """Loading pauses Python's collector; a load, refused or not, must turn it back on."""
+    import gc
+
+    assert gc.isenabled()
+    load_state(GoalState(spec=spec(Path("/tmp/ws"))).model_dump_json())
+    assert gc.isenabled()
+    with pytest.raises(StateRefused):
+        load_state("{not json")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_state(GoalState(spec=spec(Path("/tmp/ws"))).model_dump_json())
+        assert not gc.isenabled()  # someone else's choice is kept
+    finally:
+        gc.enable()

@@ -8,7 +8,6 @@ artifact store, so any number of these can poll the `perdure` task queue.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from datetime import timedelta
 
@@ -38,14 +37,6 @@ log = structlog.get_logger(__name__)
 # a healthy worker takes to pick up a task, so cached runs are not given up early.
 STICKY_TIMEOUT = timedelta(seconds=3)
 
-# Python's default (700, 10, 10) runs a collection every 700 net allocations. A
-# continued 10,000-node goal builds ~200,000 objects when it loads its carried state,
-# and every collection meanwhile walks a heap that grows with what the worker already
-# holds: the load took 0.8-1.5 s (growing with the heap) against 0.5-0.6 s with these
-# thresholds, where the SDK allows 2 s for the whole workflow task. Measured by
-# `state_load_s` in bench/scale.py. Collections still run, just in larger batches.
-GC_THRESHOLDS = (50_000, 20, 10)
-
 
 def build_worker(
     client: Client,
@@ -55,8 +46,6 @@ def build_worker(
     model_config: ModelConfig | None = None,
     **worker_options,
 ) -> Worker:
-    # Process-wide, deliberately: every process that runs goals runs them with it.
-    gc.set_threshold(*GC_THRESHOLDS)
     store = store or default_store()
     models = ModelActivities(model_config or load_model_config(), store)
     tools = ToolActivities(store)
