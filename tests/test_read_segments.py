@@ -19,7 +19,8 @@ from tests.harness import CrashRig
 from tests.history_tools import local_activities, scheduled_activities, tool_timeline
 from tests.scenarios import spec
 from tests.test_goal_workflow import run_goal
-from workflows.goal import SEGMENT_MAX_CALLS, GoalWorkflow
+from workflows.goal import GoalWorkflow
+from workflows.tool_runner import SEGMENT_MAX_CALLS
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
 

@@ -6,6 +6,11 @@ nodes run concurrently), records outputs by artifact reference, and always
 finishes with a report node. The workflow only decides: every model call, tool
 call and file access is an activity called by its stable name, and the state it
 keeps (one `GoalState`) holds digests and references, never transcripts.
+
+Around it: `tool_runner.py` runs one tool call (read segments, retries, what an
+exhausted write becomes), `node_index.py` answers which nodes are where without
+a scan, `progress_view.py` builds what the query and the UI show, `retries.py`
+holds every timeout and retry policy.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 # Pydantic and our contracts are pure; passing them through keeps the sandbox
@@ -39,13 +43,11 @@ with workflow.unsafe.imports_passed_through():
         GoalResult,
         ModelContext,
         NodeStatus,
-        NodeView,
         PlanInput,
         PlanResult,
         PlanRevision,
         ProgressSnapshot,
         Queries,
-        QuestionView,
         ReportInput,
         ReportResult,
         Signals,
@@ -70,8 +72,10 @@ with workflow.unsafe.imports_passed_through():
         receipt_of,
     )
     from workflows.migrations import StateRefused, load_state
-    from workflows.node_index import NodeIndex
+    from workflows.node_index import IN_FLIGHT, NodeIndex
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
+    from workflows.progress_view import details_markdown, progress_snapshot
+    from workflows.retries import MODEL_HEARTBEAT, MODEL_RETRY, MODEL_TIMEOUT, REPORT_RETRY
     from workflows.state import (
         CompensationRecord,
         GoalInput,
@@ -82,52 +86,12 @@ with workflow.unsafe.imports_passed_through():
         PlanVersion,
         RejectedPath,
     )
+    from workflows.tool_runner import ToolRunner, failure_message
     from workflows.tool_specs import COMPACTION_TOOL, TOOL_SPECS
 
-# workflow.patched ids: a history recorded without the change replays the old way.
-READ_SEGMENTS_PATCH = "read-segments"
-SEGMENT_CAP_PATCH = "segment-cap"
-# Local activities started in one workflow task before the goal ends it with a 1 ms
-# timer: the task (and what a crash inside it re-runs) stays short however wide the
-# read-only part of a goal is.
-SEGMENT_MAX_CALLS = 100
-
-# Recovery after a worker dies mid-step = the heartbeat timeout (when the server notices)
-# + the first retry interval (README, "Checkpoints and recovery"). A retry that follows a
-# lost worker needs no back-off; later ones (a failing service) still back off.
-RETRY_FIRST = timedelta(seconds=0.5)
-MODEL_RETRY = RetryPolicy(
-    initial_interval=RETRY_FIRST,
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=6,
-    non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile"],
-)
-TOOL_RETRY = RetryPolicy(
-    initial_interval=RETRY_FIRST,
-    maximum_attempts=3,
-    non_retryable_error_types=["WorkspaceMissing"],
-)
-# Retries by replay policy: re-sending a keyed effect or re-checking one is safe,
-# so those get more attempts; a `once` tool's second attempt only reports uncertain.
-RETRY_BY_POLICY = {
-    "safe": TOOL_RETRY,
-    "keyed": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
-    "check": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
-    "once": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=2),
-}
-REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
-MODEL_TIMEOUT = timedelta(minutes=5)
-# Model activities heartbeat while they wait: a dead worker is noticed in this
-# long instead of the full start-to-close timeout. The SDK sends heartbeats at most
-# every 80% of it, so a shorter timeout risks judging a busy worker dead.
-MODEL_HEARTBEAT = timedelta(seconds=4)
-TOOL_TIMEOUT = timedelta(minutes=2)
 # Keeps the per-kind ledger and the gate log bounded however long the goal runs.
 LEDGER_SAMPLES = 200
 GATE_LOG_ENTRIES = 200
-# Nodes with a live task: running, or waiting inside it for a person or a resume.
-IN_FLIGHT = {"running", "blocked", "parked", "uncertain"}
 
 
 class NodeFailed(Exception):
@@ -168,10 +132,7 @@ class GoalWorkflow:
         # Kind -> estimate, for one pass of the loop: the ledger does not change within it.
         self._estimates: dict[str, Any] = {}
         self._details_at = None
-        # Local activities started in the current workflow task, and the shared break
-        # that ends a segment grown past SEGMENT_MAX_CALLS.
-        self._segment = (0, 0)  # (history length when the task started, calls)
-        self._segment_break: asyncio.Task | None = None
+        self._tools = ToolRunner(self._state)
         self._index: NodeIndex | None = None
 
     @workflow.run
@@ -345,71 +306,8 @@ class GoalWorkflow:
     @workflow.query(name=Queries.PROGRESS)
     def progress(self) -> ProgressSnapshot:
         state = self._state
-        nodes = list(state.nodes.values())
-        eta = self._eta()
-        counts: dict[str, int] = {}
-        for node in nodes:
-            counts[node.status] = counts.get(node.status, 0) + 1
-        return ProgressSnapshot(
-            goal_id=workflow.info().workflow_id,
-            phase=state.phase,
-            plan_version=len(state.plan_versions),
-            counts=counts,
-            running=[n.name for n in nodes if n.status == "running"],
-            percent_done=self._percent_done(),
-            tokens=state.ledger.tokens,
-            cost_usd=state.ledger.cost_usd,
-            model_calls=state.ledger.model_calls,
-            tool_calls=state.ledger.tool_calls,
-            nodes=[
-                NodeView(
-                    name=n.name,
-                    kind=n.kind,
-                    status=n.status,
-                    key=n.key,
-                    preview=n.preview,
-                    error=n.error,
-                    placements=n.placements,
-                    compactions=len(n.compactions),
-                )
-                for n in nodes
-            ],
-            results={n.name: n.output.digest for n in nodes if n.output is not None},
-            report=state.result.report if state.result else None,
-            failure=state.failure,
-            parked=state.pause.mode == "parked",
-            pause_reason=state.pause.reason,
-            premises=state.premises,
-            questions=[
-                QuestionView(
-                    id=q.id,
-                    topic=q.topic,
-                    asked_at=q.asked_at,
-                    title=q.title,
-                    done=q.done,
-                    stuck=q.stuck,
-                    options=[o.model_dump() for o in q.options],
-                    recommendation=q.recommendation,
-                )
-                for q in state.open_questions()
-            ],
-            pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
-            budget=budget.budget_fractions(state.spec.budget, self._actual_use()),
-            degraded=any(n.degraded for n in nodes if n.status in IN_FLIGHT),
-            eta=eta.text if eta else None,
-            eta_confidence=eta.confidence if eta else None,
-            conclusions=[
-                f"{n.name}: {n.preview}" for n in nodes if n.status == "succeeded" and n.kind != "tool" and n.preview
-            ][-5:],
-            gate_log=state.gate_log[-10:],
-            started_at=state.started_at,
-            runs=state.runs,
-            last_progress_at=state.last_progress_at or state.started_at,
-            stall_after_s=state.spec.stall_after_s,
-            stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
-            park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
-            oldest_question_at=min((q.asked_at for q in state.open_questions()), default=None),
-        )
+        fractions = budget.budget_fractions(state.spec.budget, self._actual_use())
+        return progress_snapshot(state, workflow.info().workflow_id, self._percent_done(), fractions, self._eta())
 
     def _eta(self):
         state = self._state
@@ -1104,9 +1002,9 @@ class GoalWorkflow:
         """The tool calls of one model turn, in the model's order; consecutive calls that
         run as local activities (independent reads) run concurrently. `offered`: the
         tools this turn's model saw (the step's, plus read_artifact after a compaction)."""
-        if not self._segments_enabled():
+        if not self._tools.segments_enabled():
             return [await self._agent_tool_call(step, node, turn, i, c, offered) for i, c in enumerate(calls)]
-        local = [c.tool in offered and self._placement(c.tool).local for c in calls]
+        local = [c.tool in offered and self._tools.placement(c.tool).local for c in calls]
         results: list[ToolResult | None] = [None] * len(calls)
         for group in segments.batches(local):
             done = await asyncio.gather(*(self._agent_tool_call(step, node, turn, i, calls[i], offered) for i in group))
@@ -1208,7 +1106,7 @@ class GoalWorkflow:
                     call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=reason
                 )
             tool_input = tool_input.model_copy(update={"confirmed": True})
-        result = await self._execute_tool(tool_input, summary, node)
+        result = await self._tools.execute(tool_input, summary, node)
         if result.uncertain:
             question = questions.uncertain_effect(
                 self._state, workflow.now(), node.name, tool_input.tool, result.effect_key or "?", result.error or ""
@@ -1217,85 +1115,11 @@ class GoalWorkflow:
             answer = await self._await_answer(node, question, status="uncertain")
             if answer in ("happened", "not_happened"):
                 resolved = tool_input.model_copy(update={"resolution": answer})
-                result = await self._execute_tool(resolved, f"{summary} · {answer.replace('_', ' ')}", node)
+                result = await self._tools.execute(resolved, f"{summary} · {answer.replace('_', ' ')}", node)
         if result.ok and result.compensation is not None and result.effect_key:
             self._state.compensations.append(
                 CompensationRecord(node=node.name, effect_key=result.effect_key, compensation=result.compensation)
             )
-        return result
-
-    def _segments_enabled(self) -> bool:
-        """Goals recorded before read segments existed replay their reads as activities."""
-        return workflow.patched(READ_SEGMENTS_PATCH)
-
-    def _placement(self, tool: str) -> segments.Placement:
-        placement = segments.place_tool(tool, self._state.spec.local_activities_up_to_s)
-        if placement.local and not self._segments_enabled():
-            return segments.Placement(where="activity", why="goal started before read segments existed")
-        return placement
-
-    async def _segment_room(self) -> None:
-        """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
-        for a short timer, which ends the task once the calls in flight are done. Every
-        caller waiting meanwhile shares the one timer."""
-        while True:
-            started, calls = self._segment
-            length = workflow.info().get_current_history_length()
-            if length != started:
-                started, calls = length, 0  # a new workflow task: a new segment
-            if calls < SEGMENT_MAX_CALLS or not workflow.patched(SEGMENT_CAP_PATCH):
-                break
-            if self._segment_break is None or self._segment_break.done():
-                self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))
-            await asyncio.shield(self._segment_break)
-        self._segment = (started, calls + 1)
-
-    async def _execute_tool(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
-        spec = TOOL_SPECS.get(tool_input.tool)
-        retry = RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY
-        placement = self._placement(tool_input.tool)
-        if node is not None:
-            node.placements[tool_input.tool] = placement.describe()
-        try:
-            if placement.local:
-                # Part of a read segment: the result is written to history with the next
-                # workflow task; a crash before then re-runs the (free) read.
-                await self._segment_room()
-                result = await workflow.execute_local_activity(
-                    Activities.RUN_TOOL,
-                    tool_input,
-                    result_type=ToolResult,
-                    start_to_close_timeout=tool_timeout(tool_input),
-                    retry_policy=retry,
-                    summary=summary,
-                )
-            else:
-                result = await workflow.execute_activity(
-                    Activities.RUN_TOOL,
-                    tool_input,
-                    result_type=ToolResult,
-                    start_to_close_timeout=tool_timeout(tool_input),
-                    heartbeat_timeout=tool_heartbeat(tool_input),
-                    retry_policy=retry,
-                    summary=summary,
-                )
-        except ActivityError as err:
-            if spec is None or spec.risk not in ("remote-write", "irreversible"):
-                raise
-            # Out of attempts (or time) on a write to the outside world: whether it
-            # landed is unknown, and that is a question for a person, not a failure.
-            details = getattr(err.cause, "details", None) or [{}]
-            key = details[0].get("effect_key") if isinstance(details[0], dict) else None
-            result = ToolResult(
-                call_id=tool_input.call_id,
-                tool=tool_input.tool,
-                risk=spec.risk,
-                ok=False,
-                uncertain=True,
-                effect_key=key,
-                error=f"{tool_input.tool} did not complete and may or may not have happened: {failure_message(err)}",
-            )
-        self._state.ledger.tool_calls += 1
         return result
 
     async def _roll_back(self) -> None:
@@ -1305,7 +1129,7 @@ class GoalWorkflow:
                 continue
             comp = record.compensation
             try:
-                result = await self._execute_tool(
+                result = await self._tools.execute(
                     ToolInput(
                         goal_id=workflow.info().workflow_id,
                         node_key=f"compensate:{record.effect_key}",
@@ -1477,56 +1301,8 @@ class GoalWorkflow:
         )
 
     def _details_markdown(self, percent: int) -> str:
-        state = self._state
-        index = self._node_index()
-        done = index.count(("succeeded",))
-        running = index.names(("running",))
-        lines = [
-            f"**{state.phase}** · {percent}% · {done}/{len(state.nodes)} nodes succeeded",
-            f"running: {', '.join(running) or '—'}",
-            f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
-            f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",
-        ]
-        fractions = budget.budget_fractions(state.spec.budget, self._actual_use())
-        if fractions:
-            lines.append("budget: " + " · ".join(f"{k} {v:.0%}" for k, v in fractions.items()))
-        eta = self._eta()
-        if eta:
-            lines.append(f"ETA: {eta.text}")
-        if state.pause.mode == "parked":
-            lines.append(f"parked: {state.pause.reason}")
-        for question in state.open_questions():
-            lines.append(f"**needs you** ({question.id}): {question.title}")
-        if state.failure:
-            lines.append(f"failure: {state.failure}")
-        return "\n\n".join(lines)
-
-
-def tool_timeout(tool_input: ToolInput) -> timedelta:
-    """Each tool's own start-to-close timeout; run_command carries its own limit, plus
-    room for start-up and output capture."""
-    if tool_input.tool == "run_command":
-        # Model-written arguments are not visible here; allow the tool's maximum.
-        limit = float(tool_input.args.get("timeout_s", 60)) if tool_input.args else 600
-        return timedelta(seconds=limit + 30)
-    spec = TOOL_SPECS.get(tool_input.tool)
-    return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
-
-
-def tool_heartbeat(tool_input: ToolInput) -> timedelta | None:
-    """Remote writes heartbeat, so a killed worker is noticed in seconds, not at the timeout."""
-    spec = TOOL_SPECS.get(tool_input.tool)
-    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else None
-
-
-def failure_message(err: ActivityError) -> str:
-    """The innermost application message of an activity failure, with its type."""
-    cause = err.cause
-    while cause is not None and not isinstance(cause, ApplicationError) and cause.cause is not None:
-        cause = cause.cause
-    if isinstance(cause, ApplicationError):
-        return f"{cause.message} ({cause.type})" if cause.type else cause.message
-    return str(cause or err)
+        fractions = budget.budget_fractions(self._state.spec.budget, self._actual_use())
+        return details_markdown(self._state, self._node_index(), percent, fractions, self._eta())
 
 
 def short_key(key: str | None) -> str:

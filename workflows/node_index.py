@@ -23,6 +23,9 @@ from workflows.graph import TERMINAL
 from workflows.plan import Plan
 from workflows.state import Node
 
+# Nodes with a live task: running, or waiting inside it for a person or a resume.
+IN_FLIGHT: frozenset[str] = frozenset({"running", "blocked", "parked", "uncertain"})
+
 
 class NodeIndex:
     def __init__(self, plan: Plan | None, nodes: Mapping[str, Node]) -> None:

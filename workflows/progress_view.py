@@ -1,0 +1,107 @@
+"""What a goal shows about itself: the `progress` query's snapshot and the
+markdown the Temporal UI shows as the workflow's current details. Pure.
+
+The goal works out the figures that need its clock or its index (percent done,
+budget fractions, ETA) and hands them in; everything else is read off the state.
+"""
+
+from __future__ import annotations
+
+from workflows.contracts import NodeView, ProgressSnapshot, QuestionView
+from workflows.eta import Eta
+from workflows.node_index import IN_FLIGHT, NodeIndex
+from workflows.state import GoalState
+
+
+def progress_snapshot(
+    state: GoalState, goal_id: str, percent: int, fractions: dict[str, float], eta: Eta | None
+) -> ProgressSnapshot:
+    nodes = list(state.nodes.values())
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.status] = counts.get(node.status, 0) + 1
+    open_questions = state.open_questions()
+    return ProgressSnapshot(
+        goal_id=goal_id,
+        phase=state.phase,
+        plan_version=len(state.plan_versions),
+        counts=counts,
+        running=[n.name for n in nodes if n.status == "running"],
+        percent_done=percent,
+        tokens=state.ledger.tokens,
+        cost_usd=state.ledger.cost_usd,
+        model_calls=state.ledger.model_calls,
+        tool_calls=state.ledger.tool_calls,
+        nodes=[
+            NodeView(
+                name=n.name,
+                kind=n.kind,
+                status=n.status,
+                key=n.key,
+                preview=n.preview,
+                error=n.error,
+                placements=n.placements,
+                compactions=len(n.compactions),
+            )
+            for n in nodes
+        ],
+        results={n.name: n.output.digest for n in nodes if n.output is not None},
+        report=state.result.report if state.result else None,
+        failure=state.failure,
+        parked=state.pause.mode == "parked",
+        pause_reason=state.pause.reason,
+        premises=state.premises,
+        questions=[
+            QuestionView(
+                id=q.id,
+                topic=q.topic,
+                asked_at=q.asked_at,
+                title=q.title,
+                done=q.done,
+                stuck=q.stuck,
+                options=[o.model_dump() for o in q.options],
+                recommendation=q.recommendation,
+            )
+            for q in open_questions
+        ],
+        pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
+        budget=fractions,
+        degraded=any(n.degraded for n in nodes if n.status in IN_FLIGHT),
+        eta=eta.text if eta else None,
+        eta_confidence=eta.confidence if eta else None,
+        conclusions=[
+            f"{n.name}: {n.preview}" for n in nodes if n.status == "succeeded" and n.kind != "tool" and n.preview
+        ][-5:],
+        gate_log=state.gate_log[-10:],
+        started_at=state.started_at,
+        runs=state.runs,
+        last_progress_at=state.last_progress_at or state.started_at,
+        stall_after_s=state.spec.stall_after_s,
+        stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
+        park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
+        oldest_question_at=min((q.asked_at for q in open_questions), default=None),
+    )
+
+
+def details_markdown(
+    state: GoalState, index: NodeIndex, percent: int, fractions: dict[str, float], eta: Eta | None
+) -> str:
+    """The UI's current details: a few lines, from the index, never a scan of every node."""
+    running = index.names(("running",))
+    lines = [
+        f"**{state.phase}** · {percent}% · {index.count(('succeeded',))}/{len(state.nodes)} nodes succeeded",
+        f"running: {', '.join(running) or '—'}",
+        f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
+        f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",
+    ]
+    if fractions:
+        lines.append("budget: " + " · ".join(f"{k} {v:.0%}" for k, v in fractions.items()))
+    if eta:
+        lines.append(f"ETA: {eta.text}")
+    if state.pause.mode == "parked":
+        lines.append(f"parked: {state.pause.reason}")
+    for question in state.open_questions():
+        lines.append(f"**needs you** ({question.id}): {question.title}")
+    if state.failure:
+        lines.append(f"failure: {state.failure}")
+    return "\n\n".join(lines)

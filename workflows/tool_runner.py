@@ -1,0 +1,140 @@
+"""How the goal runs one tool call: where (a local activity in a read segment, or
+an activity with its own checkpoint), with which timeouts and retries, and what
+a write that ran out of attempts becomes (uncertain, never failed).
+
+Workflow code: it schedules activities, so it runs inside GoalWorkflow. The
+effect rules around a call (confirmation of irreversible tools, questions about
+uncertain outcomes, compensations) stay in the goal, which owns the questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows import segments
+from workflows.contracts import Activities, ToolInput, ToolResult
+from workflows.retries import RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
+from workflows.state import GoalState, Node
+from workflows.tool_specs import TOOL_SPECS
+
+# workflow.patched ids: a history recorded without the change replays the old way.
+READ_SEGMENTS_PATCH = "read-segments"
+SEGMENT_CAP_PATCH = "segment-cap"
+# Local activities started in one workflow task before the goal ends it with a 1 ms
+# timer: the task (and what a crash inside it re-runs) stays short however wide the
+# read-only part of a goal is.
+SEGMENT_MAX_CALLS = 100
+
+
+class ToolRunner:
+    def __init__(self, state: GoalState) -> None:
+        self._state = state
+        # Local activities started in the current workflow task, and the shared break
+        # that ends a segment grown past SEGMENT_MAX_CALLS.
+        self._segment = (0, 0)  # (history length when the task started, calls)
+        self._segment_break: asyncio.Task | None = None
+
+    def segments_enabled(self) -> bool:
+        """Goals recorded before read segments existed replay their reads as activities."""
+        return workflow.patched(READ_SEGMENTS_PATCH)
+
+    def placement(self, tool: str) -> segments.Placement:
+        placement = segments.place_tool(tool, self._state.spec.local_activities_up_to_s)
+        if placement.local and not self.segments_enabled():
+            return segments.Placement(where="activity", why="goal started before read segments existed")
+        return placement
+
+    async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
+        spec = TOOL_SPECS.get(tool_input.tool)
+        retry = RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY
+        placement = self.placement(tool_input.tool)
+        if node is not None:
+            node.placements[tool_input.tool] = placement.describe()
+        try:
+            if placement.local:
+                # Part of a read segment: the result is written to history with the next
+                # workflow task; a crash before then re-runs the (free) read.
+                await self._segment_room()
+                result = await workflow.execute_local_activity(
+                    Activities.RUN_TOOL,
+                    tool_input,
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+            else:
+                result = await workflow.execute_activity(
+                    Activities.RUN_TOOL,
+                    tool_input,
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input),
+                    heartbeat_timeout=tool_heartbeat(tool_input),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+        except ActivityError as err:
+            if spec is None or spec.risk not in ("remote-write", "irreversible"):
+                raise
+            # Out of attempts (or time) on a write to the outside world: whether it
+            # landed is unknown, and that is a question for a person, not a failure.
+            details = getattr(err.cause, "details", None) or [{}]
+            key = details[0].get("effect_key") if isinstance(details[0], dict) else None
+            result = ToolResult(
+                call_id=tool_input.call_id,
+                tool=tool_input.tool,
+                risk=spec.risk,
+                ok=False,
+                uncertain=True,
+                effect_key=key,
+                error=f"{tool_input.tool} did not complete and may or may not have happened: {failure_message(err)}",
+            )
+        self._state.ledger.tool_calls += 1
+        return result
+
+    async def _segment_room(self) -> None:
+        """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
+        for a short timer, which ends the task once the calls in flight are done. Every
+        caller waiting meanwhile shares the one timer."""
+        while True:
+            started, calls = self._segment
+            length = workflow.info().get_current_history_length()
+            if length != started:
+                started, calls = length, 0  # a new workflow task: a new segment
+            if calls < SEGMENT_MAX_CALLS or not workflow.patched(SEGMENT_CAP_PATCH):
+                break
+            if self._segment_break is None or self._segment_break.done():
+                self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))
+            await asyncio.shield(self._segment_break)
+        self._segment = (started, calls + 1)
+
+
+def tool_timeout(tool_input: ToolInput) -> timedelta:
+    """Each tool's own start-to-close timeout; run_command carries its own limit, plus
+    room for start-up and output capture."""
+    if tool_input.tool == "run_command":
+        # Model-written arguments are not visible here; allow the tool's maximum.
+        limit = float(tool_input.args.get("timeout_s", 60)) if tool_input.args else 600
+        return timedelta(seconds=limit + 30)
+    spec = TOOL_SPECS.get(tool_input.tool)
+    return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
+
+
+def tool_heartbeat(tool_input: ToolInput) -> timedelta | None:
+    """Remote writes heartbeat, so a killed worker is noticed in seconds, not at the timeout."""
+    spec = TOOL_SPECS.get(tool_input.tool)
+    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else None
+
+
+def failure_message(err: ActivityError) -> str:
+    """The innermost application message of an activity failure, with its type."""
+    cause = err.cause
+    while cause is not None and not isinstance(cause, ApplicationError) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.message} ({cause.type})" if cause.type else cause.message
+    return str(cause or err)
