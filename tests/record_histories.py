@@ -9,12 +9,16 @@ version, not a new recording of an old name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
@@ -35,53 +39,61 @@ from workflows.watchdog_contracts import WatchdogInput
 HISTORIES = Path(__file__).parent / "histories"
 
 
-async def record_goal_demo(env: WorkflowEnvironment, out: Path) -> None:
-    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(demo_script()) as server:
+@asynccontextmanager
+async def rig(env: WorkflowEnvironment, script: dict | None = None) -> AsyncIterator[tuple[Path, str]]:
+    """A scratch workspace and the production worker on a fresh task queue, with a
+    scripted model server when the scenario calls a model: (workspace, task queue)."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
-        write_notes(workspace)
-        config = ModelConfig(profiles={"test": openai_profile(server)})
+        profiles = {}
+        if script is not None:
+            profiles["test"] = openai_profile(stack.enter_context(ScriptedServer(script)))
         task_queue = f"record-{uuid.uuid4().hex[:8]}"
         store = ArtifactStore(Path(tmp) / "artifacts")
+        config = ModelConfig(profiles=profiles)
         async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
-            handle = await env.client.start_workflow(
-                GoalWorkflow.run, GoalInput(spec=spec(workspace)), id=out.stem, task_queue=task_queue
-            )
-            await handle.result()
-            history = await handle.fetch_history()
+            yield workspace, task_queue
+
+
+def save(out: Path, history: WorkflowHistory) -> None:
     out.write_text(history.to_json(), encoding="utf-8")
     print(f"recorded {out} ({len(history.events)} events)")
+
+
+async def record_goal_demo(env: WorkflowEnvironment, out: Path) -> None:
+    async with rig(env, demo_script()) as (workspace, task_queue):
+        write_notes(workspace)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=spec(workspace)), id=out.stem, task_queue=task_queue
+        )
+        await handle.result()
+        save(out, await handle.fetch_history())
 
 
 async def record_watchdog_nudge(env: WorkflowEnvironment, out: Path) -> None:
     """A watchdog run that finds a goal stalled (judged an hour ahead) and nudges it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        workspace = Path(tmp) / "workspace"
-        workspace.mkdir()
-        gate = {"name": "gate", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 3"}}
-        task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        store = ArtifactStore(Path(tmp) / "artifacts")
-        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={})):
-            goal = await env.client.start_workflow(
-                GoalWorkflow.run,
-                GoalInput(spec=spec(workspace, plan={"steps": [gate]}, stall_after_s=60)),
-                id=f"{out.stem}-goal",
-                task_queue=task_queue,
-            )
-            while not (await goal.query(GoalWorkflow.progress)).running:
-                await asyncio.sleep(0.1)
-            handle = await env.client.start_workflow(
-                WatchdogWorkflow.run,
-                WatchdogInput(task_queue=task_queue, as_of=datetime.now(UTC) + timedelta(hours=1)),
-                id=out.stem,
-                task_queue=task_queue,
-            )
-            result = await handle.result()
-            assert result.sent, "the recorded run should nudge the stalled goal"
-            history = await handle.fetch_history()
-            await goal.terminate("recorded")
-    out.write_text(history.to_json(), encoding="utf-8")
-    print(f"recorded {out} ({len(history.events)} events)")
+    gate = {"name": "gate", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 3"}}
+    async with rig(env) as (workspace, task_queue):
+        goal = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": [gate]}, stall_after_s=60)),
+            id=f"{out.stem}-goal",
+            task_queue=task_queue,
+        )
+        while not (await goal.query(GoalWorkflow.progress)).running:
+            await asyncio.sleep(0.1)
+        handle = await env.client.start_workflow(
+            WatchdogWorkflow.run,
+            WatchdogInput(task_queue=task_queue, as_of=datetime.now(UTC) + timedelta(hours=1)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        result = await handle.result()
+        assert result.sent, "the recorded run should nudge the stalled goal"
+        history = await handle.fetch_history()
+        await goal.terminate("recorded")
+    save(out, history)
 
 
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
@@ -91,56 +103,40 @@ async def record_goal_steered(env: WorkflowEnvironment, out: Path) -> None:
     """A goal steered while it runs: a steer and a park by update, a malformed signal
     (refused with a reason), a resume by signal, then the gate opens and it finishes."""
     steps = [gate(), llm("draft", ["gate"]), llm("polish", ["draft"])]
-    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(STEP_REPLY) as server:
-        workspace = Path(tmp) / "workspace"
-        workspace.mkdir()
-        config = ModelConfig(profiles={"test": openai_profile(server)})
-        task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        store = ArtifactStore(Path(tmp) / "artifacts")
-        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
-            handle = await env.client.start_workflow(
-                GoalWorkflow.run,
-                GoalInput(spec=spec(workspace, plan={"steps": steps}, drift_every=0)),
-                id=out.stem,
-                task_queue=task_queue,
-            )
-            await wait_until(handle, lambda s: s.running)
-            await submit(handle, Steer(request_id="st-1", text="Keep every answer under 50 words."))
-            await submit(handle, Park(request_id="pk-1", reason="reviewing the draft plan"))
-            await handle.signal(GoalWorkflow.message_signal, {"request_id": "bad-1", "kind": "teleport"})
-            await handle.signal(GoalWorkflow.message_signal, Resume(request_id="rs-1").model_dump(mode="json"))
-            await wait_until(handle, lambda s: not s.parked)
-            (workspace / "GO").touch()
-            await handle.result()
-            history = await handle.fetch_history()
-    out.write_text(history.to_json(), encoding="utf-8")
-    print(f"recorded {out} ({len(history.events)} events)")
+    async with rig(env, STEP_REPLY) as (workspace, task_queue):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": steps}, drift_every=0)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        await wait_until(handle, lambda s: s.running)
+        await submit(handle, Steer(request_id="st-1", text="Keep every answer under 50 words."))
+        await submit(handle, Park(request_id="pk-1", reason="reviewing the draft plan"))
+        await handle.signal(GoalWorkflow.message_signal, {"request_id": "bad-1", "kind": "teleport"})
+        await handle.signal(GoalWorkflow.message_signal, Resume(request_id="rs-1").model_dump(mode="json"))
+        await wait_until(handle, lambda s: not s.parked)
+        (workspace / "GO").touch()
+        await handle.result()
+        save(out, await handle.fetch_history())
 
 
 async def record_goal_continue_as_new(env: WorkflowEnvironment, out: Path) -> None:
     """A chain long enough to continue as new at the goal's own event limit; the first
     run (ending in ContinuedAsNew) and the last (starting from a carried state) are kept."""
     steps = [llm(f"s{i:02d}", [f"s{i - 1:02d}"] if i else []) for i in range(8)]
-    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(STEP_REPLY) as server:
-        workspace = Path(tmp) / "workspace"
-        workspace.mkdir()
-        config = ModelConfig(profiles={"test": openai_profile(server)})
-        task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        store = ArtifactStore(Path(tmp) / "artifacts")
+    async with rig(env, STEP_REPLY) as (workspace, task_queue):
         goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0, continue_as_new_after_events=50)
-        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
-            handle = await env.client.start_workflow(
-                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
-            )
-            await handle.signal(GoalWorkflow.message_signal, Steer(request_id="st-1", text="Be brief.").model_dump())
-            await handle.result()
-            first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
-            last = await env.client.get_workflow_handle(out.stem).fetch_history()
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        await handle.signal(GoalWorkflow.message_signal, Steer(request_id="st-1", text="Be brief.").model_dump())
+        await handle.result()
+        first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
+        last = await env.client.get_workflow_handle(out.stem).fetch_history()
     assert first.events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), "no continue-as-new"
-    for name, history in ((f"{out.stem}-first-run", first), (f"{out.stem}-last-run", last)):
-        path = out.with_name(f"{name}.json")
-        path.write_text(history.to_json(), encoding="utf-8")
-        print(f"recorded {path} ({len(history.events)} events)")
+    save(out.with_name(f"{out.stem}-first-run.json"), first)
+    save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
 async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
@@ -166,25 +162,17 @@ async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
             {"when": "AGENT-DIGEST", "times": 1, "content": "DIGEST.md written."},
         ]
     }
-    with tempfile.TemporaryDirectory() as tmp, ScriptedServer(script) as server:
-        workspace = Path(tmp) / "workspace"
-        workspace.mkdir()
+    async with rig(env, script) as (workspace, task_queue):
         write_notes(workspace)
-        config = ModelConfig(profiles={"test": openai_profile(server)})
-        task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        store = ArtifactStore(Path(tmp) / "artifacts")
-        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
-            handle = await env.client.start_workflow(
-                GoalWorkflow.run,
-                GoalInput(spec=spec(workspace, plan=plan, drift_every=0)),
-                id=out.stem,
-                task_queue=task_queue,
-            )
-            result = await handle.result()
-            assert result.outcome == "succeeded", result.excerpt
-            history = await handle.fetch_history()
-    out.write_text(history.to_json(), encoding="utf-8")
-    print(f"recorded {out} ({len(history.events)} events)")
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan=plan, drift_every=0)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        result = await handle.result()
+        assert result.outcome == "succeeded", result.excerpt
+        save(out, await handle.fetch_history())
 
 
 SCENARIOS = {
@@ -198,8 +186,10 @@ SCENARIOS = {
 }
 
 
-async def main() -> None:
-    todo = {name: fn for name, fn in SCENARIOS.items() if not list(HISTORIES.glob(f"{name}*.json"))}
+async def main(into: Path = HISTORIES) -> None:
+    """Record the scenarios that have no golden history in `into` yet (every one, into
+    an empty directory: `python -m tests.record_histories DIR` checks the recorder)."""
+    todo = {name: fn for name, fn in SCENARIOS.items() if not list(into.glob(f"{name}*.json"))}
     if not todo:
         print("every scenario already has a golden history; nothing to record")
         return
@@ -211,10 +201,10 @@ async def main() -> None:
     )
     try:
         for name, record in todo.items():
-            await record(env, HISTORIES / f"{name}.json")
+            await record(env, into / f"{name}.json")
     finally:
         await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(Path(sys.argv[1]) if len(sys.argv) > 1 else HISTORIES))
