@@ -9,6 +9,7 @@ workflow code does at run time. Nothing here changes how perdure behaves.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -27,6 +28,7 @@ from temporalio.worker import Worker
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from activities.tools import ToolActivities
+from starters.devserver import load_dynamic_config
 from starters.goals import GOAL_TASK_TIMEOUT
 from workers.converter import STORE_ENV, THRESHOLD_ENV, data_converter
 from workers.orchestrator import build_worker
@@ -51,12 +53,17 @@ def use_home(home: Path) -> None:
 
 
 async def start_server() -> WorkflowEnvironment:
-    """One dev server (in-memory database), every perdure search attribute registered."""
+    """One dev server (in-memory database), every perdure search attribute registered,
+    configured like the embedded server (temporal-dev/dynamic-config.yaml)."""
+    extra = []
+    for key, value in load_dynamic_config().items():
+        extra += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"),
         search_attributes=ALL_KEYS,
         data_converter=data_converter(),
         dev_server_log_level="error",
+        dev_server_extra_args=extra,
     )
 
 
