@@ -4,6 +4,7 @@ outputs) across runs, and a carried state is migrated or refused, never half-rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from rich.console import Console
-from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from starters.render import print_status
@@ -22,7 +24,7 @@ from tests.test_steering import llm, submit, wait_until
 from workers.converter import data_converter
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
-from workflows.migrations import StateRefused, load_state
+from workflows.migrations import StateFromNewerCode, StateRefused, load_state
 from workflows.plan import LlmStep, Plan
 from workflows.search_attributes import ALL_KEYS
 from workflows.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
@@ -145,10 +147,8 @@ def test_a_current_state_round_trips_through_text():
     [
         (["a list"], "is a list, not a mapping"),
         ("{not json", "is not JSON"),
-        (json.dumps(v1_state(schema_version=99)), "schema v99, newer than this worker's"),
         (json.dumps({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}), "mystery: Extra inputs"),
         ({"spec": {}}, "has no integer schema_version"),
-        (v1_state(schema_version=99), "schema v99, newer than this worker's"),
         ({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}, "mystery: Extra inputs are not permitted"),
         ({**v1_state(), "schema_version": SCHEMA_VERSION, "phase": "dancing"}, "phase: Input should be"),
         (
@@ -167,27 +167,67 @@ def test_a_state_that_cannot_be_read_is_refused(data, reason):
     assert reason in str(refused.value)
 
 
+@pytest.mark.parametrize("carried", [v1_state(schema_version=99), json.dumps(v1_state(schema_version=99))])
+def test_a_state_from_newer_code_is_not_refused_but_left_for_a_newer_worker(carried):
+    with pytest.raises(StateFromNewerCode) as newer:
+        load_state(carried)
+    assert not isinstance(newer.value, StateRefused)
+    assert "schema v99, newer than this worker's" in str(newer.value)
+
+
 async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     goal_spec = spec(workspace, plan={"steps": chain(1)})
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await env.client.start_workflow(
             GoalWorkflow.run,
-            GoalInput(spec=goal_spec, state={**v1_state(), "schema_version": 99}),
+            GoalInput(spec=goal_spec, state={**v1_state(), "phase": "dancing"}),
             id=new_goal_id("corrupt"),
             task_queue=task_queue,
         )
         snapshot = await wait_until(handle, lambda s: s.parked)
         assert "cannot resume from the carried state" in snapshot.pause_reason
-        assert "schema v99" in snapshot.pause_reason
+        assert "phase: Input should be" in snapshot.pause_reason
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await submit(handle, Resume(request_id="r1"))
         assert "it can only be aborted" in refused.value.cause.message
         await submit(handle, Abort(request_id="x1"))
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
-    assert "schema v99, newer than this worker's" in str(failure.value.cause)
+    assert "phase: Input should be" in str(failure.value.cause)
     assert server.requests() == []  # nothing ran on a state it could not read
+
+
+async def test_a_run_carrying_a_state_from_newer_code_waits_for_a_newer_worker(
+    env, task_queue, store, workspace, scripted
+):
+    """A rolling deploy: a newer worker continued the goal as new, an older one takes the
+    run. It must not park for good (only abort would be left); its workflow task fails
+    with the reason and is retried, for a worker with the newer code to take."""
+    server = scripted(STEP_REPLY)
+    goal_spec = spec(workspace, plan={"steps": chain(1)})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=goal_spec, state=json.dumps(v1_state(schema_version=99))),
+            id=new_goal_id("newer"),
+            task_queue=task_queue,
+        )
+        failures: list[str] = []
+        for _ in range(100):
+            history = await handle.fetch_history()
+            failures = [
+                e.workflow_task_failed_event_attributes.failure.message
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            ]
+            if failures:
+                break
+            await asyncio.sleep(0.1)
+        assert failures and "schema v99, newer than this worker's v" in failures[0]
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        await handle.terminate("test over")
+    assert server.requests() == []
 
 
 def test_loading_leaves_the_collector_as_it_found_it():

@@ -71,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
         parse_message,
         receipt_of,
     )
-    from workflows.migrations import StateRefused, load_state
+    from workflows.migrations import StateFromNewerCode, StateRefused, load_state
     from workflows.node_index import IN_FLIGHT, NodeIndex
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
     from workflows.progress_view import details_markdown, progress_snapshot
@@ -107,11 +107,18 @@ class GoalWorkflow:
     @workflow.init
     def __init__(self, input: GoalInput) -> None:
         self._load_problem: str | None = None
+        self._newer_state: StateFromNewerCode | None = None
         if input.state is None:
             self._state = GoalState(spec=input.spec, premises=dict(input.spec.premises))
         else:
             try:
                 self._state = load_state(input.state)
+            except StateFromNewerCode as err:
+                # Raised again as the run starts (an exception out of __init__ leaves the SDK's
+                # run coroutine dangling): it fails this workflow task, which is retried until
+                # a worker with the newer code takes the run. Nothing is decided meanwhile.
+                self._newer_state = err
+                self._state = GoalState(spec=input.spec, premises=dict(input.spec.premises))
             except StateRefused as err:
                 # Never continue with a state this code cannot read: park, say why, keep it for audit.
                 self._load_problem = f"cannot resume from the carried state: {err}"
@@ -137,6 +144,8 @@ class GoalWorkflow:
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
+        if self._newer_state is not None:
+            raise self._newer_state
         state = self._state
         if self._load_problem:
             return await self._refuse_to_resume()

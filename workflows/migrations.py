@@ -25,6 +25,13 @@ class StateRefused(ValueError):
     """The carried state cannot be loaded; the message says why."""
 
 
+class StateFromNewerCode(Exception):
+    """The carried state was written by newer code: not a fault of the goal but of
+    which worker took it (a rolling deploy). Not a StateRefused, on purpose: the
+    goal must not park for good over it. Raised from the workflow, it fails the
+    workflow task, which Temporal retries until a worker with the newer code takes it."""
+
+
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     # v1 had no goal-level premises: they lived only in the spec. Defaulting the
     # new field to {} would silently drop them, so copy them over.
@@ -34,8 +41,9 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     # v3 lets a plan version omit a plan equal to the one before; v2 always wrote it
-    # out, which v3 still reads. Only the version changes. (A v2 worker cannot read
-    # a v3 state: it refuses it as newer instead of failing on a missing plan.)
+    # out, which v3 still reads. Only the version changes. (A v2 worker cannot decode
+    # a v3 run's input at all, the state being text: its workflow task fails and is
+    # retried until a v3 worker takes it, as with StateFromNewerCode below.)
     return {**data, "schema_version": 3}
 
 
@@ -74,9 +82,9 @@ def _load(data: Any) -> GoalState:
     if not isinstance(version, int):
         raise StateRefused("the carried state has no integer schema_version")
     if version > SCHEMA_VERSION:
-        raise StateRefused(
+        raise StateFromNewerCode(
             f"the carried state is schema v{version}, newer than this worker's v{SCHEMA_VERSION}; "
-            "run a worker with the newer code"
+            "this workflow task is retried until a worker with the newer code takes it"
         )
     while version < SCHEMA_VERSION:
         migrate = MIGRATIONS.get(version)
