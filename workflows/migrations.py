@@ -3,8 +3,10 @@
 Continue-as-new carries the goal's whole state as JSON text (earlier versions:
 a plain mapping). A state of
 an older `schema_version` goes through the migration functions below, one
-version at a time; a state this code cannot read (newer version, unknown
-fields, invalid values) is refused with the reason, never half-loaded.
+version at a time; a state this code cannot read (unknown fields, invalid
+values, no migration) is refused with the reason, never half-loaded. A state
+from newer code is neither: it waits for a worker that has that code
+(StateFromNewerCode).
 """
 
 from __future__ import annotations
