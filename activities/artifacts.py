@@ -84,6 +84,11 @@ def write_once(path: Path, data: bytes) -> None:
     rename wins harmlessly."""
     if path.exists():
         return
+    write_atomically(path, data)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write-then-rename, so a reader (or a crash) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:

@@ -8,13 +8,12 @@ which costs at most a re-sent intervention that the goal's inbox dedupes.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from activities.artifacts import write_atomically
 from workflows.watchdog_contracts import MEMORY_SCHEMA_VERSION, WatchdogMemory
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -44,14 +43,4 @@ def load_memory(path: Path) -> tuple[WatchdogMemory, str | None]:
 
 def save_memory(path: Path, memory: WatchdogMemory) -> None:
     """Write-then-rename, so a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(memory.model_dump_json(indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, memory.model_dump_json(indent=1).encode("utf-8"))
