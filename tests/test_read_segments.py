@@ -20,7 +20,7 @@ from tests.history_tools import local_activities, scheduled_activities, tool_tim
 from tests.scenarios import spec
 from tests.test_goal_workflow import run_goal
 from workflows.goal import GoalWorkflow
-from workflows.tool_runner import SEGMENT_MAX_CALLS
+from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
 

@@ -86,7 +86,7 @@ with workflow.unsafe.imports_passed_through():
         PlanVersion,
         RejectedPath,
     )
-    from workflows.tool_runner import ToolRunner, failure_message
+    from workflows.goal.tool_runner import ToolRunner, failure_message
     from workflows.tool_specs import COMPACTION_TOOL, TOOL_SPECS
 
 # Keeps the per-kind ledger and the gate log bounded however long the goal runs.
