@@ -16,6 +16,7 @@ from workflows.contracts import NodeStatus
 from workflows.node_index import NodeIndex
 from workflows.plan import LlmStep, Plan, ToolStep
 from workflows.state import Node
+from workflows.statuses import TERMINAL
 
 STATUSES: list[NodeStatus] = [
     "pending",
@@ -56,10 +57,10 @@ def assert_agrees(index: NodeIndex, plan: Plan, nodes: dict[str, Node]) -> None:
         assert index.names((status,)) == [n.name for n in nodes.values() if n.status == status]
     assert index.any(IN_FLIGHT) == any(n.status in IN_FLIGHT for n in nodes.values())
     assert index.names(IN_FLIGHT) == [n.name for n in nodes.values() if n.status in IN_FLIGHT]
-    assert index.count(graph.TERMINAL) == sum(1 for n in nodes.values() if n.status in graph.TERMINAL)
+    assert index.count(TERMINAL) == sum(1 for n in nodes.values() if n.status in TERMINAL)
     unsettled: dict[str, int] = {}
     for node in nodes.values():
-        if node.status not in graph.TERMINAL:
+        if node.status not in TERMINAL:
             unsettled[node.kind] = unsettled.get(node.kind, 0) + 1
     assert index.unsettled_by_kind() == unsettled
 

@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.plan import Plan
+from workflows.plan import NodeKind, Plan
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
+from workflows.statuses import NodeStatus
 from workflows.tool_specs import DEFAULT_TOOLS, RiskClass
 
 TASK_QUEUE = "perdure"
@@ -281,10 +282,6 @@ class ToolInput(BaseModel):
 
 # --- report -------------------------------------------------------------------
 
-NodeKind = Literal["llm", "agent", "tool"]
-NodeStatus = Literal[
-    "pending", "running", "blocked", "parked", "succeeded", "failed", "uncertain", "invalidated", "abandoned"
-]
 
 
 class StepOutcome(BaseModel):

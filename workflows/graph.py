@@ -15,7 +15,6 @@ from workflows.plan import Plan, PlanStep
 from workflows.state import Node
 
 DONE = {"succeeded"}
-TERMINAL = {"succeeded", "failed", "uncertain", "invalidated", "abandoned"}
 
 
 def step_input(step: PlanStep) -> dict:

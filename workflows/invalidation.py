@@ -18,8 +18,7 @@ from pydantic import BaseModel, Field
 
 from workflows.graph import downstream
 from workflows.plan import Plan
-
-RAN = {"succeeded", "failed", "running", "uncertain"}
+from workflows.statuses import RAN
 
 
 class Invalidation(BaseModel):

@@ -18,13 +18,9 @@ from collections.abc import Collection, Mapping
 
 from pydantic import BaseModel
 
-from workflows.contracts import NodeStatus
-from workflows.graph import TERMINAL
 from workflows.plan import Plan
 from workflows.state import Node
-
-# Nodes with a live task: running, or waiting inside it for a person or a resume.
-IN_FLIGHT: frozenset[str] = frozenset({"running", "blocked", "parked", "uncertain"})
+from workflows.statuses import TERMINAL, NodeStatus
 
 
 class NodeIndex:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -55,7 +55,11 @@ class ToolStep(_Step):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
-PlanStep = Annotated[LlmStep | AgentStep | ToolStep, Field(discriminator="kind")]
+# Every node kind is a step type: a new kind is a new class here and a runner in
+# workflows/goal/nodes/ (the registry there checks each kind has one).
+STEP_TYPES = (LlmStep, AgentStep, ToolStep)
+PlanStep = Annotated[Union[STEP_TYPES], Field(discriminator="kind")]  # noqa: UP007 (a tuple of types)
+NodeKind = Literal[tuple(t.model_fields["kind"].default for t in STEP_TYPES)]  # type: ignore[valid-type]
 
 
 class Plan(BaseModel):
@@ -81,7 +85,7 @@ class Plan(BaseModel):
             raise ValueError("steps form a cycle: " + " -> ".join(cycle))
         return self
 
-    def step(self, name: str) -> LlmStep | AgentStep | ToolStep:
+    def step(self, name: str) -> PlanStep:
         """The step called `name`, in constant time: the workflow looks a step up for every
         dispatch, which a linear scan made quadratic in the plan's size."""
         for rebuild in (False, True):

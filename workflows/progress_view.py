@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from workflows.contracts import NodeView, ProgressSnapshot, QuestionView
 from workflows.eta import Eta
-from workflows.node_index import IN_FLIGHT, NodeIndex
+from workflows.node_index import NodeIndex
 from workflows.state import GoalState
+from workflows.statuses import IN_FLIGHT
 
 
 def progress_snapshot(

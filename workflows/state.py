@@ -19,15 +19,13 @@ from workflows.contracts import (
     GoalResult,
     GoalSpec,
     NodeKind,
-    NodeStatus,
 )
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallState
+from workflows.statuses import NodeStatus, Phase
 
 SCHEMA_VERSION = 3
-
-Phase = Literal["planning", "running", "parked", "awaiting_human", "aborting", "reporting", "finished", "failed"]
 
 
 class Node(BaseModel):

@@ -37,6 +37,7 @@ import hashlib
 import re
 from datetime import UTC, datetime, timedelta
 
+from workflows.statuses import ENDED_PHASES
 from workflows.watchdog_contracts import (
     Assessment,
     Finding,
@@ -53,7 +54,6 @@ from workflows.watchdog_contracts import (
     WatchdogRules,
 )
 
-ENDED_PHASES = frozenset({"reporting", "finished", "failed"})
 MAX_REQUEST_ID = 128
 RESOLVED_KEPT = 100
 # What was sent to a goal is forgotten this long after sending once the goal is no

@@ -60,7 +60,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.density import fair_share_limit, verdict_for_step
     from workflows.estimates import estimate_kind
     from workflows.eta import estimate_eta
-    from workflows.invalidation import RAN, held_by, invalidate_by_premise, invalidate_from
+    from workflows.goal.tool_runner import ToolRunner, failure_message
+    from workflows.invalidation import held_by, invalidate_by_premise, invalidate_from
     from workflows.messages import (
         InboxEntry,
         InboxView,
@@ -72,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
         receipt_of,
     )
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
-    from workflows.node_index import IN_FLIGHT, NodeIndex
+    from workflows.node_index import NodeIndex
     from workflows.plan import AgentStep, LlmStep, Plan, PlanStep, ToolStep, check_plan
     from workflows.progress_view import details_markdown, progress_snapshot
     from workflows.retries import MODEL_HEARTBEAT, MODEL_RETRY, MODEL_TIMEOUT, REPORT_RETRY
@@ -86,7 +87,7 @@ with workflow.unsafe.imports_passed_through():
         PlanVersion,
         RejectedPath,
     )
-    from workflows.goal.tool_runner import ToolRunner, failure_message
+    from workflows.statuses import IN_FLIGHT, RAN, TERMINAL
     from workflows.tool_specs import COMPACTION_TOOL, TOOL_SPECS
 
 # Keeps the per-kind ledger and the gate log bounded however long the goal runs.
@@ -1273,7 +1274,7 @@ class GoalWorkflow:
             return 100
         if not state.nodes:
             return 0
-        settled = self._node_index().count(graph.TERMINAL)
+        settled = self._node_index().count(TERMINAL)
         return int(100 * settled / len(state.nodes))
 
     def _publish(self) -> None:
