@@ -19,7 +19,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from activities.models.config import ModelConfig, ModelProfile
-from activities.models.scripted import ScriptedServer
 from bench.common import (
     Section,
     event_seconds,
@@ -33,6 +32,7 @@ from bench.common import (
     run_standalone,
     slope_ms,
 )
+from testing.scripted import ScriptedServer
 from workflows.contracts import Activities
 
 KEYS = ("agent_turn_overhead_pct",)

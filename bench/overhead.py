@@ -42,7 +42,7 @@ from bench.common import (
     slope_ms,
 )
 from bench.raw import RawMode, RawToolsInput, RawToolsWorkflow
-from starters.fakes import LedgerAPI
+from testing.fakes import LedgerAPI
 from workflows.contracts import ToolInput
 from workflows.tool_specs import TOOL_SPECS
 

@@ -1,6 +1,6 @@
 """How long a goal's step waits after the worker running it is SIGKILLed (`recovery_s`).
 
-Two `perdure worker` subprocesses poll the same task queue (tests/harness.py's
+Two `perdure worker` subprocesses poll the same task queue (testing/crash.py's
 CrashRig, as the crash tests use it). A goal runs until a step is in flight;
 the benchmark finds which worker runs it, SIGKILLs that one, and times how long
 until the step runs again on the standby, as the server records it: the next
@@ -33,8 +33,8 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from bench.common import Section, event_seconds, goal_spec, make_workspace, run_standalone, start_goal
-from starters.fakes import LedgerAPI
-from tests.harness import CrashRig, WorkerProcess
+from testing.crash import CrashRig, WorkerProcess
+from testing.fakes import LedgerAPI
 
 KEYS = ("recovery_s",)
 HOST = socket.gethostname()

@@ -30,12 +30,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from activities import settings
 from activities.artifacts import default_store
+from runtime import settings
 from starters import devserver
 from starters.client import connect
-from starters.fakes import LedgerAPI, MailAPI
 from starters.goals import GOAL_TASK_TIMEOUT
+from testing.fakes import LedgerAPI, MailAPI
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
 from workflows.plan import Plan

@@ -18,8 +18,8 @@ from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig, ModelProfile
-from activities.models.scripted import ScriptedServer
-from workers import converter
+from runtime import converter
+from testing.scripted import ScriptedServer
 from workers.orchestrator import build_worker
 from workflows.search_attributes import ALL_KEYS
 

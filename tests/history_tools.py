@@ -77,3 +77,22 @@ def tool_timeline(history: WorkflowHistory) -> list[tuple[str, str]]:
         elif event.event_id in scheduled and scheduled[event.event_id].startswith("tool "):
             timeline.append(("activity", scheduled[event.event_id]))
     return timeline
+
+
+def activity_outcomes(history: WorkflowHistory, activity_type: str) -> tuple[int, int, list[int]]:
+    """(scheduled, completed, attempts of the completed) for one activity type."""
+    scheduled: set[int] = set()
+    attempts: dict[int, int] = {}
+    completed: list[int] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            attempts[attrs.scheduled_event_id] = attrs.attempt
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            sid = event.activity_task_completed_event_attributes.scheduled_event_id
+            if sid in scheduled:
+                completed.append(sid)
+    return len(scheduled), len(completed), [attempts.get(sid, 0) for sid in completed]

@@ -23,11 +23,11 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from activities.models.scripted import ScriptedServer
+from runtime.converter import data_converter
+from testing.scripted import ScriptedServer
 from tests.conftest import openai_profile
 from tests.scenarios import demo_script, spec, write_notes
 from tests.test_steering import gate, llm, submit, wait_until
-from workers.converter import data_converter
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.messages import Park, Resume, Steer

@@ -24,7 +24,7 @@ from activities.compaction import (
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatToolCall
-from activities.models.scripted import ScriptedServer, seen_anthropic, seen_openai
+from testing.scripted import ScriptedServer, seen_anthropic, seen_openai
 from tests.conftest import anthropic_profile, openai_profile, running_worker
 from tests.scenarios import spec
 from tests.test_goal_workflow import run_goal

@@ -10,9 +10,10 @@ from collections import Counter
 
 import pytest
 
-from starters.fakes import PaymentsAPI, WebhookReceiver
+from testing.crash import CrashRig
+from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from testing.repo import git, init_repo
 from tests.conftest import openai_profile, running_worker
-from tests.harness import PAYMENTS_KEY, CrashRig, git, init_repo
 from tests.history_tools import scheduled_activities
 from tests.scenarios import spec
 from tests.test_steering import gate, start, statuses, submit, wait_until

@@ -16,8 +16,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.tools import ToolActivities
-from starters.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
-from tests.harness import git, init_repo
+from testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
+from testing.repo import git, init_repo
 from workflows.contracts import ToolInput, ToolResult
 from workflows.effects import done_details, intent_details
 

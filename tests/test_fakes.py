@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from starters.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
+from testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 
 AUTH = {"Authorization": "Bearer k"}
 MESSAGE = {"from": "ops@example.com", "to": ["a@example.com"], "subject": "Hi", "text": "hello"}

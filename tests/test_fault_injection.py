@@ -3,7 +3,7 @@ worker takes over, and the outside world (fake services' ledgers, a real git rep
 model server's request log) must show every intended effect exactly once.
 
 Each goal is a plan file (no planner). Timings depend on the workflow giving remote-write tool and
-model activities a heartbeat timeout (see tests/harness.py): the harness fails at once, with the
+model activities a heartbeat timeout (see testing/crash.py): the harness fails at once, with the
 reason, when it does not.
 """
 
@@ -17,10 +17,12 @@ from collections import Counter
 
 import pytest
 
-from starters.fakes import MailAPI
-from tests.harness import MAIL_KEY, CrashRig, activity_outcomes, git, init_repo
+from testing.crash import CrashRig
+from testing.fakes import MAIL_KEY, MailAPI
+from testing.repo import git, init_repo
+from testing.soak import run_soak
+from tests.history_tools import activity_outcomes
 from tests.scenarios import spec
-from tests.soak import run_soak
 from workflows.contracts import Activities
 from workflows.plan import Plan
 

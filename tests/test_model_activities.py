@@ -18,7 +18,7 @@ from activities.model_activities import (
     parse_plan_reply,
 )
 from activities.models.config import ModelConfig, ModelProfile
-from activities.models.scripted import ScriptedServer
+from testing.scripted import ScriptedServer
 from workflows.contracts import (
     Activities,
     AgentTurnInput,

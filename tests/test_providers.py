@@ -23,7 +23,7 @@ from activities.models.providers import (
     retry_after,
     scripted_server,
 )
-from activities.models.scripted import ScriptedServer
+from testing.scripted import ScriptedServer
 
 SECRET = "sk-test-SECRET123"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from starters.fakes import LedgerAPI
+from testing.crash import CrashRig
+from testing.fakes import LedgerAPI
 from tests.conftest import openai_profile, running_worker
-from tests.harness import CrashRig
 from tests.history_tools import local_activities, scheduled_activities, tool_timeline
 from tests.scenarios import spec
 from tests.test_goal_workflow import run_goal

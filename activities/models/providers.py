@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.client_pool import pooled
 from activities.models.config import ModelProfile
-from activities.models.scripted import ScriptedServer
+from testing.scripted import ScriptedServer
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
 NO_KEY = "unused"

@@ -5,7 +5,9 @@ Owns the script format, request matching and the HTTP server that answers
 JSON shaped exactly like the real APIs, so offline runs and tests exercise the
 real `openai` and `anthropic` clients, their error classes and our retry
 mapping. It must stay deterministic and never call a real model; a request no
-entry matches is a clear 400, never something a client would retry.
+entry matches is a clear 400, never something a client would retry. It is a test
+double, but not only for tests: the `scripted` model provider (`perdure demo`,
+offline runs) starts one in the worker process, so it imports nothing from tests.
 
 Script: `{"replies": [entry, ...]}`; the first unspent entry (file order) whose
 `when` (substring of any message, system included) and `when_last` (substring of
@@ -22,7 +24,7 @@ import argparse
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -31,7 +33,7 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from activities.local_http import BackgroundHTTPServer
+from testing.http import BackgroundHTTPServer, JSONHandler, serve_until_interrupted
 
 log = structlog.get_logger(__name__)
 
@@ -359,14 +361,7 @@ class ScriptedServer(BackgroundHTTPServer):
         return None
 
 
-class _Handler(BaseHTTPRequestHandler):
-    # Headers and body go out in two writes; with Nagle's algorithm on, the body waits
-    # for the client's delayed ACK (~40 ms), which real APIs do not charge.
-    disable_nagle_algorithm = True
-    server: ThreadingHTTPServer
-    # Keep-alive, as the real APIs: a client that keeps its connection pays no new handshake.
-    protocol_version = "HTTP/1.1"
-
+class _Handler(JSONHandler):
     @property
     def scripted(self) -> ScriptedServer:
         return self.server.owner  # type: ignore[attr-defined]
@@ -378,15 +373,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path.rstrip("/") == "/_scripted/requests":
-            self._send(200, self.scripted.requests())
+            self.send_json(200, self.scripted.requests())
         else:
-            self._send(404, {"error": {"message": f"no such path: {self.path}", "type": "not_found_error"}})
+            self.send_json(404, {"error": {"message": f"no such path: {self.path}", "type": "not_found_error"}})
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
         if path == "/_scripted/reset":
             self.scripted.reset()
-            self._send(200, {"reset": True})
+            self.send_json(200, {"reset": True})
             return
         flavour: Flavour
         if path.endswith("/chat/completions"):
@@ -394,34 +389,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif path.endswith("/messages"):
             flavour = "anthropic"
         else:
-            self._send(404, {"error": {"message": f"no such path: {path}", "type": "not_found_error"}})
+            self.send_json(404, {"error": {"message": f"no such path: {path}", "type": "not_found_error"}})
             return
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
-            body = json.loads(raw or b"{}")
+            body = json.loads(self.read_body() or b"{}")
         except ValueError as err:
-            self._send(400, error_body(flavour, 400, f"scripted server: request body is not JSON: {err}"))
+            self.send_json(400, error_body(flavour, 400, f"scripted server: request body is not JSON: {err}"))
             return
-        status, payload, headers = self.scripted.respond(flavour, path, body)
-        self._send(status, payload, headers)
-
-    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the caller went away (a crash test killed it mid-call); the request is logged
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Silenced: the server runs inside workers and tests, and the request
-        # log (`GET /_scripted/requests`) is the record of what was served.
-        return
+        self.send_json(*self.scripted.respond(flavour, path, body))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -432,12 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     server = ScriptedServer(args.script, host=args.host, port=args.port).start()
     print(f"listening on {server.base_url} (OpenAI clients: {server.openai_base_url})", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+    serve_until_interrupted(server)
 
 
 if __name__ == "__main__":

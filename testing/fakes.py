@@ -1,6 +1,6 @@
 """Small local stand-ins for the services remote-write tools talk to, each keeping a ledger.
 
-Used by the crash tests and `make demo-crash`; never by a worker in production.
+Used by the tests, the crash harness and `make demo-crash`; never by a worker in production.
 Each service is a threaded HTTP server speaking a realistic wire format:
 
 - `MailAPI`: modelled on Resend's `POST /emails` (JSON, `Authorization: Bearer`,
@@ -29,14 +29,18 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from activities.local_http import BackgroundHTTPServer
+from testing.http import BackgroundHTTPServer, JSONHandler, serve_until_interrupted
 from workflows.canonical import digest_of
 
 Reply = tuple[int, Any, dict[str, str]]
+
+# The keys tests start the services with: any value works, as long as the worker sends the same.
+MAIL_KEY = "re_test_mail_key"
+PAYMENTS_KEY = "sk_test_payments_key"
 
 
 @dataclass
@@ -49,6 +53,8 @@ class FakeService(BackgroundHTTPServer):
     """Base: HTTP plumbing, bearer auth, idempotency keys, the ledger and the response delay."""
 
     name = "service"
+    env_prefix: str | None = None
+    """Where the effect tools look for this service: `{env_prefix}_URL` and `{env_prefix}_KEY`."""
 
     @property
     def handler(self) -> type[BaseHTTPRequestHandler]:  # defined below this class
@@ -69,6 +75,16 @@ class FakeService(BackgroundHTTPServer):
         self._keys: dict[str, _Remembered] = {}
         self.requests = 0
         self.replays = 0
+
+    def worker_env(self) -> dict[str, str]:
+        """The variables that point a worker's tools at this service; none for services a
+        tool is given the URL of in its arguments (the ledger, webhooks)."""
+        if self.env_prefix is None:
+            return {}
+        variables = {f"{self.env_prefix}_URL": self.base_url}
+        if self.api_key is not None:
+            variables[f"{self.env_prefix}_KEY"] = self.api_key
+        return variables
 
     # --- what it received -----------------------------------------------------------
 
@@ -145,6 +161,7 @@ class MailAPI(FakeService):
     """`POST /emails` as Resend takes it: from, to (string or list), subject, text/html, headers."""
 
     name = "mail"
+    env_prefix = "PERDURE_MAIL"
 
     def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
         if (method, path) != ("POST", "/emails"):
@@ -190,6 +207,7 @@ class PaymentsAPI(FakeService):
     """Payments and full refunds; errors shaped like Stripe's (`{"error": {"type", "code", "message"}}`)."""
 
     name = "payments"
+    env_prefix = "PERDURE_PAYMENTS"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -330,21 +348,15 @@ class WebhookReceiver(FakeService):
         return self.reply_status, {"received": self.reply_status < 300}, {}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    # Headers and body go out in two writes; with Nagle's algorithm on, the body waits
-    # for the client's delayed ACK (~40 ms), which real APIs do not charge.
-    disable_nagle_algorithm = True
-    server: ThreadingHTTPServer
-    protocol_version = "HTTP/1.1"
-
+class _Handler(JSONHandler):
     def _serve(self) -> None:
         service: FakeService = self.server.owner  # type: ignore[attr-defined]
         url = urlsplit(self.path)
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self.read_body()
         try:
             body = json.loads(raw) if raw.strip() else None
         except ValueError:
-            self._send(*service.error(400, "invalid_json", "The request body is not valid JSON."))
+            self.send_json(*service.error(400, "invalid_json", "The request body is not valid JSON."))
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
         status, payload, extra = service.handle(
@@ -352,25 +364,9 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if self.command != "GET" and service.respond_delay_s:
             time.sleep(service.respond_delay_s)
-        self._send(status, payload, extra)
+        self.send_json(status, payload, extra)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815 - the stdlib's names
-
-    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client died while we answered: the ledger already has the effect
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # the ledger is the record of what was received
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -385,13 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     for service in services:
         print(f"{service.name:9} {service.base_url}  (ledger: {service.base_url}/_ledger)", flush=True)
     print("set PERDURE_MAIL_URL / PERDURE_PAYMENTS_URL on the worker to use them; Ctrl-C stops", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for service in services:
-            service.stop()
+    serve_until_interrupted(*services)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Crash-test harness: real `perdure worker` subprocesses that a fault point SIGKILLs, and what they leave behind.
 
+The crash tests, `make soak` and `bench/recovery.py` drive workers through it.
 A `CrashRig` owns one task queue, one PERDURE_HOME (artifact store) and the fake
 services the goal's tools talk to. It starts workers exactly as a user does
 (`perdure worker` with PERDURE_* variables), with PERDURE_FAULT set when a test
@@ -28,16 +29,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from activities.artifacts import ArtifactStore
-from activities.models.scripted import ScriptedServer
-from starters.fakes import FakeService
 from starters.goals import GOAL_TASK_TIMEOUT
+from testing.fakes import FakeService
+from testing.scripted import ScriptedServer
 from workflows.contracts import GoalResult, GoalSpec
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
-MAIL_KEY = "re_test_mail_key"
-PAYMENTS_KEY = "sk_test_payments_key"
 
 
 @dataclass
@@ -116,10 +115,9 @@ class CrashRig:
             PERDURE_HOME=str(self.home),
             PERDURE_CONFIG=str(self.config),
         )
-        if self.mail is not None:
-            variables.update(PERDURE_MAIL_URL=self.mail.base_url, PERDURE_MAIL_KEY=MAIL_KEY)
-        if self.payments is not None:
-            variables.update(PERDURE_PAYMENTS_URL=self.payments.base_url, PERDURE_PAYMENTS_KEY=PAYMENTS_KEY)
+        for service in (self.mail, self.payments):
+            if service is not None:
+                variables.update(service.worker_env())
         if fault:
             variables["PERDURE_FAULT"] = fault
         return variables
@@ -199,42 +197,3 @@ def pending_without_heartbeat_timeout(history) -> list[str]:
             if event.event_type == kind:
                 scheduled.pop(getattr(event, name).scheduled_event_id, None)
     return sorted({name for name, heartbeat in scheduled.values() if heartbeat <= 0})
-
-
-def activity_outcomes(history, activity_type: str) -> tuple[int, int, list[int]]:
-    """(scheduled, completed, attempts of the completed) for one activity type."""
-    scheduled: set[int] = set()
-    attempts: dict[int, int] = {}
-    completed: list[int] = []
-    for event in history.events:
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
-                scheduled.add(event.event_id)
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attrs = event.activity_task_started_event_attributes
-            attempts[attrs.scheduled_event_id] = attrs.attempt
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            sid = event.activity_task_completed_event_attributes.scheduled_event_id
-            if sid in scheduled:
-                completed.append(sid)
-    return len(scheduled), len(completed), [attempts.get(sid, 0) for sid in completed]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=_git_env()
-    ).stdout.strip()
-
-
-def init_repo(repo: Path) -> None:
-    repo.mkdir(parents=True, exist_ok=True)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.name", "Test User")
-    git(repo, "config", "user.email", "test@example.com")
-    (repo / "README.md").write_text("# crash test repository\n")
-    git(repo, "add", "README.md")
-    git(repo, "commit", "-q", "-m", "initial commit")
-
-
-def _git_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
