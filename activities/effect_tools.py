@@ -37,6 +37,7 @@ from temporalio.exceptions import ApplicationError
 from activities.artifacts import ArtifactStore, preview
 from activities.client_pool import http_client
 from activities.faults import fault_point
+from activities.heartbeat import Heartbeat
 from activities.tool_errors import NotSent, OutcomeUnknown, ToolError
 from activities.workspace import WorkspaceEscape, resolve_in_workspace, workspace_root
 from workflows.contracts import Compensation, ToolInput, ToolResult
@@ -101,41 +102,6 @@ class EffectTool(ABC):
     @abstractmethod
     def target(self, args: Any) -> str:
         """Where the effect lands, for messages."""
-
-
-class Heartbeat:
-    """Heartbeats the current phase now and, when the activity has a heartbeat timeout, every third of it.
-
-    A background beat is what lets a heartbeat timeout notice a killed worker in
-    seconds while a slow call is still healthy. Each beat repeats the current
-    phase details, because a heartbeat replaces the previous details.
-    """
-
-    def __init__(self) -> None:
-        self.details: dict | None = None
-        self._task: asyncio.Task | None = None
-
-    def set(self, details: dict) -> None:
-        self.details = details
-        activity.heartbeat(details)
-
-    async def __aenter__(self) -> Heartbeat:
-        timeout = activity.info().heartbeat_timeout
-        if timeout:
-            self._task = asyncio.create_task(self._beat(max(0.2, timeout.total_seconds() / 3)))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _beat(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            if self.details is not None:
-                activity.heartbeat(self.details)
-            else:
-                activity.heartbeat()
 
 
 # --- the runner ---------------------------------------------------------------------

@@ -11,7 +11,6 @@ and must not retry: failures leave as `ApplicationError`s for Temporal.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -24,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
 from activities.compaction import ERROR_PREFIX, RESULT_PREFIX, CompactedPrompt, compact_prompt
 from activities.faults import fault_point
+from activities.heartbeat import Heartbeat
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from workflows.contracts import (
@@ -352,23 +352,11 @@ class ModelActivities:
 
 async def _heartbeating(call: Awaitable[T], profile: str) -> T:
     """Await a model call, heartbeating what it waits for when the activity has a heartbeat timeout."""
-    timeout = activity.info().heartbeat_timeout
-    if not timeout:
-        return await call
     started = time.monotonic()
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat(
-                {"doing": f"waiting for model profile {profile}", "for_s": round(time.monotonic() - started)}
-            )
-            await asyncio.sleep(timeout.total_seconds() / 2)
-
-    beater = asyncio.create_task(beat())
-    try:
+    async with Heartbeat(
+        lambda: {"doing": f"waiting for model profile {profile}", "for_s": round(time.monotonic() - started)}
+    ):
         return await call
-    finally:
-        beater.cancel()
 
 
 # --- prompts (pure) ------------------------------------------------------------------

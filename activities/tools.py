@@ -36,8 +36,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
 from activities.client_pool import http_client
-from activities.effect_tools import EFFECT_TOOLS, EffectTool, Heartbeat, run_effect
+from activities.effect_tools import EFFECT_TOOLS, EffectTool, run_effect
 from activities.faults import fault_point
+from activities.heartbeat import Heartbeat
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
@@ -224,11 +225,6 @@ def _kill_group(pgid: int) -> None:
         pass  # the whole group is already gone
 
 
-def _heartbeat(details: str) -> None:
-    if activity.in_activity():
-        activity.heartbeat(details)
-
-
 async def run_command(root: Path, args: RunCommandArgs) -> str:
     real_root = workspace_root(root)
     started = time.monotonic()
@@ -254,19 +250,18 @@ async def run_command(root: Path, args: RunCommandArgs) -> str:
 
     reader = asyncio.create_task(pump())
     timed_out = False
-    last_heartbeat = started
+    # Beats with or without a heartbeat timeout: they are how a cancelled activity learns it is.
+    beat = Heartbeat(lambda: f"running for {time.monotonic() - started:.0f}s", every_s=HEARTBEAT_EVERY_S)
     try:
-        # Poll the exit status rather than await proc.wait(): wait() also waits for
-        # the output pipe to close, which a background child can hold open forever.
-        while proc.returncode is None:
-            now = time.monotonic()
-            if now - started >= args.timeout_s:
-                timed_out = True
-                break
-            if now - last_heartbeat >= HEARTBEAT_EVERY_S:
-                _heartbeat(f"running for {now - started:.0f}s")
-                last_heartbeat = now
-            await asyncio.sleep(min(POLL_EVERY_S, args.timeout_s - (now - started)))
+        async with beat:
+            # Poll the exit status rather than await proc.wait(): wait() also waits for
+            # the output pipe to close, which a background child can hold open forever.
+            while proc.returncode is None:
+                now = time.monotonic()
+                if now - started >= args.timeout_s:
+                    timed_out = True
+                    break
+                await asyncio.sleep(min(POLL_EVERY_S, args.timeout_s - (now - started)))
     finally:
         # SIGKILL, not SIGTERM: the tool promises a bounded wall time, and a
         # group that ignores TERM would break it. After a normal exit this also
