@@ -9,12 +9,11 @@ Reads verify the digest.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from activities.settings import perdure_home
+from runtime.files import write_once
+from runtime.settings import perdure_home
 from workflows.canonical import sha256_digest
 from workflows.contracts import ArtifactRef
 
@@ -76,27 +75,3 @@ def preview(text: str, limit: int = 200) -> str:
     """A short single-paragraph excerpt for progress views and history summaries."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def write_once(path: Path, data: bytes) -> None:
-    """Write a content-addressed file unless it exists. Atomic: a reader sees no file or
-    the whole file; two writers of the same name write the same bytes, so the last
-    rename wins harmlessly."""
-    if path.exists():
-        return
-    write_atomically(path, data)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write-then-rename, so a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

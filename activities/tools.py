@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from activities.faults import fault_point
 from activities.heartbeat import Heartbeat
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
+from runtime.files import write_atomically
 from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.tool_specs import (
@@ -152,19 +152,11 @@ def _write_file_sync(root: Path, args: WriteFileArgs) -> str:
     try:
         if path.is_dir():
             raise ToolError(f"'{args.path}' is a directory; give a file path")
-        # `path` is already resolved and inside the workspace, so its parents are too.
-        path.parent.mkdir(parents=True, exist_ok=True)
         # Overwrite through a temp file and rename: a retried or crashed write leaves
         # either the old file or the new one, never a half-written or appended file.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".perdure-tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            # mkstemp creates 0600; keep an existing file's mode, give a new one the usual 0644.
-            os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        # `path` is already resolved and inside the workspace, so the parents it creates are too.
+        # mkstemp creates 0600; keep an existing file's mode, give a new one the usual 0644.
+        write_atomically(path, data, mode=path.stat().st_mode & 0o7777 if path.exists() else 0o644)
     except OSError as err:
         raise ToolError(f"cannot write '{args.path}': {err.strerror or err}") from None
     shown = path.relative_to(workspace_root(root)).as_posix()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from activities.artifacts import write_atomically
+from runtime.files import write_atomically
 from workflows.watchdog_contracts import MEMORY_SCHEMA_VERSION, WatchdogMemory
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

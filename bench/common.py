@@ -28,9 +28,9 @@ from temporalio.worker import Worker
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from activities.tools import ToolActivities
+from runtime.converter import STORE_ENV, THRESHOLD_ENV, data_converter
 from starters.devserver import load_dynamic_config
 from starters.goals import GOAL_TASK_TIMEOUT
-from workers.converter import STORE_ENV, THRESHOLD_ENV, data_converter
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec
 from workflows.goal import GoalWorkflow

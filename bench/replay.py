@@ -20,7 +20,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from bench.common import ROOT, Section, median
-from workers.converter import data_converter
+from runtime.converter import data_converter
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
 

@@ -47,7 +47,7 @@ from bench.common import (
     run_chain,
     start_goal,
 )
-from workers.converter import STORE_ENV, data_converter
+from runtime.converter import STORE_ENV, data_converter
 from workflows.goal import GoalWorkflow
 from workflows.migrations import load_state
 from workflows.state import GoalInput

@@ -26,7 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from workers.converter import data_converter
+from runtime.converter import data_converter
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow

@@ -31,7 +31,7 @@ def _env_fingerprint() -> str:
     before `git pull` must not keep serving the demo with old workflow code."""
     material = "\n".join(f"{k}={os.environ.get(k, '')}" for k in MODEL_ENV)
     root = Path(__file__).resolve().parents[1]
-    for package in ("workflows", "activities", "workers", "starters"):
+    for package in ("workflows", "activities", "runtime", "workers", "starters"):
         for source in sorted((root / package).rglob("*.py")):
             material += f"\n{source.relative_to(root)}:{source.stat().st_mtime_ns}"
     return hashlib.sha256(material.encode()).hexdigest()[:16]

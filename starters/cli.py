@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from temporalio.service import RPCError
 
-from activities import settings
+from runtime import settings
 from starters import goals, render
 from starters import watchdog_cli as wd
 from starters.client import ServerUnavailable, connect

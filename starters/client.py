@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from temporalio.client import Client
 
-from activities import settings
-from workers.converter import data_converter
+from runtime import settings
+from runtime.converter import data_converter
 
 
 class ServerUnavailable(RuntimeError):

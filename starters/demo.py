@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from activities import settings
+from runtime import settings
 from starters import devserver, goals, render
 from starters.background import ensure_worker
 from starters.client import connect

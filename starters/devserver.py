@@ -33,7 +33,8 @@ from typing import Any
 
 import yaml
 
-from activities.settings import perdure_home
+from runtime.files import write_atomically
+from runtime.settings import perdure_home
 from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
 
 HOST = "127.0.0.1"
@@ -254,9 +255,7 @@ def _read_pid(pid_file: Path) -> int | None:
 
 
 def _write_pid(pid_file: Path, pid: int) -> None:
-    tmp = pid_file.with_suffix(".tmp")
-    tmp.write_text(f"{pid}\n")
-    os.replace(tmp, pid_file)
+    write_atomically(pid_file, f"{pid}\n".encode())
 
 
 def _our_live_pid(data: Path) -> int | None:

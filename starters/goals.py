@@ -17,8 +17,8 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFail
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import settings
 from activities.artifacts import ArtifactMissing, default_store
+from runtime import settings
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
 from workflows.goal import GoalWorkflow
 from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan

@@ -17,7 +17,7 @@ from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError
 from temporalio.service import RPCError
 
-from activities import settings
+from runtime import settings
 from starters import goals
 from workflows import search_attributes as sa
 from workflows.contracts import GoalResult, ProgressSnapshot

@@ -24,8 +24,8 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import settings
 from activities.watchdog_memory import load_memory, memory_path
+from runtime import settings
 from workers.watchdog_schedule import schedule_id
 from workflows.watchdog_contracts import Finding, Incident, WatchdogMemory, WatchdogResult
 from workflows.watchdog_rules import span

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
+from runtime import converter
+from runtime.payload_store import DiskPayloadDriver
 from starters import devserver
-from workers import converter
-from workers.payload_store import DiskPayloadDriver
 from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[1]

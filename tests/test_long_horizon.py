@@ -17,11 +17,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from runtime.converter import data_converter
 from starters.render import print_status
 from tests.conftest import new_goal_id, openai_profile, running_worker
 from tests.scenarios import spec
 from tests.test_steering import llm, submit, wait_until
-from workers.converter import data_converter
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
 from workflows.migrations import StateFromNewerCode, StateRefused, load_state

@@ -1,5 +1,5 @@
 """Large payloads outside history: the disk driver on its own, the environment
-parsing of workers/converter.py, and a real goal on the dev server whose input is
+parsing of runtime/converter.py, and a real goal on the dev server whose input is
 over the threshold, checked in the raw history, on disk and in replay.
 """
 
@@ -21,12 +21,12 @@ from temporalio.converter import StorageDriverClaim, StorageDriverRetrieveContex
 from temporalio.worker import Replayer
 
 from activities.models.config import ModelConfig
+from runtime import converter
+from runtime.converter import PayloadStoreConfigError, data_converter
+from runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
 from tests.conftest import new_goal_id, openai_profile
 from tests.scenarios import demo_script, spec, write_notes
-from workers import converter
-from workers.converter import PayloadStoreConfigError, data_converter
 from workers.orchestrator import build_worker
-from workers.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow

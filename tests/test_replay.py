@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from workers.converter import data_converter
+from runtime.converter import data_converter
 from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput

@@ -16,13 +16,13 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities import settings
 from activities.artifacts import ArtifactStore, default_store
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
 from activities.tools import ToolActivities
 from activities.visibility import VisibilityActivities
+from runtime import settings
 from workers import watchdog_schedule
 from workflows.contracts import TASK_QUEUE
 from workflows.goal import GoalWorkflow

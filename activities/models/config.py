@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from activities.settings import config_path
+from runtime.settings import config_path
 
 DEFAULT_SCRIPT = Path(__file__).parent / "scripts" / "demo.yaml"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"

@@ -8,7 +8,7 @@ PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
 PERDURE_PAYLOAD_THRESHOLD_BYTES  size from which a payload goes there, default 128 KiB
-                                 (both read by workers/converter.py, which documents them)
+                                 (both read by runtime/converter.py, which documents them)
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClie
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, ExternalStorage, StorageDriver
 
-from activities.settings import perdure_home
-from workers.payload_store import DiskPayloadDriver
+from runtime.payload_store import DiskPayloadDriver
+from runtime.settings import perdure_home
 
 STORE_ENV = "PERDURE_PAYLOAD_STORE"
 THRESHOLD_ENV = "PERDURE_PAYLOAD_THRESHOLD_BYTES"

@@ -6,7 +6,7 @@ content-addressed (sha256 of the serialized `Payload`), written atomically
 (temp file, fsync, rename) and never rewritten, so a retried workflow task or
 activity stores the same bytes once. Retrieval verifies the digest. The
 directory must be shared by every worker and by the CLI (see
-workers/converter.py); this module does no configuration and no deletion.
+runtime/converter.py); this module does no configuration and no deletion.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from activities.artifacts import write_once
+from runtime.files import write_once
 
 DRIVER_NAME = "perdure.disk"
 """Written into every reference in history: renaming it orphans stored payloads."""

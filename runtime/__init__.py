@@ -1,0 +1,12 @@
+"""perdure's bottom layer: what workers, the CLI, benchmarks and tests share to
+reach Temporal and to keep files.
+
+settings       where things are (PERDURE_* variables)
+files          write-then-rename helpers
+payload_store  the disk driver for payloads too large for history
+converter      the one data converter (pydantic + external payload storage)
+
+It imports nothing from activities/, workers/ or starters/ (they import it), and
+only pure constants from workflows/. Workflow code never imports it: everything
+here does I/O or reads the environment.
+"""
