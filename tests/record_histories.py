@@ -24,7 +24,6 @@ from temporalio.testing import WorkflowEnvironment
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from runtime.converter import data_converter
-from runtime.converter import data_converter
 from testing.scripted import ScriptedServer
 from tests.conftest import openai_profile
 from tests.scenarios import demo_script, spec, write_notes
