@@ -535,65 +535,54 @@ def _pathspecs(root: Path, paths: list[str] | None) -> list[str]:
     return specs
 
 
-class GitCommitTool(EffectTool):
+async def _commit_keyed(root: Path, key: str, message: str, *options: str) -> str:
+    """Commit what is staged with the effect key as a trailer, so `lookup` can find it; the new commit's sha."""
+    await git(
+        root, *await _identity(root), "commit", "-q", "-m", message, "--trailer", f"{EFFECT_TRAILER}: {key}", *options
+    )
+    _, sha = await git(root, "rev-parse", "HEAD")
+    return sha
+
+
+class GitEffectTool(EffectTool):
+    """A commit in the workspace's repository: found again by its effect-key trailer, written one at a time."""
+
     needs_workspace = True
 
-    def target(self, args: GitCommitArgs) -> str:
+    def target(self, args: Any) -> str:
         return "the workspace's git repository"
 
-    async def lookup(self, call: EffectCall, args: GitCommitArgs) -> dict | None:
+    async def lookup(self, call: EffectCall, args: Any) -> dict | None:
         root = await _repo(call.workspace)
         sha = await find_commit(root, EFFECT_TRAILER, call.key)
         return {"commit": sha, "found_by": f"its {EFFECT_TRAILER} trailer"} if sha else None
 
-    async def send(self, call: EffectCall, args: GitCommitArgs) -> dict:
+    async def send(self, call: EffectCall, args: Any) -> dict:
         root = await _repo(call.workspace)
         async with repo_lock(root):
-            return await self._commit(root, call, args)
+            return await self.write(root, call, args)
 
-    async def _commit(self, root: Path, call: EffectCall, args: GitCommitArgs) -> dict:
+    @abstractmethod
+    async def write(self, root: Path, call: EffectCall, args: Any) -> dict:
+        """The commit itself, under the repository's lock."""
+
+
+class GitCommitTool(GitEffectTool):
+    async def write(self, root: Path, call: EffectCall, args: GitCommitArgs) -> dict:
         specs = _pathspecs(call.workspace, args.paths)
         await git(root, "add", "-A", "--", *specs)
         code, _ = await git(root, "diff", "--cached", "--quiet", "--", *specs, check=False)
         if code == 0:
             raise ToolError(f"nothing to commit in {', '.join(args.paths or ['the workspace'])}")
-        await git(
-            root,
-            *await _identity(root),
-            "commit",
-            "-q",
-            "-m",
-            args.message,
-            "--trailer",
-            f"{EFFECT_TRAILER}: {call.key}",
-            "--",
-            *specs,
-        )
-        _, sha = await git(root, "rev-parse", "HEAD")
-        return {"commit": sha}
+        return {"commit": await _commit_keyed(root, call.key, args.message, "--", *specs)}
 
     def describe(self, call: EffectCall, args: GitCommitArgs, receipt: dict) -> str:
         subject = args.message.strip().splitlines()[0] if args.message.strip() else ""
         return f"committed {receipt.get('commit')} '{subject}' ({EFFECT_TRAILER}: {call.key}{_how(receipt)})"
 
 
-class GitRevertTool(EffectTool):
-    needs_workspace = True
-
-    def target(self, args: GitRevertArgs) -> str:
-        return "the workspace's git repository"
-
-    async def lookup(self, call: EffectCall, args: GitRevertArgs) -> dict | None:
-        root = await _repo(call.workspace)
-        sha = await find_commit(root, EFFECT_TRAILER, call.key)
-        return {"commit": sha, "found_by": f"its {EFFECT_TRAILER} trailer"} if sha else None
-
-    async def send(self, call: EffectCall, args: GitRevertArgs) -> dict:
-        root = await _repo(call.workspace)
-        async with repo_lock(root):
-            return await self._revert(root, call, args)
-
-    async def _revert(self, root: Path, call: EffectCall, args: GitRevertArgs) -> dict:
+class GitRevertTool(GitEffectTool):
+    async def write(self, root: Path, call: EffectCall, args: GitRevertArgs) -> dict:
         original = await find_commit(root, EFFECT_TRAILER, args.effect_key)
         if original is None:
             # The commit this compensates never happened (or is not in HEAD's history).
@@ -607,19 +596,8 @@ class GitRevertTool(EffectTool):
             await git(root, "revert", "--quit", check=False)
             return {"commit": None, "reverted": original, "already": True}
         _, subject = await git(root, "log", "-1", "--format=%s", original)
-        await git(
-            root,
-            *await _identity(root),
-            "commit",
-            "-q",
-            "-m",
-            f'Revert "{subject}"\n\nThis reverts commit {original}.',
-            "--trailer",
-            f"{EFFECT_TRAILER}: {call.key}",
-            "--trailer",
-            f"{REVERTS_TRAILER}: {args.effect_key}",
-        )
-        _, sha = await git(root, "rev-parse", "HEAD")
+        message = f'Revert "{subject}"\n\nThis reverts commit {original}.'
+        sha = await _commit_keyed(root, call.key, message, "--trailer", f"{REVERTS_TRAILER}: {args.effect_key}")
         return {"commit": sha, "reverted": original}
 
     def describe(self, call: EffectCall, args: GitRevertArgs, receipt: dict) -> str:
