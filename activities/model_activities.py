@@ -106,15 +106,7 @@ class ModelActivities:
             ChatMessage(role="system", content=planner_system_prompt(input.context, input.allowed_tools)),
             ChatMessage(
                 role="user",
-                content="\n\n".join(
-                    part
-                    for part in (
-                        f"Goal:\n{input.context.goal}",
-                        steering_block(input.context),
-                        revision_block(input.revision) if input.revision else "",
-                    )
-                    if part
-                ),
+                content=goal_message(input.context, revision_block(input.revision) if input.revision else ""),
             ),
         ]
         if input.rejected is not None and input.rejection:
@@ -150,16 +142,11 @@ class ModelActivities:
             ChatMessage(role="system", content=drift_system_prompt(input.context)),
             ChatMessage(
                 role="user",
-                content="\n\n".join(
-                    part
-                    for part in (
-                        f"Goal:\n{input.context.goal}",
-                        steering_block(input.context),
-                        f"Current plan:\n{json.dumps(input.plan.model_dump(mode='json'), sort_keys=True)}",
-                        f"Finished steps:\n{finished}",
-                        'Reply with JSON only: {"on_track": true|false, "reason": "..."}',
-                    )
-                    if part
+                content=goal_message(
+                    input.context,
+                    f"Current plan:\n{json.dumps(input.plan.model_dump(mode='json'), sort_keys=True)}",
+                    f"Finished steps:\n{finished}",
+                    'Reply with JSON only: {"on_track": true|false, "reason": "..."}',
                 ),
             ),
         ]
@@ -386,6 +373,11 @@ def steering_block(context: ModelContext) -> str:
     return "\n\n".join(parts)
 
 
+def goal_message(context: ModelContext, *parts: str) -> str:
+    """The user message of a call about the whole goal: the goal, the steering, then the call's own parts."""
+    return "\n\n".join(part for part in (f"Goal:\n{context.goal}", steering_block(context), *parts) if part)
+
+
 def revision_block(revision: PlanRevision) -> str:
     finished = "\n".join(f"- {name}: {text}" for name, text in sorted(revision.finished.items())) or "(none)"
     requests = "\n".join(f"- {r}" for r in revision.requests) or "(none)"
@@ -416,10 +408,8 @@ def drift_system_prompt(context: ModelContext) -> str:
 def parse_drift_reply(text: str) -> tuple[bool, str]:
     """(on_track, reason). A reply that cannot be read counts as on track: drift
     checks advise, and a garbled one must not trigger a replan."""
-    match = _FENCE.match(text)
-    body = (match.group(1) if match else text).strip()
     try:
-        data = json.loads(body)
+        data = json.loads(_unfenced(text))
         return bool(data["on_track"]), str(data.get("reason") or "no reason given")
     except (ValueError, KeyError, TypeError):
         return True, f"unreadable drift verdict, assumed on track: {preview(text, 120)}"
@@ -496,10 +486,15 @@ def agent_tools(names: list[str]) -> list[ChatTool]:
 _FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 
 
+def _unfenced(text: str) -> str:
+    """A reply without the code fence models often put around JSON."""
+    match = _FENCE.match(text)
+    return (match.group(1) if match else text).strip()
+
+
 def parse_plan_reply(text: str, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:
     """The plan in a model's reply, or the reason it is not one (fit to show the model)."""
-    match = _FENCE.match(text)
-    body = (match.group(1) if match else text).strip()
+    body = _unfenced(text)
     try:
         data = json.loads(body)
     except ValueError as err:
