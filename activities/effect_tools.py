@@ -131,7 +131,9 @@ async def run_effect(
     info = activity.info()
     previous = last_heartbeat(info.heartbeat_details, key)
     decision = decide_retry(spec.replay, info.attempt, previous)
-    activity.logger.info("tool %s attempt %d effect %s: %s", input.tool, info.attempt, key, decision)
+    activity.logger.info(
+        "effect decided", extra={"tool": input.tool, "attempt": info.attempt, "effect_key": key, "decision": decision}
+    )
 
     if decision == "uncertain":
         return outcome.uncertain(
@@ -156,7 +158,7 @@ async def run_effect(
         try:
             receipt = await impl.send(call, args)
         except ToolError as err:
-            activity.logger.info("tool %s refused: %s", input.tool, err.message)
+            activity.logger.info("effect refused", extra={"tool": input.tool, "effect_key": key, "error": err.message})
             return outcome.failed(err.message)
         except (NotSent, OutcomeUnknown) as err:
             return outcome.unconfirmed(err, info)
@@ -189,7 +191,9 @@ class _Outcome:
         return self.result(ok=False, error=message)
 
     def uncertain(self, message: str) -> ToolResult:
-        activity.logger.warning("tool %s uncertain (%s): %s", self.input.tool, self.key, message)
+        activity.logger.warning(
+            "effect uncertain", extra={"tool": self.input.tool, "effect_key": self.key, "error": message}
+        )
         return self.result(ok=False, uncertain=True, error=message)
 
     def unconfirmed(self, err: NotSent | OutcomeUnknown, info: activity.Info) -> ToolResult:

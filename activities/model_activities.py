@@ -121,7 +121,7 @@ class ModelActivities:
         raw = self.store.put_text(response.text)
         plan, error = parse_plan_reply(response.text, input.allowed_tools)
         if error:
-            activity.logger.info(f"plan attempt {input.attempt} rejected: {preview(error)}")
+            activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
         return PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model)
 
     @activity.defn(name=Activities.GENERATE)
@@ -249,8 +249,14 @@ class ModelActivities:
             cost_usd=profile.cost_usd(response.input_tokens, response.output_tokens),
         )
         activity.logger.info(
-            f"model call: profile={profile.name} model={response.model} "
-            f"input_tokens={usage.input_tokens} output_tokens={usage.output_tokens} cost_usd={usage.cost_usd:.6f}"
+            "model call",
+            extra={
+                "profile": profile.name,
+                "model": response.model,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cost_usd": usage.cost_usd,
+            },
         )
         return response, usage
 
@@ -267,8 +273,14 @@ class ModelActivities:
         for text in compacted.archived:
             self.store.put_text(text)
         activity.logger.info(
-            f"agent turn {input.turn} of step '{input.step}': turns {compacted.turns} compacted, "
-            f"prompt {compacted.chars_before} -> {compacted.chars_after} chars"
+            "agent prompt compacted",
+            extra={
+                "step": input.step,
+                "turn": input.turn,
+                "compacted_turns": compacted.turns,
+                "chars_before": compacted.chars_before,
+                "chars_after": compacted.chars_after,
+            },
         )
         return compacted
 

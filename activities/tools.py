@@ -415,7 +415,7 @@ class ToolActivities:
             try:
                 text = await implementation(root, args)
             except ToolError as err:
-                activity.logger.info("tool %s failed: %s", input.tool, err.message)
+                activity.logger.info("tool failed", extra={"tool": input.tool, "error": err.message})
                 return failed(err.message, err.output)
             fault_point("tool_done", input.tool)
         ref = self.store.put_text(text)
