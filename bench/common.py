@@ -28,7 +28,8 @@ from temporalio.worker import Worker
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from activities.tools import ToolActivities
-from runtime.converter import STORE_ENV, THRESHOLD_ENV, data_converter
+from runtime.converter import STORE_ENV, THRESHOLD_ENV
+from runtime.plugin import PerdurePlugin
 from starters.devserver import load_dynamic_config
 from starters.goals import GOAL_TASK_TIMEOUT
 from workers.orchestrator import build_worker
@@ -61,7 +62,7 @@ async def start_server() -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=data_converter(),
+        plugins=[PerdurePlugin()],
         dev_server_log_level="error",
         dev_server_extra_args=extra,
     )

@@ -20,7 +20,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from bench.common import ROOT, Section, median
-from runtime.converter import data_converter
+from runtime.plugin import PerdurePlugin
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
@@ -40,7 +40,7 @@ async def measure(client=None, workdir: Path | None = None, repeats: int = 3) ->
     history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
     seconds = []
     for _ in range(repeats):
-        replayer = Replayer(workflows=[GoalWorkflow, WatchdogWorkflow], data_converter=data_converter())
+        replayer = Replayer(workflows=[GoalWorkflow, WatchdogWorkflow], plugins=[PerdurePlugin()])
         started = time.perf_counter()
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         seconds.append(time.perf_counter() - started)

@@ -48,6 +48,7 @@ from bench.common import (
     start_goal,
 )
 from runtime.converter import STORE_ENV, data_converter
+from runtime.plugin import PerdurePlugin
 from workflows.goal import GoalWorkflow
 from workflows.migrations import load_state
 from workflows.state import GoalInput
@@ -190,7 +191,7 @@ async def profile_replay(history: WorkflowHistory, top: int = 14) -> list[str]:
     executor = ThreadPoolExecutor(max_workers=1)
     executor.submit(profiler.enable).result()
     replayer = Replayer(
-        workflows=[GoalWorkflow, WatchdogWorkflow], data_converter=data_converter(), workflow_task_executor=executor
+        workflows=[GoalWorkflow, WatchdogWorkflow], plugins=[PerdurePlugin()], workflow_task_executor=executor
     )
     started = time.perf_counter()
     await replayer.replay_workflow(history, raise_on_replay_failure=False)

@@ -26,7 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from runtime.converter import data_converter
+from runtime.plugin import PerdurePlugin
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
@@ -56,7 +56,7 @@ async def measure(goals: int = 100, runs: int = 3, client: Client | None = None)
         env = await WorkflowEnvironment.start_local(
             dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
             search_attributes=ALL_KEYS,
-            data_converter=data_converter(),
+            plugins=[PerdurePlugin()],
             dev_server_log_level="error",
         )
         client = env.client

@@ -5,6 +5,8 @@ settings       where things are (PERDURE_* variables)
 files          write-then-rename helpers
 payload_store  the disk driver for payloads too large for history
 converter      the one data converter (pydantic + external payload storage)
+plugin         PerdurePlugin: gives clients, workers, replayers and test
+               environments that converter
 
 It imports nothing from activities/, workers/ or starters/ (they import it), and
 only pure constants from workflows/. Workflow code never imports it: everything

@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio.client import Client
 
 from runtime import settings
-from runtime.converter import data_converter
+from runtime.plugin import PerdurePlugin
 
 
 class ServerUnavailable(RuntimeError):
@@ -18,7 +18,7 @@ async def connect(address: str | None = None, namespace: str | None = None) -> C
     address = address or settings.temporal_address()
     namespace = namespace or settings.namespace()
     try:
-        return await Client.connect(address, namespace=namespace, data_converter=data_converter())
+        return await Client.connect(address, namespace=namespace, plugins=[PerdurePlugin()])
     except RuntimeError as err:
         raise ServerUnavailable(
             f"cannot reach Temporal at {address} ({err}). Start the embedded server with "

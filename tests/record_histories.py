@@ -23,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from runtime.converter import data_converter
+from runtime.plugin import PerdurePlugin
 from testing.scripted import ScriptedServer
 from tests.conftest import openai_profile
 from tests.scenarios import demo_script, spec, write_notes
@@ -196,7 +196,7 @@ async def main(into: Path = HISTORIES) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         search_attributes=ALL_KEYS,
-        data_converter=data_converter(),
+        plugins=[PerdurePlugin()],
         dev_server_log_level="error",
     )
     try:

@@ -22,6 +22,7 @@ async def _main(kills: int, seed: int) -> int:
     from temporalio.testing import WorkflowEnvironment
 
     from runtime import converter
+    from runtime.plugin import PerdurePlugin
     from workflows.search_attributes import ALL_KEYS
 
     started = time.monotonic()
@@ -31,7 +32,7 @@ async def _main(kills: int, seed: int) -> int:
         env = await WorkflowEnvironment.start_local(
             dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
             search_attributes=ALL_KEYS,
-            data_converter=converter.data_converter(),
+            plugins=[PerdurePlugin()],
             dev_server_log_level="error",
         )
         try:

@@ -24,6 +24,7 @@ from activities.models.config import ModelConfig
 from runtime import converter
 from runtime.converter import PayloadStoreConfigError, data_converter
 from runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
+from runtime.plugin import PerdurePlugin
 from tests.conftest import new_goal_id, openai_profile
 from tests.scenarios import demo_script, spec, write_notes
 from workers.orchestrator import build_worker
@@ -219,7 +220,7 @@ async def test_large_goal_input_lives_outside_history(
     payload_dir = tmp_path / "payloads"
     monkeypatch.setenv(converter.STORE_ENV, f"disk:{payload_dir}")
     monkeypatch.setenv(converter.THRESHOLD_ENV, "2048")
-    client = Client(env.client.service_client, namespace=env.client.namespace, data_converter=data_converter())
+    client = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
 
     write_notes(workspace)
     marker = "LONG-CONTEXT-7f3a"
@@ -267,5 +268,5 @@ async def test_large_goal_input_lives_outside_history(
         await plain.get_workflow_handle(handle.id).result()
 
     # Replay reads the references back through the same converter.
-    replayer = Replayer(workflows=[GoalWorkflow, WatchdogWorkflow], data_converter=data_converter())
+    replayer = Replayer(workflows=[GoalWorkflow, WatchdogWorkflow], plugins=[PerdurePlugin()])
     await replayer.replay_workflow(history)

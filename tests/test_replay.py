@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from runtime.converter import data_converter
+from runtime.plugin import PerdurePlugin
 from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
@@ -35,7 +35,7 @@ def test_there_is_a_golden_history_per_workflow_type():
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_golden_history_replays(path: Path):
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter())
+    replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()])
     await replayer.replay_workflow(load(path))
 
 
@@ -55,6 +55,6 @@ async def test_changed_workflow_is_caught_as_nondeterministic():
         for p in HISTORIES
         if load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name == GOAL_WORKFLOW
     )
-    replayer = Replayer(workflows=[GoalWorkflowThatReportsFirst], data_converter=data_converter())
+    replayer = Replayer(workflows=[GoalWorkflowThatReportsFirst], plugins=[PerdurePlugin()])
     result = await replayer.replay_workflow(load(golden), raise_on_replay_failure=False)
     assert isinstance(result.replay_failure, NondeterminismError)
