@@ -87,15 +87,31 @@ def pooled_client(kind: str, make: Callable[[], Any], api_key: str, base_url: st
     return pooled((kind, base_url, hashlib.sha256(api_key.encode()).hexdigest(), timeout_s), make)
 
 
-# --- OpenAI and compatible servers ---------------------------------------------
+class SdkProvider:
+    """What both SDK providers hold: the profile, the key read at call time and the endpoint."""
 
-
-class OpenAIProvider:
     def __init__(self, profile: ModelProfile, api_key: str, base_url: str | None) -> None:
         self.profile = profile
         self._api_key = api_key
         self._base_url = base_url
 
+    def _client(self, kind: str, sdk_client: Callable[..., Any]) -> Any:
+        """The pooled SDK client; its own retries are off because Temporal's retry policy owns them."""
+        return pooled_client(
+            kind,
+            lambda: sdk_client(
+                api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
+            ),
+            self._api_key,
+            self._base_url,
+            self.profile.timeout_s,
+        )
+
+
+# --- OpenAI and compatible servers ---------------------------------------------
+
+
+class OpenAIProvider(SdkProvider):
     async def chat(self, request: ChatRequest) -> ChatResponse:
         params: dict[str, Any] = {
             "model": self.profile.model,
@@ -115,15 +131,7 @@ class OpenAIProvider:
             ]
         if request.json_mode:
             params["response_format"] = {"type": "json_object"}
-        client = pooled_client(
-            "openai",
-            lambda: openai.AsyncOpenAI(
-                api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
-            ),
-            self._api_key,
-            self._base_url,
-            self.profile.timeout_s,
-        )
+        client = self._client("openai", openai.AsyncOpenAI)
         try:
             completion = await client.chat.completions.create(**params)
         except openai.APIError as err:
@@ -168,12 +176,7 @@ def _openai_message(m: ChatMessage) -> dict[str, Any]:
 # --- Anthropic -------------------------------------------------------------------
 
 
-class AnthropicProvider:
-    def __init__(self, profile: ModelProfile, api_key: str, base_url: str | None) -> None:
-        self.profile = profile
-        self._api_key = api_key
-        self._base_url = base_url
-
+class AnthropicProvider(SdkProvider):
     async def chat(self, request: ChatRequest) -> ChatResponse:
         system = "\n\n".join(m.content for m in request.messages if m.role == "system")
         if request.json_mode:
@@ -195,15 +198,7 @@ class AnthropicProvider:
         # only by workers that use an Anthropic profile.
         import anthropic
 
-        client = pooled_client(
-            "anthropic",
-            lambda: anthropic.AsyncAnthropic(
-                api_key=self._api_key, base_url=self._base_url, max_retries=0, timeout=self.profile.timeout_s
-            ),
-            self._api_key,
-            self._base_url,
-            self.profile.timeout_s,
-        )
+        client = self._client("anthropic", anthropic.AsyncAnthropic)
         try:
             message = await client.messages.create(**params)
         except anthropic.APIError as err:
