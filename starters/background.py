@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from activities.models.config import PROVIDER_ENV
+
 MODEL_ENV = (
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "ANTHROPIC_API_KEY",
+    *(name for names in PROVIDER_ENV.values() for name in names),
     "PERDURE_CONFIG",
     "PERDURE_SCRIPT",
     "PERDURE_HOME",

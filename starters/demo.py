@@ -9,13 +9,13 @@ OpenAI-compatible base URL in the environment the same goal runs on that model.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from activities.models.config import default_provider_from_env
 from runtime import settings
 from starters import devserver, goals, render
 from starters.background import ensure_worker
@@ -49,15 +49,6 @@ NOTES = {
 }
 
 
-def demo_profile() -> str:
-    """The profile the demo asks for, chosen from what this environment provides."""
-    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
-        return "openai"
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic"
-    return "scripted"
-
-
 def make_workspace() -> Path:
     root = Path(tempfile.mkdtemp(prefix="perdure-demo-"))
     for rel, text in NOTES.items():
@@ -87,7 +78,8 @@ async def run_demo(console: Console) -> None:
     console.print(
         f"worker {'reused' if reused else 'started'} (pid {pid}, log {devserver.dev_dir() / 'data' / 'worker.log'})"
     )
-    profile = demo_profile()
+    # What `default` means here, by name, so the demo can say which model the goal runs on.
+    profile = default_provider_from_env()
     workspace = make_workspace()
     spec = GoalSpec(
         goal=DEMO_GOAL,

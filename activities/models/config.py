@@ -37,6 +37,13 @@ LIST_PRICES: dict[str, tuple[float, float]] = {
 }
 
 
+# Which credentials make `default` mean a built-in provider, in order of preference.
+PROVIDER_ENV: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+}
+
+
 class UnknownModelProfile(LookupError):
     """No profile has this name; the message lists the known names."""
 
@@ -76,11 +83,10 @@ class ModelConfig(BaseModel):
 
 
 def default_provider_from_env() -> str:
-    """Which built-in profile `default` means on this worker, judged by which credentials exist."""
-    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
-        return "openai"
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic"
+    """Which built-in profile `default` means in this environment, judged by which credentials exist."""
+    for provider, names in PROVIDER_ENV.items():
+        if any(os.environ.get(name) for name in names):
+            return provider
     return "scripted"
 
 
