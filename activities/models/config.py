@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.settings import config_path
+from workflows.plan import describe_validation_error
 
 DEFAULT_SCRIPT = Path(__file__).parent / "scripts" / "demo.yaml"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
@@ -154,5 +155,4 @@ def _profile_from_table(path: Path, name: str, table: Any, base: ModelProfile | 
     try:
         return ModelProfile.model_validate(fields)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors(include_url=False))
-        raise ModelConfigInvalid(f"{path}: [profiles.{name}] is invalid: {problems}") from None
+        raise ModelConfigInvalid(f"{path}: [profiles.{name}] is invalid: {describe_validation_error(err)}") from None
