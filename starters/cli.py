@@ -19,9 +19,9 @@ from rich.markup import escape
 from temporalio.service import RPCError
 
 from runtime import settings
+from runtime.connect import ServerUnavailable, connect
 from starters import goals, render
 from starters import watchdog_cli as wd
-from starters.client import ServerUnavailable, connect
 from workflows import search_attributes as sa
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
@@ -45,6 +45,7 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
         return asyncio.run(coro_fn())
     except (
         ServerUnavailable,
+        settings.TemporalConfigError,
         goals.GoalNotFound,
         goals.BadPlanFile,
         wd.WatchdogMissing,
@@ -433,23 +434,21 @@ def watchdog_status() -> None:
 @watchdog_app.command("pause")
 def watchdog_pause(note: Annotated[str, typer.Option(help="Why (shown in status).")] = "paused from the CLI") -> None:
     """Stop scheduling runs (goals are left alone meanwhile)."""
-
-    async def _pause() -> None:
-        await wd.pause(await connect(), settings.task_queue(), note)
-        console.print("watchdog paused")
-
-    run(_pause)
+    _set_watchdog_paused(True, note)
 
 
 @watchdog_app.command("resume")
 def watchdog_resume(note: Annotated[str, typer.Option(help="Shown in status.")] = "resumed from the CLI") -> None:
     """Schedule runs again."""
+    _set_watchdog_paused(False, note)
 
-    async def _resume() -> None:
-        await wd.resume(await connect(), settings.task_queue(), note)
-        console.print("watchdog resumed")
 
-    run(_resume)
+def _set_watchdog_paused(paused: bool, note: str) -> None:
+    async def _switch() -> None:
+        await wd.set_paused(await connect(), settings.task_queue(), paused, note)
+        console.print("watchdog paused" if paused else "watchdog resumed")
+
+    run(_switch)
 
 
 @watchdog_app.command("run-now")

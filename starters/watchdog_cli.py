@@ -60,14 +60,11 @@ async def describe(client: Client, task_queue: str) -> ScheduleDescription:
         raise
 
 
-async def pause(client: Client, task_queue: str, note: str) -> None:
+async def set_paused(client: Client, task_queue: str, paused: bool, note: str) -> None:
+    """Pause or resume the schedule; WatchdogMissing when there is none to change."""
     await describe(client, task_queue)
-    await client.get_schedule_handle(schedule_id(task_queue)).pause(note=note)
-
-
-async def resume(client: Client, task_queue: str, note: str) -> None:
-    await describe(client, task_queue)
-    await client.get_schedule_handle(schedule_id(task_queue)).unpause(note=note)
+    handle = client.get_schedule_handle(schedule_id(task_queue))
+    await (handle.pause(note=note) if paused else handle.unpause(note=note))
 
 
 def _run_ids(desc: ScheduleDescription) -> set[str]:
