@@ -25,11 +25,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -238,6 +238,12 @@ def _flag(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _ports_of(argv: list[str]) -> tuple[int, int]:
+    """The frontend and UI ports a running `start-dev` was given (the CLI's defaults when absent)."""
+    port = int(_flag(argv, "--port") or 7233)
+    return port, int(_flag(argv, "--ui-port") or port + 1000)
+
+
 def _is_our_server(pid: int, db: Path) -> bool:
     """True when `pid` runs `temporal server start-dev` on this data directory's db."""
     argv = _cmdline(pid)
@@ -427,6 +433,20 @@ def _ui_url(ui_port: int) -> str:
     return f"http://localhost:{ui_port}"
 
 
+def _await_frontend(
+    address: str, wait_s: float, exited: Callable[[], bool] = lambda: False, every_s: float = 0.1
+) -> Literal["answers", "exited", "silent"]:
+    """Poll until the frontend at `address` answers, the server behind it has exited, or `wait_s` has passed."""
+    deadline = time.monotonic() + wait_s
+    while not _frontend_answers(address):
+        if exited():
+            return "exited"
+        if time.monotonic() > deadline:
+            return "silent"
+        time.sleep(every_s)
+    return "answers"
+
+
 def start_dev_server(
     port: int = 7233,
     ui_port: int = 8233,
@@ -454,14 +474,11 @@ def start_dev_server(
             # Someone else's server (another data dir, start_local, docker...)
             # or something that is not Temporal at all; a frontend still
             # booting gets a few seconds to answer.
-            deadline = time.monotonic() + min(wait_s, 5.0)
-            while not _frontend_answers(address):
-                if time.monotonic() > deadline:
-                    raise DevServerError(
-                        f"port {port} is in use by something that does not answer as a Temporal frontend "
-                        f"with a {DEFAULT_NAMESPACE!r} namespace; free the port or pick another one"
-                    )
-                time.sleep(0.2)
+            if _await_frontend(address, min(wait_s, 5.0), every_s=0.2) != "answers":
+                raise DevServerError(
+                    f"port {port} is in use by something that does not answer as a Temporal frontend "
+                    f"with a {DEFAULT_NAMESPACE!r} namespace; free the port or pick another one"
+                )
             ensure_search_attributes(address)
             return DevServer(None, address, _ui_url(ui_port) if _port_open(ui_port) else None, True, None, None)
 
@@ -479,30 +496,26 @@ def start_dev_server(
         _CHILDREN[process.pid] = process
         _write_pid(pid_file, process.pid)
 
-        deadline = time.monotonic() + wait_s
-        while not _frontend_answers(address):
-            if process.poll() is not None:
-                _CHILDREN.pop(process.pid, None)
-                pid_file.unlink(missing_ok=True)
-                raise DevServerError(
-                    f"temporal server start-dev exited with code {process.returncode}; {log}:\n{_log_tail(log)}"
-                )
-            if time.monotonic() > deadline:
-                _signal(process.pid, signal.SIGKILL)
-                _wait_gone(process.pid, 5)
-                pid_file.unlink(missing_ok=True)
-                raise DevServerError(
-                    f"the dev server did not answer on {address} within {wait_s:g}s; {log}:\n{_log_tail(log)}"
-                )
-            time.sleep(0.1)
+        waited = _await_frontend(address, wait_s, exited=lambda: process.poll() is not None)
+        if waited == "exited":
+            _CHILDREN.pop(process.pid, None)
+            pid_file.unlink(missing_ok=True)
+            raise DevServerError(
+                f"temporal server start-dev exited with code {process.returncode}; {log}:\n{_log_tail(log)}"
+            )
+        if waited == "silent":
+            _signal(process.pid, signal.SIGKILL)
+            _wait_gone(process.pid, 5)
+            pid_file.unlink(missing_ok=True)
+            raise DevServerError(
+                f"the dev server did not answer on {address} within {wait_s:g}s; {log}:\n{_log_tail(log)}"
+            )
         ensure_search_attributes(address)
         return DevServer(process.pid, address, _ui_url(ui_port), False, log, db)
 
 
 def _reuse_our_server(pid: int, port: int, ui_port: int, data: Path, wait_s: float) -> DevServer:
-    argv = _cmdline(pid)
-    running_port = int(_flag(argv, "--port") or 7233)
-    running_ui_port = int(_flag(argv, "--ui-port") or running_port + 1000)
+    running_port, running_ui_port = _ports_of(_cmdline(pid))
     if running_port != port:
         # Two servers on one SQLite file would corrupt each other's view.
         raise DevServerError(
@@ -510,16 +523,14 @@ def _reuse_our_server(pid: int, port: int, ui_port: int, data: Path, wait_s: flo
             f"use that port or stop it first (`perdure server stop`)"
         )
     address = f"{HOST}:{port}"
-    deadline = time.monotonic() + wait_s
-    while not _frontend_answers(address):
-        if not _alive(pid):
-            raise DevServerError(f"the dev server (pid {pid}) exited; {data / LOG_FILE}:\n{_log_tail(data / LOG_FILE)}")
-        if time.monotonic() > deadline:
-            raise DevServerError(
-                f"the dev server (pid {pid}) runs but does not answer on {address}; "
-                f"stop it with `perdure server stop`. {data / LOG_FILE}:\n{_log_tail(data / LOG_FILE)}"
-            )
-        time.sleep(0.1)
+    waited = _await_frontend(address, wait_s, exited=lambda: not _alive(pid))
+    if waited == "exited":
+        raise DevServerError(f"the dev server (pid {pid}) exited; {data / LOG_FILE}:\n{_log_tail(data / LOG_FILE)}")
+    if waited == "silent":
+        raise DevServerError(
+            f"the dev server (pid {pid}) runs but does not answer on {address}; "
+            f"stop it with `perdure server stop`. {data / LOG_FILE}:\n{_log_tail(data / LOG_FILE)}"
+        )
     ensure_search_attributes(address)
     return DevServer(pid, address, _ui_url(running_ui_port), True, data / LOG_FILE, data / DB_FILE)
 
@@ -551,9 +562,7 @@ def dev_server_status(data_dir: Path | str | None = None, port: int = 7233, ui_p
     db, log = data / DB_FILE, data / LOG_FILE
     pid = _our_live_pid(data) if data.is_dir() else None
     if pid is not None:
-        argv = _cmdline(pid)
-        running_port = int(_flag(argv, "--port") or 7233)
-        running_ui_port = int(_flag(argv, "--ui-port") or running_port + 1000)
+        running_port, running_ui_port = _ports_of(_cmdline(pid))
         return DevServerStatus(True, True, pid, f"{HOST}:{running_port}", _ui_url(running_ui_port), db, log)
     address = f"{HOST}:{port}"
     if _frontend_answers(address):
