@@ -61,11 +61,22 @@ class WorkerProcess:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def log_tail(self, chars: int = 4000) -> str:
+    async def wait_polling(self, timeout_s: float = 30) -> None:
+        """Wait until the worker logs that it polls its task queue; fail with its log if it dies first."""
+        deadline = time.monotonic() + timeout_s
+        while "worker polling" not in self.log_text():
+            if not self.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"worker {self.pid} did not start polling; log:\n{self.log_tail()}")
+            await asyncio.sleep(0.05)
+
+    def log_text(self) -> str:
         try:
-            return self.log.read_text(errors="replace")[-chars:]
+            return self.log.read_text(errors="replace")
         except OSError:
             return "(no log)"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_text()[-chars:]
 
 
 def write_model_config(path: Path, server: ScriptedServer, profile: str = "test") -> None:

@@ -1,29 +1,29 @@
-"""Shared fixtures: one real Temporal dev server per session, a fresh task queue
-per test, a scripted model server speaking the real wire formats, and worker
-factories wired exactly like production (same activities, same converter).
+"""Shared fixtures, and only fixtures: one real Temporal dev server per session (and one
+with time skipping), a fresh task queue, artifact store and workspace per test, and
+factories for the doubles in `testing/` (scripted model servers, fake services, crash
+rigs) that stop what they started after the test. Helpers are in helpers.py, test
+data in builders.py.
 """
 
 from __future__ import annotations
 
-import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
-from activities.models.config import ModelConfig, ModelProfile
 from runtime import converter
+from testing.crash import CrashRig
+from testing.fakes import FakeService
 from testing.scripted import ScriptedServer
-from workers.orchestrator import build_worker
-from workflows.search_attributes import ALL_KEYS
+from tests.helpers import dev_server_options
 
-BIN = Path(sys.executable).parent
+Service = TypeVar("Service", bound=FakeService)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,33 +39,17 @@ def payload_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest_asyncio.fixture(scope="session")
 async def env(payload_store: Path) -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(BIN / "temporal"),
-        search_attributes=ALL_KEYS,
-        data_converter=converter.data_converter(),
-        dev_server_log_level="error",
-    )
-    try:
+    async with await WorkflowEnvironment.start_local(**dev_server_options()) as environment:
         yield environment
-    finally:
-        await environment.shutdown()
 
 
 @pytest_asyncio.fixture(scope="session")
 async def ts_env(payload_store: Path) -> AsyncIterator[WorkflowEnvironment]:
     """A dev server with per-workflow time skipping (SDK v2, experimental): idle
     workflows jump straight to their next timer, and custom search attributes work."""
-    environment = await WorkflowEnvironment.start_time_skipping_v2(
-        dev_server_existing_path=str(BIN / "temporal"),
-        search_attributes=ALL_KEYS,
-        data_converter=converter.data_converter(),
-        dev_server_log_level="error",
-        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
-    )
-    try:
+    options = dev_server_options("--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true")
+    async with await WorkflowEnvironment.start_time_skipping_v2(**options) as environment:
         yield environment
-    finally:
-        await environment.shutdown()
 
 
 @pytest.fixture
@@ -86,13 +70,12 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def scripted() -> Iterator:
+def scripted() -> Iterator[Callable[[dict], ScriptedServer]]:
     """Factory: start a scripted model server for a script dict; stopped after the test."""
     servers: list[ScriptedServer] = []
 
     def start(script: dict) -> ScriptedServer:
-        server = ScriptedServer(script)
-        server.start()
+        server = ScriptedServer(script).start()
         servers.append(server)
         return server
 
@@ -101,39 +84,37 @@ def scripted() -> Iterator:
         server.stop()
 
 
-def openai_profile(server: ScriptedServer, name: str = "test") -> ModelProfile:
-    return ModelProfile(
-        name=name,
-        provider="openai",
-        model="scripted-gpt",
-        base_url=server.openai_base_url,
-        api_key_env=None,
-        price_input_per_mtok=1.0,
-        price_output_per_mtok=2.0,
-    )
+@pytest.fixture
+def fake_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeService]]:
+    """Factory: `fake_service(MailAPI, api_key=..., respond_delay_s=...)` starts a fake service
+    for this test and stops it after. The variables that point the effect tools at it
+    (`worker_env()`: PERDURE_MAIL_URL, ...) are set for the test, so in-process workers and
+    activities, and worker subprocesses that inherit the environment, use it."""
+    services: list[FakeService] = []
+
+    def start(kind: type[Service], **options) -> Service:
+        service = kind(**options).start()
+        services.append(service)
+        for name, value in service.worker_env().items():
+            monkeypatch.setenv(name, value)
+        return service
+
+    yield start
+    for service in services:
+        service.stop()
 
 
-def anthropic_profile(server: ScriptedServer, name: str = "test") -> ModelProfile:
-    return ModelProfile(
-        name=name,
-        provider="anthropic",
-        model="scripted-claude",
-        base_url=server.anthropic_base_url,
-        api_key_env=None,
-        price_input_per_mtok=3.0,
-        price_output_per_mtok=15.0,
-    )
+@pytest.fixture
+def crash_rig(env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Callable[..., CrashRig]]:
+    """Factory: `crash_rig(mail=..., model=...)` is a `CrashRig` on the session's server (its
+    own task queue and PERDURE_HOME); every worker process it started is killed after the test."""
+    rigs: list[CrashRig] = []
 
+    def make(**services) -> CrashRig:
+        rig = CrashRig(env.client, tmp_path / f"rig{len(rigs)}", **services)
+        rigs.append(rig)
+        return rig
 
-@asynccontextmanager
-async def running_worker(
-    env: WorkflowEnvironment, task_queue: str, store: ArtifactStore, *profiles: ModelProfile
-) -> AsyncIterator[Worker]:
-    config = ModelConfig(profiles={p.name: p for p in profiles})
-    worker = build_worker(env.client, task_queue=task_queue, store=store, model_config=config)
-    async with worker:
-        yield worker
-
-
-def new_goal_id(prefix: str = "goal") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+    yield make
+    for rig in rigs:
+        rig.close()

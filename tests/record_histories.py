@@ -23,15 +23,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from runtime.plugin import PerdurePlugin
 from testing.scripted import ScriptedServer
-from tests.conftest import openai_profile
-from tests.scenarios import demo_script, spec, write_notes
-from tests.test_steering import gate, llm, submit, wait_until
+from tests.builders import STEP_REPLY, demo_script, gate, llm, openai_profile, spec, write_notes
+from tests.helpers import dev_server_options, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.messages import Park, Resume, Steer
-from workflows.search_attributes import ALL_KEYS
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WatchdogInput
@@ -94,9 +91,6 @@ async def record_watchdog_nudge(env: WorkflowEnvironment, out: Path) -> None:
         history = await handle.fetch_history()
         await goal.terminate("recorded")
     save(out, history)
-
-
-STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 
 
 async def record_goal_steered(env: WorkflowEnvironment, out: Path) -> None:
@@ -193,17 +187,9 @@ async def main(into: Path = HISTORIES) -> None:
     if not todo:
         print("every scenario already has a golden history; nothing to record")
         return
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        search_attributes=ALL_KEYS,
-        plugins=[PerdurePlugin()],
-        dev_server_log_level="error",
-    )
-    try:
+    async with await WorkflowEnvironment.start_local(**dev_server_options()) as env:
         for name, record in todo.items():
             await record(env, into / f"{name}.json")
-    finally:
-        await env.shutdown()
 
 
 if __name__ == "__main__":

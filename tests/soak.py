@@ -15,33 +15,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from temporalio.testing import WorkflowEnvironment
+
+from runtime import converter
 from testing.soak import run_soak
+from tests.helpers import dev_server_options
 
 
 async def _main(kills: int, seed: int) -> int:
-    from temporalio.testing import WorkflowEnvironment
-
-    from runtime import converter
-    from runtime.plugin import PerdurePlugin
-    from workflows.search_attributes import ALL_KEYS
-
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perdure-soak-") as tmp:
         # One payload store for this client and the worker subprocesses, which inherit the environment.
         os.environ[converter.STORE_ENV] = f"disk:{tmp}/payloads"
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-            search_attributes=ALL_KEYS,
-            plugins=[PerdurePlugin()],
-            dev_server_log_level="error",
-        )
-        try:
+        async with await WorkflowEnvironment.start_local(**dev_server_options()) as env:
             print(f"soak: {kills} kills, seed {seed}, workers are `perdure worker` subprocesses", flush=True)
             report = await run_soak(
                 env.client, Path(tmp), kills=kills, seed=seed, say=lambda text: print(text, flush=True)
             )
-        finally:
-            await env.shutdown()
     for problem in report.problems:
         print(f"problem: {problem}", flush=True)
     print(

@@ -8,9 +8,8 @@ import asyncio
 
 from temporalio.api.enums.v1 import EventType
 
-from tests.conftest import openai_profile, running_worker
-from tests.history_tools import scheduled_activities
-from tests.test_steering import calls_for, gate, llm, start, statuses, submit, wait_until
+from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows.contracts import Activities, Budget
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Park, Resume
@@ -19,7 +18,7 @@ USAGE = {"input_tokens": 500, "output_tokens": 500}
 
 
 def step_reply(usage: dict = USAGE) -> dict:
-    return {"when": "PERDURE-STEP", "content": "step done", "usage": usage}
+    return {**STEP_REPLY["replies"][0], "usage": usage}
 
 
 async def test_hard_gate_stops_dispatch_and_the_report_lists_what_did_not_run(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios import SUMMARY_TEXT, demo_script, write_notes
+from testing.crash import write_model_config
+from tests.builders import STEP_REPLY, SUMMARY_TEXT, demo_script, write_notes
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 
@@ -45,15 +46,7 @@ def perdure(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
 @pytest.fixture
 def cli_worker(env, tmp_path, task_queue, scripted):
     """A real `perdure worker` subprocess whose 'test' profile points at a scripted server."""
-    server = scripted(demo_script())
-    (tmp_path / "config.toml").write_text(
-        "[profiles.test]\n"
-        'provider = "openai"\n'
-        'model = "scripted-gpt"\n'
-        f'base_url = "{server.openai_base_url}"\n'
-        "price_input_per_mtok = 1.0\n"
-        "price_output_per_mtok = 2.0\n"
-    )
+    write_model_config(tmp_path / "config.toml", scripted(demo_script()))
     variables = cli_env(env, tmp_path, task_queue)
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
@@ -168,7 +161,7 @@ def test_goal_waits_durably_when_no_worker_runs(env, tmp_path, task_queue):
 
 def test_a_steering_session(env, tmp_path, task_queue, scripted):
     """Steer with no worker running (durable), then rewind and inspect the inbox."""
-    server = scripted({"replies": [{"when": "PERDURE-STEP", "content": "step done"}]})
+    server = scripted(STEP_REPLY)
     (tmp_path / "config.toml").write_text(
         f'[profiles.test]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.openai_base_url}"\n'
     )

@@ -25,9 +25,8 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatToolCall
 from testing.scripted import ScriptedServer, seen_anthropic, seen_openai
-from tests.conftest import anthropic_profile, openai_profile, running_worker
-from tests.scenarios import spec
-from tests.test_goal_workflow import run_goal
+from tests.builders import anthropic_profile, openai_profile, spec
+from tests.helpers import run_goal, running_worker
 from workflows.canonical import sha256_digest
 from workflows.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
 from workflows.goal import GoalWorkflow
@@ -248,7 +247,8 @@ OUTPUTS = {2: BIG["alpha"], 3: BIG["bravo"], 4: BIG["charlie"], 5: "alpha.md\nbr
 async def drive(
     store: ArtifactStore, profile_of, threshold: int | None, degraded: bool = False
 ) -> tuple[RecordingServer, list[AgentTurnResult]]:
-    """Six agent turns through the real activity, fed the way GoalWorkflow._run_agent_step feeds them."""
+    """Six agent turns through the real activity, fed the way the agent node
+    (workflows/goal/nodes/agent.py) feeds them."""
     server = RecordingServer({"replies": SCRIPT}).start()
     try:
         profile = profile_of(server)
@@ -297,11 +297,6 @@ def received_text(server: RecordingServer, request: int) -> str:
     body = server.bodies[request]
     seen = seen_anthropic(body) if "system" in body else seen_openai(body)
     return seen.all_text
-
-
-@pytest.fixture
-def store(tmp_path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
 
 
 @pytest.mark.parametrize("profile_of", [openai_profile, anthropic_profile], ids=["openai", "anthropic"])

@@ -8,40 +8,17 @@ goal is on the server and that `perdure server stop` leaves nothing behind.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import isolated_demo_env
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pids_in(data: Path) -> list[int]:
     return [int(p.read_text().split()[0]) for p in (data / "server.pid", data / "worker.pid") if p.exists()]
-
-
-def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
-    """A user's environment with no model keys or perdure settings of its own, pointed
-    at a scratch dev directory and free ports: (env, frontend port, UI port)."""
-    port, ui_port = free_port(), free_port()
-    model_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in model_keys and not k.startswith("PERDURE_")},
-        "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
-        "PERDURE_UI": f"http://localhost:{ui_port}",
-        "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
-        "PERDURE_HOME": str(tmp_path / "home"),
-        "NO_COLOR": "1",
-        "COLUMNS": "160",
-    }
-    return env, port, ui_port
 
 
 def test_demo_runs_end_to_end_offline(tmp_path):

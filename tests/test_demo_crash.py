@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_demo import isolated_demo_env
+from tests.helpers import isolated_demo_env
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,6 +27,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from starters import devserver
 from starters.devserver import DevServerError, dev_server_status, start_dev_server, stop_dev_server
+from tests.helpers import free_ports
 from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,17 +35,6 @@ pytestmark = pytest.mark.timeout(60)
 # Expected types come from the SDK keys, independently of the launcher's own
 # CLI-name -> enum table.
 EXPECTED_TYPES = {key.name: f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}" for key in ALL_KEYS}
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def process_exists(pid: int) -> bool:

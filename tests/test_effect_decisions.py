@@ -10,13 +10,10 @@ from collections import Counter
 
 import pytest
 
-from testing.crash import CrashRig
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.repo import git, init_repo
-from tests.conftest import openai_profile, running_worker
-from tests.history_tools import scheduled_activities
-from tests.scenarios import spec
-from tests.test_steering import gate, start, statuses, submit, wait_until
+from tests.builders import gate, openai_profile, spec
+from tests.helpers import running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows.messages import Abort, Answer, Approve
 from workflows.plan import Plan
 
@@ -24,11 +21,8 @@ RECIPIENTS = ["ada", "grace", "alan", "edsger", "barbara"]
 
 
 @pytest.fixture
-def payments(monkeypatch):
-    with PaymentsAPI() as service:
-        monkeypatch.setenv("PERDURE_PAYMENTS_URL", service.base_url)
-        monkeypatch.setenv("PERDURE_PAYMENTS_KEY", PAYMENTS_KEY)
-        yield service
+def payments(fake_service) -> PaymentsAPI:
+    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 def pay_step(name: str = "pay", **extra) -> dict:
@@ -36,39 +30,36 @@ def pay_step(name: str = "pay", **extra) -> dict:
     return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
 
 
-async def test_uncertain_once_call_becomes_a_question_and_nothing_is_sent_twice(env, tmp_path):
-    with WebhookReceiver(respond_delay_s=0.2) as hook:
-        rig = CrashRig(env.client, tmp_path / "rig")
-        try:
-            steps = [
-                {
-                    "name": f"notice-{i}",
-                    "kind": "tool",
-                    "tool": "notify_webhook",
-                    "args": {"url": f"{hook.base_url}/deploys", "payload": {"to": who}},
-                    **({"needs": [f"notice-{i - 1}"]} if i > 1 else {}),
-                }
-                for i, who in enumerate(RECIPIENTS, start=1)
-            ]
-            workspace = tmp_path / "ws"
-            workspace.mkdir()
-            worker = rig.start_worker(fault="after_effect:notify_webhook:4")
-            handle = await rig.start_goal(
-                spec(workspace, plan=Plan.model_validate({"steps": steps}), allowed_tools=["notify_webhook"])
-            )
-            await rig.wait_killed(worker)
-            assert [e["body"]["to"] for e in hook.ledger()] == RECIPIENTS[:4]
-            await rig.after_kill(handle)
-            rig.start_worker()
+async def test_uncertain_once_call_becomes_a_question_and_nothing_is_sent_twice(tmp_path, fake_service, crash_rig):
+    hook = fake_service(WebhookReceiver, respond_delay_s=0.2)
+    rig = crash_rig()
+    steps = [
+        {
+            "name": f"notice-{i}",
+            "kind": "tool",
+            "tool": "notify_webhook",
+            "args": {"url": f"{hook.base_url}/deploys", "payload": {"to": who}},
+            **({"needs": [f"notice-{i - 1}"]} if i > 1 else {}),
+        }
+        for i, who in enumerate(RECIPIENTS, start=1)
+    ]
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    worker = rig.start_worker(fault="after_effect:notify_webhook:4")
+    handle = await rig.start_goal(
+        spec(workspace, plan=Plan.model_validate({"steps": steps}), allowed_tools=["notify_webhook"])
+    )
+    await rig.wait_killed(worker)
+    assert [e["body"]["to"] for e in hook.ledger()] == RECIPIENTS[:4]
+    await rig.after_kill(handle)
+    rig.start_worker()
 
-            snapshot = await wait_until(handle, lambda s: s.questions, timeout_s=60)
-            assert snapshot.questions[0].title == "Did notify_webhook in step 'notice-4' happen?"
-            assert statuses(snapshot)["notice-4"] == "uncertain" and statuses(snapshot)["notice-5"] == "pending"
-            assert len(hook.ledger()) == 4  # nothing re-sent while the question is open
-            await submit(handle, Answer(request_id="u1", question_id="q1", choice="happened"))
-            result = await rig.result(handle)
-        finally:
-            rig.close()
+    snapshot = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+    assert snapshot.questions[0].title == "Did notify_webhook in step 'notice-4' happen?"
+    assert statuses(snapshot)["notice-4"] == "uncertain" and statuses(snapshot)["notice-5"] == "pending"
+    assert len(hook.ledger()) == 4  # nothing re-sent while the question is open
+    await submit(handle, Answer(request_id="u1", question_id="q1", choice="happened"))
+    result = await rig.result(handle)
 
     assert result.outcome == "succeeded", result.excerpt
     assert Counter(e["body"]["to"] for e in hook.ledger()) == Counter(RECIPIENTS)  # five, one each

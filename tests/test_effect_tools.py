@@ -32,28 +32,16 @@ class Services:
     ledger: LedgerAPI
     webhook: WebhookReceiver
 
-    def all(self) -> tuple:
-        return (self.mail, self.payments, self.ledger, self.webhook)
-
 
 @pytest.fixture
-def services(monkeypatch):
-    started = Services(MailAPI(api_key="mk"), PaymentsAPI(api_key="pk"), LedgerAPI(), WebhookReceiver())
-    for service in started.all():
-        service.start()
-    monkeypatch.setenv("PERDURE_MAIL_URL", started.mail.base_url)
-    monkeypatch.setenv("PERDURE_MAIL_KEY", "mk")
+def services(fake_service, monkeypatch) -> Services:
     monkeypatch.setenv("PERDURE_MAIL_FROM", "Ops <ops@example.org>")
-    monkeypatch.setenv("PERDURE_PAYMENTS_URL", started.payments.base_url)
-    monkeypatch.setenv("PERDURE_PAYMENTS_KEY", "pk")
-    yield started
-    for service in started.all():
-        service.stop()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
+    return Services(
+        fake_service(MailAPI, api_key="mk"),
+        fake_service(PaymentsAPI, api_key="pk"),
+        fake_service(LedgerAPI),
+        fake_service(WebhookReceiver),
+    )
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
@@ -14,9 +15,8 @@ MESSAGE = {"from": "ops@example.com", "to": ["a@example.com"], "subject": "Hi", 
 
 
 @pytest.fixture
-def mail():
-    with MailAPI(api_key="k") as service:
-        yield service
+def mail(fake_service) -> MailAPI:
+    return fake_service(MailAPI, api_key="k")
 
 
 def test_mail_requires_the_bearer_key_and_valid_fields(mail):
@@ -55,55 +55,64 @@ def test_mail_without_a_key_sends_every_time(mail):
     assert httpx.get(f"{mail.base_url}/emails/{message_id}", headers=AUTH).json()["subject"] == "Hi"
 
 
-def test_respond_delay_comes_after_recording():
-    with MailAPI(respond_delay_s=0.6) as mail:
-        client = httpx.Client(timeout=0.2)
-        with pytest.raises(httpx.ReadTimeout):
-            client.post(f"{mail.base_url}/emails", json=MESSAGE)
-        assert len(mail.ledger()) == 1  # accepted, though the caller never heard back
-        time.sleep(0.6)
+def test_respond_delay_comes_after_recording(fake_service):
+    mail = fake_service(MailAPI, respond_delay_s=0.6)
+    client = httpx.Client(timeout=0.2)
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(f"{mail.base_url}/emails", json=MESSAGE)
+    assert len(mail.ledger()) == 1  # accepted, though the caller never heard back
+    time.sleep(0.6)
 
 
-def test_payments_pay_look_up_by_key_and_refund_once():
-    with PaymentsAPI() as payments:
-        body = {"amount_cents": 1250, "currency": "EUR", "recipient": "ACME", "memo": "invoice 7"}
-        paid = httpx.post(f"{payments.base_url}/payments", json=body, headers={"Idempotency-Key": "fx-p"}).json()
-        assert paid["status"] == "succeeded" and paid["id"].startswith("pay_")
-        found = httpx.get(f"{payments.base_url}/payments", params={"idempotency_key": "fx-p"}).json()
-        assert [p["id"] for p in found["data"]] == [paid["id"]]
-        assert httpx.get(f"{payments.base_url}/payments", params={"idempotency_key": "fx-x"}).json()["data"] == []
-        refund = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": paid["id"]}).json()
-        assert refund["payment_id"] == paid["id"] and refund["amount_cents"] == 1250
-        twice = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": paid["id"]})
-        assert twice.status_code == 400 and twice.json()["error"]["code"] == "charge_already_refunded"
-        assert twice.json()["error"]["refund_id"] == refund["id"]
-        missing = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": "pay_nope"})
-        assert missing.status_code == 404
-        mismatch = httpx.post(
-            f"{payments.base_url}/payments", json={**body, "amount_cents": 1}, headers={"Idempotency-Key": "fx-p"}
-        )
-        assert mismatch.status_code == 422 and mismatch.json()["error"]["type"] == "idempotency_error"
-        assert [e["kind"] for e in payments.ledger()] == ["payment", "refund"]
+def test_payments_pay_look_up_by_key_and_refund_once(fake_service):
+    payments = fake_service(PaymentsAPI)
+    body = {"amount_cents": 1250, "currency": "EUR", "recipient": "ACME", "memo": "invoice 7"}
+    paid = httpx.post(f"{payments.base_url}/payments", json=body, headers={"Idempotency-Key": "fx-p"}).json()
+    assert paid["status"] == "succeeded" and paid["id"].startswith("pay_")
+    found = httpx.get(f"{payments.base_url}/payments", params={"idempotency_key": "fx-p"}).json()
+    assert [p["id"] for p in found["data"]] == [paid["id"]]
+    assert httpx.get(f"{payments.base_url}/payments", params={"idempotency_key": "fx-x"}).json()["data"] == []
+    refund = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": paid["id"]}).json()
+    assert refund["payment_id"] == paid["id"] and refund["amount_cents"] == 1250
+    twice = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": paid["id"]})
+    assert twice.status_code == 400 and twice.json()["error"]["code"] == "charge_already_refunded"
+    assert twice.json()["error"]["refund_id"] == refund["id"]
+    missing = httpx.post(f"{payments.base_url}/refunds", json={"payment_id": "pay_nope"})
+    assert missing.status_code == 404
+    mismatch = httpx.post(
+        f"{payments.base_url}/payments", json={**body, "amount_cents": 1}, headers={"Idempotency-Key": "fx-p"}
+    )
+    assert mismatch.status_code == 422 and mismatch.json()["error"]["type"] == "idempotency_error"
+    assert [e["kind"] for e in payments.ledger()] == ["payment", "refund"]
 
 
-def test_ledger_api_entries():
-    with LedgerAPI() as ledger:
-        created = httpx.post(f"{ledger.base_url}/entries", json={"ref": "a", "amount": 1})
-        assert created.status_code == 201
-        entry_id = created.json()["id"]
-        patched = httpx.patch(f"{ledger.base_url}/entries/{entry_id}", json={"amount": 2}).json()
-        assert patched == {"ref": "a", "amount": 2, "id": entry_id}
-        assert httpx.delete(f"{ledger.base_url}/entries/{entry_id}").json()["deleted"] is True
-        assert httpx.delete(f"{ledger.base_url}/entries/{entry_id}").status_code == 404
-        assert [op["op"] for op in ledger.ledger()] == ["create", "patch", "delete"]
+def test_ledger_api_entries(fake_service):
+    ledger = fake_service(LedgerAPI)
+    created = httpx.post(f"{ledger.base_url}/entries", json={"ref": "a", "amount": 1})
+    assert created.status_code == 201
+    entry_id = created.json()["id"]
+    patched = httpx.patch(f"{ledger.base_url}/entries/{entry_id}", json={"amount": 2}).json()
+    assert patched == {"ref": "a", "amount": 2, "id": entry_id}
+    assert httpx.delete(f"{ledger.base_url}/entries/{entry_id}").json()["deleted"] is True
+    assert httpx.delete(f"{ledger.base_url}/entries/{entry_id}").status_code == 404
+    assert [op["op"] for op in ledger.ledger()] == ["create", "patch", "delete"]
 
 
-def test_webhook_records_every_delivery():
-    with WebhookReceiver() as hook:
-        url = f"{hook.base_url}/hooks/deploy"
-        for _ in range(2):
-            assert httpx.post(url, json={"v": 1}, headers={"Idempotency-Key": "k"}).is_success
-        assert len(hook.ledger()) == 2 and hook.ledger()[0]["path"] == "/hooks/deploy"
-        hook.reply_status = 500
-        assert httpx.post(url, json={"v": 2}).status_code == 500
-        assert len(hook.ledger()) == 3  # it acted, then failed: the caller cannot tell
+def test_webhook_records_every_delivery(fake_service):
+    hook = fake_service(WebhookReceiver)
+    url = f"{hook.base_url}/hooks/deploy"
+    for _ in range(2):
+        assert httpx.post(url, json={"v": 1}, headers={"Idempotency-Key": "k"}).is_success
+    assert len(hook.ledger()) == 2 and hook.ledger()[0]["path"] == "/hooks/deploy"
+    hook.reply_status = 500
+    assert httpx.post(url, json={"v": 2}).status_code == 500
+    assert len(hook.ledger()) == 3  # it acted, then failed: the caller cannot tell
+
+
+def test_worker_env_names_where_the_effect_tools_find_each_service(fake_service):
+    mail = fake_service(MailAPI, api_key="k")
+    payments = fake_service(PaymentsAPI)
+    assert mail.worker_env() == {"PERDURE_MAIL_URL": mail.base_url, "PERDURE_MAIL_KEY": "k"}
+    assert payments.worker_env() == {"PERDURE_PAYMENTS_URL": payments.base_url}
+    assert fake_service(LedgerAPI).worker_env() == {}  # http_request is given its URL
+    assert os.environ["PERDURE_MAIL_URL"] == mail.base_url  # the fixture set it for this test

@@ -17,12 +17,11 @@ from collections import Counter
 
 import pytest
 
-from testing.crash import CrashRig
 from testing.fakes import MAIL_KEY, MailAPI
 from testing.repo import git, init_repo
 from testing.soak import run_soak
-from tests.history_tools import activity_outcomes
-from tests.scenarios import spec
+from tests.builders import spec
+from tests.helpers import activity_outcomes
 from workflows.contracts import Activities
 from workflows.plan import Plan
 
@@ -30,24 +29,9 @@ RECIPIENTS = ["ada@example.com", "grace@example.com", "alan@example.com", "edsge
 
 
 @pytest.fixture
-def mail():
+def mail(fake_service) -> MailAPI:
     # The delay after recording widens the window between "accepted" and "activity completed".
-    with MailAPI(api_key=MAIL_KEY, respond_delay_s=0.2) as service:
-        yield service
-
-
-@pytest.fixture
-def rigs(env, tmp_path):
-    made: list[CrashRig] = []
-
-    def make(**services) -> CrashRig:
-        rig = CrashRig(env.client, tmp_path / f"rig{len(made)}", **services)
-        made.append(rig)
-        return rig
-
-    yield make
-    for rig in made:
-        rig.close()
+    return fake_service(MailAPI, api_key=MAIL_KEY, respond_delay_s=0.2)
 
 
 def five_notices_plan() -> Plan:
@@ -69,8 +53,8 @@ def five_notices_plan() -> Plan:
     return Plan.model_validate({"steps": steps})
 
 
-async def test_five_notices_killed_after_the_fourth_was_accepted(rigs, mail, tmp_path):
-    rig = rigs(mail=mail)
+async def test_five_notices_killed_after_the_fourth_was_accepted(crash_rig, mail, tmp_path):
+    rig = crash_rig(mail=mail)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     worker = rig.start_worker(fault="after_effect:send_email:4")
@@ -102,8 +86,8 @@ async def test_five_notices_killed_after_the_fourth_was_accepted(rigs, mail, tmp
     assert (scheduled, completed) == (5, 5) and sorted(attempts) == [1, 1, 1, 1, 2]
 
 
-async def test_git_commit_killed_after_the_commit_commits_once(rigs, tmp_path):
-    rig = rigs()
+async def test_git_commit_killed_after_the_commit_commits_once(crash_rig, tmp_path):
+    rig = crash_rig()
     repo = tmp_path / "repo"
     init_repo(repo)
     plan = Plan.model_validate(
@@ -140,7 +124,7 @@ async def test_git_commit_killed_after_the_commit_commits_once(rigs, tmp_path):
     assert git(repo, "status", "--porcelain") == ""
 
 
-async def test_model_call_killed_mid_flight_is_made_at_most_once_more(rigs, scripted, tmp_path):
+async def test_model_call_killed_mid_flight_is_made_at_most_once_more(crash_rig, scripted, tmp_path):
     model = scripted(
         {
             "replies": [
@@ -150,7 +134,7 @@ async def test_model_call_killed_mid_flight_is_made_at_most_once_more(rigs, scri
             ]
         }
     )
-    rig = rigs(model=model)
+    rig = crash_rig(model=model)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     plan = Plan.model_validate(

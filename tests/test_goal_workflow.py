@@ -8,25 +8,18 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from tests.conftest import anthropic_profile, new_goal_id, openai_profile, running_worker
-from tests.history_tools import (
+from tests.builders import SUMMARY_TEXT, anthropic_profile, demo_script, openai_profile, spec, write_notes
+from tests.helpers import (
     largest_event_bytes,
     local_activities,
+    run_goal,
+    running_worker,
     scheduled_activities,
     started_attempts,
     tool_timeline,
 )
-from tests.scenarios import SUMMARY_TEXT, demo_script, spec, write_notes
-from workflows.contracts import GoalResult, GoalSpec
+from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
-
-
-async def run_goal(env, task_queue: str, goal_spec: GoalSpec, goal_id: str | None = None):
-    handle = await env.client.start_workflow(
-        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id or new_goal_id(), task_queue=task_queue
-    )
-    return handle, await handle.result()
 
 
 async def test_demo_shaped_goal_completes_over_http(env, task_queue, store, workspace, scripted):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,39 +16,22 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.converter import data_converter
 from starters.render import print_status
-from tests.conftest import new_goal_id, openai_profile, running_worker
-from tests.scenarios import spec
-from tests.test_steering import llm, submit, wait_until
+from tests.builders import STEP_REPLY, chain, openai_profile, spec
+from tests.helpers import dev_server_options, new_goal_id, running_worker, submit, wait_until
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
 from workflows.migrations import StateFromNewerCode, StateRefused, load_state
 from workflows.plan import LlmStep, Plan
-from workflows.search_attributes import ALL_KEYS
 from workflows.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
-
-STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 
 
 @pytest_asyncio.fixture(scope="module")
-async def short_history_env():
+async def short_history_env(payload_store):
     """A dev server that suggests continue-as-new after 40 events (dynamic config)."""
-    environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        search_attributes=ALL_KEYS,
-        data_converter=data_converter(),
-        dev_server_log_level="error",
-        dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40"],
-    )
-    try:
+    options = dev_server_options("--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40")
+    async with await WorkflowEnvironment.start_local(**options) as environment:
         yield environment
-    finally:
-        await environment.shutdown()
-
-
-def chain(n: int) -> list[dict]:
-    return [llm(f"s{i:02d}", [f"s{i - 1:02d}"] if i else []) for i in range(n)]
 
 
 async def run_chain(environment, task_queue, store, workspace, server, goal_id):

@@ -25,8 +25,8 @@ from runtime import converter
 from runtime.converter import PayloadStoreConfigError, data_converter
 from runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
 from runtime.plugin import PerdurePlugin
-from tests.conftest import new_goal_id, openai_profile
-from tests.scenarios import demo_script, spec, write_notes
+from tests.builders import demo_script, openai_profile, spec, write_notes
+from tests.helpers import new_goal_id
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput

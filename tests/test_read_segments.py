@@ -13,12 +13,9 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from testing.crash import CrashRig
 from testing.fakes import LedgerAPI
-from tests.conftest import openai_profile, running_worker
-from tests.history_tools import local_activities, scheduled_activities, tool_timeline
-from tests.scenarios import spec
-from tests.test_goal_workflow import run_goal
+from tests.builders import openai_profile, spec
+from tests.helpers import local_activities, run_goal, running_worker, scheduled_activities, tool_timeline
 from workflows.goal import GoalWorkflow
 from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
 
@@ -63,9 +60,8 @@ def step_of(summary: str) -> str:
 
 
 @pytest.fixture
-def ledger():
-    with LedgerAPI() as service:
-        yield service
+def ledger(fake_service) -> LedgerAPI:
+    return fake_service(LedgerAPI)
 
 
 async def test_reads_are_grouped_between_writes_and_each_write_is_its_own_activity(
@@ -105,28 +101,25 @@ async def test_reads_are_grouped_between_writes_and_each_write_is_its_own_activi
     assert nodes["write-2"].placements["http_request"].startswith("activity: remote-write")
 
 
-async def test_worker_killed_inside_a_read_segment_reruns_only_the_reads(env, tmp_path):
+async def test_worker_killed_inside_a_read_segment_reruns_only_the_reads(tmp_path, fake_service, crash_rig):
     # A slow ledger keeps write-1 in flight long enough to start the standby worker.
-    with LedgerAPI(respond_delay_s=1.0) as ledger:
-        rig = CrashRig(env.client, tmp_path / "rig")
-        try:
-            workspace = tmp_path / "ws"
-            workspace.mkdir()
-            write_pages(workspace)
-            # Reads 1-7 are the first segment; the 10th read is inside the second.
-            first = rig.start_worker(fault="tool_done:read_file:10")
-            handle = await rig.start_goal(segment_spec(workspace, ledger.base_url))
-            await wait_for_running(handle, "write-1")
-            standby = rig.start_worker()
-            await wait_for_log(standby.log, "worker polling")
+    ledger = fake_service(LedgerAPI, respond_delay_s=1.0)
+    rig = crash_rig()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    write_pages(workspace)
+    # Reads 1-7 are the first segment; the 10th read is inside the second.
+    first = rig.start_worker(fault="tool_done:read_file:10")
+    handle = await rig.start_goal(segment_spec(workspace, ledger.base_url))
+    await wait_for_running(handle, "write-1")
+    standby = rig.start_worker()
+    await standby.wait_polling()
 
-            await rig.wait_killed(first)
-            assert "perdure fault: SIGKILL at tool_done:read_file:10" in first.log_tail()
-            result = await rig.result(handle)
-        finally:
-            rig.close()
-        assert result.outcome == "succeeded", result.excerpt
-        entries = ledger.ledger()
+    await rig.wait_killed(first)
+    assert "perdure fault: SIGKILL at tool_done:read_file:10" in first.log_tail()
+    result = await rig.result(handle)
+    assert result.outcome == "succeeded", result.excerpt
+    entries = ledger.ledger()
 
     assert Counter(entry["body"]["ref"] for entry in entries) == {"write-1": 1, "write-2": 1, "write-3": 1}
     history = await handle.fetch_history()
@@ -145,13 +138,6 @@ async def wait_for_running(handle, step: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while step not in (await handle.query(GoalWorkflow.progress)).running:
         assert time.monotonic() < deadline, f"{step} never ran"
-        await asyncio.sleep(0.05)
-
-
-async def wait_for_log(log: Path, line: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not log.exists() or line not in log.read_text():
-        assert time.monotonic() < deadline, f"'{line}' not in {log}"
         await asyncio.sleep(0.05)
 
 

@@ -6,62 +6,17 @@ scripted server whose request log is the ledger the assertions read.
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
-from tests.conftest import new_goal_id, openai_profile, running_worker
-from tests.history_tools import scheduled_activities
-from tests.scenarios import spec
+from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows import search_attributes as sa
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Narrow, Park, Queue, Rewind, Steer
-from workflows.state import GoalInput
-
-STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
-
-
-def llm(name: str, needs: list[str] | None = None, **extra) -> dict:
-    return {"name": name, "kind": "llm", "prompt": f"Do {name}.", "needs": needs or [], **extra}
-
-
-def gate(needs: list[str] | None = None) -> dict:
-    """A step that waits until the test creates GO in the workspace: keeps the goal running."""
-    command = "while [ ! -f GO ]; do sleep 0.05; done; echo gate open"
-    return {"name": "gate", "kind": "tool", "tool": "run_command", "args": {"command": command}, "needs": needs or []}
-
-
-def calls_for(server, step: str) -> list[dict]:
-    return [r for r in server.requests() if r["last_message"].startswith(f"step: {step}\n")]
-
-
-async def start(env, task_queue: str, workspace: Path, steps: list[dict], **overrides):
-    goal_spec = spec(workspace, plan={"steps": steps}, **overrides)
-    return await env.client.start_workflow(
-        GoalWorkflow.run, GoalInput(spec=goal_spec), id=new_goal_id("steer"), task_queue=task_queue
-    )
-
-
-async def wait_until(handle, predicate, timeout_s: float = 30):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        snapshot = await handle.query(GoalWorkflow.progress)
-        if predicate(snapshot):
-            return snapshot
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"condition not reached in {timeout_s} s; last snapshot: {snapshot}")
-
-
-def statuses(snapshot) -> dict[str, str]:
-    return {n.name: n.status for n in snapshot.nodes}
-
-
-async def submit(handle, message):
-    return await handle.execute_update(GoalWorkflow.submit, message.model_dump(mode="json"))
 
 
 async def test_steer_sent_without_a_worker_is_applied_once_when_one_starts(env, task_queue, store, workspace, scripted):

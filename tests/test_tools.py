@@ -22,11 +22,6 @@ from workflows.tool_specs import TOOL_SPECS, ReadFileArgs
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
-
-
-@pytest.fixture
 def ws(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
     (root / "docs").mkdir(parents=True)

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from activities.visibility import VisibilityActivities
 from activities.watchdog_memory import memory_path
 from starters.cli import app
-from tests.conftest import openai_profile, running_worker
-from tests.test_steering import STEP_REPLY, gate, llm, start, statuses, submit, wait_until
+from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.helpers import running_worker, start, statuses, submit, wait_until
 from workers import orchestrator, watchdog_schedule
 from workflows.goal import GoalWorkflow
 from workflows.messages import Answer, Park

@@ -1,0 +1,236 @@
+"""Shared test helpers: dev servers and workers wired like production, starting goals and
+waiting on them over the client, free ports, and reading facts out of real histories.
+
+No fixtures (conftest.py has those) and no test data (builders.py); no test module is
+imported from here, so any test module, the soak and the history recorder may use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle, WorkflowHistory
+from temporalio.converter import default as default_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.artifacts import ArtifactStore
+from activities.models.config import ModelConfig, ModelProfile
+from runtime.plugin import PerdurePlugin
+from tests.builders import spec
+from workers.orchestrator import build_worker
+from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
+from workflows.goal import GoalWorkflow
+from workflows.search_attributes import ALL_KEYS
+from workflows.state import GoalInput
+
+BIN = Path(sys.executable).parent
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+# --- servers and workers -----------------------------------------------------------
+
+
+def dev_server_options(*extra_args: str) -> dict[str, Any]:
+    """Keyword arguments for `WorkflowEnvironment.start_local` / `start_time_skipping_v2`: the
+    venv's `temporal` binary (no download), perdure's search attributes and its plugin (the
+    data converter, read from the payload-store environment now); `extra_args` go to
+    `temporal server start-dev`."""
+    return {
+        "dev_server_existing_path": str(BIN / "temporal"),
+        "search_attributes": ALL_KEYS,
+        "plugins": [PerdurePlugin()],
+        "dev_server_log_level": "error",
+        "dev_server_extra_args": list(extra_args),
+    }
+
+
+@asynccontextmanager
+async def running_worker(
+    env: WorkflowEnvironment, task_queue: str, store: ArtifactStore, *profiles: ModelProfile
+) -> AsyncIterator[Worker]:
+    """The production worker (every workflow and activity) on `task_queue`, with these model profiles."""
+    config = ModelConfig(profiles={p.name: p for p in profiles})
+    worker = build_worker(env.client, task_queue=task_queue, store=store, model_config=config)
+    async with worker:
+        yield worker
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free right now (all held open together while they are picked)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
+    """A user's environment with no model keys or perdure settings of its own, pointed
+    at a scratch dev directory and free ports: (env, frontend port, UI port)."""
+    port, ui_port = free_ports(2)
+    model_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in model_keys and not k.startswith("PERDURE_")},
+        "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
+        "PERDURE_UI": f"http://localhost:{ui_port}",
+        "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "160",
+    }
+    return env, port, ui_port
+
+
+# --- goals -------------------------------------------------------------------------
+
+
+def new_goal_id(prefix: str = "goal") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def start(env: WorkflowEnvironment, task_queue: str, workspace: Path, steps: list[dict], **overrides):
+    """Start a goal running these plan steps (no planner call); `overrides` go to the spec."""
+    goal_spec = spec(workspace, plan={"steps": steps}, **overrides)
+    return await env.client.start_workflow(
+        GoalWorkflow.run, GoalInput(spec=goal_spec), id=new_goal_id("steer"), task_queue=task_queue
+    )
+
+
+async def run_goal(
+    env: WorkflowEnvironment, task_queue: str, goal_spec: GoalSpec, goal_id: str | None = None
+) -> tuple[WorkflowHandle, GoalResult]:
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id or new_goal_id(), task_queue=task_queue
+    )
+    return handle, await handle.result()
+
+
+async def wait_until(
+    handle: WorkflowHandle, predicate: Callable[[ProgressSnapshot], Any], timeout_s: float = 30
+) -> ProgressSnapshot:
+    """The first progress snapshot for which `predicate` holds (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snapshot = await handle.query(GoalWorkflow.progress)
+        if predicate(snapshot):
+            return snapshot
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"condition not reached in {timeout_s} s; last snapshot: {snapshot}")
+
+
+def statuses(snapshot: ProgressSnapshot) -> dict[str, str]:
+    return {n.name: n.status for n in snapshot.nodes}
+
+
+async def submit(handle: WorkflowHandle, message):
+    """Send a steering message (a `workflows.messages` model) by update; returns its receipt."""
+    return await handle.execute_update(GoalWorkflow.submit, message.model_dump(mode="json"))
+
+
+def calls_for(server, step: str) -> list[dict]:
+    """The scripted server's requests for one llm or agent step."""
+    return [r for r in server.requests() if r["last_message"].startswith(f"step: {step}\n")]
+
+
+# --- reading histories -------------------------------------------------------------
+
+
+def _summary(event) -> str:
+    if not event.HasField("user_metadata") or not event.user_metadata.HasField("summary"):
+        return ""
+    return default_converter().payload_converter.from_payloads([event.user_metadata.summary])[0]
+
+
+def scheduled_activities(history: WorkflowHistory) -> list[tuple[int, str, str]]:
+    """(event id, activity type, summary) for every scheduled activity, in order."""
+    found = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            found.append((event.event_id, attrs.activity_type.name, _summary(event)))
+    return found
+
+
+def started_attempts(history: WorkflowHistory) -> dict[int, int]:
+    """Scheduled event id -> attempt number recorded when the activity last started."""
+    return {
+        e.activity_task_started_event_attributes.scheduled_event_id: e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    }
+
+
+def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
+    """(completion event id, scheduled event id) for every activity that completed or failed, in order."""
+    found = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            found.append((e.event_id, e.activity_task_completed_event_attributes.scheduled_event_id))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            found.append((e.event_id, e.activity_task_failed_event_attributes.scheduled_event_id))
+    return found
+
+
+def largest_event_bytes(history: WorkflowHistory) -> int:
+    return max(e.ByteSize() for e in history.events)
+
+
+def local_activities(history: WorkflowHistory) -> list[tuple[int, str, str, int]]:
+    """(event id, activity type, summary, completing workflow task's event id) for every
+    local activity, which history records as a marker when its workflow task completes."""
+    found = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+            continue
+        attrs = event.marker_recorded_event_attributes
+        if attrs.marker_name != LOCAL_ACTIVITY_MARKER:
+            continue
+        data = json.loads(attrs.details["data"].payloads[0].data)
+        found.append((event.event_id, data["activity_type"], _summary(event), attrs.workflow_task_completed_event_id))
+    return found
+
+
+def tool_timeline(history: WorkflowHistory) -> list[tuple[str, str]]:
+    """("local" | "activity", summary) for every tool call, in history order."""
+    timeline = []
+    local = {event_id: summary for event_id, _, summary, _ in local_activities(history)}
+    scheduled = {event_id: summary for event_id, _, summary in scheduled_activities(history)}
+    for event in history.events:
+        if event.event_id in local and local[event.event_id].startswith("tool "):
+            timeline.append(("local", local[event.event_id]))
+        elif event.event_id in scheduled and scheduled[event.event_id].startswith("tool "):
+            timeline.append(("activity", scheduled[event.event_id]))
+    return timeline
+
+
+def activity_outcomes(history: WorkflowHistory, activity_type: str) -> tuple[int, int, list[int]]:
+    """(scheduled, completed, attempts of the completed) for one activity type."""
+    scheduled: set[int] = set()
+    attempts: dict[int, int] = {}
+    completed: list[int] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            attempts[attrs.scheduled_event_id] = attrs.attempt
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            sid = event.activity_task_completed_event_attributes.scheduled_event_id
+            if sid in scheduled:
+                completed.append(sid)
+    return len(scheduled), len(completed), [attempts.get(sid, 0) for sid in completed]
