@@ -12,7 +12,6 @@ goal's history splits a turn into the model activity and everything else.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -26,6 +25,7 @@ from bench.common import (
     make_workspace,
     median,
     new_id,
+    parse_options,
     perdure_worker,
     run_chain,
     run_goal,
@@ -125,12 +125,7 @@ async def measure(client: Client, workdir: Path, turns: int = 8, delay_s: float 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--delay-s", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args(argv)
-    return run_standalone(measure, {"turns": args.turns, "delay_s": args.delay_s, "repeats": args.repeats})
+    return run_standalone(measure, parse_options(__doc__, argv, turns=8, delay_s=1.0, repeats=2))
 
 
 if __name__ == "__main__":

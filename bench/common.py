@@ -8,6 +8,7 @@ workflow code does at run time. Nothing here changes how perdure behaves.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -224,6 +225,15 @@ class Section:
     figures: dict[str, float]
     notes: list[str]
     extra: dict[str, float] = field(default_factory=dict)
+
+
+def parse_options(doc: str, argv: list[str] | None, **defaults: int | float | str) -> dict:
+    """A benchmark's command line: one `--name` per keyword (dashes for underscores), typed like its default;
+    the module docstring's first line is the help text."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, default in defaults.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    return vars(parser.parse_args(argv))
 
 
 def run_standalone(measure, argv_options: dict) -> dict:

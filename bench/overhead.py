@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,6 +33,7 @@ from bench.common import (
     max_payload_bytes,
     median,
     new_id,
+    parse_options,
     perdure_worker,
     raw_worker,
     run_chain,
@@ -212,13 +212,7 @@ async def measure(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--small", type=int, default=10)
-    parser.add_argument("--fanout", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    return run_standalone(measure, vars(args))
+    return run_standalone(measure, parse_options(__doc__, argv, nodes=50, small=10, fanout=100, repeats=3))
 
 
 if __name__ == "__main__":

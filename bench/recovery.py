@@ -20,7 +20,6 @@ the ledger sees the retried request, the FIFO sees the standby open it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
-from bench.common import Section, event_seconds, goal_spec, make_workspace, run_standalone, start_goal
+from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
 from testing.crash import CrashRig, WorkerProcess
 from testing.fakes import LedgerAPI
 
@@ -269,10 +268,7 @@ async def measure(client: Client, workdir: Path, wait_s: float = 150) -> Section
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wait-s", type=float, default=150)
-    args = parser.parse_args(argv)
-    return run_standalone(measure, {"wait_s": args.wait_s})
+    return run_standalone(measure, parse_options(__doc__, argv, wait_s=150.0))
 
 
 if __name__ == "__main__":

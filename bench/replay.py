@@ -11,7 +11,6 @@ Needs no server.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from bench.common import ROOT, Section, median
+from bench.common import ROOT, Section, median, parse_options
 from runtime.plugin import PerdurePlugin
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
@@ -55,10 +54,7 @@ async def measure(client=None, workdir: Path | None = None, repeats: int = 3) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    section = asyncio.run(measure(repeats=args.repeats))
+    section = asyncio.run(measure(**parse_options(__doc__, argv, repeats=3)))
     for line in section.notes:
         print(line)
     print(f"replay_s = {section.figures['replay_s']}")

@@ -11,7 +11,6 @@ of them, and reads the worker's VmHWM (peak resident set) from /proc.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import subprocess
@@ -21,7 +20,17 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from bench.common import BIN, Section, goal_spec, kill_child, make_workspace, new_id, run_standalone, start_goal
+from bench.common import (
+    BIN,
+    Section,
+    goal_spec,
+    kill_child,
+    make_workspace,
+    new_id,
+    parse_options,
+    run_standalone,
+    start_goal,
+)
 
 KEYS = ("worker_peak_rss_mb",)
 PROFILE = "bench-rss"
@@ -100,10 +109,7 @@ async def measure(client: Client, workdir: Path, goals: int = 100) -> Section:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--goals", type=int, default=100)
-    args = parser.parse_args(argv)
-    return run_standalone(measure, {"goals": args.goals})
+    return run_standalone(measure, parse_options(__doc__, argv, goals=100))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ remember) and reports the median of a few. The interval it must fit in is 60 s.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -26,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
+from bench.common import parse_options
 from runtime.plugin import PerdurePlugin
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalSpec
@@ -127,13 +127,10 @@ async def wait_all_settled(handles, timeout_s: float = 120) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--goals", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args(argv)
-    figures = asyncio.run(measure(args.goals, args.runs))
+    options = parse_options(__doc__, argv, goals=100, runs=3)
+    figures = asyncio.run(measure(**options))
     print(
-        f"watchdog: one run over {args.goals} open goals: {figures[KEY]:.3f} s (median of {args.runs}; "
+        f"watchdog: one run over {options['goals']} open goals: {figures[KEY]:.3f} s (median of {options['runs']}; "
         f"runs {figures['runs_s']}, scans {figures['scan_s']}; {figures['counts']})",
         flush=True,
     )
