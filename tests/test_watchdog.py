@@ -11,16 +11,22 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
+from temporalio import activity
 from temporalio.client import ScheduleOverlapPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
+from temporalio.worker import Worker
 from typer.testing import CliRunner
 
+from activities.report import ReportActivities
+from activities.tools import ToolActivities
 from activities.visibility import VisibilityActivities
 from activities.watchdog_memory import memory_path
 from starters.cli import app
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import running_worker, start, statuses, submit, wait_until
 from workers import orchestrator, watchdog_schedule
+from workflows.contracts import Activities, GenerateInput, GenerateResult, Usage
 from workflows.goal import GoalWorkflow
 from workflows.messages import Answer, Park
 from workflows.watchdog import WatchdogWorkflow
@@ -130,12 +136,26 @@ async def test_a_parked_goal_is_never_nudged_and_its_expiry_is_asked_once(
         assert (await handle.result()).outcome == "aborted"
 
 
-async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(
-    env, task_queue, store, workspace, scripted
-):
-    failing = {"when": "PERDURE-STEP", "status": 500, "body": "upstream down"}
-    server = scripted({"replies": [failing, {"when": "PERDURE-STEP", "content": "step done"}]})
-    async with running_worker(env, task_queue, store, openai_profile(server)):
+async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(env, task_queue, store, workspace):
+    # The model activity is faked under its real name: what matters is that it fails for a
+    # while and then succeeds, which a function says more plainly than a model script.
+    upstream = {"down": True}
+
+    @activity.defn(name=Activities.GENERATE)
+    async def generate(step: GenerateInput) -> GenerateResult:
+        if upstream["down"]:
+            raise ApplicationError("HTTP 500: upstream down", type="ModelRetryable")
+        return GenerateResult(output=store.put_text("step done"), preview="step done", usage=Usage(), model="fake")
+
+    real = [
+        ToolActivities(store).run_tool,
+        ReportActivities(store).write_report,
+        *VisibilityActivities(env.client, home=store.root.parent).activities(),
+    ]
+    worker = Worker(
+        env.client, task_queue=task_queue, workflows=[GoalWorkflow, WatchdogWorkflow], activities=[generate, *real]
+    )
+    async with worker:
         handle = await start(env, task_queue, workspace, [llm("flaky"), gate(["flaky"])])
         await wait_for_attempt(handle, 3)
 
@@ -147,7 +167,7 @@ async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(
         assert [(i.id, i.checks) for i in second.open_incidents] == [(incident.id, 2)]
         assert first.sent == second.sent == []  # an API fault is not the model's to fix
 
-        server.script.replies[0].times = 1  # spent: the next attempt gets the success entry
+        upstream["down"] = False  # the next attempt succeeds
         await wait_until(handle, lambda s: statuses(s)["flaky"] == "succeeded")
         cleared = await watchdog_run(env, task_queue)
         assert cleared.open_incidents == []
