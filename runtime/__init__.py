@@ -1,12 +1,15 @@
 """perdure's bottom layer: what workers, the CLI, benchmarks and tests share to
 reach Temporal and to keep files.
 
-settings       where things are (PERDURE_* variables)
+settings       where things are (PERDURE_* variables, the Temporal profile)
 files          write-then-rename helpers
 payload_store  the disk driver for payloads too large for history
 converter      the one data converter (pydantic + external payload storage)
 plugin         PerdurePlugin: gives clients, workers, replayers and test
                environments that converter
+connect        connect(): a client from the standard Temporal configuration
+               (profile file, TEMPORAL_* variables: TLS, API key), perdure's
+               variables overriding it
 
 It imports nothing from activities/, workers/ or starters/ (they import it), and
 only pure constants from workflows/. Workflow code never imports it: everything

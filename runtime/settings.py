@@ -1,14 +1,24 @@
 """Where things are, read from the environment. Worker- and CLI-side only.
 
 PERDURE_HOME        state on this machine (artifacts), default ~/.perdure
-PERDURE_TEMPORAL    Temporal frontend address, default localhost:7233
-PERDURE_NAMESPACE   Temporal namespace, default "default"
+PERDURE_TEMPORAL    Temporal frontend address (overrides the Temporal profile's)
+PERDURE_NAMESPACE   Temporal namespace (overrides the Temporal profile's)
 PERDURE_TASK_QUEUE  task queue of the orchestrator workers, default "perdure"
 PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
 PERDURE_PAYLOAD_THRESHOLD_BYTES  size from which a payload goes there, default 128 KiB
                                  (both read by runtime/converter.py, which documents them)
+
+The Temporal server is also found the standard way, as every Temporal SDK and
+the `temporal` CLI find it (`temporalio.envconfig`): a profile file
+(TEMPORAL_CONFIG_FILE, else ~/.config/temporalio/temporal.toml on Linux), the
+profile TEMPORAL_PROFILE (else "default"), then the TEMPORAL_* variables
+(TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS,
+TEMPORAL_TLS_CLIENT_CERT_PATH, ...) on top of it. For the address and the
+namespace, PERDURE_* wins over all of that, and localhost:7233 and "default" are
+used where nothing says. runtime/connect.py turns the rest (API key, TLS, gRPC
+metadata) into the client's connection.
 """
 
 from __future__ import annotations
@@ -16,19 +26,55 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from temporalio.envconfig import ClientConfigProfile
+
 from workflows.contracts import TASK_QUEUE
+
+DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_PROFILE = "default"
+CONFIG_FILE_ENV = "TEMPORAL_CONFIG_FILE"
+PROFILE_ENV = "TEMPORAL_PROFILE"
+
+
+class TemporalConfigError(RuntimeError):
+    """The Temporal client configuration (profile file, TEMPORAL_* variables) cannot be used as it is."""
 
 
 def perdure_home() -> Path:
     return Path(os.environ.get("PERDURE_HOME") or Path.home() / ".perdure").expanduser()
 
 
-def temporal_address() -> str:
-    return os.environ.get("PERDURE_TEMPORAL", "localhost:7233")
+def temporal_profile() -> ClientConfigProfile:
+    """The Temporal client profile: the profile file's entry with the TEMPORAL_* variables applied.
+
+    No file and no variables is not an error (an empty profile). A named file that
+    is missing, a named profile the file lacks, or a file that is not valid TOML is.
+    """
+    config_file = os.environ.get(CONFIG_FILE_ENV, "")
+    # The SDK treats a missing file as an empty one: a typo would silently connect elsewhere.
+    if config_file and not Path(config_file).expanduser().is_file():
+        raise TemporalConfigError(f"{CONFIG_FILE_ENV}={config_file}: no such file")
+    try:
+        # An explicit path, since the SDK does not expand `~`; None lets it find the default file.
+        source = Path(config_file).expanduser() if config_file else None
+        return ClientConfigProfile.load(config_source=source)
+    except RuntimeError as err:
+        where = config_file or "the default Temporal config file"
+        profile = os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+        raise TemporalConfigError(
+            f"cannot load Temporal profile {profile!r} from {where} and the TEMPORAL_* variables: {err}"
+        ) from None
 
 
-def namespace() -> str:
-    return os.environ.get("PERDURE_NAMESPACE", "default")
+def temporal_address(profile: ClientConfigProfile | None = None) -> str:
+    """PERDURE_TEMPORAL, else the Temporal profile's address, else localhost:7233."""
+    return os.environ.get("PERDURE_TEMPORAL") or (profile or temporal_profile()).address or DEFAULT_TEMPORAL_ADDRESS
+
+
+def namespace(profile: ClientConfigProfile | None = None) -> str:
+    """PERDURE_NAMESPACE, else the Temporal profile's namespace, else "default"."""
+    return os.environ.get("PERDURE_NAMESPACE") or (profile or temporal_profile()).namespace or DEFAULT_NAMESPACE
 
 
 def task_queue() -> str:
@@ -48,7 +94,11 @@ def goal_ui_link(goal_id: str) -> str:
 
 
 def dev_server_ports() -> tuple[int, int]:
-    """Frontend and UI ports for the embedded server, taken from PERDURE_TEMPORAL and PERDURE_UI."""
-    frontend = temporal_address().rpartition(":")[2]
+    """Frontend and UI ports for the embedded server, taken from PERDURE_TEMPORAL and PERDURE_UI.
+
+    Not from the Temporal profile: that names the server perdure connects to, which
+    need not be this machine's.
+    """
+    frontend = os.environ.get("PERDURE_TEMPORAL", DEFAULT_TEMPORAL_ADDRESS).rpartition(":")[2]
     ui = ui_base().rpartition(":")[2]
     return int(frontend) if frontend.isdigit() else 7233, int(ui) if ui.isdigit() else 8233

@@ -53,7 +53,8 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
         ValueError,
         RuntimeError,
     ) as err:
-        err_console.print(f"[red]error:[/red] {err}")
+        # Escaped: error texts quote files and TOML, whose [brackets] rich would take for markup.
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(2) from None
     except RPCError as err:
         err_console.print(f"[red]error from Temporal:[/red] {err.message}")

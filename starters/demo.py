@@ -17,9 +17,9 @@ from rich.console import Console
 
 from activities.models.config import default_provider_from_env
 from runtime import settings
+from runtime.connect import connect
 from starters import devserver, goals, render
 from starters.background import ensure_worker
-from starters.client import connect
 from workflows.contracts import GoalSpec
 
 DEMO_GOAL = (

@@ -32,8 +32,8 @@ from rich.console import Console
 
 from activities.artifacts import default_store
 from runtime import settings
+from runtime.connect import connect
 from starters import devserver
-from starters.client import connect
 from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI, MailAPI
 from workflows.contracts import GoalSpec

@@ -1,1 +1,2 @@
-"""Worker entry points (orchestrator)."""
+"""Worker entry points: the orchestrator worker and the watchdog's schedule. Connecting,
+settings and the data converter are runtime/'s."""

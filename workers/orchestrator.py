@@ -3,11 +3,11 @@ and the watchdog (its workflow, its activities, and its schedule).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store, so any number of these can poll the `perdure` task queue.
+`perdure worker` (starters/cli.py) runs one on a client from runtime/connect.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 
@@ -100,14 +100,3 @@ async def ensure_watchdog(client: Client, task_queue: str) -> None:
         every_s=interval.total_seconds(),
         changes=ensured.changes or None,
     )
-
-
-def main() -> None:
-    from starters.client import connect
-
-    configure_logging()
-
-    async def _run() -> None:
-        await run_orchestrator(await connect())
-
-    asyncio.run(_run())

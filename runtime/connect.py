@@ -1,0 +1,55 @@
+"""Connecting to Temporal: one `connect()` for the CLI, the workers and the demos,
+and the errors a user sees when the server cannot be reached or the configuration
+cannot be used. No workflow logic lives here.
+
+Where the server is comes from runtime/settings.py: the standard Temporal client
+configuration (profile file, TEMPORAL_* variables), then PERDURE_TEMPORAL and
+PERDURE_NAMESPACE, then the arguments of `connect()`, each overriding the one
+before. The API key, TLS (client certificate and key, server CA, server name) and
+gRPC metadata come from the Temporal configuration alone, so the same CLI and
+workers reach a Temporal Cloud namespace. Every client carries `PerdurePlugin`,
+so it and the workers built on it share perdure's data converter.
+"""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.envconfig import ClientConnectConfig
+
+from runtime import settings
+from runtime.plugin import PerdurePlugin
+from runtime.settings import TemporalConfigError
+
+
+class ServerUnavailable(RuntimeError):
+    """Temporal is not reachable at the configured address."""
+
+
+def connect_config(address: str | None = None, namespace: str | None = None) -> ClientConnectConfig:
+    """The keyword arguments `connect()` gives `Client.connect`, besides the plugin.
+
+    Reads the TLS files the configuration names (a missing or unreadable one is a
+    `TemporalConfigError`); does not touch the network.
+    """
+    profile = settings.temporal_profile()
+    try:
+        config = profile.to_client_connect_config()
+    except OSError as err:
+        raise TemporalConfigError(
+            f"cannot read {err.filename}, a TLS file the Temporal configuration names ({err.strerror})"
+        ) from None
+    config["target_host"] = address or settings.temporal_address(profile)
+    config["namespace"] = namespace or settings.namespace(profile)
+    return config
+
+
+async def connect(address: str | None = None, namespace: str | None = None) -> Client:
+    config = connect_config(address, namespace)
+    try:
+        return await Client.connect(**config, plugins=[PerdurePlugin()])
+    except RuntimeError as err:
+        raise ServerUnavailable(
+            f"cannot reach Temporal at {config['target_host']} ({err}). Start the embedded server with "
+            "`perdure server start`, or point perdure at your server: PERDURE_TEMPORAL, or TEMPORAL_ADDRESS "
+            "or a Temporal profile (TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE; see the README's Configuration)."
+        ) from None
