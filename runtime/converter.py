@@ -1,5 +1,6 @@
 """The one data converter of perdure: client, worker and replayer all take it
-from `data_converter()`, so what one side writes the others can read.
+from `data_converter()`, handed to them by runtime/plugin.py's PerdurePlugin, so
+what one side writes the others can read.
 
 It is the pydantic converter plus the SDK's external storage (claim check):
 any payload of at least the threshold is written to a payload store and only a
