@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install demo demo-crash test soak bench server-start server-stop histories clean distclean
+.PHONY: install demo demo-crash test test-fast soak bench server-start server-stop histories clean distclean
 
 install: $(STAMP)
 
@@ -40,10 +40,19 @@ demo-crash: $(STAMP)
 # pytest exits with 5 when it collects no tests (an empty suite, or a
 # PYTEST_ARGS filter matching nothing). That is not a failure here; make
 # would otherwise report any non-zero status as its own exit code 2.
+define run_pytest
+@$(BIN)/python -m pytest -q $(1) $(PYTEST_ARGS); status=$$?; \
+if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as success"; exit 0; fi; \
+exit $$status
+endef
+
 test: $(STAMP)
-	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); status=$$?; \
-	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as success"; exit 0; fi; \
-	exit $$status
+	$(call run_pytest,)
+
+# Everything but the `process` tier (tests that start `perdure worker` or other CLI
+# subprocesses, kill processes, start their own dev servers, or soak): under a minute.
+test-fast: $(STAMP)
+	$(call run_pytest,-m "not process")
 
 # Seeded random worker kills across goals with remote effects (own dev server).
 # The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.

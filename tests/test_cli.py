@@ -17,6 +17,8 @@ from tests.builders import STEP_REPLY, SUMMARY_TEXT, demo_script, write_notes
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 
+pytestmark = pytest.mark.process
+
 
 def cli_env(env, tmp_path: Path, task_queue: str, **extra: str) -> dict[str, str]:
     return {

@@ -245,6 +245,7 @@ def test_ci_run_is_executable() -> None:
     assert (ROOT / ".ci" / "run").read_text().startswith("#!/usr/bin/env bash")
 
 
+@pytest.mark.process
 def test_ci_run_passes_when_no_tests_are_collected(ci_checkout: Path) -> None:
     empty = ci_checkout / "no_tests"
     empty.mkdir()
@@ -254,6 +255,7 @@ def test_ci_run_passes_when_no_tests_are_collected(ci_checkout: Path) -> None:
     assert "pip install" not in result.stdout  # the stamp was honoured
 
 
+@pytest.mark.process
 def test_ci_run_fails_when_a_test_fails(ci_checkout: Path) -> None:
     failing = ci_checkout / "failing"
     failing.mkdir()
@@ -263,6 +265,7 @@ def test_ci_run_fails_when_a_test_fails(ci_checkout: Path) -> None:
     assert "1 failed" in result.stdout
 
 
+@pytest.mark.process
 def test_make_refuses_a_python_older_than_3_11(tmp_path: Path, ci_checkout: Path) -> None:
     shutil.rmtree(ci_checkout / ".venv")
     # A Python that reports 3.10 to `--version` and to `-c` code; anything else

@@ -12,9 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import isolated_demo_env
 
 BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.process
 
 
 def pids_in(data: Path) -> list[int]:

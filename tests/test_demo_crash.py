@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import isolated_demo_env
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.process
 
 
 def test_demo_crash_shows_each_effect_once(tmp_path):

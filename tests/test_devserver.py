@@ -30,7 +30,7 @@ from starters.devserver import DevServerError, dev_server_status, start_dev_serv
 from tests.helpers import free_ports
 from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 # Expected types come from the SDK keys, independently of the launcher's own
 # CLI-name -> enum table.

@@ -30,6 +30,7 @@ def pay_step(name: str = "pay", **extra) -> dict:
     return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
 
 
+@pytest.mark.process
 async def test_uncertain_once_call_becomes_a_question_and_nothing_is_sent_twice(tmp_path, fake_service, crash_rig):
     hook = fake_service(WebhookReceiver, respond_delay_s=0.2)
     rig = crash_rig()

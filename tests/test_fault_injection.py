@@ -25,6 +25,8 @@ from tests.helpers import activity_outcomes
 from workflows.contracts import Activities
 from workflows.plan import Plan
 
+pytestmark = pytest.mark.process
+
 RECIPIENTS = ["ada@example.com", "grace@example.com", "alan@example.com", "edsger@example.com", "barbara@example.com"]
 
 

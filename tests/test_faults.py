@@ -68,6 +68,7 @@ def run_script(fault: str, point: str, subject: str, key: str = "fx-k") -> subpr
     )
 
 
+@pytest.mark.process
 def test_fault_point_kills_at_the_nth_hit():
     done = run_script("after_effect:send_email:3", "after_effect", "send_email")
     assert done.returncode == -signal.SIGKILL
@@ -75,6 +76,7 @@ def test_fault_point_kills_at_the_nth_hit():
     assert "perdure fault: SIGKILL at after_effect:send_email:3" in done.stderr
 
 
+@pytest.mark.process
 def test_fault_point_aims_at_one_effect_key():
     done = run_script("before_effect:fx-target:1", "before_effect", "send_email", key="fx-target")
     assert done.returncode == -signal.SIGKILL and done.stdout.split() == ["1"]
@@ -82,6 +84,7 @@ def test_fault_point_aims_at_one_effect_key():
     assert other.returncode == 0 and other.stdout.split()[-1] == "survived"
 
 
+@pytest.mark.process
 def test_fault_point_with_a_delay_kills_later():
     code = (
         "import time\nfrom activities.faults import fault_point\n"

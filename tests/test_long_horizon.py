@@ -56,6 +56,7 @@ async def run_chain(environment, task_queue, store, workspace, server, goal_id):
     return result, inbox, runs_before_answer, receipt, console.export_text()
 
 
+@pytest.mark.process
 async def test_continue_as_new_keeps_receipts_questions_and_results(
     short_history_env, env, task_queue, store, workspace, scripted
 ):

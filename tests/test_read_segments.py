@@ -101,6 +101,7 @@ async def test_reads_are_grouped_between_writes_and_each_write_is_its_own_activi
     assert nodes["write-2"].placements["http_request"].startswith("activity: remote-write")
 
 
+@pytest.mark.process
 async def test_worker_killed_inside_a_read_segment_reruns_only_the_reads(tmp_path, fake_service, crash_rig):
     # A slow ledger keeps write-1 in flight long enough to start the standby worker.
     ledger = fake_service(LedgerAPI, respond_delay_s=1.0)

@@ -199,6 +199,7 @@ def test_bad_entries_are_rejected(entry):
         load_script({"replies": [entry]})
 
 
+@pytest.mark.process
 def test_module_entry_point_serves_until_killed(tmp_path: Path):
     script = tmp_path / "s.yaml"
     script.write_text("replies:\n  - content: from the cli\n")
