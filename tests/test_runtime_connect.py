@@ -201,6 +201,7 @@ def test_configuration_mistakes_are_clear_errors(name, temporal_env, tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.process
 @pytest.mark.parametrize("name", MISTAKES)
 def test_the_cli_prints_a_configuration_mistake_without_a_traceback(name, tmp_path):
     variables, message = mistake(name, tmp_path)
