@@ -18,7 +18,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 # The contracts are pure pydantic; passing them through avoids re-importing
-# pydantic in the sandbox for every run, exactly as workflows/goal.py does.
+# pydantic in the sandbox for every run, exactly as workflows/goal/workflow.py does.
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import Activities, ToolInput, ToolResult
 

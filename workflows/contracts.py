@@ -283,7 +283,6 @@ class ToolInput(BaseModel):
 # --- report -------------------------------------------------------------------
 
 
-
 class StepOutcome(BaseModel):
     name: str
     kind: NodeKind

@@ -2,18 +2,24 @@
 
 A message is admitted once per client request id: the same id with the same
 content is the same message (a retry), the same id with other content is
-refused. Pure: the workflow's signal and update handlers call `admission_problem`
-and `content_digest`; nothing here touches Temporal.
+refused. Pure: the goal's inbox (workflows/goal/inbox.py) parses with
+`parse_message`, asks `admission_problem` whether the goal can take a message
+now, and keys retries by `content_digest`; nothing here touches Temporal.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from workflows.canonical import digest_of
+from workflows.plan import describe_validation_error
+from workflows.statuses import ENDED_PHASES, RAN
+
+if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
+    from workflows.state import GoalState
 
 MAX_TEXT = 8_000
 REQUEST_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -143,14 +149,75 @@ def parse_message(raw: Any) -> tuple[Any, str | None]:
     try:
         return USER_MESSAGE.validate_python(raw), None
     except ValidationError as err:
-        parts = []
-        for e in err.errors(include_url=False):
-            loc = ".".join(str(p) for p in e["loc"]) or "(message)"
-            parts.append(f"{loc}: {e['msg']}")
-        return None, "malformed message: " + "; ".join(parts)
+        return None, "malformed message: " + describe_validation_error(err, root="(message)")
 
 
 def receipt_of(entry: InboxEntry) -> Receipt:
     return Receipt(
         request_id=entry.request_id, kind=entry.kind, status=entry.status, note=entry.note, detail=entry.detail
+    )
+
+
+def find_entry(inbox: list[InboxEntry], request_id: str) -> InboxEntry | None:
+    return next((e for e in inbox if e.request_id == request_id), None)
+
+
+def chosen_option(message: Answer | Approve) -> str:
+    """The option id an answer or an approval picks."""
+    if isinstance(message, Answer):
+        return message.choice
+    return "approve" if message.approved else "reject"
+
+
+def admission_problem(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
+    """Why a well-formed message cannot be admitted now, or None. A retry of an
+    admitted message (same id, same content) is not a problem. `load_problem`: the
+    goal could not load its carried state, so only an abort gets in."""
+    existing = find_entry(state.inbox, message.request_id)
+    if existing is not None:
+        if existing.digest != content_digest(message):
+            return (
+                f"request id '{message.request_id}' was already used for a different {existing.kind} message; "
+                "use a new request id for a new message"
+            )
+        return None
+    if state.phase in ENDED_PHASES:
+        return f"the goal has ended ({state.phase}); it takes no more messages"
+    if load_problem and message.kind != "abort":
+        return f"{load_problem}; it can only be aborted"
+    if state.pause.mode == "aborting" and message.kind != "abort":
+        return "the goal is being aborted"
+    kind = message.kind
+    if kind == "rewind":
+        if state.plan is None or message.node not in state.nodes:
+            known = ", ".join(state.nodes) or "none yet"
+            return f"unknown step '{message.node}' (steps: {known})"
+        if state.nodes[message.node].status not in RAN:
+            return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
+    elif kind == "narrow":
+        unknown = sorted(set(message.premises) - set(state.premises))
+        if unknown:
+            known = ", ".join(f"{k}={v}" for k, v in sorted(state.premises.items())) or "none"
+            return f"unknown premise key(s): {', '.join(unknown)} (this goal's premises: {known})"
+    elif kind in ("answer", "approve"):
+        question = next((q for q in state.questions if q.id == message.question_id), None)
+        if question is None:
+            return f"no question '{message.question_id}' on this goal"
+        if question.status != "open" or _answer_pending(state.inbox, question.id):
+            return f"question '{message.question_id}' is already answered"
+        choice = chosen_option(message)
+        if choice not in {o.id for o in question.options}:
+            options = ", ".join(o.id for o in question.options)
+            return f"'{choice}' is not an option of {question.id} (options: {options})"
+    elif kind == "park" and state.pause.mode == "parked":
+        return f"the goal is already parked ({state.pause.reason})"
+    elif kind == "resume" and state.pause.mode != "parked":
+        return "the goal is not parked"
+    return None
+
+
+def _answer_pending(inbox: list[InboxEntry], question_id: str) -> bool:
+    return any(
+        e.status == "pending" and e.kind in ("answer", "approve") and e.message.question_id == question_id
+        for e in inbox
     )

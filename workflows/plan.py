@@ -177,13 +177,10 @@ def template_refs(value: Any) -> set[str]:
     return set()
 
 
-def describe_validation_error(err: ValidationError) -> str:
-    """One line per problem: `location: message`, readable by a person or a model."""
-    parts = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
+def describe_validation_error(err: ValidationError, root: str = "(root)") -> str:
+    """One line per problem: `location: message`, readable by a person or a model;
+    `root` names the location of a problem with the value as a whole."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in err.errors(include_url=False))
 
 
 def parse_plan(data: Any, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:

@@ -23,23 +23,45 @@ def next_question_id(state: GoalState) -> str:
     return f"q{len(state.questions) + 1}"
 
 
-def park_expired(state: GoalState, now: datetime, expiry: timedelta) -> Question:
-    hours = expiry.total_seconds() / 3600
+def _card(
+    state: GoalState,
+    now: datetime,
+    topic: str,
+    title: str,
+    stuck: str,
+    options: list[tuple[str, str, str]],
+    recommendation: str,
+    **about: list[str],
+) -> Question:
+    """A question card: the parts every card shares (its id, what is done, when it was
+    asked) filled in; `options` as (id, label, cost); `about`: its nodes and hold."""
     return Question(
         id=next_question_id(state),
-        topic="park_expired",
-        title=f"Still parked: {state.pause.reason}",
+        topic=topic,
+        title=title,
         done=_done_summary(state),
-        stuck=f"The goal has been parked since {state.pause.parked_at:%Y-%m-%d %H:%M} UTC ({state.pause.reason}).",
-        options=[
-            QuestionOption(id="resume", label="Resume now", cost="work continues at once"),
-            QuestionOption(
-                id="extend", label=f"Keep waiting another {hours:g} h", cost="nothing is spent while parked"
-            ),
-            QuestionOption(id="abort", label="Stop and report what is done", cost="unfinished steps are dropped"),
-        ],
-        recommendation="extend if what you are waiting for is still coming; otherwise resume",
+        stuck=stuck,
+        options=[QuestionOption(id=i, label=label, cost=cost) for i, label, cost in options],
+        recommendation=recommendation,
         asked_at=now,
+        **about,
+    )
+
+
+def park_expired(state: GoalState, now: datetime, expiry: timedelta) -> Question:
+    hours = expiry.total_seconds() / 3600
+    return _card(
+        state,
+        now,
+        "park_expired",
+        f"Still parked: {state.pause.reason}",
+        f"The goal has been parked since {state.pause.parked_at:%Y-%m-%d %H:%M} UTC ({state.pause.reason}).",
+        [
+            ("resume", "Resume now", "work continues at once"),
+            ("extend", f"Keep waiting another {hours:g} h", "nothing is spent while parked"),
+            ("abort", "Stop and report what is done", "unfinished steps are dropped"),
+        ],
+        "extend if what you are waiting for is still coming; otherwise resume",
     )
 
 
@@ -47,23 +69,18 @@ def narrow_confirm(state: GoalState, now: datetime, nodes: list[str], hold: list
     change = ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
     spent = sum(state.nodes[n].cost_usd for n in nodes if n in state.nodes)
     tokens = sum(state.nodes[n].tokens for n in nodes if n in state.nodes)
-    return Question(
-        id=next_question_id(state),
-        topic="narrow_confirm",
-        title=f"Do these steps still hold after {change}?",
-        done=_done_summary(state),
-        stuck=(
-            f"Steps {', '.join(nodes)} depend on what changed in a way the goal cannot judge"
-            + (f"; {', '.join(hold)} wait for the answer." if hold else ".")
-        ),
-        options=[
-            QuestionOption(
-                id="redo", label="Redo them under the new premises", cost=f"about {tokens} tokens (${spent:.4f}) again"
-            ),
-            QuestionOption(id="keep", label="Keep their outputs", cost="nothing"),
+    return _card(
+        state,
+        now,
+        "narrow_confirm",
+        f"Do these steps still hold after {change}?",
+        f"Steps {', '.join(nodes)} depend on what changed in a way the goal cannot judge"
+        + (f"; {', '.join(hold)} wait for the answer." if hold else "."),
+        [
+            ("redo", "Redo them under the new premises", f"about {tokens} tokens (${spent:.4f}) again"),
+            ("keep", "Keep their outputs", "nothing"),
         ],
-        recommendation="redo if their output mentions what you narrowed away; otherwise keep",
-        asked_at=now,
+        "redo if their output mentions what you narrowed away; otherwise keep",
         nodes=list(nodes),
         hold=list(hold),
     )
@@ -72,71 +89,65 @@ def narrow_confirm(state: GoalState, now: datetime, nodes: list[str], hold: list
 def stalled(state: GoalState, now: datetime, step: str, message: str) -> Question:
     node = state.nodes.get(step)
     spent = f"{node.tokens} tokens (${node.cost_usd:.4f}) so far" if node else ""
-    return Question(
-        id=next_question_id(state),
-        topic="stalled",
-        title=f"Step '{step}' is going in circles",
-        done=_done_summary(state),
-        stuck=message,
-        options=[
-            QuestionOption(id="continue", label="Let it keep trying", cost=f"more turns; {spent}"),
-            QuestionOption(id="abandon", label="Abandon this path", cost="the step fails; work that needs it stops"),
+    return _card(
+        state,
+        now,
+        "stalled",
+        f"Step '{step}' is going in circles",
+        message,
+        [
+            ("continue", "Let it keep trying", f"more turns; {spent}"),
+            ("abandon", "Abandon this path", "the step fails; work that needs it stops"),
         ],
-        recommendation="abandon unless you can add a hint with `perdure steer` first",
-        asked_at=now,
+        "abandon unless you can add a hint with `perdure steer` first",
         nodes=[step],
     )
 
 
 def confirm_effect(state: GoalState, now: datetime, step: str, tool: str, what: str, why: str) -> Question:
-    return Question(
-        id=next_question_id(state),
-        topic="confirm_effect",
-        title=f"Confirm {tool} in step '{step}'",
-        done=_done_summary(state),
-        stuck=f"{tool} is irreversible, so it runs only with your confirmation. It will: {what}. Why: {why}",
-        options=[
-            QuestionOption(id="approve", label=f"Run {tool} as shown", cost="cannot be undone"),
-            QuestionOption(
-                id="reject", label="Do not run it", cost="the step is told you refused (add why with --text)"
-            ),
+    return _card(
+        state,
+        now,
+        "confirm_effect",
+        f"Confirm {tool} in step '{step}'",
+        f"{tool} is irreversible, so it runs only with your confirmation. It will: {what}. Why: {why}",
+        [
+            ("approve", f"Run {tool} as shown", "cannot be undone"),
+            ("reject", "Do not run it", "the step is told you refused (add why with --text)"),
         ],
-        recommendation="approve only if the amount, recipient and reason are what you expect",
-        asked_at=now,
+        "approve only if the amount, recipient and reason are what you expect",
         nodes=[step],
     )
 
 
 def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effect_key: str, error: str) -> Question:
-    return Question(
-        id=next_question_id(state),
-        topic="uncertain_effect",
-        title=f"Did {tool} in step '{step}' happen?",
-        done=_done_summary(state),
-        stuck=f"{error} (effect key {effect_key})",
-        options=[
-            QuestionOption(id="happened", label="It happened: carry on", cost="nothing is sent again"),
-            QuestionOption(id="not_happened", label="It did not happen: send it now", cost="one more call"),
-            QuestionOption(id="fail", label="Leave it: fail the step", cost="work that needs it stops"),
+    return _card(
+        state,
+        now,
+        "uncertain_effect",
+        f"Did {tool} in step '{step}' happen?",
+        f"{error} (effect key {effect_key})",
+        [
+            ("happened", "It happened: carry on", "nothing is sent again"),
+            ("not_happened", "It did not happen: send it now", "one more call"),
+            ("fail", "Leave it: fail the step", "work that needs it stops"),
         ],
-        recommendation="check the receiving side for the effect key, then answer happened or not_happened",
-        asked_at=now,
+        "check the receiving side for the effect key, then answer happened or not_happened",
         nodes=[step],
     )
 
 
 def escalation(state: GoalState, now: datetime, finding: str, detail: str) -> Question:
-    return Question(
-        id=next_question_id(state),
-        topic="escalation",
-        title=f"The watchdog found this goal {finding}",
-        done=_done_summary(state),
-        stuck=detail,
-        options=[
-            QuestionOption(id="continue", label="Carry on as it is", cost="it keeps spending"),
-            QuestionOption(id="park", label="Park it until I look", cost="nothing is spent while parked"),
-            QuestionOption(id="abort", label="Stop and report", cost="unfinished work is dropped"),
+    return _card(
+        state,
+        now,
+        "escalation",
+        f"The watchdog found this goal {finding}",
+        detail,
+        [
+            ("continue", "Carry on as it is", "it keeps spending"),
+            ("park", "Park it until I look", "nothing is spent while parked"),
+            ("abort", "Stop and report", "unfinished work is dropped"),
         ],
-        recommendation="park it if you cannot look now; steer it if you can see what it misses",
-        asked_at=now,
+        "park it if you cannot look now; steer it if you can see what it misses",
     )

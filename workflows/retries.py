@@ -40,3 +40,11 @@ MODEL_TIMEOUT = timedelta(minutes=5)
 # every 80% of it, so a shorter timeout risks judging a busy worker dead.
 MODEL_HEARTBEAT = timedelta(seconds=4)
 TOOL_TIMEOUT = timedelta(minutes=2)
+
+# How every model activity is scheduled (planner, drift check, llm node, agent turn).
+MODEL_OPTIONS: dict = {
+    "start_to_close_timeout": MODEL_TIMEOUT,
+    "heartbeat_timeout": MODEL_HEARTBEAT,
+    "retry_policy": MODEL_RETRY,
+}
+REPORT_TIMEOUT = timedelta(minutes=1)

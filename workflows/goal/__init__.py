@@ -1,4 +1,46 @@
-"""The goal workflow, one room per concern."""
+"""The goal workflow: one goal's deterministic body, one room per concern.
+
+`workflow.py` holds the Temporal surface only: init, run, the handlers (each one
+line), the loop's skeleton and continue-as-new. Every concern behind it is a
+plain class given one `GoalContext` (context.py: the state, the goal id, a wake-up
+callable, and shared primitives) and the collaborators it calls, never the
+workflow itself:
+
+    inbox.py         admission of every message, receipts, refusals
+    steering.py      what each admitted message does (the verbs) and what answers mean
+    pause.py         parked / running / aborting, park deadlines
+    scheduler.py     ready nodes -> dispatch -> settle; void, cancel, adopt a plan
+    nodes/           one runner per node kind (tool, llm, agent)
+    model_calls.py   every model activity: its context, options and charge
+    planner.py       the first plan, drift checks, follow-up plans
+    spend.py         budget and density gates, estimates, charges, emergency stop
+    effect_guard.py  confirmations, uncertain outcomes, compensations, rollback
+    tool_runner.py   how one tool call runs (read segments, retries, timeouts)
+    publisher.py     progress query, UI details, search attributes
+    closing.py       outcome, report, result
+
+Where do I add ...
+- a steering verb: its message type and admission rule in workflows/messages.py,
+  a method returning `Applied` in steering.py and its entry in `Steering.verbs`;
+  the CLI verb in starters/.
+- a node kind: a step type in workflows/plan.py (`STEP_TYPES`; `NodeKind` follows),
+  a runner in nodes/ and its entry in `nodes.node_runners` (a kind without one
+  fails at start-up); its cost before any history in workflows/estimates.py
+  (`KIND_DEFAULTS`, else it is assumed as heavy as an agent).
+- a budget rule: spend.py, in `Spend.admit` (before a node starts) or in
+  `Spend.charge` (after a model call); the arithmetic itself in workflows/budget.py.
+- a tool: its spec (risk class, replay policy, argument model) in
+  workflows/tool_specs.py and its implementation in activities/tools.py (or
+  activities/effect_tools.py for effects on the outside world); nothing here
+  changes, the effect guard and the tool runner read the spec.
+- a model provider: activities/models/providers.py (a `ChatProvider`, chosen in
+  `provider_for`) and its profile fields in activities/models/config.py; nothing
+  here changes, a goal names a profile, never a provider.
+
+Determinism: these rooms only reorganise what one class did; history is the same
+(goldens in tests/histories/ replay). A change to what any room decides goes
+behind `workflow.patched` (tool_runner.py has the examples).
+"""
 
 from workflows.goal.workflow import GoalWorkflow
 

@@ -2,9 +2,9 @@
 an activity with its own checkpoint), with which timeouts and retries, and what
 a write that ran out of attempts becomes (uncertain, never failed).
 
-Workflow code: it schedules activities, so it runs inside GoalWorkflow. The
-effect rules around a call (confirmation of irreversible tools, questions about
-uncertain outcomes, compensations) stay in the goal, which owns the questions.
+Workflow code: it schedules activities. The effect rules around a call
+(confirmation of irreversible tools, questions about uncertain outcomes,
+compensations) are the effect guard's (effect_guard.py), which calls this.
 """
 
 from __future__ import annotations

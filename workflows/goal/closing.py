@@ -1,0 +1,88 @@
+"""How a goal ends: its outcome (succeeded, partial, failed, aborted), the report
+activity that writes what was done and what was not, and the result it returns.
+
+Workflow code: it schedules the report activity. Every goal ends through here,
+whether it finished, failed, was aborted or could not load its state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from temporalio import workflow
+
+from workflows import graph
+from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
+from workflows.goal.context import GoalContext
+from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
+from workflows.state import Node
+
+
+class Closing:
+    def __init__(self, ctx: GoalContext, publish: Callable[[], None]) -> None:
+        self._ctx = ctx
+        self._publish = publish
+
+    async def report(self) -> GoalResult:
+        state = self._ctx.state
+        state.phase = "reporting"
+        self._publish()
+        nodes = [state.nodes[name] for name in graph.topological_order(state.plan)] if state.plan else []
+        outcome = self._outcome(nodes)
+        unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
+        failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
+        report = await workflow.execute_activity(
+            Activities.WRITE_REPORT,
+            ReportInput(
+                goal_id=self._ctx.goal_id,
+                goal=state.spec.goal,
+                outcome=outcome,
+                failure=failure,
+                steps=[StepOutcome.model_validate(n, from_attributes=True) for n in nodes],
+                unfinished=unfinished,
+                notes=self._notes(),
+                tokens=state.ledger.tokens,
+                cost_usd=state.ledger.cost_usd,
+            ),
+            result_type=ReportResult,
+            start_to_close_timeout=REPORT_TIMEOUT,
+            retry_policy=REPORT_RETRY,
+            summary=f"report · {outcome}",
+        )
+        state.result = GoalResult(
+            outcome=outcome,
+            failure=failure,
+            report=report.report,
+            excerpt=report.excerpt,
+            outputs={n.name: n.output for n in nodes if n.output is not None},
+            failed_steps=[n.name for n in nodes if n.status in ("failed", "abandoned")],
+            unfinished=unfinished,
+            tokens=state.ledger.tokens,
+            cost_usd=state.ledger.cost_usd,
+        )
+        state.phase = "failed" if state.failure else "finished"
+        self._publish()
+        return state.result
+
+    def _outcome(self, nodes: list[Node]) -> Outcome:
+        state = self._ctx.state
+        if state.failure:
+            return "failed"
+        if state.pause.mode == "aborting":
+            return "aborted"
+        if nodes and all(n.status == "succeeded" for n in nodes):
+            return "succeeded"
+        return "partial"
+
+    def _notes(self) -> list[str]:
+        state = self._ctx.state
+        notes = [f"plan v{v.version} ({v.source}): {v.reason}" for v in state.plan_versions[1:]]
+        notes += [f"guidance applied: {g}" for g in state.guidance]
+        notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
+        notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
+        notes += [
+            f"effect {r.effect_key} of {r.node}: undo by {r.compensation.tool} {r.status}"
+            + (f" ({r.note})" if r.note else "")
+            for r in state.compensations
+        ]
+        return notes

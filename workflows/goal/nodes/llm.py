@@ -1,0 +1,26 @@
+"""An llm node: one model call with the step's prompt and its inputs' outputs."""
+
+from __future__ import annotations
+
+from workflows.contracts import Activities, ArtifactRef, GenerateInput, GenerateResult
+from workflows.goal.context import short_key
+from workflows.goal.nodes.base import NodeDeps
+from workflows.plan import LlmStep
+from workflows.state import Node
+
+
+class LlmNode:
+    def __init__(self, deps: NodeDeps) -> None:
+        self._ctx = deps.ctx
+        self._calls = deps.calls
+
+    async def run(self, step: LlmStep, node: Node) -> tuple[ArtifactRef, str]:
+        summary = f"llm · {step.name} · {short_key(node.key)}"
+        payload = GenerateInput(
+            context=self._calls.context(summary, node),
+            step=step.name,
+            prompt=step.prompt,
+            inputs=self._ctx.inputs(step),
+        )
+        result = await self._calls.run(Activities.GENERATE, payload, GenerateResult, summary, node)
+        return result.output, result.preview

@@ -1,0 +1,85 @@
+"""The goal's pause state: parked (with a wake time and an expiry that re-asks the
+user), running, or aborting; and what an agent does while the goal is parked.
+
+Workflow code. Who asks for a pause (a user's message, an answer, the budget's
+emergency stop, a state that cannot load) is decided elsewhere; this room owns
+how the pause state changes and when a parked goal's timer fires.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+
+from workflows import questions
+from workflows.goal.context import GoalContext
+from workflows.state import Node
+
+
+class Pause:
+    def __init__(self, ctx: GoalContext) -> None:
+        self._ctx = ctx
+
+    def park(self, reason: str, until: datetime | None, expiry: timedelta) -> None:
+        now = workflow.now()
+        pause = self._ctx.state.pause
+        pause.mode = "parked"
+        pause.reason = reason
+        pause.parked_at = now
+        pause.wake_at = until
+        pause.expires_at = now + expiry
+        pause.expiry_asked = False
+
+    def extend(self) -> None:
+        """Keep waiting as long again as the park was set for."""
+        pause = self._ctx.state.pause
+        extension = (pause.expires_at or workflow.now()) - (pause.parked_at or workflow.now())
+        pause.parked_at, pause.expires_at, pause.expiry_asked = workflow.now(), workflow.now() + extension, False
+
+    def resume(self, why: str) -> None:
+        state = self._ctx.state
+        pause = state.pause
+        pause.mode, pause.reason, pause.wake_at, pause.expires_at = "running", None, None, None
+        # A wait that ends is a fresh start for anyone judging progress by time.
+        state.last_progress_at = workflow.now()
+        for question in state.open_questions():
+            if question.topic == "park_expired":
+                question.status, question.answer, question.answered_at = "answered", "resume", workflow.now()
+        workflow.logger.info("resumed", extra={"why": why})
+
+    def abort(self, reason: str, rollback: bool) -> None:
+        state = self._ctx.state
+        state.pause.mode = "aborting"
+        state.pause.rollback = rollback
+        state.abort_reason = reason
+
+    def timeout(self) -> timedelta | None:
+        """How long the loop may wait before a parked goal's next deadline (wake or expiry)."""
+        pause = self._ctx.state.pause
+        if pause.mode != "parked":
+            return None
+        deadlines = [d for d in (pause.wake_at, None if pause.expiry_asked else pause.expires_at) if d]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - workflow.now(), timedelta(seconds=1))
+
+    def on_deadline(self) -> None:
+        state, pause = self._ctx.state, self._ctx.state.pause
+        now = workflow.now()
+        if pause.wake_at and now >= pause.wake_at:
+            self.resume("woke at the time set when parking")
+            return
+        if pause.expires_at and now >= pause.expires_at and not pause.expiry_asked:
+            pause.expiry_asked = True
+            expiry = pause.expires_at - (pause.parked_at or pause.expires_at)
+            state.questions.append(questions.park_expired(state, now, expiry))
+
+    async def hold_while_parked(self, node: Node) -> None:
+        """An agent does not start a new turn while the goal is parked (and is not judged meanwhile)."""
+        if self._ctx.state.pause.mode != "parked":
+            return
+        self._ctx.set_status(node, "parked")
+        self._ctx.wake()
+        await workflow.wait_condition(lambda: self._ctx.state.pause.mode != "parked")
+        self._ctx.set_status(node, "running")

@@ -1,0 +1,84 @@
+"""What the goal shows about itself while it runs: the `progress` query's snapshot,
+the Temporal UI's current details, and the search attributes visibility lists
+goals by (phase, percent done, cost, parked, needs a person, last progress).
+
+Workflow code: it upserts search attributes (history events) and sets the current
+details (served by a query). What the snapshot and details say is pure, in
+workflows/progress_view.py; this room decides when to publish.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+from workflows import search_attributes as sa
+from workflows.contracts import ProgressSnapshot
+from workflows.eta import Eta, estimate_eta
+from workflows.goal.context import GoalContext
+from workflows.goal.spend import Spend
+from workflows.progress_view import details_markdown, progress_snapshot
+from workflows.statuses import CLOSED_PHASES, ENDED_PHASES, TERMINAL
+
+
+class Publisher:
+    def __init__(self, ctx: GoalContext, spend: Spend) -> None:
+        self._ctx = ctx
+        self._spend = spend
+        self._published: tuple | None = None
+        self._details_at = None
+
+    def snapshot(self) -> ProgressSnapshot:
+        fractions = self._spend.fractions()
+        return progress_snapshot(self._ctx.state, self._ctx.goal_id, self.percent_done(), fractions, self._eta())
+
+    def publish(self) -> None:
+        """Mirror phase and progress to search attributes and the UI's details.
+
+        Search-attribute upserts are history events, so they are written only
+        when the phase, the pause or the need for a human changes, or progress
+        crosses a ten-percent step.
+        """
+        state = self._ctx.state
+        percent = self.percent_done()
+        parked = state.pause.mode == "parked"
+        needs_human = bool(state.open_questions())
+        marker = (state.phase, percent // 10, parked, needs_human)
+        now = workflow.now()
+        if self._details_at != now or marker != self._published:
+            # workflow.now() stands still within a workflow task: the details (what the UI
+            # shows, not history) are worked out once per task and on every change of phase,
+            # not for every node that settles in a long read segment.
+            self._details_at = now
+            fractions = self._spend.fractions()
+            workflow.set_current_details(details_markdown(state, self._ctx.index(), percent, fractions, self._eta()))
+        if marker == self._published:
+            return
+        self._published = marker
+        workflow.upsert_search_attributes(
+            [
+                sa.GOAL_STATUS.value_set(state.phase),
+                sa.PERCENT_DONE.value_set(percent),
+                sa.COST_USD.value_set(round(state.ledger.cost_usd, 6)),
+                sa.PARKED.value_set(parked),
+                sa.NEEDS_HUMAN.value_set(needs_human),
+                sa.LAST_PROGRESS_AT.value_set(workflow.now()),
+            ]
+        )
+
+    def percent_done(self) -> int:
+        state = self._ctx.state
+        if state.phase in CLOSED_PHASES:
+            return 100
+        if not state.nodes:
+            return 0
+        settled = self._ctx.index().count(TERMINAL)
+        return int(100 * settled / len(state.nodes))
+
+    def _eta(self) -> Eta | None:
+        state = self._ctx.state
+        if state.phase in ENDED_PHASES:
+            return None
+        index = self._ctx.index()
+        remaining = index.unsettled_by_kind()
+        running = index.count(("running",))
+        return estimate_eta(remaining, state.ledger.by_kind, running=running, parallelism=max(1, running))

@@ -1,0 +1,207 @@
+"""The task graph at work: which ready nodes start (past the spend gates), how a node
+is dispatched (reused by key, joined to a twin in flight, or run by its kind's
+runner), how its outcome settles it and its twins, and how plan changes void,
+cancel and adopt nodes.
+
+Workflow code. Node tasks are asyncio tasks of the workflow; none is in flight at
+continue-as-new, so nothing here is carried. What a node of each kind does is in
+nodes/; this room only starts it and records the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+from workflows import graph
+from workflows.goal.context import GoalContext, NodeFailed
+from workflows.goal.nodes import NodeRunner
+from workflows.goal.spend import Spend
+from workflows.goal.tool_runner import failure_message
+from workflows.plan import Plan, PlanStep
+from workflows.state import Node, PlanDiff, PlanVersion
+from workflows.statuses import IN_FLIGHT
+
+
+class Scheduler:
+    def __init__(
+        self, ctx: GoalContext, spend: Spend, runners: Mapping[str, NodeRunner], publish: Callable[[], None]
+    ) -> None:
+        self._ctx = ctx
+        self._spend = spend
+        self._runners = runners
+        self._publish = publish
+        # In-flight node tasks, so a rewind, narrow or abort can cancel them.
+        self._tasks: dict[str, asyncio.Task] = {}
+        # Key -> nodes waiting on the in-flight run of that key (they share its outcome).
+        # An index, checked against the nodes on every use, so a stale entry is harmless;
+        # it spares a scan of every node per dispatch and per settled node.
+        self._followers: dict[str, list[str]] = {}
+        self._owners: dict[str, str] = {}  # key -> the node whose task runs it
+
+    def materialise_nodes(self) -> None:
+        state = self._ctx.state
+        for step in self._ctx.plan().steps:
+            if step.name not in state.nodes:
+                state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
+
+    def dispatch_ready(self) -> None:
+        """Start every ready node the open questions do not hold and the gates admit."""
+        state = self._ctx.state
+        held = {name for q in state.open_questions() for name in q.hold}
+        committed = self._spend.new_pass()
+        for name in self._ctx.index().ready():
+            step = self._ctx.plan().step(name)
+            if name in held:
+                continue
+            admission = self._spend.admit(step, committed)
+            if admission.action == "stop":
+                self._stop_node(name, admission.reason)
+            if admission.action != "run":
+                continue
+            self._dispatch(step)
+            if state.nodes[name].status in IN_FLIGHT:
+                # Now in flight: reserve its P80 for the next step's gate.
+                self._spend.reserve(committed, step.kind)
+
+    def adopt_plan(self, plan: Plan, source: str, reason: str) -> PlanDiff:
+        """Make `plan` current. Unchanged steps keep their nodes; changed or removed
+        ones are dropped (cancelled if in flight); finished work is reused by key."""
+        state = self._ctx.state
+        old = {s.name: s for s in self._ctx.plan().steps}
+        added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
+        removed = [name for name in old if name not in {s.name for s in plan.steps}]
+        for name in added + removed:
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            state.nodes.pop(name, None)
+        diff = PlanDiff(added=added, removed=removed)
+        self.record_plan_version(source, reason, diff, plan)
+        self.materialise_nodes()
+        return diff
+
+    def record_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
+        versions = self._ctx.state.plan_versions
+        versions.append(
+            PlanVersion(
+                version=len(versions) + 1, plan=plan or self._ctx.plan(), reason=reason, source=source, diff=diff
+            )
+        )
+
+    def void(self, names: list[str]) -> None:
+        """Reset void work to pending, cancelling it if in flight; its cached output
+        is forgotten so it runs again. Abandoned work downstream may run again too."""
+        state = self._ctx.state
+        reset = set(names)
+        for name in names:
+            reset.update(d for d in graph.downstream(self._ctx.plan(), name) if state.nodes[d].status == "abandoned")
+        for name in reset:
+            node = state.nodes[name]
+            if node.key and state.outputs_by_key.get(node.key) == node.output:
+                state.outputs_by_key.pop(node.key, None)
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            self._ctx.set_status(node, "pending")
+            node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
+        # A node that was waiting on a twin's in-flight work has nobody to wait on now.
+        for node in state.nodes.values():
+            if node.status == "running" and node.reused and node.name not in self._tasks:
+                if not any(t.key == node.key and t.name in self._tasks for t in state.nodes.values()):
+                    self._ctx.set_status(node, "pending")
+                    node.key, node.reused = None, False
+
+    def cancel_in_flight(self, why: str) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+        nodes = self._ctx.state.nodes
+        for name in self._ctx.index().names(IN_FLIGHT):
+            self._ctx.set_status(nodes[name], "abandoned")
+            nodes[name].error, nodes[name].finished_at = why, workflow.now()
+
+    def _stop_node(self, name: str, reason: str) -> None:
+        node = self._ctx.state.nodes[name]
+        self._ctx.set_status(node, "abandoned")
+        node.error = reason
+        self._ctx.log_gate(f"{name}: {reason}")
+        self._abandon_downstream(name)
+
+    def _dispatch(self, step: PlanStep) -> None:
+        state = self._ctx.state
+        node = state.nodes[step.name]
+        deps = {dep: ref.digest for dep, ref in self._ctx.inputs(step).items()}
+        node.key = graph.node_key(step, deps, state.premises)
+        node.started_at = workflow.now()
+        node.runs += 1
+        cached = state.outputs_by_key.get(node.key)
+        if cached is not None:
+            # Same kind, input and dependency outputs as finished work: reuse it.
+            node.output, node.reused, node.finished_at = cached, True, node.started_at
+            self._ctx.set_status(node, "succeeded")
+            return
+        self._ctx.set_status(node, "running")
+        owner = self._owners.get(node.key)
+        if owner is not None and owner != node.name and self._in_flight_run_of(owner, node.key):
+            # The same work is in flight: share its outcome instead of paying twice.
+            node.reused = True
+            self._followers.setdefault(node.key, []).append(node.name)
+            return
+        self._owners[node.key] = node.name
+        self._tasks[step.name] = asyncio.create_task(self._run_node(step, node, node.runs))
+
+    def _in_flight_run_of(self, name: str, key: str) -> bool:
+        node = self._ctx.state.nodes.get(name)
+        return node is not None and node.key == key and node.status == "running" and not node.reused
+
+    async def _run_node(self, step: PlanStep, node: Node, run: int) -> None:
+        try:
+            output, preview = await self._runners[step.kind].run(step, node)
+        except asyncio.CancelledError:
+            # Voided or aborted while in flight; whoever cancelled it set its status.
+            return
+        except (ActivityError, NodeFailed) as err:
+            if node.runs != run or node.status != "running":
+                return  # an outcome for work that was voided meanwhile
+            error = failure_message(err) if isinstance(err, ActivityError) else str(err)
+            for settled in self._sharing(node):
+                self._ctx.set_status(settled, "failed")
+                settled.error = error
+                self._abandon_downstream(settled.name)
+        else:
+            if node.runs != run or node.status != "running":
+                return
+            assert node.key is not None
+            self._ctx.state.outputs_by_key[node.key] = output
+            for settled in self._sharing(node):
+                # Output first: a dependant made ready by this status reads it.
+                settled.output, settled.preview = output, preview
+                self._ctx.set_status(settled, "succeeded")
+        # Not in a `finally`: on worker eviction the coroutine is closed and
+        # must not touch workflow state on its way out.
+        self._tasks.pop(node.name, None)
+        node.finished_at = self._ctx.state.last_progress_at = workflow.now()
+        self._spend.record_settled(node)
+        self._ctx.wake()
+        self._publish()
+
+    def _sharing(self, node: Node) -> list[Node]:
+        """The node plus any node that waited on the same in-flight key."""
+        nodes = self._ctx.state.nodes
+        names = dict.fromkeys(self._followers.pop(node.key or "", []))
+        followers = [nodes[n] for n in names if nodes[n] is not node and nodes[n].key == node.key]
+        followers = [n for n in followers if n.status == "running"]
+        for follower in followers:
+            follower.finished_at = workflow.now()
+        return [node, *followers]
+
+    def _abandon_downstream(self, failed: str) -> None:
+        for name in graph.downstream(self._ctx.plan(), failed):
+            blocked = self._ctx.state.nodes[name]
+            if blocked.status == "pending":
+                self._ctx.set_status(blocked, "abandoned")
+                blocked.error = f"needs '{failed}', which failed"

@@ -1,0 +1,143 @@
+"""What the goal spends and may spend: the budget and density gates before a node
+is dispatched, the estimates they judge by, reservations for work in flight, the
+charge of every model call, and the emergency stop.
+
+Workflow code, deciding from the ledger in the state; the rules themselves are
+pure (workflows/budget.py, density.py, estimates.py). A new budget rule is a
+branch of `admit` (before dispatch) or of `charge` (after a call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from temporalio import workflow
+
+from workflows import budget
+from workflows.contracts import Usage
+from workflows.density import fair_share_limit, verdict_for_step
+from workflows.estimates import KindEstimate, estimate_kind
+from workflows.goal.context import GoalContext
+from workflows.goal.pause import Pause
+from workflows.plan import PlanStep
+from workflows.state import KindStats, Node
+from workflows.statuses import IN_FLIGHT
+
+# Keeps the per-kind ledger bounded however long the goal runs.
+LEDGER_SAMPLES = 200
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A gate's answer for one ready step: run it, let it wait for in-flight work to
+    settle (it may come in under its estimate), or stop it for good, with the reason."""
+
+    action: Literal["run", "wait", "stop"]
+    reason: str = ""
+
+
+class Spend:
+    def __init__(self, ctx: GoalContext, pause: Pause) -> None:
+        self._ctx = ctx
+        self._pause = pause
+        # Kind -> estimate, for one pass of the loop: the ledger does not change within it.
+        self._estimates: dict[str, KindEstimate] = {}
+
+    def new_pass(self) -> budget.BudgetUse:
+        """Start a dispatch pass: estimates afresh, and what is committed so far."""
+        self._estimates = {}
+        return self.committed()
+
+    def admit(self, step: PlanStep, committed: budget.BudgetUse) -> Admission:
+        """Whether `step` may start now, given what is spent and reserved (`committed`)."""
+        state = self._ctx.state
+        node = state.nodes[step.name]
+        decision = budget.gate(
+            state.spec.budget,
+            committed,
+            self.estimate(step.kind),
+            node_kind=step.kind,
+            wrap_up=False,
+            soft_fraction=state.spec.soft_gate,
+        )
+        if decision.action in ("skip", "wrap_up_only", "emergency_stop"):
+            if self._ctx.index().any(IN_FLIGHT):
+                return Admission("wait")
+            return Admission("stop", f"not started: {decision.reason}")
+        if step.needs and state.spec.budget.max_cost_usd:
+            limit = fair_share_limit(state.spec.budget.max_cost_usd, len(state.nodes))
+            verdict = verdict_for_step(step.name, state.nodes, limit)
+            if verdict.action != "ok":
+                return Admission("stop", f"not started: branch {verdict.branch} {verdict.reason}")
+        node.degraded = decision.action == "degraded"
+        if node.degraded:
+            self._ctx.log_gate(f"{step.name}: runs degraded ({decision.reason})")
+        return Admission("run")
+
+    def actual_use(self) -> budget.BudgetUse:
+        state = self._ctx.state
+        started = state.started_at or workflow.now()
+        return budget.BudgetUse(
+            tokens=state.ledger.tokens,
+            cost_usd=state.ledger.cost_usd,
+            wall_seconds=(workflow.now() - started).total_seconds(),
+        )
+
+    def fractions(self) -> dict[str, float]:
+        return budget.budget_fractions(self._ctx.state.spec.budget, self.actual_use())
+
+    def committed(self) -> budget.BudgetUse:
+        """What is spent plus what in-flight nodes are expected to spend still (their P80)."""
+        use = self.actual_use()
+        nodes = self._ctx.state.nodes
+        for name in self._ctx.index().names(IN_FLIGHT):
+            self.reserve(use, nodes[name].kind, nodes[name])
+        return use
+
+    def reserve(self, use: budget.BudgetUse, kind: str, node: Node | None = None) -> None:
+        estimate = self.estimate(kind)
+        use.tokens += max(0, estimate.tokens_p80 - (node.tokens if node else 0))
+        use.cost_usd += max(0.0, estimate.cost_p80 - (node.cost_usd if node else 0.0))
+
+    def estimate(self, kind: str) -> KindEstimate:
+        if kind not in self._estimates:
+            self._estimates[kind] = estimate_kind(
+                self._ctx.state.ledger.by_kind.get(kind), kind, price_per_1k_tokens_usd=self._observed_price()
+            )
+        return self._estimates[kind]
+
+    def charge(self, usage: Usage, node: Node | None = None) -> None:
+        """Book one model call's usage on the goal (and its node); past the budget, stop."""
+        ledger = self._ctx.state.ledger
+        ledger.model_calls += 1
+        ledger.input_tokens += usage.input_tokens
+        ledger.output_tokens += usage.output_tokens
+        ledger.cost_usd += usage.cost_usd
+        if node is not None:
+            node.tokens += usage.tokens
+            node.cost_usd += usage.cost_usd
+        self._check_emergency()
+
+    def record_settled(self, node: Node) -> None:
+        """A settled node's duration, cost and tokens join its kind's samples (for estimates)."""
+        stats = self._ctx.state.ledger.by_kind.setdefault(node.kind, KindStats())
+        stats.runs += 1
+        if node.started_at and node.finished_at:
+            stats.seconds = (stats.seconds + [(node.finished_at - node.started_at).total_seconds()])[-LEDGER_SAMPLES:]
+        stats.costs_usd = (stats.costs_usd + [node.cost_usd])[-LEDGER_SAMPLES:]
+        stats.tokens = (stats.tokens + [node.tokens])[-LEDGER_SAMPLES:]
+
+    def _observed_price(self) -> float | None:
+        ledger = self._ctx.state.ledger
+        return ledger.cost_usd / (ledger.tokens / 1000) if ledger.tokens else None
+
+    def _check_emergency(self) -> None:
+        state = self._ctx.state
+        if state.pause.mode == "aborting":
+            return
+        decision = budget.emergency_check(state.spec.budget, self.actual_use())
+        if decision is not None:
+            self._ctx.log_gate(f"emergency stop: {decision.reason}")
+            self._pause.abort(f"emergency stop: {decision.reason}", rollback=False)
+            self._ctx.wake()

@@ -1,0 +1,149 @@
+"""Steering verbs: what each admitted message does when the loop reaches its safe
+point (park, resume, abort, rewind, narrow, answer or approve, escalate), and
+what an answer to each kind of question means.
+
+Workflow code. A new verb: its message type in workflows/messages.py (with its
+admission rule in `admission_problem`), a method here returning an `Applied`, and
+one entry in `Steering.verbs`. Steer and queue are not verbs: the model calls and
+the planner apply them at their own boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+
+from workflows import questions
+from workflows.goal.context import GoalContext
+from workflows.goal.inbox import LATER_KINDS, Inbox
+from workflows.goal.pause import Pause
+from workflows.goal.scheduler import Scheduler
+from workflows.invalidation import held_by, invalidate_by_premise, invalidate_from
+from workflows.messages import InboxEntry, chosen_option
+from workflows.state import PlanDiff, RejectedPath
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying a message did, for its receipt: a note and, for verbs that
+    change the graph, which steps are void, kept and to be confirmed."""
+
+    note: str
+    void: list[str] | None = None
+    kept: list[str] | None = None
+    to_confirm: list[str] | None = None
+
+    def detail(self) -> dict[str, list[str]]:
+        fields = {"void": self.void, "kept": self.kept, "to_confirm": self.to_confirm}
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+class Steering:
+    def __init__(self, ctx: GoalContext, inbox: Inbox, pause: Pause, scheduler: Scheduler) -> None:
+        self._ctx = ctx
+        self._inbox = inbox
+        self._pause = pause
+        self._scheduler = scheduler
+        self.verbs: dict[str, Callable[[InboxEntry], Applied]] = {
+            "park": self._park,
+            "resume": self._resume,
+            "abort": self._abort,
+            "rewind": self._rewind,
+            "narrow": self._narrow,
+            "answer": self._answer,
+            "approve": self._answer,
+            "escalate": self._escalate,
+        }
+
+    async def apply_pending(self) -> None:
+        """Apply every pending message, in the order they were admitted."""
+        for entry in list(self._ctx.state.inbox):
+            if entry.status != "pending" or entry.kind in LATER_KINDS:
+                continue
+            applied = self.verbs[entry.kind](entry)
+            self._inbox.settle(entry, "applied", applied.note, applied.detail())
+
+    def _park(self, entry: InboxEntry) -> Applied:
+        message = entry.message
+        self._pause.park(message.reason, message.until, timedelta(hours=message.expiry_hours))
+        return Applied(f"parked: {message.reason}")
+
+    def _resume(self, entry: InboxEntry) -> Applied:
+        self._pause.resume("resumed by the user")
+        return Applied("resumed")
+
+    def _abort(self, entry: InboxEntry) -> Applied:
+        message = entry.message
+        self._pause.abort(message.reason, message.rollback)
+        return Applied(f"aborting: {message.reason}")
+
+    def _rewind(self, entry: InboxEntry) -> Applied:
+        state, node, why = self._ctx.state, entry.message.node, entry.message.why
+        target = state.nodes[node]
+        state.rejected_paths.append(RejectedPath(node=node, why=why, output_preview=target.preview, at=workflow.now()))
+        invalidation = invalidate_from(self._ctx.plan(), self._statuses(), node)
+        self._scheduler.void(invalidation.void)
+        self._scheduler.record_plan_version(
+            "rewind", f"rewind of '{node}': {why}", PlanDiff(invalidated=invalidation.void, kept=invalidation.kept)
+        )
+        note = f"rewound '{node}': {len(invalidation.void)} step(s) void, {len(invalidation.kept)} kept"
+        return Applied(note, void=invalidation.void, kept=invalidation.kept)
+
+    def _narrow(self, entry: InboxEntry) -> Applied:
+        state, changes, why = self._ctx.state, entry.message.premises, entry.message.why
+        plan = self._ctx.plan()
+        invalidation = invalidate_by_premise(plan, self._statuses(), changes)
+        state.premises = {**state.premises, **changes}
+        self._scheduler.void(invalidation.void)
+        if invalidation.to_confirm:
+            hold = held_by(plan, invalidation.to_confirm)
+            state.questions.append(
+                questions.narrow_confirm(state, workflow.now(), invalidation.to_confirm, hold, changes)
+            )
+        change = ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
+        self._scheduler.record_plan_version(
+            "narrow",
+            f"narrowed {change}" + (f": {why}" if why else ""),
+            PlanDiff(invalidated=invalidation.void, kept=invalidation.kept, to_confirm=invalidation.to_confirm),
+        )
+        note = (
+            f"narrowed {change}: {len(invalidation.void)} void, {len(invalidation.kept)} kept, "
+            f"{len(invalidation.to_confirm)} to confirm"
+        )
+        return Applied(note, void=invalidation.void, kept=invalidation.kept, to_confirm=invalidation.to_confirm)
+
+    def _answer(self, entry: InboxEntry) -> Applied:
+        """Record the answer; a question the goal itself asked also acts on it here (a
+        question asked by a node is acted on by that node, which waits for it)."""
+        message = entry.message
+        state = self._ctx.state
+        question = next(q for q in state.questions if q.id == message.question_id)
+        choice = chosen_option(message)
+        question.status, question.answer, question.answer_text = "answered", choice, message.text
+        question.answered_at = state.last_progress_at = workflow.now()
+        if question.topic == "park_expired":
+            if choice == "resume":
+                self._pause.resume("the user answered the expiry question")
+            elif choice == "extend":
+                self._pause.extend()
+            elif choice == "abort":
+                self._pause.abort("the user chose to stop after the park expired", rollback=False)
+        elif question.topic == "narrow_confirm" and choice == "redo":
+            self._scheduler.void(question.nodes)
+        elif question.topic == "escalation" and choice == "park":
+            self._pause.park("parked after a watchdog escalation", None, timedelta(hours=48))
+        elif question.topic == "escalation" and choice == "abort":
+            self._pause.abort("stopped after a watchdog escalation", rollback=False)
+        return Applied(f"{question.id} answered: {choice}")
+
+    def _escalate(self, entry: InboxEntry) -> Applied:
+        message = entry.message
+        question = questions.escalation(self._ctx.state, workflow.now(), message.finding, message.detail)
+        self._ctx.state.questions.append(question)
+        return Applied(f"asked as {question.id}")
+
+    def _statuses(self) -> dict[str, str]:
+        return {name: node.status for name, node in self._ctx.state.nodes.items()}
