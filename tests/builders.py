@@ -31,6 +31,10 @@ def llm(name: str, needs: list[str] | None = None, **extra) -> dict:
     return {"name": name, "kind": "llm", "prompt": f"Do {name}.", "needs": needs or [], **extra}
 
 
+def agent(name: str, prompt: str, tools: list[str], needs: list[str] | None = None, **extra) -> dict:
+    return {"name": name, "kind": "agent", "prompt": prompt, "tools": tools, "needs": needs or [], **extra}
+
+
 def gate(needs: list[str] | None = None) -> dict:
     """A step that waits until the test creates GO in the workspace: keeps the goal running."""
     command = "while [ ! -f GO ]; do sleep 0.05; done; echo gate open"
@@ -97,6 +101,17 @@ def write_notes(workspace: Path) -> None:
 
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 """A script answering every llm step with "step done"."""
+
+def tool_then_answer(tool: str, arguments: dict, *, when: str, answer: str) -> dict:
+    """A script for an agent step that calls `tool` with `arguments`, then answers `answer`
+    once a message contains `when` (what the tool's result, or a refusal, puts in the prompt)."""
+    return {
+        "replies": [
+            {"when": when, "content": answer},
+            {"when": "PERDURE-AGENT", "tool_calls": [{"name": tool, "arguments": arguments}]},
+        ]
+    }
+
 
 # provider -> (model, price per million input tokens, per million output tokens)
 _SCRIPTED_MODELS = {"openai": ("scripted-gpt", 1.0, 2.0), "anthropic": ("scripted-claude", 3.0, 15.0)}

@@ -8,7 +8,7 @@ import asyncio
 
 from temporalio.api.enums.v1 import EventType
 
-from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile
 from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows.contracts import Activities, Budget
 from workflows.goal import GoalWorkflow
@@ -54,7 +54,7 @@ async def test_soft_gate_degrades_what_the_model_is_sent(env, task_queue, store,
         llm("a"),
         llm("b", ["a"]),
         llm("c", ["b"]),
-        {"name": "d", "kind": "agent", "prompt": "Finish.", "needs": ["c"], "tools": ["read_file", "list_dir"]},
+        agent("d", "Finish.", ["read_file", "list_dir"], ["c"]),
     ]
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await start(
@@ -92,9 +92,9 @@ async def test_stall_ladder_reminds_then_switches_then_asks_a_person(env, task_q
     (workspace / "same.txt").write_text("the same answer every time")
     loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
     server = scripted({"replies": [{"when": "PERDURE-AGENT", "tool_calls": [loop]}]})
-    agent = {"name": "hunt", "kind": "agent", "prompt": "Find it.", "tools": ["read_file"], "max_turns": 20}
+    hunt = agent("hunt", "Find it.", ["read_file"], max_turns=20)
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(env, task_queue, workspace, [agent], drift_every=0)
+        handle = await start(env, task_queue, workspace, [hunt], drift_every=0)
         snapshot = await wait_until(handle, lambda s: s.questions)
         turns_when_asked = len(server.requests())
         await asyncio.sleep(1)
@@ -122,9 +122,9 @@ async def test_a_parked_agent_is_never_judged_stalled(env, task_queue, store, wo
     # Slow enough turns that the park usually lands before the ladder's first rung; the
     # reads themselves take milliseconds (local activities), so the agent may still get there.
     server = scripted({"replies": [{"when": "PERDURE-AGENT", "tool_calls": [loop], "delay_s": 0.3}]})
-    agent = {"name": "hunt", "kind": "agent", "prompt": "Find it.", "tools": ["read_file"], "max_turns": 20}
+    hunt = agent("hunt", "Find it.", ["read_file"], max_turns=20)
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(env, task_queue, workspace, [agent], drift_every=0)
+        handle = await start(env, task_queue, workspace, [hunt], drift_every=0)
         await wait_until(handle, lambda s: len(server.requests()) >= 1)
         await submit(handle, Park(request_id="k1", reason="lunch"))
         snapshot = await wait_until(handle, lambda s: statuses(s)["hunt"] == "parked")

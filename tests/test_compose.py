@@ -292,7 +292,7 @@ def test_make_refuses_a_python_older_than_3_11(tmp_path: Path, ci_checkout: Path
 def test_makefile_has_the_entry_points() -> None:
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([\w.-]+):", makefile, re.MULTILINE))
-    wanted = {"demo", "test", "bench", "server-start", "server-stop", "histories", "clean"}
+    wanted = {"demo", "test", "test-fast", "bench", "server-start", "server-stop", "histories", "clean"}
     assert wanted <= targets
     phony = set(re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split())
     assert wanted <= phony

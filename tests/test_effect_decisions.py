@@ -12,7 +12,7 @@ import pytest
 
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.repo import git, init_repo
-from tests.builders import gate, openai_profile, spec
+from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
 from tests.helpers import running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows.messages import Abort, Answer, Approve
 from workflows.plan import Plan
@@ -85,17 +85,11 @@ async def test_irreversible_call_waits_for_approval(env, task_queue, store, work
 
 async def test_a_refusal_is_shown_to_the_model(env, task_queue, store, workspace, scripted, payments):
     pay = {"amount_cents": 99_000, "currency": "EUR", "recipient": "ACME GmbH"}
-    server = scripted(
-        {
-            "replies": [
-                {"when": "a person refused make_payment", "content": "Understood: no payment made."},
-                {"when": "PERDURE-AGENT", "tool_calls": [{"name": "make_payment", "arguments": pay}]},
-            ]
-        }
-    )
-    agent = {"name": "settle", "kind": "agent", "prompt": "Settle the invoice.", "tools": ["make_payment"]}
+    refused = "a person refused make_payment"
+    server = scripted(tool_then_answer("make_payment", pay, when=refused, answer="Understood: no payment made."))
+    settle = agent("settle", "Settle the invoice.", ["make_payment"])
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(env, task_queue, workspace, [agent], allowed_tools=["make_payment"])
+        handle = await start(env, task_queue, workspace, [settle], allowed_tools=["make_payment"])
         await wait_until(handle, lambda s: s.questions)
         await submit(handle, Approve(request_id="r1", question_id="q1", approved=False, text="too expensive"))
         result = await handle.result()

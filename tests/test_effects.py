@@ -110,24 +110,24 @@ INTENT = intent_details("fx-" + "1" * 32)
 DONE = done_details("fx-" + "1" * 32, {"message_id": "m-1"})
 
 
+# replay policy -> (attempt, heartbeat details, decision) cases
+RETRY_DECISIONS = {
+    "safe": [(1, None, "send"), (3, INTENT, "send")],
+    "keyed": [(1, None, "send"), (2, None, "send"), (2, INTENT, "send"), (2, DONE, "reuse")],
+    "check": [(1, None, "lookup"), (2, INTENT, "lookup"), (2, DONE, "reuse")],
+    "once": [
+        (1, None, "send"),
+        (2, None, "uncertain"),
+        (2, INTENT, "uncertain"),
+        (5, {"phase": "done", "effect_key": "fx-1", "receipt": None}, "uncertain"),
+        (2, DONE, "reuse"),
+    ],
+}
+
+
 @pytest.mark.parametrize(
     ("policy", "attempt", "heartbeat", "decision"),
-    [
-        ("safe", 1, None, "send"),
-        ("safe", 3, INTENT, "send"),
-        ("keyed", 1, None, "send"),
-        ("keyed", 2, None, "send"),
-        ("keyed", 2, INTENT, "send"),
-        ("keyed", 2, DONE, "reuse"),
-        ("check", 1, None, "lookup"),
-        ("check", 2, INTENT, "lookup"),
-        ("check", 2, DONE, "reuse"),
-        ("once", 1, None, "send"),
-        ("once", 2, None, "uncertain"),
-        ("once", 2, INTENT, "uncertain"),
-        ("once", 5, {"phase": "done", "effect_key": "fx-1", "receipt": None}, "uncertain"),
-        ("once", 2, DONE, "reuse"),
-    ],
+    [(policy, *case) for policy, cases in RETRY_DECISIONS.items() for case in cases],
 )
 def test_decide_retry(policy, attempt, heartbeat, decision):
     assert decide_retry(policy, attempt, heartbeat) == decision
@@ -178,22 +178,17 @@ def test_compensations_are_known_before_the_effect():
 
 
 def test_catalogue_declares_risk_and_replay_for_every_tool():
+    # (risk, replay) -> the tools declaring it
     expected = {
-        "read_file": ("read", "safe"),
-        "list_dir": ("read", "safe"),
-        "read_artifact": ("read", "safe"),
-        "write_file": ("local-write", "safe"),
-        "run_command": ("local-write", "safe"),
-        "http_get": ("read", "safe"),
-        "http_request": ("remote-write", "keyed"),
-        "send_email": ("remote-write", "keyed"),
-        "git_commit": ("remote-write", "check"),
-        "git_revert": ("remote-write", "check"),
-        "notify_webhook": ("remote-write", "once"),
-        "make_payment": ("irreversible", "keyed"),
-        "refund_payment": ("remote-write", "keyed"),
+        ("read", "safe"): ["read_file", "list_dir", "read_artifact", "http_get"],
+        ("local-write", "safe"): ["write_file", "run_command"],
+        ("remote-write", "keyed"): ["http_request", "send_email", "refund_payment"],
+        ("remote-write", "check"): ["git_commit", "git_revert"],
+        ("remote-write", "once"): ["notify_webhook"],
+        ("irreversible", "keyed"): ["make_payment"],
     }
-    assert {name: (s.risk, s.replay) for name, s in TOOL_SPECS.items()} == expected
+    declared = {name: (s.risk, s.replay) for name, s in TOOL_SPECS.items()}
+    assert declared == {name: kind for kind, names in expected.items() for name in names}
     for spec in TOOL_SPECS.values():
         if spec.risk in ("remote-write", "irreversible"):
             assert spec.heartbeat_timeout_s and spec.heartbeat_timeout_s < spec.start_to_close_s

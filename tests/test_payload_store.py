@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
@@ -21,6 +19,7 @@ from temporalio.converter import StorageDriverClaim, StorageDriverRetrieveContex
 from temporalio.worker import Replayer
 
 from activities.models.config import ModelConfig
+from bench.common import payloads_in
 from runtime import converter
 from runtime.converter import PayloadStoreConfigError, data_converter
 from runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
@@ -49,25 +48,6 @@ async def retrieve(driver: DiskPayloadDriver, *claims: StorageDriverClaim) -> li
 
 def stored_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
-
-
-def all_payloads(message: Message) -> Iterator[Payload]:
-    """Every Payload anywhere in a history event, however deeply nested."""
-    if isinstance(message, Payload):
-        yield message
-        return
-    for field, value in message.ListFields():
-        if field.type != field.TYPE_MESSAGE:
-            continue
-        if isinstance(value, Message):
-            values = [value]
-        elif field.message_type.GetOptions().map_entry:
-            values = value.values()
-        else:
-            values = value
-        for item in values:
-            if isinstance(item, Message):
-                yield from all_payloads(item)
 
 
 # ------------------------------------------------------------------ disk driver
@@ -249,7 +229,7 @@ async def test_large_goal_input_lives_outside_history(
     assert reference["driverName"] == DRIVER_NAME
     # The workflow's own outgoing payloads too (the planner's input carries the
     # goal); what stays inline is under the threshold, such as the report's excerpt.
-    payloads = [p for event in history.events for p in all_payloads(event)]
+    payloads = [p for event in history.events for p in payloads_in(event)]
     references = [p for p in payloads if p.metadata.get("messageType") == REFERENCE_TYPE]
     assert len(references) >= 2
     assert all(p.ByteSize() < 2048 for p in payloads)

@@ -12,7 +12,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
-from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile, tool_then_answer
 from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
 from workflows import search_attributes as sa
 from workflows.goal import GoalWorkflow
@@ -187,17 +187,11 @@ async def test_park_expiry_becomes_one_question(ts_env, task_queue, store, works
 
 async def test_steer_reaches_a_running_agent_at_its_next_turn(env, task_queue, store, workspace, scripted):
     wait_for_go = {"command": "while [ ! -f GO ]; do sleep 0.05; done; echo opened"}
-    server = scripted(
-        {
-            "replies": [
-                {"when": "[exit code 0]", "content": "finished after the gate"},
-                {"when": "PERDURE-AGENT", "tool_calls": [{"name": "run_command", "arguments": wait_for_go}]},
-            ]
-        }
-    )
-    agent = {"name": "worker", "kind": "agent", "prompt": "Wait for the gate.", "tools": ["run_command"]}
+    answer = "finished after the gate"
+    server = scripted(tool_then_answer("run_command", wait_for_go, when="[exit code 0]", answer=answer))
+    worker = agent("worker", "Wait for the gate.", ["run_command"])
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(env, task_queue, workspace, [agent])
+        handle = await start(env, task_queue, workspace, [worker])
         await wait_until(handle, lambda s: s.tool_calls == 0 and len(server.requests()) == 1)
         receipt = await submit(handle, Steer(request_id="s1", text="Mention the gate in the answer."))
         assert receipt.status == "pending"  # applied at the next model-turn boundary, not now
