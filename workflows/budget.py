@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from workflows.contracts import Budget
+from workflows.durations import duration_text
 from workflows.estimates import KindEstimate, describe_basis
 
 GateAction = Literal["dispatch", "degraded", "skip", "wrap_up_only", "emergency_stop"]
@@ -95,11 +96,7 @@ def format_amount(dimension: Dimension, value: float) -> str:
         if abs(value) >= 1:
             return f"${value:,.2f}"
         return f"${value:.4f}"
-    if value < 120:
-        return f"{value:.0f} s"
-    if value < 7200:
-        return f"{value / 60:.0f} min"
-    return f"{value / 3600:.1f} h"
+    return duration_text(value)
 
 
 def _label(dimension: Dimension) -> str:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from workflows.durations import duration_text
 from workflows.estimates import BLEND_SAMPLES, estimate_kind, quantile
 from workflows.state import KindStats
 
@@ -54,15 +55,6 @@ def _confidence(remaining: Mapping[str, int], stats_by_kind: Mapping[str, KindSt
         if p80 - p50 > NEGLIGIBLE_SPREAD_SECONDS and p80 > HIGH_CONFIDENCE_SPREAD * p50:
             level = "medium"
     return level
-
-
-def _duration(seconds: float) -> str:
-    """A readable duration for the basis line (rounded, never to the second above two minutes)."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 _MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
@@ -155,8 +147,8 @@ def estimate_eta(
         samples = len(stats_by_kind[kind].seconds) if kind in stats_by_kind else 0
         source = "defaults" if samples == 0 else f"{samples} sample{'s' if samples != 1 else ''}"
         parts.append(
-            f"{count} {kind} at P50 {_duration(estimates[kind].seconds_p50)} / "
-            f"P80 {_duration(estimates[kind].seconds_p80)} ({source})"
+            f"{count} {kind} at P50 {duration_text(estimates[kind].seconds_p50)} / "
+            f"P80 {duration_text(estimates[kind].seconds_p80)} ({source})"
         )
     basis = "; ".join(parts) + f"; up to {lanes} in parallel, {running} running"
     return Eta(

@@ -37,6 +37,7 @@ import hashlib
 import re
 from datetime import UTC, datetime, timedelta
 
+from workflows.durations import duration_text
 from workflows.statuses import ENDED_PHASES
 from workflows.watchdog_contracts import (
     Assessment,
@@ -82,13 +83,7 @@ def request_id(goal_id: str, finding: str, action: InterventionAction, episode: 
 
 def span(seconds: float) -> str:
     """A duration for people: 45 s, 30 min, 2.5 h, 3 d."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    return duration_text(seconds, days=True)
 
 
 def incident_id(goal_id: str, kind: str, subject: str) -> str:
