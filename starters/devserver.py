@@ -35,7 +35,7 @@ import yaml
 
 from runtime.files import write_atomically
 from runtime.settings import perdure_home
-from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
+from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
 
 HOST = "127.0.0.1"
 DEFAULT_NAMESPACE = "default"
@@ -46,17 +46,6 @@ LOCK_FILE = "server.lock"
 DYNAMIC_CONFIG_FILE = "dynamic-config.yaml"
 
 _REPO_DEV_DIR = Path(__file__).resolve().parents[1] / "temporal-dev"
-
-# CLI type name -> the enum name the operator API reports (`INDEXED_VALUE_TYPE_<X>`).
-INDEXED_VALUE_TYPE = {
-    "Text": "TEXT",
-    "Keyword": "KEYWORD",
-    "Int": "INT",
-    "Double": "DOUBLE",
-    "Bool": "BOOL",
-    "Datetime": "DATETIME",
-    "KeywordList": "KEYWORD_LIST",
-}
 
 # Every client-side CLI call names its server explicitly; the user's Temporal
 # env vars or config profile (TLS, API key, a cloud address) must not leak in.

@@ -24,13 +24,11 @@ import yaml
 from runtime import converter
 from runtime.payload_store import DiskPayloadDriver
 from starters import devserver
-from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES
+from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-INDEXED = {"Text": "TEXT", "Keyword": "KEYWORD", "Int": "INT", "Double": "DOUBLE", "Bool": "BOOL",
-           "Datetime": "DATETIME", "KeywordList": "KEYWORD_LIST"}  # fmt: skip
 
 
 def env(service: str) -> dict[str, Any]:
@@ -97,7 +95,7 @@ def test_setup_registers_exactly_the_custom_search_attributes() -> None:
         # Tolerating "already exists" must still insist on the right type.
         fallback = re.search(r'\|\|.*"(\w+)": "INDEXED_VALUE_TYPE_(\w+)"', line)
         assert fallback is not None, f"no already-registered fallback for {name}"
-        assert fallback.groups() == (name, INDEXED[kind])
+        assert fallback.groups() == (name, INDEXED_VALUE_TYPE[kind])
     assert registered == CUSTOM_SEARCH_ATTRIBUTES
 
 

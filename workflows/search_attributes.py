@@ -18,13 +18,16 @@ LAST_PROGRESS_AT = SearchAttributeKey.for_datetime("PerdureLastProgressAt")
 
 ALL_KEYS = [GOAL_STATUS, PERCENT_DONE, COST_USD, PARKED, NEEDS_HUMAN, LAST_PROGRESS_AT]
 
-# Name -> the type name the Temporal CLI and operator API use.
-_CLI_TYPE = {
+# Operator-API enum name (`INDEXED_VALUE_TYPE_<X>`) -> the type name the Temporal CLI uses.
+CLI_TYPE = {
     "KEYWORD": "Keyword",
     "INT": "Int",
     "DOUBLE": "Double",
     "BOOL": "Bool",
     "DATETIME": "Datetime",
     "TEXT": "Text",
+    "KEYWORD_LIST": "KeywordList",
 }
-CUSTOM_SEARCH_ATTRIBUTES: dict[str, str] = {k.name: _CLI_TYPE[k.indexed_value_type.name] for k in ALL_KEYS}
+# The other way round: what the operator API reports for a CLI type name.
+INDEXED_VALUE_TYPE = {cli: enum for enum, cli in CLI_TYPE.items()}
+CUSTOM_SEARCH_ATTRIBUTES: dict[str, str] = {k.name: CLI_TYPE[k.indexed_value_type.name] for k in ALL_KEYS}
