@@ -63,15 +63,32 @@ def build_worker(
 
 
 def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(message)s")
+    """One console format for structlog and for stdlib records (the SDK's activity and
+    workflow loggers): the event, then its structured fields (`extra=`) as key=value."""
+    shared = [structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso")]
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_sdk_context],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ],
+        )
+    )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
+        processors=[*shared, structlog.dev.ConsoleRenderer(colors=False)],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
     )
+
+
+def _drop_sdk_context(_logger, _method: str, event: dict) -> dict:
+    # The SDK's loggers put the activity or workflow info in the message already and
+    # again as a `temporal_*` dict in extra; print it once.
+    for key in [k for k in event if k.startswith("temporal_")]:
+        del event[key]
+    return event
 
 
 async def run_orchestrator(client: Client, task_queue: str | None = None) -> None:
