@@ -50,9 +50,12 @@ test: $(STAMP)
 	$(call run_pytest,)
 
 # Everything but the `process` tier (tests that start `perdure worker` or other CLI
-# subprocesses, kill processes, start their own dev servers, or soak): under a minute.
+# subprocesses, kill processes, start their own dev servers, or soak): under a minute
+# on 2 cores. One pytest-xdist worker per core (at most 4), each with its own dev
+# servers: the tier is CPU-bound, ~75 s on one core here. The process tier's timing-
+# sensitive kills stay serial, in `make test`.
 test-fast: $(STAMP)
-	$(call run_pytest,-m "not process")
+	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
 
 # Seeded random worker kills across goals with remote effects (own dev server).
 # The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.
