@@ -2,7 +2,7 @@
 every effect exactly once.
 
 Runs on the embedded dev server (started if needed). Serves a mail API and a
-bookkeeping ledger API locally (`starters.fakes`, both honouring
+bookkeeping ledger API locally (`testing.fakes`, both honouring
 `Idempotency-Key`), starts a goal from a plan that notifies three customers
 and books a credit for each, and runs it on a `perdure worker` subprocess whose
 fault point (PERDURE_FAULT) SIGKILLs it right after the mail API accepted the
