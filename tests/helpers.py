@@ -234,3 +234,56 @@ def activity_outcomes(history: WorkflowHistory, activity_type: str) -> tuple[int
             if sid in scheduled:
                 completed.append(sid)
     return len(scheduled), len(completed), [attempts.get(sid, 0) for sid in completed]
+
+
+# Events a workflow's own commands produce (what replay checks), as opposed to what
+# arrives from outside (signals, updates, activity results) or the server's bookkeeping.
+COMMAND_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED,
+        EventType.EVENT_TYPE_TIMER_STARTED,
+        EventType.EVENT_TYPE_TIMER_CANCELED,
+        EventType.EVENT_TYPE_MARKER_RECORDED,
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+        EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    }
+)
+
+
+def command_batches(history: WorkflowHistory) -> list[tuple[tuple[str, str, str], ...]]:
+    """What each workflow task committed: its commands as (event type, activity type or
+    marker or upserted keys, summary), sorted within the task. Sorted, because concurrent
+    local activities complete (and the upserts they trigger interleave) in timing order;
+    the batch as a whole is what the code decides. Two recordings of one scenario by
+    equivalent code have equal batches."""
+    batches: list[tuple[tuple[str, str, str], ...]] = []
+    batch: list[tuple[str, str, str]] = []
+    for event in history.events:
+        name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
+        if name.startswith("WORKFLOW_TASK_"):
+            if batch:
+                batches.append(tuple(sorted(batch)))
+            batch = []
+        elif event.event_type in COMMAND_EVENTS:
+            batch.append((name, _command_subject(event), _summary(event)))
+    return batches + ([tuple(sorted(batch))] if batch else [])
+
+
+def _command_subject(event) -> str:
+    if event.HasField("activity_task_scheduled_event_attributes"):
+        return event.activity_task_scheduled_event_attributes.activity_type.name
+    if event.HasField("marker_recorded_event_attributes"):
+        attrs = event.marker_recorded_event_attributes
+        if attrs.marker_name == LOCAL_ACTIVITY_MARKER:
+            return json.loads(attrs.details["data"].payloads[0].data)["activity_type"]
+        return attrs.marker_name
+    if event.HasField("upsert_workflow_search_attributes_event_attributes"):
+        return ",".join(
+            sorted(event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields)
+        )
+    return ""

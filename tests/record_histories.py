@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import tempfile
 import uuid
@@ -25,7 +26,7 @@ from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, demo_script, gate, llm, openai_profile, spec, write_notes
-from tests.helpers import dev_server_options, submit, wait_until
+from tests.helpers import command_batches, dev_server_options, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
 from workflows.messages import Park, Resume, Steer
@@ -192,5 +193,37 @@ async def main(into: Path = HISTORIES) -> None:
             await record(env, into / f"{name}.json")
 
 
+def compare(before: Path, after: Path) -> int:
+    """Recordings of the same scenarios by two versions of the code (`--compare DIR DIR`):
+    the same command batches per workflow task, or the first difference. A refactor of
+    workflow code records before and after into scratch directories and compares them."""
+    differ = 0
+    for old in sorted(before.glob("*.json")):
+        new = after / old.name
+        if not new.exists():
+            print(f"{old.name}: not recorded in {after}")
+            differ += 1
+            continue
+        a = command_batches(WorkflowHistory.from_json(old.stem, old.read_text(encoding="utf-8")))
+        b = command_batches(WorkflowHistory.from_json(new.stem, new.read_text(encoding="utf-8")))
+        a, b = _unrandomised(a), _unrandomised(b)
+        if a == b:
+            print(f"{old.name}: same ({len(a)} workflow tasks)")
+            continue
+        differ += 1
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        print(f"{old.name}: differs at workflow task {first + 1} of {len(a)} / {len(b)}")
+        print(f"  before: {a[first] if first < len(a) else '(none)'}")
+        print(f"  after:  {b[first] if first < len(b) else '(none)'}")
+    return 1 if differ else 0
+
+
+def _unrandomised(batches: list) -> list:
+    # Each recording runs on its own random task queue, which some summaries name.
+    return [tuple((t, s, re.sub(r"record-[0-9a-f]{8}", "record-*", m)) for t, s, m in b) for b in batches]
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     asyncio.run(main(Path(sys.argv[1]) if len(sys.argv) > 1 else HISTORIES))
