@@ -39,9 +39,13 @@ demo-crash: $(STAMP)
 
 # pytest exits with 5 when it collects no tests (an empty suite, or a
 # PYTEST_ARGS filter matching nothing). That is not a failure here; make
-# would otherwise report any non-zero status as its own exit code 2.
+# would otherwise report any non-zero status as its own exit code 2. Under
+# pytest-xdist a test path that does not exist also ends in exit 5, so paths in
+# PYTEST_ARGS are checked first: a typo fails instead of passing.
 define run_pytest
-@$(BIN)/python -m pytest -q $(1) $(PYTEST_ARGS); status=$$?; \
+@for arg in $(PYTEST_ARGS); do case $$arg in tests/*|*.py|*.py::*) path=$${arg%%::*}; \
+  [ -e "$$path" ] || { echo "error: $$path (in PYTEST_ARGS) does not exist" >&2; exit 4; };; esac; done; \
+$(BIN)/python -m pytest -q $(1) $(PYTEST_ARGS); status=$$?; \
 if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as success"; exit 0; fi; \
 exit $$status
 endef
