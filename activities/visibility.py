@@ -46,6 +46,7 @@ from workflows.watchdog_contracts import (
 # open thousands of RPCs together.
 SCAN_CONCURRENCY = 32
 FAILURE_CHARS = 300
+FAILED_STEPS_SHOWN = 5
 _STATES = {
     PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
     PendingActivityState.PENDING_ACTIVITY_STATE_STARTED: "started",
@@ -132,6 +133,7 @@ class VisibilityActivities:
                 pending=pending,
                 pending_known=known,
             )
+        failed, failed_count = failed_steps(snapshot)
         return GoalObservation(
             goal_id=goal_id,
             started_at=snapshot.started_at or start,
@@ -146,6 +148,8 @@ class VisibilityActivities:
             open_questions=[f"{q.id}: {q.title}" for q in snapshot.questions],
             oldest_question_at=snapshot.oldest_question_at,
             budget=snapshot.budget,
+            failed_steps=failed,
+            failed_count=failed_count,
             pending=pending,
             pending_known=known,
         )
@@ -183,6 +187,14 @@ def pending_view(pending) -> PendingActivityView:
         scheduled_at=pending.scheduled_time.ToDatetime(tzinfo=UTC) if pending.HasField("scheduled_time") else None,
         last_failure=pending.last_failure.message[:FAILURE_CHARS] if pending.HasField("last_failure") else None,
     )
+
+
+def failed_steps(snapshot: ProgressSnapshot) -> tuple[list[str], int]:
+    """'step: error' of the first few failed steps, and how many failed in all: a scan
+    row stays small however many steps failed."""
+    failed = [(n.name, n) for n in snapshot.nodes if n.status == "failed"]
+    shown = [f"{name}: {n.error or 'failed'}"[:FAILURE_CHARS] for name, n in failed[:FAILED_STEPS_SHOWN]]
+    return shown, len(failed)
 
 
 def query_problem(error: BaseException, timeout_s: float) -> str:

@@ -37,6 +37,7 @@ KIND_STYLE = {
     "needs_human": "yellow",
     "stalled": "yellow",
     "looping": "red",
+    "step_failed": "red",
     "over_budget": "red",
     "failing": "red",
     "unreachable": "red",

@@ -19,17 +19,17 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from temporalio.client import WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, demo_script, gate, llm, openai_profile, spec, write_notes
-from tests.helpers import command_batches, dev_server_options, submit, wait_until
+from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.goal import GoalWorkflow
-from workflows.messages import Park, Resume, Steer
+from workflows.messages import Abort, Park, Resume, Steer
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WatchdogInput
@@ -170,6 +170,48 @@ async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
         save(out, await handle.fetch_history())
 
 
+async def record_goal_read_error(env: WorkflowEnvironment, out: Path) -> None:
+    """A read in a workspace the worker does not have (a local activity that fails for
+    good) next to an llm step; aborted once that step is done, if it is still running.
+    Recorded before a node's errors settled it: the read stayed running until the abort,
+    and such goals must still replay (patch `node-errors-settle`)."""
+    read = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}}
+    async with rig(env, STEP_REPLY) as (workspace, task_queue):
+        goal_spec = spec(workspace / "missing", plan={"steps": [read, llm("other")]}, drift_every=0)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        await wait_until(handle, lambda s: statuses(s)["other"] == "succeeded")
+        await asyncio.sleep(1)
+        if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+            await submit(handle, Abort(request_id="ab-1", reason="the workspace is missing"))
+        await handle.result()
+        save(out, await handle.fetch_history())
+
+
+async def record_goal_resume_behind_park(env: WorkflowEnvironment, out: Path) -> None:
+    """A park and a resume sent by signal before any worker ran, then an abort by update.
+    Recorded before messages were judged in their turn: the resume was refused at the door
+    (the park just ahead of it not yet applied), the goal stayed parked until the abort, and
+    such goals must still replay (patch `inbox-in-order`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workspace, task_queue = Path(tmp), f"record-{uuid.uuid4().hex[:8]}"
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": [gate()]}, drift_every=0)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        for message in (Park(request_id="pk-1", reason="legal"), Resume(request_id="rs-1")):
+            await handle.signal(GoalWorkflow.message_signal, message.model_dump(mode="json"))
+        store = ArtifactStore(workspace / "artifacts")
+        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={})):
+            await wait_until(handle, lambda s: s.parked)
+            await submit(handle, Abort(request_id="ab-1", reason="still parked"))
+            await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -178,6 +220,8 @@ SCENARIOS = {
     "goal-v1-read-segments": record_goal_segments,
     # The same run after the carried state became JSON text with each plan once (schema v3).
     "goal-v1-text-state-continue-as-new": record_goal_continue_as_new,
+    "goal-v1-read-error-before-settle": record_goal_read_error,
+    "goal-v1-resume-behind-park-before-in-order": record_goal_resume_behind_park,
 }
 
 

@@ -24,9 +24,9 @@ from activities.visibility import VisibilityActivities
 from activities.watchdog_memory import memory_path
 from starters.cli import app
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.helpers import local_activities, running_worker, start, statuses, submit, wait_until
 from workers import orchestrator, watchdog_schedule
-from workflows.contracts import Activities, GenerateInput, GenerateResult, Usage
+from workflows.contracts import Activities, GenerateInput, GenerateResult, ToolInput, ToolResult, Usage
 from workflows.goal import GoalWorkflow
 from workflows.messages import Answer, Park
 from workflows.watchdog import WatchdogWorkflow
@@ -177,6 +177,38 @@ async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(e
 
         (workspace / "GO").touch()
         await handle.result()
+
+
+async def test_a_step_whose_local_read_failed_for_good_is_a_finding_not_healthy(env, task_queue, store, workspace):
+    tools = ToolActivities(store)
+
+    # Reads fail for good (as in a workspace the worker lacks); the gate runs for real.
+    @activity.defn(name=Activities.RUN_TOOL)
+    async def run_tool(tool_input: ToolInput) -> ToolResult:
+        if tool_input.tool == "read_file":
+            raise ApplicationError("the disk is gone", type="DiskGone", non_retryable=True)
+        return await tools.run_tool(tool_input)
+
+    real = [
+        ReportActivities(store).write_report,
+        *VisibilityActivities(env.client, home=store.root.parent).activities(),
+    ]
+    worker = Worker(
+        env.client, task_queue=task_queue, workflows=[GoalWorkflow, WatchdogWorkflow], activities=[run_tool, *real]
+    )
+    read = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}}
+    async with worker:
+        handle = await start(env, task_queue, workspace, [read, gate()])
+        await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        while not local_activities(await handle.fetch_history()):
+            await asyncio.sleep(0.1)  # the read's failure has reached the goal
+        result = await watchdog_run(env, task_queue)
+        assert result.counts == {"step_failed": 1}  # not "healthy"
+        [finding] = [f for f in result.findings if f.goal_id == handle.id]
+        assert finding.kind == "step_failed" and finding.detail == "1 step(s) failed: read: the disk is gone (DiskGone)"
+        assert result.sent == []
+        (workspace / "GO").touch()
+        assert (await asyncio.wait_for(handle.result(), 30)).outcome == "partial"
 
 
 async def wait_for_attempt(handle, attempt: int, timeout_s: float = 30) -> None:

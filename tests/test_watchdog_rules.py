@@ -149,6 +149,18 @@ def test_over_budget_escalates_once_per_dimension():
     assert run([ending], WatchdogMemory(), at(300))[0].interventions == []
 
 
+def test_a_failed_step_is_a_finding_with_its_error_and_no_message_to_the_goal():
+    failed = [f"read-{i}: workspace '/w' does not exist (WorkspaceMissing)" for i in range(5)]
+    broken = goal(last_progress_at=at(100), failed_steps=failed, failed_count=7)
+    assessment, _ = run([broken], WatchdogMemory(), at(200))
+    [finding] = assessment.findings
+    assert finding.kind == "step_failed" and finding.episode == "read-0"
+    assert finding.detail.startswith("7 step(s) failed: read-0: workspace '/w' does not exist (WorkspaceMissing); ")
+    assert finding.detail.count("WorkspaceMissing") == 3 and assessment.interventions == []
+    ended = goal(phase="reporting", failed_steps=failed[:1])
+    assert kinds(run([ended], WatchdogMemory(), at(200))[0]) == ["healthy"]
+
+
 def failing_activity(attempt: int = 4) -> PendingActivityView:
     return PendingActivityView(
         activity_type="perdure.model.generate", state="scheduled", attempt=attempt, last_failure="HTTP 500"

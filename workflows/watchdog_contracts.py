@@ -41,6 +41,7 @@ FindingKind = Literal[
     "unresponsive",
     "over_budget",
     "needs_human",
+    "step_failed",
 ]
 IncidentKind = Literal["failing", "unreachable", "unresponsive"]
 INFRASTRUCTURE_KINDS = frozenset({"failing", "unreachable", "unresponsive"})
@@ -123,6 +124,10 @@ class GoalObservation(BaseModel):
     open_questions: list[str] = Field(default_factory=list, description="'q3: title' of each open question.")
     oldest_question_at: datetime | None = None
     budget: dict[str, float] = Field(default_factory=dict)
+    failed_steps: list[str] = Field(
+        default_factory=list, description="'step: error' of the first few failed steps, earlier plan versions included."
+    )
+    failed_count: int = Field(default=0, description="Failed steps in all, when more than failed_steps shows.")
     pending: list[PendingActivityView] = Field(default_factory=list)
     pending_known: bool = Field(default=True, description="False when the server could not describe the goal.")
 

@@ -8,6 +8,7 @@ workflow passes `now` in, so a run replays to the same decisions.
 | parked | parked, before its expiry | none, ever: a parked goal is never woken |
 | parked_past_expiry | parked and past its expiry | none: the goal's own timer asks the person |
 | needs_human | an open question older than `unanswered_after_s` | none: asking again would double-ask |
+| step_failed | a step failed while the goal runs on; the finding has its error | none: a nudge cannot undo it |
 | stalled | not parked, no open question, nothing settled for the goal's `stall_after_s` | nudge; escalate later |
 | looping | a node still running past stall-ladder rung `looping_rung` | escalate once |
 | over_budget | a budget dimension at or past 100% while the goal runs | escalate once per dimension |
@@ -239,6 +240,17 @@ def _judge_goal(
                     episode=episode_of(goal.oldest_question_at),
                 )
             )
+
+    if goal.failed_steps and not ended:
+        count = max(goal.failed_count, len(goal.failed_steps))
+        findings.append(
+            Finding(
+                goal_id=gid,
+                kind="step_failed",
+                detail=f"{count} step(s) failed: " + "; ".join(goal.failed_steps[:3]),
+                episode=goal.failed_steps[0].partition(":")[0],
+            )
+        )
 
     for dimension, fraction in sorted(goal.budget.items()):
         if fraction >= 1.0 and not ended:

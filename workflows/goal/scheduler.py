@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
 from workflows import graph
 from workflows.goal.context import GoalContext, NodeFailed
@@ -24,6 +24,30 @@ from workflows.goal.tool_runner import failure_message
 from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion
 from workflows.statuses import IN_FLIGHT
+
+# workflow.patched id: a history recorded before any error of a node's work settled the
+# node (its task died and the node stayed running) replays the old way.
+NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
+
+
+def fails_the_workflow_task(err: Exception) -> bool:
+    """The SDK's own errors about the workflow code, not about a node's work
+    (NondeterminismError and the sandbox's restrictions, a read-only context, a call
+    outside the workflow's event loop): Temporal errors that are no failure of an
+    activity, child or application. They must fail the workflow task, never a node."""
+    return isinstance(err, TemporalError) and not isinstance(err, FailureError)
+
+
+def failure_text(err: Exception) -> str:
+    """What a node that raised `err` shows as its error: an application error's message
+    and type, a Temporal failure's message, else the exception's type and text."""
+    if isinstance(err, ActivityError):
+        return failure_message(err)
+    if isinstance(err, ApplicationError):
+        return f"{err.message} ({err.type})" if err.type else err.message
+    if isinstance(err, FailureError):
+        return err.message
+    return f"{type(err).__name__}: {err}"
 
 
 class Scheduler:
@@ -41,6 +65,7 @@ class Scheduler:
         # it spares a scan of every node per dispatch and per settled node.
         self._followers: dict[str, list[str]] = {}
         self._owners: dict[str, str] = {}  # key -> the node whose task runs it
+        self._workflow_task_error: Exception | None = None
 
     def materialise_nodes(self) -> None:
         state = self._ctx.state
@@ -172,6 +197,20 @@ class Scheduler:
                 self._ctx.set_status(settled, "failed")
                 settled.error = error
                 self._abandon_downstream(settled.name)
+        except Exception as err:
+            # Anything else the node's work raised: a local activity that failed for good
+            # (a read in a read segment) arrives as its ApplicationError, not an
+            # ActivityError; so does a bug in a runner. Left to end the task, it would leave
+            # the node running forever, the error only in the worker's log.
+            if fails_the_workflow_task(err):
+                self._workflow_task_error = self._workflow_task_error or err
+                self._ctx.wake()
+                return
+            if node.runs != run or node.status != "running":
+                return
+            if not workflow.patched(NODE_ERRORS_SETTLE_PATCH):
+                raise  # recorded before the fix: the task ended here and the node stayed running
+            self._fail(node, failure_text(err))
         else:
             if node.runs != run or node.status != "running":
                 return
@@ -188,6 +227,19 @@ class Scheduler:
         self._spend.record_settled(node)
         self._ctx.wake()
         self._publish()
+
+    def _fail(self, node: Node, error: str) -> None:
+        for settled in self._sharing(node):
+            self._ctx.set_status(settled, "failed")
+            settled.error = error
+            self._abandon_downstream(settled.name)
+
+    def raise_workflow_task_error(self) -> None:
+        """Raise, in the workflow's main coroutine, an SDK error a node's task met
+        (nondeterminism, a sandbox restriction): in the node's own task it would be lost,
+        and it must fail the workflow task, which Temporal retries until fixed code runs."""
+        if self._workflow_task_error is not None:
+            raise self._workflow_task_error
 
     def _sharing(self, node: Node) -> list[Node]:
         """The node plus any node that waited on the same in-flight key."""

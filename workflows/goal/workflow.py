@@ -154,6 +154,7 @@ class GoalWorkflow:
         """Apply messages, dispatch what is ready, wait for the next event; until done."""
         state, index = self._ctx.state, self._ctx.index
         while True:
+            self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
             if self._continue_as_new_due() and not index().any(IN_FLIGHT):
                 await self._continue_as_new()
