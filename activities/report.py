@@ -1,11 +1,11 @@
 """The goal report: one markdown artifact summing up what a goal did.
 
-Owns rendering `ReportInput` into markdown (outcome, totals, a table of steps,
-each succeeded step's output and each failed step's error) and storing it. The
-text depends only on the input and the stored artifacts, never on the clock or
-the machine, so rendering the same input twice yields the same digest and a
-retried activity stores nothing new. It must not decide the outcome; the
-workflow does.
+Owns rendering `ReportInput` into markdown (outcome, totals, a table of steps and
+one of the work earlier plan versions left behind, each succeeded step's output
+and each failed step's error) and storing it. The text depends only on the input
+and the stored artifacts, never on the clock or the machine, so rendering the same
+input twice yields the same digest and a retried activity stores nothing new. It
+must not decide the outcome; the workflow does.
 """
 
 from __future__ import annotations
@@ -43,26 +43,42 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         "## Steps",
         "",
     ]
-    if input.steps:
+    current = [s for s in input.steps if s.plan_version is None]
+    if current:
         lines += [
             "| step | kind | status | tokens | cost (USD) |",
             "|---|---|---|---:|---:|",
-            *(f"| {_cell(s.name)} | {s.kind} | {s.status} | {s.tokens} | {s.cost_usd:.4f} |" for s in input.steps),
+            *(f"| {_cell(s.name)} | {s.kind} | {s.status} | {s.tokens} | {s.cost_usd:.4f} |" for s in current),
         ]
     else:
         lines.append("No steps ran.")
+    earlier = [s for s in input.steps if s.plan_version is not None]
+    if earlier:
+        lines += [
+            "",
+            "## Work from earlier plan versions",
+            "",
+            "Steps a later plan version left out, after they had run, failed or been given up.",
+            "",
+            "| step | plan | kind | status | tokens | cost (USD) |",
+            "|---|---|---|---|---:|---:|",
+            *(
+                f"| {_cell(s.name)} | v{s.plan_version} | {s.kind} | {s.status} | {s.tokens} | {s.cost_usd:.4f} |"
+                for s in earlier
+            ),
+        ]
 
     succeeded = [s for s in input.steps if s.status == "succeeded"]
     if succeeded:
         lines += ["", "## Outputs"]
         for step in succeeded:
-            lines += ["", f"### {step.name}", "", *_output_section(store, step)]
+            lines += ["", f"### {_heading(step)}", "", *_output_section(store, step)]
 
     errored = [s for s in input.steps if s.status != "succeeded" and s.error]
     if errored:
         lines += ["", "## Errors"]
         for step in errored:
-            lines += ["", f"### {step.name} ({step.status})", "", *_fenced(step.error or "")]
+            lines += ["", f"### {_heading(step)} ({step.status})", "", *_fenced(step.error or "")]
 
     if input.unfinished:
         lines += ["", "## Unfinished work", "", *(f"- {_one_line(item)}" for item in input.unfinished)]
@@ -70,6 +86,10 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines += ["", "## What changed along the way", "", *(f"- {_one_line(note)}" for note in input.notes)]
 
     return "\n".join(lines) + "\n"
+
+
+def _heading(step: StepOutcome) -> str:
+    return step.name if step.plan_version is None else f"{step.name} (plan v{step.plan_version})"
 
 
 def _output_section(store: ArtifactStore, step: StepOutcome) -> list[str]:

@@ -190,9 +190,10 @@ def pending_view(pending) -> PendingActivityView:
 
 
 def failed_steps(snapshot: ProgressSnapshot) -> tuple[list[str], int]:
-    """'step: error' of the first few failed steps, and how many failed in all: a scan
-    row stays small however many steps failed."""
+    """'step: error' of the first few failed steps, earlier plan versions' included, and
+    how many failed in all: a scan row stays small however many steps failed."""
     failed = [(n.name, n) for n in snapshot.nodes if n.status == "failed"]
+    failed += [(f"{n.name} (plan v{n.plan_version})", n) for n in snapshot.earlier if n.status == "failed"]
     shown = [f"{name}: {n.error or 'failed'}"[:FAILURE_CHARS] for name, n in failed[:FAILED_STEPS_SHOWN]]
     return shown, len(failed)
 

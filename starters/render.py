@@ -64,10 +64,11 @@ def print_status(
     if snap.eta:
         console.print(f"ETA: {snap.eta}")
     table = Table("step", "kind", "status", "key", "ran as", "output / error")
-    for node in snap.nodes:
+    # Work of earlier plan versions that the current plan left out, after the current steps.
+    for node in [*snap.nodes, *snap.earlier]:
         style = STATUS_STYLE.get(node.status, "")
         table.add_row(
-            node.name,
+            escape(node.name if node.plan_version is None else f"{node.name} (plan v{node.plan_version})"),
             node.kind,
             f"[{style}]{node.status}[/{style}]" if style else node.status,
             (node.key or "").removeprefix("node:")[:12],

@@ -13,7 +13,12 @@ import pytest
 import pytest_asyncio
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHistory,
+    WorkflowUpdateFailedError,
+)
 from temporalio.testing import WorkflowEnvironment
 
 from starters.render import print_status
@@ -104,6 +109,20 @@ def test_an_older_state_is_migrated(carried):
     state = load_state(carried)
     assert state.schema_version == SCHEMA_VERSION
     assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
+
+
+def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired():
+    golden = Path(__file__).parent / "histories" / "goal-v1-text-state-continue-as-new-last-run.json"
+    history = WorkflowHistory.from_json(golden.stem, golden.read_text(encoding="utf-8"))
+    carried = GoalInput.model_validate_json(
+        history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data
+    )
+    v3 = json.loads(carried.state)
+    assert v3["schema_version"] == 3 and "retired_nodes" not in v3
+    for state in (load_state(carried.state), load_state(v3)):
+        assert state.schema_version == SCHEMA_VERSION == 4
+        assert state.retired_nodes == []
+        assert {n.name: n.status for n in state.nodes.values()} == {k: v["status"] for k, v in v3["nodes"].items()}
 
 
 def test_a_plan_kept_by_a_new_version_is_carried_once():

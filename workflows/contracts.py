@@ -283,6 +283,12 @@ class ToolInput(BaseModel):
 # --- report -------------------------------------------------------------------
 
 
+EARLIER_WORK = (
+    "Set on work of an earlier plan version that the current plan left out (it ran, failed or was "
+    "given up before the plan changed): the last plan version that had the step."
+)
+
+
 class StepOutcome(BaseModel):
     name: str
     kind: NodeKind
@@ -291,6 +297,7 @@ class StepOutcome(BaseModel):
     error: str | None = None
     tokens: int = 0
     cost_usd: float = 0.0
+    plan_version: int | None = Field(default=None, description=EARLIER_WORK)
 
 
 class ReportInput(BaseModel):
@@ -334,6 +341,7 @@ class NodeView(BaseModel):
     error: str | None = None
     placements: dict[str, str] = Field(default_factory=dict, description="Tool -> where its calls ran and why.")
     compactions: int = Field(default=0, description="Agent turns whose prompt was compacted.")
+    plan_version: int | None = Field(default=None, description=EARLIER_WORK)
 
 
 class QuestionView(BaseModel):
@@ -372,6 +380,9 @@ class ProgressSnapshot(BaseModel):
     model_calls: int
     tool_calls: int
     nodes: list[NodeView]
+    earlier: list[NodeView] = Field(
+        default_factory=list, description="Work of earlier plan versions that the current plan left out, oldest first."
+    )
     results: dict[str, str] = Field(default_factory=dict, description="Step name -> output digest.")
     report: ArtifactRef | None = None
     failure: str | None = None

@@ -49,7 +49,14 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 3}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    # v4 keeps the work a plan change left out (`retired_nodes`). v3 dropped those nodes
+    # from the state when the plan changed, so what a v3 run dropped is gone: the list
+    # starts empty and that goal's report shows its current plan's work only, as before.
+    return {"retired_nodes": [], **data, "schema_version": 4}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def load_state(data: Any) -> GoalState:

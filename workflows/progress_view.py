@@ -10,7 +10,7 @@ from __future__ import annotations
 from workflows.contracts import NodeView, ProgressSnapshot, QuestionView
 from workflows.eta import Eta
 from workflows.node_index import NodeIndex
-from workflows.state import GoalState
+from workflows.state import GoalState, Node
 from workflows.statuses import IN_FLIGHT
 
 
@@ -33,19 +33,8 @@ def progress_snapshot(
         cost_usd=state.ledger.cost_usd,
         model_calls=state.ledger.model_calls,
         tool_calls=state.ledger.tool_calls,
-        nodes=[
-            NodeView(
-                name=n.name,
-                kind=n.kind,
-                status=n.status,
-                key=n.key,
-                preview=n.preview,
-                error=n.error,
-                placements=n.placements,
-                compactions=len(n.compactions),
-            )
-            for n in nodes
-        ],
+        nodes=[node_view(n) for n in nodes],
+        earlier=[node_view(r.node, r.plan_version) for r in state.retired_nodes],
         results={n.name: n.output.digest for n in nodes if n.output is not None},
         report=state.result.report if state.result else None,
         failure=state.failure,
@@ -81,6 +70,20 @@ def progress_snapshot(
         stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
         park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
+    )
+
+
+def node_view(node: Node, plan_version: int | None = None) -> NodeView:
+    return NodeView(
+        name=node.name,
+        kind=node.kind,
+        status=node.status,
+        key=node.key,
+        preview=node.preview,
+        error=node.error,
+        placements=node.placements,
+        compactions=len(node.compactions),
+        plan_version=plan_version,
     )
 
 

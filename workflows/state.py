@@ -25,7 +25,7 @@ from workflows.plan import Plan
 from workflows.stall import StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Node(BaseModel):
@@ -62,6 +62,15 @@ class Node(BaseModel):
             # did not see would leave it wrong, so there is one door.
             raise AttributeError("a node's status changes only through NodeIndex.set_status")
         super().__setattr__(name, value)
+
+
+class RetiredNode(BaseModel):
+    """Work a plan change left out after it had run, failed or been given up. Kept, never
+    run again, so the report, the progress query and the outcome still count it."""
+
+    node: Node
+    plan_version: int = Field(description="The last plan version that had the step.")
+    dropped_by: int = Field(description="The plan version that removed or changed it.")
 
 
 class KindStats(BaseModel):
@@ -168,6 +177,9 @@ class GoalState(BaseModel):
     phase: Phase = "planning"
     plan_versions: list[PlanVersion] = Field(default_factory=list)
     nodes: dict[str, Node] = Field(default_factory=dict)
+    retired_nodes: list[RetiredNode] = Field(
+        default_factory=list, description="Work of earlier plan versions the current plan left out, oldest first."
+    )
     outputs_by_key: dict[str, ArtifactRef] = Field(default_factory=dict)
     ledger: Ledger = Field(default_factory=Ledger)
     failure: str | None = None

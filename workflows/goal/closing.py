@@ -15,7 +15,7 @@ from workflows import graph
 from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from workflows.goal.context import GoalContext
 from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
-from workflows.state import Node
+from workflows.state import Node, RetiredNode
 
 
 class Closing:
@@ -28,8 +28,11 @@ class Closing:
         state.phase = "reporting"
         self._publish()
         nodes = [state.nodes[name] for name in graph.topological_order(state.plan)] if state.plan else []
-        outcome = self._outcome(nodes)
+        # Work of earlier plan versions that the current plan left out and that did not end well.
+        setbacks = [r for r in state.retired_nodes if r.node.status not in ("succeeded", "invalidated")]
+        outcome = self._outcome(nodes, setbacks)
         unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
+        unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         report = await workflow.execute_activity(
             Activities.WRITE_REPORT,
@@ -38,7 +41,8 @@ class Closing:
                 goal=state.spec.goal,
                 outcome=outcome,
                 failure=failure,
-                steps=[StepOutcome.model_validate(n, from_attributes=True) for n in nodes],
+                steps=[StepOutcome.model_validate(n, from_attributes=True) for n in nodes]
+                + [_earlier_step(r) for r in state.retired_nodes],
                 unfinished=unfinished,
                 notes=self._notes(),
                 tokens=state.ledger.tokens,
@@ -55,7 +59,8 @@ class Closing:
             report=report.report,
             excerpt=report.excerpt,
             outputs={n.name: n.output for n in nodes if n.output is not None},
-            failed_steps=[n.name for n in nodes if n.status in ("failed", "abandoned")],
+            failed_steps=[n.name for n in nodes if n.status in ("failed", "abandoned")]
+            + [_label(r) for r in setbacks if r.node.status in ("failed", "abandoned")],
             unfinished=unfinished,
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
@@ -64,13 +69,14 @@ class Closing:
         self._publish()
         return state.result
 
-    def _outcome(self, nodes: list[Node]) -> Outcome:
+    def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode]) -> Outcome:
         state = self._ctx.state
         if state.failure:
             return "failed"
         if state.pause.mode == "aborting":
             return "aborted"
-        if nodes and all(n.status == "succeeded" for n in nodes):
+        # A step that failed in a plan version since left out still failed: not a success.
+        if nodes and all(n.status == "succeeded" for n in nodes) and not setbacks:
             return "succeeded"
         return "partial"
 
@@ -86,3 +92,12 @@ class Closing:
             for r in state.compensations
         ]
         return notes
+
+
+def _label(retired: RetiredNode) -> str:
+    return f"{retired.node.name} (plan v{retired.plan_version})"
+
+
+def _earlier_step(retired: RetiredNode) -> StepOutcome:
+    step = StepOutcome.model_validate(retired.node, from_attributes=True)
+    return step.model_copy(update={"plan_version": retired.plan_version})

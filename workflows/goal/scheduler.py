@@ -22,7 +22,7 @@ from workflows.goal.nodes import NodeRunner
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
 from workflows.plan import Plan, PlanStep
-from workflows.state import Node, PlanDiff, PlanVersion
+from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
 from workflows.statuses import IN_FLIGHT
 
 # workflow.patched id: a history recorded before any error of a node's work settled the
@@ -93,21 +93,37 @@ class Scheduler:
                 self._spend.reserve(committed, step.kind)
 
     def adopt_plan(self, plan: Plan, source: str, reason: str) -> PlanDiff:
-        """Make `plan` current. Unchanged steps keep their nodes; changed or removed
-        ones are dropped (cancelled if in flight); finished work is reused by key."""
+        """Make `plan` current. Unchanged steps keep their nodes; changed or removed ones
+        leave the node table (cancelled if in flight), what they did kept as retired
+        work; finished work is reused by key."""
         state = self._ctx.state
         old = {s.name: s for s in self._ctx.plan().steps}
         added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
         removed = [name for name in old if name not in {s.name for s in plan.steps}]
+        version = len(state.plan_versions)
         for name in added + removed:
             task = self._tasks.pop(name, None)
             if task is not None:
                 task.cancel()
-            state.nodes.pop(name, None)
+            node = state.nodes.get(name)
+            if node is not None:
+                self._retire(node, version)
+                del state.nodes[name]
         diff = PlanDiff(added=added, removed=removed)
         self.record_plan_version(source, reason, diff, plan)
         self.materialise_nodes()
         return diff
+
+    def _retire(self, node: Node, version: int) -> None:
+        """Keep a node plan v`version` had and the next one leaves out, unless it never
+        started: whatever ran, failed or was given up stays in the report and the outcome."""
+        if node.status == "pending":
+            return
+        if node.status in ("running", "blocked", "parked"):
+            # Cut off by the plan change. An uncertain node stays uncertain: its effect may have happened.
+            self._ctx.set_status(node, "abandoned")
+            node.error, node.finished_at = f"left out by plan v{version + 1} while it ran", workflow.now()
+        self._ctx.state.retired_nodes.append(RetiredNode(node=node, plan_version=version, dropped_by=version + 1))
 
     def record_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
         versions = self._ctx.state.plan_versions
