@@ -43,6 +43,8 @@ class UserError(Exception):
 def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
     try:
         return asyncio.run(coro_fn())
+    except typer.Exit:
+        raise  # a command that already said what happened (typer.Exit is a RuntimeError)
     except (
         ServerUnavailable,
         settings.TemporalConfigError,
@@ -140,8 +142,17 @@ def status(
     """Show a goal's progress snapshot."""
 
     async def _status() -> None:
+        from starters import steering
+
         client = await connect()
         desc = await goals.describe(client, goal_id)
+        failure = await goals.workflow_task_failure(client, desc)
+        if failure is not None:
+            # A query would wait for a task that cannot run; say what the worker said instead.
+            render.print_status(console, desc, None)
+            render.print_stuck(console, goal_id, failure)
+            render.print_activities(console, desc)
+            return
         snapshot = None
         try:
             snapshot = await goals.progress(client, goal_id)
@@ -150,6 +161,8 @@ def status(
                 f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
             )
         render.print_status(console, desc, snapshot, why=why)
+        if snapshot is not None:
+            render.print_refusals(console, goal_id, await steering.inbox(client, goal_id))
         render.print_activities(console, desc)
 
     run(_status)
@@ -246,18 +259,40 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
 
     async def _go() -> None:
         client = await connect()
-        await goals.describe(client, goal_id)
+        desc = await goals.describe(client, goal_id)
+        if not goals.is_open(desc):
+            raise UserError(
+                f"goal {goal_id} has ended ({render.status_name(desc)}); it takes no more messages. "
+                f"Its report: perdure result {goal_id}"
+            )
+        failure = await goals.workflow_task_failure(client, desc)
+        if failure is not None:
+            # The server takes no update while the goal's workflow task fails; a signal is
+            # still stored, and applied in its turn once a worker can run the goal again.
+            await steering.send_by_signal(client, goal_id, message)
+            err_console.print(f"[red]goal {goal_id} is stuck:[/red] its workflow task fails, the worker said:")
+            err_console.print(f"  {escape(failure)}")
+            err_console.print(
+                f"{message.kind} stored by the server (request id {rid}); it is applied once a worker can run "
+                "the goal again."
+            )
+            err_console.print(escape(render.stuck_advice(goal_id)))
+            raise typer.Exit(1)
         try:
             receipt = await steering.send(client, goal_id, message)
         except steering.MessageRejected as err:
-            err_console.print(f"[red]rejected:[/red] {err}")
+            err_console.print(f"[red]rejected:[/red] {escape(str(err))}")
             raise typer.Exit(2) from None
         if receipt is None:
             console.print(
-                f"{message.kind} accepted by the server (request id {rid}); no worker answered yet, "
-                "so it is applied when one does. Check with `perdure inbox`."
+                f"{message.kind} accepted by the server (request id {rid}); no worker answered yet, so the goal "
+                "judges it in the order it was sent when one does. Check its receipt with `perdure inbox`."
             )
             return
+        if receipt.status == "rejected":
+            # Admitted, then judged in its turn: it could not apply (the note says why).
+            err_console.print(f"[red]rejected:[/red] {escape(receipt.note or 'no reason given')}")
+            raise typer.Exit(2)
         render.print_receipt(console, receipt)
 
     run(_go)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -107,6 +109,34 @@ async def describe(client: Client, goal_id: str) -> WorkflowExecutionDescription
 
 def is_open(desc: WorkflowExecutionDescription) -> bool:
     return desc.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+# How far back from a goal's last event to look for the failure of its workflow task:
+# after a failure the server records nothing of the retries, only signals and updates.
+STUCK_LOOKBACK_EVENTS = 200
+
+
+async def workflow_task_failure(client: Client, desc: WorkflowExecutionDescription) -> str | None:
+    """Why a goal is stuck, when it is: its workflow task is being retried after a failure
+    (the server records the first failure only, then retries, so the goal decides nothing,
+    answers no query and takes no update meanwhile). The failure message of the last
+    WorkflowTaskFailed event since the last completed task; None when the goal is not stuck."""
+    raw = desc.raw_description
+    if not is_open(desc) or not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
+        return None
+    request = GetWorkflowExecutionHistoryReverseRequest(
+        namespace=client.namespace,
+        execution=WorkflowExecution(workflow_id=desc.id, run_id=desc.run_id),
+        maximum_page_size=STUCK_LOOKBACK_EVENTS,
+    )
+    events = (await client.workflow_service.get_workflow_execution_history_reverse(request)).history.events
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            return None
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failure = event.workflow_task_failed_event_attributes.failure
+            return failure.message or WorkflowTaskFailedCause.Name(event.workflow_task_failed_event_attributes.cause)
+    return None
 
 
 async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> ProgressSnapshot:

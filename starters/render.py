@@ -37,7 +37,7 @@ def new_goal_id(goal: str) -> str:
     return f"goal-{slug}-{uuid.uuid4().hex[:6]}"
 
 
-def _status_name(desc) -> str:
+def status_name(desc) -> str:
     return desc.status.name.title() if desc.status is not None else "Unknown"
 
 
@@ -49,7 +49,7 @@ def ran_as(placements: dict[str, str]) -> str:
 def print_status(
     console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None, why: bool = False
 ) -> None:
-    console.print(f"[bold]{desc.id}[/bold] · {_status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
+    console.print(f"[bold]{desc.id}[/bold] · {status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
     console.print(f"UI: {settings.goal_ui_link(desc.id)}")
     if snap is None:
         return
@@ -125,7 +125,7 @@ def print_receipt(console: Console, receipt: Receipt) -> None:
     colour = {"applied": "green", "pending": "cyan", "rejected": "red"}[receipt.status]
     console.print(f"{receipt.kind} {receipt.request_id}: [{colour}]{receipt.status}[/{colour}]")
     if receipt.note:
-        console.print(receipt.note)
+        console.print(escape(receipt.note))
     for key in ("void", "kept", "to_confirm"):
         if key in receipt.detail:
             console.print(f"  {key}: {', '.join(receipt.detail[key]) or '—'}")
@@ -134,10 +134,37 @@ def print_receipt(console: Console, receipt: Receipt) -> None:
 def print_inbox(console: Console, view: InboxView) -> None:
     table = Table("request id", "kind", "status", "note")
     for entry in view.entries:
-        table.add_row(entry.request_id, entry.kind, entry.status, entry.note or "")
+        table.add_row(entry.request_id, entry.kind, entry.status, escape(entry.note or ""))
     console.print(table if view.entries else "no messages")
     for refusal in view.refused:
-        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {refusal.reason}")
+        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {escape(refusal.reason)}")
+
+
+def print_refusals(console: Console, goal_id: str, view: InboxView, last: int = 3) -> None:
+    """The latest messages the goal refused at the door, for `perdure status`."""
+    for refusal in view.refused[-last:]:
+        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {escape(refusal.reason)}")
+    if len(view.refused) > last:
+        console.print(f"[dim]{len(view.refused) - last} earlier refusal(s): perdure inbox {goal_id}[/dim]")
+
+
+def stuck_advice(goal_id: str) -> str:
+    return (
+        "what you can do: fix what the message names and restart the worker (`perdure worker`); if it names "
+        "newer code, run a worker with that perdure version. The goal then carries on from where it stopped, "
+        "with every message sent meanwhile. To end it now, without a report: "
+        f"temporal workflow terminate --workflow-id {goal_id}"
+    )
+
+
+def print_stuck(console: Console, goal_id: str, failure: str) -> None:
+    """A goal whose workflow task keeps failing: what the worker said, and what to do."""
+    console.print(
+        "[red]stuck:[/red] every workflow task of this goal fails, so it decides nothing and answers no query. "
+        "The worker said:"
+    )
+    console.print(f"  {escape(failure)}")
+    console.print(escape(stuck_advice(goal_id)))
 
 
 def print_goal_list(console: Console, executions: list) -> None:
@@ -148,7 +175,7 @@ def print_goal_list(console: Console, executions: list) -> None:
         cost = attrs.get(sa.COST_USD)
         table.add_row(
             wf.id,
-            _status_name(wf),
+            status_name(wf),
             attrs.get(sa.GOAL_STATUS) or "",
             f"{percent}%" if percent is not None else "",
             f"${cost:.4f}" if cost is not None else "",
@@ -190,7 +217,9 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
                 tail = f" · {' · '.join(extras)}" if extras else ""
                 bar.update(task, completed=snap.percent_done, description=f"{snap.phase} · running: {running}{tail}")
             except RPCError:
-                bar.update(task, description="waiting for a worker")
+                failure = await goals.workflow_task_failure(client, desc)
+                waiting = f"stuck: {failure[:100]} (perdure status {goal_id})" if failure else "waiting for a worker"
+                bar.update(task, description=escape(waiting))
             await asyncio.sleep(poll_s)
     try:
         result = await goals.result(client, goal_id)

@@ -1,7 +1,8 @@
 """Sending user messages to a goal: an update when a worker answers (the
 receipt comes back at once, a bad message is refused with its reason), else a
 signal, which the server stores durably until a worker applies it. Both carry
-the same request id, so a message that lands both ways is still one message.
+the same request id, so a message that lands both ways is still one message, and
+either way the goal judges it in the order it was sent.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def new_request_id() -> str:
 
 
 async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
-    """The receipt, or None when no worker answered and the message went by signal."""
+    """The receipt, or None when no worker answered and the message went by signal.
+    A receipt may say "rejected": the message was admitted, and at its turn (after every
+    message sent before it) it could not apply; the note says why."""
     handle = client.get_workflow_handle(goal_id)
     payload = message.model_dump(mode="json")
     try:
@@ -39,10 +42,23 @@ async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | No
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         pass  # no worker answered in time: fall back to durable admission
     except RPCError as err:
-        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED):
+        # FAILED_PRECONDITION: the goal's workflow task is failing (the server takes no update
+        # then); the signal is still stored, and applied once a worker can run the goal.
+        if err.status not in (
+            RPCStatusCode.DEADLINE_EXCEEDED,
+            RPCStatusCode.UNAVAILABLE,
+            RPCStatusCode.CANCELLED,
+            RPCStatusCode.FAILED_PRECONDITION,
+        ):
             raise
-    await handle.signal(GoalWorkflow.message_signal, payload)
+    await send_by_signal(client, goal_id, message)
     return None
+
+
+async def send_by_signal(client: Client, goal_id: str, message: BaseModel) -> None:
+    """Durable admission: the server stores the message whether or not a worker runs."""
+    handle = client.get_workflow_handle(goal_id)
+    await handle.signal(GoalWorkflow.message_signal, message.model_dump(mode="json"))
 
 
 async def inbox(client: Client, goal_id: str, timeout_s: float = 5) -> InboxView:

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.converter import default as default_converter
 from temporalio.testing import WorkflowEnvironment
@@ -183,6 +183,19 @@ def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
             found.append((e.event_id, e.activity_task_failed_event_attributes.scheduled_event_id))
     return found
+
+
+def workflow_task_failures(history: WorkflowHistory) -> list[str]:
+    """The failure message of every workflow task that failed, but those the server failed
+    itself because a signal or an update came in while the workflow was completing
+    (UnhandledCommand: retried at once with the new events; none of the workflow's code failed)."""
+    return [
+        e.workflow_task_failed_event_attributes.failure.message
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        and e.workflow_task_failed_event_attributes.cause
+        != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+    ]
 
 
 def largest_event_bytes(history: WorkflowHistory) -> int:

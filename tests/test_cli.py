@@ -4,6 +4,8 @@ the commands, against the session's dev server and a scripted model server.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from testing.crash import write_model_config
-from tests.builders import STEP_REPLY, SUMMARY_TEXT, demo_script, write_notes
+from tests.builders import STEP_REPLY, SUMMARY_TEXT, chain, demo_script, spec, write_notes
+from tests.helpers import workflow_task_failures
+from workflows.goal import GoalWorkflow
+from workflows.state import GoalInput, GoalState
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 
@@ -268,3 +273,94 @@ def test_ls_finds_goals_that_need_a_person(cli_worker, tmp_path):
     watched = perdure("watch", "cli-human-1", env=cli_worker, timeout=60)
     assert "outcome: succeeded" in watched.stdout
     assert "cli-human-1" not in perdure("ls", "--needs-human", env=cli_worker).stdout
+
+
+GATE_PLAN = (
+    "goal: wait for me\n"
+    "steps:\n"
+    "  - {name: gate, kind: tool, tool: run_command, args: {command: 'while [ ! -f GO ]; do sleep 0.05; done'}}\n"
+    "  - {name: after, kind: tool, tool: list_dir, needs: [gate], args: {}}\n"
+)
+
+
+def temporal(*args: str, env) -> subprocess.CompletedProcess:
+    """The real Temporal CLI from the venv, against the session's dev server."""
+    address = env.client.service_client.config.target_host
+    command = [str(Path(sys.executable).parent / "temporal"), *args, "--address", address]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+async def test_a_message_signal_from_the_temporal_cli_without_input_is_refused_and_the_goal_goes_on(
+    env, cli_worker, tmp_path
+):
+    """The easiest mistake: `temporal workflow signal --name message` and no --input (or two).
+    The goal records why it refused each and still takes steering and finishes."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(GATE_PLAN)
+    started = perdure("start", "--plan", str(plan), "--workspace", str(workspace), "--id", "cli-raw-1", env=cli_worker)
+    assert started.returncode == 0, started.stderr
+
+    bare = temporal("workflow", "signal", "--workflow-id", "cli-raw-1", "--name", "message", env=env)
+    assert bare.returncode == 0, bare.stderr
+    two = ["--input", '{"request_id": "t1", "kind": "resume"}', "--input", "{}"]
+    doubled = temporal("workflow", "signal", "--workflow-id", "cli-raw-1", "--name", "message", *two, env=env)
+    assert doubled.returncode == 0, doubled.stderr
+
+    parked = perdure("park", "cli-raw-1", "--reason", "checking the logs", env=cli_worker)
+    assert parked.returncode == 0 and ": applied" in parked.stdout, parked.stdout + parked.stderr
+    status = perdure("status", "cli-raw-1", env=cli_worker)
+    assert "parked: checking the logs" in status.stdout
+    assert "refused (no id): the 'message' signal carries 2 arguments" in status.stdout
+    inbox = perdure("inbox", "cli-raw-1", env=cli_worker)
+    assert "refused (no id): the 'message' signal carries no argument; it takes exactly one JSON object" in (
+        inbox.stdout.replace("\n", " ")
+    ), inbox.stdout
+    resumed = perdure("resume", "cli-raw-1", env=cli_worker)
+    assert resumed.returncode == 0 and ": applied" in resumed.stdout
+    (workspace / "GO").touch()
+    watched = perdure("watch", "cli-raw-1", env=cli_worker, timeout=60)
+    assert "outcome: succeeded" in watched.stdout, watched.stdout + watched.stderr
+    assert workflow_task_failures(await env.client.get_workflow_handle("cli-raw-1").fetch_history()) == []
+    late = perdure("steer", "cli-raw-1", "one more thing", env=cli_worker)
+    assert late.returncode == 2
+    assert "goal cli-raw-1 has ended (Completed); it takes no more messages" in late.stderr.replace("\n", " ")
+
+
+async def test_status_and_abort_of_a_goal_whose_workflow_task_fails_say_why_and_what_to_do(
+    env, cli_worker, task_queue, tmp_path
+):
+    """A goal stuck for a reason outside it (here a worker older than the state it carries):
+    status and abort show the worker's failure message and the way out, at once, instead of
+    "Workflow Task in failed state" or a query timeout."""
+    newer = GoalState(spec=spec(tmp_path)).model_dump(mode="json") | {"schema_version": 99}
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(tmp_path, plan={"steps": chain(1)}), state=json.dumps(newer)),
+        id="cli-stuck-1",
+        task_queue=task_queue,
+    )
+    deadline = time.monotonic() + 30
+    while (await handle.describe()).raw_description.pending_workflow_task.attempt < 2:
+        assert time.monotonic() < deadline, "the workflow task never failed"
+        await asyncio.sleep(0.2)
+    try:
+        begin = time.monotonic()
+        status = perdure("status", "cli-stuck-1", env=cli_worker)
+        assert status.returncode == 0, status.stderr
+        assert "stuck: every workflow task of this goal fails" in status.stdout
+        assert "the carried state is schema v99, newer than this worker's" in status.stdout
+        assert "run a worker with that perdure version" in status.stdout
+        assert "temporal workflow terminate --workflow-id cli-stuck-1" in status.stdout.replace("\n", " ")
+
+        aborted = perdure("abort", "cli-stuck-1", "--request-id", "ab-1", env=cli_worker)
+        assert aborted.returncode == 1
+        said = aborted.stderr.replace("\n", " ")
+        assert "goal cli-stuck-1 is stuck: its workflow task fails" in said
+        assert "the carried state is schema v99, newer than this worker's" in said
+        assert "abort stored by the server (request id ab-1); it is applied once a worker can run" in said
+        assert time.monotonic() - begin < 15  # no query or update left waiting for a task that cannot run
+        assert "Traceback" not in status.stderr + aborted.stderr
+    finally:
+        await handle.terminate("test over")

@@ -44,9 +44,11 @@ async def test_steer_sent_without_a_worker_is_applied_once_when_one_starts(env, 
     assert "Something else entirely" not in str(server.requests())
 
 
-async def test_malformed_and_impossible_messages_are_refused_and_the_goal_goes_on(
+async def test_malformed_messages_are_refused_and_impossible_ones_rejected_in_their_turn(
     env, task_queue, store, workspace, scripted
 ):
+    """At the door only what no order of messages could fix (malformed, an id reused for
+    other content); what the goal's state decides comes back as a rejected receipt."""
     server = scripted(STEP_REPLY)
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await start(env, task_queue, workspace, [llm("first"), gate()], premises={"scope": "all"})
@@ -57,15 +59,20 @@ async def test_malformed_and_impossible_messages_are_refused_and_the_goal_goes_o
                 await handle.execute_update(GoalWorkflow.submit, payload)
             return err.value.cause.message
 
-        assert "unknown step 'nope'" in await refused(Rewind(request_id="u1", node="nope", why="x").model_dump())
+        async def rejected(message) -> str:
+            receipt = await submit(handle, message)
+            assert receipt.status == "rejected", receipt
+            return receipt.note
+
+        assert "unknown step 'nope'" in await rejected(Rewind(request_id="u1", node="nope", why="x"))
         assert await refused({"request_id": "u2", "kind": "steer", "text": ""}) == (
             "malformed message: steer.text: String should have at least 1 character"
         )
-        assert "unknown premise key(s): colour (this goal's premises: scope=all)" in await refused(
-            Narrow(request_id="u3", premises={"colour": "red"}).model_dump()
+        assert "unknown premise key(s): colour (this goal's premises: scope=all)" in await rejected(
+            Narrow(request_id="u3", premises={"colour": "red"})
         )
         assert "at most 8000 characters" in await refused({"request_id": "u4", "kind": "steer", "text": "x" * 9000})
-        assert "no question 'q9'" in await refused(Answer(request_id="u5", question_id="q9", choice="a").model_dump())
+        assert "no question 'q9'" in await rejected(Answer(request_id="u5", question_id="q9", choice="a"))
         assert "Input tag 'reboot' found using 'kind' does not match" in await refused(
             {"request_id": "u6", "kind": "reboot"}
         )
@@ -80,10 +87,15 @@ async def test_malformed_and_impossible_messages_are_refused_and_the_goal_goes_o
         result = await handle.result()
         inbox = await handle.query(GoalWorkflow.inbox)
     assert result.outcome == "succeeded"
-    # Refused updates leave nothing behind; the steer came too late for a model
-    # turn, and its receipt says so instead of vanishing.
-    assert [(e.request_id, e.status) for e in inbox.entries] == [("u7", "rejected")]
-    assert "the goal ended before this steer could be applied" in inbox.entries[0].note
+    # Refused updates leave nothing behind; each rejected one keeps its row and reason, and
+    # the steer came too late for a model turn: its receipt says so instead of vanishing.
+    assert [(e.request_id, e.status) for e in inbox.entries] == [
+        ("u1", "rejected"),
+        ("u3", "rejected"),
+        ("u5", "rejected"),
+        ("u7", "rejected"),
+    ]
+    assert "the goal ended before this steer could be applied" in inbox.entries[-1].note
 
 
 async def test_narrow_keeps_what_holds_and_reruns_only_void_work(env, task_queue, store, workspace, scripted):

@@ -2,13 +2,20 @@
 
 A message is admitted once per client request id: the same id with the same
 content is the same message (a retry), the same id with other content is
-refused. Pure: the goal's inbox (workflows/goal/inbox.py) parses with
-`parse_message`, asks `admission_problem` whether the goal can take a message
-now, and keys retries by `content_digest`; nothing here touches Temporal.
+refused. Two moments judge a message. At the door (`door_problem`), only what
+holds whatever arrived before it: the payload is one well-formed message
+(`parse_arguments`, for any number and shape of raw arguments), its id is not
+reused for other content, the goal has not ended. At its turn (`turn_problem`),
+in the order messages were sent, what depends on the goal's state: a resume
+finds the park sent before it applied, a second answer finds the question
+answered. Pure: the goal's inbox (workflows/goal/inbox.py) records what these
+decide and keys retries by `content_digest`; nothing here touches Temporal.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -23,6 +30,10 @@ if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
 
 MAX_TEXT = 8_000
 REQUEST_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+# A refusal keeps at most this much of its reason, and the goal at most this many refusals.
+MAX_REASON = 600
+MAX_REFUSALS = 100
+EXAMPLE = '{"request_id": "r1", "kind": "steer", "text": "..."}'
 
 
 class _Message(BaseModel):
@@ -146,10 +157,44 @@ def content_digest(message: BaseModel) -> str:
 
 def parse_message(raw: Any) -> tuple[Any, str | None]:
     """Validate an untrusted payload. Returns (message, None) or (None, reason)."""
+    if not isinstance(raw, dict):
+        return None, f"malformed message: expected a JSON object with request_id and kind, got {_json_type(raw)}"
     try:
         return USER_MESSAGE.validate_python(raw), None
     except ValidationError as err:
-        return None, "malformed message: " + describe_validation_error(err, root="(message)")
+        return None, bounded("malformed message: " + describe_validation_error(err, root="(message)"))
+
+
+def parse_arguments(args: Sequence[Any], handler: str) -> tuple[Any, str | None]:
+    """A message from a handler's raw, decoded arguments, however many came (a signal
+    sent with no input, or with two, is the easiest mistake with the Temporal CLI).
+    Returns (message, None) or (None, reason)."""
+    if len(args) != 1:
+        got = "no argument" if not args else f"{len(args)} arguments"
+        return None, (
+            f"the {handler} carries {got}; it takes exactly one JSON object, e.g. "
+            f"{EXAMPLE} (with the temporal CLI: --input '<that object>')"
+        )
+    return parse_message(args[0])
+
+
+def request_id_of(raw: Any) -> str | None:
+    """The request id of an untrusted payload, for a refusal's record, if it has a valid one."""
+    value = raw.get("request_id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and re.match(REQUEST_ID, value) else None
+
+
+def bounded(reason: str) -> str:
+    """A refusal reason as it is kept in the goal's state: a payload of any size names
+    its fields in the reason, so the reason is cut, never the state grown."""
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}
+    return names.get(type(value), type(value).__name__)
 
 
 def receipt_of(entry: InboxEntry) -> Receipt:
@@ -169,10 +214,11 @@ def chosen_option(message: Answer | Approve) -> str:
     return "approve" if message.approved else "reject"
 
 
-def admission_problem(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
-    """Why a well-formed message cannot be admitted now, or None. A retry of an
-    admitted message (same id, same content) is not a problem. `load_problem`: the
-    goal could not load its carried state, so only an abort gets in."""
+def door_problem(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
+    """Why a well-formed message is refused at the door, or None: what is true whatever
+    arrived before it and whenever it is read (a request id reused for other content,
+    a goal that has ended, a carried state that cannot load, where only an abort gets in).
+    A retry of an admitted message (same id, same content) is not a problem."""
     existing = find_entry(state.inbox, message.request_id)
     if existing is not None:
         if existing.digest != content_digest(message):
@@ -185,6 +231,14 @@ def admission_problem(state: GoalState, message: Any, load_problem: str | None =
         return f"the goal has ended ({state.phase}); it takes no more messages"
     if load_problem and message.kind != "abort":
         return f"{load_problem}; it can only be aborted"
+    return None
+
+
+def turn_problem(state: GoalState, message: Any) -> str | None:
+    """Why an admitted message cannot apply when its turn comes, or None. Judged on the
+    state every message before it left, so a resume sent right after a park finds the
+    goal parked however the two arrived; the message is then settled "rejected" with
+    this reason."""
     if state.pause.mode == "aborting" and message.kind != "abort":
         return "the goal is being aborted"
     kind = message.kind
@@ -203,7 +257,7 @@ def admission_problem(state: GoalState, message: Any, load_problem: str | None =
         question = next((q for q in state.questions if q.id == message.question_id), None)
         if question is None:
             return f"no question '{message.question_id}' on this goal"
-        if question.status != "open" or _answer_pending(state.inbox, question.id):
+        if question.status != "open":
             return f"question '{message.question_id}' is already answered"
         choice = chosen_option(message)
         if choice not in {o.id for o in question.options}:
@@ -214,6 +268,19 @@ def admission_problem(state: GoalState, message: Any, load_problem: str | None =
     elif kind == "resume" and state.pause.mode != "parked":
         return "the goal is not parked"
     return None
+
+
+def admission_problem_at_the_door(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
+    """The rule before in-order admission (runs that started without the patch
+    `inbox-in-order`): every check at the door, against the state as it was then, and a
+    second answer to a question refused while the first still waits to be applied."""
+    problem = door_problem(state, message, load_problem)
+    if problem or find_entry(state.inbox, message.request_id) is not None:
+        return problem
+    problem = turn_problem(state, message)
+    if problem is None and message.kind in ("answer", "approve") and _answer_pending(state.inbox, message.question_id):
+        return f"question '{message.question_id}' is already answered"
+    return problem
 
 
 def _answer_pending(inbox: list[InboxEntry], question_id: str) -> bool:

@@ -20,7 +20,7 @@ workflow itself:
     closing.py       outcome, report, result
 
 Where do I add ...
-- a steering verb: its message type and admission rule in workflows/messages.py,
+- a steering verb: its message type and what its turn must find (`turn_problem`) in workflows/messages.py,
   a method returning `Applied` in steering.py and its entry in `Steering.verbs`;
   the CLI verb in starters/.
 - a node kind: a step type in workflows/plan.py (`STEP_TYPES`; `NodeKind` follows),

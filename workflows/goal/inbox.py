@@ -1,34 +1,52 @@
 """The goal's inbox: every user message, by signal or by update, gets an entry and
 a receipt, or a refusal that says why.
 
-Workflow code. The rules (what is well formed, what the goal can take now, what
-makes two sends the same message) are pure, in workflows/messages.py; this room
-records what they decide and settles entries as the steering room applies them.
+Workflow code. The rules (what is well formed, what is refused at the door, what
+must wait for its turn, what makes two sends the same message) are pure, in
+workflows/messages.py; this room records what they decide and settles entries as
+the steering room applies them, in the order they were sent.
+
+Handlers hand over raw arguments: a signal cannot be refused at the door (the
+server stored it before any worker saw it), so whatever it carries, no argument,
+several, a non-object, bytes that do not decode, is read here and refused with a
+reason in `state.refused`, never raised into the workflow task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RawValue
 
+from workflows.contracts import Signals, Updates
 from workflows.goal.context import GoalContext
 from workflows.messages import (
+    MAX_REFUSALS,
     InboxEntry,
     InboxView,
     Receipt,
     Refusal,
     UserMessage,
-    admission_problem,
+    admission_problem_at_the_door,
+    bounded,
     content_digest,
+    door_problem,
     find_entry,
-    parse_message,
+    parse_arguments,
     receipt_of,
+    request_id_of,
+    turn_problem,
 )
 from workflows.statuses import ENDED_PHASES
 
 # Applied at the next model-turn boundary or when the goal would be idle, not at the loop's safe point.
 LATER_KINDS = ("steer", "queue")
+# Runs that started before it judged every message at the door, against the state as it
+# was when the message arrived (a resume right behind a park was refused); with it, only
+# what holds in any order is judged there, the rest at the message's turn.
+IN_ORDER_PATCH = "inbox-in-order"
 
 
 class Inbox:
@@ -36,37 +54,55 @@ class Inbox:
         self._ctx = ctx
         # The carried state could not be loaded: only an abort is admitted.
         self._load_problem = load_problem
+        # Decided once per run, at the first message (workflow.patched cannot be called
+        # from a validator, which is read-only): see IN_ORDER_PATCH.
+        self._in_order: bool | None = None
 
-    def on_signal(self, raw: Any) -> None:
-        """Durable admission without a worker: the server stores the signal; the
-        payload is checked here, since a signal cannot be refused at the door."""
-        message, problem = parse_message(raw)
-        request_id = raw.get("request_id") if isinstance(raw, dict) else None
-        if message is None:
-            self._refuse(request_id if isinstance(request_id, str) else None, problem or "malformed message")
+    def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """Durable admission without a worker. Every signal reaches this one (dynamic)
+        handler as raw payloads, so none can fail the workflow task."""
+        if name != Signals.MESSAGE:
+            known = f"a goal takes messages on the '{Signals.MESSAGE}' signal"
+            self._refuse(None, f"unknown signal '{bounded(name)}'; {known}")
             return
-        problem = self._problem(message)
-        if problem:
-            self._refuse(message.request_id, problem)
+        values, problem = self._decode(args)
+        if problem is None:
+            message, problem = parse_arguments(values, f"'{Signals.MESSAGE}' signal")
+        if problem is None:
+            problem = self._door(message)
+        if problem is not None:
+            self._refuse(request_id_of(values[0]) if len(values) == 1 else None, problem)
             return
         if find_entry(self._ctx.state.inbox, message.request_id) is None:
             self._admit(message, "signal")
 
-    def validate_update(self, raw: Any) -> None:
-        message, problem = parse_message(raw)
-        problem = problem or self._problem(message)
+    def validate_update(self, args: Sequence[Any]) -> None:
+        """What an update may be refused for at the door; the client sees the reason and
+        nothing is recorded (a validator cannot change state). What depends on the messages
+        before it is judged at its turn and comes back as a rejected receipt."""
+        message, problem = parse_arguments(args, f"'{Updates.SUBMIT}' update")
+        problem = problem or self._door(message, deciding=False)
         if problem:
             raise ValueError(problem)
 
-    async def on_update(self, raw: Any) -> Receipt:
-        """Admission with a receipt. Waits until the message is applied, except steer and
-        queue, which apply later by design (after planning, if a plan is being made)."""
-        message, _ = parse_message(raw)
+    async def on_update(self, args: Sequence[Any]) -> Receipt:
+        """Admission with a receipt. Waits until the message is applied or rejected at its
+        turn, except steer and queue, which apply later by design (after planning, if a
+        plan is being made)."""
+        message, _ = parse_arguments(args, f"'{Updates.SUBMIT}' update")
+        self._decide_order()
         state = self._ctx.state
         entry = find_entry(state.inbox, message.request_id) or self._admit(message, "update")
         if entry.kind not in LATER_KINDS:
             await workflow.wait_condition(lambda: entry.status != "pending" or state.phase in ENDED_PHASES)
         return receipt_of(entry)
+
+    def turn_problem(self, entry: InboxEntry) -> str | None:
+        """Why an admitted message cannot apply now that its turn has come (None in runs
+        that judged everything at the door)."""
+        if not self._in_order:
+            return None
+        return turn_problem(self._ctx.state, entry.message)
 
     def view(self) -> InboxView:
         state = self._ctx.state
@@ -85,8 +121,30 @@ class Inbox:
             if entry.status == "pending":
                 self.settle(entry, "rejected", f"the goal ended before this {entry.kind} could be applied")
 
-    def _problem(self, message: UserMessage) -> str | None:
-        return admission_problem(self._ctx.state, message, self._load_problem)
+    def _decide_order(self) -> bool:
+        if self._in_order is None:
+            self._in_order = workflow.patched(IN_ORDER_PATCH)
+        return self._in_order
+
+    def _door(self, message: UserMessage, deciding: bool = True) -> str | None:
+        # A validator runs only for a new update, never in replay, where the patch would
+        # be taken: before the run has decided, judge as the handler then will.
+        in_order = self._decide_order() if deciding else self._in_order is not False
+        state = self._ctx.state
+        if in_order:
+            return door_problem(state, message, self._load_problem)
+        return admission_problem_at_the_door(state, message, self._load_problem)
+
+    def _decode(self, args: Sequence[RawValue]) -> tuple[list[Any], str | None]:
+        converter = workflow.payload_converter()
+        values = []
+        for position, raw in enumerate(args, start=1):
+            try:
+                values.append(converter.from_payload(raw.payload))
+            except Exception as err:  # whatever the bytes are, the goal goes on
+                encoding = raw.payload.metadata.get("encoding", b"").decode(errors="replace") or "none"
+                return [], bounded(f"argument {position} could not be decoded (encoding {encoding}): {err}")
+        return values, None
 
     def _admit(self, message: UserMessage, via: str) -> InboxEntry:
         entry = InboxEntry(
@@ -103,4 +161,6 @@ class Inbox:
 
     def _refuse(self, request_id: str | None, reason: str) -> None:
         workflow.logger.info("message refused", extra={"request_id": request_id, "reason": reason})
-        self._ctx.state.refused.append(Refusal(request_id=request_id, reason=reason, received_at=workflow.now()))
+        refused = self._ctx.state.refused
+        refused.append(Refusal(request_id=request_id, reason=bounded(reason), received_at=workflow.now()))
+        del refused[:-MAX_REFUSALS]

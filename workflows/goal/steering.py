@@ -2,8 +2,8 @@
 point (park, resume, abort, rewind, narrow, answer or approve, escalate), and
 what an answer to each kind of question means.
 
-Workflow code. A new verb: its message type in workflows/messages.py (with its
-admission rule in `admission_problem`), a method here returning an `Applied`, and
+Workflow code. A new verb: its message type in workflows/messages.py (with what
+its turn must find in `turn_problem`), a method here returning an `Applied`, and
 one entry in `Steering.verbs`. Steer and queue are not verbs: the model calls and
 the planner apply them at their own boundaries.
 """
@@ -59,9 +59,15 @@ class Steering:
         }
 
     async def apply_pending(self) -> None:
-        """Apply every pending message, in the order they were admitted."""
+        """Apply every pending message, in the order they were sent: each is judged on
+        the state the ones before it left, and one that cannot apply then is settled
+        "rejected" with the reason (its receipt), not skipped or refused."""
         for entry in list(self._ctx.state.inbox):
             if entry.status != "pending" or entry.kind in LATER_KINDS:
+                continue
+            problem = self._inbox.turn_problem(entry)
+            if problem:
+                self._inbox.settle(entry, "rejected", problem)
                 continue
             applied = self.verbs[entry.kind](entry)
             self._inbox.settle(entry, "applied", applied.note, applied.detail())

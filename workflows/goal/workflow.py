@@ -9,10 +9,12 @@ GoalContext and no reference back to the workflow.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 # Pydantic, our contracts and the goal's collaborators are deterministic and hold no
@@ -125,20 +127,28 @@ class GoalWorkflow:
 
     # --- the Temporal surface: every handler delegates ------------------------------
 
-    @workflow.signal(name=Signals.MESSAGE)
-    def message_signal(self, raw: Any) -> None:
-        """Durable admission without a worker; a malformed payload is refused with a reason."""
-        self._inbox.on_signal(raw)
+    # What clients signal: `handle.signal(GoalWorkflow.message_signal, payload)` sends by
+    # this name, which `any_signal` takes (the SDK accepts a name where a method would be).
+    message_signal = Signals.MESSAGE
+
+    @workflow.signal(dynamic=True)
+    def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """Durable admission without a worker. Dynamic, so it gets raw payloads: a
+        `message` signal with no argument, two, or bytes that do not decode is refused
+        with a reason instead of failing every workflow task from then on, and so is a
+        signal name the goal does not know."""
+        self._inbox.on_signal(name, args)
 
     @workflow.update(name=Updates.SUBMIT)
-    async def submit(self, raw: Any) -> Receipt:
-        """Admission with a receipt, when a worker is up. Typed loosely so the validator,
-        not the decoder, explains what is wrong with a malformed payload."""
-        return await self._inbox.on_update(raw)
+    async def submit(self, *args: Any) -> Receipt:
+        """Admission with a receipt, when a worker is up. Any number of loosely typed
+        arguments, so the validator, not the decoder or Python's arity check, explains
+        what is wrong with a malformed call."""
+        return await self._inbox.on_update(args)
 
     @submit.validator
-    def _validate_submit(self, raw: Any) -> None:
-        self._inbox.validate_update(raw)
+    def _validate_submit(self, *args: Any) -> None:
+        self._inbox.validate_update(args)
 
     @workflow.query(name=Queries.INBOX)
     def inbox(self) -> InboxView:
