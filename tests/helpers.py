@@ -18,16 +18,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+from rich.console import Console
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.converter import default as default_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from typer.testing import CliRunner
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig, ModelProfile
 from runtime.plugin import PerdurePlugin
+from starters import cli
 from tests.builders import spec
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
@@ -134,6 +138,17 @@ async def wait_until(
 
 def statuses(snapshot: ProgressSnapshot) -> dict[str, str]:
     return {n.name: n.status for n in snapshot.nodes}
+
+
+async def perdure_status(env: WorkflowEnvironment, goal_id: str, width: int = 400) -> str:
+    """What `perdure status GOAL` prints, run in this process against the test's server.
+    The CLI's console is swapped for one `width` columns wide: the one it made at import
+    measured whatever terminal the test run had, and a narrow table wraps its cells."""
+    address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
+    with mock.patch.object(cli, "console", Console(width=width)):
+        result = await asyncio.to_thread(CliRunner().invoke, cli.app, ["status", goal_id], env=address)
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 async def submit(handle: WorkflowHandle, message):

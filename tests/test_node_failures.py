@@ -15,13 +15,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
-from typer.testing import CliRunner
 
 from activities.report import ReportActivities
 from runtime.plugin import PerdurePlugin
-from starters.cli import app
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
-from tests.helpers import local_activities, run_goal, running_worker, start, statuses
+from tests.helpers import local_activities, perdure_status, run_goal, running_worker, start, statuses
 from workflows.contracts import Activities, ToolInput, ToolResult
 from workflows.goal import GoalWorkflow
 from workflows.goal.nodes.llm import LlmNode
@@ -39,23 +37,15 @@ def task_failures(history) -> list[str]:
     ]
 
 
-async def perdure_status(env, goal_id: str, monkeypatch) -> str:
-    monkeypatch.setenv("PERDURE_TEMPORAL", env.client.service_client.config.target_host)
-    monkeypatch.setenv("COLUMNS", "400")
-    result = await asyncio.to_thread(CliRunner().invoke, app, ["status", goal_id])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_says_why(
-    env, task_queue, store, tmp_path, scripted, monkeypatch
+    env, task_queue, store, tmp_path, scripted
 ):
     missing = tmp_path / "not-on-this-worker"
     goal_spec = spec(missing, plan={"steps": [READ, USE]}, allowed_tools=["read_file"], drift_every=0)
     async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
         handle, result = await asyncio.wait_for(run_goal(env, task_queue, goal_spec), 30)
         snapshot = await handle.query(GoalWorkflow.progress)
-        status = await perdure_status(env, handle.id, monkeypatch)
+        status = await perdure_status(env, handle.id)
 
     message = f"workspace '{missing}' does not exist (WorkspaceMissing)"
     assert result.outcome == "partial" and result.failed_steps == ["read", "use"]

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from typer.testing import CliRunner
-
 from activities.artifacts import ArtifactStore
-from starters.cli import app
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
 from workflows.goal import GoalWorkflow
 from workflows.messages import Queue
 
@@ -24,7 +21,7 @@ REVISED = {"steps": [gate(), llm("extra", ["gate"])]}
 
 
 async def test_steps_a_follow_up_plan_leaves_out_stay_in_the_report_progress_and_outcome(
-    env, task_queue, store: ArtifactStore, workspace, scripted, monkeypatch
+    env, task_queue, store: ArtifactStore, workspace, scripted
 ):
     server = scripted({"replies": [{"when": "Revise the current plan", "json": REVISED}, *STEP_REPLY["replies"]]})
     steps = [WRITE, FETCH, USE, gate()]
@@ -37,9 +34,7 @@ async def test_steps_a_follow_up_plan_leaves_out_stay_in_the_report_progress_and
         (workspace / "GO").touch()
         result = await asyncio.wait_for(handle.result(), 30)
         snapshot = await handle.query(GoalWorkflow.progress)
-        monkeypatch.setenv("PERDURE_TEMPORAL", env.client.service_client.config.target_host)
-        monkeypatch.setenv("COLUMNS", "300")
-        status = (await asyncio.to_thread(CliRunner().invoke, app, ["status", handle.id])).output
+        status = await perdure_status(env, handle.id)
 
     assert (workspace / "OUT.md").read_text() == "saved\n"
     assert result.outcome == "partial"
