@@ -11,7 +11,6 @@ import asyncio
 import time
 
 from temporalio import activity, workflow
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
@@ -19,7 +18,15 @@ from temporalio.worker import Replayer, Worker
 from activities.report import ReportActivities
 from runtime.plugin import PerdurePlugin
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
-from tests.helpers import local_activities, perdure_status, run_goal, running_worker, start, statuses
+from tests.helpers import (
+    local_activities,
+    perdure_status,
+    run_goal,
+    running_worker,
+    start,
+    statuses,
+    workflow_task_failures,
+)
 from workflows.contracts import Activities, ToolInput, ToolResult
 from workflows.goal import GoalWorkflow
 from workflows.goal.nodes.llm import LlmNode
@@ -27,14 +34,6 @@ from workflows.goal.nodes.llm import LlmNode
 READ = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}}
 # Needs the read: abandoned once it failed, so it never reaches a model.
 USE = llm("use", ["read"])
-
-
-def task_failures(history) -> list[str]:
-    return [
-        e.workflow_task_failed_event_attributes.failure.message
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-    ]
 
 
 async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_says_why(
@@ -56,7 +55,7 @@ async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_
     assert "failed" in row and message in row
     history = await handle.fetch_history()
     assert [kind for _, kind, _, _ in local_activities(history)] == [Activities.RUN_TOOL]  # it was a local read
-    assert task_failures(history) == []
+    assert workflow_task_failures(history) == []
     await Replayer(workflows=[GoalWorkflow], plugins=[PerdurePlugin()]).replay_workflow(history)
 
 
@@ -82,7 +81,7 @@ async def test_a_read_that_fails_on_every_attempt_fails_its_step_after_the_last(
         ("read", "failed", "disk read error (ReadFlaky)"),
         ("use", "abandoned", "needs 'read', which failed"),
     ]
-    assert task_failures(await handle.fetch_history()) == []
+    assert workflow_task_failures(await handle.fetch_history()) == []
 
 
 async def test_an_error_raised_by_a_node_runner_fails_that_node_with_the_message(
@@ -115,15 +114,15 @@ async def test_an_sdk_error_about_the_workflow_code_fails_the_workflow_task_not_
     monkeypatch.setattr(LlmNode, "run", nondeterministic)
     async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
         handle = await start(env, task_queue, workspace, [llm("only")])
-        failures = await task_failures_of(handle)
+        failures = await workflow_task_failures_of(handle)
     await handle.terminate("test over")
     assert "the node's code did something it must not" in failures[0]
 
 
-async def task_failures_of(handle: WorkflowHandle, timeout_s: float = 20) -> list[str]:
+async def workflow_task_failures_of(handle: WorkflowHandle, timeout_s: float = 20) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        failures = task_failures(await handle.fetch_history())
+        failures = workflow_task_failures(await handle.fetch_history())
         if failures:
             return failures
         await asyncio.sleep(0.2)
