@@ -41,7 +41,9 @@ from activities.heartbeat import Heartbeat
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from runtime.files import write_atomically
-from workflows.contracts import Activities, ArtifactRef, ToolInput, ToolResult
+from workflows.canonical import canonical_json, digest_of
+from workflows.contracts import Activities, ArtifactRef, PreparedEffect, ToolInput, ToolResult
+from workflows.effects import compensation_for, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.tool_specs import (
     TOOL_SPECS,
@@ -51,6 +53,7 @@ from workflows.tool_specs import (
     ReadFileArgs,
     RunCommandArgs,
     ToolArgs,
+    ToolSpec,
     WriteFileArgs,
 )
 
@@ -396,17 +399,9 @@ class ToolActivities:
                 raise ApplicationError(str(err), type="WorkspaceMissing", non_retryable=True) from None
 
         try:
-            raw = self._raw_args(input)
-            # Templates belong to plan steps; a model writes literal text, and
-            # `{{steps.x}}` in a file it writes must stay as written.
-            resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None else raw
-            args = spec.args_model.model_validate(resolved)
+            args = self._arguments(input, spec)
         except _BadArguments as err:
             return failed(str(err))
-        except ValidationError as err:
-            return failed(
-                f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
-            )
 
         implementation = self.functions[input.tool]
         async with Heartbeat() as beat:
@@ -422,6 +417,41 @@ class ToolActivities:
         return ToolResult(
             call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
         )
+
+    @activity.defn(name=Activities.PREPARE_EFFECT)
+    async def prepare_effect(self, input: ToolInput) -> PreparedEffect:
+        """Resolve a remote write's arguments without sending anything: what it will do,
+        its effect key and its compensation, for the goal to record (and a person to
+        confirm) before the effect can happen. Reads the artifact store only."""
+        spec = TOOL_SPECS.get(input.tool)
+        if spec is None:
+            return PreparedEffect(tool=input.tool, error=f"unknown tool '{input.tool}'")
+        try:
+            args = self._arguments(input, spec)
+        except _BadArguments as err:
+            return PreparedEffect(tool=input.tool, error=_clip(str(err)))
+        key = effect_key_for(input.goal_id, input.tool, args, input.workspace)
+        resolved = args.model_dump(mode="json")
+        return PreparedEffect(
+            tool=input.tool,
+            effect_key=key,
+            compensation=compensation_for(input.tool, key, args) if key else None,
+            arguments=_clip(canonical_json(resolved)),
+            arguments_digest=digest_of(resolved),
+        )
+
+    def _arguments(self, input: ToolInput, spec: ToolSpec) -> ToolArgs:
+        """The call's arguments, resolved and validated; _BadArguments says what is wrong."""
+        raw = self._raw_args(input)
+        # Templates belong to plan steps; a model writes literal text, and
+        # `{{steps.x}}` in a file it writes must stay as written.
+        resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None else raw
+        try:
+            return spec.args_model.model_validate(resolved)
+        except ValidationError as err:
+            raise _BadArguments(
+                f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
+            ) from None
 
     def _raw_args(self, input: ToolInput) -> dict:
         if input.args is not None and input.args_ref is not None:

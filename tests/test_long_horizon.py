@@ -111,7 +111,7 @@ def test_an_older_state_is_migrated(carried):
     assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
 
 
-def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired():
+def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired_and_no_effects_recorded():
     golden = Path(__file__).parent / "histories" / "goal-v1-text-state-continue-as-new-last-run.json"
     history = WorkflowHistory.from_json(golden.stem, golden.read_text(encoding="utf-8"))
     carried = GoalInput.model_validate_json(
@@ -120,8 +120,8 @@ def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired():
     v3 = json.loads(carried.state)
     assert v3["schema_version"] == 3 and "retired_nodes" not in v3
     for state in (load_state(carried.state), load_state(v3)):
-        assert state.schema_version == SCHEMA_VERSION == 4
-        assert state.retired_nodes == []
+        assert state.schema_version == SCHEMA_VERSION == 5
+        assert state.retired_nodes == [] and state.effects == {}
         assert {n.name: n.status for n in state.nodes.values()} == {k: v["status"] for k, v in v3["nodes"].items()}
 
 

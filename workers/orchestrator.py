@@ -57,7 +57,13 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[GoalWorkflow, WatchdogWorkflow],
-        activities=[*models.activities(), tools.run_tool, report.write_report, *watchdog.activities()],
+        activities=[
+            *models.activities(),
+            tools.run_tool,
+            tools.prepare_effect,
+            report.write_report,
+            *watchdog.activities(),
+        ],
         **worker_options,
     )
 

@@ -29,6 +29,7 @@ class Activities:
     GENERATE = "perdure.model.generate"
     AGENT_TURN = "perdure.model.agent_turn"
     RUN_TOOL = "perdure.tool.run"
+    PREPARE_EFFECT = "perdure.tool.prepare_effect"
     WRITE_REPORT = "perdure.report.write"
     DRIFT_CHECK = "perdure.model.drift_check"
 
@@ -278,6 +279,20 @@ class ToolInput(BaseModel):
         description="A person's answer about an uncertain earlier call: 'happened' records it without sending, "
         "'not_happened' sends it again.",
     )
+
+
+class PreparedEffect(BaseModel):
+    """A remote write's call resolved before it is sent: what it will do (the arguments a
+    person confirms), the effect key it will carry and the call that would undo it, so
+    the goal records the compensation before the effect can happen. `error`: the
+    arguments cannot be used (the call would fail the same way)."""
+
+    tool: str
+    error: str | None = None
+    effect_key: str | None = None
+    compensation: Compensation | None = None
+    arguments: str = Field(default="", description="The resolved arguments as canonical JSON, clipped.")
+    arguments_digest: str | None = None
 
 
 # --- report -------------------------------------------------------------------

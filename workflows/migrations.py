@@ -56,7 +56,20 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {"retired_nodes": [], **data, "schema_version": 4}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    # v5 records effects before they are sent (compensations know whether their effect
+    # happened; `effects` keeps the writes that happened, by key) and lets a tool step
+    # wait for a person as state (`waiting_on`, a question's `effect_key`). A v4 run
+    # recorded compensations only after their effect succeeded: those happened.
+    return {"effects": {}, **data, "schema_version": 5}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+    3: _v3_to_v4,
+    4: _v4_to_v5,
+}
 
 
 def load_state(data: Any) -> GoalState:

@@ -31,7 +31,7 @@ def _card(
     stuck: str,
     options: list[tuple[str, str, str]],
     recommendation: str,
-    **about: list[str],
+    **about: list[str] | str | None,
 ) -> Question:
     """A question card: the parts every card shares (its id, what is done, when it was
     asked) filled in; `options` as (id, label, cost); `about`: its nodes and hold."""
@@ -104,7 +104,9 @@ def stalled(state: GoalState, now: datetime, step: str, message: str) -> Questio
     )
 
 
-def confirm_effect(state: GoalState, now: datetime, step: str, tool: str, what: str, why: str) -> Question:
+def confirm_effect(
+    state: GoalState, now: datetime, step: str, tool: str, what: str, why: str, effect_key: str | None = None
+) -> Question:
     return _card(
         state,
         now,
@@ -117,6 +119,7 @@ def confirm_effect(state: GoalState, now: datetime, step: str, tool: str, what: 
         ],
         "approve only if the amount, recipient and reason are what you expect",
         nodes=[step],
+        effect_key=effect_key,
     )
 
 
@@ -134,6 +137,7 @@ def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effe
         ],
         "check the receiving side for the effect key, then answer happened or not_happened",
         nodes=[step],
+        effect_key=effect_key,
     )
 
 

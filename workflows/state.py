@@ -25,7 +25,7 @@ from workflows.plan import Plan
 from workflows.stall import StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class Node(BaseModel):
@@ -54,6 +54,11 @@ class Node(BaseModel):
     finished_at: datetime | None = None
     placements: dict[str, str] = Field(
         default_factory=dict, description="Tool -> where its calls ran and why (workflows/segments.py)."
+    )
+    waiting_on: str | None = Field(
+        default=None,
+        description="The question this node waits on with no task of its own: the wait is state, so it "
+        "crosses continue-as-new, and the node runs again once the question is answered.",
     )
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -128,13 +133,14 @@ class Question(BaseModel):
     stuck: str = Field(description="Where it is stuck and why it needs a person.")
     options: list[QuestionOption]
     recommendation: str
-    status: Literal["open", "answered"] = "open"
+    status: Literal["open", "answered", "closed"] = Field(default="open", description="closed: the goal ended first.")
     answer: str | None = None
     answer_text: str | None = None
     asked_at: datetime
     answered_at: datetime | None = None
     nodes: list[str] = Field(default_factory=list, description="Nodes this question decides about.")
     hold: list[str] = Field(default_factory=list, description="Pending nodes that wait for the answer.")
+    effect_key: str | None = Field(default=None, description="The effect a confirmation or uncertain card is about.")
 
 
 class PauseState(BaseModel):
@@ -148,13 +154,28 @@ class PauseState(BaseModel):
 
 
 class CompensationRecord(BaseModel):
-    """An effect that happened and how to undo it; run newest first on abort with rollback."""
+    """How to undo one effect, recorded before the effect is sent; run newest first on
+    abort with rollback for every effect that happened or may have happened."""
 
     node: str
     effect_key: str
     compensation: Compensation
-    status: Literal["registered", "done", "failed"] = "registered"
+    # Whether the effect happened: in flight, then happened, maybe (the outcome is
+    # unknown) or not_happened. Records from before effects were prepared were written
+    # only after the effect succeeded: "happened".
+    effect: Literal["in_flight", "happened", "maybe", "not_happened"] = "happened"
+    status: Literal["registered", "done", "failed", "not_needed"] = "registered"
     note: str | None = None
+
+
+class EffectRecord(BaseModel):
+    """A remote write that happened, by effect key: a later call with the same key (a
+    voided node run again) reuses this outcome instead of sending the effect twice."""
+
+    node: str
+    tool: str
+    output: ArtifactRef | None = None
+    preview: str = ""
 
 
 class RejectedPath(BaseModel):
@@ -196,6 +217,7 @@ class GoalState(BaseModel):
     last_progress_at: datetime | None = None
     runs: int = Field(default=1, description="Runs in the continue-as-new chain so far, this one included.")
     compensations: list[CompensationRecord] = Field(default_factory=list)
+    effects: dict[str, EffectRecord] = Field(default_factory=dict, description="Effect key -> a write that happened.")
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
 

@@ -15,7 +15,7 @@ from workflows import graph
 from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from workflows.goal.context import GoalContext
 from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
-from workflows.state import Node, RetiredNode
+from workflows.state import CompensationRecord, Node, RetiredNode
 
 
 class Closing:
@@ -31,6 +31,7 @@ class Closing:
         # Work of earlier plan versions that the current plan left out and that did not end well.
         setbacks = [r for r in state.retired_nodes if r.node.status not in ("succeeded", "invalidated")]
         outcome = self._outcome(nodes, setbacks)
+        self._close_questions(outcome)
         unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
         unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
@@ -69,6 +70,12 @@ class Closing:
         self._publish()
         return state.result
 
+    def _close_questions(self, outcome: Outcome) -> None:
+        """No question stays open on an ended goal: each says why it was never answered."""
+        for question in self._ctx.state.open_questions():
+            question.status, question.answered_at = "closed", workflow.now()
+            question.answer_text = f"not answered: the goal ended ({outcome}) first"
+
     def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode]) -> Outcome:
         state = self._ctx.state
         if state.failure:
@@ -86,12 +93,18 @@ class Closing:
         notes += [f"guidance applied: {g}" for g in state.guidance]
         notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
         notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
-        notes += [
-            f"effect {r.effect_key} of {r.node}: undo by {r.compensation.tool} {r.status}"
-            + (f" ({r.note})" if r.note else "")
-            for r in state.compensations
-        ]
+        notes += [_compensation_note(r) for r in state.compensations]
         return notes
+
+
+def _compensation_note(record: CompensationRecord) -> str:
+    undo = record.compensation.tool
+    if record.status == "not_needed":
+        return f"effect {record.effect_key} of {record.node} did not happen: nothing to undo"
+    line = f"effect {record.effect_key} of {record.node}: undo by {undo} {record.status}"
+    if record.effect == "maybe":
+        line += f" (the effect may not have happened; {undo} is keyed, so it is safe either way)"
+    return line + (f" ({record.note})" if record.note else "")
 
 
 def _label(retired: RetiredNode) -> str:

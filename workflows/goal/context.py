@@ -18,6 +18,9 @@ from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import NodeStatus
 
+# workflow.patched id: goals recorded before a tool node's wait for a person was state
+# (and continue-as-new waited for the answer) keep waiting inside the node's task.
+WAITS_PATCH = "waits-are-state"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -30,6 +33,24 @@ class GoalFailed(Exception):
     """The goal cannot continue (no valid plan, planner unavailable)."""
 
 
+class NodeWaiting(Exception):
+    """A node that waits for a person with no task of its own: it runs again once the
+    question (`question_id`) is answered."""
+
+    def __init__(self, question_id: str) -> None:
+        super().__init__(f"waiting for the answer to {question_id}")
+        self.question_id = question_id
+
+
+class NodeStopped(Exception):
+    """A node was told to stop (abort, void) and ended at its next safe point, after its
+    writes settled. `uncertain`: its last effect's outcome is unknown."""
+
+    def __init__(self, message: str, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.uncertain = uncertain
+
+
 class GoalContext:
     def __init__(self, state: GoalState, goal_id: str, wake: Callable[[], None]) -> None:
         self.state = state
@@ -37,6 +58,12 @@ class GoalContext:
         # Bumps the loop's wake-up counter: a node settled, a message or a question arrived.
         self.wake = wake
         self._index: NodeIndex | None = None
+        # Node -> remote writes it has in flight. A write in flight is never cancelled:
+        # stopping or voiding its node waits for it to settle (nothing is in flight at
+        # continue-as-new, so this is never carried).
+        self.writes_in_flight: dict[str, int] = {}
+        # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
+        self.stopping: set[str] = set()
 
     def plan(self) -> Plan:
         plan = self.state.plan
@@ -68,14 +95,41 @@ class GoalContext:
         log.append(entry)
         del log[:-GATE_LOG_ENTRIES]
 
-    async def ask(self, node: Node, question: Question, status: NodeStatus = "blocked") -> str:
-        """Ask a person and block this node (only) until the answer comes."""
-        self.state.questions.append(question)
+    def stop_point(self, node: Node) -> None:
+        """A safe point of a node's work: a node told to stop ends here."""
+        if node.name in self.stopping:
+            raise NodeStopped(f"stopped before its next step: {self.state.abort_reason or 'its work was voided'}")
+
+    async def ask(
+        self, node: Node, question: Question, status: NodeStatus = "blocked", *, suspend: bool = False
+    ) -> str:
+        """Ask a person and block this node (only) until the answer comes. A question
+        asked before (the node runs again after its answer) returns that answer.
+
+        With `suspend` the wait is state, not a coroutine: the node's task ends here and
+        the scheduler runs the node again once the question is answered, in this run or
+        a later one (continue-as-new does not wait for a person). Without it the node
+        waits inside its task (agents, and goals recorded before `waits-are-state`)."""
+        self.stop_point(node)
+        if question.status == "answered":
+            return question.answer or ""
+        if question.status == "open" and all(q.id != question.id for q in self.state.questions):
+            self.state.questions.append(question)
         self.set_status(node, status)
         self.wake()  # the loop re-judges the phase: the goal may now await a person
+        if suspend:
+            node.waiting_on = question.id
+            raise NodeWaiting(question.id)
         await workflow.wait_condition(lambda: question.status == "answered")
         self.set_status(node, "running")
         return question.answer or ""
+
+    def question_about(self, node: Node, effect_key: str, topic: str) -> Question | None:
+        """The card this node already asked about this effect (it runs again after an answer)."""
+        for question in reversed(self.state.questions):
+            if question.topic == topic and question.effect_key == effect_key and node.name in question.nodes:
+                return question
+        return None
 
 
 def short_key(key: str | None) -> str:

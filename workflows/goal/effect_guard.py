@@ -1,7 +1,9 @@
-"""The effect rules around every tool call: an irreversible tool waits for a person's
-confirmation, an outcome that cannot be known becomes a question (never a guess),
-an effect that can be undone has its compensation recorded, and an abort with
-rollback runs those compensations newest first.
+"""The effect rules around every tool call: a remote write is prepared before it is
+sent (its arguments resolved, its effect key and compensation recorded in the
+state), an irreversible tool waits for a person's confirmation of the resolved
+arguments, an outcome that cannot be known becomes a question (never a guess), a
+write in flight is never abandoned, an effect that already happened is never sent
+again, and an abort with rollback undoes every effect that happened or may have.
 
 Workflow code. How the call itself runs (local or regular activity, timeouts,
 retries, what an exhausted write becomes) is the ToolRunner's (tool_runner.py).
@@ -9,15 +11,24 @@ retries, what an exhausted write becomes) is the ToolRunner's (tool_runner.py).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from workflows import questions
-from workflows.contracts import ToolInput, ToolResult
-from workflows.goal.context import GoalContext
+from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
+from workflows.goal.context import WAITS_PATCH, GoalContext, NodeStopped
 from workflows.goal.tool_runner import ToolRunner, failure_message
-from workflows.state import CompensationRecord, Node, RejectedPath
-from workflows.tool_specs import TOOL_SPECS
+from workflows.state import CompensationRecord, EffectRecord, Node, RejectedPath
+from workflows.tool_specs import TOOL_SPECS, ToolSpec
+
+# workflow.patched id: goals recorded before writes were prepared run them the old way.
+EFFECTS_FIRST_PATCH = "effects-first"
+WRITES = ("remote-write", "irreversible")
+PREPARE_TIMEOUT = timedelta(seconds=30)
+PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
 
 
 class EffectGuard:
@@ -27,8 +38,111 @@ class EffectGuard:
 
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
-        state = self._ctx.state
         spec = TOOL_SPECS.get(tool_input.tool)
+        if spec is not None and spec.risk in WRITES and workflow.patched(EFFECTS_FIRST_PATCH):
+            return await self._write(spec, tool_input, summary, node, why)
+        return await self._call_unprepared(spec, tool_input, summary, node, what, why)
+
+    async def _write(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node, why: str) -> ToolResult:
+        state = self._ctx.state
+        self._ctx.stop_point(node)
+        # Asked here, before the local activity below, so that replay meets the marker at
+        # the same point: a tool node's waits for a person are state (context.ask).
+        suspend = node.kind == "tool" and workflow.patched(WAITS_PATCH)
+        prepared = await workflow.execute_local_activity(
+            Activities.PREPARE_EFFECT,
+            tool_input,
+            result_type=PreparedEffect,
+            start_to_close_timeout=PREPARE_TIMEOUT,
+            retry_policy=PREPARE_RETRY,
+            summary=f"prepare · {summary.removeprefix('tool ')}",
+        )
+        if prepared.error or prepared.effect_key is None:
+            return self._refused(tool_input, spec, prepared.error or f"{tool_input.tool} has no effect to prepare")
+        key = prepared.effect_key
+        done = state.effects.get(key)
+        if done is not None:
+            # This very effect happened already (its node was voided and runs again).
+            return ToolResult(
+                call_id=tool_input.call_id,
+                tool=tool_input.tool,
+                risk=spec.risk,
+                ok=True,
+                output=done.output,
+                preview=done.preview,
+                effect_key=key,
+                receipt={"reused": f"already done by step '{done.node}'; not sent again"},
+            )
+        if spec.risk == "irreversible":
+            # The person confirms the arguments as they will be sent, templates resolved.
+            what = f"{tool_input.tool} {prepared.arguments[:600]}"
+            question = self._ctx.question_about(node, key, "confirm_effect") or questions.confirm_effect(
+                state, workflow.now(), node.name, tool_input.tool, what, why, effect_key=key
+            )
+            if await self._ctx.ask(node, question, suspend=suspend) != "approve":
+                reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
+                state.rejected_paths.append(
+                    RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
+                )
+                return self._refused(tool_input, spec, reason)
+            self._ctx.stop_point(node)
+            tool_input = tool_input.model_copy(update={"confirmed": True})
+        record = next((r for r in state.compensations if r.effect_key == key), None)
+        if record is None and prepared.compensation is not None:
+            # In the state before the activity is scheduled: a rollback can undo it even
+            # if the goal stops while the write is still on its way.
+            record = CompensationRecord(
+                node=node.name, effect_key=key, compensation=prepared.compensation, effect="in_flight"
+            )
+            state.compensations.append(record)
+        earlier = self._ctx.question_about(node, key, "uncertain_effect")
+        if earlier is not None:
+            # An earlier run of this node asked whether the effect happened: act on that answer.
+            result = ToolResult(
+                call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, uncertain=True,
+                effect_key=key, error=earlier.stuck,
+            )  # fmt: skip
+        else:
+            result = await self._send(tool_input, summary, node, key, record)
+        if result.uncertain:
+            if node.name in self._ctx.stopping:
+                raise NodeStopped(f"{tool_input.tool} may or may not have happened: {result.error}", uncertain=True)
+            question = earlier or questions.uncertain_effect(
+                state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
+            )
+            answer = await self._ctx.ask(node, question, status="uncertain", suspend=suspend)
+            if answer in ("happened", "not_happened"):
+                resolved = tool_input.model_copy(update={"resolution": answer})
+                result = await self._send(resolved, f"{summary} · {answer.replace('_', ' ')}", node, key, record)
+        return result
+
+    async def _send(
+        self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None
+    ) -> ToolResult:
+        """The write itself, counted in flight while it runs, and what its outcome says."""
+        flights = self._ctx.writes_in_flight
+        flights[node.name] = flights.get(node.name, 0) + 1
+        result = await self._tools.execute(tool_input, summary, node)
+        flights[node.name] -= 1
+        if not flights[node.name]:
+            del flights[node.name]
+        self._ctx.wake()  # a stopping goal waits for its writes to settle
+        if result.ok:
+            self._ctx.state.effects[key] = EffectRecord(
+                node=node.name, tool=tool_input.tool, output=result.output, preview=result.preview
+            )
+        if record is not None:
+            record.effect = "happened" if result.ok else "maybe" if result.uncertain else "not_happened"
+        return result
+
+    def _refused(self, tool_input: ToolInput, spec: ToolSpec, error: str) -> ToolResult:
+        return ToolResult(call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=error)
+
+    async def _call_unprepared(
+        self, spec: ToolSpec | None, tool_input: ToolInput, summary: str, node: Node, what: str, why: str
+    ) -> ToolResult:
+        """Reads and local writes; and every call of goals recorded before effects-first."""
+        state = self._ctx.state
         if spec is not None and spec.risk == "irreversible":
             question = questions.confirm_effect(state, workflow.now(), node.name, tool_input.tool, what, why)
             if await self._ctx.ask(node, question) != "approve":
@@ -36,9 +150,7 @@ class EffectGuard:
                 state.rejected_paths.append(
                     RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
                 )
-                return ToolResult(
-                    call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=reason
-                )
+                return self._refused(tool_input, spec, reason)
             tool_input = tool_input.model_copy(update={"confirmed": True})
         result = await self._tools.execute(tool_input, summary, node)
         if result.uncertain:
@@ -56,10 +168,14 @@ class EffectGuard:
         return result
 
     async def roll_back(self) -> None:
-        """Abort with rollback: undo registered effects newest first, each a keyed tool call."""
+        """Abort with rollback: undo, newest first, every effect that happened or may have
+        happened; each compensation is a keyed call, safe to send for one that did not."""
         state = self._ctx.state
         for record in reversed(state.compensations):
-            if record.status == "done":
+            if record.status in ("done", "not_needed"):
+                continue
+            if record.effect == "not_happened":
+                record.status, record.note = "not_needed", "the effect did not happen"
                 continue
             comp = record.compensation
             try:

@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
 from workflows import graph
-from workflows.goal.context import GoalContext, NodeFailed
+from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from workflows.goal.nodes import NodeRunner
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
@@ -66,12 +66,35 @@ class Scheduler:
         self._followers: dict[str, list[str]] = {}
         self._owners: dict[str, str] = {}  # key -> the node whose task runs it
         self._workflow_task_error: Exception | None = None
+        # Nodes voided while a write of theirs was in flight: reset once it settles.
+        self._void_after_settle: set[str] = set()
 
     def materialise_nodes(self) -> None:
         state = self._ctx.state
         for step in self._ctx.plan().steps:
             if step.name not in state.nodes:
                 state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
+
+    def busy(self) -> bool:
+        """Work that holds the goal in this run: a node's task, or an in-flight node
+        without one that is not merely waiting for a person (a twin sharing a task)."""
+        if self._tasks:
+            return True
+        nodes = self._ctx.state.nodes
+        return any(nodes[name].waiting_on is None for name in self._ctx.index().names(IN_FLIGHT))
+
+    def resume_answered(self) -> None:
+        """Run again every node whose question was answered (in this run or an earlier one)."""
+        state = self._ctx.state
+        answered = {q.id for q in state.questions if q.status == "answered"}
+        for name in self._ctx.index().names(("blocked", "uncertain")):
+            node = state.nodes[name]
+            if node.waiting_on in answered and name not in self._tasks:
+                node.waiting_on = None
+                self._ctx.set_status(node, "running")
+                node.runs += 1
+                step = self._ctx.plan().step(name)
+                self._tasks[name] = asyncio.create_task(self._run_node(step, node, node.runs))
 
     def dispatch_ready(self) -> None:
         """Start every ready node the open questions do not hold and the gates admit."""
@@ -142,13 +165,12 @@ class Scheduler:
             reset.update(d for d in graph.downstream(self._ctx.plan(), name) if state.nodes[d].status == "abandoned")
         for name in reset:
             node = state.nodes[name]
-            if node.key and state.outputs_by_key.get(node.key) == node.output:
-                state.outputs_by_key.pop(node.key, None)
-            task = self._tasks.pop(name, None)
-            if task is not None:
-                task.cancel()
-            self._ctx.set_status(node, "pending")
-            node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
+            if self._ctx.writes_in_flight.get(name):
+                # Never cut off a write: the node stops after it settles, then is reset.
+                self._ctx.stopping.add(name)
+                self._void_after_settle.add(name)
+                continue
+            self._reset(node)
         # A node that was waiting on a twin's in-flight work has nobody to wait on now.
         for node in state.nodes.values():
             if node.status == "running" and node.reused and node.name not in self._tasks:
@@ -156,14 +178,38 @@ class Scheduler:
                     self._ctx.set_status(node, "pending")
                     node.key, node.reused = None, False
 
-    def cancel_in_flight(self, why: str) -> None:
-        for task in self._tasks.values():
+    def _reset(self, node: Node) -> None:
+        """Back to pending, its task cancelled and its cached output forgotten."""
+        state = self._ctx.state
+        if node.key and state.outputs_by_key.get(node.key) == node.output:
+            state.outputs_by_key.pop(node.key, None)
+        task = self._tasks.pop(node.name, None)
+        if task is not None:
             task.cancel()
-        self._tasks.clear()
+        self._ctx.set_status(node, "pending")
+        node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
+
+    def cancel_in_flight(self, why: str) -> None:
+        """Stop all work: cancel every node's task except those with a write in flight,
+        which are told to stop once it settles (the goal waits for them)."""
+        settling = {name for name in self._tasks if self._ctx.writes_in_flight.get(name)}
+        for name, task in list(self._tasks.items()):
+            if name not in settling:
+                task.cancel()
+                del self._tasks[name]
+        self._ctx.stopping |= settling
         nodes = self._ctx.state.nodes
         for name in self._ctx.index().names(IN_FLIGHT):
-            self._ctx.set_status(nodes[name], "abandoned")
-            nodes[name].error, nodes[name].finished_at = why, workflow.now()
+            node = nodes[name]
+            if name in settling:
+                continue
+            if node.status == "uncertain":
+                # Its effect may have happened: say so, never "aborted" or "not run".
+                node.error = f"{why}; whether its effect happened is unknown"
+            else:
+                self._ctx.set_status(node, "abandoned")
+                node.error = why
+            node.finished_at = workflow.now()
 
     def _stop_node(self, name: str, reason: str) -> None:
         node = self._ctx.state.nodes[name]
@@ -205,14 +251,27 @@ class Scheduler:
         except asyncio.CancelledError:
             # Voided or aborted while in flight; whoever cancelled it set its status.
             return
-        except (ActivityError, NodeFailed) as err:
+        except NodeWaiting:
+            # Waiting for a person is state (node.waiting_on): no task holds it, so the
+            # goal may continue as new meanwhile; `resume_answered` runs it again.
+            if self._tasks.get(node.name) is asyncio.current_task():
+                del self._tasks[node.name]
+            self._publish()
+            return
+        except (ActivityError, NodeFailed, NodeStopped) as err:
             if node.runs != run or node.status != "running":
                 return  # an outcome for work that was voided meanwhile
-            error = failure_message(err) if isinstance(err, ActivityError) else str(err)
-            for settled in self._sharing(node):
-                self._ctx.set_status(settled, "failed")
-                settled.error = error
-                self._abandon_downstream(settled.name)
+            if self._settled_after_void(node):
+                pass
+            elif isinstance(err, NodeStopped):
+                self._ctx.set_status(node, "uncertain" if err.uncertain else "abandoned")
+                node.error = str(err)
+            else:
+                error = failure_message(err) if isinstance(err, ActivityError) else str(err)
+                for settled in self._sharing(node):
+                    self._ctx.set_status(settled, "failed")
+                    settled.error = error
+                    self._abandon_downstream(settled.name)
         except Exception as err:
             # Anything else the node's work raised: a local activity that failed for good
             # (a read in a read segment) arrives as its ApplicationError, not an
@@ -230,19 +289,33 @@ class Scheduler:
         else:
             if node.runs != run or node.status != "running":
                 return
-            assert node.key is not None
-            self._ctx.state.outputs_by_key[node.key] = output
-            for settled in self._sharing(node):
-                # Output first: a dependant made ready by this status reads it.
-                settled.output, settled.preview = output, preview
-                self._ctx.set_status(settled, "succeeded")
+            if not self._settled_after_void(node):
+                assert node.key is not None
+                self._ctx.state.outputs_by_key[node.key] = output
+                for settled in self._sharing(node):
+                    # Output first: a dependant made ready by this status reads it.
+                    settled.output, settled.preview = output, preview
+                    self._ctx.set_status(settled, "succeeded")
         # Not in a `finally`: on worker eviction the coroutine is closed and
         # must not touch workflow state on its way out.
+        self._finish(node)
+
+    def _finish(self, node: Node) -> None:
         self._tasks.pop(node.name, None)
         node.finished_at = self._ctx.state.last_progress_at = workflow.now()
         self._spend.record_settled(node)
         self._ctx.wake()
         self._publish()
+
+    def _settled_after_void(self, node: Node) -> bool:
+        """A node voided while its write was in flight: the write settled (its effect is
+        recorded), so the node is reset now and runs again under its replay policy."""
+        if node.name not in self._void_after_settle:
+            return False
+        self._void_after_settle.discard(node.name)
+        self._ctx.stopping.discard(node.name)
+        self._reset(node)
+        return True
 
     def _fail(self, node: Node, error: str) -> None:
         for settled in self._sharing(node):

@@ -166,16 +166,18 @@ class GoalWorkflow:
         while True:
             self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
-            if self._continue_as_new_due() and not index().any(IN_FLIGHT):
+            # Only work with a task delays the boundary: a node waiting for a person is
+            # state and is carried (its question stays open in the next run).
+            if self._continue_as_new_due() and not self._scheduler.busy():
                 await self._continue_as_new()
             if state.pause.mode == "aborting":
-                self._scheduler.cancel_in_flight(f"aborted: {state.abort_reason}")
-                if state.pause.rollback:
-                    await self._guard.roll_back()
+                await self._stop(f"aborted: {state.abort_reason}")
                 return
             if state.pause.mode == "running" and not self._continue_as_new_due():
+                self._scheduler.resume_answered()
                 self._scheduler.dispatch_ready()
-                if self._planner.drift_check_due():
+                # A replan may drop steps: it waits until no write is in flight to cut off.
+                if self._planner.drift_check_due() and not self._ctx.writes_in_flight:
                     await self._planner.check_drift()
                     continue
             running = index().any(IN_FLIGHT)
@@ -192,6 +194,16 @@ class GoalWorkflow:
                 await self._next_wakeup(timeout)
             except TimeoutError:
                 self._pause.on_deadline()
+
+    async def _stop(self, why: str) -> None:
+        """Abort (or an emergency stop): cancel all work but the writes in flight, which are
+        never abandoned; once they settle (or time out as uncertain), roll back if asked."""
+        self._scheduler.cancel_in_flight(why)
+        while self._ctx.writes_in_flight:
+            await self._next_wakeup()
+        self._scheduler.cancel_in_flight(why)
+        if self._ctx.state.pause.rollback:
+            await self._guard.roll_back()
 
     def _wake(self) -> None:
         self._wakeups += 1

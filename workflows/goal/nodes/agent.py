@@ -46,6 +46,7 @@ class AgentNode:
         notes: list[str] = []
         inputs = self._ctx.inputs(step)
         for turn in range(1, max_turns + 1):
+            self._ctx.stop_point(node)
             await self._pause.hold_while_parked(node)
             summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
             context = self._calls.context(summary, node)
