@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
@@ -24,6 +25,13 @@ from testing.scripted import ScriptedServer
 from tests.helpers import dev_server_options
 
 Service = TypeVar("Service", bound=FakeService)
+
+
+# Property tests check what holds, not how fast: on a loaded 2-core machine (CI, make
+# test-fast's parallel workers) an example can take longer than hypothesis's 200 ms
+# default deadline, which would fail a test that found nothing wrong.
+settings.register_profile("perdure", deadline=None)
+settings.load_profile("perdure")
 
 
 @pytest.fixture(scope="session", autouse=True)

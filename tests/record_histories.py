@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -24,12 +25,14 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
+from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
 from workers.orchestrator import build_worker
+from workflows.contracts import Budget
 from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Park, Resume, Steer
+from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WatchdogInput
@@ -212,6 +215,98 @@ async def record_goal_resume_behind_park(env: WorkflowEnvironment, out: Path) ->
         save(out, await handle.fetch_history())
 
 
+@contextlib.contextmanager
+def services(*kinds) -> AsyncIterator:
+    """Fake services for a scenario, with the variables that point the effect tools at them."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for kind, options in kinds:
+            service = kind(**options).start()
+            stack.callback(service.stop)
+            for name, value in service.worker_env().items():
+                stack.enter_context(_env(name, value))
+            started.append(service)
+        yield started
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+async def record_goal_approval_and_rollback(env: WorkflowEnvironment, out: Path) -> None:
+    """An irreversible payment asked for and approved, then an abort with rollback: the
+    payment is refunded by the compensation recorded before it was sent."""
+    pay = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 42"}
+    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, gate(["pay"])]
+    with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})):
+        async with rig(env) as (workspace, task_queue):
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["make_payment", "run_command"])
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            await wait_until(handle, lambda s: s.questions)
+            await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+            await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+            await submit(handle, Abort(request_id="ab-1", reason="wrong invoice", rollback=True))
+            result = await handle.result()
+            (workspace / "GO").touch()
+    assert result.outcome == "aborted", result.excerpt
+    save(out, await handle.fetch_history())
+
+
+async def record_goal_uncertain_answered(env: WorkflowEnvironment, out: Path) -> None:
+    """A once webhook that never answers definitely: the step is uncertain, a person
+    answers that it happened, nothing is sent again and the goal finishes."""
+    with services((WebhookReceiver, {})) as (hook,):
+        hook.reply_status = 503
+        notice = {"url": f"{hook.base_url}/deploys", "payload": {"release": "2.0"}}
+        steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice}]
+        async with rig(env) as (workspace, task_queue):
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["notify_webhook"])
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            asked = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+            await submit(handle, Answer(request_id="u-1", question_id=asked.questions[0].id, choice="happened"))
+            result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    save(out, await handle.fetch_history())
+
+
+async def record_goal_drift_and_hard_gate(env: WorkflowEnvironment, out: Path) -> None:
+    """A drift check that re-plans (more steps), and the hard budget gate refusing the
+    steps the budget cannot cover."""
+    revised = {"steps": [llm("one"), llm("two", ["one"]), *[llm(f"tail{i}", ["two"]) for i in range(6)]]}
+    usage = {"input_tokens": 500, "output_tokens": 500}
+    script = {
+        "replies": [
+            {"when": "PERDURE-DRIFT", "times": 1, "json": {"on_track": False, "reason": "it stops too early"}},
+            {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "fine"}},
+            {"when": "Revise the current plan", "json": revised},
+            {**STEP_REPLY["replies"][0], "usage": usage},
+        ]
+    }
+    async with rig(env, script) as (workspace, task_queue):
+        plan = {"steps": [llm("one"), llm("two", ["one"])]}
+        goal_spec = spec(workspace, plan=plan, drift_every=2, budget=Budget(max_tokens=6_000))
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        result = await handle.result()
+    assert result.outcome == "partial", result.excerpt
+    assert any("not started" in line for line in result.unfinished), result.unfinished
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -222,6 +317,9 @@ SCENARIOS = {
     "goal-v1-text-state-continue-as-new": record_goal_continue_as_new,
     "goal-v1-read-error-before-settle": record_goal_read_error,
     "goal-v1-resume-behind-park-before-in-order": record_goal_resume_behind_park,
+    "goal-v1-approval-and-rollback": record_goal_approval_and_rollback,
+    "goal-v1-uncertain-answered": record_goal_uncertain_answered,
+    "goal-v1-drift-and-hard-gate": record_goal_drift_and_hard_gate,
 }
 
 

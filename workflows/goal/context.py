@@ -18,9 +18,17 @@ from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import NodeStatus
 
-# workflow.patched id: goals recorded before a tool node's wait for a person was state
-# (and continue-as-new waited for the answer) keep waiting inside the node's task.
+# workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
+# asked later, after a local activity in the same workflow task, replay meets the
+# marker before the code asks and fails as nondeterministic.
+# Goals recorded before writes were prepared (effect_guard.py) run them the old way.
+EFFECTS_FIRST_PATCH = "effects-first"
+# Goals recorded before a tool node's wait for a person was state (and continue-as-new
+# waited for the answer) keep waiting inside the node's task.
 WAITS_PATCH = "waits-are-state"
+# Goals recorded before any error of a node's work settled the node (its task died and
+# the node stayed running) replay the old way (scheduler.py).
+NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -64,6 +72,13 @@ class GoalContext:
         self.writes_in_flight: dict[str, int] = {}
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
+        self.effects_first = self.waits_are_state = self.node_errors_settle = False
+
+    def decide_patches(self) -> None:
+        """Which of the goal's behaviour changes this run has: called first in every run."""
+        self.effects_first = workflow.patched(EFFECTS_FIRST_PATCH)
+        self.waits_are_state = workflow.patched(WAITS_PATCH)
+        self.node_errors_settle = workflow.patched(NODE_ERRORS_SETTLE_PATCH)
 
     def plan(self) -> Plan:
         plan = self.state.plan

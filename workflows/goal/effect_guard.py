@@ -19,13 +19,11 @@ from temporalio.exceptions import ActivityError
 
 from workflows import questions
 from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
-from workflows.goal.context import WAITS_PATCH, GoalContext, NodeStopped
+from workflows.goal.context import GoalContext, NodeStopped
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, RejectedPath
 from workflows.tool_specs import TOOL_SPECS, ToolSpec
 
-# workflow.patched id: goals recorded before writes were prepared run them the old way.
-EFFECTS_FIRST_PATCH = "effects-first"
 WRITES = ("remote-write", "irreversible")
 PREPARE_TIMEOUT = timedelta(seconds=30)
 PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
@@ -39,16 +37,15 @@ class EffectGuard:
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
         spec = TOOL_SPECS.get(tool_input.tool)
-        if spec is not None and spec.risk in WRITES and workflow.patched(EFFECTS_FIRST_PATCH):
+        if spec is not None and spec.risk in WRITES and self._ctx.effects_first:
             return await self._write(spec, tool_input, summary, node, why)
         return await self._call_unprepared(spec, tool_input, summary, node, what, why)
 
     async def _write(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node, why: str) -> ToolResult:
         state = self._ctx.state
         self._ctx.stop_point(node)
-        # Asked here, before the local activity below, so that replay meets the marker at
-        # the same point: a tool node's waits for a person are state (context.ask).
-        suspend = node.kind == "tool" and workflow.patched(WAITS_PATCH)
+        # A tool node's waits for a person are state (context.ask).
+        suspend = node.kind == "tool" and self._ctx.waits_are_state
         prepared = await workflow.execute_local_activity(
             Activities.PREPARE_EFFECT,
             tool_input,

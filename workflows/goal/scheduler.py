@@ -25,10 +25,6 @@ from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
 from workflows.statuses import IN_FLIGHT
 
-# workflow.patched id: a history recorded before any error of a node's work settled the
-# node (its task died and the node stayed running) replays the old way.
-NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
-
 
 def fails_the_workflow_task(err: Exception) -> bool:
     """The SDK's own errors about the workflow code, not about a node's work
@@ -283,9 +279,10 @@ class Scheduler:
                 return
             if node.runs != run or node.status != "running":
                 return
-            if not workflow.patched(NODE_ERRORS_SETTLE_PATCH):
+            if not self._ctx.node_errors_settle:
                 raise  # recorded before the fix: the task ended here and the node stayed running
-            self._fail(node, failure_text(err))
+            if not self._settled_after_void(node):
+                self._fail(node, failure_text(err))
         else:
             if node.runs != run or node.status != "running":
                 return

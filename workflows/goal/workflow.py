@@ -94,6 +94,7 @@ class GoalWorkflow:
     async def run(self, input: GoalInput) -> GoalResult:
         if self._newer_state is not None:
             raise self._newer_state
+        self._ctx.decide_patches()
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
