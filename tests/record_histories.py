@@ -27,7 +27,7 @@ from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
-from tests.builders import STEP_REPLY, demo_script, gate, llm, openai_profile, spec, write_notes
+from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.contracts import Budget
@@ -307,6 +307,25 @@ async def record_goal_drift_and_hard_gate(env: WorkflowEnvironment, out: Path) -
     save(out, await handle.fetch_history())
 
 
+async def record_goal_stall_ladder(env: WorkflowEnvironment, out: Path) -> None:
+    """An agent reading the same file over and over: the stall ladder reminds it, tells it
+    to switch tools, then asks a person, who abandons the path."""
+    loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
+    script = {"replies": [{"when": "PERDURE-AGENT", "tool_calls": [loop]}]}
+    async with rig(env, script) as (workspace, task_queue):
+        (workspace / "same.txt").write_text("the same answer every time")
+        hunt = agent("hunt", "Find it.", ["read_file"], max_turns=20)
+        goal_spec = spec(workspace, plan={"steps": [hunt]}, drift_every=0)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        asked = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+        await submit(handle, Answer(request_id="st-1", question_id=asked.questions[0].id, choice="abandon"))
+        result = await handle.result()
+    assert result.failed_steps == ["hunt"], result.excerpt
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -320,6 +339,7 @@ SCENARIOS = {
     "goal-v1-approval-and-rollback": record_goal_approval_and_rollback,
     "goal-v1-uncertain-answered": record_goal_uncertain_answered,
     "goal-v1-drift-and-hard-gate": record_goal_drift_and_hard_gate,
+    "goal-v1-stall-ladder": record_goal_stall_ladder,
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from activities.artifacts import ArtifactStore
+from testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
 from workflows.goal import GoalWorkflow
@@ -75,3 +76,30 @@ async def test_a_changed_step_keeps_its_earlier_run_and_a_good_one_does_not_spoi
     assert statuses(snapshot) == {"first": "succeeded", "gate": "succeeded"}
     assert result.outcome == "succeeded"
     assert "| first | v1 | llm | succeeded |" in store.get_text(result.report)
+
+
+async def test_a_step_left_out_while_it_waits_for_a_person_closes_its_question_and_the_goal_ends(
+    env, task_queue, store, workspace, scripted, fake_service
+):
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    pay = {"amount_cents": 700, "currency": "EUR", "recipient": "ACME GmbH", "memo": "deposit"}
+    revised = {"steps": [llm("one"), llm("two", ["one"]), llm("three", ["two"])]}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "PERDURE-DRIFT", "times": 1, "json": {"on_track": False, "reason": "no deposit is due"}},
+                {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "fine"}},
+                {"when": "Revise the current plan", "json": revised},
+                *STEP_REPLY["replies"],
+            ]
+        }
+    )
+    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, llm("one"), llm("two", ["one"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment"], drift_every=2)
+        result = await asyncio.wait_for(handle.result(), 60)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert snapshot.questions == [] and payments.ledger() == []
+    assert result.outcome == "partial"  # the payment was given up by the re-plan, and says so
+    assert [n.name for n in snapshot.earlier] == ["pay"]

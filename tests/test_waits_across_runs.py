@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from tests.builders import openai_profile
 from tests.helpers import running_worker, start, statuses, submit, wait_until
 from workflows.messages import Answer, Approve
@@ -17,6 +17,13 @@ READS = 150
 @pytest.fixture
 def payments(fake_service) -> PaymentsAPI:
     return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+
+
+async def start_long(env, task_queue, workspace, steps, tools, **extra):
+    """A goal that continues as new every 50 events."""
+    return await start(
+        env, task_queue, workspace, steps, allowed_tools=tools, continue_as_new_after_events=50, drift_every=0, **extra
+    )
 
 
 def reads(count: int, chained: bool = False) -> list[dict]:
@@ -36,17 +43,10 @@ async def test_an_open_approval_lets_a_chain_of_reads_finish_across_runs_then_pa
     pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
     steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, *reads(READS, chained=True)]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
-        handle = await start(
-            env,
-            task_queue,
-            workspace,
-            steps,
-            allowed_tools=["read_file", "make_payment"],
-            continue_as_new_after_events=50,
-            # Each read its own activity (no read segments), one after the other: a run of 50
-            # events holds a dozen of them, so the chain needs many runs.
-            local_activities_up_to_s=0,
-            drift_every=0,
+        # Each read its own activity (no read segments), one after the other: a run of 50
+        # events holds a dozen of them, so the chain needs many runs.
+        handle = await start_long(
+            env, task_queue, workspace, steps, ["read_file", "make_payment"], local_activities_up_to_s=0
         )
         done = await wait_until(
             handle, lambda s: sum(v == "succeeded" for v in statuses(s).values()) == READS, timeout_s=120
@@ -64,23 +64,13 @@ async def test_an_open_approval_lets_a_chain_of_reads_finish_across_runs_then_pa
 async def test_an_uncertain_answer_given_after_continue_as_new_is_acted_on_in_the_new_run(
     env, task_queue, store, workspace, scripted, fake_service
 ):
-    from testing.fakes import WebhookReceiver
-
     hook = fake_service(WebhookReceiver)
     hook.reply_status = 503  # every attempt fails without a definite answer: uncertain
     (workspace / "notes.md").write_text("a note\n")
     notice = {"url": f"{hook.base_url}/deploys", "payload": {"release": "2.0"}}
     steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice}, *reads(60)]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
-        handle = await start(
-            env,
-            task_queue,
-            workspace,
-            steps,
-            allowed_tools=["read_file", "notify_webhook"],
-            continue_as_new_after_events=50,
-            drift_every=0,
-        )
+        handle = await start_long(env, task_queue, workspace, steps, ["read_file", "notify_webhook"])
         asked = await wait_until(
             handle, lambda s: s.questions and sum(v == "succeeded" for v in statuses(s).values()) == 60, timeout_s=120
         )

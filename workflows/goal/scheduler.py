@@ -142,6 +142,11 @@ class Scheduler:
             # Cut off by the plan change. An uncertain node stays uncertain: its effect may have happened.
             self._ctx.set_status(node, "abandoned")
             node.error, node.finished_at = f"left out by plan v{version + 1} while it ran", workflow.now()
+        for question in self._ctx.state.open_questions():
+            if node.name in question.nodes and node.status != "uncertain":
+                # Nobody is left to act on the answer; an open question would keep the goal waiting.
+                question.status, question.answered_at = "closed", workflow.now()
+                question.answer_text = f"not needed: step '{node.name}' was left out by plan v{version + 1}"
         self._ctx.state.retired_nodes.append(RetiredNode(node=node, plan_version=version, dropped_by=version + 1))
 
     def record_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
