@@ -21,7 +21,7 @@ from workflows import questions
 from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
 from workflows.goal.context import GoalContext, NodeStopped
 from workflows.goal.tool_runner import ToolRunner, failure_message
-from workflows.state import CompensationRecord, EffectRecord, Node, RejectedPath
+from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from workflows.tool_specs import TOOL_SPECS, ToolSpec
 
 WRITES = ("remote-write", "irreversible")
@@ -77,11 +77,7 @@ class EffectGuard:
                 state, workflow.now(), node.name, tool_input.tool, what, why, effect_key=key
             )
             if await self._ctx.ask(node, question, suspend=suspend) != "approve":
-                reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
-                state.rejected_paths.append(
-                    RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
-                )
-                return self._refused(tool_input, spec, reason)
+                return self._person_refused(tool_input, spec, node, question, what)
             self._ctx.stop_point(node)
             tool_input = tool_input.model_copy(update={"confirmed": True})
         record = next((r for r in state.compensations if r.effect_key == key), None)
@@ -132,6 +128,16 @@ class EffectGuard:
             record.effect = "happened" if result.ok else "maybe" if result.uncertain else "not_happened"
         return result
 
+    def _person_refused(
+        self, tool_input: ToolInput, spec: ToolSpec, node: Node, question: Question, what: str
+    ) -> ToolResult:
+        """A refused confirmation: a rejected path (shown to the model) and a failed call."""
+        reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
+        self._ctx.state.rejected_paths.append(
+            RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
+        )
+        return self._refused(tool_input, spec, reason)
+
     def _refused(self, tool_input: ToolInput, spec: ToolSpec, error: str) -> ToolResult:
         return ToolResult(call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=error)
 
@@ -143,11 +149,7 @@ class EffectGuard:
         if spec is not None and spec.risk == "irreversible":
             question = questions.confirm_effect(state, workflow.now(), node.name, tool_input.tool, what, why)
             if await self._ctx.ask(node, question) != "approve":
-                reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
-                state.rejected_paths.append(
-                    RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
-                )
-                return self._refused(tool_input, spec, reason)
+                return self._person_refused(tool_input, spec, node, question, what)
             tool_input = tool_input.model_copy(update={"confirmed": True})
         result = await self._tools.execute(tool_input, summary, node)
         if result.uncertain:

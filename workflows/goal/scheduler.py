@@ -268,11 +268,7 @@ class Scheduler:
                 self._ctx.set_status(node, "uncertain" if err.uncertain else "abandoned")
                 node.error = str(err)
             else:
-                error = failure_message(err) if isinstance(err, ActivityError) else str(err)
-                for settled in self._sharing(node):
-                    self._ctx.set_status(settled, "failed")
-                    settled.error = error
-                    self._abandon_downstream(settled.name)
+                self._fail(node, failure_message(err) if isinstance(err, ActivityError) else str(err))
         except Exception as err:
             # Anything else the node's work raised: a local activity that failed for good
             # (a read in a read segment) arrives as its ApplicationError, not an
