@@ -102,6 +102,7 @@ def write_notes(workspace: Path) -> None:
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 """A script answering every llm step with "step done"."""
 
+
 def tool_then_answer(tool: str, arguments: dict, *, when: str, answer: str) -> dict:
     """A script for an agent step that calls `tool` with `arguments`, then answers `answer`
     once a message contains `when` (what the tool's result, or a refusal, puts in the prompt)."""

@@ -133,7 +133,20 @@ async def wait_until(
         if predicate(snapshot):
             return snapshot
         await asyncio.sleep(0.1)
-    raise AssertionError(f"condition not reached in {timeout_s} s; last snapshot: {snapshot}")
+    raise AssertionError(f"condition not reached in {timeout_s} s; last snapshot: {_gist(snapshot)}")
+
+
+def _gist(snapshot: ProgressSnapshot) -> str:
+    """What a failed wait needs to say, without a line per node of a 10,000-node goal."""
+    unsettled = [
+        f"{n.name}={n.status}{f' ({n.error})' if n.error else ''}" for n in snapshot.nodes if n.status != "succeeded"
+    ]
+    return (
+        f"phase={snapshot.phase} runs={snapshot.runs} counts={snapshot.counts} "
+        f"not succeeded: {', '.join(unsettled[:12])}{' …' if len(unsettled) > 12 else ''}; "
+        f"questions: {[q.title for q in snapshot.questions]}; failure: {snapshot.failure}; "
+        f"gate log: {snapshot.gate_log[-3:]}"
+    )
 
 
 def statuses(snapshot: ProgressSnapshot) -> dict[str, str]:

@@ -326,6 +326,49 @@ async def record_goal_stall_ladder(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_goal_agent_waits_across_runs(env: WorkflowEnvironment, out: Path) -> None:
+    """An agent asks to pay; the approval stays open while a chain of reads continues
+    as new twice, is given in a later run, and the agent goes on from its turn: the
+    first run (the question asked) and the last (the answer acted on) are kept."""
+    pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
+    script = {
+        "replies": [
+            {"when": "to ACME GmbH (payment", "content": "Paid invoice 7."},
+            {"when": "PERDURE-AGENT", "tool_calls": [{"name": "make_payment", "arguments": pay}]},
+        ]
+    }
+    read = {"kind": "tool", "tool": "read_file"}
+    reads = [
+        {"name": f"read-{i:02d}", **read, "args": {"path": "notes.md", "max_bytes": i + 99}}
+        | ({"needs": [f"read-{i - 1:02d}"]} if i else {})
+        for i in range(30)
+    ]
+    steps = [agent("settle", "Settle invoice 7.", ["make_payment"]), *reads]
+    with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})):
+        async with rig(env, script) as (workspace, task_queue):
+            (workspace / "notes.md").write_text("a note\n")
+            goal_spec = spec(
+                workspace,
+                plan={"steps": steps},
+                allowed_tools=["make_payment", "read_file"],
+                drift_every=0,
+                continue_as_new_after_events=50,
+                local_activities_up_to_s=0,
+            )
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            done = await wait_until(handle, lambda s: statuses(s)["read-29"] == "succeeded", timeout_s=60)
+            assert done.runs >= 3 and statuses(done)["settle"] == "blocked", done
+            await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+            result = await handle.result()
+            first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
+            last = await env.client.get_workflow_handle(out.stem).fetch_history()
+    assert result.outcome == "succeeded", result.excerpt
+    save(out.with_name(f"{out.stem}-first-run.json"), first)
+    save(out.with_name(f"{out.stem}-last-run.json"), last)
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -340,6 +383,7 @@ SCENARIOS = {
     "goal-v1-uncertain-answered": record_goal_uncertain_answered,
     "goal-v1-drift-and-hard-gate": record_goal_drift_and_hard_gate,
     "goal-v1-stall-ladder": record_goal_stall_ladder,
+    "goal-v1-agent-waits-across-runs": record_goal_agent_waits_across_runs,
 }
 
 

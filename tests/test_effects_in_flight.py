@@ -138,3 +138,32 @@ async def test_the_confirmation_card_shows_the_arguments_with_templates_resolved
     card = snapshot.questions[0].stuck
     assert "invoice 42 for ACME, March" in card and "{{steps.memo}}" not in card
     assert slow_payments.ledger() == []
+
+
+async def test_a_drift_replan_that_drops_a_write_in_flight_waits_for_it_and_keeps_it_as_done(
+    env, task_queue, store, workspace, scripted, slow_hook
+):
+    notice = {"url": f"{slow_hook.base_url}/deploys", "payload": {"release": "3.1"}}
+    revised = {"steps": [llm("one"), llm("two"), llm("three", ["one", "two"])]}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "PERDURE-DRIFT", "times": 1, "json": {"on_track": False, "reason": "no notice needed"}},
+                {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "fine"}},
+                {"when": "Revise the current plan", "json": revised},
+                *STEP_REPLY["replies"],
+            ]
+        }
+    )
+    steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice}, llm("one"), llm("two")]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        # The two llm steps finish while the notice is on its way: the check is due then.
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["notify_webhook"], drift_every=2)
+        result = await asyncio.wait_for(handle.result(), 60)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert len(slow_hook.ledger()) == 1
+    # The re-plan came after the write settled: it was left out as done, not cut off.
+    assert [(n.name, n.status, n.plan_version) for n in snapshot.earlier] == [("notice", "succeeded", 1)]
+    assert result.outcome == "succeeded", result.excerpt
+    assert snapshot.plan_version == 2

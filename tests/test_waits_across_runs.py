@@ -7,11 +7,14 @@ from __future__ import annotations
 import pytest
 
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
-from tests.builders import openai_profile
+from tests.builders import agent, openai_profile, tool_then_answer
 from tests.helpers import running_worker, start, statuses, submit, wait_until
-from workflows.messages import Answer, Approve
+from workflows.goal import GoalWorkflow
+from workflows.messages import Answer, Approve, Park, Resume, Steer
 
 READS = 150
+# Enough chained reads for three runs of 50 events (a dozen reads each) and a margin.
+SHORT_CHAIN = 45
 
 
 @pytest.fixture
@@ -81,3 +84,134 @@ async def test_an_uncertain_answer_given_after_continue_as_new_is_acted_on_in_th
 
     assert result.outcome == "succeeded", result.excerpt
     assert len(hook.ledger()) == sent  # "happened" records it; nothing is sent again
+
+
+async def test_an_agent_waiting_for_approval_lets_reads_finish_across_runs_then_pays_once_without_a_new_model_turn(
+    env, task_queue, store, workspace, scripted, payments
+):
+    (workspace / "notes.md").write_text("a note\n")
+    pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
+    server = scripted(tool_then_answer("make_payment", pay, when="to ACME GmbH (payment", answer="Paid invoice 7."))
+    steps = [agent("settle", "Settle invoice 7.", ["make_payment"]), *reads(SHORT_CHAIN, chained=True)]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start_long(
+            env, task_queue, workspace, steps, ["read_file", "make_payment"], local_activities_up_to_s=0
+        )
+        done = await wait_until(
+            handle, lambda s: sum(v == "succeeded" for v in statuses(s).values()) == SHORT_CHAIN, timeout_s=120
+        )
+        assert statuses(done)["settle"] == "blocked" and [q.id for q in done.questions] == ["q1"]
+        assert done.runs >= 3, done.runs  # the agent's wait crossed continue-as-new
+        assert payments.ledger() == [] and len(server.requests()) == 1
+        await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["kind"] for e in payments.ledger()] == ["payment"]
+    # The turn that asked for the payment was not asked again in the new run: one more
+    # turn, which saw the payment's result.
+    first, second = server.requests()
+    assert "to ACME GmbH (payment" in second["last_message"]
+
+
+async def test_a_parked_agent_crosses_continue_as_new_and_goes_on_from_its_turn_on_resume(
+    env, task_queue, store, workspace, scripted
+):
+    (workspace / "clue.txt").write_text("CLUE-7f3: the key is under the mat\n")
+    read = {"name": "read_file", "arguments": {"path": "clue.txt"}}
+    # Turn 1 is slow, so the park lands while it runs and turn 2 is held by it.
+    server = scripted(
+        {
+            "replies": [
+                {"when": "CLUE-7f3", "content": "Under the mat."},
+                {"when": "PERDURE-AGENT", "tool_calls": [read], "delay_s": 1.0},
+            ]
+        }
+    )
+    hunt = agent("hunt", "Find the key.", ["read_file"])
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start_long(env, task_queue, workspace, [hunt], ["read_file"])
+        await wait_until(handle, lambda s: len(server.requests()) >= 1)
+        await submit(handle, Park(request_id="p-1", reason="lunch"))
+        await wait_until(handle, lambda s: statuses(s)["hunt"] == "parked")
+        # Guidance sent while parked fills the history until the goal continues as new.
+        sent = 0
+        while (await handle.query(GoalWorkflow.progress)).runs < 2:
+            assert sent < 40, "the goal never continued as new while its agent was parked"
+            await submit(handle, Steer(request_id=f"s-{sent}", text=f"hint {sent}: look near the door"))
+            sent += 1
+        parked = await handle.query(GoalWorkflow.progress)
+        assert statuses(parked)["hunt"] == "parked" and parked.phase == "parked"
+        assert len(server.requests()) == 1
+        await submit(handle, Resume(request_id="p-2"))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.excerpt
+    # Resumed at turn 2, with turn 1's read and the hints sent while parked in its
+    # prompt (the reply matched is the one for a prompt with the clue), not a fresh turn 1.
+    first, second = server.requests()
+    assert second["matched"] == 0 and "hint 0: look near the door" in second["last_message"]
+
+
+async def test_a_stall_card_open_across_runs_is_judged_once_and_its_answer_reaches_the_next_turn(
+    env, task_queue, store, workspace, scripted
+):
+    (workspace / "notes.md").write_text("a note\n")
+    (workspace / "same.txt").write_text("the same answer every time\n")
+    loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "said to continue", "content": "Giving up on same.txt; done."},
+                {"when": "PERDURE-AGENT", "tool_calls": [loop]},
+            ]
+        }
+    )
+    hunt = agent("hunt", "Find something new.", ["read_file"], max_turns=30)
+    steps = [hunt, *reads(SHORT_CHAIN, chained=True)]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start_long(
+            env, task_queue, workspace, steps, ["read_file"], local_activities_up_to_s=0, stall_threshold=2
+        )
+        done = await wait_until(
+            handle,
+            lambda s: s.questions and sum(v == "succeeded" for v in statuses(s).values()) == SHORT_CHAIN,
+            timeout_s=120,
+        )
+        assert statuses(done)["hunt"] == "blocked"
+        assert [q.title for q in done.questions] == ["Step 'hunt' is going in circles"]
+        assert done.runs >= 3, done.runs
+        turns = len(server.requests())
+        await submit(handle, Answer(request_id="c-1", question_id=done.questions[0].id, choice="continue"))
+        result = await handle.result()
+        final = await handle.query(GoalWorkflow.progress)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert len(server.requests()) == turns + 1  # one more turn, which saw the person's answer
+    # The turn after the answer was told of it (the reply matched is the one for that note).
+    assert server.requests()[-1]["matched"] == 0
+    assert final.questions == []
+
+
+async def test_twin_payments_waiting_on_one_approval_cross_runs_and_pay_once(
+    env, task_queue, store, workspace, scripted, payments
+):
+    (workspace / "notes.md").write_text("a note\n")
+    pay = {"amount_cents": 900, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 9"}
+    # The same call twice: the second step shares the first's work (and its question).
+    twins = [{"name": name, "kind": "tool", "tool": "make_payment", "args": pay} for name in ("pay", "pay-again")]
+    steps = [*twins, *reads(SHORT_CHAIN, chained=True)]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
+        handle = await start_long(
+            env, task_queue, workspace, steps, ["read_file", "make_payment"], local_activities_up_to_s=0
+        )
+        done = await wait_until(
+            handle, lambda s: sum(v == "succeeded" for v in statuses(s).values()) == SHORT_CHAIN, timeout_s=120
+        )
+        assert done.runs >= 3, done.runs
+        assert [q.id for q in done.questions] == ["q1"]
+        await submit(handle, Approve(request_id="ok-9", question_id="q1"))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["kind"] for e in payments.ledger()] == ["payment"]

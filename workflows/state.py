@@ -13,19 +13,42 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer, model_validator
 
 from workflows.contracts import (
+    AgentTurnResult,
     ArtifactRef,
     Compensation,
     ContextCompaction,
     GoalResult,
     GoalSpec,
     NodeKind,
+    ToolResult,
 )
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
-from workflows.stall import StallState
+from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 
 SCHEMA_VERSION = 5
+
+
+class AgentProgress(BaseModel):
+    """Where an agent node's loop stands, kept in the node so the loop can stop while it
+    waits for a person (an approval, an uncertain effect, a stall card, a park) and go
+    on from here in a later task or run, without asking the model for the turn again."""
+
+    turn: int = Field(default=0, description="The last turn whose model call returned.")
+    transcript: ArtifactRef | None = None
+    pending: AgentTurnResult | None = Field(
+        default=None, description="That turn's answer while its tool calls and stall judgement are not done."
+    )
+    done: dict[int, ToolResult] = Field(
+        default_factory=dict, description="Results of the pending turn's tool calls so far, by call index."
+    )
+    stall_action: StallAction | None = Field(
+        default=None, description="The stall rung that asked a person about the pending turn."
+    )
+    stall_question: str | None = None
+    tool_results: list[ToolResult] = Field(default_factory=list, description="For the next turn's prompt.")
+    notes: list[str] = Field(default_factory=list, description="Runtime notes for the next turn's prompt.")
 
 
 class Node(BaseModel):
@@ -60,6 +83,7 @@ class Node(BaseModel):
         description="The question this node waits on with no task of its own: the wait is state, so it "
         "crosses continue-as-new, and the node runs again once the question is answered.",
     )
+    agent: AgentProgress | None = Field(default=None, description="An agent node's loop, while it has not settled.")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "status":

@@ -26,6 +26,10 @@ EFFECTS_FIRST_PATCH = "effects-first"
 # Goals recorded before a tool node's wait for a person was state (and continue-as-new
 # waited for the answer) keep waiting inside the node's task.
 WAITS_PATCH = "waits-are-state"
+# Goals recorded before an agent node's waits (approvals, uncertain effects, stall
+# cards, a park) were state wait inside the node's task, as tool nodes did before
+# `waits-are-state`.
+AGENT_WAITS_PATCH = "agent-waits-are-state"
 # Goals recorded before any error of a node's work settled the node (its task died and
 # the node stayed running) replay the old way (scheduler.py).
 NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
@@ -42,12 +46,9 @@ class GoalFailed(Exception):
 
 
 class NodeWaiting(Exception):
-    """A node that waits for a person with no task of its own: it runs again once the
-    question (`question_id`) is answered."""
-
-    def __init__(self, question_id: str) -> None:
-        super().__init__(f"waiting for the answer to {question_id}")
-        self.question_id = question_id
+    """A node that waits with no task of its own: for the answer to a question
+    (`node.waiting_on`), or, parked, for the goal to resume. The scheduler runs it again
+    then, in this run or a later one."""
 
 
 class NodeStopped(Exception):
@@ -72,13 +73,20 @@ class GoalContext:
         self.writes_in_flight: dict[str, int] = {}
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
-        self.effects_first = self.waits_are_state = self.node_errors_settle = False
+        self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
         self.effects_first = workflow.patched(EFFECTS_FIRST_PATCH)
         self.waits_are_state = workflow.patched(WAITS_PATCH)
         self.node_errors_settle = workflow.patched(NODE_ERRORS_SETTLE_PATCH)
+        self.agent_waits_are_state = workflow.patched(AGENT_WAITS_PATCH)
+
+    def suspends(self, node: Node) -> bool:
+        """Whether this node's waits end its task (the wait is state) or hold it."""
+        if node.kind == "tool":
+            return self.waits_are_state
+        return node.kind == "agent" and self.agent_waits_are_state
 
     def plan(self) -> Plan:
         plan = self.state.plan
@@ -124,7 +132,7 @@ class GoalContext:
         With `suspend` the wait is state, not a coroutine: the node's task ends here and
         the scheduler runs the node again once the question is answered, in this run or
         a later one (continue-as-new does not wait for a person). Without it the node
-        waits inside its task (agents, and goals recorded before `waits-are-state`)."""
+        waits inside its task (goals recorded before the waits were state; see `suspends`)."""
         self.stop_point(node)
         if question.status == "answered":
             return question.answer or ""
@@ -134,7 +142,7 @@ class GoalContext:
         self.wake()  # the loop re-judges the phase: the goal may now await a person
         if suspend:
             node.waiting_on = question.id
-            raise NodeWaiting(question.id)
+            raise NodeWaiting(f"waiting for the answer to {question.id}")
         await workflow.wait_condition(lambda: question.status == "answered")
         self.set_status(node, "running")
         return question.answer or ""

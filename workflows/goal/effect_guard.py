@@ -44,8 +44,8 @@ class EffectGuard:
     async def _write(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node, why: str) -> ToolResult:
         state = self._ctx.state
         self._ctx.stop_point(node)
-        # A tool node's waits for a person are state (context.ask).
-        suspend = node.kind == "tool" and self._ctx.waits_are_state
+        # The node's waits for a person are state (context.ask), not a held task.
+        suspend = self._ctx.suspends(node)
         prepared = await workflow.execute_local_activity(
             Activities.PREPARE_EFFECT,
             tool_input,

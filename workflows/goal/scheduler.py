@@ -4,7 +4,8 @@ runner), how its outcome settles it and its twins, and how plan changes void,
 cancel and adopt nodes.
 
 Workflow code. Node tasks are asyncio tasks of the workflow; none is in flight at
-continue-as-new, so nothing here is carried. What a node of each kind does is in
+continue-as-new (a node waiting for a person or parked has none: its wait is state),
+so only the twins index is rebuilt from the state as a run starts. What a node of each kind does is in
 nodes/; this room only starts it and records the outcome.
 """
 
@@ -71,21 +72,34 @@ class Scheduler:
             if step.name not in state.nodes:
                 state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
 
-    def busy(self) -> bool:
-        """Work that holds the goal in this run: a node's task, or an in-flight node
-        without one that is not merely waiting for a person (a twin sharing a task)."""
-        if self._tasks:
-            return True
+    def adopt_carried_twins(self) -> None:
+        """As a run starts: a twin carried from the last run still shares its owner's
+        outcome (the owner was waiting for a person when the goal continued as new)."""
         nodes = self._ctx.state.nodes
-        return any(nodes[name].waiting_on is None for name in self._ctx.index().names(IN_FLIGHT))
+        for name in self._ctx.index().names(IN_FLIGHT):
+            node = nodes[name]
+            if node.key is None:
+                continue
+            if node.reused and node.status == "running":
+                self._followers.setdefault(node.key, []).append(name)
+            elif not node.reused:
+                self._owners[node.key] = name
 
-    def resume_answered(self) -> None:
-        """Run again every node whose question was answered (in this run or an earlier one)."""
+    def busy(self) -> bool:
+        """Work that holds the goal in this run: a node's task, or a twin sharing one.
+        A node waiting for a person, or parked, has no task: it is state, carried."""
+        return bool(self._tasks)
+
+    def resume_waiting(self) -> None:
+        """Run again every node whose question was answered (in this run or an earlier
+        one), and every parked node without a task, since the goal runs again."""
         state = self._ctx.state
         answered = {q.id for q in state.questions if q.status == "answered"}
-        for name in self._ctx.index().names(("blocked", "uncertain")):
+        for name in self._ctx.index().names(("blocked", "uncertain", "parked")):
             node = state.nodes[name]
-            if node.waiting_on in answered and name not in self._tasks:
+            if name in self._tasks:
+                continue
+            if node.status == "parked" or node.waiting_on in answered:
                 node.waiting_on = None
                 self._ctx.set_status(node, "running")
                 node.runs += 1
@@ -131,6 +145,7 @@ class Scheduler:
         diff = PlanDiff(added=added, removed=removed)
         self.record_plan_version(source, reason, diff, plan)
         self.materialise_nodes()
+        self._release_orphaned_twins()
         return diff
 
     def _retire(self, node: Node, version: int) -> None:
@@ -172,12 +187,18 @@ class Scheduler:
                 self._void_after_settle.add(name)
                 continue
             self._reset(node)
-        # A node that was waiting on a twin's in-flight work has nobody to wait on now.
-        for node in state.nodes.values():
-            if node.status == "running" and node.reused and node.name not in self._tasks:
-                if not any(t.key == node.key and t.name in self._tasks for t in state.nodes.values()):
-                    self._ctx.set_status(node, "pending")
-                    node.key, node.reused = None, False
+        self._release_orphaned_twins()
+
+    def _release_orphaned_twins(self) -> None:
+        """A node sharing a twin's work that was voided or left out has nobody to wait on
+        now: back to pending, so it runs on its own. A twin waiting for a person (no
+        task, still in flight) is still its owner."""
+        nodes = self._ctx.state.nodes
+        owners = {n.key for n in nodes.values() if not n.reused and n.status in IN_FLIGHT}
+        for node in nodes.values():
+            if node.status == "running" and node.reused and node.name not in self._tasks and node.key not in owners:
+                self._ctx.set_status(node, "pending")
+                node.key, node.reused = None, False
 
     def _reset(self, node: Node) -> None:
         """Back to pending, its task cancelled and its cached output forgotten."""
@@ -189,6 +210,7 @@ class Scheduler:
             task.cancel()
         self._ctx.set_status(node, "pending")
         node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
+        node.waiting_on, node.agent = None, None
 
     def cancel_in_flight(self, why: str) -> None:
         """Stop all work: cancel every node's task except those with a write in flight,
@@ -254,7 +276,7 @@ class Scheduler:
             return
         except NodeWaiting:
             # Waiting for a person is state (node.waiting_on): no task holds it, so the
-            # goal may continue as new meanwhile; `resume_answered` runs it again.
+            # goal may continue as new meanwhile; `resume_waiting` runs it again.
             if self._tasks.get(node.name) is asyncio.current_task():
                 del self._tasks[node.name]
             self._publish()
@@ -300,6 +322,7 @@ class Scheduler:
 
     def _finish(self, node: Node) -> None:
         self._tasks.pop(node.name, None)
+        node.agent = None  # a settled node's loop is over
         node.finished_at = self._ctx.state.last_progress_at = workflow.now()
         self._spend.record_settled(node)
         self._ctx.wake()
@@ -313,6 +336,7 @@ class Scheduler:
         self._void_after_settle.discard(node.name)
         self._ctx.stopping.discard(node.name)
         self._reset(node)
+        self._release_orphaned_twins()
         return True
 
     def _fail(self, node: Node, error: str) -> None:

@@ -102,6 +102,7 @@ class GoalWorkflow:
             if state.plan is None:
                 await self._planner.make_plan()
             self._scheduler.materialise_nodes()
+            self._scheduler.adopt_carried_twins()
             state.phase = "running"
             self._publisher.publish()
             await self._run_graph()
@@ -175,7 +176,7 @@ class GoalWorkflow:
                 await self._stop(f"aborted: {state.abort_reason}")
                 return
             if state.pause.mode == "running" and not self._continue_as_new_due():
-                self._scheduler.resume_answered()
+                self._scheduler.resume_waiting()
                 self._scheduler.dispatch_ready()
                 # A replan may drop steps: it waits until no write is in flight to cut off.
                 if self._planner.drift_check_due() and not self._ctx.writes_in_flight:

@@ -26,7 +26,7 @@ from workflows.contracts import (
 from workflows.goal.context import NodeFailed, short_key
 from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import AgentStep
-from workflows.state import Node, RejectedPath
+from workflows.state import AgentProgress, Node, RejectedPath
 from workflows.tool_specs import COMPACTION_TOOL
 
 
@@ -39,63 +39,77 @@ class AgentNode:
         self._pause = deps.pause
 
     async def run(self, step: AgentStep, node: Node) -> tuple[ArtifactRef, str]:
+        """The loop, from where `node.agent` says it stands: a node that stopped to wait
+        for a person (or a park) goes on with the same turn, its model call not repeated
+        and the tool calls that already returned not run again."""
         spec = self._ctx.state.spec
         max_turns = step.max_turns or spec.max_agent_turns
-        transcript: ArtifactRef | None = None
-        tool_results: list[ToolResult] = []
-        notes: list[str] = []
+        progress = node.agent = node.agent or AgentProgress()
         inputs = self._ctx.inputs(step)
-        for turn in range(1, max_turns + 1):
-            self._ctx.stop_point(node)
-            await self._pause.hold_while_parked(node)
-            summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
-            context = self._calls.context(summary, node)
-            # Turn 1 sees all guidance in its prompt; later turns are told what is new.
-            new_guidance = context.guidance[node.guidance_seen :] if turn > 1 else []
-            node.guidance_seen = len(context.guidance)
-            payload = AgentTurnInput(
-                context=context,
-                step=step.name,
-                prompt=step.prompt,
-                inputs=inputs,
-                tools=step.tools,
-                turn=turn,
-                max_turns=max_turns,
-                transcript=transcript,
-                tool_results=tool_results,
-                new_guidance=new_guidance,
-                notes=notes,
-                compact_after_chars=spec.compact_context_after_chars,
-            )
-            result = await self._calls.run(Activities.AGENT_TURN, payload, AgentTurnResult, summary, node)
-            node.turns = turn
-            if result.compaction is not None:
-                node.compactions.append(result.compaction)
-            transcript = result.transcript
-            if result.final is not None:
-                return result.final, result.preview
+        while True:
+            if progress.pending is None:
+                if progress.turn >= max_turns:
+                    raise NodeFailed(f"the agent used all {max_turns} turns without a final answer")
+                turn = progress.turn + 1
+                self._ctx.stop_point(node)
+                await self._pause.hold_while_parked(node)
+                summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
+                context = self._calls.context(summary, node)
+                # Turn 1 sees all guidance in its prompt; later turns are told what is new.
+                new_guidance = context.guidance[node.guidance_seen :] if turn > 1 else []
+                node.guidance_seen = len(context.guidance)
+                payload = AgentTurnInput(
+                    context=context,
+                    step=step.name,
+                    prompt=step.prompt,
+                    inputs=inputs,
+                    tools=step.tools,
+                    turn=turn,
+                    max_turns=max_turns,
+                    transcript=progress.transcript,
+                    tool_results=progress.tool_results,
+                    new_guidance=new_guidance,
+                    notes=progress.notes,
+                    compact_after_chars=spec.compact_context_after_chars,
+                )
+                result = await self._calls.run(Activities.AGENT_TURN, payload, AgentTurnResult, summary, node)
+                node.turns = progress.turn = turn
+                if result.compaction is not None:
+                    node.compactions.append(result.compaction)
+                progress.transcript = result.transcript
+                if result.final is not None:
+                    return result.final, result.preview
+                progress.pending, progress.done = result, {}
+            result = progress.pending
             # read_artifact is offered on exactly the turns whose prompt was compacted.
             compacted = result.compaction is not None and COMPACTION_TOOL not in step.tools
             offered = [*step.tools, COMPACTION_TOOL] if compacted else step.tools
-            tool_results = await self._tool_calls(step, node, turn, result.tool_calls, offered)
-            notes = await self._judge_stall(step, node, result, tool_results)
-        raise NodeFailed(f"the agent used all {max_turns} turns without a final answer")
+            tool_results = await self._tool_calls(step, node, progress, offered)
+            notes = await self._judge_stall(step, node, progress, tool_results)
+            progress.pending, progress.done, progress.stall_action, progress.stall_question = None, {}, None, None
+            progress.tool_results, progress.notes = tool_results, notes
 
     async def _tool_calls(
-        self, step: AgentStep, node: Node, turn: int, calls: list[ToolCall], offered: list[str]
+        self, step: AgentStep, node: Node, progress: AgentProgress, offered: list[str]
     ) -> list[ToolResult]:
-        """The tool calls of one model turn, in the model's order; consecutive calls that
-        run as local activities (independent reads) run concurrently. `offered`: the
-        tools this turn's model saw (the step's, plus read_artifact after a compaction)."""
+        """The pending turn's tool calls, in the model's order, each result kept in
+        `progress` as it returns; consecutive calls that run as local activities
+        (independent reads) run concurrently. `offered`: the tools this turn's model saw
+        (the step's, plus read_artifact after a compaction)."""
+        assert progress.pending is not None
+        calls, turn = progress.pending.tool_calls, progress.turn
+
+        async def one(index: int) -> ToolResult:
+            if index not in progress.done:
+                progress.done[index] = await self._tool_call(step, node, turn, index, calls[index], offered)
+            return progress.done[index]
+
         if not self._tools.segments_enabled():
-            return [await self._tool_call(step, node, turn, i, c, offered) for i, c in enumerate(calls)]
+            return [await one(i) for i in range(len(calls))]
         local = [c.tool in offered and self._tools.placement(c.tool).local for c in calls]
-        results: list[ToolResult | None] = [None] * len(calls)
         for group in segments.batches(local):
-            done = await asyncio.gather(*(self._tool_call(step, node, turn, i, calls[i], offered) for i in group))
-            for index, tool_result in zip(group, done, strict=True):
-                results[index] = tool_result
-        return [r for r in results if r is not None]
+            await asyncio.gather(*(one(i) for i in group))
+        return [progress.done[i] for i in range(len(calls))]
 
     async def _tool_call(
         self, step: AgentStep, node: Node, turn: int, index: int, call: ToolCall, offered: list[str]
@@ -124,25 +138,35 @@ class AgentNode:
         )
 
     async def _judge_stall(
-        self, step: AgentStep, node: Node, turn: AgentTurnResult, results: list[ToolResult]
+        self, step: AgentStep, node: Node, progress: AgentProgress, results: list[ToolResult]
     ) -> list[str]:
-        """Feed the stall ladder one step; return notes for the model's next turn."""
+        """Feed the stall ladder the pending turn; return notes for the model's next turn.
+        A turn that asked a person (and was left to wait) is judged once: its rung and
+        question are in `progress`."""
         state = self._ctx.state
         threshold = state.spec.stall_threshold
-        outputs = [r.preview if r.ok else f"error: {r.error}" for r in results] or [turn.preview]
-        calls = [stall.describe_call(c.tool, c.preview) for c in turn.tool_calls]
-        node.stall, action = stall.observe_step(node.stall, outputs, threshold=threshold, calls=calls)
+        action, question = progress.stall_action, None
+        if action is not None and progress.stall_question is not None:
+            question = next(q for q in state.questions if q.id == progress.stall_question)
         if action is None:
-            return []
-        self._ctx.log_gate(f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})")
-        if action.kind == "remind":
-            return [stall.remind_message(action.tried, threshold)]
-        if action.kind == "switch_tool":
-            return [stall.switch_tool_message(action.tried, step.tools)]
-        if action.kind == "ask_human":
-            message = stall.ask_human_message(step.name, action.tried)
-            question = questions.stalled(state, workflow.now(), step.name, message)
-            if await self._ctx.ask(node, question) == "continue":
+            turn = progress.pending
+            assert turn is not None
+            outputs = [r.preview if r.ok else f"error: {r.error}" for r in results] or [turn.preview]
+            calls = [stall.describe_call(c.tool, c.preview) for c in turn.tool_calls]
+            node.stall, action = stall.observe_step(node.stall, outputs, threshold=threshold, calls=calls)
+            if action is None:
+                return []
+            self._ctx.log_gate(f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})")
+            if action.kind == "remind":
+                return [stall.remind_message(action.tried, threshold)]
+            if action.kind == "switch_tool":
+                return [stall.switch_tool_message(action.tried, step.tools)]
+            if action.kind == "ask_human":
+                message = stall.ask_human_message(step.name, action.tried)
+                question = questions.stalled(state, workflow.now(), step.name, message)
+                progress.stall_action, progress.stall_question = action, question.id
+        if question is not None:
+            if await self._ctx.ask(node, question, suspend=self._ctx.suspends(node)) == "continue":
                 return [f"A person reviewed the stall and said to continue. {question.answer_text or ''}".strip()]
         state.rejected_paths.append(
             RejectedPath(
