@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from workflows.graph import downstream
 from workflows.invalidation import held_by, invalidate_by_premise, invalidate_from
 from workflows.plan import LlmStep, Plan
+from workflows.statuses import STARTED
 
 VALUES = ["all", "module_a", "module_b"]
 
@@ -92,3 +93,10 @@ def test_rewind_voids_the_node_and_its_downstream():
     result = invalidate_from(plan, statuses, "style")
     assert result.void == ["style", "merge", "later"]
     assert "survey" in result.kept and "scan-b" in result.kept
+
+
+def test_a_rewind_reaches_downstream_work_waiting_for_a_person_or_parked_only_when_asked_to():
+    plan, statuses = _chain()
+    statuses["merge"], statuses["later"] = "blocked", "parked"
+    assert invalidate_from(plan, statuses, "style").void == ["style"]  # runs before `void-reaches-waits`
+    assert invalidate_from(plan, statuses, "style", STARTED).void == ["style", "merge", "later"]

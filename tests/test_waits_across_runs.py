@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
-from tests.builders import agent, openai_profile, tool_then_answer
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.builders import STEP_REPLY, agent, llm, openai_profile, tool_then_answer
+from tests.helpers import calls_for, running_worker, start, statuses, submit, wait_until
 from workflows.goal import GoalWorkflow
-from workflows.messages import Answer, Approve, Park, Resume, Steer
+from workflows.messages import Answer, Approve, Park, Resume, Rewind, Steer
 
 READS = 150
 # Enough chained reads for three runs of 50 events (a dozen reads each) and a margin.
@@ -215,3 +215,35 @@ async def test_twin_payments_waiting_on_one_approval_cross_runs_and_pay_once(
 
     assert result.outcome == "succeeded", result.excerpt
     assert [e["kind"] for e in payments.ledger()] == ["payment"]
+
+
+async def test_a_rewind_upstream_of_an_agent_waiting_for_approval_voids_its_wait_and_it_asks_anew(
+    env, task_queue, store, workspace, scripted, payments
+):
+    pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "to ACME GmbH (payment", "content": "Paid invoice 7."},
+                {"when": "PERDURE-AGENT", "tool_calls": [{"name": "make_payment", "arguments": pay}]},
+                *STEP_REPLY["replies"],
+            ]
+        }
+    )
+    steps = [llm("invoice"), agent("settle", "Settle the invoice.", ["make_payment"], needs=["invoice"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment"], drift_every=0)
+        await wait_until(handle, lambda s: [q.id for q in s.questions] == ["q1"])
+        await submit(handle, Rewind(request_id="rw-1", node="invoice", why="that was last month's invoice"))
+        # The wait was for work the rewind voided: closed, the step ran again and asks anew.
+        asked = await wait_until(handle, lambda s: [q.id for q in s.questions] == ["q2"])
+        await submit(handle, Approve(request_id="ok-2", question_id="q2"))
+        result = await handle.result()
+        inbox = await handle.query(GoalWorkflow.inbox)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["kind"] for e in payments.ledger()] == ["payment"]
+    assert statuses(asked) == {"invoice": "succeeded", "settle": "blocked"}
+    [rewind] = [e for e in inbox.entries if e.request_id == "rw-1"]
+    assert rewind.status == "applied" and rewind.detail["void"] == ["invoice", "settle"]
+    assert len(calls_for(server, "invoice")) == 2  # the rewound step ran again

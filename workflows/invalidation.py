@@ -27,12 +27,15 @@ class Invalidation(BaseModel):
     to_confirm: list[str] = Field(default_factory=list)
 
 
-def invalidate_by_premise(plan: Plan, statuses: Mapping[str, str], changes: Mapping[str, str]) -> Invalidation:
-    """Split the nodes that have run into void / kept / to-confirm for new premise values."""
+def invalidate_by_premise(
+    plan: Plan, statuses: Mapping[str, str], changes: Mapping[str, str], ran: frozenset[str] = RAN
+) -> Invalidation:
+    """Split the nodes that have run into void / kept / to-confirm for new premise values.
+    `ran`: the statuses that count as having run."""
     directly_void: set[str] = set()
     directly_unsure: set[str] = set()
     for step in plan.steps:
-        if statuses.get(step.name) not in RAN:
+        if statuses.get(step.name) not in ran:
             continue
         for key, new_value in changes.items():
             if key not in step.premises:
@@ -42,22 +45,24 @@ def invalidate_by_premise(plan: Plan, statuses: Mapping[str, str], changes: Mapp
                 directly_unsure.add(step.name)
             elif new_value not in valid_for:
                 directly_void.add(step.name)
-    return _close(plan, statuses, directly_void, directly_unsure - directly_void)
+    return _close(plan, statuses, directly_void, directly_unsure - directly_void, ran)
 
 
-def invalidate_from(plan: Plan, statuses: Mapping[str, str], node: str) -> Invalidation:
+def invalidate_from(plan: Plan, statuses: Mapping[str, str], node: str, ran: frozenset[str] = RAN) -> Invalidation:
     """A rewind: the node and everything downstream of it is void."""
-    return _close(plan, statuses, {node}, set())
+    return _close(plan, statuses, {node}, set(), ran)
 
 
-def _close(plan: Plan, statuses: Mapping[str, str], void: set[str], unsure: set[str]) -> Invalidation:
+def _close(
+    plan: Plan, statuses: Mapping[str, str], void: set[str], unsure: set[str], ran_statuses: frozenset[str]
+) -> Invalidation:
     void = set(void)
     for name in list(void):
         void.update(downstream(plan, name))
     unsure = set(unsure) - void
     for name in list(unsure):
         unsure.update(d for d in downstream(plan, name) if d not in void)
-    ran = {s.name for s in plan.steps if statuses.get(s.name) in RAN}
+    ran = {s.name for s in plan.steps if statuses.get(s.name) in ran_statuses}
     order = [s.name for s in plan.steps]
     return Invalidation(
         void=[n for n in order if n in void and n in ran],

@@ -234,11 +234,11 @@ def door_problem(state: GoalState, message: Any, load_problem: str | None = None
     return None
 
 
-def turn_problem(state: GoalState, message: Any) -> str | None:
+def turn_problem(state: GoalState, message: Any, ran: frozenset[str] = RAN) -> str | None:
     """Why an admitted message cannot apply when its turn comes, or None. Judged on the
     state every message before it left, so a resume sent right after a park finds the
     goal parked however the two arrived; the message is then settled "rejected" with
-    this reason."""
+    this reason. `ran`: the statuses a rewind may act on."""
     if state.pause.mode == "aborting" and message.kind != "abort":
         return "the goal is being aborted"
     kind = message.kind
@@ -246,7 +246,7 @@ def turn_problem(state: GoalState, message: Any) -> str | None:
         if state.plan is None or message.node not in state.nodes:
             known = ", ".join(state.nodes) or "none yet"
             return f"unknown step '{message.node}' (steps: {known})"
-        if state.nodes[message.node].status not in RAN:
+        if state.nodes[message.node].status not in ran:
             return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
     elif kind == "narrow":
         unknown = sorted(set(message.premises) - set(state.premises))

@@ -21,6 +21,9 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "uncertain", "inval
 IN_FLIGHT: frozenset[str] = frozenset({"running", "blocked", "parked", "uncertain"})
 # A node whose work was started: what a rewind may act on and what invalidation must judge.
 RAN: frozenset[str] = frozenset({"succeeded", "failed", "running", "uncertain"})
+# RAN and the started work that waits (for a person, or a park) with no activity in
+# flight: what a rewind or narrow acts on in runs with the patch `void-reaches-waits`.
+STARTED: frozenset[str] = RAN | {"blocked", "parked"}
 
 # A goal in these phases takes no more messages and is not judged by the watchdog.
 ENDED_PHASES: frozenset[str] = frozenset({"reporting", "finished", "failed"})

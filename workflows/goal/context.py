@@ -16,7 +16,7 @@ from workflows.contracts import ArtifactRef
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
-from workflows.statuses import NodeStatus
+from workflows.statuses import RAN, STARTED, NodeStatus
 
 # workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
 # asked later, after a local activity in the same workflow task, replay meets the
@@ -30,6 +30,9 @@ WAITS_PATCH = "waits-are-state"
 # cards, a park) were state wait inside the node's task, as tool nodes did before
 # `waits-are-state`.
 AGENT_WAITS_PATCH = "agent-waits-are-state"
+# Goals recorded before a rewind or narrow reached steps waiting for a person or parked
+# (they went on with inputs the rewind had voided) leave them alone.
+VOID_WAITS_PATCH = "void-reaches-waits"
 # Goals recorded before any error of a node's work settled the node (its task died and
 # the node stayed running) replay the old way (scheduler.py).
 NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
@@ -74,6 +77,7 @@ class GoalContext:
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
+        self.void_reaches_waits = False
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -81,6 +85,11 @@ class GoalContext:
         self.waits_are_state = workflow.patched(WAITS_PATCH)
         self.node_errors_settle = workflow.patched(NODE_ERRORS_SETTLE_PATCH)
         self.agent_waits_are_state = workflow.patched(AGENT_WAITS_PATCH)
+        self.void_reaches_waits = workflow.patched(VOID_WAITS_PATCH)
+
+    def ran(self) -> frozenset[str]:
+        """The statuses a rewind or narrow acts on in this run."""
+        return STARTED if self.void_reaches_waits else RAN
 
     def suspends(self, node: Node) -> bool:
         """Whether this node's waits end its task (the wait is state) or hold it."""
@@ -150,6 +159,8 @@ class GoalContext:
     def question_about(self, node: Node, effect_key: str, topic: str) -> Question | None:
         """The card this node already asked about this effect (it runs again after an answer)."""
         for question in reversed(self.state.questions):
+            if question.status == "closed":
+                continue  # closed when its step was voided or left out: ask again
             if question.topic == topic and question.effect_key == effect_key and node.name in question.nodes:
                 return question
         return None

@@ -102,7 +102,7 @@ class Inbox:
         that judged everything at the door)."""
         if not self._in_order:
             return None
-        return turn_problem(self._ctx.state, entry.message)
+        return turn_problem(self._ctx.state, entry.message, self._ctx.ran())
 
     def view(self) -> InboxView:
         state = self._ctx.state

@@ -157,12 +157,17 @@ class Scheduler:
             # Cut off by the plan change. An uncertain node stays uncertain: its effect may have happened.
             self._ctx.set_status(node, "abandoned")
             node.error, node.finished_at = f"left out by plan v{version + 1} while it ran", workflow.now()
-        for question in self._ctx.state.open_questions():
-            if node.name in question.nodes and node.status != "uncertain":
-                # Nobody is left to act on the answer; an open question would keep the goal waiting.
-                question.status, question.answered_at = "closed", workflow.now()
-                question.answer_text = f"not needed: step '{node.name}' was left out by plan v{version + 1}"
+        if node.status != "uncertain":
+            self._close_questions_of(node, f"step '{node.name}' was left out by plan v{version + 1}")
         self._ctx.state.retired_nodes.append(RetiredNode(node=node, plan_version=version, dropped_by=version + 1))
+
+    def _close_questions_of(self, node: Node, why: str) -> None:
+        """Nobody is left to act on the answer: an open question would keep the goal
+        waiting. Whether an effect happened is still asked (a rollback needs it)."""
+        for question in self._ctx.state.open_questions():
+            if node.name in question.nodes and question.topic != "uncertain_effect":
+                question.status, question.answered_at = "closed", workflow.now()
+                question.answer_text = f"not needed: {why}"
 
     def record_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
         versions = self._ctx.state.plan_versions
@@ -201,8 +206,10 @@ class Scheduler:
                 node.key, node.reused = None, False
 
     def _reset(self, node: Node) -> None:
-        """Back to pending, its task cancelled and its cached output forgotten."""
+        """Back to pending, its task cancelled and its cached output forgotten; what it
+        was waiting for a person about is closed (it runs again and asks anew)."""
         state = self._ctx.state
+        self._close_questions_of(node, f"step '{node.name}' was voided and runs again")
         if node.key and state.outputs_by_key.get(node.key) == node.output:
             state.outputs_by_key.pop(node.key, None)
         task = self._tasks.pop(node.name, None)
