@@ -119,6 +119,9 @@ class Usage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    estimated: bool = Field(
+        default=False, description="Not reported by the provider: an attempt whose usage could not be known."
+    )
 
     @property
     def tokens(self) -> int:

@@ -18,8 +18,9 @@ DONE = {"succeeded"}
 
 
 def step_input(step: PlanStep) -> dict:
-    """The part of a step that determines its output; name, edges and premises excluded."""
-    return step.model_dump(mode="json", exclude={"name", "needs", "premises"})
+    """The part of a step that determines its output; name, edges, premises and the
+    flags about how it is scheduled or retried (wrap_up, replay) excluded."""
+    return step.model_dump(mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay"})
 
 
 def node_key(step: PlanStep, dep_digests: Mapping[str, str], premises: Mapping[str, str] | None = None) -> str:

@@ -35,6 +35,10 @@ class _Step(BaseModel):
         default_factory=dict,
         description="Premise key -> the values this step's output holds for (null: depends on it, judge on change).",
     )
+    wrap_up: bool = Field(
+        default=False,
+        description="Wrap-up work (list what is unfinished, notify the owner): runs past the hard budget gate.",
+    )
 
 
 class LlmStep(_Step):
@@ -53,6 +57,11 @@ class ToolStep(_Step):
     kind: Literal["tool"] = "tool"
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
+    replay: Literal["safe"] | None = Field(
+        default=None,
+        description="`safe`: the call may be re-run after an interruption (a test, a build); otherwise the "
+        "tool's own replay policy decides.",
+    )
 
 
 # Every node kind is a step type: a new kind is a new class here and a runner in

@@ -119,6 +119,25 @@ class Spend:
             node.cost_usd += usage.cost_usd
         self._check_emergency()
 
+    def charge_failed_attempts(self, usage: Usage | None, kind: str, node: Node | None = None) -> None:
+        """Book the usage of model attempts that failed or timed out (the provider bills
+        them): as reported when it is known (`usage`, summed over the attempts), else one
+        attempt at `kind`'s P80 estimate, marked estimated."""
+        ledger = self._ctx.state.ledger
+        if usage is None:
+            estimate = self.estimate(kind)
+            usage = Usage(output_tokens=estimate.tokens_p80, cost_usd=estimate.cost_p80, estimated=True)
+        ledger.failed_attempts += 1
+        ledger.input_tokens += usage.input_tokens
+        ledger.output_tokens += usage.output_tokens
+        ledger.cost_usd += usage.cost_usd
+        if usage.estimated:
+            ledger.estimated_cost_usd += usage.cost_usd
+        if node is not None:
+            node.tokens += usage.tokens
+            node.cost_usd += usage.cost_usd
+        self._check_emergency()
+
     def record_settled(self, node: Node) -> None:
         """A settled node's duration, cost and tokens join its kind's samples (for estimates)."""
         stats = self._ctx.state.ledger.by_kind.setdefault(node.kind, KindStats())
