@@ -68,7 +68,15 @@ class Budget(BaseModel):
 
     max_tokens: int | None = Field(default=None, gt=0)
     max_cost_usd: float | None = Field(default=None, gt=0)
-    max_wall_seconds: int | None = Field(default=None, gt=0)
+    max_wall_seconds: int | None = Field(
+        default=None,
+        gt=0,
+        description="Active time: seconds with work in flight or ready to run; parked time and time "
+        "waiting for a person are not counted.",
+    )
+    deadline: datetime | None = Field(
+        default=None, description="A calendar deadline (timezone-aware): counts everything, parks included."
+    )
 
 
 class GoalSpec(BaseModel):
@@ -410,6 +418,8 @@ class ProgressSnapshot(BaseModel):
     questions: list[QuestionView] = Field(default_factory=list, description="Open human checkpoints, one batch.")
     pending_messages: int = 0
     budget: dict[str, float] = Field(default_factory=dict, description="Fraction used per budgeted dimension.")
+    active_seconds: float = Field(default=0.0, description="Active time so far (what max_wall_seconds counts).")
+    deadline: datetime | None = Field(default=None, description="The goal's calendar deadline, if it has one.")
     degraded: bool = False
     eta: str | None = Field(default=None, description="A coarse range with its confidence, never a precise number.")
     eta_confidence: str | None = None

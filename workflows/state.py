@@ -115,6 +115,10 @@ class Ledger(BaseModel):
     cost_usd: float = 0.0
     model_calls: int = 0
     tool_calls: int = 0
+    active_seconds: float = Field(
+        default=0.0, description="Active time up to `active_since` (or up to now, when not active)."
+    )
+    active_since: datetime | None = Field(default=None, description="When the current active stretch began.")
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
     by_kind: dict[str, KindStats] = Field(default_factory=dict)
