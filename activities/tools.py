@@ -8,10 +8,12 @@ artifact store; the workflow only sees a reference and a preview.
 Failures a model can act on (bad arguments, a missing file, a non-zero exit, a
 404) come back as `ToolResult(ok=False, error=...)`. Only goal-level problems
 raise `ApplicationError`: a missing workspace, a lost artifact, a malformed
-`ToolInput`. Tools whose replay policy is not `safe` (remote writes) run through
-`activities.effect_tools.run_effect`, which owns effect keys, the retry decision
-and the confirmation check for irreversible tools; this module only dispatches
-to it. Asking a human stays with the workflow.
+`ToolInput`. Remote writes run through `activities.effect_tools.run_effect`,
+which owns effect keys, the retry decision and the confirmation check for
+irreversible tools; this module only dispatches to it. A shell command's attempt
+after an interrupted one runs only when the command is replay-safe
+(`workflows.effects.decide_command_retry`) and is `uncertain` otherwise. Asking a
+human stays with the workflow.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_w
 from runtime.files import write_atomically
 from workflows.canonical import canonical_json, digest_of
 from workflows.contracts import Activities, ArtifactRef, PreparedEffect, ToolInput, ToolResult
-from workflows.effects import compensation_for, effect_key_for
+from workflows.effects import compensation_for, decide_command_retry, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.tool_specs import (
     TOOL_SPECS,
@@ -246,7 +248,7 @@ async def run_command(root: Path, args: RunCommandArgs) -> str:
     reader = asyncio.create_task(pump())
     timed_out = False
     # Beats with or without a heartbeat timeout: they are how a cancelled activity learns it is.
-    beat = Heartbeat(lambda: f"running for {time.monotonic() - started:.0f}s", every_s=HEARTBEAT_EVERY_S)
+    beat = Heartbeat(lambda: f"running for {time.monotonic() - started:.0f}s", every_s=_beat_every_s())
     try:
         async with beat:
             # Poll the exit status rather than await proc.wait(): wait() also waits for
@@ -280,6 +282,12 @@ async def run_command(root: Path, args: RunCommandArgs) -> str:
     if code != 0:
         raise ToolError(f"command exited with {code}; {_tail(output)}", output=text)
     return text
+
+
+def _beat_every_s() -> float:
+    """HEARTBEAT_EVERY_S, or more often when the activity's heartbeat timeout is short."""
+    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
+    return min(HEARTBEAT_EVERY_S, timeout.total_seconds() / 3) if timeout else HEARTBEAT_EVERY_S
 
 
 def _tail(output: str) -> str:
@@ -403,6 +411,10 @@ class ToolActivities:
         except _BadArguments as err:
             return failed(str(err))
 
+        if isinstance(args, RunCommandArgs):
+            settled = self._command_not_run(input, args, spec)
+            if settled is not None:
+                return settled
         implementation = self.functions[input.tool]
         async with Heartbeat() as beat:
             if isinstance(implementation, EffectTool):
@@ -416,6 +428,36 @@ class ToolActivities:
         ref = self.store.put_text(text)
         return ToolResult(
             call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
+        )
+
+    def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:
+        """A command call answered without running it: a person said its interrupted run
+        happened, or this attempt follows an interrupted one and the command is not
+        replay-safe. None: run it."""
+        if input.resolution == "happened":
+            text = (
+                f"$ {args.command}\n[not run again: a person answered that the interrupted run happened; "
+                "its output and exit code were lost with that run]"
+            )
+            ref = self.store.put_text(text)
+            return ToolResult(
+                call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
+            )
+        attempt = activity.info().attempt if activity.in_activity() else 1
+        if decide_command_retry(attempt, args) == "run":
+            return None
+        activity.logger.warning("command uncertain", extra={"attempt": attempt, "command": args.command[:200]})
+        return ToolResult(
+            call_id=input.call_id,
+            tool=input.tool,
+            risk=spec.risk,
+            ok=False,
+            uncertain=True,
+            error=_clip(
+                f"an earlier attempt of run_command was interrupted (its worker was lost or it timed out) "
+                f"and may have run `{preview(args.command, 300)}`; a command that is neither declared "
+                'replay: "safe" nor read-only is never run twice on its own: a person must check and decide'
+            ),
         )
 
     @activity.defn(name=Activities.PREPARE_EFFECT)

@@ -88,7 +88,7 @@ def test_effect_key_for_a_tool_call_depends_on_the_payload_only():
 
 def test_effect_of_every_remote_tool_and_none_for_safe_tools():
     for name, spec in TOOL_SPECS.items():
-        if spec.replay == "safe":
+        if spec.risk not in ("remote-write", "irreversible"):
             continue
         example = {
             "http_request": {"method": "POST", "url": "http://x/y"},
@@ -102,6 +102,9 @@ def test_effect_of_every_remote_tool_and_none_for_safe_tools():
         assert effect_of(name, spec.args_model.model_validate(example), "/ws") is not None, name
     read = TOOL_SPECS["read_file"].args_model.model_validate({"path": "a"})
     assert effect_of("read_file", read, "/ws") is None
+    # A command has no key a service could deduplicate by: its retry is decided apart.
+    command = TOOL_SPECS["run_command"].args_model.model_validate({"command": "make"})
+    assert effect_of("run_command", command, "/ws") is None
 
 
 # --- the retry decision ------------------------------------------------------------------
@@ -181,7 +184,9 @@ def test_catalogue_declares_risk_and_replay_for_every_tool():
     # (risk, replay) -> the tools declaring it
     expected = {
         ("read", "safe"): ["read_file", "list_dir", "read_artifact", "http_get"],
-        ("local-write", "safe"): ["write_file", "run_command"],
+        ("local-write", "safe"): ["write_file"],
+        # Re-run only when replay-safe (declared, or read-only): tests/test_command_replay.py.
+        ("local-write", "once"): ["run_command"],
         ("remote-write", "keyed"): ["http_request", "send_email", "refund_payment"],
         ("remote-write", "check"): ["git_commit", "git_revert"],
         ("remote-write", "once"): ["notify_webhook"],
@@ -190,8 +195,9 @@ def test_catalogue_declares_risk_and_replay_for_every_tool():
     declared = {name: (s.risk, s.replay) for name, s in TOOL_SPECS.items()}
     assert declared == {name: kind for kind, names in expected.items() for name in names}
     for spec in TOOL_SPECS.values():
-        if spec.risk in ("remote-write", "irreversible"):
-            assert spec.heartbeat_timeout_s and spec.heartbeat_timeout_s < spec.start_to_close_s
+        if spec.risk in ("remote-write", "irreversible") or spec.expected_s is None:
+            # Anything that may run long heartbeats: a killed worker is noticed in seconds.
+            assert spec.heartbeat_timeout_s and spec.heartbeat_timeout_s < spec.start_to_close_s, spec.name
     assert TOOL_SPECS["make_payment"].compensation == "refund_payment"
     assert TOOL_SPECS["git_commit"].compensation == "git_revert"
 

@@ -57,7 +57,7 @@ async def test_demo_shaped_goal_completes_over_http(env, task_queue, store, work
     assert max(eid for eid, _, _ in reads) < summarize_scheduled
     placements = {n.name: n.placements for n in snapshot.nodes}
     assert placements["read-todo"]["read_file"].startswith("local activity: read, safe to re-run")
-    assert placements["write-summary"]["run_command"].startswith("activity: duration not known")
+    assert placements["write-summary"]["run_command"].startswith("activity: replay policy 'once'")
     # History carries references, not outputs.
     assert largest_event_bytes(history) < 16_000
 

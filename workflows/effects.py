@@ -16,12 +16,18 @@ No I/O and nothing that varies between runs: the workflow may call these too,
 e.g. to know a plan step's effect key and compensation before dispatching it
 (only when its arguments hold no `{{steps.NAME}}` template, since keys are
 computed from the resolved arguments).
+
+Shell commands (`run_command`) have no key a service could deduplicate by: an
+interrupted one is re-run only when it is replay-safe (`command_replay`), and is
+otherwise `uncertain`, like a `once` tool.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 from workflows.canonical import canonical_json, digest_of
@@ -34,6 +40,7 @@ from workflows.tool_specs import (
     NotifyWebhookArgs,
     RefundPaymentArgs,
     ReplayPolicy,
+    RunCommandArgs,
     SendEmailArgs,
     ToolArgs,
 )
@@ -142,3 +149,83 @@ def decide_retry(policy: ReplayPolicy, attempt: int, last_heartbeat: dict | None
     if policy == "once" and attempt > 1:
         return "uncertain"
     return "send"
+
+
+# --- shell commands ---------------------------------------------------------------
+
+READ_ONLY_COMMANDS: frozenset[str] = frozenset({"ls", "cat", "pwd", "head", "tail", "wc", "grep"})
+"""Commands re-run after an interruption without asking: none of them has an option
+that writes (unlike `sort -o`, `find -delete`, `sed -i`)."""
+READ_ONLY_GIT: frozenset[str] = frozenset({"status", "diff", "log", "show"})
+"""`git SUBCOMMAND` forms that only read (`git status` may refresh the index, which is
+invisible and idempotent)."""
+GIT_WRITING_OPTIONS = ("--output", "--ext-diff", "--textconv")
+"""git options that write a file or run a program named in the repository's config."""
+COMMAND_SEPARATORS = frozenset({"|", "||", "&&", ";"})
+SEPARATOR_CHARACTERS = ";|&"
+# Refused anywhere in the text, even quoted: redirections, substitutions, subshells,
+# backgrounding, escapes, line breaks (the shell runs each line) and globs' cousins
+# that run code. A refusal only costs a question after an interruption.
+UNSAFE_CHARACTERS = frozenset("<>`$(){}&\\\n\r!")
+
+
+def read_only_command(command: str) -> bool:
+    """True only when every part of `command` is an allowlisted read: simple commands
+    joined by `|`, `||`, `&&` or `;`, no redirection, substitution, subshell or
+    background job. Conservative: whatever this parse cannot vouch for is not safe."""
+    if not command.strip() or any(c in UNSAFE_CHARACTERS for c in command.replace("&&", "")):
+        return False
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=SEPARATOR_CHARACTERS)
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        tokens = list(lexer)
+    except ValueError:
+        return False  # unbalanced quotes
+    part: list[str] = []
+    parts = [part]
+    for token in tokens:
+        if token in COMMAND_SEPARATORS:
+            part = []
+            parts.append(part)
+        elif set(token) <= set(SEPARATOR_CHARACTERS):
+            return False  # `;;`, `|&` and the like
+        else:
+            part.append(token)
+    return all(_read_only_part(words) for words in parts)
+
+
+def _read_only_part(words: list[str]) -> bool:
+    if not words:
+        return False  # an empty part: `ls ;` or `| cat` is not a plain command
+    name, args = words[0], words[1:]
+    if name in READ_ONLY_COMMANDS:
+        return True
+    if name == "git" and args and args[0] in READ_ONLY_GIT:
+        return not any(a.startswith(GIT_WRITING_OPTIONS) for a in args[1:])
+    return False
+
+
+def command_replay(args: RunCommandArgs) -> str | None:
+    """Why an interrupted run of this command may simply run again, or None when it
+    may not (a person is asked whether it happened)."""
+    if args.replay == "safe":
+        return 'declared replay: "safe"'
+    if read_only_command(args.command):
+        return "a read-only command"
+    return None
+
+
+def decide_command_retry(attempt: int, args: RunCommandArgs) -> Literal["run", "uncertain"]:
+    """A command's attempt after an interrupted one (the worker was lost, the attempt
+    timed out) runs it again only when it is replay-safe; heartbeats cannot tell
+    whether the shell got as far as the effect."""
+    if attempt > 1 and command_replay(args) is None:
+        return "uncertain"
+    return "run"
+
+
+def command_key(goal_id: str, node_key: str, started_at: datetime | None) -> str:
+    """Names one run of a command call in a node's life (a question asked about it is
+    found again when the node resumes); a node voided and started again gets a new one."""
+    return effect_key(goal_id, f"command:{node_key}", "run", started_at.isoformat() if started_at else None)

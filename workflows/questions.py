@@ -124,6 +124,8 @@ def confirm_effect(
 
 
 def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effect_key: str, error: str) -> Question:
+    if tool == "run_command":
+        return _uncertain_command(state, now, step, effect_key, error)
     return _card(
         state,
         now,
@@ -138,6 +140,27 @@ def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effe
         "check the receiving side for the effect key, then answer happened or not_happened",
         nodes=[step],
         effect_key=effect_key,
+    )
+
+
+def _uncertain_command(state: GoalState, now: datetime, step: str, key: str, error: str) -> Question:
+    """A shell command's run was interrupted: only the workspace (or what the command
+    reaches) can tell whether it did its work, and no service deduplicates a re-run."""
+    return _card(
+        state,
+        now,
+        "uncertain_effect",
+        f"Did run_command in step '{step}' happen?",
+        error,
+        [
+            ("happened", "It ran: keep the step done", "not run again; the step's output says it is unknown"),
+            ("not_happened", "It did not run: run it once more", "one more run of the command"),
+            ("fail", "Leave it: fail the step", "work that needs it stops"),
+        ],
+        "look for what the command does (a line appended, a file written, a push, a request) "
+        "before answering happened or not_happened",
+        nodes=[step],
+        effect_key=key,
     )
 
 

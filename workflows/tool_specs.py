@@ -10,13 +10,20 @@ Every tool declares a risk class (what its effect reaches) and a replay policy
 - `keyed`: re-send with the same effect key to a service that deduplicates it;
 - `check`: look the effect up by its key before writing, write only if absent;
 - `once`: never re-run; a retry after an interrupted attempt is `uncertain`.
+
+`run_command` is `once` by default (a shell command can append, POST or push), with
+three ways out, each making a re-run after an interruption free: the plan step's
+`replay: safe`, the call's own `replay: "safe"` argument, or a command on the short
+read-only allowlist (`workflows.effects.read_only_command`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workflows.retries import MODEL_HEARTBEAT
 
 RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
 ReplayPolicy = Literal["safe", "keyed", "check", "once"]
@@ -46,6 +53,22 @@ class WriteFileArgs(ToolArgs):
 class RunCommandArgs(ToolArgs):
     command: str = Field(description="Shell command, run with /bin/sh in the workspace root.")
     timeout_s: float = Field(default=60, gt=0, le=600)
+    replay: Literal["safe"] | None = Field(
+        default=None,
+        description='"safe" when running the command twice does no harm (tests, builds, linters, reads): if '
+        "its run is interrupted (a lost worker), it runs again on its own. Leave it out when the command "
+        "appends, sends, pushes, deletes or otherwise changes something: an interrupted run then becomes a "
+        "question for a person (did it happen?) and is never repeated on its own.",
+    )
+
+    @field_validator("replay", mode="before")
+    @classmethod
+    def _replay_is_safe_or_absent(cls, value: object) -> object:
+        if value is not None and value != "safe":
+            raise ValueError(
+                f'replay must be "safe" (the command may run again after an interruption) or left out; got {value!r}'
+            )
+        return value
 
 
 class ReadArtifactArgs(ToolArgs):
@@ -152,6 +175,9 @@ sends them at most every 2.4 s, so a worker slower than that to send one is judg
 mistake: harmless for keyed and checked effects, whose retry sends the same key."""
 ONCE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 5}
 """A `once` tool's retry is a question for a person, so a busy worker gets more slack."""
+LONG_CALL_TIMEOUTS: dict[str, Any] = {"heartbeat_timeout_s": MODEL_HEARTBEAT.total_seconds()}
+"""A command or a download may run for minutes (run_command's start-to-close is its own
+limit plus 30 s): heartbeats let a killed worker be noticed in seconds, as for a model call."""
 
 TOOL_SPECS: dict[str, ToolSpec] = {
     spec.name: spec
@@ -191,12 +217,14 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ),
         ToolSpec(
             name="run_command",
-            replay="safe",
-            # Arbitrary commands can reach further, but v1 runs them confined to
-            # the workspace with a scrubbed environment; issue #3 refines this.
+            # Not re-run after an interruption unless declared or read-only (module
+            # docstring): a shell command can reach further than the workspace.
+            replay="once",
             risk="local-write",
-            description="Run a shell command in the workspace root (timeout, output capped).",
+            description="Run a shell command in the workspace root (timeout, output capped). Set "
+            '"replay": "safe" for commands that may run twice (tests, builds).',
             args_model=RunCommandArgs,
+            **LONG_CALL_TIMEOUTS,
         ),
         ToolSpec(
             name="http_get",
@@ -204,6 +232,7 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             risk="read",
             description="Fetch a URL with HTTP GET and return the start of the body.",
             args_model=HttpGetArgs,
+            **LONG_CALL_TIMEOUTS,
         ),
         ToolSpec(
             name="http_request",

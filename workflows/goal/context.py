@@ -36,6 +36,9 @@ VOID_WAITS_PATCH = "void-reaches-waits"
 # Goals recorded before any error of a node's work settled the node (its task died and
 # the node stayed running) replay the old way (scheduler.py).
 NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
+# Goals recorded before an interrupted run_command became a question (it was re-run,
+# or its lost attempts failed the step) call it the old way (effect_guard.py).
+COMMAND_REPLAY_PATCH = "commands-ask-after-loss"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -78,6 +81,7 @@ class GoalContext:
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = False
+        self.commands_ask = False
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -86,6 +90,7 @@ class GoalContext:
         self.node_errors_settle = workflow.patched(NODE_ERRORS_SETTLE_PATCH)
         self.agent_waits_are_state = workflow.patched(AGENT_WAITS_PATCH)
         self.void_reaches_waits = workflow.patched(VOID_WAITS_PATCH)
+        self.commands_ask = workflow.patched(COMMAND_REPLAY_PATCH)
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

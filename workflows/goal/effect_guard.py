@@ -4,6 +4,9 @@ state), an irreversible tool waits for a person's confirmation of the resolved
 arguments, an outcome that cannot be known becomes a question (never a guess), a
 write in flight is never abandoned, an effect that already happened is never sent
 again, and an abort with rollback undoes every effect that happened or may have.
+A shell command whose run was interrupted is asked about too, unless it is
+replay-safe (the activity judges that from its arguments; a plan step's
+`replay: safe` travels in them).
 
 Workflow code. How the call itself runs (local or regular activity, timeouts,
 retries, what an exhausted write becomes) is the ToolRunner's (tool_runner.py).
@@ -15,16 +18,18 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, TimeoutError
 
 from workflows import questions
 from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
+from workflows.effects import command_key
 from workflows.goal.context import GoalContext, NodeStopped
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from workflows.tool_specs import TOOL_SPECS, ToolSpec
 
 WRITES = ("remote-write", "irreversible")
+COMMAND_TOOL = "run_command"
 PREPARE_TIMEOUT = timedelta(seconds=30)
 PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
 
@@ -39,7 +44,68 @@ class EffectGuard:
         spec = TOOL_SPECS.get(tool_input.tool)
         if spec is not None and spec.risk in WRITES and self._ctx.effects_first:
             return await self._write(spec, tool_input, summary, node, why)
+        if spec is not None and tool_input.tool == COMMAND_TOOL and self._ctx.commands_ask:
+            return await self._command(spec, tool_input, summary, node)
         return await self._call_unprepared(spec, tool_input, summary, node, what, why)
+
+    async def _command(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node) -> ToolResult:
+        """A shell command: an attempt after an interrupted one re-runs it only when it is
+        replay-safe; otherwise the outcome is uncertain and a person answers: `happened`
+        settles the call as done with its output unknown, `not_happened` runs it once more."""
+        state = self._ctx.state
+        suspend = self._ctx.suspends(node)
+        tool_input = self._with_step_replay(tool_input, node)
+        key = command_key(self._ctx.goal_id, tool_input.node_key, node.started_at)
+        earlier = self._ctx.question_about(node, key, "uncertain_effect")
+        if earlier is not None:
+            # The node runs again after its question was answered: act on the answer.
+            result = ToolResult(
+                call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, uncertain=True,
+                error=earlier.stuck,
+            )  # fmt: skip
+        else:
+            result = await self._run_command(spec, tool_input, summary, node)
+        if not result.uncertain:
+            return result
+        if node.name in self._ctx.stopping:
+            raise NodeStopped(f"{tool_input.tool} may or may not have run: {result.error}", uncertain=True)
+        question = earlier or questions.uncertain_effect(
+            state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
+        )
+        answer = await self._ctx.ask(node, question, status="uncertain", suspend=suspend)
+        if answer in ("happened", "not_happened"):
+            resolved = tool_input.model_copy(update={"resolution": answer})
+            result = await self._run_command(spec, resolved, f"{summary} · {answer.replace('_', ' ')}", node)
+        return result
+
+    async def _run_command(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node) -> ToolResult:
+        """The command's activity; its last attempt timing out (a worker lost every time)
+        leaves the outcome as unknown as an interrupted attempt does."""
+        try:
+            return await self._tools.execute(tool_input, summary, node)
+        except ActivityError as err:
+            if not isinstance(err.cause, TimeoutError):
+                raise
+            return ToolResult(
+                call_id=tool_input.call_id,
+                tool=tool_input.tool,
+                risk=spec.risk,
+                ok=False,
+                uncertain=True,
+                error=f"{tool_input.tool} did not complete and may or may not have run: {failure_message(err)}",
+            )
+
+    def _with_step_replay(self, tool_input: ToolInput, node: Node) -> ToolInput:
+        """A plan step's `replay: safe` as the call's own argument, where the activity reads it."""
+        if node.kind != "tool" or tool_input.args is None or tool_input.args.get("replay") == "safe":
+            return tool_input
+        try:
+            step = self._ctx.plan().step(node.name)
+        except KeyError:
+            return tool_input
+        if getattr(step, "replay", None) != "safe":
+            return tool_input
+        return tool_input.model_copy(update={"args": {**tool_input.args, "replay": "safe"}})
 
     async def _write(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node, why: str) -> ToolResult:
         state = self._ctx.state

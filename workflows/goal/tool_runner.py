@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult
-from workflows.retries import RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
+from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
 from workflows.tool_specs import TOOL_SPECS
 
@@ -28,6 +28,13 @@ SEGMENT_CAP_PATCH = "segment-cap"
 # timer: the task (and what a crash inside it re-runs) stays short however wide the
 # read-only part of a goal is.
 SEGMENT_MAX_CALLS = 100
+# run_command is `once` unless replay-safe, and the activity tells which: a safe command
+# keeps the retries it had as a `safe` tool; one that is not answers uncertain on its
+# second attempt, so the third is never reached.
+RETRY_BY_TOOL = {"run_command": TOOL_RETRY}
+# A regular tool activity whose spec names no heartbeat timeout (a read run outside a
+# segment) still lets a lost worker be noticed in seconds.
+TOOL_HEARTBEAT = MODEL_HEARTBEAT
 
 
 class ToolRunner:
@@ -50,7 +57,7 @@ class ToolRunner:
 
     async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         spec = TOOL_SPECS.get(tool_input.tool)
-        retry = RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY
+        retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
         placement = self.placement(tool_input.tool)
         if node is not None:
             node.placements[tool_input.tool] = placement.describe()
@@ -124,10 +131,11 @@ def tool_timeout(tool_input: ToolInput) -> timedelta:
     return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
 
 
-def tool_heartbeat(tool_input: ToolInput) -> timedelta | None:
-    """Remote writes heartbeat, so a killed worker is noticed in seconds, not at the timeout."""
+def tool_heartbeat(tool_input: ToolInput) -> timedelta:
+    """Every tool activity heartbeats, so a killed worker is noticed in seconds, not at the
+    start-to-close timeout (up to 630 s for a command)."""
     spec = TOOL_SPECS.get(tool_input.tool)
-    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else None
+    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else TOOL_HEARTBEAT
 
 
 def failure_message(err: ActivityError) -> str:
