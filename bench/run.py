@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script (`python bench/run.py`), so the repository is not on the path yet.
 sys.path.insert(0, str(ROOT))
 
-from bench import agent_turn, overhead, recovery, replay, rss, scale, watchdog  # noqa: E402
+from bench import agent_turn, overhead, recovery, recovery_command, replay, rss, scale, watchdog  # noqa: E402
 from bench.common import Section, start_server, use_home  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
@@ -38,6 +38,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "fanout_ratio": (">=", 0.8),
     "max_events_per_run": ("<=", 10_000),
     "recovery_s": ("<=", 5.0),
+    recovery_command.KEY: ("<=", 10.0),
     "agent_turn_overhead_pct": ("<=", 3.0),
     watchdog.KEY: ("<=", 60.0),  # the watchdog's default interval
 }
@@ -63,6 +64,7 @@ BENCHMARKS = {
     "overhead": (overhead.KEYS, overhead.measure),
     "agent_turn": (agent_turn.KEYS, agent_turn.measure),
     "recovery": (recovery.KEYS, recovery.measure),
+    "recovery_command": (recovery_command.KEYS, recovery_command.measure),
     "rss": (rss.KEYS, rss.measure),
     "watchdog": ((watchdog.KEY,), watchdog_section),
     "scale": (scale.KEYS, scale.measure),
