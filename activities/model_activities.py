@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -24,6 +24,7 @@ from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from activities.compaction import ERROR_PREFIX, RESULT_PREFIX, CompactedPrompt, compact_prompt
 from activities.faults import fault_point
 from activities.heartbeat import Heartbeat
+from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from workflows.contracts import (
@@ -87,8 +88,6 @@ EXAMPLE_PLAN = {
     ]
 }
 
-T = TypeVar("T")
-
 
 class ModelActivities:
     """Register with a Worker as `activities=ModelActivities(config, store).activities()`."""
@@ -117,12 +116,14 @@ class ModelActivities:
                     content=f"Your plan was rejected: {input.rejection}. Reply with the corrected plan as JSON only.",
                 ),
             ]
-        response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True))
-        raw = self.store.put_text(response.text)
-        plan, error = parse_plan_reply(response.text, input.allowed_tools)
-        if error:
-            activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
-        return PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model)
+        purpose = f"{'replan' if input.revision else 'plan'}, reply {input.attempt}"
+        async with self._attempt(input.context, purpose) as attempt:
+            response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
+            raw = self.store.put_text(response.text)
+            plan, error = parse_plan_reply(response.text, input.allowed_tools)
+            if error:
+                activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
+            return attempt.result(PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model))
 
     @activity.defn(name=Activities.GENERATE)
     async def generate(self, input: GenerateInput) -> GenerateResult:
@@ -130,9 +131,12 @@ class ModelActivities:
             ChatMessage(role="system", content=step_system_prompt(input.context)),
             ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)),
         ]
-        response, usage = await self._chat(input.context, ChatRequest(messages=messages))
-        output = self.store.put_text(response.text)
-        return GenerateResult(output=output, preview=preview(response.text), usage=usage, model=response.model)
+        async with self._attempt(input.context, f"llm step {input.step}") as attempt:
+            response, usage = await self._chat(input.context, ChatRequest(messages=messages), attempt)
+            output = self.store.put_text(response.text)
+            return attempt.result(
+                GenerateResult(output=output, preview=preview(response.text), usage=usage, model=response.model)
+            )
 
     @activity.defn(name=Activities.DRIFT_CHECK)
     async def drift_check(self, input: DriftInput) -> DriftResult:
@@ -150,12 +154,17 @@ class ModelActivities:
                 ),
             ),
         ]
-        response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True))
-        on_track, reason = parse_drift_reply(response.text)
-        return DriftResult(on_track=on_track, reason=reason, usage=usage, model=response.model)
+        async with self._attempt(input.context, "drift check") as attempt:
+            response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
+            on_track, reason = parse_drift_reply(response.text)
+            return attempt.result(DriftResult(on_track=on_track, reason=reason, usage=usage, model=response.model))
 
     @activity.defn(name=Activities.AGENT_TURN)
     async def agent_turn(self, input: AgentTurnInput) -> AgentTurnResult:
+        async with self._attempt(input.context, f"agent step {input.step}", input.turn) as attempt:
+            return attempt.result(await self._agent_turn(input, attempt))
+
+    async def _agent_turn(self, input: AgentTurnInput, attempt: ModelAttemptState) -> AgentTurnResult:
         last_turn = input.turn >= input.max_turns
         if input.transcript is None:
             messages = [
@@ -182,7 +191,7 @@ class ModelActivities:
         offered = [*input.tools, COMPACTION_TOOL] if compacted and COMPACTION_TOOL not in input.tools else input.tools
         tools = [] if last_turn else agent_tools(core_tools(offered) if input.context.degraded else offered)
         sent = compacted.messages if compacted else messages
-        response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools))
+        response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools), attempt)
 
         calls = [
             call if call.id else call.model_copy(update={"id": f"call_{input.turn}_{i}"})
@@ -238,16 +247,33 @@ class ModelActivities:
 
     # --- helpers ------------------------------------------------------------------
 
-    async def _chat(self, context: ModelContext, request: ChatRequest) -> tuple[ChatResponse, Usage]:
+    @asynccontextmanager
+    async def _attempt(
+        self, context: ModelContext, purpose: str, turn: int | None = None
+    ) -> AsyncIterator[ModelAttemptState]:
+        """One attempt of a model activity, heartbeating what it waits for; whatever it
+        raises leaves with this attempt's record and the earlier ones (activities/models/attempts.py)."""
+        attempt = ModelAttemptState(purpose, context.profile, turn)
+        async with Heartbeat(attempt.details):
+            try:
+                yield attempt
+            except Exception as err:
+                raise attempt.failure(err) from None
+
+    async def _chat(
+        self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState
+    ) -> tuple[ChatResponse, Usage]:
         profile = self._profile(context.profile)
         # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
         fault_point("model_call", profile.name, activity=activity.info().activity_type)
-        response = await _heartbeating(provider_for(profile).chat(request), profile.name)
+        response = await provider_for(profile).chat(request, attempt)
         usage = Usage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
             cost_usd=profile.cost_usd(response.input_tokens, response.output_tokens),
         )
+        # From here on the reply is paid for: an error after this point is charged this.
+        attempt.usage = usage
         activity.logger.info(
             "model call",
             extra={
@@ -347,15 +373,6 @@ class ModelActivities:
         if result.call_id:
             return ChatMessage(role="tool", tool_call_id=result.call_id, content=text)
         return ChatMessage(role="user", content=f"{RESULT_PREFIX}{result.tool}:\n{text}")
-
-
-async def _heartbeating(call: Awaitable[T], profile: str) -> T:
-    """Await a model call, heartbeating what it waits for when the activity has a heartbeat timeout."""
-    started = time.monotonic()
-    async with Heartbeat(
-        lambda: {"doing": f"waiting for model profile {profile}", "for_s": round(time.monotonic() - started)}
-    ):
-        return await call
 
 
 # --- prompts (pure) ------------------------------------------------------------------

@@ -1,15 +1,24 @@
-"""Timeouts and retry policies of the goal's activities, in one place.
+"""Timeouts and retry policies of the goal's activities, in one place, and what a failed
+model attempt cost (`ModelAttempt`), as both sides of a model activity read it.
 
 Recovery after a worker dies mid-step = the heartbeat timeout (when the server
 notices) + the first retry interval (README, "Checkpoints and recovery"). A retry
 that follows a lost worker needs no back-off; later ones (a failing service)
 still back off.
+
+A model attempt that fails is billed by the provider all the same. The activity keeps
+one record per failed attempt in its heartbeat details (the next attempt reads them
+back), puts them on its result (`failed_attempts`) or, when it fails for good, in its
+error's details; the workflow charges each record (workflows/goal/model_calls.py).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import cache
+from typing import Any
 
+from pydantic import BaseModel, Field, create_model
 from temporalio.common import RetryPolicy
 
 RETRY_FIRST = timedelta(seconds=0.5)
@@ -18,7 +27,7 @@ MODEL_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=60),
     maximum_attempts=6,
-    non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile"],
+    non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile", "ModelReplyTimedOut"],
 )
 TOOL_RETRY = RetryPolicy(
     initial_interval=RETRY_FIRST,
@@ -34,7 +43,15 @@ RETRY_BY_POLICY = {
     "once": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=2),
 }
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+# One attempt of a model activity. The model client's wait for a reply is derived from
+# it (activities/models/timeouts.py: this less MODEL_REPLY_MARGIN), never the other way
+# round: a client that gave up earlier would end a request the activity still waits
+# for, and the retry would send (and pay for) it again. A sync call may take this long;
+# a background call (a handle that is polled) goes on across attempts.
 MODEL_TIMEOUT = timedelta(minutes=5)
+# What an attempt keeps after the client's wait to report the failure (and the usage
+# it knows) itself, before the server's start-to-close timeout would.
+MODEL_REPLY_MARGIN = timedelta(seconds=5)
 # Model activities heartbeat while they wait: a dead worker is noticed in this
 # long instead of the full start-to-close timeout. The SDK sends heartbeats at most
 # every 80% of it, so a shorter timeout risks judging a busy worker dead.
@@ -48,3 +65,68 @@ MODEL_OPTIONS: dict = {
     "retry_policy": MODEL_RETRY,
 }
 REPORT_TIMEOUT = timedelta(minutes=1)
+
+
+class ModelAttempt(BaseModel):
+    """One attempt of a model activity that failed, and what the provider billed for it."""
+
+    attempt: int = Field(ge=1)
+    outcome: str = Field(description="Why it failed, for a person: 'HTTP 503', 'worker lost', ...")
+    # Plain fields rather than a contracts.Usage: workflows.contracts imports this module.
+    known: bool = Field(default=False, description="False: cannot be known (charged at the kind's P80, estimated).")
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0)
+
+
+class Attempted(BaseModel):
+    """The fields a model activity's result carries beside its own (see `with_attempts`)."""
+
+    failed_attempts: list[ModelAttempt] = Field(default_factory=list)
+
+
+@cache
+def with_attempts(result_type: type[BaseModel]) -> type[BaseModel]:
+    """`result_type` with `failed_attempts`: what the activity returns and the workflow
+    decodes. A result recorded without the field (older workers, faked activities)
+    decodes with none, so replaying an old history charges what it charged then."""
+    return create_model(f"{result_type.__name__}WithAttempts", __base__=(result_type, Attempted))
+
+
+def failed_attempts_in(details: Any) -> list[ModelAttempt]:
+    """The records in a heartbeat's or an error's details (a dict, or a sequence whose
+    first item is one); anything else holds none."""
+    if isinstance(details, (list, tuple)):
+        details = details[0] if details else None
+    if not isinstance(details, dict):
+        return []
+    records = []
+    for record in details.get("failed_attempts") or []:
+        try:
+            records.append(ModelAttempt.model_validate(record))
+        except ValueError:
+            continue
+    return records
+
+
+def unaccounted_attempts(details: Any, through: int, *, handle_pays: bool) -> list[ModelAttempt]:
+    """Attempts up to `through` that left no record in `details` (the last heartbeat of
+    an attempt): they died with their worker, so what they cost cannot be known. An
+    attempt after the one that created a live handle (a background response) only
+    polled it and cost nothing of its own; the handle's call itself is one unknown
+    attempt when `handle_pays` (nobody will fetch it), else it is still being paid for
+    by whoever resumes it."""
+    info = details[0] if isinstance(details, (list, tuple)) and details else details
+    info = info if isinstance(info, dict) else {}
+    recorded = {r.attempt for r in failed_attempts_in(info)}
+    handle_from = info.get("handle_attempt") if info.get("handle") else None
+    lost = []
+    for attempt in range(1, through + 1):
+        if attempt in recorded:
+            continue
+        if isinstance(handle_from, int) and attempt >= handle_from:
+            if handle_pays and attempt == handle_from:
+                lost.append(ModelAttempt(attempt=attempt, outcome=f"its background call {info['handle']} was lost"))
+            continue
+        lost.append(ModelAttempt(attempt=attempt, outcome="worker lost while the call was in flight"))
+    return lost

@@ -64,8 +64,30 @@ class ModelProfile(BaseModel):
     price_input_per_mtok: float = Field(default=0.0, ge=0)
     price_output_per_mtok: float = Field(default=0.0, ge=0)
     max_output_tokens: int = Field(default=2048, ge=1)
-    timeout_s: float = Field(default=120, gt=0)
+    timeout_s: float = Field(
+        default=120,
+        gt=0,
+        description="How long the provider may take to accept a request (connect, send). The wait for the reply "
+        "is not this: it lasts as long as the activity's attempt (activities/models/timeouts.py).",
+    )
+    mode: Literal["sync", "background"] = Field(
+        default="sync",
+        description="sync: one request waits for the reply. background: the call is submitted and its handle "
+        "polled (OpenAI: the Responses API with background=true; Anthropic: a Message Batch), so a worker "
+        "that dies resumes the same call and it is paid once.",
+    )
+    background_min_output_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="mode = background: only calls that may write at least this many tokens go background "
+        "(long replies); shorter ones stay sync. 0: every call.",
+    )
+    poll_interval_s: float = Field(default=2.0, gt=0, le=300, description="mode = background: time between polls.")
     script: str | None = Field(default=None, description="Scripted profiles only: path of the script file.")
+
+    def background_for(self, max_output_tokens: int) -> bool:
+        """Whether a call allowed `max_output_tokens` goes by handle."""
+        return self.mode == "background" and max_output_tokens >= self.background_min_output_tokens
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok) / 1e6

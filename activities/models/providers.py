@@ -12,6 +12,7 @@ never appear in a message, a log line or a return value.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import hashlib
 import json
@@ -19,21 +20,33 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import openai
 from pydantic import BaseModel, Field
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.client_pool import pooled
+from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.config import ModelProfile
+from activities.models.timeouts import reply_timed_out, request_timeout
 from testing.scripted import ScriptedServer
+from workflows.contracts import Usage
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
 NO_KEY = "unused"
+# Handle kinds, as heartbeat details name them (activities/models/attempts.py).
+RESPONSE_HANDLE = "openai-response"
+BATCH_HANDLE = "anthropic-batch"
+RESPONSE_WAITING = ("queued", "in_progress")
+# The one request of a batch perdure submits.
+BATCH_CUSTOM_ID = "perdure-call"
+# A cancel sent as the activity is cancelled: short, it must not hold up the cancellation.
+CANCEL_TIMEOUT_S = 10.0
 JSON_ONLY = "Reply with a single JSON value only: no prose, no code fences."
 
 
@@ -74,7 +87,9 @@ class ChatResponse(BaseModel):
 class ChatProvider(Protocol):
     profile: ModelProfile
 
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+    async def chat(self, request: ChatRequest, attempt: ModelAttemptState | None = None) -> ChatResponse:
+        """One call; `attempt` (the activity's) carries the deadline and a background call's handle."""
+        ...
 
 
 # --- clients --------------------------------------------------------------------
@@ -112,12 +127,17 @@ class SdkProvider:
 
 
 class OpenAIProvider(SdkProvider):
-    async def chat(self, request: ChatRequest) -> ChatResponse:
+    async def chat(self, request: ChatRequest, attempt: ModelAttemptState | None = None) -> ChatResponse:
+        attempt = attempt or ModelAttemptState("a model call", self.profile.name)
+        client = self._client("openai", openai.AsyncOpenAI)
+        limit = request.max_output_tokens or self.profile.max_output_tokens
+        resuming = attempt.handle is not None and attempt.handle.kind == RESPONSE_HANDLE
+        if resuming or self.profile.background_for(limit):
+            return await self._background(client, request, limit, attempt)
         params: dict[str, Any] = {
             "model": self.profile.model,
             "messages": [_openai_message(m) for m in request.messages],
         }
-        limit = request.max_output_tokens or self.profile.max_output_tokens
         # api.openai.com wants max_completion_tokens (reasoning models reject
         # max_tokens); compatible servers mostly still only know max_tokens.
         params["max_completion_tokens" if self._base_url is None else "max_tokens"] = limit
@@ -131,14 +151,20 @@ class OpenAIProvider(SdkProvider):
             ]
         if request.json_mode:
             params["response_format"] = {"type": "json_object"}
-        client = self._client("openai", openai.AsyncOpenAI)
+        attempt.status = "waiting for the reply"
         try:
-            completion = await client.chat.completions.create(**params)
+            completion = await client.chat.completions.create(
+                **params, timeout=request_timeout(self.profile, attempt.deadline)
+            )
         except openai.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
+        usage = completion.usage
+        input_tokens = usage.prompt_tokens if usage else 0
+        output_tokens = usage.completion_tokens if usage else 0
         if not completion.choices:
-            raise ApplicationError(
+            raise ModelError(
                 f"model profile '{self.profile.name}': the reply has no choices",
+                usage=self._usage(input_tokens, output_tokens),
                 type="ModelRetryable",
                 non_retryable=False,
             )
@@ -148,13 +174,94 @@ class OpenAIProvider(SdkProvider):
             for c in message.tool_calls or []
             if getattr(c, "function", None) is not None
         ]
-        usage = completion.usage
         return ChatResponse(
             text=message.content or "",
             tool_calls=calls,
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
             model=completion.model or self.profile.model,
+        )
+
+    async def _background(
+        self, client: Any, request: ChatRequest, limit: int, attempt: ModelAttemptState
+    ) -> ChatResponse:
+        """A Responses API call with background=true: submitted once, its id beaten, then polled.
+        An attempt that finds an id in the last heartbeat polls that response instead."""
+        response = None
+        if attempt.handle is None or attempt.handle.kind != RESPONSE_HANDLE:
+            params = _responses_params(self.profile, request, limit)
+            try:
+                response = await client.responses.create(
+                    **params, background=True, store=True, timeout=request_timeout(self.profile, attempt.deadline)
+                )
+            except openai.APIError as err:
+                raise model_error(err, self.profile, self._api_key) from None
+            attempt.record_handle(RESPONSE_HANDLE, response.id)
+        assert attempt.handle is not None
+        handle = attempt.handle.id
+
+        async def poll() -> Any:
+            try:
+                return await client.responses.retrieve(handle, timeout=request_timeout(self.profile, attempt.deadline))
+            except openai.APIError as err:
+                raise model_error(err, self.profile, self._api_key) from None
+
+        async def cancel() -> None:
+            await client.responses.cancel(handle, timeout=CANCEL_TIMEOUT_S)
+
+        response = await _poll_until(
+            self.profile,
+            attempt,
+            poll,
+            cancel,
+            response,
+            waiting=lambda r: r.status in RESPONSE_WAITING,
+            describe=lambda r: str(r.status),
+        )
+        attempt.handle_done()
+        return self._from_response(response)
+
+    def _from_response(self, response: Any) -> ChatResponse:
+        usage = response.usage
+        input_tokens = usage.input_tokens if usage else 0
+        output_tokens = usage.output_tokens if usage else 0
+        incomplete = getattr(response.incomplete_details, "reason", None)
+        # A reply cut at max_output_tokens is returned as chat completions return one cut
+        # at the limit; any other end is a failure whose usage is known.
+        cut_at_limit = response.status == "incomplete" and incomplete == "max_output_tokens"
+        if response.status != "completed" and not cut_at_limit:
+            error = response.error
+            reason = f"{error.code}: {error.message}" if error else (incomplete or "no reason given")
+            rejected = response.status == "incomplete"  # e.g. content_filter: the same request ends the same way
+            raise ModelError(
+                _redact(
+                    f"model profile '{self.profile.name}': background response {response.id} "
+                    f"{response.status}: {reason}",
+                    self._api_key,
+                ),
+                usage=self._usage(input_tokens, output_tokens),
+                type="ModelRequestRejected" if rejected else "ModelRetryable",
+                non_retryable=rejected,
+            )
+        texts, calls = [], []
+        for item in response.output or []:
+            if item.type == "message":
+                texts += [part.text for part in item.content or [] if part.type == "output_text"]
+            elif item.type == "function_call":
+                calls.append(ChatToolCall(id=item.call_id, name=item.name, arguments=item.arguments or ""))
+        return ChatResponse(
+            text="".join(texts),
+            tool_calls=calls,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            model=response.model or self.profile.model,
+        )
+
+    def _usage(self, input_tokens: int, output_tokens: int) -> Usage:
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost_usd=self.profile.cost_usd(input_tokens, output_tokens),
         )
 
 
@@ -173,11 +280,124 @@ def _openai_message(m: ChatMessage) -> dict[str, Any]:
     return {"role": m.role, "content": m.content}
 
 
+def _responses_params(profile: ModelProfile, request: ChatRequest, limit: int) -> dict[str, Any]:
+    """A Responses API request: system messages become `instructions`, tool calls and their
+    results `function_call` and `function_call_output` items."""
+    items: list[dict[str, Any]] = []
+    for m in request.messages:
+        if m.role == "system":
+            continue
+        if m.role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.tool_call_id, "output": m.content})
+            continue
+        if m.content or m.role == "user":
+            items.append({"role": m.role, "content": m.content})
+        for c in m.tool_calls:
+            items.append({"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments})
+    params: dict[str, Any] = {"model": profile.model, "input": items, "max_output_tokens": limit}
+    if system := "\n\n".join(m.content for m in request.messages if m.role == "system"):
+        params["instructions"] = system
+    if request.tools:
+        params["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.json_schema,
+                "strict": False,
+            }
+            for t in request.tools
+        ]
+    if request.json_mode:
+        params["text"] = {"format": {"type": "json_object"}}
+    return params
+
+
+async def _poll_until(
+    profile: ModelProfile,
+    attempt: ModelAttemptState,
+    poll: Callable[[], Awaitable[Any]],
+    cancel: Callable[[], Awaitable[None]],
+    current: Any,
+    *,
+    waiting: Callable[[Any], bool],
+    describe: Callable[[Any], str],
+) -> Any:
+    """Poll a background call until it leaves its waiting states. Each poll beats (the
+    handle stays in the details); cancelling the activity (an abort) cancels the call at
+    the provider. Near the attempt's end the attempt ends ModelStillRunning and the next
+    one polls the same call, or, on the last attempt, the call is cancelled and its cost
+    is unknown."""
+    try:
+        while current is None or waiting(current):
+            if current is not None:
+                attempt.status = describe(current)
+                attempt.beat()
+                if attempt.seconds_left() < profile.poll_interval_s + 1:
+                    await _still_running(profile, attempt, cancel)
+                await asyncio.sleep(profile.poll_interval_s)
+            current = await poll()
+    except asyncio.CancelledError:
+        await _cancel_quietly(cancel)
+        raise
+    return current
+
+
+async def _still_running(profile: ModelProfile, attempt: ModelAttemptState, cancel: Callable[[], Awaitable[None]]):
+    assert attempt.handle is not None
+    where = f"model profile '{profile.name}': background call {attempt.handle.id}"
+    if attempt.last_attempt:
+        await _cancel_quietly(cancel)
+        raise ModelError(
+            f"{where} still running on the last attempt: cancelled",
+            billed_unknown=True,
+            type="ModelStillRunning",
+            non_retryable=True,
+        )
+    raise ApplicationError(
+        f"{where} still running at the end of attempt {attempt.attempt}; the next attempt polls it",
+        type="ModelStillRunning",
+        non_retryable=False,
+        next_retry_delay=timedelta(seconds=profile.poll_interval_s),
+    )
+
+
+async def _cancel_quietly(cancel: Callable[[], Awaitable[None]]) -> None:
+    """Best effort: the activity ends either way, and a call left running only costs."""
+    try:
+        await asyncio.wait_for(cancel(), CANCEL_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - a failed cancel must not mask why the activity ends
+        log_cancel_failure(err)
+
+
+def log_cancel_failure(err: Exception) -> None:
+    if activity.in_activity():
+        activity.logger.warning("cancelling a background model call failed", extra={"error": type(err).__name__})
+
+
 # --- Anthropic -------------------------------------------------------------------
 
 
 class AnthropicProvider(SdkProvider):
-    async def chat(self, request: ChatRequest) -> ChatResponse:
+    async def chat(self, request: ChatRequest, attempt: ModelAttemptState | None = None) -> ChatResponse:
+        attempt = attempt or ModelAttemptState("a model call", self.profile.name)
+        params = self._params(request)
+        # Imported here: the anthropic package costs ~3 s of worker start-up, paid
+        # only by workers that use an Anthropic profile.
+        import anthropic
+
+        client = self._client("anthropic", anthropic.AsyncAnthropic)
+        resuming = attempt.handle is not None and attempt.handle.kind == BATCH_HANDLE
+        if resuming or self.profile.background_for(params["max_tokens"]):
+            return await self._batch(client, params, attempt)
+        attempt.status = "waiting for the reply"
+        try:
+            message = await client.messages.create(**params, timeout=request_timeout(self.profile, attempt.deadline))
+        except anthropic.APIError as err:
+            raise model_error(err, self.profile, self._api_key) from None
+        return self._normalised(message)
+
+    def _params(self, request: ChatRequest) -> dict[str, Any]:
         system = "\n\n".join(m.content for m in request.messages if m.role == "system")
         if request.json_mode:
             system = f"{system}\n\n{JSON_ONLY}".strip()
@@ -194,15 +414,69 @@ class AnthropicProvider(SdkProvider):
             params["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.json_schema} for t in request.tools
             ]
-        # Imported here: the anthropic package costs ~3 s of worker start-up, paid
-        # only by workers that use an Anthropic profile.
+        return params
+
+    async def _batch(self, client: Any, params: dict[str, Any], attempt: ModelAttemptState) -> ChatResponse:
+        """A Message Batch of this one request: created once, its id beaten, polled until it
+        has ended, then its one result read. An attempt that finds an id resumes that batch."""
         import anthropic
 
-        client = self._client("anthropic", anthropic.AsyncAnthropic)
+        batch = None
+        if attempt.handle is None or attempt.handle.kind != BATCH_HANDLE:
+            try:
+                batch = await client.messages.batches.create(
+                    requests=[{"custom_id": BATCH_CUSTOM_ID, "params": params}],
+                    timeout=request_timeout(self.profile, attempt.deadline),
+                )
+            except anthropic.APIError as err:
+                raise model_error(err, self.profile, self._api_key) from None
+            attempt.record_handle(BATCH_HANDLE, batch.id)
+        assert attempt.handle is not None
+        handle = attempt.handle.id
+
+        async def poll() -> Any:
+            try:
+                return await client.messages.batches.retrieve(
+                    handle, timeout=request_timeout(self.profile, attempt.deadline)
+                )
+            except anthropic.APIError as err:
+                raise model_error(err, self.profile, self._api_key) from None
+
+        async def cancel() -> None:
+            await client.messages.batches.cancel(handle, timeout=CANCEL_TIMEOUT_S)
+
+        await _poll_until(
+            self.profile,
+            attempt,
+            poll,
+            cancel,
+            batch,
+            waiting=lambda b: b.processing_status != "ended",
+            describe=lambda b: f"batch {b.processing_status}",
+        )
         try:
-            message = await client.messages.create(**params)
+            results = [r async for r in await client.messages.batches.results(handle)]
         except anthropic.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
+        attempt.handle_done()
+        result = next((r.result for r in results if r.custom_id == BATCH_CUSTOM_ID), None)
+        where = f"model profile '{self.profile.name}': batch {handle}"
+        if result is None:
+            raise ModelError(f"{where} ended without a result", billed_unknown=True, type="ModelRetryable")
+        if result.type == "succeeded":
+            return self._normalised(result.message)
+        if result.type == "errored":
+            error = getattr(result.error, "error", None)
+            kind = getattr(error, "type", "api_error")
+            message = _redact(f"{where}: {kind}: {getattr(error, 'message', '')}", self._api_key)
+            # The request's own fault fails again; anything else may pass on a new batch.
+            rejected = kind == "invalid_request_error"
+            failure = "ModelRequestRejected" if rejected else "ModelRetryable"
+            raise ModelError(message, type=failure, non_retryable=rejected)
+        # canceled or expired: never processed, never billed.
+        raise ModelError(f"{where}: the request was {result.type}", type="ModelRetryable")
+
+    def _normalised(self, message: Any) -> ChatResponse:
         texts, calls = [], []
         for block in message.content:
             if block.type == "text":
@@ -277,29 +551,74 @@ def _arguments_object(arguments: str) -> dict[str, Any]:
 # --- errors ------------------------------------------------------------------------
 
 
-def model_error(err: Exception, profile: ModelProfile, api_key: str | None = None) -> ApplicationError:
-    """The ApplicationError Temporal should see for a failed provider call.
+def model_error(err: Exception, profile: ModelProfile, api_key: str | None = None) -> ModelError:
+    """The ApplicationError Temporal should see for a failed provider call, with what it cost.
 
     408, 409, 429 and 5xx retry (after Retry-After when given); other 4xx are
-    the request's fault and do not; unreachable servers and timeouts retry.
+    the request's fault and do not; unreachable servers retry. A timeout before the
+    provider accepted the request retries; one while waiting for the reply does not:
+    the provider took the request and bills it, and the wait was already as long as
+    the attempt allows (activities/models/timeouts.py), so a re-send would pay again
+    for the same outcome. Usage in an error body is kept on the error.
     """
     where = f"model profile '{profile.name}' ({profile.provider}, {profile.model})"
     status = getattr(err, "status_code", None)
     if isinstance(status, int):
         response = getattr(err, "response", None)
-        reason = _redact(_provider_message(getattr(err, "body", None)) or str(err), api_key)
+        body = getattr(err, "body", None)
+        reason = _redact(_provider_message(body) or str(err), api_key)
         message = f"{where}: HTTP {status}: {reason}"
+        usage = _error_usage(body, profile) or _error_usage(_response_json(response), profile)
         if status in (408, 409, 429) or status >= 500:
             delay = retry_after(response.headers) if response is not None else None
-            return ApplicationError(message, type="ModelRetryable", non_retryable=False, next_retry_delay=delay)
-        return ApplicationError(message, type="ModelRequestRejected", non_retryable=True)
+            return ModelError(message, usage=usage, type="ModelRetryable", non_retryable=False, next_retry_delay=delay)
+        return ModelError(message, usage=usage, type="ModelRequestRejected", non_retryable=True)
+    if isinstance(err, _connection_errors()) and reply_timed_out(err):
+        return ModelError(
+            _redact(
+                f"{where}: no reply within this attempt's time; the provider may bill the request all the same. "
+                'For calls this long set mode = "background" on the profile',
+                api_key,
+            ),
+            billed_unknown=True,
+            type="ModelReplyTimedOut",
+            non_retryable=True,
+        )
     if isinstance(err, _connection_errors()):
         cause = f" ({err.__cause__})" if err.__cause__ else ""
         target = profile.base_url or "the provider's API"
         message = _redact(f"{where}: cannot reach {target}: {err}{cause}", api_key)
-        return ApplicationError(message, type="ModelUnavailable", non_retryable=False)
-    # Anything else (e.g. a reply that does not fit the schema) is treated as transient.
-    return ApplicationError(_redact(f"{where}: {type(err).__name__}: {err}", api_key), type="ModelRetryable")
+        return ModelError(message, type="ModelUnavailable", non_retryable=False)
+    # Anything else (e.g. a reply that does not fit the schema) is treated as transient;
+    # a reply arrived, so it may be billed.
+    return ModelError(
+        _redact(f"{where}: {type(err).__name__}: {err}", api_key), billed_unknown=True, type="ModelRetryable"
+    )
+
+
+def _response_json(response: Any) -> object:
+    """The whole error body (the OpenAI SDK keeps only its `error` member as `body`)."""
+    try:
+        return response.json() if response is not None else None
+    except (ValueError, AttributeError, RuntimeError):
+        return None
+
+
+def _error_usage(body: object, profile: ModelProfile) -> Usage | None:
+    """Usage an error body reports (either provider's field names), else None."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    try:
+        input_tokens = int(usage.get("input_tokens", usage.get("prompt_tokens", 0)))
+        output_tokens = int(usage.get("output_tokens", usage.get("completion_tokens", 0)))
+    except (TypeError, ValueError):
+        return None
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=profile.cost_usd(input_tokens, output_tokens),
+    )
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:

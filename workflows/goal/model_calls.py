@@ -1,6 +1,15 @@
 """Every model call of a goal: the context it is told (pending steers apply here,
 at the model-turn boundary), one set of activity options, and the charge of its
-usage. Planner, drift check, llm nodes and agent turns all call through here.
+usage, failed attempts included. Planner, drift check, llm nodes and agent turns all
+call through here.
+
+Failed attempts (the provider bills them) reach the ledger by one of three ways, all
+read from data in history, so replay charges the same: the successful result's
+`failed_attempts` (workflows/retries.py `with_attempts`); the failing ApplicationError's
+details, when the activity failed for good; or, when its last attempt timed out (the
+worker died), that attempt's last heartbeat details, where attempts that left no record
+are the ones that died with their worker. A record without usage is charged at the
+node kind's P80 estimate, marked estimated (Spend.charge_failed_attempts).
 
 Workflow code: it schedules activities. A new model-backed activity needs only an
 input and a result type in workflows/contracts.py and a call to `ModelCalls.run`.
@@ -12,12 +21,19 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from workflows.contracts import ModelContext, Usage
 from workflows.goal.context import GoalContext
 from workflows.goal.inbox import Inbox
 from workflows.goal.spend import Spend
-from workflows.retries import MODEL_OPTIONS
+from workflows.retries import (
+    MODEL_OPTIONS,
+    ModelAttempt,
+    failed_attempts_in,
+    unaccounted_attempts,
+    with_attempts,
+)
 from workflows.state import Node
 
 
@@ -26,6 +42,8 @@ class _Charged(Protocol):
 
 
 R = TypeVar("R", bound=_Charged)
+# What a failed attempt of a call outside any node (planner, drift check) is estimated as.
+UNNODED_KIND = "llm"
 
 
 class ModelCalls:
@@ -53,10 +71,39 @@ class ModelCalls:
     async def run(
         self, activity: str, payload: BaseModel, result_type: type[R], summary: str, node: Node | None = None
     ) -> R:
-        """One model activity; its usage is charged to the goal (and to `node`) as it returns.
-        An ActivityError (out of retries) propagates: what it means is the caller's call."""
-        result = await workflow.execute_activity(
-            activity, payload, result_type=result_type, summary=summary, **MODEL_OPTIONS
-        )
+        """One model activity; its usage, and its failed attempts', are charged to the goal
+        (and to `node`) as it returns. An ActivityError (out of retries) propagates once
+        its failed attempts are charged: what it means is the caller's call."""
+        kind = node.kind if node is not None else UNNODED_KIND
+        try:
+            result = await workflow.execute_activity(
+                activity, payload, result_type=with_attempts(result_type), summary=summary, **MODEL_OPTIONS
+            )
+        except ActivityError as err:
+            for attempt in attempts_of_failure(err):
+                self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
+            raise
+        for attempt in getattr(result, "failed_attempts", []):
+            self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
         self._spend.charge(result.usage, node)
-        return result
+        return result  # type: ignore[return-value]  # a subclass of result_type
+
+
+def attempts_of_failure(err: ActivityError) -> list[ModelAttempt]:
+    """The failed attempts of an activity that failed for good, from what history holds."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return failed_attempts_in(cause.details)
+    if isinstance(cause, TimeoutError):
+        details = list(cause.last_heartbeat_details)
+        info = details[0] if details and isinstance(details[0], dict) else {}
+        # No heartbeat at all: the one attempt died before its first beat, maybe mid-request.
+        through = info.get("attempt") if isinstance(info.get("attempt"), int) else 1
+        return failed_attempts_in(info) + unaccounted_attempts(info, through, handle_pays=True)
+    return []
+
+
+def usage_of(attempt: ModelAttempt) -> Usage | None:
+    if not attempt.known:
+        return None
+    return Usage(input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens, cost_usd=attempt.cost_usd)
