@@ -279,3 +279,32 @@ async def test_agent_malformed_replay_comes_back_as_an_error_and_the_goal_goes_o
     assert lines(workspace) == []
     first, second = server.requests()
     assert "bad arguments for run_command: replay:" in second["last_message"]
+
+
+@pytest.mark.process
+async def test_agent_command_killed_mid_run_asks_and_the_agent_goes_on_from_the_answer(crash_rig, scripted, tmp_path):
+    model = scripted(
+        tool_then_answer("run_command", {"command": APPEND}, when="not run again", answer="Appended once.")
+    )
+    rig = crash_rig(model=model)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = Plan.model_validate({"steps": [agent("log", "Append a line to runs.log.", ["run_command"])]})
+    worker = rig.start_worker()
+    handle = await rig.start_goal(spec(workspace, plan=plan, allowed_tools=["run_command"]))
+    await wait_for_lines(workspace, 1)
+    worker.kill()
+    await rig.after_kill(handle)
+    rig.start_worker()
+
+    snapshot = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+    assert snapshot.questions[0].title == "Did run_command in step 'log' happen?"
+    assert statuses(snapshot) == {"log": "uncertain"}
+    await submit(handle, Answer(request_id="u1", question_id=snapshot.questions[0].id, choice="happened"))
+    result = await rig.result(handle)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert rig.store.get_text(result.outputs["log"]) == "Appended once."
+    assert lines(workspace) == ["ran"]  # the agent's resumed loop did not run the command again
+    # Turn 1 asked for the command, turn 2 saw "not run again": no turn was repeated.
+    assert len(model.requests()) == 2, [r["last_message"][:80] for r in model.requests()]
