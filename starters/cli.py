@@ -78,7 +78,17 @@ def start(
     ] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Token budget.")] = None,
     max_cost: Annotated[float | None, typer.Option(help="Cost budget in USD.")] = None,
-    max_wall: Annotated[int | None, typer.Option(help="Wall-time budget in seconds.")] = None,
+    max_wall: Annotated[
+        int | None,
+        typer.Option(help="Wall-time budget in seconds of active time (parked and waiting for a person not counted)."),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            help="Calendar deadline, an ISO 8601 time (2026-12-01T18:00, local time unless it has an offset): "
+            "counts everything, parks included."
+        ),
+    ] = None,
     goal_id: Annotated[str | None, typer.Option("--id", help="Goal id (default: generated).")] = None,
     premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
@@ -112,7 +122,12 @@ def start(
             goal=goal,
             plan=plan_obj,
             constraints=constraints,
-            budget={"max_tokens": max_tokens, "max_cost_usd": max_cost, "max_wall_seconds": max_wall},
+            budget={
+                "max_tokens": max_tokens,
+                "max_cost_usd": max_cost,
+                "max_wall_seconds": max_wall,
+                "deadline": _deadline(deadline),
+            },
             model_profile=profile,
             allowed_tools=allowed,
             workspace=str(root),
@@ -376,6 +391,23 @@ def narrow(
     from workflows.messages import Narrow
 
     _send(goal_id, Narrow, request_id, premises=_key_values(premises), why=why)
+
+
+def _deadline(text: str | None) -> datetime | None:
+    """`--deadline`: an ISO 8601 time, local unless it names an offset; never in the past."""
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        example = "e.g. 2026-12-01T18:00"
+        err_console.print(f"[red]error:[/red] --deadline '{escape(text)}' is not an ISO 8601 time ({example})")
+        raise typer.Exit(2) from None
+    when = when if when.utcoffset() is not None else when.astimezone()
+    if when <= datetime.now(UTC):
+        err_console.print(f"[red]error:[/red] --deadline {when.isoformat()} is in the past")
+        raise typer.Exit(2)
+    return when
 
 
 def _key_values(items: list[str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from datetime import UTC
 
 from rich.console import Console
 from rich.markdown import Markdown
@@ -21,6 +22,7 @@ from runtime import settings
 from starters import goals
 from workflows import search_attributes as sa
 from workflows.contracts import GoalResult, ProgressSnapshot
+from workflows.durations import duration_text
 from workflows.messages import InboxView, Receipt
 
 STATUS_STYLE = {
@@ -58,7 +60,8 @@ def print_status(
         f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
     )
     for dimension, fraction in snap.budget.items():
-        console.print(f"budget {dimension:<13} {budget_bar(fraction)} {fraction:>4.0%}")
+        label = BUDGET_LABELS.get(dimension, dimension)
+        console.print(f"budget {label:<13} {budget_bar(fraction)} {fraction:>4.0%}{_budget_note(dimension, snap)}")
     if snap.degraded:
         console.print("[yellow]running degraded: past the soft budget gate[/yellow]")
     if snap.eta:
@@ -91,6 +94,19 @@ def print_status(
         console.print(f"[dim]gate[/dim] {escape(entry)}")
     if snap.failure:
         console.print(f"[red]failure:[/red] {escape(snap.failure)}")
+
+
+# What each budget dimension is called where a person reads it.
+BUDGET_LABELS = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "active time", "calendar_seconds": "deadline"}
+
+
+def _budget_note(dimension: str, snap: ProgressSnapshot) -> str:
+    """The time budgets say what they count: active time so far, and when the deadline is."""
+    if dimension == "wall_seconds":
+        return f" · {duration_text(snap.active_seconds)} active (parked and waiting for a person not counted)"
+    if dimension == "calendar_seconds" and snap.deadline is not None:
+        return f" · due {snap.deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC (parks included)"
+    return ""
 
 
 def budget_bar(fraction: float, width: int = 20) -> str:

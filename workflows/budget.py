@@ -6,8 +6,9 @@ the workflow records with each decision. The workflow calls `gate` before every
 dispatch and `emergency_check` whenever usage changes while nodes run; the
 prompt never sees a budget.
 
-Pure: runs inside the workflow sandbox, so no I/O, clocks or randomness. Wall
-time used is passed in (the workflow computes it from `workflow.now()`). It
+Pure: runs inside the workflow sandbox, so no I/O, clocks or randomness. Time
+used is passed in (the workflow computes it from `workflow.now()`): wall time is
+the goal's active time, calendar time counts everything up to a deadline. It
 does not cancel, compact or record anything itself; it only decides.
 """
 
@@ -22,10 +23,10 @@ from workflows.durations import duration_text
 from workflows.estimates import KindEstimate, describe_basis
 
 GateAction = Literal["dispatch", "degraded", "skip", "wrap_up_only", "emergency_stop"]
-Dimension = Literal["tokens", "cost_usd", "wall_seconds"]
+Dimension = Literal["tokens", "cost_usd", "wall_seconds", "calendar_seconds"]
 
 # Fixed order: ties between dimensions resolve to the earlier one, so reasons are stable.
-DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
+DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds", "calendar_seconds")
 DEFAULT_SOFT_FRACTION = 0.7
 
 # How severe each action is; as usage grows the action for a node never gets less severe.
@@ -39,11 +40,15 @@ ACTION_SEVERITY: dict[str, int] = {
 
 
 class BudgetUse(BaseModel):
-    """What the goal has used so far, in the three budgeted dimensions."""
+    """What the goal has used so far, in the budgeted dimensions."""
 
     tokens: int = Field(default=0, ge=0)
     cost_usd: float = Field(default=0.0, ge=0)
-    wall_seconds: float = Field(default=0.0, ge=0)
+    wall_seconds: float = Field(default=0.0, ge=0, description="Active time.")
+    calendar_seconds: float = Field(default=0.0, ge=0, description="Everything since the goal started.")
+    deadline_seconds: float | None = Field(
+        default=None, description="From the goal's start to its deadline: the calendar limit, if it has one."
+    )
 
 
 class GateDecision(BaseModel):
@@ -62,11 +67,13 @@ class GateDecision(BaseModel):
     fraction_used: dict[str, float] = Field(default_factory=dict)
 
 
-def _limits(budget: Budget) -> dict[Dimension, float]:
+def _limits(budget: Budget, used: BudgetUse) -> dict[Dimension, float]:
     limits: dict[Dimension, float | None] = {
         "tokens": budget.max_tokens,
         "cost_usd": budget.max_cost_usd,
         "wall_seconds": budget.max_wall_seconds,
+        # A deadline already past at the start leaves no time at all (a tiny limit, not zero).
+        "calendar_seconds": None if used.deadline_seconds is None else max(used.deadline_seconds, 1e-3),
     }
     return {d: float(limit) for d, limit in limits.items() if limit is not None}
 
@@ -76,14 +83,14 @@ def _used(used: BudgetUse, dimension: Dimension) -> float:
 
 
 def _estimated(estimate: KindEstimate, dimension: Dimension) -> float:
-    return {"tokens": estimate.tokens_p80, "cost_usd": estimate.cost_p80, "wall_seconds": estimate.seconds_p80}[
-        dimension
-    ]
+    if dimension in ("wall_seconds", "calendar_seconds"):
+        return estimate.seconds_p80
+    return {"tokens": estimate.tokens_p80, "cost_usd": estimate.cost_p80}[dimension]
 
 
 def budget_fractions(budget: Budget, used: BudgetUse) -> dict[str, float]:
     """Fraction used of each limited dimension (1.0 = all of it; may exceed 1). Unlimited ones are absent."""
-    return {d: _used(used, d) / limit for d, limit in _limits(budget).items()}
+    return {d: _used(used, d) / limit for d, limit in _limits(budget, used).items()}
 
 
 def format_amount(dimension: Dimension, value: float) -> str:
@@ -100,7 +107,8 @@ def format_amount(dimension: Dimension, value: float) -> str:
 
 
 def _label(dimension: Dimension) -> str:
-    return {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "wall time"}[dimension]
+    labels = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "active wall time"}
+    return labels.get(dimension, "calendar time (to the deadline)")
 
 
 def _worst(fractions: dict[str, float]) -> Dimension:
@@ -138,7 +146,7 @@ def gate(
     """
     if not 0.0 < soft_fraction <= 1.0:
         raise ValueError(f"soft_fraction must be within (0, 1], got {soft_fraction}")
-    limits = _limits(budget)
+    limits = _limits(budget, used)
     fractions = budget_fractions(budget, used)
     if not limits:
         return GateDecision(action="dispatch", reason="no budget limits set", fraction_used=fractions)
@@ -203,19 +211,21 @@ def gate(
     return GateDecision(action="dispatch", reason=f"{worst_text}: within budget", fraction_used=fractions)
 
 
-def emergency_check(budget: Budget, used: BudgetUse, *, ceiling: float = 1.0) -> GateDecision | None:
+def emergency_check(
+    budget: Budget, used: BudgetUse, *, ceiling: float = 1.0, at_limit: bool = False
+) -> GateDecision | None:
     """While nodes run: an emergency_stop decision if any dimension is past `ceiling` (1.0 = 100%), else None.
 
     "Past" is strict: usage exactly at the limit is not an emergency (the next
-    dispatch meets the hard gate instead). Wrap-up nodes run past 100% by
-    design, so while one runs the caller either skips this check or passes a
-    higher `ceiling`.
+    dispatch meets the hard gate instead), unless `at_limit`: the clock that fires
+    the moment a time budget runs out, with work still in flight. Wrap-up nodes
+    run past 100% by design, so while only they run the caller skips this check.
     """
-    limits = _limits(budget)
+    limits = _limits(budget, used)
     if not limits:
         return None
     fractions = budget_fractions(budget, used)
-    over = {d: f for d, f in fractions.items() if f > ceiling}
+    over = {d: f for d, f in fractions.items() if f > ceiling or (at_limit and f >= ceiling)}
     if not over:
         return None
     worst = _worst(over)

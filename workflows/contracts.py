@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workflows.plan import NodeKind, Plan
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
@@ -77,6 +77,13 @@ class Budget(BaseModel):
     deadline: datetime | None = Field(
         default=None, description="A calendar deadline (timezone-aware): counts everything, parks included."
     )
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_has_a_timezone(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.utcoffset() is None:
+            raise ValueError("a deadline needs a timezone, e.g. 2026-12-01T18:00:00+01:00 or 2026-12-01T17:00:00Z")
+        return value
 
 
 class GoalSpec(BaseModel):

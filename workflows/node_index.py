@@ -36,6 +36,9 @@ class NodeIndex:
         steps = plan.steps if plan is not None else []
         self._step_position = {s.name: i for i, s in enumerate(steps)}
         self._needs = {s.name: s.needs for s in steps}
+        # Wrap-up steps (list what is unfinished, notify the owner) run once their needs
+        # have ended, however they ended.
+        self._wrap_up = {s.name for s in steps if s.wrap_up}
         self._dependants: dict[str, list[str]] = {s.name: [] for s in steps}
         for step in steps:
             for dep in step.needs:
@@ -68,11 +71,16 @@ class NodeIndex:
             self._ready.update(d for d in self._dependants.get(name, ()) if self._is_ready(d))
         elif old == "succeeded":
             self._ready.difference_update(self._dependants.get(name, ()))
+        if self._wrap_up and (status in TERMINAL or old in TERMINAL):
+            for dependant in self._dependants.get(name, ()):
+                if dependant in self._wrap_up:
+                    (self._ready.add if self._is_ready(dependant) else self._ready.discard)(dependant)
 
     # --- answers --------------------------------------------------------------------
 
     def ready(self) -> list[str]:
-        """Pending steps whose dependencies all succeeded, in plan order."""
+        """Pending steps whose dependencies all succeeded (a wrap-up step's: all ended),
+        in plan order."""
         return sorted(self._ready, key=self._step_position.__getitem__)
 
     def count(self, statuses: Collection[str]) -> int:
@@ -99,7 +107,10 @@ class NodeIndex:
 
     def _is_ready(self, name: str) -> bool:
         nodes = self._nodes
-        return nodes[name].status == "pending" and all(nodes[d].status == "succeeded" for d in self._needs[name])
+        if nodes[name].status != "pending":
+            return False
+        settled = TERMINAL if name in self._wrap_up else ("succeeded",)
+        return all(nodes[d].status in settled for d in self._needs[name])
 
     def _enter(self, name: str, kind: str, status: str) -> None:
         self._by_status.setdefault(status, {})[name] = None

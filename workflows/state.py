@@ -181,6 +181,7 @@ class PauseState(BaseModel):
     expires_at: datetime | None = None
     expiry_asked: bool = False
     rollback: bool = False
+    emergency: bool = Field(default=False, description="Aborting because a budget ran out while work ran.")
 
 
 class CompensationRecord(BaseModel):

@@ -33,6 +33,12 @@ AGENT_WAITS_PATCH = "agent-waits-are-state"
 # Goals recorded before a rewind or narrow reached steps waiting for a person or parked
 # (they went on with inputs the rewind had voided) leave them alone.
 VOID_WAITS_PATCH = "void-reaches-waits"
+# Goals recorded before the wall budget counted active time only (it counted parks and
+# waits for a person), before a clock stopped the goal when a time budget ran out (only
+# a charged model call could), and before wrap-up steps (which become ready when their
+# needs end however they ended, so the loop looks for ready work again before it ends)
+# keep the old accounting and the old end of the loop.
+BUDGET_CLOCK_PATCH = "active-time-clock-wrap-up"
 # Goals recorded before any error of a node's work settled the node (its task died and
 # the node stayed running) replay the old way (scheduler.py).
 NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
@@ -80,7 +86,7 @@ class GoalContext:
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
-        self.void_reaches_waits = False
+        self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = False
 
     def decide_patches(self) -> None:
@@ -91,6 +97,7 @@ class GoalContext:
         self.agent_waits_are_state = workflow.patched(AGENT_WAITS_PATCH)
         self.void_reaches_waits = workflow.patched(VOID_WAITS_PATCH)
         self.commands_ask = workflow.patched(COMMAND_REPLAY_PATCH)
+        self.budgets_by_time_and_wrap_up = workflow.patched(BUDGET_CLOCK_PATCH)
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""
@@ -108,11 +115,14 @@ class GoalContext:
         return plan
 
     def inputs(self, step: PlanStep) -> dict[str, ArtifactRef]:
-        """The outputs of the steps `step` needs (it is ready, so they all have one)."""
+        """The outputs of the steps `step` needs (it is ready, so they all have one,
+        except for a wrap-up step's needs that ended without one)."""
         refs = {}
         for dep in step.needs:
             output = self.state.nodes[dep].output
-            assert output is not None
+            if output is None:
+                assert step.wrap_up, f"step '{step.name}' is ready without the output of '{dep}'"
+                continue
             refs[dep] = output
         return refs
 

@@ -48,10 +48,13 @@ class Pause:
                 question.status, question.answer, question.answered_at = "answered", "resume", workflow.now()
         workflow.logger.info("resumed", extra={"why": why})
 
-    def abort(self, reason: str, rollback: bool) -> None:
+    def abort(self, reason: str, rollback: bool, emergency: bool = False) -> None:
+        """Stop the goal. `emergency`: a budget ran out while work ran (not a person's
+        abort), so the plan's wrap-up steps still run before the report."""
         state = self._ctx.state
         state.pause.mode = "aborting"
         state.pause.rollback = rollback
+        state.pause.emergency = emergency
         state.abort_reason = reason
 
     def timeout(self) -> timedelta | None:

@@ -29,7 +29,10 @@ class Publisher:
 
     def snapshot(self) -> ProgressSnapshot:
         fractions = self._spend.fractions()
-        return progress_snapshot(self._ctx.state, self._ctx.goal_id, self.percent_done(), fractions, self._eta())
+        snap = progress_snapshot(self._ctx.state, self._ctx.goal_id, self.percent_done(), fractions, self._eta())
+        snap.active_seconds = round(self._spend.actual_use().wall_seconds, 1)
+        snap.deadline = self._ctx.state.spec.budget.deadline
+        return snap
 
     def publish(self) -> None:
         """Mirror phase and progress to search attributes and the UI's details.

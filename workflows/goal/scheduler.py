@@ -241,6 +241,26 @@ class Scheduler:
                 node.error = why
             node.finished_at = workflow.now()
 
+    def stop_pending(self, why: str) -> list[str]:
+        """An emergency stop: every pending step but the wrap-up ones will not run; they
+        are abandoned with the reason, and the wrap-up steps they held become ready."""
+        plan, nodes = self._ctx.plan(), self._ctx.state.nodes
+        wrap_up = []
+        for name in self._ctx.index().names(("pending",)):
+            if plan.step(name).wrap_up:
+                wrap_up.append(name)
+            else:
+                self._ctx.set_status(nodes[name], "abandoned")
+                nodes[name].error = f"not started: {why}"
+        return wrap_up
+
+    def dispatch_wrap_up(self) -> None:
+        """After an emergency stop: start the wrap-up steps that are ready, past every gate."""
+        plan = self._ctx.plan()
+        for name in self._ctx.index().ready():
+            if plan.step(name).wrap_up:
+                self._dispatch(plan.step(name))
+
     def _stop_node(self, name: str, reason: str) -> None:
         node = self._ctx.state.nodes[name]
         self._ctx.set_status(node, "abandoned")
@@ -370,8 +390,9 @@ class Scheduler:
         return [node, *followers]
 
     def _abandon_downstream(self, failed: str) -> None:
-        for name in graph.downstream(self._ctx.plan(), failed):
+        plan = self._ctx.plan()
+        for name in graph.downstream(plan, failed):
             blocked = self._ctx.state.nodes[name]
-            if blocked.status == "pending":
+            if blocked.status == "pending" and not plan.step(name).wrap_up:
                 self._ctx.set_status(blocked, "abandoned")
                 blocked.error = f"needs '{failed}', which failed"

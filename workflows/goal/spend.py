@@ -1,6 +1,7 @@
 """What the goal spends and may spend: the budget and density gates before a node
 is dispatched, the estimates they judge by, reservations for work in flight, the
-charge of every model call, and the emergency stop.
+charge of every model call, active time (what the wall budget counts), and the
+emergency stop, by a charge past the budget or by the clock.
 
 Workflow code, deciding from the ledger in the state; the rules themselves are
 pure (workflows/budget.py, density.py, estimates.py). A new budget rule is a
@@ -10,6 +11,7 @@ branch of `admit` (before dispatch) or of `charge` (after a call).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
@@ -43,6 +45,8 @@ class Spend:
         self._pause = pause
         # Kind -> estimate, for one pass of the loop: the ledger does not change within it.
         self._estimates: dict[str, KindEstimate] = {}
+        # Bumped when the goal becomes active or idle: the budget clock re-arms.
+        self.activity_changes = 0
 
     def new_pass(self) -> budget.BudgetUse:
         """Start a dispatch pass: estimates afresh, and what is committed so far."""
@@ -58,14 +62,14 @@ class Spend:
             committed,
             self.estimate(step.kind),
             node_kind=step.kind,
-            wrap_up=False,
+            wrap_up=step.wrap_up,
             soft_fraction=state.spec.soft_gate,
         )
         if decision.action in ("skip", "wrap_up_only", "emergency_stop"):
             if self._ctx.index().any(IN_FLIGHT):
                 return Admission("wait")
             return Admission("stop", f"not started: {decision.reason}")
-        if step.needs and state.spec.budget.max_cost_usd:
+        if step.needs and state.spec.budget.max_cost_usd and not step.wrap_up:
             limit = fair_share_limit(state.spec.budget.max_cost_usd, len(state.nodes))
             verdict = verdict_for_step(step.name, state.nodes, limit)
             if verdict.action != "ok":
@@ -76,13 +80,54 @@ class Spend:
         return Admission("run")
 
     def actual_use(self) -> budget.BudgetUse:
-        state = self._ctx.state
-        started = state.started_at or workflow.now()
+        state, now = self._ctx.state, workflow.now()
+        started = state.started_at or now
+        calendar = (now - started).total_seconds()
+        deadline = state.spec.budget.deadline
         return budget.BudgetUse(
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
-            wall_seconds=(workflow.now() - started).total_seconds(),
+            wall_seconds=self.active_seconds() if self._ctx.budgets_by_time_and_wrap_up else calendar,
+            calendar_seconds=calendar,
+            deadline_seconds=(deadline - started).total_seconds() if deadline else None,
         )
+
+    # --- active time and the budget clock -----------------------------------------
+
+    def mark_activity(self, active: bool) -> None:
+        """The goal is active (work in flight or ready to run) or idle (parked, or
+        waiting only for a person) from now on."""
+        ledger, now = self._ctx.state.ledger, workflow.now()
+        if active and ledger.active_since is None:
+            ledger.active_since = now
+        elif not active and ledger.active_since is not None:
+            ledger.active_seconds += (now - ledger.active_since).total_seconds()
+            ledger.active_since = None
+        else:
+            return
+        self.activity_changes += 1
+
+    def active_seconds(self) -> float:
+        ledger = self._ctx.state.ledger
+        running = (workflow.now() - ledger.active_since).total_seconds() if ledger.active_since else 0.0
+        return ledger.active_seconds + running
+
+    def time_to_limit(self) -> timedelta | None:
+        """How long until a time budget runs out at the current pace (active time
+        advances only while the goal is active; the deadline always), or None."""
+        spec, ledger = self._ctx.state.spec, self._ctx.state.ledger
+        left: list[float] = []
+        if spec.budget.max_wall_seconds and ledger.active_since is not None:
+            left.append(spec.budget.max_wall_seconds - self.active_seconds())
+        if spec.budget.deadline:
+            left.append((spec.budget.deadline - workflow.now()).total_seconds())
+        if not left:
+            return None
+        return timedelta(seconds=max(min(left), 0.0))
+
+    def on_clock(self) -> None:
+        """A time budget ran out: with work still in flight, that is an emergency stop."""
+        self._check_emergency(at_limit=True)
 
     def fractions(self) -> dict[str, float]:
         return budget.budget_fractions(self._ctx.state.spec.budget, self.actual_use())
@@ -151,12 +196,20 @@ class Spend:
         ledger = self._ctx.state.ledger
         return ledger.cost_usd / (ledger.tokens / 1000) if ledger.tokens else None
 
-    def _check_emergency(self) -> None:
+    def _check_emergency(self, at_limit: bool = False) -> None:
         state = self._ctx.state
         if state.pause.mode == "aborting":
             return
-        decision = budget.emergency_check(state.spec.budget, self.actual_use())
+        if self._ctx.budgets_by_time_and_wrap_up and not self._ordinary_work_in_flight():
+            return  # only wrap-up steps run: they may go past the budget, by design
+        decision = budget.emergency_check(state.spec.budget, self.actual_use(), at_limit=at_limit)
         if decision is not None:
             self._ctx.log_gate(f"emergency stop: {decision.reason}")
-            self._pause.abort(f"emergency stop: {decision.reason}", rollback=False)
+            self._pause.abort(f"emergency stop: {decision.reason}", rollback=False, emergency=True)
             self._ctx.wake()
+
+    def _ordinary_work_in_flight(self) -> bool:
+        plan = self._ctx.state.plan
+        if plan is None:
+            return True  # planning
+        return any(not plan.step(name).wrap_up for name in self._ctx.index().names(("running",)))

@@ -9,6 +9,7 @@ GoalContext and no reference back to the workflow.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -72,6 +73,7 @@ class GoalWorkflow:
         self._planner = Planner(ctx, calls, self._scheduler, self._inbox)
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
         self._closing = Closing(ctx, self._publisher.publish)
+        self._clock: asyncio.Task | None = None
 
     def _load(self, input: GoalInput) -> GoalState:
         fresh = GoalState(spec=input.spec, premises=dict(input.spec.premises))
@@ -98,6 +100,9 @@ class GoalWorkflow:
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
+        if self._ctx.budgets_by_time_and_wrap_up:
+            self._spend.mark_activity(True)  # planning, or resuming work carried over
+            self._clock = asyncio.create_task(self._budget_clock())
         try:
             if state.plan is None:
                 await self._planner.make_plan()
@@ -184,12 +189,16 @@ class GoalWorkflow:
                     continue
             running = index().any(IN_FLIGHT)
             if not running and state.pause.mode == "running" and not state.open_questions():
+                if self._ctx.budgets_by_time_and_wrap_up and index().ready():
+                    continue  # made ready during the pass (a wrap-up step whose need was refused)
                 queued = self._inbox.pending(("queue",))
                 if not queued:
                     return
                 await self._planner.plan_follow_up(queued)
                 continue
             state.phase = self._waiting_phase()
+            if self._ctx.budgets_by_time_and_wrap_up:
+                self._spend.mark_activity(self._active())
             self._publisher.publish()
             timeout = self._pause.timeout()
             try:
@@ -199,13 +208,50 @@ class GoalWorkflow:
 
     async def _stop(self, why: str) -> None:
         """Abort (or an emergency stop): cancel all work but the writes in flight, which are
-        never abandoned; once they settle (or time out as uncertain), roll back if asked."""
+        never abandoned; once they settle (or time out as uncertain), roll back if asked.
+        After an emergency stop the plan's wrap-up steps still run."""
         self._scheduler.cancel_in_flight(why)
         while self._ctx.writes_in_flight:
             await self._next_wakeup()
         self._scheduler.cancel_in_flight(why)
-        if self._ctx.state.pause.rollback:
+        pause = self._ctx.state.pause
+        if pause.rollback:
             await self._guard.roll_back()
+        if pause.emergency and self._scheduler.stop_pending(why):
+            while True:
+                self._scheduler.dispatch_wrap_up()
+                if not self._ctx.index().any(IN_FLIGHT):
+                    return
+                await self._next_wakeup()
+
+    def _active(self) -> bool:
+        """Work in flight or ready to run: what the wall budget counts. Parked with
+        nothing running, or waiting only for a person, is not."""
+        index = self._ctx.index()
+        if index.any(("running",)):
+            return True
+        return self._ctx.state.pause.mode == "running" and bool(index.ready())
+
+    async def _budget_clock(self) -> None:
+        """A durable timer for the moment a time budget runs out (active time or the
+        deadline), whatever is in flight: then the goal stops as it would when a charge
+        goes past the budget. Re-armed only when the goal turns active or idle, so a
+        long goal does not pay a timer per loop pass."""
+        spend = self._spend
+        while self._ctx.state.pause.mode != "aborting":
+            seen = spend.activity_changes
+            due = spend.time_to_limit()
+            try:
+                await workflow.wait_condition(
+                    lambda seen=seen: spend.activity_changes != seen or self._ctx.state.pause.mode == "aborting",
+                    timeout=due,
+                    timeout_summary="time budget runs out" if due is not None else None,
+                )
+            except TimeoutError:
+                spend.on_clock()
+                if self._ctx.state.pause.mode != "aborting":
+                    # Nothing to stop right now: the hard gate refuses the next step.
+                    await workflow.wait_condition(lambda seen=seen: spend.activity_changes != seen)
 
     def _wake(self) -> None:
         self._wakeups += 1

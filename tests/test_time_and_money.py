@@ -1,0 +1,187 @@
+"""Budgets that match what the user means (issue 15, section 1), end to end on a real
+server: the wall budget counts active time only (a park or a wait for a person is
+free), a calendar deadline counts everything, a clock stops the goal the moment a
+time budget runs out whatever is in flight, a cost budget's hard gate refuses the
+steps it cannot cover, and the plan's wrap-up steps run past both, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from unittest import mock
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from starters import cli
+from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from tests.builders import STEP_REPLY, llm, openai_profile
+from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
+from workflows.contracts import Budget
+from workflows.goal import GoalWorkflow
+from workflows.messages import Approve, Park, Resume
+
+WALL_S = 31
+PAY = {"amount_cents": 1_000, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 3"}
+
+
+@pytest.fixture
+def hook(fake_service) -> WebhookReceiver:
+    return fake_service(WebhookReceiver)
+
+
+def notice(hook: WebhookReceiver, needs: list[str]) -> dict:
+    """A wrap-up step: tell the owner how it went, whatever happened to the rest."""
+    args = {"url": f"{hook.base_url}/owner", "payload": {"goal": "finished or stopped"}}
+    return {
+        "name": "tell-owner",
+        "kind": "tool",
+        "tool": "notify_webhook",
+        "args": args,
+        "needs": needs,
+        "wrap_up": True,
+    }
+
+
+async def test_a_park_and_a_wait_for_a_person_are_not_charged_to_the_wall_budget(
+    env, task_queue, store, workspace, scripted, fake_service
+):
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    steps = [
+        llm("one"),
+        {"name": "pay", "kind": "tool", "tool": "make_payment", "args": PAY, "needs": ["one"]},
+        llm("two", ["pay"]),
+    ]
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["make_payment"],
+            drift_every=0,
+            # Room for the steps' estimates (a tool step's default P80 is 30 s, an llm step's 60 s).
+            budget=Budget(max_wall_seconds=61, deadline=deadline),
+        )
+        await wait_until(handle, lambda s: s.questions)
+        # Five seconds parked, then more waiting for the approval. A query reads the goal's
+        # clock as of its last workflow task: the resume.
+        await submit(handle, Park(request_id="p1", reason="lunch"))
+        await asyncio.sleep(5)
+        await submit(handle, Resume(request_id="p2"))
+        await asyncio.sleep(1)
+        waited = await handle.query(GoalWorkflow.progress)
+        status = await perdure_status(env, handle.id)
+        await submit(handle, Approve(request_id="ok", question_id="q1"))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.excerpt
+    # Counted as active: the first step and the dispatch of the payment, not the five seconds
+    # (which would be 8 % of the 61 s budget); the deadline counts them.
+    assert statuses(waited)["pay"] == "blocked" and waited.active_seconds < 1.5, waited.active_seconds
+    assert waited.budget["wall_seconds"] < 0.03 and waited.budget["calendar_seconds"] > 5 / 3600
+    assert [e["kind"] for e in payments.ledger()] == ["payment"]
+    # Both time budgets are shown, each saying what it counts.
+    [active] = [line for line in status.splitlines() if line.startswith("budget active time")]
+    assert "active (parked and waiting for a person not counted)" in active
+    [due] = [line for line in status.splitlines() if line.startswith("budget deadline")]
+    assert f"due {deadline:%Y-%m-%d %H:%M} UTC (parks included)" in due
+
+
+async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_and_the_wrap_up_runs_once(
+    env, task_queue, store, workspace, scripted, hook
+):
+    (workspace / "notes.md").write_text("a note\n")
+    # A budget just past a tool step's default P80 (30 s), so the first read may start; after
+    # three chained reads the tool estimate is theirs (milliseconds) and the build starts.
+    reads = [
+        {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
+        | ({"needs": [f"read-{i - 1}"]} if i else {})
+        for i in range(3)
+    ]
+    build = {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 120"}}
+    steps = [*reads, build | {"needs": ["read-2"]}, notice(hook, ["build"])]
+    async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
+        began = time.monotonic()
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["read_file", "run_command", "notify_webhook"],
+            drift_every=0,
+            budget=Budget(max_wall_seconds=WALL_S),
+        )
+        result = await asyncio.wait_for(handle.result(), 90)
+        took = time.monotonic() - began
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    # No model call was charged: the clock alone stopped it, at the budget, not at the command's end.
+    assert WALL_S <= took < WALL_S + 10, took
+    assert result.outcome == "aborted", ([(n.name, n.status, n.error) for n in snapshot.nodes], snapshot.gate_log)
+    assert "emergency stop: active wall time at 100%" in (result.failure or "")
+    assert {k: v for k, v in statuses(snapshot).items() if not k.startswith("read")} == {
+        "build": "abandoned",
+        "tell-owner": "succeeded",
+    }
+    assert len(hook.ledger()) == 1
+
+
+async def test_a_cost_budget_refuses_the_step_it_cannot_cover_and_the_wrap_up_step_still_runs_once(
+    env, task_queue, store, workspace, scripted, hook
+):
+    # Each call bills $0.30 (100k tokens in at $1/M, 100k out at $2/M): two fit in $0.70, three do not.
+    costly = {
+        "when": "PERDURE-STEP",
+        "content": "step done",
+        "usage": {"input_tokens": 100_000, "output_tokens": 100_000},
+    }
+    steps = [llm("s0"), llm("s1", ["s0"]), llm("s2", ["s1"]), notice(hook, ["s2"])]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": [costly]}))):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["notify_webhook"],
+            drift_every=0,
+            budget=Budget(max_cost_usd=0.7),
+        )
+        result = await handle.result()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert statuses(snapshot) == {"s0": "succeeded", "s1": "succeeded", "s2": "abandoned", "tell-owner": "succeeded"}
+    s2 = next(n for n in snapshot.nodes if n.name == "s2")
+    assert "would exceed the remaining $0.1000 of the $0.7000 cost budget" in s2.error, s2.error
+    assert snapshot.cost_usd == pytest.approx(0.6)
+    assert result.outcome == "partial"
+    assert len(hook.ledger()) == 1
+
+
+async def test_the_eta_is_in_the_progress_query_and_in_perdure_status_while_the_goal_runs(
+    env, task_queue, store, workspace, scripted
+):
+    from tests.builders import gate
+
+    steps = [llm("a"), llm("b"), gate(["a", "b"]), llm("c", ["gate"]), llm("d", ["c"])]
+    async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
+        handle = await start(env, task_queue, workspace, steps, drift_every=0)
+        running = await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        status = await perdure_status(env, handle.id)
+        (workspace / "GO").touch()
+        await handle.result()
+
+    assert running.eta and running.eta_confidence in ("low", "medium", "high")
+    assert f"ETA: {running.eta}" in status
+
+
+def test_start_refuses_a_deadline_in_the_past_or_not_a_time_with_a_clear_error():
+    with mock.patch.object(cli, "err_console", Console(width=200, stderr=True)):
+        for value, says in [("2001-01-01T09:00", "is in the past"), ("tomorrow", "is not an ISO 8601 time")]:
+            result = CliRunner().invoke(cli.app, ["start", "a goal", "--deadline", value])
+            assert result.exit_code == 2, result.output
+            assert says in result.output and "Traceback" not in result.output
