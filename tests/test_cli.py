@@ -94,7 +94,7 @@ def test_start_then_watch_completes_and_prints_the_result(cli_worker, tmp_path):
     assert status.returncode == 0, status.stderr
     assert "Completed" in status.stdout and "read-todo" in status.stdout
     assert "read-todo · read_file local activity: read, safe to re-run" in status.stdout
-    assert "write-summary · run_command activity: duration not known" in status.stdout
+    assert "write-summary · run_command activity: replay policy 'once'" in status.stdout
 
     listed = perdure("ls", env=cli_worker)
     assert "cli-goal-1" in listed.stdout
