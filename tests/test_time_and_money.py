@@ -185,3 +185,28 @@ def test_start_refuses_a_deadline_in_the_past_or_not_a_time_with_a_clear_error()
             result = CliRunner().invoke(cli.app, ["start", "a goal", "--deadline", value])
             assert result.exit_code == 2, result.output
             assert says in result.output and "Traceback" not in result.output
+
+
+async def test_a_branch_spending_far_over_its_fair_share_gets_no_successor_while_the_others_go_on(
+    env, task_queue, store, workspace, scripted
+):
+    # $100 for ten steps: a fair share of $10 per node, twice that before a branch is cut.
+    dear = {"when": "Do dear.", "content": "step done", "usage": {"input_tokens": 0, "output_tokens": 12_500_000}}
+    steps = [
+        llm("cheap"),
+        llm("cheap-next", ["cheap"]),
+        llm("dear"),  # bills $25 at $2 per million output tokens
+        llm("dear-next", ["dear"]),
+        *[llm(f"filler-{i}") for i in range(6)],
+    ]
+    server = scripted({"replies": [dear, *STEP_REPLY["replies"]]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, drift_every=0, budget=Budget(max_cost_usd=100))
+        result = await handle.result()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    nodes = {n.name: n for n in snapshot.nodes}
+    assert nodes["cheap-next"].status == "succeeded" and nodes["dear"].status == "succeeded"
+    assert nodes["dear-next"].status == "abandoned"
+    assert "branch dear" in nodes["dear-next"].error and "over the $20.0000 limit" in nodes["dear-next"].error
+    assert result.outcome == "partial"
