@@ -2,7 +2,11 @@
 
 Owns the script format, request matching and the HTTP server that answers
 `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) with
-JSON shaped exactly like the real APIs, so offline runs and tests exercise the
+JSON shaped exactly like the real APIs, and the calls that run on their own and are
+polled: OpenAI's Responses API (`POST /v1/responses`, with `background: true`;
+`GET /v1/responses/{id}`; `POST /v1/responses/{id}/cancel`) and Anthropic's
+Message Batches (`POST /v1/messages/batches`, `GET .../{id}`, `GET .../{id}/results`,
+`POST .../{id}/cancel`), so offline runs and tests exercise the
 real `openai` and `anthropic` clients, their error classes and our retry
 mapping. It must stay deterministic and never call a real model; a request no
 entry matches is a clear 400, never something a client would retry. It is a test
@@ -15,15 +19,23 @@ the last message) match wins. An entry replies with exactly one of `content`,
 `json`, `tool_calls` or `status` (+ `body`, `headers`); `times` limits its uses;
 `usage` overrides the chars/4 token estimate; `delay_s` makes the server wait that
 long after logging the request before it answers (a slow model, or a window in
-which a crash test kills the caller mid-call).
+which a crash test kills the caller mid-call). A background response or a batch
+stays in progress for `in_progress_polls` polls and `in_progress_s` seconds after it
+was created, then ends as `background_status` says (a `status` entry ends a batch's
+request errored). `requests()` lists the model requests (a background create is one;
+polls are not), `handle_events()` the creates, polls, cancels and result reads of
+handles.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +49,7 @@ from testing.http import BackgroundHTTPServer, JSONHandler, serve_until_interrup
 
 log = structlog.get_logger(__name__)
 
-Flavour = Literal["openai", "anthropic"]
+Flavour = Literal["openai", "anthropic", "responses"]
 NO_MATCH = "scripted server: no reply matches the request"
 EXCERPT_CHARS = 2000
 
@@ -75,6 +87,11 @@ class ScriptedReply(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     usage: ScriptedUsage | None = None
     delay_s: float = Field(default=0.0, ge=0, le=300)
+    in_progress_polls: int = Field(default=0, ge=0, description="Background calls: polls answered in progress.")
+    in_progress_s: float = Field(default=0.0, ge=0, le=3600, description="Background calls: seconds in progress.")
+    background_status: Literal["completed", "failed", "incomplete"] = Field(
+        default="completed", description="How a background response ends (incomplete: cut at max_output_tokens)."
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_reply(self) -> ScriptedReply:
@@ -172,6 +189,32 @@ def seen_anthropic(body: dict) -> SeenRequest:
     )
 
 
+def seen_responses(body: dict) -> SeenRequest:
+    """A Responses API request: `instructions` and `input` items (messages, function calls and their outputs)."""
+    items = body.get("input") or []
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    texts = [_parts_text(body.get("instructions"))]
+    last = ""
+    for item in items:
+        if item.get("type") == "function_call":
+            last = f"{item.get('name', '')} {item.get('arguments', '')}"
+        elif item.get("type") == "function_call_output":
+            last = str(item.get("output", ""))
+        else:
+            last = _parts_text(item.get("content"))
+        texts.append(last)
+    text_format = (body.get("text") or {}).get("format") or {}
+    return SeenRequest(
+        flavour="responses",
+        model=str(body.get("model", "")),
+        all_text="\n".join(texts),
+        last_text=last,
+        tools=[t.get("name", "") for t in body.get("tools") or []],
+        json_mode=text_format.get("type") in ("json_object", "json_schema"),
+    )
+
+
 def _estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
@@ -260,6 +303,134 @@ def _tool_input(call: ScriptedToolCall) -> dict:
     return value if isinstance(value, dict) else {"raw": call.arguments}
 
 
+def responses_object(job: Job, status: str) -> dict:
+    """A Responses API `response` in `status`; output and usage once it has ended."""
+    entry, usage = job.entry, job.usage
+    ended = status in ("completed", "incomplete", "failed")
+    output: list[dict] = []
+    if status in ("completed", "incomplete"):
+        if entry.reply_text():
+            text = entry.reply_text()
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_scripted_{job.n}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            )
+        for i, call in enumerate(entry.tool_calls or []):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_scripted_{job.n}_{i}",
+                    "call_id": f"call_scripted_{job.n}_{i}",
+                    "name": call.name,
+                    "arguments": call.wire_arguments(),
+                    "status": "completed",
+                }
+            )
+    return {
+        "id": job.id,
+        "object": "response",
+        "created_at": int(job.created),
+        "status": status,
+        "background": True,
+        "model": job.seen.model or "scripted",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": {"code": "server_error", "message": "scripted failure"} if status == "failed" else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "usage": (
+            {
+                "input_tokens": usage.input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": usage.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            }
+            if ended
+            else None
+        ),
+    }
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+
+def batch_object(job: Job, status: str, results_url: str) -> dict:
+    """A Message Batch of one request in `status` (in_progress, canceling, ended)."""
+    ended = status == "ended"
+    outcome = job.batch_outcome() if ended else None
+    counts = {"processing": 0 if ended else 1, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+    if outcome:
+        counts[outcome] = 1
+    return {
+        "id": job.id,
+        "type": "message_batch",
+        "processing_status": status,
+        "request_counts": counts,
+        "created_at": _iso(job.created),
+        "expires_at": _iso(job.created + timedelta(days=1).total_seconds()),
+        "ended_at": _iso(time.time()) if ended else None,
+        "cancel_initiated_at": _iso(time.time()) if job.cancelled else None,
+        "archived_at": None,
+        "results_url": results_url if ended else None,
+    }
+
+
+@dataclass
+class Job:
+    """A background response or a batch: the entry it answers with, and how long it runs."""
+
+    kind: Literal["response", "batch"]
+    id: str
+    n: int
+    entry: ScriptedReply
+    seen: SeenRequest
+    usage: ScriptedUsage
+    polls_left: int
+    ready_at: float
+    created: float
+    custom_id: str = ""
+    cancelled: bool = False
+
+    def status(self, poll: bool) -> str:
+        """The status now; a poll spends one of the scripted in-progress polls."""
+        running = self.polls_left > 0 or time.monotonic() < self.ready_at
+        if poll and self.polls_left > 0:
+            self.polls_left -= 1
+        if self.kind == "batch":
+            return "ended" if not running or self.cancelled else "in_progress"
+        if self.cancelled:
+            return "cancelled"
+        return ("queued" if not poll else "in_progress") if running else self.entry.background_status
+
+    def batch_outcome(self) -> str:
+        if self.cancelled:
+            return "canceled"
+        return "errored" if self.entry.status else "succeeded"
+
+    def batch_result(self) -> dict:
+        outcome = self.batch_outcome()
+        if outcome == "succeeded":
+            result: dict = {
+                "type": "succeeded",
+                "message": anthropic_message(self.n, self.seen, self.entry, self.usage),
+            }
+        elif outcome == "errored":
+            text = self.entry.body if isinstance(self.entry.body, str) else f"scripted error {self.entry.status}"
+            kind = _ERROR_TYPES.get(self.entry.status or 500, "api_error")
+            result = {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": text}}}
+        else:
+            result = {"type": outcome}
+        return {"custom_id": self.custom_id, "result": result}
+
+
 class ScriptedServer(BackgroundHTTPServer):
     """The script served over HTTP from a daemon thread.
 
@@ -280,6 +451,8 @@ class ScriptedServer(BackgroundHTTPServer):
         self._lock = threading.Lock()
         self._uses = [0] * len(self.script.replies)
         self._log: list[dict] = []
+        self._jobs: dict[str, Job] = {}
+        self._handle_log: list[dict] = []
         self._served = 0
         self.connections = 0
 
@@ -299,6 +472,8 @@ class ScriptedServer(BackgroundHTTPServer):
         with self._lock:
             self._uses = [0] * len(self.script.replies)
             self._log = []
+            self._jobs = {}
+            self._handle_log = []
 
     def count_connection(self) -> None:
         with self._lock:
@@ -306,7 +481,63 @@ class ScriptedServer(BackgroundHTTPServer):
 
     def respond(self, flavour: Flavour, path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         """Status, JSON body and extra headers for one request; records it in the log."""
-        seen = seen_openai(body) if flavour == "openai" else seen_anthropic(body)
+        seen = {"openai": seen_openai, "anthropic": seen_anthropic, "responses": seen_responses}[flavour](body)
+        n, entry = self._take(flavour, path, seen)
+        if entry is None or entry.status:
+            return self._error(flavour, path, seen, entry)
+        usage = self._usage(seen, entry)
+        if flavour == "responses":
+            job = self._job("response", f"resp_scripted_{n}", n, entry, seen, usage)
+            if body.get("background"):
+                return 200, responses_object(job, "queued"), entry.headers
+            return 200, responses_object(job, entry.background_status), entry.headers
+        make = openai_completion if flavour == "openai" else anthropic_message
+        return 200, make(n, seen, entry, usage), entry.headers
+
+    def create_batch(self, path: str, body: dict) -> tuple[int, dict]:
+        """A Message Batch of exactly one request (what perdure sends); its entry is matched now."""
+        requests = body.get("requests") or []
+        if len(requests) != 1 or not isinstance(requests[0], dict):
+            return 400, error_body("anthropic", 400, "scripted server: a batch must hold exactly one request")
+        seen = seen_anthropic(requests[0].get("params") or {})
+        n, entry = self._take("anthropic", path, seen)
+        if entry is None:
+            return self._error("anthropic", path, seen, entry)[:2]
+        job = self._job("batch", f"msgbatch_scripted_{n}", n, entry, seen, self._usage(seen, entry))
+        job.custom_id = str(requests[0].get("custom_id", ""))
+        return 200, batch_object(job, "in_progress", self._results_url(job))
+
+    def handle_request(self, method: str, kind: str, handle: str, action: str) -> tuple[int, Any]:
+        """A poll, a cancel or a results read of a background response or batch."""
+        with self._lock:
+            job = self._jobs.get(handle)
+            if job is None or job.kind != kind:
+                self._handle_log.append({"handle": handle, "action": action, "status": 404})
+                flavour: Flavour = "responses" if kind == "response" else "anthropic"
+                return 404, error_body(flavour, 404, f"scripted server: no {kind} {handle}")
+            if action == "cancel":
+                job.cancelled = True
+            status = job.status(poll=action == "poll")
+            self._handle_log.append({"handle": handle, "action": action, "status": status})
+        if kind == "response":
+            return 200, responses_object(job, status)
+        if action == "results":
+            if status != "ended":
+                return 400, error_body("anthropic", 400, f"scripted server: batch {handle} has not ended")
+            return 200, job.batch_result()
+        return 200, batch_object(job, "canceling" if action == "cancel" else status, self._results_url(job))
+
+    def handle_events(self) -> list[dict]:
+        """Creates, polls, cancels and result reads of background responses and batches, in order."""
+        with self._lock:
+            return [dict(e) for e in self._handle_log]
+
+    def creates(self) -> list[dict]:
+        """The background responses and batches created."""
+        return [e for e in self.handle_events() if e["action"] == "create"]
+
+    def _take(self, flavour: Flavour, path: str, seen: SeenRequest) -> tuple[int, ScriptedReply | None]:
+        """Match, spend and log one model request; then wait the entry's delay_s, outside the lock."""
         with self._lock:
             self._served += 1
             n = self._served
@@ -331,23 +562,50 @@ class ScriptedServer(BackgroundHTTPServer):
         if entry is not None and entry.delay_s:
             # Outside the lock, after logging: the request is visible as arrived while the reply waits.
             time.sleep(entry.delay_s)
+        return n, entry
+
+    def _error(
+        self, flavour: Flavour, path: str, seen: SeenRequest, entry: ScriptedReply | None
+    ) -> tuple[int, dict, dict[str, str]]:
+        wire: Flavour = "openai" if flavour == "responses" else flavour
         if entry is None:
             excerpt = " ".join(seen.last_text.split())[:300]
             log.warning("scripted.no_match", path=path, last_message=excerpt)
-            return 400, error_body(flavour, 400, f"{NO_MATCH}; last message: {excerpt!r}"), {}
-        if entry.status:
-            if isinstance(entry.body, dict):
-                return entry.status, entry.body, entry.headers
-            message = entry.body or f"scripted error {entry.status}"
-            return entry.status, error_body(flavour, entry.status, message), entry.headers
-        usage = entry.usage or ScriptedUsage(
+            return 400, error_body(wire, 400, f"{NO_MATCH}; last message: {excerpt!r}"), {}
+        assert entry.status is not None
+        if isinstance(entry.body, dict):
+            return entry.status, entry.body, entry.headers
+        message = entry.body or f"scripted error {entry.status}"
+        return entry.status, error_body(wire, entry.status, message), entry.headers
+
+    @staticmethod
+    def _usage(seen: SeenRequest, entry: ScriptedReply) -> ScriptedUsage:
+        return entry.usage or ScriptedUsage(
             input_tokens=_estimate_tokens(seen.all_text),
             output_tokens=_estimate_tokens(
                 entry.reply_text() + "".join(c.name + c.wire_arguments() for c in entry.tool_calls or [])
             ),
         )
-        make = openai_completion if flavour == "openai" else anthropic_message
-        return 200, make(n, seen, entry, usage), entry.headers
+
+    def _job(self, kind: Literal["response", "batch"], job_id: str, n: int, entry: ScriptedReply, seen, usage) -> Job:
+        job = Job(
+            kind=kind,
+            id=job_id,
+            n=n,
+            entry=entry,
+            seen=seen,
+            usage=usage,
+            polls_left=entry.in_progress_polls,
+            ready_at=time.monotonic() + entry.in_progress_s,
+            created=time.time(),
+        )
+        with self._lock:
+            self._jobs[job_id] = job
+            self._handle_log.append({"handle": job_id, "action": "create", "status": "in_progress"})
+        return job
+
+    def _results_url(self, job: Job) -> str:
+        return f"{self.anthropic_base_url}/v1/messages/batches/{job.id}/results"
 
     def _match(self, seen: SeenRequest) -> int | None:
         for i, entry in enumerate(self.script.replies):
@@ -372,10 +630,20 @@ class _Handler(JSONHandler):
         super().handle()
 
     def do_GET(self) -> None:
-        if urlsplit(self.path).path.rstrip("/") == "/_scripted/requests":
+        path = urlsplit(self.path).path.rstrip("/")
+        if path == "/_scripted/requests":
             self.send_json(200, self.scripted.requests())
+        elif match := _RESPONSE_PATH.fullmatch(path):
+            self.send_json(*self.scripted.handle_request("GET", "response", match["id"], "poll"))
+        elif match := _BATCH_PATH.fullmatch(path):
+            action = "results" if match["action"] == "/results" else "poll"
+            status, body = self.scripted.handle_request("GET", "batch", match["id"], action)
+            if action == "results" and status == 200:
+                self._send_jsonl([body])
+            else:
+                self.send_json(status, body)
         else:
-            self.send_json(404, {"error": {"message": f"no such path: {self.path}", "type": "not_found_error"}})
+            self._not_found(path)
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
@@ -383,20 +651,52 @@ class _Handler(JSONHandler):
             self.scripted.reset()
             self.send_json(200, {"reset": True})
             return
+        if (match := _RESPONSE_PATH.fullmatch(path)) and match["action"] == "/cancel":
+            self.send_json(*self.scripted.handle_request("POST", "response", match["id"], "cancel"))
+            return
+        if (match := _BATCH_PATH.fullmatch(path)) and match["action"] == "/cancel":
+            self.send_json(*self.scripted.handle_request("POST", "batch", match["id"], "cancel"))
+            return
         flavour: Flavour
         if path.endswith("/chat/completions"):
             flavour = "openai"
+        elif path.endswith("/messages/batches"):
+            flavour = "anthropic"
         elif path.endswith("/messages"):
             flavour = "anthropic"
+        elif path.endswith("/responses"):
+            flavour = "responses"
         else:
-            self.send_json(404, {"error": {"message": f"no such path: {path}", "type": "not_found_error"}})
+            self._not_found(path)
             return
         try:
             body = json.loads(self.read_body() or b"{}")
         except ValueError as err:
-            self.send_json(400, error_body(flavour, 400, f"scripted server: request body is not JSON: {err}"))
+            wire: Flavour = "openai" if flavour == "responses" else flavour
+            self.send_json(400, error_body(wire, 400, f"scripted server: request body is not JSON: {err}"))
+            return
+        if path.endswith("/messages/batches"):
+            self.send_json(*self.scripted.create_batch(path, body))
             return
         self.send_json(*self.scripted.respond(flavour, path, body))
+
+    def _not_found(self, path: str) -> None:
+        self.send_json(404, {"error": {"message": f"no such path: {path}", "type": "not_found_error"}})
+
+    def _send_jsonl(self, lines: list[dict]) -> None:
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8")
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/binary")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+_RESPONSE_PATH = re.compile(r".*/responses/(?P<id>[^/]+)(?P<action>/cancel)?")
+_BATCH_PATH = re.compile(r".*/messages/batches/(?P<id>[^/]+)(?P<action>/cancel|/results)?")
 
 
 def main(argv: list[str] | None = None) -> None:
