@@ -76,3 +76,11 @@ def test_a_long_chain_listed_last_step_first_is_checked_without_recursion():
     chain[0]["needs"] = ["s4999"]
     plan, error = parse_plan({"steps": list(reversed(chain))}, ["list_dir"])
     assert plan is None and "cycle" in error
+
+
+def test_a_plan_declaring_replay_safe_on_a_tool_with_its_own_policy_is_refused_with_the_reason():
+    hook = {"url": "https://hooks.example.com/x", "payload": {}}
+    step = {"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": hook, "replay": "safe"}
+    plan, reason = parse_plan({"steps": [step]}, ["notify_webhook"])
+    assert plan is None
+    assert "`replay: safe` is only for run_command" in reason and "keeps its own replay policy 'once'" in reason

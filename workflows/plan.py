@@ -137,6 +137,11 @@ def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
+# Tools whose replay policy a plan step may declare: a command can be anything, so only
+# the plan knows it is repeatable; every other tool's policy is a fact about its service.
+REPLAY_DECLARABLE = frozenset({"run_command"})
+
+
 def check_plan(plan: Plan, allowed_tools: list[str]) -> list[str]:
     """Problems that depend on the goal (tools allowed, tool arguments, templates).
 
@@ -165,6 +170,12 @@ def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
             f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"
         ]
     problems: list[str] = []
+    if step.replay is not None and step.tool not in REPLAY_DECLARABLE:
+        policy = TOOL_SPECS[step.tool].replay
+        problems.append(
+            f"step '{step.name}': `replay: {step.replay}` is only for {', '.join(sorted(REPLAY_DECLARABLE))} "
+            f"(a command the plan knows is repeatable); {step.tool} keeps its own replay policy '{policy}'"
+        )
     for ref in template_refs(step.args):
         if ref not in step.needs:
             problems.append(f"step '{step.name}': argument uses {{{{steps.{ref}}}}} but does not list '{ref}' in needs")
