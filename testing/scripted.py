@@ -507,7 +507,7 @@ class ScriptedServer(BackgroundHTTPServer):
         job.custom_id = str(requests[0].get("custom_id", ""))
         return 200, batch_object(job, "in_progress", self._results_url(job))
 
-    def handle_request(self, method: str, kind: str, handle: str, action: str) -> tuple[int, Any]:
+    def handle_request(self, kind: str, handle: str, action: str) -> tuple[int, Any]:
         """A poll, a cancel or a results read of a background response or batch."""
         with self._lock:
             job = self._jobs.get(handle)
@@ -634,10 +634,10 @@ class _Handler(JSONHandler):
         if path == "/_scripted/requests":
             self.send_json(200, self.scripted.requests())
         elif match := _RESPONSE_PATH.fullmatch(path):
-            self.send_json(*self.scripted.handle_request("GET", "response", match["id"], "poll"))
+            self.send_json(*self.scripted.handle_request("response", match["id"], "poll"))
         elif match := _BATCH_PATH.fullmatch(path):
             action = "results" if match["action"] == "/results" else "poll"
-            status, body = self.scripted.handle_request("GET", "batch", match["id"], action)
+            status, body = self.scripted.handle_request("batch", match["id"], action)
             if action == "results" and status == 200:
                 self._send_jsonl([body])
             else:
@@ -652,10 +652,10 @@ class _Handler(JSONHandler):
             self.send_json(200, {"reset": True})
             return
         if (match := _RESPONSE_PATH.fullmatch(path)) and match["action"] == "/cancel":
-            self.send_json(*self.scripted.handle_request("POST", "response", match["id"], "cancel"))
+            self.send_json(*self.scripted.handle_request("response", match["id"], "cancel"))
             return
         if (match := _BATCH_PATH.fullmatch(path)) and match["action"] == "/cancel":
-            self.send_json(*self.scripted.handle_request("POST", "batch", match["id"], "cancel"))
+            self.send_json(*self.scripted.handle_request("batch", match["id"], "cancel"))
             return
         flavour: Flavour
         if path.endswith("/chat/completions"):

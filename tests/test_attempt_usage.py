@@ -234,3 +234,34 @@ def test_a_final_application_error_carries_every_attempts_record():
     final = ApplicationError("no reply", {"failed_attempts": records}, type="ModelReplyTimedOut", non_retryable=True)
 
     assert [(r.attempt, r.known) for r in attempts_of_failure(activity_error(final))] == [(1, True), (2, False)]
+
+
+@pytest.mark.process
+async def test_an_attempt_killed_mid_call_is_charged_at_the_kinds_estimate(crash_rig, scripted, tmp_path):
+    """The killed attempt's request reached the provider, which bills it, but nobody saw
+    its usage: it is charged at the llm kind's P80 (marked estimated in the ledger), then
+    the retry's reported usage."""
+    model = scripted(
+        {
+            "replies": [
+                {"when": "MIDFLIGHT", "times": 1, "content": "never delivered", "delay_s": 30},
+                {"when": "MIDFLIGHT", "content": "delivered", "usage": REPLY_TOKENS},
+            ]
+        }
+    )
+    rig = crash_rig(model=model)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = Plan.model_validate({"steps": [llm("announce", prompt="MIDFLIGHT: announce it.")]})
+    worker = rig.start_worker(fault="model_call:1+1.0")
+    handle = await rig.start_goal(spec(workspace, goal="Announce", plan=plan))
+    await rig.wait_killed(worker)
+    await rig.after_kill(handle)
+    rig.start_worker()
+    result = await rig.result(handle)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert len([r for r in model.requests() if "MIDFLIGHT" in r["last_message"]]) == 2
+    estimate = estimate_kind(None, "llm")
+    assert result.tokens == estimate.tokens_p80 + 50
+    assert result.cost_usd == pytest.approx(estimate.cost_p80 + 40 * 1e-6 + 10 * 2e-6)

@@ -234,3 +234,21 @@ async def test_a_worker_killed_while_it_polls_is_followed_by_one_polling_the_sam
     polled = {e["handle"] for e in model.handle_events() if e["action"] == "poll"}
     assert polled == {model.creates()[0]["handle"]}
     assert result.tokens == 200  # paid once, nothing estimated for the killed attempt
+
+
+def test_a_config_file_sets_background_mode_and_its_threshold(tmp_path):
+    from activities.models.config import ModelConfigInvalid, load_model_config
+
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[profiles.thinker]\nprovider = "openai"\nmodel = "o3"\nmode = "background"\n'
+        "background_min_output_tokens = 8000\npoll_interval_s = 5\n"
+    )
+    thinker = load_model_config(path).resolve("thinker")
+    assert (thinker.mode, thinker.background_min_output_tokens, thinker.poll_interval_s) == ("background", 8000, 5)
+    assert thinker.background_for(16000) and not thinker.background_for(2048)
+    assert load_model_config(path).resolve("openai").mode == "sync"
+
+    path.write_text('[profiles.thinker]\nprovider = "openai"\nmodel = "o3"\nmode = "later"\n')
+    with pytest.raises(ModelConfigInvalid, match="thinker"):
+        load_model_config(path)

@@ -222,3 +222,40 @@ def test_module_entry_point_serves_until_killed(tmp_path: Path):
         proc.terminate()
         proc.wait(timeout=10)
         proc.stdout.close()
+
+
+# --- background responses and batches on the wire ------------------------------------
+
+
+def test_background_response_wire_queued_in_progress_completed_and_cancel():
+    import httpx
+
+    script = {
+        "replies": [{"content": "done", "in_progress_polls": 1, "usage": {"input_tokens": 3, "output_tokens": 2}}]
+    }
+    with ScriptedServer(script) as server, httpx.Client(base_url=server.openai_base_url) as http:
+        created = http.post("/responses", json={"model": "m", "input": "hi", "background": True}).json()
+        assert created["status"] == "queued" and created["usage"] is None
+        polls = [http.get(f"/responses/{created['id']}").json() for _ in range(2)]
+        assert [p["status"] for p in polls] == ["in_progress", "completed"]
+        assert polls[1]["output"][0]["content"][0]["text"] == "done"
+        assert polls[1]["usage"]["input_tokens"] == 3
+        assert http.post(f"/responses/{created['id']}/cancel").json()["status"] == "cancelled"
+        assert http.get("/responses/resp_nope").status_code == 404
+        assert [e["action"] for e in server.handle_events()] == ["create", "poll", "poll", "cancel", "poll"]
+        assert len(server.creates()) == 1 and len(server.requests()) == 1
+
+
+def test_batch_wire_create_poll_and_jsonl_results():
+    script = {"replies": [{"content": "batched", "in_progress_polls": 1}]}
+    params = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    with ScriptedServer(script) as server, httpx.Client(base_url=server.anthropic_base_url) as http:
+        request = {"custom_id": "c1", "params": params}
+        batch = http.post("/v1/messages/batches", json={"requests": [request]}).json()
+        assert batch["processing_status"] == "in_progress"
+        assert http.get(f"/v1/messages/batches/{batch['id']}/results").status_code == 400  # not ended yet
+        assert http.get(f"/v1/messages/batches/{batch['id']}").json()["processing_status"] == "in_progress"
+        ended = http.get(f"/v1/messages/batches/{batch['id']}").json()
+        assert ended["processing_status"] == "ended" and ended["request_counts"]["succeeded"] == 1
+        (line,) = [json.loads(x) for x in http.get(ended["results_url"]).text.splitlines()]
+        assert line["custom_id"] == "c1" and line["result"]["message"]["content"][0]["text"] == "batched"
