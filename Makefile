@@ -8,9 +8,29 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install demo demo-crash test test-fast soak bench server-start server-stop histories clean distclean
+.PHONY: install system-packages demo demo-crash test test-fast soak bench server-start server-stop histories clean distclean
 
-install: $(STAMP)
+install: $(STAMP) system-packages
+
+# System packages that features need: bubblewrap (`bwrap`, the sandbox every shell
+# command runs in) and chromium (headless, for the browser tests of the UI). Installed
+# with apt when this runs as root on Debian/Ubuntu; otherwise it says what to install.
+SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium
+system-packages:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing system packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || { \
+	      apt-get update -q >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
+	      echo "warning: could not install$$missing; install them yourself (apt-get install$$missing)" >&2; \
+	  else \
+	    echo "note: perdure wants$$missing: run 'sudo apt-get install$$missing' (see README, Set-up)" >&2; \
+	  fi; \
+	fi
 
 # Redone whenever pyproject.toml changes (a new dependency or entry point).
 $(STAMP): pyproject.toml
@@ -29,12 +49,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	@touch $@
 
-demo: $(STAMP)
+demo: $(STAMP) system-packages
 	$(BIN)/perdure demo
 
 # A worker SIGKILLed right after the mail API accepted an email; a new worker
 # finishes the goal; the ledgers show each effect once.
-demo-crash: $(STAMP)
+demo-crash: $(STAMP) system-packages
 	$(BIN)/python -m starters.demo_crash
 
 # pytest exits with 5 when it collects no tests (an empty suite, or a
@@ -50,7 +70,7 @@ if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as
 exit $$status
 endef
 
-test: $(STAMP)
+test: $(STAMP) system-packages
 	$(call run_pytest,)
 
 # Everything but the `process` tier (tests that start `perdure worker` or other CLI
@@ -58,16 +78,16 @@ test: $(STAMP)
 # on 2 cores. One pytest-xdist worker per core (at most 4), each with its own dev
 # servers: the tier is CPU-bound, ~75 s on one core here. The process tier's timing-
 # sensitive kills stay serial, in `make test`.
-test-fast: $(STAMP)
+test-fast: $(STAMP) system-packages
 	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
 
 # Seeded random worker kills across goals with remote effects (own dev server).
 # The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.
 SOAK_KILLS ?= 20
-soak: $(STAMP)
+soak: $(STAMP) system-packages
 	$(BIN)/python -m tests.soak --kills $(SOAK_KILLS)
 
-bench: $(STAMP)
+bench: $(STAMP) system-packages
 	@test -f bench/run.py || { echo "error: bench/run.py does not exist yet" >&2; exit 1; }
 	$(BIN)/python bench/run.py
 
@@ -77,7 +97,7 @@ server-start: $(STAMP)
 server-stop: $(STAMP)
 	$(BIN)/perdure server stop
 
-histories: $(STAMP)
+histories: $(STAMP) system-packages
 	$(BIN)/python -m tests.record_histories
 
 # Never touches temporal-dev/data: that is the dev server's database (your goals).

@@ -89,6 +89,9 @@ def start(
             "counts everything, parks included."
         ),
     ] = None,
+    allow_network: Annotated[
+        bool, typer.Option(help="Let shell commands use the network (they run without it by default).")
+    ] = False,
     goal_id: Annotated[str | None, typer.Option("--id", help="Goal id (default: generated).")] = None,
     premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
@@ -132,6 +135,7 @@ def start(
             allowed_tools=allowed,
             workspace=str(root),
             premises=premises,
+            allow_network=allow_network,
         )
     except ValueError as err:
         err_console.print(f"[red]error:[/red] {err}")

@@ -102,6 +102,9 @@ class GoalSpec(BaseModel):
     model_profile: str = "default"
     allowed_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
     workspace: str = Field(min_length=1, description="Absolute path of the workspace on the worker's machine.")
+    allow_network: bool = Field(
+        default=False, description="Shell commands may use the network (they run in a sandbox without it otherwise)."
+    )
     max_plan_repairs: int = Field(default=2, ge=0, le=5)
     max_agent_turns: int = Field(default=8, ge=1, le=50)
     premises: dict[str, str] = Field(

@@ -19,8 +19,8 @@ DONE = {"succeeded"}
 
 def step_input(step: PlanStep) -> dict:
     """The part of a step that determines its output; name, edges, premises and the
-    flags about how it is scheduled or retried (wrap_up, replay) excluded."""
-    return step.model_dump(mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay"})
+    flags about how it is scheduled, retried or sandboxed (wrap_up, replay, network) excluded."""
+    return step.model_dump(mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay", "network"})
 
 
 def node_key(step: PlanStep, dep_digests: Mapping[str, str], premises: Mapping[str, str] | None = None) -> str:

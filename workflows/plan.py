@@ -57,6 +57,9 @@ class ToolStep(_Step):
     kind: Literal["tool"] = "tool"
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
+    network: bool = Field(
+        default=False, description="A shell command of this step may use the network (the goal may also allow it)."
+    )
     replay: Literal["safe"] | None = Field(
         default=None,
         description="`safe`: the call may be re-run after an interruption (a test, a build); otherwise the "
