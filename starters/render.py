@@ -59,6 +59,9 @@ def print_status(
         f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · run {snap.runs} · "
         f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
     )
+    if snap.failed_attempts:
+        estimated = f", ${snap.estimated_cost_usd:.4f} of the cost estimated" if snap.estimated_cost_usd else ""
+        console.print(f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
     for dimension, fraction in snap.budget.items():
         label = BUDGET_LABELS.get(dimension, dimension)
         console.print(f"budget {label:<13} {budget_bar(fraction)} {fraction:>4.0%}{_budget_note(dimension, snap)}")

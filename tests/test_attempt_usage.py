@@ -15,9 +15,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig
 from tests.builders import llm, openai_profile, spec
-from tests.helpers import calls_for, run_goal, running_worker
+from tests.helpers import calls_for, perdure_status, run_goal, running_worker
 from workflows.contracts import GenerateInput, ModelContext
 from workflows.estimates import estimate_kind
+from workflows.goal import GoalWorkflow
 from workflows.goal.model_calls import attempts_of_failure, usage_of
 from workflows.plan import Plan
 
@@ -60,10 +61,14 @@ async def test_usage_in_a_failed_attempts_error_body_is_charged(env, task_queue,
         }
     )
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        _, result = await run_goal(env, task_queue, one_llm_step(workspace))
+        handle, result = await run_goal(env, task_queue, one_llm_step(workspace))
+        snapshot = await handle.query(GoalWorkflow.progress)
+        status = await perdure_status(env, handle.id)
 
     assert result.outcome == "succeeded", result.excerpt
     assert len(calls_for(server, "answer")) == 2
+    assert snapshot.failed_attempts == 1 and snapshot.estimated_cost_usd == 0
+    assert "1 failed model attempt(s) charged" in status and "estimated" not in status
     assert result.tokens == 300 + 200 + 40 + 10
     # openai_profile prices 1 USD / 2 USD per million input / output tokens
     assert result.cost_usd == pytest.approx((300 + 40) * 1e-6 + (200 + 10) * 2e-6)
@@ -259,9 +264,11 @@ async def test_an_attempt_killed_mid_call_is_charged_at_the_kinds_estimate(crash
     await rig.after_kill(handle)
     rig.start_worker()
     result = await rig.result(handle)
+    snapshot = await handle.query(GoalWorkflow.progress)
 
     assert result.outcome == "succeeded", result.excerpt
     assert len([r for r in model.requests() if "MIDFLIGHT" in r["last_message"]]) == 2
     estimate = estimate_kind(None, "llm")
+    assert snapshot.failed_attempts == 1 and snapshot.estimated_cost_usd == pytest.approx(estimate.cost_p80)
     assert result.tokens == estimate.tokens_p80 + 50
     assert result.cost_usd == pytest.approx(estimate.cost_p80 + 40 * 1e-6 + 10 * 2e-6)

@@ -210,3 +210,12 @@ async def test_a_branch_spending_far_over_its_fair_share_gets_no_successor_while
     assert nodes["dear-next"].status == "abandoned"
     assert "branch dear" in nodes["dear-next"].error and "over the $20.0000 limit" in nodes["dear-next"].error
     assert result.outcome == "partial"
+
+
+def test_the_planner_is_told_of_wrap_up_steps_and_of_a_commands_replay_and_network_flags():
+    from activities.model_activities import planner_system_prompt
+    from workflows.contracts import ModelContext
+
+    prompt = planner_system_prompt(ModelContext(profile="test", goal="g"), ["run_command", "notify_webhook"])
+    assert "`wrap_up: true` marks wrap-up work" in prompt and "runs even when the budget is spent" in prompt
+    assert '`replay: "safe"`' in prompt and "`network: true`" in prompt

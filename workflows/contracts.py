@@ -429,6 +429,10 @@ class ProgressSnapshot(BaseModel):
     pending_messages: int = 0
     budget: dict[str, float] = Field(default_factory=dict, description="Fraction used per budgeted dimension.")
     active_seconds: float = Field(default=0.0, description="Active time so far (what max_wall_seconds counts).")
+    failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out; charged too.")
+    estimated_cost_usd: float = Field(
+        default=0.0, description="The part of cost_usd charged at an estimate (attempts whose usage is unknown)."
+    )
     deadline: datetime | None = Field(default=None, description="The goal's calendar deadline, if it has one.")
     degraded: bool = False
     eta: str | None = Field(default=None, description="A coarse range with its confidence, never a precise number.")

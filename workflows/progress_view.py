@@ -32,6 +32,8 @@ def progress_snapshot(
         tokens=state.ledger.tokens,
         cost_usd=state.ledger.cost_usd,
         model_calls=state.ledger.model_calls,
+        failed_attempts=state.ledger.failed_attempts,
+        estimated_cost_usd=state.ledger.estimated_cost_usd,
         tool_calls=state.ledger.tool_calls,
         nodes=[node_view(n) for n in nodes],
         earlier=[node_view(r.node, r.plan_version) for r in state.retired_nodes],
