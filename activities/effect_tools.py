@@ -34,6 +34,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import credentials
 from activities.artifacts import ArtifactStore, preview
 from activities.client_pool import http_client
 from activities.faults import fault_point
@@ -317,10 +318,22 @@ class HttpRequestTool(EffectTool):
     async def send(self, call: EffectCall, args: HttpRequestArgs) -> dict:
         headers = {k: v for k, v in args.headers.items() if k.lower() != "idempotency-key"}
         headers["Idempotency-Key"] = call.key
-        response = await http_call(args.method, args.url, body=args.body, headers=headers)
+        secrets: list[str] = []
+        if args.auth:
+            # Named, resolved here on the worker, sent only to the hosts it is declared for.
+            header, secret = credentials.header_for(args.auth, args.url)
+            headers.update(header)
+            secrets.append(secret)
         what = f"{args.method} {args.url}"
-        check_status(response, what)
+        try:
+            response = await http_call(args.method, args.url, body=args.body, headers=headers)
+            check_status(response, what)
+        except (ToolError, NotSent, OutcomeUnknown) as err:
+            if secrets:  # a service may echo what it was sent
+                raise _redacted(err, secrets) from None
+            raise
         body = response.content[: args.max_bytes].decode(response.encoding or "utf-8", errors="replace")
+        body = credentials.redact(body, secrets)
         parsed = None
         try:
             parsed = response.json()
@@ -339,6 +352,14 @@ class HttpRequestTool(EffectTool):
         digest = receipt.get("body")
         body = call.store.get_text(digest) if isinstance(digest, str) and call.store.has(digest) else ""
         return f"{head}\n{body}" if body else head
+
+
+def _redacted(err: ToolError | NotSent | OutcomeUnknown, secrets: list[str]) -> Exception:
+    """The same error with the secrets taken out of its message."""
+    message = credentials.redact(str(err.args[0]) if err.args else "", secrets)
+    if isinstance(err, ToolError):
+        return ToolError(message, output=err.output)
+    return type(err)(message, retry_after_s=err.retry_after_s)
 
 
 class SendEmailTool(EffectTool):

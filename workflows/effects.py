@@ -71,7 +71,8 @@ def effect_of(tool: str, args: ToolArgs, workspace: str) -> Effect | None:
     new effect; output formatting options (max_bytes) and the undo recipe are not.
     """
     if isinstance(args, HttpRequestArgs):
-        return Effect(args.url, args.method, {"body": args.body, "headers": args.headers})
+        named = {"auth": args.auth} if args.auth else {}  # another credential is another effect
+        return Effect(args.url, args.method, {"body": args.body, "headers": args.headers, **named})
     if isinstance(args, SendEmailArgs):
         return Effect(f"mailto:{args.to}", "send", args.model_dump(mode="json"))
     if isinstance(args, GitCommitArgs):
@@ -105,9 +106,11 @@ def compensation_for(tool: str, key: str, args: ToolArgs) -> Compensation | None
         subject = args.message.strip().splitlines()[0] if args.message.strip() else args.message
         return Compensation(tool="git_revert", args={"effect_key": key}, reason=f"revert the commit '{subject[:80]}'")
     if isinstance(args, HttpRequestArgs) and args.undo is not None:
+        # The undo names its own credential, else the request's (sent only to its declared hosts).
+        undo = args.undo.model_copy(update={"auth": args.undo.auth or args.auth})
         return Compensation(
             tool="http_request",
-            args=args.undo.model_dump(mode="json", exclude_none=True),
+            args=undo.model_dump(mode="json", exclude_none=True),
             reason=f"undo {args.method} {args.url} with {args.undo.method} {args.undo.url}",
         )
     del tool

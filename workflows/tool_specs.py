@@ -84,21 +84,45 @@ class HttpGetArgs(ToolArgs):
 # --- remote effects -------------------------------------------------------------
 
 
+# Headers that carry credentials: never literal in a plan or a model's call.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"})
+CREDENTIAL_NAME = r"^[A-Z][A-Z0-9_]{0,63}$"
+AUTH_DESCRIPTION = (
+    "Name of a credential declared on the worker (config file, [credentials]), e.g. GITHUB_TOKEN: the worker "
+    "adds it to the request; never the secret itself."
+)
+
+
 class HttpUndo(ToolArgs):
     """The request that undoes an http_request (e.g. DELETE of the resource it creates)."""
 
     method: Literal["POST", "PUT", "PATCH", "DELETE"]
     url: str = Field(pattern=HTTP_URL)
     body: Any = Field(default=None, description="JSON body of the undo request.")
+    auth: str | None = Field(default=None, pattern=CREDENTIAL_NAME, description=AUTH_DESCRIPTION)
 
 
 class HttpRequestArgs(ToolArgs):
     method: Literal["POST", "PUT", "PATCH", "DELETE"]
     url: str = Field(pattern=HTTP_URL, description="http or https URL.")
     body: Any = Field(default=None, description="JSON body (any JSON value); omitted when null.")
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra request headers; credentials go in `auth`, never here."
+    )
+    auth: str | None = Field(default=None, pattern=CREDENTIAL_NAME, description=AUTH_DESCRIPTION)
     undo: HttpUndo | None = Field(default=None, description="How to undo this request, registered before it is sent.")
     max_bytes: int = Field(default=65_536, ge=1, le=1_048_576)
+
+    @field_validator("headers")
+    @classmethod
+    def _no_literal_credentials(cls, headers: dict[str, str]) -> dict[str, str]:
+        secret = sorted(name for name in headers if name.lower() in SECRET_HEADERS)
+        if secret:
+            raise ValueError(
+                f"a credential may not be written into the arguments (header {', '.join(secret)}): name one "
+                "declared on the worker instead, e.g. `auth: GITHUB_TOKEN` (README, Credentials)"
+            )
+        return headers
 
 
 class SendEmailArgs(ToolArgs):
