@@ -254,7 +254,7 @@ def check_status(response: httpx.Response, what: str) -> None:
     status = response.status_code
     if 200 <= status < 300:
         return
-    excerpt = preview(response.text, BODY_EXCERPT_CHARS) or "(empty body)"
+    excerpt = _excerpt(response)
     retry_after = _retry_after(response)
     if status == 422 or (status == 409 and IDEMPOTENCY_MISMATCH in response.text):
         if "idempoten" in response.text.lower():
@@ -267,6 +267,17 @@ def check_status(response: httpx.Response, what: str) -> None:
     if status == 408 or status >= 500:
         raise OutcomeUnknown(f"{what} answered HTTP {status}: {excerpt}", retry_after_s=retry_after)
     raise ToolError(f"{what} answered HTTP {status}: {excerpt}")
+
+
+# The services' keys the worker holds: a service that echoes its request must not put
+# them into an error, a result or the history.
+SERVICE_KEYS = ("PERDURE_MAIL_KEY", "PERDURE_PAYMENTS_KEY")
+
+
+def _excerpt(response: httpx.Response, chars: int = BODY_EXCERPT_CHARS) -> str:
+    """A short piece of the answer for an error message, with the worker's keys taken out."""
+    keys = [os.environ.get(name, "").strip() for name in SERVICE_KEYS]
+    return credentials.redact(preview(response.text, chars), keys) or "(empty body)"
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -383,7 +394,7 @@ class SendEmailTool(EffectTool):
         check_status(response, "the mail API")
         reply = _json(response, "the mail API")
         if not isinstance(reply, dict) or not reply.get("id"):
-            raise OutcomeUnknown(f"the mail API accepted the message but returned no id: {preview(response.text)}")
+            raise OutcomeUnknown(f"the mail API accepted the message but returned no id: {_excerpt(response)}")
         return {"message_id": str(reply["id"]), "to": args.to, **_replayed(response)}
 
     def describe(self, call: EffectCall, args: SendEmailArgs, receipt: dict) -> str:
@@ -400,7 +411,7 @@ class NotifyWebhookTool(EffectTool):
         status = response.status_code
         if 200 <= status < 300:
             return {"status": status}
-        excerpt = preview(response.text, BODY_EXCERPT_CHARS) or "(empty body)"
+        excerpt = _excerpt(response)
         if status == 429:
             raise NotSent(f"the webhook answered HTTP 429 (rate-limited): {excerpt}")
         if status == 408 or status >= 500:
@@ -422,7 +433,7 @@ class MakePaymentTool(EffectTool):
         check_status(response, "the payments API")
         reply = _json(response, "the payments API")
         if not isinstance(reply, dict) or not reply.get("id"):
-            raise OutcomeUnknown(f"the payments API answered without a payment id: {preview(response.text)}")
+            raise OutcomeUnknown(f"the payments API answered without a payment id: {_excerpt(response)}")
         return {"payment_id": str(reply["id"]), "status": str(reply.get("status", "")), **_replayed(response)}
 
     def describe(self, call: EffectCall, args: MakePaymentArgs, receipt: dict) -> str:

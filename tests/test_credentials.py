@@ -108,3 +108,16 @@ async def test_an_error_answer_that_echoes_the_credential_is_redacted(
     assert result.outcome == "failed" or result.failed_steps == ["call"], result.excerpt
     assert "HTTP 401" in " ".join(result.unfinished) and "[redacted]" in " ".join(result.unfinished)
     assert CANARY not in history.to_json()
+
+
+def test_an_error_answer_of_a_service_echoing_the_workers_key_is_redacted(monkeypatch):
+    import httpx
+
+    from activities.effect_tools import check_status
+    from activities.tool_errors import ToolError
+
+    monkeypatch.setenv("PERDURE_PAYMENTS_KEY", CANARY)
+    echoed = httpx.Response(403, json={"error": f"bad key Bearer {CANARY}"})
+    with pytest.raises(ToolError) as refused:
+        check_status(echoed, "the payments API")
+    assert "HTTP 403" in refused.value.message and CANARY not in refused.value.message
