@@ -224,7 +224,12 @@ async def wait_for_attempt(handle, attempt: int, timeout_s: float = 30) -> None:
 async def test_a_goal_no_worker_answers_for_is_an_incident(env, task_queue, store, workspace):
     handle = await start(env, task_queue, workspace, [llm("only")])
     activities = VisibilityActivities(env.client, home=store.root.parent)
-    scan = await ActivityEnvironment().run(activities.scan, ScanInput(task_queue=task_queue, query_timeout_s=1))
+    # Visibility is eventually consistent: a goal just started may take a moment to be listed.
+    for _ in range(50):
+        scan = await ActivityEnvironment().run(activities.scan, ScanInput(task_queue=task_queue, query_timeout_s=1))
+        if scan.goals:
+            break
+        await asyncio.sleep(0.1)
     [row] = scan.goals
     assert row.goal_id == handle.id and row.query_error == "no worker answered within 1 s"
     await handle.terminate("test over")
