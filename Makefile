@@ -70,8 +70,11 @@ if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as
 exit $$status
 endef
 
+# The whole suite in two passes: everything but the process tier spread over the cores
+# (as test-fast), then the process tier serially (its kills are timing-sensitive).
 test: $(STAMP) system-packages
-	$(call run_pytest,)
+	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
+	$(call run_pytest,-m process)
 
 # Everything but the `process` tier (tests that start `perdure worker` or other CLI
 # subprocesses, kill processes, start their own dev servers, or soak): under a minute
