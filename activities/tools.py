@@ -1,8 +1,10 @@
 """Tool implementations and the `run_tool` activity.
 
 Owns what each tool in `workflows.tool_specs.TOOL_SPECS` does on this machine:
-file tools confined to the workspace, shell commands in a scrubbed environment
-and their own process group, HTTP GET with capped bodies. Outputs go to the
+file tools confined to the workspace, shell commands in the sandbox of
+activities/sandbox.py (no worker processes, files outside the workspace or
+network unless allowed; the whole process tree ends with the step), HTTP GET with
+capped bodies. Outputs go to the
 artifact store; the workflow only sees a reference and a preview.
 
 Failures a model can act on (bad arguments, a missing file, a non-zero exit, a
@@ -22,9 +24,7 @@ import asyncio
 import codecs
 import functools
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import sandbox
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
 from activities.client_pool import http_client
 from activities.effect_tools import EFFECT_TOOLS, EffectTool, run_effect
@@ -48,6 +49,7 @@ from workflows.contracts import Activities, ArtifactRef, PreparedEffect, ToolInp
 from workflows.effects import compensation_for, decide_command_retry, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.tool_specs import (
+    COMMAND_TOOLS,
     TOOL_SPECS,
     HttpGetArgs,
     ListDirArgs,
@@ -73,8 +75,6 @@ HEARTBEAT_EVERY_S = 5.0
 POLL_EVERY_S = 0.05
 MAX_ERROR_CHARS = 2_000
 """Errors travel in workflow history and into prompts; keep them short."""
-
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 # --- file tools ---------------------------------------------------------------
@@ -175,17 +175,6 @@ async def write_file(root: Path, args: WriteFileArgs) -> str:
 # --- run_command ----------------------------------------------------------------
 
 
-def command_env(root: Path) -> dict[str, str]:
-    """The whole environment a command sees. Built from scratch so no API key or token of the worker leaks in."""
-    return {
-        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": str(root),
-        "TERM": "dumb",
-    }
-
-
 class _CappedOutput:
     """Keeps the first and last halves of a stream; commands put the cause of a failure at the end."""
 
@@ -215,29 +204,21 @@ class _CappedOutput:
         return f"{head}\n[truncated: {omitted} of {self.total} bytes of output omitted]\n{tail}"
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the whole group is already gone
-
-
-async def run_command(root: Path, args: RunCommandArgs) -> str:
+async def run_command(root: Path, args: RunCommandArgs, *, network: bool = False, hidden: tuple[Path, ...] = ()) -> str:
+    """`/bin/sh -c` in the sandbox (activities/sandbox.py): `network` as the goal or plan
+    step allows, `hidden` masked even where it lies inside the workspace."""
     real_root = workspace_root(root)
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        args.command,
-        cwd=real_root,
-        env=command_env(real_root),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        # Its own process group, so a timeout or a cancelled activity kills
-        # everything the command started, not just the shell.
-        start_new_session=True,
-    )
+    try:
+        proc = await sandbox.start(
+            sandbox.Sandbox(real_root, network=network, hidden=hidden),
+            ["/bin/sh", "-c", args.command],
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except sandbox.SandboxUnavailable as err:
+        raise ToolError(f"run_command refused: shell commands run only in a sandbox, and {err}") from None
     captured = _CappedOutput(COMMAND_OUTPUT_CAP)
 
     async def pump() -> None:
@@ -264,12 +245,12 @@ async def run_command(root: Path, args: RunCommandArgs) -> str:
         # group that ignores TERM would break it. After a normal exit this also
         # removes background children that would otherwise outlive the activity
         # and keep the output pipe open. Runs on cancellation too.
-        _kill_group(proc.pid)
+        sandbox.kill_tree(proc)
         try:
             await asyncio.wait_for(asyncio.shield(reader), timeout=5)
             await asyncio.wait_for(proc.wait(), timeout=5)
         except TimeoutError:
-            # Only a process that left the group (setsid) can hold the pipe this long.
+            # Only an unsandboxed process that left the group (setsid) can hold the pipe this long.
             reader.cancel()
 
     output = captured.text()
@@ -416,6 +397,10 @@ class ToolActivities:
             if settled is not None:
                 return settled
         implementation = self.functions[input.tool]
+        if input.tool in COMMAND_TOOLS:
+            implementation = functools.partial(
+                implementation, network=input.network, hidden=tuple(sandbox.hidden_paths(self.store.root))
+            )
         async with Heartbeat() as beat:
             if isinstance(implementation, EffectTool):
                 return await run_effect(implementation, spec, input, args, self.store, beat)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +16,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import ArtifactStore
-from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, command_env, read_file
+from activities.sandbox import command_env
+from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
 from workflows.contracts import ToolInput, ToolResult
 from workflows.tool_specs import TOOL_SPECS, ReadFileArgs
 
@@ -253,25 +254,26 @@ async def test_run_command_caps_output(store: ArtifactStore, ws: Path) -> None:
 
 
 async def test_run_command_timeout_kills_the_process_group(store: ArtifactStore, ws: Path) -> None:
+    background = _marker_sleep()
     started = time.monotonic()
     result = await run(
-        store, ws, "run_command", {"command": "sleep 30 & echo $! > bg.pid; echo started; sleep 30", "timeout_s": 1}
+        store, ws, "run_command", {"command": f"{background} & echo started; {_marker_sleep()}", "timeout_s": 1}
     )
     elapsed = time.monotonic() - started
     assert elapsed < 8, elapsed
     assert not result.ok
     assert result.error == "timed out after 1s; output:\nstarted"
     assert "[killed: timed out after 1s]" in output_of(store, result)
-    background = int((ws / "bg.pid").read_text())
     assert _gone(background), "the background sleep outlived the timeout"
 
 
 async def test_run_command_kills_leftover_background_processes(store: ArtifactStore, ws: Path) -> None:
+    background = _marker_sleep()
     started = time.monotonic()
-    result = await run(store, ws, "run_command", {"command": "sleep 30 & echo $! > bg.pid; echo done", "timeout_s": 20})
+    result = await run(store, ws, "run_command", {"command": f"{background} & echo done", "timeout_s": 20})
     assert result.ok, result.error
     assert time.monotonic() - started < 8
-    assert _gone(int((ws / "bg.pid").read_text()))
+    assert _gone(background)
 
 
 async def test_run_command_environment_is_scrubbed(
@@ -302,37 +304,53 @@ async def test_run_command_heartbeats_while_waiting(
 
 
 async def test_cancelled_activity_kills_the_process_group(store: ArtifactStore, ws: Path) -> None:
+    background = _marker_sleep()
     env = ActivityEnvironment()
     task = asyncio.create_task(
-        run(store, ws, "run_command", {"command": "sleep 30 & echo $! > bg.pid; sleep 30"}, env=env)
+        run(store, ws, "run_command", {"command": f"{background} & touch started; {_marker_sleep()}"}, env=env)
     )
-    pid_file = ws / "bg.pid"
     for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
+        if (ws / "started").exists() and _running(background):
             break
         await asyncio.sleep(0.05)
+    assert _running(background), "the background sleep never started"
     env.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert _gone(int(pid_file.read_text()))
+    assert _gone(background)
 
 
-def _gone(pid: int, wait_s: float = 3.0) -> bool:
-    """True once pid no longer runs (a zombie counts: PID 1 in a container may never reap it)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+def _marker_sleep() -> str:
+    """A `sleep` whose argument no other process has: found on this machine by its command
+    line, since a sandboxed command's PIDs are its namespace's, not ours."""
+    return f"sleep 30.{uuid.uuid4().int % 10**9:09d}"
+
+
+def _running(command: str) -> bool:
+    """A live (not zombie: PID 1 in a container may never reap it) process runs `command`."""
+    wanted = command.encode().replace(b" ", b"\0") + b"\0"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if (proc / "cmdline").read_bytes() != wanted:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if state not in ("Z", "X"):
             return True
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
     return False
+
+
+def _gone(command: str, wait_s: float = 3.0) -> bool:
+    """True once no process on this machine runs `command`."""
+    deadline = time.monotonic() + wait_s
+    while _running(command):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # --- http_get -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities import sandbox
 from activities.artifacts import ArtifactStore, default_store
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
@@ -101,6 +102,8 @@ async def run_orchestrator(client: Client, task_queue: str | None = None) -> Non
     task_queue = task_queue or settings.task_queue()
     worker = build_worker(client, task_queue=task_queue)
     await ensure_watchdog(client, task_queue)
+    warn, sandboxing = await sandbox.describe_at_start()
+    (log.warning if warn else log.info)(sandboxing)
     log.info("worker polling", task_queue=task_queue, namespace=client.namespace)
     await worker.run()
 

@@ -300,6 +300,11 @@ class ToolInput(BaseModel):
         description="A person's answer about an uncertain earlier call: 'happened' records it without sending, "
         "'not_happened' sends it again.",
     )
+    network: bool = Field(
+        default=False,
+        description="A command tool's sandbox keeps the network: the goal allows it, or the plan step says "
+        "network: true. Set by the workflow, never from a model's arguments.",
+    )
 
 
 class PreparedEffect(BaseModel):

@@ -15,6 +15,12 @@ Every tool declares a risk class (what its effect reaches) and a replay policy
 three ways out, each making a re-run after an interruption free: the plan step's
 `replay: safe`, the call's own `replay: "safe"` argument, or a command on the short
 read-only allowlist (`workflows.effects.read_only_command`).
+
+A command tool (COMMAND_TOOLS) runs its command in a sandbox (activities/sandbox.py):
+the workspace and read-only system directories, nothing of the worker's, and no
+network unless the goal allows it (`allow_network`) or its plan step says
+`network: true`; the workflow passes that as `ToolInput.network`, never as an
+argument a model could set.
 """
 
 from __future__ import annotations
@@ -51,7 +57,12 @@ class WriteFileArgs(ToolArgs):
 
 
 class RunCommandArgs(ToolArgs):
-    command: str = Field(description="Shell command, run with /bin/sh in the workspace root.")
+    command: str = Field(
+        description="Shell command, run with /bin/sh in the workspace root, inside a sandbox: only the workspace "
+        "(writable, also $HOME) and the system directories (read-only) exist, /tmp is private and emptied "
+        "afterwards, background processes end with the command, and there is no network unless the goal "
+        "allows it."
+    )
     timeout_s: float = Field(default=60, gt=0, le=600)
     replay: Literal["safe"] | None = Field(
         default=None,
@@ -245,7 +256,8 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             # docstring): a shell command can reach further than the workspace.
             replay="once",
             risk="local-write",
-            description="Run a shell command in the workspace root (timeout, output capped). Set "
+            description="Run a shell command in the workspace root, in a sandbox (only the workspace and "
+            "system directories, no network unless the goal allows it; timeout, output capped). Set "
             '"replay": "safe" for commands that may run twice (tests, builds).',
             args_model=RunCommandArgs,
             **LONG_CALL_TIMEOUTS,
@@ -321,6 +333,9 @@ TOOL_SPECS: dict[str, ToolSpec] = {
         ),
     ]
 }
+
+COMMAND_TOOLS: frozenset[str] = frozenset({"run_command"})
+"""Tools that run a shell command in the sandbox; the goal's or step's network permission reaches them."""
 
 # Offered to an agent by the runtime, not by the plan: on a turn whose prompt was
 # compacted, so the model can read in full an output it sees as one line.

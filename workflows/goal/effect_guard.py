@@ -6,7 +6,9 @@ write in flight is never abandoned, an effect that already happened is never sen
 again, and an abort with rollback undoes every effect that happened or may have.
 A shell command whose run was interrupted is asked about too, unless it is
 replay-safe (the activity judges that from its arguments; a plan step's
-`replay: safe` travels in them).
+`replay: safe` travels in them). A command's sandbox keeps the network only when
+the goal allows it or the plan step says `network: true` (ToolInput.network; an
+agent's calls have only the goal's permission).
 
 Workflow code. How the call itself runs (local or regular activity, timeouts,
 retries, what an exhausted write becomes) is the ToolRunner's (tool_runner.py).
@@ -26,7 +28,7 @@ from workflows.effects import command_key
 from workflows.goal.context import GoalContext, NodeStopped
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
-from workflows.tool_specs import TOOL_SPECS, ToolSpec
+from workflows.tool_specs import COMMAND_TOOLS, TOOL_SPECS, ToolSpec
 
 WRITES = ("remote-write", "irreversible")
 COMMAND_TOOL = "run_command"
@@ -42,6 +44,8 @@ class EffectGuard:
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
         spec = TOOL_SPECS.get(tool_input.tool)
+        if tool_input.tool in COMMAND_TOOLS:
+            tool_input = self._with_network(tool_input, node)
         if spec is not None and spec.risk in WRITES and self._ctx.effects_first:
             return await self._write(spec, tool_input, summary, node, why)
         if spec is not None and tool_input.tool == COMMAND_TOOL and self._ctx.commands_ask:
@@ -94,6 +98,17 @@ class EffectGuard:
                 uncertain=True,
                 error=f"{tool_input.tool} did not complete and may or may not have run: {failure_message(err)}",
             )
+
+    def _with_network(self, tool_input: ToolInput, node: Node) -> ToolInput:
+        """The goal's `allow_network`, or a plan tool step's `network: true`, for the sandbox.
+        Not from the call's arguments: a model must not grant itself the network."""
+        allowed = self._ctx.state.spec.allow_network
+        if not allowed and node.kind == "tool":
+            try:
+                allowed = getattr(self._ctx.plan().step(node.name), "network", False)
+            except KeyError:
+                pass
+        return tool_input.model_copy(update={"network": True}) if allowed else tool_input
 
     def _with_step_replay(self, tool_input: ToolInput, node: Node) -> ToolInput:
         """A plan step's `replay: safe` as the call's own argument, where the activity reads it."""

@@ -1,0 +1,454 @@
+"""Every shell command runs in the bubblewrap sandbox (activities/sandbox.py).
+
+From the command's side: the workspace is writable and is $HOME, /etc is read-only,
+/tmp is private, no process of the worker is visible and none of its environment,
+its files (PERDURE_HOME, the config file, the artifact and payload stores, its home
+directory) are not there, and there is no network unless the goal or the plan step
+allows it. From the worker's side: every process a command started is gone when the
+step ends, a worker without a usable bwrap refuses commands with how to install it,
+and PERDURE_UNSANDBOXED_COMMANDS=1 runs them directly (with a warning at start).
+
+The end-to-end test runs a real `perdure worker` subprocess with canary keys in its
+environment and an agent that tries every route to them; the canary appears in no
+history, log, artifact, payload, status or result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from google.protobuf.message import Message
+from rich.console import Console
+from temporalio.client import WorkflowHistory
+from temporalio.testing import ActivityEnvironment
+from typer.testing import CliRunner
+
+from activities import sandbox
+from activities.artifacts import ArtifactStore
+from activities.tools import ToolActivities
+from starters import cli
+from testing.crash import write_model_config
+from testing.http import BackgroundHTTPServer, JSONHandler
+from tests.builders import agent, spec
+from tests.helpers import perdure_status, running_worker, start
+from workflows.contracts import ToolInput, ToolResult
+
+pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
+
+
+class PingServer(BackgroundHTTPServer):
+    """Counts the GETs that reach it: a command's network call, seen from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[str] = []
+
+    class handler(JSONHandler):  # noqa: N801 (the attribute BackgroundHTTPServer serves)
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.server.owner.hits.append(self.path)  # type: ignore[attr-defined]
+            self.send_json(200, {"pong": True})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root.resolve()
+
+
+@pytest.fixture
+def ping():
+    with PingServer() as server:
+        yield server
+
+
+async def command(store: ArtifactStore, ws: Path, text: str, **kw) -> tuple[ToolResult, str]:
+    """Run `text` as run_command through the tool activity: its result and its output."""
+    tool_input = ToolInput(goal_id="g1", node_key="n1", tool="run_command", workspace=str(ws), args={"command": text})
+    result = await ActivityEnvironment().run(ToolActivities(store).run_tool, tool_input.model_copy(update=kw))
+    return result, store.get_text(result.output) if result.output else ""
+
+
+# --- what a command can reach ----------------------------------------------------------
+
+
+async def test_the_workspace_is_writable_and_is_home(store: ArtifactStore, ws: Path):
+    result, output = await command(store, ws, 'echo built > out.txt; echo "home=$HOME"; echo x > ~/at-home')
+    assert result.ok, result.error
+    assert (ws / "out.txt").read_text() == "built\n" and (ws / "at-home").read_text() == "x\n"
+    assert f"home={ws}" in output
+
+
+async def test_etc_is_read_only_and_its_secrets_are_masked(store: ArtifactStore, ws: Path):
+    probe = Path(f"/etc/perdure-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        result, output = await command(store, ws, f"touch {probe}; head -c 40 /etc/shadow; cat /etc/hostname")
+        assert not probe.exists()
+    finally:
+        probe.unlink(missing_ok=True)
+    assert f"touch: cannot touch '{probe}': Read-only file system" in output
+    if Path("/etc/shadow").exists():
+        assert "cannot open '/etc/shadow' for reading: Permission denied" in output, output
+        assert Path("/etc/shadow").read_text()[:40] not in output
+    if Path("/etc/hostname").exists():
+        assert Path("/etc/hostname").read_text().strip() in output  # /etc itself is there to read
+
+
+async def test_no_process_of_the_worker_is_visible(store: ArtifactStore, ws: Path):
+    listing = "ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; cat /proc/1/comm; cat /proc/*/cmdline | tr '\\0' ' '"
+    result, output = await command(store, ws, listing)
+    assert result.ok, result.error
+    _, pids, pid1, cmdlines = output.split("\n", 3)
+    # The namespace's own: bwrap as PID 1, the shell and the pipeline's few.
+    visible = [int(pid) for pid in pids.split()]
+    assert 1 in visible and max(visible) < 20, visible
+    assert pid1 == "bwrap"
+    ours = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert ours not in cmdlines, cmdlines  # this process (the worker here) is not there
+
+
+async def test_a_command_sees_no_key_of_the_worker_anywhere_in_proc(store: ArtifactStore, ws: Path):
+    # /proc/PID/environ shows what a process was started with, so the key is given to a
+    # process at its start: a stand-in for the worker (this test process's own environment
+    # would not show a variable set after it started).
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    holder = await asyncio.create_subprocess_exec("sleep", "60", env={**os.environ, "OPENAI_API_KEY": canary})
+    try:
+        assert canary in Path(f"/proc/{holder.pid}/environ").read_text(errors="replace")
+        routes = "cat /proc/*/environ; cat /proc/$PPID/environ; cat /proc/1/environ; env; ps auxe; cat /proc/*/cmdline"
+        result, output = await command(store, ws, routes)
+    finally:
+        holder.kill()
+        await holder.wait()
+    assert result.ok, result.error
+    assert canary not in output and "OPENAI_API_KEY" not in output
+    assert f"HOME={ws}" in output  # the routes were read: the allowlist is what they show
+
+
+async def test_tmp_is_private_and_goes_with_the_command(store: ArtifactStore, ws: Path, tmp_path: Path):
+    name = f"perdure-private-{uuid.uuid4().hex[:8]}"
+    marker = tmp_path / "host-tmp-file"
+    marker.write_text("on the host")
+    result, output = await command(store, ws, f"echo mine > /tmp/{name}; cat /tmp/{name}; ls {marker}")
+    assert "mine" in output and "No such file or directory" in output
+    assert not (Path("/tmp") / name).exists()
+    again, output = await command(store, ws, f"cat /tmp/{name}")
+    assert not again.ok and "No such file or directory" in output
+
+
+async def test_the_worker_home_perdure_state_and_stores_are_not_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # All of them inside the workspace, the hardest case: they are masked even there.
+    ws = (tmp_path / "ws").resolve()
+    home, state = ws / "worker-home", ws / "perdure-home"
+    for directory in (home, state, ws / "store", ws / "payloads"):
+        directory.mkdir(parents=True)
+        (directory / "secret").write_text("SECRET-FILE")
+    (ws / "config.toml").write_text("SECRET-FILE")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PERDURE_HOME", str(state))
+    monkeypatch.setenv("PERDURE_CONFIG", str(ws / "config.toml"))
+    monkeypatch.setenv("PERDURE_PAYLOAD_STORE", f"disk:{ws / 'payloads'}")
+    store = ArtifactStore(ws / "store")
+    reads = "for f in worker-home/secret perdure-home/secret store/secret payloads/secret config.toml; do cat $f; done"
+    result, output = await command(store, ws, f"{reads}; echo visible > ok.txt")
+    assert "SECRET-FILE" not in output, output
+    assert (ws / "ok.txt").read_text() == "visible\n"  # the rest of the workspace is as it was
+
+
+async def test_no_network_unless_the_call_allows_it(store: ArtifactStore, ws: Path, ping: PingServer):
+    curl = f"curl -sS -m 5 {ping.base_url}/from-sandbox"
+    result, output = await command(store, ws, curl)
+    assert not result.ok and "Couldn't connect" in output
+    assert ping.hits == []
+    result, output = await command(store, ws, curl, network=True)
+    assert result.ok, result.error
+    assert '"pong": true' in output and ping.hits == ["/from-sandbox"]
+
+
+# --- how a command ends -------------------------------------------------------------
+
+
+async def test_background_and_setsid_children_are_gone_when_the_step_ends(store: ArtifactStore, ws: Path):
+    plain, detached, nohup = _marker_sleep(), _marker_sleep(), _marker_sleep()
+    result, _ = await command(store, ws, f"{plain} & setsid {detached} & nohup {nohup} >/dev/null 2>&1 & echo started")
+    assert result.ok, result.error
+    for leftover in (plain, detached, nohup):
+        assert _gone(leftover), f"`{leftover}` outlived its step"
+
+
+async def test_a_setsid_child_is_gone_after_a_timeout(store: ArtifactStore, ws: Path):
+    detached = _marker_sleep()
+    started = time.monotonic()
+    tool_input = ToolInput(
+        goal_id="g1",
+        node_key="n1",
+        tool="run_command",
+        workspace=str(ws),
+        args={"command": f"setsid {detached} & sleep 30", "timeout_s": 1},
+    )
+    result = await ActivityEnvironment().run(ToolActivities(store).run_tool, tool_input)
+    assert not result.ok and "timed out after 1s" in (result.error or "")
+    assert time.monotonic() - started < 10
+    assert _gone(detached)
+
+
+# --- without a usable bwrap ---------------------------------------------------------
+
+
+async def test_a_worker_without_bwrap_refuses_commands_with_the_install_hint(
+    store: ArtifactStore, ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    bare = tmp_path / "bin-without-bwrap"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    result, _ = await command(store, ws, "echo ran > ran.txt")
+    assert not result.ok and not result.uncertain
+    assert "run_command refused" in (result.error or "") and "apt-get install bubblewrap" in (result.error or "")
+    assert sandbox.UNSANDBOXED_ENV in (result.error or "")
+    assert not (ws / "ran.txt").exists()
+
+
+async def test_a_bwrap_that_cannot_create_namespaces_is_refused_with_what_it_said(
+    store: ArtifactStore, ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    result, _ = await command(store, ws, "echo ran > ran.txt")
+    assert not result.ok
+    assert "No permissions to create new namespace" in (result.error or "")
+    assert "apt-get install bubblewrap" in (result.error or "")
+    assert not (ws / "ran.txt").exists()
+
+
+async def test_unsandboxed_commands_run_directly_when_the_worker_says_so(
+    store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv(sandbox.UNSANDBOXED_ENV, "1")
+    result, output = await command(store, ws, f"echo ran > ran.txt; cat /proc/{os.getpid()}/comm")
+    assert result.ok, result.error
+    assert (ws / "ran.txt").read_text() == "ran\n"
+    # Without the sandbox the worker's own process is in view.
+    assert Path(f"/proc/{os.getpid()}/comm").read_text().strip() in output
+
+
+# --- the network permission, from the plan and the goal -----------------------------
+
+
+async def test_a_plan_step_with_network_true_reaches_the_network_and_its_neighbour_does_not(
+    env, task_queue, store, workspace, ping
+):
+    url = f"{ping.base_url}/step"
+    steps = [
+        {"name": "fetch", "kind": "tool", "tool": "run_command", "network": True,
+         "args": {"command": f"curl -sS -m 5 {url}/fetch"}},
+        {"name": "offline", "kind": "tool", "tool": "run_command",
+         "args": {"command": f"curl -sS -m 5 {url}/offline || echo no-network"}},
+    ]  # fmt: skip
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"])
+        result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    assert ping.hits == ["/step/fetch"]
+
+
+# --- end to end: a real worker with canary keys -----------------------------------------
+
+
+def _all_text(message: Message) -> str:
+    """Every string and bytes field of a protobuf message, recursively: a history's payloads
+    (their JSON data: no codec is configured here), failures, summaries and headers."""
+    parts: list[str] = []
+    for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            items = [x for key in value for x in (key, value[key])]
+        elif field.is_repeated:
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            if isinstance(item, Message):
+                parts.append(_all_text(item))
+            elif isinstance(item, bytes):
+                parts.append(item.decode("utf-8", errors="replace"))
+            elif isinstance(item, str):
+                parts.append(item)
+    return "\n".join(parts)
+
+
+def history_text(history: WorkflowHistory) -> str:
+    return "\n".join(_all_text(event) for event in history.events)
+
+
+def files_text(root: Path, skip: set[Path]) -> str:
+    return "\n".join(
+        p.read_bytes().decode("utf-8", errors="replace")
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p not in skip
+    )
+
+
+def outputs_by_command(store: ArtifactStore) -> dict[str, str]:
+    """run_command's outputs in the store, by the command they start with (`$ COMMAND`)."""
+    found = {}
+    for path in store.root.glob("sha256/*/*"):
+        text = store.get_bytes(f"sha256:{path.name}").decode("utf-8", errors="replace")
+        if text.startswith("$ "):
+            found[text.splitlines()[0][2:]] = text
+    return found
+
+
+async def perdure_result(env, goal_id: str, home: Path) -> str:
+    """What `perdure result GOAL` prints, in this process (it reads the report from the store)."""
+    variables = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_HOME": str(home)}
+    with mock.patch.object(cli, "console", Console(width=400)):
+        done = await asyncio.to_thread(CliRunner().invoke, cli.app, ["result", goal_id], env=variables)
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+@pytest.mark.process
+async def test_a_worker_s_keys_and_files_reach_no_command_and_so_nothing_the_goal_records(
+    env, crash_rig, scripted, workspace, tmp_path, payload_store, ping, monkeypatch
+):
+    canary, planted = f"CANARY-{uuid.uuid4().hex}", f"PLANTED-{uuid.uuid4().hex}"
+    # In this process's environment, which the `perdure worker` subprocess inherits.
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    monkeypatch.setenv("PERDURE_MAIL_KEY", canary)
+    worker_home = tmp_path / "worker-home"
+    monkeypatch.setenv("HOME", str(worker_home))
+    rig = crash_rig()
+    planted_files = [
+        worker_home / ".perdure" / "planted",
+        rig.home / "planted",
+        rig.home / "artifacts" / "planted",
+        payload_store / f"planted-{uuid.uuid4().hex[:8]}",
+    ]
+    for path in planted_files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(planted)
+    routes = {
+        "every environ": "cat /proc/*/environ | tr '\\0' '\\n'",
+        # Failing with the keys first: a failed command's output tail is in its error, which
+        # goes to the worker's log and the history.
+        "parent environ": "tr '\\0' '\\n' < /proc/$PPID/environ | grep -E 'KEY|TOKEN|SECRET'; exit 3",
+        "pid 1 environ": "cat /proc/1/environ | tr '\\0' '\\n'",
+        "env": "env",
+        "ps e": "ps e",
+        "ps auxe": "ps auxe",
+        "command lines": "cat /proc/*/cmdline | tr '\\0' ' '",
+        "worker home": f"ls -a {worker_home}; cat {planted_files[0]}",
+        "perdure home": f"ls -R {rig.home}; cat {planted_files[1]}",
+        "config file": f"cat {rig.config}",
+        "artifact store": f"ls -R {rig.home / 'artifacts'}; cat {planted_files[2]}",
+        "payload store": f"ls {payload_store}; cat {planted_files[3]}",
+        "network": f"curl -sS -m 5 {ping.base_url}/canary-net",
+    }
+    calls = [{"name": "run_command", "arguments": {"command": c}} for c in routes.values()]
+    server = scripted(
+        {
+            "replies": [
+                {"when": "PERDURE-AGENT", "times": 1, "tool_calls": calls},
+                {"when": "PERDURE-AGENT", "content": "I found nothing."},
+            ]
+        }
+    )
+    write_model_config(rig.config, server)
+    rig.config.write_text(rig.config.read_text() + f"# {planted}\n")
+    probe = agent("probe", "Find the keys.", ["run_command"])
+
+    try:
+        worker = rig.start_worker()
+        await worker.wait_polling()
+        handle = await rig.start_goal(spec(workspace, plan={"steps": [probe]}, allowed_tools=["run_command"]))
+        result = await rig.result(handle)
+        assert result.outcome == "succeeded", result.excerpt
+
+        outputs = outputs_by_command(rig.store)
+        assert set(routes.values()) <= set(outputs), sorted(outputs)
+        recorded = {
+            "command outputs": "\n".join(outputs.values()),
+            "history": history_text(await handle.fetch_history()),
+            "worker log": worker.log_text(),
+            "artifact store": files_text(rig.home, skip=set(planted_files)),
+            "payload store": files_text(payload_store, skip=set(planted_files)),
+            "perdure status": await perdure_status(env, handle.id),
+            "perdure result": await perdure_result(env, handle.id, rig.home),
+        }
+        for where, text in recorded.items():
+            assert canary not in text, f"the worker's key reached the {where}"
+            assert planted not in text, f"a file of the worker's reached the {where}"
+        # Each route was taken (it printed what the sandbox has) and led nowhere.
+        assert "HOME=" in outputs[routes["pid 1 environ"]] and "PATH=" in outputs[routes["every environ"]]
+        assert "bin/perdure worker" not in outputs[routes["command lines"]]
+        assert "No such file or directory" in outputs[routes["config file"]]
+        assert "Couldn't connect" in outputs[routes["network"]] and ping.hits == []
+        assert "shell commands run in a bubblewrap sandbox" in worker.log_text()
+
+        # The same calls in a goal that allows the network: only the network call changes.
+        server.reset()
+        handle = await rig.start_goal(
+            spec(workspace, plan={"steps": [probe]}, allowed_tools=["run_command"], allow_network=True)
+        )
+        assert (await rig.result(handle)).outcome == "succeeded"
+        assert ping.hits == ["/canary-net"]
+        history = history_text(await handle.fetch_history())
+        assert canary not in history and planted not in history
+    finally:
+        planted_files[3].unlink()
+
+
+@pytest.mark.process
+async def test_a_worker_started_unsandboxed_warns_at_start(crash_rig, monkeypatch):
+    monkeypatch.setenv(sandbox.UNSANDBOXED_ENV, "1")
+    rig = crash_rig()
+    worker = rig.start_worker()
+    await worker.wait_polling()
+    line = next(line for line in worker.log_text().splitlines() if "WITHOUT a sandbox" in line)
+    assert "warning" in line and sandbox.UNSANDBOXED_ENV in line
+
+
+# --- processes, seen from this machine ------------------------------------------------
+
+
+def _marker_sleep() -> str:
+    """A `sleep` no other process runs: found on this machine by its command line, since a
+    sandboxed command's PIDs are its namespace's, not ours."""
+    return f"sleep 30.{uuid.uuid4().int % 10**9:09d}"
+
+
+def _running(command: str) -> bool:
+    """A live (not zombie: PID 1 in a container may never reap it) process runs `command`."""
+    wanted = command.encode().replace(b" ", b"\0") + b"\0"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "cmdline").read_bytes() != wanted:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _gone(command: str, wait_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while _running(command):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
