@@ -4,6 +4,13 @@ Outputs, transcripts and tool arguments live here; workflows hold only the
 `ArtifactRef` (digest + size). Writes are atomic and idempotent: the same bytes
 always land at the same path, so a retried activity never duplicates a blob.
 Reads verify the digest.
+
+With payload keys configured (runtime/codec.py) every file is encrypted at rest
+with the newest key; the address stays the digest of the plaintext, so a blob
+has one address whatever key, or none, it is kept under. Reading takes either
+kind of file: one written before encryption was on is plaintext, and a put of
+the same bytes with keys seals it in place. Reads of an encrypted file need its
+key; the digest check runs on the decrypted bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +19,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runtime.files import write_once
+from runtime.codec import (
+    MAGIC,
+    DecryptionError,
+    Keyring,
+    UnknownPayloadKey,
+    is_sealed,
+    keyring_from_env,
+    seal,
+    unseal,
+)
+from runtime.files import write_atomically
 from runtime.settings import perdure_home
 from workflows.canonical import sha256_digest
 from workflows.contracts import ArtifactRef
@@ -26,9 +43,14 @@ class ArtifactCorrupt(ValueError):
     """The blob on disk does not match its digest."""
 
 
+_KEYS_FROM_ENV: Any = object()
+
+
 class ArtifactStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, keyring: Keyring | None = _KEYS_FROM_ENV) -> None:
+        """`keyring` defaults to the keys the environment names (none: files stay plaintext)."""
         self.root = root
+        self.keyring = keyring_from_env() if keyring is _KEYS_FROM_ENV else keyring
 
     def _path(self, digest: str) -> Path:
         algo, _, hexdigest = digest.partition(":")
@@ -36,8 +58,19 @@ class ArtifactStore:
 
     def put_bytes(self, data: bytes, media_type: str = "application/octet-stream") -> ArtifactRef:
         digest = sha256_digest(data)
-        write_once(self._path(digest), data)
+        path = self._path(digest)
+        if not self._kept_as_wanted(path):
+            # Two writers of one address write the same plaintext, sealed or not: the last rename wins harmlessly.
+            write_atomically(path, seal(self.keyring, data) if self.keyring else data)
         return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
+
+    def _kept_as_wanted(self, path: Path) -> bool:
+        """The file exists, and is encrypted if this store encrypts (a plaintext one is sealed anew)."""
+        try:
+            with path.open("rb") as f:
+                return self.keyring is None or is_sealed(f.read(len(MAGIC)))
+        except FileNotFoundError:
+            return False
 
     def put_text(self, text: str, media_type: str = "text/plain") -> ArtifactRef:
         return self.put_bytes(text.encode("utf-8"), media_type)
@@ -52,6 +85,13 @@ class ArtifactStore:
             data = path.read_bytes()
         except FileNotFoundError:
             raise ArtifactMissing(f"artifact {digest} is not in the store at {self.root}") from None
+        if is_sealed(data):
+            try:
+                data = unseal(self.keyring, data, f"artifact {digest} at {path}")
+            except UnknownPayloadKey:
+                raise  # this process lacks a key another may have: not the blob's fault
+            except DecryptionError as err:
+                raise ArtifactCorrupt(str(err)) from None
         if sha256_digest(data) != digest:
             raise ArtifactCorrupt(f"artifact {digest} at {path} does not match its digest")
         return data

@@ -4,7 +4,9 @@ reach Temporal and to keep files.
 settings       where things are (PERDURE_* variables, the Temporal profile)
 files          write-then-rename helpers
 payload_store  the disk driver for payloads too large for history
-converter      the one data converter (pydantic + external payload storage)
+codec          AES-256-GCM: the payload codec and the files at rest, one keyring
+converter      the one data converter (pydantic + external payload storage
+               + the codec when keys are configured)
 plugin         PerdurePlugin: gives clients, workers, replayers and test
                environments that converter
 connect        connect(): a client from the standard Temporal configuration

@@ -4,7 +4,12 @@ what one side writes the others can read.
 
 It is the pydantic converter plus the SDK's external storage (claim check):
 any payload of at least the threshold is written to a payload store and only a
-small reference goes into history. perdure already keeps outputs out of history
+small reference goes into history. With payload keys configured
+(PERDURE_PAYLOAD_KEYS or PERDURE_PAYLOAD_KEY_FILE, see runtime/codec.py) it also
+has the encryption codec, and failures carry their message and stack trace as an
+encrypted payload (`encoded_attributes`) instead of as plain fields: every
+payload in history is then ciphertext. The SDK encrypts before it offloads, so
+what reaches the payload store is ciphertext too. perdure already keeps outputs out of history
 as artifact references; this is the safety net for whatever is still big (a
 large plan, a grown state object), which would otherwise fail at Temporal's
 2 MB payload limit or eat the 50 MB history.
@@ -20,9 +25,10 @@ PERDURE_PAYLOAD_STORE            where large payloads go:
 PERDURE_PAYLOAD_THRESHOLD_BYTES  payloads of at least this size are stored
                                  outside history, default 131072 (128 KiB)
 
-Every worker, the CLI and any replayer must see the same store: a reference
-is useless where its payload cannot be read. Building the converter reads the
-environment and touches neither disk nor network.
+Every worker, the CLI and any replayer must see the same store and the same
+keys: a reference is useless where its payload cannot be read, a ciphertext
+where its key is missing. Building the converter reads the environment (and the
+key file, if one is named) and touches neither the network nor the store.
 """
 
 from __future__ import annotations
@@ -36,8 +42,14 @@ from typing import Any
 
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, ExternalStorage, StorageDriver
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    ExternalStorage,
+    StorageDriver,
+)
 
+from runtime.codec import EncryptionCodec, keyring_from_env
 from runtime.payload_store import DiskPayloadDriver
 from runtime.settings import perdure_home
 
@@ -59,12 +71,17 @@ class PayloadStoreConfigError(ValueError):
 
 
 def data_converter() -> DataConverter:
-    """The pydantic converter, with external storage as the environment says."""
+    """The pydantic converter, with external storage and encryption as the environment says."""
     driver = payload_driver()
-    if driver is None:
-        return pydantic_data_converter
-    storage = ExternalStorage(drivers=[driver], payload_size_threshold=payload_threshold())
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+    keyring = keyring_from_env()
+    changes: dict[str, Any] = {}
+    if driver is not None:
+        changes["external_storage"] = ExternalStorage(drivers=[driver], payload_size_threshold=payload_threshold())
+    if keyring is not None:
+        changes["payload_codec"] = EncryptionCodec(keyring)
+        # A failure's message can quote a prompt or a file: it travels as a payload, so it is encrypted.
+        changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
+    return dataclasses.replace(pydantic_data_converter, **changes) if changes else pydantic_data_converter
 
 
 def payload_driver() -> StorageDriver | None:

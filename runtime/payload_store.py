@@ -7,6 +7,11 @@ content-addressed (sha256 of the serialized `Payload`), written atomically
 activity stores the same bytes once. Retrieval verifies the digest. The
 directory must be shared by every worker and by the CLI (see
 runtime/converter.py); this module does no configuration and no deletion.
+
+It does no encryption either, and needs none: with payload keys configured the
+SDK runs the codec (runtime/codec.py) before external storage, so every payload
+handed to this driver is already ciphertext (`encoding: binary/encrypted`) and
+each file holds one. Its random nonce makes a re-encoded payload a new file.
 """
 
 from __future__ import annotations

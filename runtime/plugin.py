@@ -13,7 +13,8 @@ Workflows and activities are not in it: `workers/orchestrator.build_worker`
 registers the production set, and replay tests choose their own workflow classes.
 
 Building one builds the converter (runtime/converter.py): it reads the
-payload-store environment and touches neither disk nor network.
+payload-store and payload-key environment (and the key file it names) and
+touches neither the store nor the network.
 """
 
 from __future__ import annotations

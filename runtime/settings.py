@@ -9,6 +9,9 @@ PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
 PERDURE_PAYLOAD_THRESHOLD_BYTES  size from which a payload goes there, default 128 KiB
                                  (both read by runtime/converter.py, which documents them)
+PERDURE_PAYLOAD_KEYS             id:base64key,... (newest last): payloads in history and the
+PERDURE_PAYLOAD_KEY_FILE         files at rest are encrypted; unset, they are not
+                                 (read by runtime/codec.py, which documents them)
 
 The Temporal server is also found the standard way, as every Temporal SDK and
 the `temporal` CLI find it (`temporalio.envconfig`): a profile file

@@ -244,15 +244,28 @@ def result(goal_id: str) -> None:
 def history(
     goal_id: str,
     out: Annotated[Path, typer.Option("--out", help="File to write the history JSON to.")],
+    encoded: Annotated[
+        bool, typer.Option("--encoded", help="Write payloads as the server holds them (encrypted, if keys are on).")
+    ] = False,
 ) -> None:
-    """Export a goal's event history as JSON (for replay tests)."""
+    """Export a goal's event history as JSON (for replay tests), its payloads decrypted unless --encoded."""
 
     async def _history() -> None:
         client = await connect()
         await goals.describe(client, goal_id)
         hist = await client.get_workflow_handle(goal_id).fetch_history()
+        codec = client.data_converter.payload_codec
+        if codec is not None and not encoded:
+            from temporalio.api.history.v1 import History
+            from temporalio.client import WorkflowHistory
+
+            from runtime.codec import decode_history
+
+            plain = await decode_history(History(events=hist.events), codec)
+            hist = WorkflowHistory(hist.workflow_id, list(plain.events))
         out.write_text(hist.to_json(), encoding="utf-8")
-        console.print(f"wrote {len(hist.events)} events to {out}")
+        how = "" if codec is None else " (encoded, as the server holds them)" if encoded else " (payloads decrypted)"
+        console.print(f"wrote {len(hist.events)} events to {out}{how}")
 
     run(_history)
 
@@ -476,6 +489,51 @@ def worker() -> None:
 
     try:
         run(_worker)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("codec-server")
+def codec_server(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8081,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless you mean it).")] = "127.0.0.1",
+    ui_origin: Annotated[
+        list[str] | None,
+        typer.Option("--ui-origin", help="Origin of a Temporal UI that may call it (repeatable; default PERDURE_UI)."),
+    ] = None,
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", help="Namespace to serve (repeatable; default the configured one)."),
+    ] = None,
+) -> None:
+    """Serve Temporal's remote codec protocol (POST /decode, /encode) with the payload keys, for the
+    Temporal UI (`--ui-codec-endpoint`) and `temporal --codec-endpoint`. A bearer token is required
+    when PERDURE_CODEC_TOKEN is set."""
+    from runtime.codec import KEY_FILE_ENV, KEYS_ENV, keyring_from_env
+    from starters.codec_server import TOKEN_ENV, CodecServer, CodecServerConfig, origin_of
+
+    try:
+        keyring = keyring_from_env()
+        if keyring is None:
+            raise UserError(f"no payload keys: set {KEYS_ENV} or {KEY_FILE_ENV} as the workers have them")
+        config = CodecServerConfig(
+            host=host,
+            port=port,
+            origins=tuple(origin_of(o) for o in (ui_origin or [settings.ui_base()])),
+            namespaces=tuple(namespace or [settings.namespace()]),
+            token=os.environ.get(TOKEN_ENV) or None,
+        )
+        server = CodecServer(keyring, config)
+    except (UserError, ValueError, settings.TemporalConfigError, OSError) as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"codec server at {server.url} · keys {', '.join(keyring.key_ids)} (newest {keyring.newest}) · "
+        f"CORS for {', '.join(config.origins)} · namespace {', '.join(config.namespaces)} · "
+        + ("bearer token required" if config.token else f"no token ({TOKEN_ENV} unset)")
+    )
+    try:
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
 
