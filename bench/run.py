@@ -27,7 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script (`python bench/run.py`), so the repository is not on the path yet.
 sys.path.insert(0, str(ROOT))
 
-from bench import agent_turn, overhead, recovery, recovery_command, replay, rss, scale, watchdog  # noqa: E402
+from bench import (  # noqa: E402
+    agent_turn,
+    command_sandbox,
+    overhead,
+    recovery,
+    recovery_command,
+    replay,
+    rss,
+    scale,
+    watchdog,
+)
 from bench.common import Section, start_server, use_home  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
@@ -65,6 +75,7 @@ BENCHMARKS = {
     "agent_turn": (agent_turn.KEYS, agent_turn.measure),
     "recovery": (recovery.KEYS, recovery.measure),
     "recovery_command": (recovery_command.KEYS, recovery_command.measure),
+    "command_sandbox": (command_sandbox.KEYS, command_sandbox.measure),
     "rss": (rss.KEYS, rss.measure),
     "watchdog": ((watchdog.KEY,), watchdog_section),
     "scale": (scale.KEYS, scale.measure),

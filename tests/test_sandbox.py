@@ -174,6 +174,16 @@ async def test_no_network_unless_the_call_allows_it(store: ArtifactStore, ws: Pa
     assert '"pong": true' in output and ping.hits == ["/from-sandbox"]
 
 
+async def test_a_model_cannot_grant_itself_the_network_in_the_call_s_arguments(
+    store: ArtifactStore, ws: Path, ping: PingServer
+):
+    args = {"command": f"curl -sS -m 5 {ping.base_url}/granted", "network": True}
+    tool_input = ToolInput(goal_id="g1", node_key="n1", tool="run_command", workspace=str(ws), args=args)
+    result = await ActivityEnvironment().run(ToolActivities(store).run_tool, tool_input)
+    assert not result.ok and "bad arguments for run_command" in (result.error or "")
+    assert ping.hits == []
+
+
 # --- how a command ends -------------------------------------------------------------
 
 
