@@ -12,13 +12,16 @@ import base64
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.failure.v1 import Failure
@@ -439,6 +442,36 @@ async def test_codec_server_speaks_the_remote_codec_protocol(codec_servers):
         assert unknown.status_code == 422 and "'key-a'" in unknown.json()["error"]
 
 
+@pytest.mark.process
+def test_perdure_codec_server_serves_with_the_keys_of_its_environment():
+    port = free_ports(1)[0]
+    variables = {k: v for k, v in os.environ.items() if k not in (KEYS_ENV, KEY_FILE_ENV)}
+    command = [str(BIN / "perdure"), "codec-server", "--port", str(port), "--namespace", "default"]
+    refused = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "no payload keys" in refused.stderr
+
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')
+    sealed = EncryptionCodec(keyring(KEY_A)).encrypt(plain)
+    server = subprocess.Popen(command, env={**variables, KEYS_ENV: KEY_A}, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{port}/decode", content=payloads_json(sealed), headers={"X-Namespace": "default"}
+                )
+                break
+            except httpx.ConnectError:
+                assert server.poll() is None and time.monotonic() < deadline, "the codec server did not start"
+                time.sleep(0.1)
+        assert reply.status_code == 200
+        assert list(json_format.Parse(reply.text, Payloads()).payloads) == [plain]
+    finally:
+        server.kill()
+        output = server.communicate()[0]
+    assert f"codec server at http://127.0.0.1:{port}" in output and "keys key-a (newest key-a)" in output
+
+
 def temporal_show(env: WorkflowEnvironment, goal_id: str, *extra: str) -> subprocess.CompletedProcess:
     address = env.client.service_client.config.target_host
     command = [str(BIN / "temporal"), "workflow", "show", "-w", goal_id, "--address", address, *extra]
@@ -519,3 +552,24 @@ async def test_temporal_ui_shows_the_goal_through_the_codec_server(
         codec_servers(ring, port=codec_port, origins=("http://elsewhere.example:8233",))
         dom = await asyncio.to_thread(chromium, page, tmp_path / "profile3", "--dump-dom")
         assert handle.id in dom and MARKER not in dom
+
+
+# ------------------------------------------------------------------ docker-compose.yml
+
+
+def test_compose_runs_encrypted_with_the_ui_decrypting_through_the_codec_server():
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    services = compose["services"]
+    # The keys come from the shell or .env, by reference only, and compose refuses to start without them.
+    for name in ("worker", "cli", "codec-server"):
+        value = services[name]["environment"][KEYS_ENV]
+        assert re.fullmatch(r"\$\{PERDURE_PAYLOAD_KEYS:\?[^}]+\}", value), (name, value)
+    assert services["codec-server"]["environment"]["PERDURE_CODEC_TOKEN"] is None  # by name, optional
+
+    command = services["codec-server"]["command"]
+    port = command[command.index("--port") + 1]
+    assert services["codec-server"]["ports"] == [f"127.0.0.1:{port}:{port}"]  # the host's loopback only
+    assert services["temporal-ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == f"http://localhost:{port}"
+    ui_host_port = services["temporal-ui"]["ports"][0].split(":")[0]
+    origins = [command[i + 1] for i, arg in enumerate(command) if arg == "--ui-origin"]
+    assert f"http://localhost:{ui_host_port}" in origins
