@@ -64,8 +64,19 @@ SYSTEM_SECRETS = (
     "/etc/ssh/ssh_host_*_key",
     "/etc/ssl/private",
     "/etc/sudoers",
+    # Where a service's keys are often kept: an EnvironmentFile, a unit's Environment=
+    # lines, systemd credentials, PAM's environment.
+    "/etc/perdure",
+    "/etc/systemd",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/etc/environment",
 )
-"""Masked inside the read-only /etc: a command runs as the worker's user, which may be root."""
+"""Masked inside the read-only /etc: a command runs as the worker's user, which may be root.
+Any other file with a key under a system directory needs PERDURE_SANDBOX_HIDE."""
+
+HIDE_ENV = "PERDURE_SANDBOX_HIDE"
+"""More paths to mask, colon-separated (a key file under /etc or /opt, say)."""
 
 SETTING_PREFIXES = ("PERDURE_", "TEMPORAL_")
 """Variables whose path values are perdure's or its Temporal connection's files (the payload
@@ -105,8 +116,9 @@ def hidden_paths(artifact_store: Path | None = None) -> list[Path]:
         candidates.append(artifact_store)
     for name, value in os.environ.items():
         where = value.strip().removeprefix("disk:")
-        if name.startswith(SETTING_PREFIXES) and where.startswith(("/", "~")):
+        if name.startswith(SETTING_PREFIXES) and name != HIDE_ENV and where.startswith(("/", "~")):
             candidates.append(Path(where))
+    candidates += [Path(p) for p in os.environ.get(HIDE_ENV, "").split(":") if p.strip()]
     return [path.expanduser().resolve() for path in candidates]
 
 
@@ -145,13 +157,16 @@ class Sandbox:
         args += _system_secret_masks()
         if self.network:
             args += _resolver_outside_etc()
+        inside_workspace = [p for p in self.hidden if _strictly_inside(p, self.workspace)]
+        # Before the workspace is bound: a mask over a directory that holds the workspace
+        # (PERDURE_HOME=/opt/perdure, workspace /opt/perdure/ws) must not cover it.
+        args += _masks([p for p in self.hidden if p not in inside_workspace], roots)
         # A fresh /proc shows only the namespace's processes; /tmp is private and goes with
         # the command. Both after the binds above, so nothing of the host's shadows them.
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         # After /tmp: a workspace under /tmp is bound on top of the private one.
         args += ["--bind", str(self.workspace), str(self.workspace)]
-        roots.append(self.workspace)
-        args += _masks(self.hidden, roots)
+        args += _masks(inside_workspace, [self.workspace])
         args += ["--chdir", str(self.workspace), "--", *command]
         return args
 
@@ -176,10 +191,15 @@ def _resolver_outside_etc() -> list[str]:
     return ["--ro-bind", str(target), str(target)]
 
 
+def _strictly_inside(path: Path, root: Path) -> bool:
+    return path != root and path.is_relative_to(root)
+
+
 def _masks(hidden: Iterable[Path], roots: Sequence[Path]) -> list[str]:
+    """Masks for the hidden paths that lie inside something bound (nothing else is there)."""
     args: list[str] = []
     for path in hidden:
-        if path.exists() and any(path != root and path.is_relative_to(root) for root in roots):
+        if path.exists() and any(_strictly_inside(path, root) for root in roots):
             args += _mask(path)
     return args
 

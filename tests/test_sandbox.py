@@ -16,6 +16,7 @@ history, log, artifact, payload, status or result.
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import time
 import uuid
@@ -101,6 +102,14 @@ async def test_etc_is_read_only_and_its_secrets_are_masked(store: ArtifactStore,
         assert Path("/etc/shadow").read_text()[:40] not in output
     if Path("/etc/hostname").exists():
         assert Path("/etc/hostname").read_text().strip() in output  # /etc itself is there to read
+    secrets = [Path(p) for pattern in sandbox.SYSTEM_SECRETS for p in glob.glob(pattern)]
+    listing = "; ".join(f"ls -A {p}" if p.is_dir() else f"head -c 1 {p} >/dev/null && echo READ {p}" for p in secrets)
+    if secrets:
+        result, output = await command(store, ws, listing)
+        shown = output.split("\n", 1)[1]  # after the `$ command` line
+        assert "READ " not in shown, output
+        for directory in (p for p in secrets if p.is_dir() and any(p.iterdir())):
+            assert next(directory.iterdir()).name not in shown, output
 
 
 async def test_no_process_of_the_worker_is_visible(store: ArtifactStore, ws: Path):
@@ -162,6 +171,18 @@ async def test_the_worker_home_perdure_state_and_stores_are_not_there(tmp_path: 
     result, output = await command(store, ws, f"{reads}; echo visible > ok.txt")
     assert "SECRET-FILE" not in output, output
     assert (ws / "ok.txt").read_text() == "visible\n"  # the rest of the workspace is as it was
+
+
+async def test_paths_named_in_perdure_sandbox_hide_are_masked(
+    store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (ws / "keys").mkdir()
+    (ws / "keys" / "worker.env").write_text("SECRET-FILE")
+    (ws / "deploy.env").write_text("SECRET-FILE")
+    monkeypatch.setenv(sandbox.HIDE_ENV, f"{ws / 'keys'}:{ws / 'deploy.env'}")
+    result, output = await command(store, ws, "cat keys/worker.env deploy.env; echo LISTING; ls -A keys")
+    assert "SECRET-FILE" not in output
+    assert output.split("LISTING\n")[-1].startswith("\n[exit code"), output  # keys/ shows empty
 
 
 async def test_no_network_unless_the_call_allows_it(store: ArtifactStore, ws: Path, ping: PingServer):
@@ -417,6 +438,25 @@ async def test_a_worker_s_keys_and_files_reach_no_command_and_so_nothing_the_goa
         assert canary not in history and planted not in history
     finally:
         planted_files[3].unlink()
+
+
+@pytest.mark.process
+async def test_a_command_s_processes_die_with_a_sigkilled_worker(crash_rig, workspace):
+    rig = crash_rig()
+    plain, detached = _marker_sleep(), _marker_sleep()
+    step = {"name": "hold", "kind": "tool", "tool": "run_command", "args": {"command": f"setsid {detached} & {plain}"}}
+    worker = rig.start_worker()
+    await worker.wait_polling()
+    handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=["run_command"]))
+    try:
+        deadline = time.monotonic() + 30
+        while not (_running(plain) and _running(detached)):
+            assert time.monotonic() < deadline, f"the command never started; log:\n{worker.log_tail()}"
+            await asyncio.sleep(0.05)
+        worker.kill()  # SIGKILL: no finally of the activity runs
+        assert _gone(plain) and _gone(detached), "the command outlived its worker"
+    finally:
+        await handle.terminate()
 
 
 @pytest.mark.process
