@@ -5,12 +5,14 @@ every tool that runs a command (`run_command` today: activities/tools.py). A
 command gets new PID, IPC and UTS namespaces with a fresh `/proc` (the worker and
 its other processes are not there to read), no capabilities, the workspace
 read-write at its own path, the system directories (SYSTEM_DIRS) read-only with
-the host's password hashes and private keys masked, a private `/tmp` and `/dev`,
-and nothing else of the host's filesystem: not the worker's home directory,
-PERDURE_HOME, the config file, the artifact store or the payload store (masked
-even when they lie inside something bound). Its environment is COMMAND_ENV_NAMES
-only, and bwrap itself starts with that same environment: bwrap stays as PID 1 of
-the namespace, where `/proc/1/environ` would show whatever it was started with.
+the host's password hashes, private keys and service key files masked
+(SYSTEM_SECRETS), a private `/tmp` and `/dev`, and nothing else of the host's
+filesystem: not the worker's home directory, PERDURE_HOME, the config file, the
+artifact store or the payload store (masked even when they lie inside something
+bound, as is whatever PERDURE_SANDBOX_HIDE names). Its environment is
+`command_env` only, and bwrap itself starts with that same environment: bwrap
+stays as PID 1 of the namespace, where `/proc/1/environ` would show whatever it
+was started with.
 There is no network (a namespace with only its own loopback) unless the goal or
 the plan step allows it; then the command shares the worker's network.
 
@@ -49,9 +51,6 @@ INSTALL_HINT = (
 )
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-COMMAND_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "HOME", "TERM")
-"""The whole environment a command sees (see command_env); nothing of the worker's."""
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 """Bound read-only where they exist (a symlink, as in a merged /usr, stays a symlink)."""
