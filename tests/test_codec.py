@@ -541,7 +541,7 @@ async def test_temporal_ui_shows_the_goal_through_the_codec_server(
         dom = await asyncio.to_thread(chromium, page, tmp_path / "profile1", "--dump-dom")
         assert handle.id in dom and MARKER in dom
         shot = tmp_path / "ui-codec.png"
-        window = ("--hide-scrollbars", "--window-size=1400,1000", f"--screenshot={shot}")
+        window = ("--hide-scrollbars", "--window-size=1280,640", f"--screenshot={shot}")
         await asyncio.to_thread(chromium, page, tmp_path / "profile2", *window)
         assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
         if os.environ.get("PERDURE_UI_SCREENSHOT"):
