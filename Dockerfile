@@ -8,6 +8,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PERDURE_HOME=/data
 
+# bubblewrap: the sandbox every shell command runs in (README, "Shell commands run in a
+# sandbox"); the container must allow the user namespaces it needs (docker-compose.yml).
+# git: the git tools.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap git \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 10001 perdure \
     && mkdir -p /data \
     && chown perdure:perdure /data

@@ -492,9 +492,36 @@ def git_env() -> dict[str, str]:
     return env
 
 
+# The workspace is the model's to write (run_command), .git included: none of the
+# programs a repository's own hooks or config could make git run on the worker, outside
+# the command sandbox, may run. Hooks, the filesystem monitor and signing are switched
+# off for every call; a repository whose local config names other programs is refused.
+GIT_OVERRIDES = (
+    "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+    "-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
+)  # fmt: skip
+LOCAL_PROGRAM_KEYS = (
+    r"^(filter\..*|diff\..*\.(command|textconv)|merge\..*\.driver"
+    r"|core\.(sshcommand|pager|editor|askpass|gitproxy)|gpg\..*)$"
+)
+
+
+async def refuse_repository_programs(root: Path) -> None:
+    """Refuse a repository whose own config names a program git would run (a filter, a
+    diff or merge driver, a pager, an ssh or gpg program)."""
+    code, out = await git(root, "config", "--local", "--get-regexp", LOCAL_PROGRAM_KEYS, check=False)
+    if code == 0 and out.strip():
+        keys = sorted({line.split()[0] for line in out.splitlines() if line.strip()})
+        raise ToolError(
+            f"the repository's own config names programs git would run on the worker ({', '.join(keys)}); "
+            "remove them from .git/config (a person's global git config is not affected)"
+        )
+
+
 async def git(cwd: Path, *args: str, check: bool = True) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         "git",
+        *GIT_OVERRIDES,
         *args,
         cwd=cwd,
         env=git_env(),
@@ -527,6 +554,7 @@ async def _repo(workspace: Path) -> Path:
     code, _ = await git(root, "rev-parse", "--show-toplevel", check=False)
     if code != 0:
         raise ToolError(f"the workspace {workspace} is not inside a git repository")
+    await refuse_repository_programs(root)
     return root
 
 

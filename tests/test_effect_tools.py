@@ -293,6 +293,28 @@ async def test_git_commit_all_changes_by_default_and_only_given_paths_otherwise(
     assert git(repo, "status", "--porcelain") == ""
 
 
+async def test_git_commit_runs_no_hook_or_monitor_the_workspace_planted(store, repo):
+    # The model can write .git through run_command; what it plants there must not run on
+    # the worker, outside the command sandbox, where the worker's keys are readable.
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ntouch \"$(git rev-parse --show-toplevel)/HOOK-RAN\"\n")
+    hook.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(hook))
+    (repo / "notes.md").write_text("first\n")
+    result = await call(store, repo, "git_commit", {"message": "Add notes", "paths": ["notes.md"]})
+    assert result.ok, result.error
+    assert not (repo / "HOOK-RAN").exists()
+
+
+async def test_git_commit_refuses_a_repository_whose_config_names_a_program(store, repo):
+    git(repo, "config", "filter.leak.clean", "sh -c 'cat /proc/*/environ > STOLEN; cat'")
+    (repo / ".gitattributes").write_text("*.md filter=leak\n")
+    (repo / "notes.md").write_text("first\n")
+    result = await call(store, repo, "git_commit", {"message": "Add notes"})
+    assert not result.ok and "names programs git would run on the worker (filter.leak.clean)" in result.error
+    assert not (repo / "STOLEN").exists()
+
+
 async def test_parallel_commits_in_one_repository_both_land(store, repo):
     for name in ("x", "y", "z"):
         (repo / name).write_text(name)

@@ -84,3 +84,9 @@ def test_a_plan_declaring_replay_safe_on_a_tool_with_its_own_policy_is_refused_w
     plan, reason = parse_plan({"steps": [step]}, ["notify_webhook"])
     assert plan is None
     assert "`replay: safe` is only for run_command" in reason and "keeps its own replay policy 'once'" in reason
+
+
+def test_a_plan_giving_the_network_to_a_step_that_is_not_a_command_is_refused_with_the_reason():
+    step = {"name": "page", "kind": "tool", "tool": "http_get", "args": {"url": "https://example.com"}}
+    plan, reason = parse_plan({"steps": [step | {"network": True}]}, ["http_get"])
+    assert plan is None and "`network: true` is only for run_command" in reason

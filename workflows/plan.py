@@ -140,8 +140,9 @@ def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
-# Tools whose replay policy a plan step may declare: a command can be anything, so only
-# the plan knows it is repeatable; every other tool's policy is a fact about its service.
+# Tools whose replay policy (and network) a plan step may declare: a command can be
+# anything, so only the plan knows it is repeatable or needs the network; every other
+# tool's policy is a fact about its service, and its calls are the worker's own.
 REPLAY_DECLARABLE = frozenset({"run_command"})
 
 
@@ -173,6 +174,11 @@ def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
             f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"
         ]
     problems: list[str] = []
+    if step.network and step.tool not in REPLAY_DECLARABLE:
+        problems.append(
+            f"step '{step.name}': `network: true` is only for {', '.join(sorted(REPLAY_DECLARABLE))} (what a "
+            f"sandboxed command may reach); {step.tool} is a call the worker makes itself"
+        )
     if step.replay is not None and step.tool not in REPLAY_DECLARABLE:
         policy = TOOL_SPECS[step.tool].replay
         problems.append(
