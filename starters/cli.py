@@ -510,7 +510,7 @@ def codec_server(
     Temporal UI (`--ui-codec-endpoint`) and `temporal --codec-endpoint`. A bearer token is required
     when PERDURE_CODEC_TOKEN is set."""
     from runtime.codec import KEY_FILE_ENV, KEYS_ENV, keyring_from_env
-    from starters.codec_server import TOKEN_ENV, CodecServer, CodecServerConfig, origin_of
+    from starters.codec_server import TOKEN_ENV, CodecServer, CodecServerConfig, origin_of, ui_origins
 
     try:
         keyring = keyring_from_env()
@@ -519,7 +519,7 @@ def codec_server(
         config = CodecServerConfig(
             host=host,
             port=port,
-            origins=tuple(origin_of(o) for o in (ui_origin or [settings.ui_base()])),
+            origins=tuple(origin_of(o) for o in ui_origin) if ui_origin else ui_origins(settings.ui_base()),
             namespaces=tuple(namespace or [settings.namespace()]),
             token=os.environ.get(TOKEN_ENV) or None,
         )

@@ -65,6 +65,16 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def ui_origins(ui_url: str) -> tuple[str, ...]:
+    """The origins a browser may send for this UI: a loopback UI is reached as localhost or 127.0.0.1."""
+    origin = origin_of(ui_url)
+    parts = urlsplit(origin)
+    if parts.hostname not in ("localhost", "127.0.0.1"):
+        return (origin,)
+    port = f":{parts.port}" if parts.port else ""
+    return tuple(f"{parts.scheme}://{host}{port}" for host in ("localhost", "127.0.0.1"))
+
+
 class CodecServer:
     """The HTTP server, on a thread of its own (`start`/`stop`) or in the foreground (`serve_forever`)."""
 

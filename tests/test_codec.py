@@ -56,7 +56,7 @@ from runtime.codec import (
 from runtime.converter import data_converter
 from runtime.plugin import PerdurePlugin
 from starters import cli, goals
-from starters.codec_server import CodecServer, CodecServerConfig
+from starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.helpers import BIN, dev_server_options, free_ports, new_goal_id
 from tests.test_replay import HISTORIES, WORKFLOWS, load
@@ -446,6 +446,7 @@ async def test_codec_server_speaks_the_remote_codec_protocol(codec_servers):
 def test_perdure_codec_server_serves_with_the_keys_of_its_environment():
     port = free_ports(1)[0]
     variables = {k: v for k, v in os.environ.items() if k not in (KEYS_ENV, KEY_FILE_ENV)}
+    variables.update(COLUMNS="300", NO_COLOR="1", PERDURE_UI="http://localhost:8233")
     command = [str(BIN / "perdure"), "codec-server", "--port", str(port), "--namespace", "default"]
     refused = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "no payload keys" in refused.stderr
@@ -470,6 +471,14 @@ def test_perdure_codec_server_serves_with_the_keys_of_its_environment():
         server.kill()
         output = server.communicate()[0]
     assert f"codec server at http://127.0.0.1:{port}" in output and "keys key-a (newest key-a)" in output
+    assert "CORS for http://localhost:8233, http://127.0.0.1:8233" in output
+
+
+def test_the_default_ui_origin_covers_both_loopback_names():
+    assert ui_origins("http://localhost:8233/") == ("http://localhost:8233", "http://127.0.0.1:8233")
+    assert ui_origins("https://temporal.example.com/ui") == ("https://temporal.example.com",)
+    with pytest.raises(ValueError, match="not a URL"):
+        ui_origins("localhost:8233")
 
 
 def temporal_show(env: WorkflowEnvironment, goal_id: str, *extra: str) -> subprocess.CompletedProcess:
