@@ -50,6 +50,8 @@ _REPO_DEV_DIR = Path(__file__).resolve().parents[1] / "temporal-dev"
 # Every client-side CLI call names its server explicitly; the user's Temporal
 # env vars or config profile (TLS, API key, a cloud address) must not leak in.
 _ISOLATED_CLI = ["--disable-config-file", "--disable-config-env"]
+# Where the UI of a dev server started here asks to decode payloads (perdure codec-server).
+CODEC_ENDPOINT_ENV = "PERDURE_CODEC_ENDPOINT"
 
 # Servers this process spawned, kept so they can be reaped: a SIGTERMed child
 # stays a zombie (and looks alive in /proc) until its parent waits for it.
@@ -180,6 +182,10 @@ def dev_server_argv(port: int, ui_port: int, data_dir: Path | str | None = None)
     # which is why start_dev_server also runs ensure_search_attributes.
     for name, type_name in CUSTOM_SEARCH_ATTRIBUTES.items():
         argv += ["--search-attribute", f"{name}={type_name}"]
+    codec = os.environ.get(CODEC_ENDPOINT_ENV, "").strip()
+    if codec:
+        # The UI decrypts payloads through `perdure codec-server` (README, Encryption).
+        argv += ["--ui-codec-endpoint", codec]
     return argv
 
 

@@ -14,8 +14,10 @@ import yaml
 from pydantic import ValidationError
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
+from temporalio.api.failure.v1 import Failure
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError, WorkflowHandle
+from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -134,9 +136,24 @@ async def workflow_task_failure(client: Client, desc: WorkflowExecutionDescripti
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             return None
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-            failure = event.workflow_task_failed_event_attributes.failure
-            return failure.message or WorkflowTaskFailedCause.Name(event.workflow_task_failed_event_attributes.cause)
+            attributes = event.workflow_task_failed_event_attributes
+            return await failure_message(client.data_converter, attributes.failure) or WorkflowTaskFailedCause.Name(
+                attributes.cause
+            )
     return None
+
+
+async def failure_message(converter: DataConverter, failure: Failure) -> str:
+    """A failure's message as its sender wrote it: with payload encryption on, history holds
+    "Encoded failure" and the real message in the encrypted attributes."""
+    if not failure.HasField("encoded_attributes"):
+        return failure.message
+    decoded = Failure()
+    decoded.CopyFrom(failure)  # decoding works in place; the event stays as history has it
+    try:
+        return str(await converter.decode_failure(decoded)) or failure.message
+    except Exception:  # no keys here, or not the right ones: say what history says
+        return failure.message
 
 
 async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> ProgressSnapshot:

@@ -582,3 +582,16 @@ def test_compose_runs_encrypted_with_the_ui_decrypting_through_the_codec_server(
     ui_host_port = services["temporal-ui"]["ports"][0].split(":")[0]
     origins = [command[i + 1] for i, arg in enumerate(command) if arg == "--ui-origin"]
     assert f"http://localhost:{ui_host_port}" in origins
+
+
+async def test_a_stuck_goals_failure_reads_as_its_message_with_encryption_on(keys):
+    from starters.goals import failure_message
+
+    keys(KEY_A)
+    failure = Failure()
+    await data_converter().encode_failure(ApplicationError(f"workflow code broke on {MARKER}"), failure)
+    assert failure.message == "Encoded failure"
+    assert await failure_message(data_converter(), failure) == f"workflow code broke on {MARKER}"
+    assert failure.message == "Encoded failure"  # the event itself is left as it was
+    keys()  # a CLI without the keys says what history says, and does not crash
+    assert await failure_message(data_converter(), failure) == "Encoded failure"

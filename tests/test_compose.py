@@ -170,6 +170,12 @@ def test_dockerfile_installs_perdure_and_runs_the_worker_unprivileged() -> None:
     assert {".venv", "temporal-dev/data", ".git"} <= set(ignored)
 
 
+def test_the_worker_image_and_containers_can_run_the_command_sandbox() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"apt-get install [^\n]*\bbubblewrap\b", dockerfile)
+    assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(COMPOSE["services"]["worker"]["security_opt"])
+
+
 def test_dynamic_config_is_one_file_for_both_servers(tmp_path: Path) -> None:
     path = ROOT / "temporal-dev" / "dynamic-config.yaml"
     values = devserver.load_dynamic_config(path)
@@ -295,3 +301,11 @@ def test_makefile_has_the_entry_points() -> None:
     phony = set(re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split())
     assert wanted <= phony
     assert re.search(r"^(\.venv/\.installed|\$\(STAMP\)): pyproject\.toml", makefile, re.MULTILINE)
+
+
+def test_a_dev_server_started_here_points_its_ui_at_the_codec_server_when_one_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("PERDURE_CODEC_ENDPOINT", raising=False)
+    assert "--ui-codec-endpoint" not in devserver.dev_server_argv(7233, 8233, tmp_path)
+    monkeypatch.setenv("PERDURE_CODEC_ENDPOINT", "http://127.0.0.1:8081")
+    argv = devserver.dev_server_argv(7233, 8233, tmp_path)
+    assert argv[argv.index("--ui-codec-endpoint") + 1] == "http://127.0.0.1:8081"
