@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -595,3 +596,18 @@ async def test_a_stuck_goals_failure_reads_as_its_message_with_encryption_on(key
     assert failure.message == "Encoded failure"  # the event itself is left as it was
     keys()  # a CLI without the keys says what history says, and does not crash
     assert await failure_message(data_converter(), failure) == "Encoded failure"
+
+
+def test_the_watchdogs_memory_file_is_sealed_and_read_back_with_the_keys(keys, tmp_path: Path):
+    from activities.watchdog_memory import load_memory, memory_path, save_memory
+    from workflows.watchdog_contracts import GoalMemory, WatchdogMemory
+
+    keys(KEY_A)
+    path = memory_path(tmp_path, "perdure")
+    save_memory(path, WatchdogMemory(goals={f"goal-{MARKER}": GoalMemory(seen_at=datetime.now(UTC))}))
+    assert MARKER.encode() not in path.read_bytes()
+    memory, problem = load_memory(path)
+    assert problem is None and list(memory.goals) == [f"goal-{MARKER}"]
+    keys()  # without the keys: an empty memory and why, as for any unreadable file
+    memory, problem = load_memory(path)
+    assert memory.goals == {} and "encrypted with key 'key-a'" in problem
