@@ -59,8 +59,8 @@ from runtime.plugin import PerdurePlugin
 from starters import cli, goals
 from starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
+from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, dev_server_options, free_ports, new_goal_id
-from tests.test_replay import HISTORIES, WORKFLOWS, load
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult
 

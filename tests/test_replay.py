@@ -9,23 +9,14 @@ from pathlib import Path
 
 import pytest
 from temporalio import workflow
-from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from runtime.plugin import PerdurePlugin
+from tests.goldens import HISTORIES, WORKFLOWS, load
 from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
-from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
-
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow, WatchdogWorkflow]
-
-
-def load(path: Path) -> WorkflowHistory:
-    return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
 
 
 def test_there_is_a_golden_history_per_workflow_type():
