@@ -14,8 +14,12 @@ double, but not only for tests: the `scripted` model provider (`perdure demo`,
 offline runs) starts one in the worker process, so it imports nothing from tests.
 
 Script: `{"replies": [entry, ...]}`; the first unspent entry (file order) whose
-`when` (substring of any message, system included) and `when_last` (substring of
-the last message) match wins. An entry replies with exactly one of `content`,
+`when` (a substring, or a list of substrings that must all occur, of any message,
+system included) and `when_last` (substring of the last message) match wins.
+With `policy: offline`, a chat-completions request no entry matches is answered by
+the offline policy (`offline_reply`), which builds a deterministic reply from the
+request itself, so any goal or plan runs offline; `steps` gives that policy a
+step's tool arguments (`steps: {STEP: {TOOL: {arg: value}}}`). An entry replies with exactly one of `content`,
 `json`, `tool_calls` or `status` (+ `body`, `headers`); `times` limits its uses;
 `usage` overrides the chars/4 token estimate; `delay_s` makes the server wait that
 long after logging the request before it answers (a slow model, or a window in
@@ -52,6 +56,17 @@ log = structlog.get_logger(__name__)
 Flavour = Literal["openai", "anthropic", "responses"]
 NO_MATCH = "scripted server: no reply matches the request"
 EXCERPT_CHARS = 2000
+# The markers of activities/model_activities.py's prompts, spelled out here because
+# this module must not import the activities (the scripted provider imports it).
+PLANNER_MARK, STEP_MARK, AGENT_MARK, DRIFT_MARK = (
+    "[PERDURE-PLANNER]",
+    "[PERDURE-STEP]",
+    "[PERDURE-AGENT]",
+    "[PERDURE-DRIFT]",
+)
+# The tool an agent is offered to read compacted outputs; the policy never calls it.
+COMPACTION_TOOL = "read_artifact"
+OFFLINE_EXCERPT_CHARS = 80
 
 
 class ScriptedToolCall(BaseModel):
@@ -76,7 +91,7 @@ class ScriptedUsage(BaseModel):
 class ScriptedReply(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 
-    when: str | None = None
+    when: str | list[str] | None = None
     when_last: str | None = None
     times: int | None = Field(default=None, ge=1)
     content: str | None = None
@@ -114,7 +129,13 @@ class ScriptedReply(BaseModel):
 class Script(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    replies: list[ScriptedReply]
+    replies: list[ScriptedReply] = Field(default_factory=list)
+    policy: Literal["none", "offline"] = Field(
+        default="none", description="offline: answer what no entry matches with `offline_reply`; none: a 400."
+    )
+    steps: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict, description="Offline policy: step name -> tool name -> the arguments to call it with."
+    )
 
 
 def load_script(source: Path | str | dict) -> Script:
@@ -431,6 +452,132 @@ class Job:
         return {"custom_id": self.custom_id, "result": result}
 
 
+# --- the offline policy: a reply derived from the request, for any plan ----------
+
+
+def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> ScriptedReply | None:
+    """What the offline policy answers a chat-completions request, or None when it is no perdure call.
+
+    planner: a plan of one llm step that works toward the goal text. drift check: on track.
+    llm step: a short text naming the step, its prompt and its inputs. agent step: each offered
+    tool once, one per turn in the order offered, with the arguments `steps[STEP][TOOL]` gives,
+    else arguments built from the tool's JSON schema (`schema_arguments`); then a final answer
+    naming what each call returned.
+    """
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    system = "\n".join(_parts_text(m.get("content")) for m in messages if m.get("role") == "system")
+    users = [_parts_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    first_user = users[0] if users else ""
+    if PLANNER_MARK in system:
+        goal = _section(first_user, "Goal:") or "the goal"
+        prompt = f"Work toward this goal and report what you did and found: {goal}"
+        return ScriptedReply(json={"steps": [{"name": "answer", "kind": "llm", "prompt": prompt}]})
+    if DRIFT_MARK in system:
+        return ScriptedReply(json={"on_track": True, "reason": "offline policy: the plan is followed as written"})
+    if STEP_MARK in system:
+        return ScriptedReply(content=_step_summary(first_user))
+    if AGENT_MARK in system:
+        return _agent_reply(messages, body.get("tools") or [], first_user, steps)
+    return None
+
+
+def _section(text: str, heading: str) -> str:
+    """The paragraph after `heading` (e.g. the goal text after "Goal:")."""
+    _, found, rest = text.partition(heading)
+    return rest.strip().split("\n\n")[0].strip() if found else ""
+
+
+_INPUT = re.compile(r"--- input from step '([^']+)' ---\n(.*?)\n--- end of input from step '\1' ---", re.DOTALL)
+
+
+def _step_parts(message: str) -> tuple[str, str, list[tuple[str, str]]]:
+    """(step name, prompt, [(input step, input text)]) of a step's first user message."""
+    head, _, rest = message.partition("\n\n")
+    name = head.removeprefix("step: ").strip() if head.startswith("step: ") else "?"
+    prompt = rest.split("\n\n--- input from step", 1)[0].strip()
+    return name, prompt, _INPUT.findall(message)
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= OFFLINE_EXCERPT_CHARS else flat[: OFFLINE_EXCERPT_CHARS - 1] + "…"
+
+
+def _step_summary(message: str) -> str:
+    name, prompt, inputs = _step_parts(message)
+    named = "; ".join(f"{step} ({len(text)} chars: {_excerpt(text)!r})" for step, text in inputs) or "none"
+    return f"[offline] step {name}: {_excerpt(prompt)}\ninputs: {named}"
+
+
+def _agent_reply(
+    messages: list[dict], tools: list[dict], first_user: str, steps: dict[str, dict[str, dict[str, Any]]]
+) -> ScriptedReply:
+    name, prompt, _ = _step_parts(first_user)
+    called: dict[str, str] = {}  # call id -> tool name, in call order
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            called[str(call.get("id"))] = str((call.get("function") or {}).get("name", ""))
+    returned = {str(m.get("tool_call_id")): _parts_text(m.get("content")) for m in messages if m.get("role") == "tool"}
+    offered = [t.get("function") or {} for t in tools if isinstance(t, dict)]
+    for tool in offered:
+        tool_name = str(tool.get("name", ""))
+        if tool_name and tool_name != COMPACTION_TOOL and tool_name not in called.values():
+            arguments = (steps.get(name) or {}).get(tool_name)
+            if arguments is None:
+                arguments = schema_arguments(tool.get("parameters") or {}, name, prompt, str(tool.get("description")))
+            return ScriptedReply(tool_calls=[ScriptedToolCall(name=tool_name, arguments=arguments)])
+    results = "; ".join(f"{tool} returned {_excerpt(returned.get(i, '(no result)'))!r}" for i, tool in called.items())
+    return ScriptedReply(content=f"[offline] step {name} done: {results or 'no tools were called'}")
+
+
+_PATH_IN_PROMPT = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z0-9]{1,8})(?![\w/-])")
+
+
+def schema_arguments(schema: dict, step: str, prompt: str = "", description: str = "") -> dict[str, Any]:
+    """Arguments for a tool built from its JSON schema: required fields only, simple values.
+
+    A `path` is the first file name the step's prompt mentions for a tool that only reads
+    (its description says "risk: read"), else `offline-STEP.md`, so the policy never writes
+    over a file of the user's. `content`, `body`, `text` and `message` say which step wrote
+    them; `command` is `echo offline STEP`; other strings are "offline"; an enum takes its
+    first value, numbers their minimum (else 1), booleans false, lists and objects empty.
+    """
+    properties = schema.get("properties") or {}
+    reads = "risk: read" in description
+    mentioned = _PATH_IN_PROMPT.findall(prompt) if reads else []
+    arguments: dict[str, Any] = {}
+    for field in schema.get("required") or []:
+        spec = properties.get(field) or {}
+        options = [o for o in spec.get("anyOf") or [spec] if isinstance(o, dict) and o.get("type") != "null"]
+        spec = options[0] if options else spec
+        kind = spec.get("type", "string")
+        if "enum" in spec:
+            arguments[field] = spec["enum"][0]
+        elif "const" in spec:
+            arguments[field] = spec["const"]
+        elif kind == "string":
+            arguments[field] = _string_argument(field, step, mentioned)
+        elif kind in ("integer", "number"):
+            arguments[field] = spec.get("minimum", 1)
+        elif kind == "boolean":
+            arguments[field] = False
+        elif kind == "array":
+            arguments[field] = []
+        else:
+            arguments[field] = {}
+    return arguments
+
+
+def _string_argument(field: str, step: str, mentioned: list[str]) -> str:
+    if field == "path":
+        return mentioned[0] if mentioned else f"offline-{step}.md"
+    if field in ("content", "body", "text", "message"):
+        return f"Written offline by step {step}.\n"
+    if field == "command":
+        return f"echo offline {step}"
+    return "offline"
+
+
 class ScriptedServer(BackgroundHTTPServer):
     """The script served over HTTP from a daemon thread.
 
@@ -482,7 +629,8 @@ class ScriptedServer(BackgroundHTTPServer):
     def respond(self, flavour: Flavour, path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         """Status, JSON body and extra headers for one request; records it in the log."""
         seen = {"openai": seen_openai, "anthropic": seen_anthropic, "responses": seen_responses}[flavour](body)
-        n, entry = self._take(flavour, path, seen)
+        fallback = offline_reply(body, self.script.steps) if self.script.policy == "offline" else None
+        n, entry = self._take(flavour, path, seen, fallback if flavour == "openai" else None)
         if entry is None or entry.status:
             return self._error(flavour, path, seen, entry)
         usage = self._usage(seen, entry)
@@ -536,22 +684,25 @@ class ScriptedServer(BackgroundHTTPServer):
         """The background responses and batches created."""
         return [e for e in self.handle_events() if e["action"] == "create"]
 
-    def _take(self, flavour: Flavour, path: str, seen: SeenRequest) -> tuple[int, ScriptedReply | None]:
-        """Match, spend and log one model request; then wait the entry's delay_s, outside the lock."""
+    def _take(
+        self, flavour: Flavour, path: str, seen: SeenRequest, fallback: ScriptedReply | None = None
+    ) -> tuple[int, ScriptedReply | None]:
+        """Match, spend and log one model request (the `fallback` reply, logged as matched
+        "offline", when no entry matches); then wait the entry's delay_s, outside the lock."""
         with self._lock:
             self._served += 1
             n = self._served
             index = self._match(seen)
             if index is not None:
                 self._uses[index] += 1
-            entry = self.script.replies[index] if index is not None else None
+            entry = self.script.replies[index] if index is not None else fallback
             status = entry.status if entry and entry.status else (200 if entry else 400)
             self._log.append(
                 {
                     "path": path,
                     "flavour": flavour,
                     "model": seen.model,
-                    "matched": index,
+                    "matched": index if index is not None or entry is None else "offline",
                     "status": status,
                     "last_message": seen.last_text[:EXCERPT_CHARS],
                     "tools": seen.tools,
@@ -611,7 +762,8 @@ class ScriptedServer(BackgroundHTTPServer):
         for i, entry in enumerate(self.script.replies):
             if entry.times is not None and self._uses[i] >= entry.times:
                 continue
-            if entry.when is not None and entry.when not in seen.all_text:
+            wanted = [entry.when] if isinstance(entry.when, str) else entry.when or []
+            if any(part not in seen.all_text for part in wanted):
                 continue
             if entry.when_last is not None and entry.when_last not in seen.last_text:
                 continue

@@ -1,0 +1,235 @@
+"""A new user's own goals and plans run offline: no model key, the default profile, the CLI
+as a user runs it (`perdure worker` and `perdure start ... --watch` as subprocesses).
+
+The default offline profile answers the demo by its hand-written script and anything else by
+the offline policy of testing/scripted.py, over the OpenAI wire format, at no cost. Unit tests
+of the policy check what it derives from a request: the plan from the goal text, the step
+text naming its inputs, the tool calls and their schema-built arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from runtime import converter
+from testing.scripted import ScriptedServer, schema_arguments
+from workflows.tool_specs import TOOL_SPECS
+
+PERDURE = str(Path(sys.executable).parent / "perdure")
+MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
+
+
+def user_env(env, tmp_path: Path, task_queue: str) -> dict[str, str]:
+    """A user's shell: no model key, no perdure settings but where the server and queue are."""
+    return {
+        **{k: v for k, v in os.environ.items() if k not in MODEL_KEYS and not k.startswith("PERDURE_")},
+        converter.STORE_ENV: os.environ[converter.STORE_ENV],
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_TASK_QUEUE": task_queue,
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+    }
+
+
+def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while "worker polling" not in log.read_text():
+        assert time.monotonic() < deadline, f"the worker did not start polling:\n{log.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
+def perdure(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def offline_worker(env, tmp_path, task_queue) -> Iterator[dict[str, str]]:
+    """A `perdure worker` as a user starts it with no key: the environment to run the CLI in."""
+    variables = user_env(env, tmp_path, task_queue)
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_polling(log_path)
+        yield variables
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.process
+def test_a_users_own_plan_runs_offline_end_to_end(offline_worker, tmp_path):
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    (workspace / "notes.md").write_text(NOTES)
+    plan = tmp_path / "my-plan.yaml"
+    plan.write_text(
+        yaml.safe_dump(
+            {
+                "goal": "Tidy up my notes",
+                "steps": [
+                    {"name": "outline", "kind": "llm", "prompt": "Outline what the notes are about."},
+                    {
+                        "name": "tidy",
+                        "kind": "agent",
+                        "needs": ["outline"],
+                        "tools": ["read_file", "write_file"],
+                        "prompt": "Read notes.md and write a tidy copy next to it.",
+                    },
+                ],
+            }
+        )
+    )
+    started = perdure(
+        "start", "--plan", str(plan), "--workspace", str(workspace), "--id", "offline-plan-1", "--watch",
+        env=offline_worker,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    assert "goal offline-plan-1 started" in started.stdout
+    assert "succeeded" in started.stdout
+    assert "no reply matches" not in started.stdout + started.stderr
+    # The agent read the file the prompt names and wrote only a file of its own.
+    assert (workspace / "notes.md").read_text() == NOTES
+    assert (workspace / "offline-tidy.md").read_text() == "Written offline by step tidy.\n"
+
+    report = perdure("result", "offline-plan-1", env=offline_worker)
+    assert report.returncode == 0, report.stderr
+    text = " ".join(report.stdout.split())
+    assert "[offline] step outline: Outline what the notes are about. inputs: none" in text
+    assert "[offline] step tidy done: read_file returned '# Notes - ship the export fix" in text
+    assert "write_file returned 'wrote 30 bytes to offline-tidy.md" in text
+    # Tokens counted, priced at zero.
+    assert re.search(r"outcome: succeeded · tokens [1-9][0-9]* · \$0\.0000", text), text[:500]
+
+
+@pytest.mark.process
+def test_a_goal_without_a_plan_is_planned_offline_from_its_text(offline_worker, tmp_path):
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    started = perdure(
+        "start", "List three risks of shipping on Friday", "--workspace", str(workspace), "--id", "offline-goal-1",
+        "--watch", env=offline_worker,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    assert "succeeded" in started.stdout
+    report = " ".join(perdure("result", "offline-goal-1", env=offline_worker).stdout.split())
+    assert "[offline] step answer: Work toward this goal and report what you did and found:" in report
+    assert "List three risks of shipping on Friday" in report
+
+
+# --- the policy, over the real OpenAI client ------------------------------------------
+
+
+@pytest.fixture
+def offline_server() -> Iterator[ScriptedServer]:
+    server = ScriptedServer({"policy": "offline", "steps": {"fetch": {"http_get": {"url": "http://127.0.0.1:9/x"}}}})
+    server.start()
+    yield server
+    server.stop()
+
+
+def chat(server: ScriptedServer, messages: list[dict], tools: list[str] = ()) -> object:
+    client = openai.OpenAI(api_key="unused", base_url=server.openai_base_url, max_retries=0)
+    offered = [
+        {
+            "type": "function",
+            "function": {
+                "name": n,
+                "description": f"{TOOL_SPECS[n].description} (risk: {TOOL_SPECS[n].risk})",
+                "parameters": TOOL_SPECS[n].json_schema(),
+            },
+        }
+        for n in tools
+    ]
+    return client.chat.completions.create(model="scripted", messages=messages, **({"tools": offered} if tools else {}))
+
+
+def test_the_planner_gets_one_llm_step_built_from_the_goal(offline_server):
+    reply = chat(
+        offline_server,
+        [
+            {"role": "system", "content": "[PERDURE-PLANNER]\nYou are the planner"},
+            {"role": "user", "content": "Goal:\nWrite the release notes\n\nPremises (current values):\n- a = b"},
+        ],
+    )
+    plan = yaml.safe_load(reply.choices[0].message.content)
+    assert plan == {
+        "steps": [
+            {
+                "name": "answer",
+                "kind": "llm",
+                "prompt": "Work toward this goal and report what you did and found: Write the release notes",
+            }
+        ]
+    }
+    assert offline_server.requests()[0]["matched"] == "offline"
+
+
+def test_the_drift_check_is_on_track(offline_server):
+    reply = chat(offline_server, [{"role": "system", "content": "[PERDURE-DRIFT]\n"}, {"role": "user", "content": "x"}])
+    assert yaml.safe_load(reply.choices[0].message.content)["on_track"] is True
+
+
+def test_an_agent_calls_each_tool_once_then_names_what_they_returned(offline_server):
+    system = {"role": "system", "content": "[PERDURE-AGENT]\nYou carry out one step"}
+    first = {"role": "user", "content": "step: fetch\n\nFetch the page and save it."}
+    turn1 = chat(offline_server, [system, first], ["http_get", "write_file"]).choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in turn1.tool_calls] == [
+        ("http_get", '{"url": "http://127.0.0.1:9/x"}')  # the script's per-step entry
+    ]
+    called = {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in turn1.tool_calls]}
+    result = {"role": "tool", "tool_call_id": turn1.tool_calls[0].id, "content": "ERROR: connection refused"}
+    turn2 = chat(offline_server, [system, first, called, result], ["http_get", "write_file"]).choices[0].message
+    assert turn2.tool_calls[0].function.name == "write_file"
+    assert yaml.safe_load(turn2.tool_calls[0].function.arguments) == {
+        "path": "offline-fetch.md",
+        "content": "Written offline by step fetch.\n",
+    }
+    called2 = {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in turn2.tool_calls]}
+    result2 = {"role": "tool", "tool_call_id": turn2.tool_calls[0].id, "content": "wrote 31 bytes"}
+    final = chat(offline_server, [system, first, called, result, called2, result2], ["http_get", "write_file"])
+    message = final.choices[0].message
+    assert not message.tool_calls
+    assert message.content == (
+        "[offline] step fetch done: http_get returned 'ERROR: connection refused'; write_file returned 'wrote 31 bytes'"
+    )
+
+
+def test_schema_arguments_fill_required_fields_with_simple_values():
+    def arguments(tool: str, prompt: str = "") -> dict:
+        spec = TOOL_SPECS[tool]
+        return schema_arguments(spec.json_schema(), "s", prompt, f"x (risk: {spec.risk})")
+
+    assert arguments("read_file", "Read docs/plan.md, then notes.txt") == {"path": "docs/plan.md"}
+    assert arguments("write_file", "Write docs/plan.md") == {
+        "path": "offline-s.md",
+        "content": "Written offline by step s.\n",
+    }
+    assert arguments("run_command") == {"command": "echo offline s"}
+    assert arguments("list_dir") == {}
+    assert arguments("make_payment") == {"amount_cents": 1, "currency": "offline", "recipient": "offline"}
+
+
+def test_a_script_without_the_policy_still_refuses_what_it_does_not_match():
+    server = ScriptedServer({"replies": [{"when": "hello", "content": "hi"}]}).start()
+    try:
+        with pytest.raises(openai.BadRequestError, match="no reply matches"):
+            chat(server, [{"role": "system", "content": "[PERDURE-STEP]"}, {"role": "user", "content": "step: a"}])
+    finally:
+        server.stop()
