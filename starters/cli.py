@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
-from starters import goals, render
+from starters import capabilities, goals, render
 from starters import watchdog_cli as wd
 from workflows import search_attributes as sa
 from workflows.plan import describe_validation_error
@@ -144,6 +144,7 @@ def start(
 
     async def _start() -> None:
         client = await connect()
+        await capabilities.check_start(client, spec)
         await goals.start_goal(client, spec, gid)
         console.print(f"goal [bold]{gid}[/bold] started")
         console.print(f"UI: {settings.goal_ui_link(gid)}")
@@ -544,6 +545,9 @@ def demo() -> None:
     from starters.demo import run_demo
 
     run(lambda: run_demo(console))
+
+
+app.command("profiles")(capabilities.profiles)
 
 
 # --- the watchdog: one schedule per task queue, created by the workers ---------------

@@ -1,5 +1,6 @@
 """The orchestrator worker: goal workflows plus model, tool and report activities,
-and the watchdog (its workflow, its activities, and its schedule).
+the watchdog (its workflow, its activities, and its schedule), and what the worker
+offers (workers/capabilities.py, asked by `perdure profiles` and `perdure start`).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store, so any number of these can poll the `perdure` task queue.
@@ -25,6 +26,7 @@ from activities.tools import ToolActivities
 from activities.visibility import VisibilityActivities
 from runtime import settings
 from workers import watchdog_schedule
+from workers.capabilities import CapabilitiesActivities, CapabilitiesWorkflow
 from workflows.contracts import TASK_QUEUE
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
@@ -48,7 +50,10 @@ def build_worker(
     **worker_options,
 ) -> Worker:
     store = store or default_store()
-    models = ModelActivities(model_config or load_model_config(), store)
+    # Watched: a profile added to config.toml is used without restarting the worker.
+    model_config = model_config or load_model_config(watch=True)
+    models = ModelActivities(model_config, store)
+    offers = CapabilitiesActivities(model_config)
     tools = ToolActivities(store)
     report = ReportActivities(store)
     # The watchdog's memory lives next to the artifact store, which workers share.
@@ -57,13 +62,14 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[GoalWorkflow, WatchdogWorkflow],
+        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow],
         activities=[
             *models.activities(),
             tools.run_tool,
             tools.prepare_effect,
             report.write_report,
             *watchdog.activities(),
+            offers.capabilities,
         ],
         **worker_options,
     )

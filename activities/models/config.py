@@ -2,22 +2,30 @@
 
 Owns the profile table (built-in profiles plus `[profiles.NAME]` tables from the
 TOML config file) and resolving a name, including `default`, which follows the
-environment of the worker. Workflows carry only a profile *name*; this module
-stores the *name* of the environment variable that holds a key and must never
-read, store or log the key itself (providers read it at call time).
+environment of the worker. A table loaded with `watch=True` (the worker's) reads the
+file again when its modification time or size has changed, checked as a name is
+resolved, so a profile added to config.toml is used without restarting the worker; a
+file that no longer parses leaves the last good table in use and says why.
+Workflows carry only a profile *name*; this module stores the *name* of the
+environment variable that holds a key and must never read, store or log the key
+itself (providers read it at call time).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from runtime.settings import config_path
 from workflows.plan import describe_validation_error
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_SCRIPT = Path(__file__).parent / "scripts" / "demo.yaml"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
@@ -95,8 +103,40 @@ class ModelProfile(BaseModel):
 
 class ModelConfig(BaseModel):
     profiles: dict[str, ModelProfile]
+    _source: Path | None = PrivateAttr(default=None)
+    _stamp: tuple[int, int] | None = PrivateAttr(default=None)
+    _problem: str | None = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the watched file's latest version is not in use (it does not parse), else None."""
+        return self._problem
+
+    def refresh(self) -> None:
+        """Reload a watched file that changed since it was read; keep the last good table if it is invalid."""
+        if self._source is None:
+            return
+        stamp = _stamp_of(self._source)
+        if stamp == self._stamp:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            try:
+                fresh = load_model_config(self._source)
+            except ModelConfigInvalid as err:
+                if self._problem != str(err):
+                    log.warning("model profiles not reloaded", problem=str(err))
+                self._problem = str(err)
+            else:
+                self.profiles = fresh.profiles
+                self._problem = None
+                log.info("model profiles reloaded", path=str(self._source), profiles=sorted(self.profiles))
+            self._stamp = stamp
 
     def resolve(self, name: str) -> ModelProfile:
+        self.refresh()
         if name in self.profiles:
             return self.profiles[name]
         if name == "default":
@@ -145,13 +185,27 @@ def builtin_profiles() -> dict[str, ModelProfile]:
     }
 
 
-def load_model_config(path: Path | None = None) -> ModelConfig:
+def _stamp_of(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def load_model_config(path: Path | None = None, watch: bool = False) -> ModelConfig:
     """Built-in profiles, overlaid by `[profiles.NAME]` tables of the TOML file when it exists.
 
     A table named like a built-in profile overrides only the fields it sets.
-    A relative `script` path is taken relative to the config file.
+    A relative `script` path is taken relative to the config file. With `watch`,
+    the table follows later changes of the file (`ModelConfig.refresh`).
     """
     path = path or config_path()
+    if watch:
+        stamp = _stamp_of(path)
+        config = load_model_config(path)
+        config._source, config._stamp = path, stamp
+        return config
     profiles = builtin_profiles()
     if not path.is_file():
         return ModelConfig(profiles=profiles)
