@@ -22,7 +22,6 @@ from runtime import settings
 from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, goals, render
 from starters import watchdog_cli as wd
-from workflows import search_attributes as sa
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
 
@@ -32,15 +31,17 @@ app.add_typer(server_app, name="server")
 watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals and intervenes.", no_args_is_help=True)
 app.add_typer(watchdog_app, name="watchdog")
 
-console = Console()
-err_console = Console(stderr=True)
+# Emoji codes and highlighting off: perdure styles its own words with markup only, and the
+# text it quotes (goals, steps, tool output, errors) must print as written (`root:x:0:0`).
+console = Console(emoji=False, highlight=False)
+err_console = Console(stderr=True, emoji=False, highlight=False)
 
 
 class UserError(Exception):
     """An error the user can fix; printed without a traceback."""
 
 
-def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
+def run(coro_fn: Callable[[], Awaitable[Any]], goal_id: str | None = None) -> Any:
     try:
         return asyncio.run(coro_fn())
     except typer.Exit:
@@ -59,8 +60,25 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
         err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(2) from None
     except RPCError as err:
-        err_console.print(f"[red]error from Temporal:[/red] {err.message}")
+        if goal_id is not None and _FINISHED in err.message.lower():
+            # The goal closed between our look and the call: say so in perdure's words.
+            err_console.print(f"[red]error:[/red] {escape(asyncio.run(_finished_text(goal_id)))}")
+            raise typer.Exit(2) from None
+        err_console.print(f"[red]error from Temporal:[/red] {escape(err.message)}")
         raise typer.Exit(1) from None
+
+
+# What the server says of a call to a closed workflow (a signal, an update, a cancel).
+_FINISHED = "workflow execution already completed"
+
+
+async def _finished_text(goal_id: str) -> str:
+    client = await connect()
+    return await finished_text(client, await goals.describe(client, goal_id))
+
+
+async def finished_text(client: Any, desc: Any) -> str:
+    return f"goal {desc.id} has finished (outcome {await goals.outcome(client, desc)}); see `perdure result {desc.id}`"
 
 
 @app.command()
@@ -92,7 +110,22 @@ def start(
     allow_network: Annotated[
         bool, typer.Option(help="Let shell commands use the network (they run without it by default).")
     ] = False,
-    goal_id: Annotated[str | None, typer.Option("--id", help="Goal id (default: generated).")] = None,
+    goal_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="Goal id (default: generated). Starting again with the same id and spec is a safe retry: "
+            "it shows the goal already there.",
+        ),
+    ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="Reuse the id of a finished goal for a new one (the old run stays in the server's history "
+            "until its retention ends, but `perdure result ID` then shows the new goal).",
+        ),
+    ] = False,
     premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
 ) -> None:
@@ -108,7 +141,7 @@ def start(
                 # Tools named in a plan file are allowed by writing them there.
                 allowed = sorted(set(allowed) | set(goals.plan_tools(plan_obj)))
         except goals.BadPlanFile as err:
-            err_console.print(f"[red]error:[/red] {err}")
+            err_console.print(f"[red]error:[/red] {escape(str(err))}")
             raise typer.Exit(2) from None
         goal = goal or extras.get("goal")
         constraints = constraints or list(extras.get("constraints") or [])
@@ -138,20 +171,63 @@ def start(
             allow_network=allow_network,
         )
     except ValueError as err:
-        err_console.print(f"[red]error:[/red] {err}")
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(2) from None
     gid = goal_id or render.new_goal_id(goal)
+    try:
+        goals.check_goal_id(gid)
+    except goals.StartRefused as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(2) from None
 
     async def _start() -> None:
         client = await connect()
         await capabilities.check_start(client, spec)
-        await goals.start_goal(client, spec, gid)
-        console.print(f"goal [bold]{gid}[/bold] started")
-        console.print(f"UI: {settings.goal_ui_link(gid)}")
+        await _start_or_show(client, spec, gid, replace)
         if watch:
             await render.watch(client, gid, console)
 
-    run(_start)
+    run(_start, gid)
+
+
+async def _start_or_show(client: Any, spec: Any, gid: str, replace: bool) -> None:
+    """Start the goal, or show the one already under `gid` when this start is a retry of it
+    (same spec); refuse a different spec under a live id, and a finished goal's id without
+    --replace."""
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    existing = await goals.existing_goal(client, gid)
+    if existing is not None:
+        same = await goals.started_digest(existing) == goals.spec_digest(spec)
+        if goals.is_open(existing):
+            if not same:
+                raise UserError(
+                    f"goal {gid} is already running with a different spec; nothing started. Pick another --id, "
+                    f"or end that goal first (`perdure abort {gid}`)"
+                )
+            console.print(
+                f"goal [bold]{gid}[/bold] already running with this spec (started "
+                f"{existing.start_time:%Y-%m-%d %H:%M:%S}); nothing new started"
+            )
+            console.print(f"UI: {settings.goal_ui_link(gid)}")
+            return
+        if same and not replace:
+            console.print(f"{escape(await finished_text(client, existing))} (same spec; nothing new started)")
+            return
+        if not replace:
+            raise UserError(
+                f"{await finished_text(client, existing)}. To start a new goal under this id, add --replace: "
+                "the old run stays in the server's history until its retention ends, but perdure shows only "
+                "the new one from then on"
+            )
+    try:
+        await goals.start_goal(client, spec, gid, replace=replace)
+    except WorkflowAlreadyStartedError:
+        # Another start won the race between our look and this one.
+        raise UserError(f"goal {gid} was started meanwhile by someone else; see `perdure status {gid}`") from None
+    replaced = " (replacing the finished goal of that id)" if existing is not None else ""
+    console.print(f"goal [bold]{gid}[/bold] started{replaced}")
+    console.print(f"UI: {settings.goal_ui_link(gid)}")
 
 
 @app.command()
@@ -197,32 +273,32 @@ def watch(goal_id: str) -> None:
         await goals.describe(client, goal_id)
         await render.watch(client, goal_id, console)
 
-    run(_watch)
+    run(_watch, goal_id)
 
 
 @app.command("ls")
 def list_goals(
-    status: Annotated[str | None, typer.Option(help="Temporal status: Running, Completed, Failed…")] = None,
-    phase: Annotated[str | None, typer.Option(help="Goal phase: running, parked, awaiting_human, finished…")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Temporal status: " + ", ".join(goals.EXECUTION_STATUSES) + ".")
+    ] = None,
+    phase: Annotated[str | None, typer.Option(help="Goal phase: " + ", ".join(goals.PHASES) + ".")] = None,
     needs_human: Annotated[bool, typer.Option("--needs-human", help="Only goals waiting for an answer.")] = False,
     parked: Annotated[bool, typer.Option("--parked", help="Only parked goals.")] = False,
     limit: Annotated[int, typer.Option(help="At most this many goals.")] = 50,
 ) -> None:
     """List goals, newest first, filtered by their search attributes."""
 
+    try:
+        filters = goals.list_filters(status=status, phase=phase, needs_human=needs_human, parked=parked)
+    except ValueError as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(2) from None
+
     async def _ls() -> None:
         client = await connect()
-        filters = []
-        if status:
-            filters.append(f"ExecutionStatus = '{status}'")
-        if phase:
-            filters.append(f"{sa.GOAL_STATUS.name} = '{phase}'")
-        if needs_human:
-            filters.append(f"{sa.NEEDS_HUMAN.name} = true")
-        if parked:
-            filters.append(f"{sa.PARKED.name} = true")
-        query = " AND ".join(filters) or None
-        render.print_goal_list(console, await goals.list_goals(client, query, limit))
+        listed = await goals.list_goals(client, " AND ".join(filters) or None, limit)
+        outcomes = await goals.outcomes(client, listed)
+        render.print_goal_list(console, listed, outcomes, filtered=bool(filters))
 
     run(_ls)
 
@@ -236,9 +312,13 @@ def result(goal_id: str) -> None:
         desc = await goals.describe(client, goal_id)
         if goals.is_open(desc):
             console.print("[dim]goal still running; waiting for it to end (Ctrl-C to stop waiting)…[/dim]")
-        render.print_result(console, await goals.result(client, goal_id))
+        try:
+            render.print_result(console, await goals.result(client, goal_id))
+        except goals.EndedWithoutResult as ended:
+            render.print_no_result(console, goal_id, ended)
+            raise typer.Exit(1) from None
 
-    run(_result)
+    run(_result, goal_id)
 
 
 @app.command()
@@ -264,7 +344,11 @@ def history(
 
             plain = await decode_history(History(events=hist.events), codec)
             hist = WorkflowHistory(hist.workflow_id, list(plain.events))
-        out.write_text(hist.to_json(), encoding="utf-8")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(hist.to_json(), encoding="utf-8")
+        except OSError as err:
+            raise UserError(f"cannot write {out}: {err.strerror}") from None
         how = "" if codec is None else " (encoded, as the server holds them)" if encoded else " (payloads decrypted)"
         console.print(f"wrote {len(hist.events)} events to {out}{how}")
 
@@ -294,10 +378,7 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
         client = await connect()
         desc = await goals.describe(client, goal_id)
         if not goals.is_open(desc):
-            raise UserError(
-                f"goal {goal_id} has ended ({render.status_name(desc)}); it takes no more messages. "
-                f"Its report: perdure result {goal_id}"
-            )
+            raise UserError(f"{await finished_text(client, desc)}; it takes no more messages")
         failure = await goals.workflow_task_failure(client, desc)
         if failure is not None:
             # The server takes no update while the goal's workflow task fails; a signal is
@@ -328,7 +409,7 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
             raise typer.Exit(2)
         render.print_receipt(console, receipt)
 
-    run(_go)
+    run(_go, goal_id)
 
 
 @app.command()
@@ -473,9 +554,16 @@ def show_inbox(goal_id: str) -> None:
     async def _inbox() -> None:
         client = await connect()
         await goals.describe(client, goal_id)
-        render.print_inbox(console, await steering.inbox(client, goal_id))
+        try:
+            view = await steering.inbox(client, goal_id)
+        except RPCError:
+            # No worker answered the query: the history still holds every message admitted.
+            console.print("[yellow]no worker answered the inbox query; what the server holds:[/yellow]")
+            render.print_admitted(console, await steering.admitted(client, goal_id))
+            return
+        render.print_inbox(console, view)
 
-    run(_inbox)
+    run(_inbox, goal_id)
 
 
 @app.command()
@@ -642,7 +730,7 @@ def server_start(
     try:
         server = devserver.start_dev_server(port=port, ui_port=ui_port)
     except RuntimeError as err:
-        err_console.print(f"[red]error:[/red] {err}")
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(1) from None
     verb = "already running" if server.reused else "started"
     owner = f"pid {server.pid}" if server.pid else "not started by perdure"

@@ -6,9 +6,13 @@ reads the local artifact store for full reports. Holds no goal state.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
+from typing import get_args
 
 import yaml
 from pydantic import ValidationError
@@ -16,17 +20,28 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowHistoryEventFilterType,
+)
+from temporalio.client import WorkflowExecution as WorkflowExecution_
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.converter import DataConverter
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
+from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.artifacts import ArtifactMissing, default_store
 from runtime import settings
+from workflows import search_attributes as sa
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
 from workflows.goal import GoalWorkflow
 from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
 from workflows.state import GoalInput
+from workflows.statuses import Phase
 from workflows.tool_specs import TOOL_SPECS
 
 
@@ -36,6 +51,11 @@ class GoalNotFound(LookupError):
 
 class BadPlanFile(ValueError):
     pass
+
+
+class EndedWithoutResult(Exception):
+    """The goal closed with no GoalResult: terminated, timed out, cancelled, or failed outside
+    the goal's own ending (which always carries its report)."""
 
 
 def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[Plan, dict]:
@@ -89,15 +109,92 @@ def build_spec(**fields) -> GoalSpec:
 GOAL_TASK_TIMEOUT = timedelta(seconds=4)
 
 
-async def start_goal(client: Client, spec: GoalSpec, goal_id: str) -> WorkflowHandle:
+# Goal ids go into URLs (the UI link, the codec and HTTP APIs) and shell commands we print.
+GOAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# Memo key of the digest of the spec a goal started with: a retried start compares it.
+SPEC_DIGEST_MEMO = "perdure_spec_digest"
+
+
+class StartRefused(ValueError):
+    """A start that would clash with the goal already holding the id; the text says why."""
+
+
+def check_goal_id(goal_id: str) -> None:
+    if not GOAL_ID_PATTERN.match(goal_id):
+        raise StartRefused(
+            f"goal id {goal_id!r} is not allowed: use 1-200 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it goes into links and commands)"
+        )
+
+
+def spec_digest(spec: GoalSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+def static_details(spec: GoalSpec) -> str:
+    """What the Temporal UI shows in the goal's header and list: the goal and its limits (markdown)."""
+    budget = spec.budget
+    limits = [
+        f"{budget.max_tokens} tokens" if budget.max_tokens else "",
+        f"${budget.max_cost_usd:g}" if budget.max_cost_usd else "",
+        f"{budget.max_wall_seconds} s active" if budget.max_wall_seconds else "",
+        f"deadline {budget.deadline.isoformat()}" if budget.deadline else "",
+    ]
+    plan = f"plan file ({len(spec.plan.steps)} steps)" if spec.plan is not None else "the planner"
+    lines = [
+        "**Goal:** " + _md_line(spec.goal),
+        "**Constraints:** " + ("; ".join(_md_line(c) for c in spec.constraints) or "none"),
+        "**Budget:** " + (", ".join(x for x in limits if x) or "none"),
+        f"**Plan:** {plan} · profile `{spec.model_profile}` · tools: {', '.join(spec.allowed_tools) or 'none'}",
+    ]
+    return "\n\n".join(lines)[:20_000]
+
+
+def _md_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool = False) -> WorkflowHandle:
+    """Start the goal under `goal_id`. The server refuses an id another run holds (conflict
+    FAIL) and, unless `replace`, an id a finished run had (reuse REJECT_DUPLICATE), so two
+    starts racing cannot both win; `start` in the CLI decides before it gets here."""
+    check_goal_id(goal_id)
     return await client.start_workflow(
         GoalWorkflow.run,
         GoalInput(spec=spec),
         id=goal_id,
         task_queue=settings.task_queue(),
         static_summary=spec.goal[:200],
+        static_details=static_details(spec),
+        memo={SPEC_DIGEST_MEMO: spec_digest(spec)},
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
         task_timeout=GOAL_TASK_TIMEOUT,
     )
+
+
+async def started_digest(desc: WorkflowExecutionDescription) -> str | None:
+    """The digest of the spec the goal started with (None for a goal started without one)."""
+    try:
+        return (await desc.memo()).get(SPEC_DIGEST_MEMO)
+    except Exception:  # a memo this client cannot decode (other keys): treat as unknown
+        return None
+
+
+async def existing_goal(client: Client, goal_id: str) -> WorkflowExecutionDescription | None:
+    try:
+        return await describe(client, goal_id)
+    except GoalNotFound:
+        return None
+
+
+async def outcome(client: Client, desc: WorkflowExecution_) -> str:
+    """How a closed goal ended, in the goal's words: succeeded, partial, failed, aborted; or
+    terminated, timed out, cancelled when it ended without a result."""
+    try:
+        return (await result(client, desc.id, desc.run_id)).outcome
+    except EndedWithoutResult as ended:
+        return str(ended).partition(" ")[0].rstrip(":")
 
 
 async def describe(client: Client, goal_id: str) -> WorkflowExecutionDescription:
@@ -162,16 +259,35 @@ async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> Progre
     return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
 
 
-async def result(client: Client, goal_id: str) -> GoalResult:
-    """Wait for the goal to end. A goal that failed still carries its report."""
-    handle = client.get_workflow_handle(goal_id, result_type=GoalResult)
+async def result(client: Client, goal_id: str, run_id: str | None = None) -> GoalResult:
+    """Wait for the goal to end. A goal that failed still carries its report; one that ended
+    any other way raises EndedWithoutResult, saying how."""
+    handle = client.get_workflow_handle(goal_id, run_id=run_id, result_type=GoalResult)
     try:
         return await handle.result()
     except WorkflowFailureError as err:
         cause = err.cause
         if isinstance(cause, ApplicationError) and cause.type == "GoalFailed" and cause.details:
             return GoalResult.model_validate(cause.details[0])
-        raise
+        if isinstance(cause, TerminatedError):
+            raise EndedWithoutResult(f"terminated ({await _termination_reason(handle)})") from None
+        raise EndedWithoutResult(_ending(cause)) from None
+
+
+async def _termination_reason(handle: WorkflowHandle) -> str:
+    """The reason the terminating client gave: the close event holds it, the error does not."""
+    async for event in handle.fetch_history_events(event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT):
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+            return event.workflow_execution_terminated_event_attributes.reason or "no reason given"
+    return "no reason given"
+
+
+def _ending(cause: BaseException | None) -> str:
+    if isinstance(cause, TimeoutError_):
+        return "timed out (the workflow's execution or run timeout passed)"
+    if isinstance(cause, CancelledError):
+        return "cancelled"
+    return f"failed: {cause}" if cause is not None else "failed"
 
 
 def read_report(goal_result: GoalResult) -> str:
@@ -180,6 +296,47 @@ def read_report(goal_result: GoalResult) -> str:
         return default_store().get_text(goal_result.report)
     except ArtifactMissing:
         return goal_result.excerpt + "\n\n(full report not in this machine's artifact store)"
+
+
+# What `perdure ls --status` and `--phase` take; a value goes into a visibility query, so
+# only these words are let through (a quote would end the string and add a clause).
+EXECUTION_STATUSES = ("Running", "Completed", "Failed", "Canceled", "Terminated", "ContinuedAsNew", "TimedOut")
+PHASES = get_args(Phase)
+
+
+def list_filters(
+    status: str | None = None, phase: str | None = None, needs_human: bool = False, parked: bool = False
+) -> list[str]:
+    """Visibility-query clauses for `perdure ls`; ValueError names the allowed values."""
+    filters = []
+    if status:
+        known = {s.lower(): s for s in EXECUTION_STATUSES}
+        if status.lower() not in known:
+            raise ValueError(f"unknown --status {status!r}; one of: {', '.join(EXECUTION_STATUSES)}")
+        filters.append(f"ExecutionStatus = '{known[status.lower()]}'")
+    if phase:
+        if phase not in PHASES:
+            raise ValueError(f"unknown --phase {phase!r}; one of: {', '.join(PHASES)}")
+        filters.append(f"{sa.GOAL_STATUS.name} = '{phase}'")
+    if needs_human:
+        filters.append(f"{sa.NEEDS_HUMAN.name} = true")
+    if parked:
+        filters.append(f"{sa.PARKED.name} = true")
+    return filters
+
+
+async def outcomes(client: Client, executions: list) -> dict[str, str]:
+    """Goal id -> outcome for the closed goals listed (the close event only, read concurrently)."""
+    closed = [wf for wf in executions if wf.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING]
+
+    async def one(wf) -> str:
+        try:
+            return await outcome(client, wf)
+        except RPCError:
+            return "?"
+
+    found = await asyncio.gather(*(one(wf) for wf in closed))
+    return {wf.id: o for wf, o in zip(closed, found, strict=True)}
 
 
 async def list_goals(client: Client, query: str | None = None, limit: int = 50) -> list:

@@ -15,7 +15,8 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowFailureError
+from rich.text import Text
+from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError
 
 from runtime import settings
@@ -32,6 +33,23 @@ STATUS_STYLE = {
     "abandoned": "yellow",
     "pending": "dim",
 }
+
+
+def say(console: Console, *objects, **options) -> None:
+    """Print with rich markup for perdure's own styling only: emoji codes and automatic
+    highlighting stay off, so a model's or a user's `root:x:0:0` or `[1]` prints as written
+    (their text goes in escaped, or as a rich Text, which takes no markup)."""
+    console.print(*objects, emoji=False, highlight=False, **options)
+
+
+# C0 controls but tab and newline, DEL and C1 controls: a terminal acts on them (an escape
+# sequence can move the cursor, retitle the window, hide text), so tool output shows them as codes.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text from a tool, a model or a file, safe for a terminal: control characters as \\xNN."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def new_goal_id(goal: str) -> str:
@@ -51,52 +69,53 @@ def ran_as(placements: dict[str, str]) -> str:
 def print_status(
     console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None, why: bool = False
 ) -> None:
-    console.print(f"[bold]{desc.id}[/bold] · {status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
-    console.print(f"UI: {settings.goal_ui_link(desc.id)}")
+    say(console, f"[bold]{desc.id}[/bold] · {status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
+    say(console, f"UI: {settings.goal_ui_link(desc.id)}")
     if snap is None:
         return
-    console.print(
+    say(
+        console,
         f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · run {snap.runs} · "
-        f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls"
+        f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls",
     )
     if snap.failed_attempts:
         estimated = f", ${snap.estimated_cost_usd:.4f} of the cost estimated" if snap.estimated_cost_usd else ""
-        console.print(f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
+        say(console, f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
     for dimension, fraction in snap.budget.items():
         label = BUDGET_LABELS.get(dimension, dimension)
-        console.print(f"budget {label:<13} {budget_bar(fraction)} {fraction:>4.0%}{_budget_note(dimension, snap)}")
+        say(console, f"budget {label:<13} {budget_bar(fraction)} {fraction:>4.0%}{_budget_note(dimension, snap)}")
     if snap.degraded:
-        console.print("[yellow]running degraded: past the soft budget gate[/yellow]")
+        say(console, "[yellow]running degraded: past the soft budget gate[/yellow]")
     if snap.eta:
-        console.print(f"ETA: {snap.eta}")
+        say(console, f"ETA: {snap.eta}")
     table = Table("step", "kind", "status", "key", "ran as", "output / error")
     # Work of earlier plan versions that the current plan left out, after the current steps.
     for node in [*snap.nodes, *snap.earlier]:
         style = STATUS_STYLE.get(node.status, "")
         table.add_row(
-            escape(node.name if node.plan_version is None else f"{node.name} (plan v{node.plan_version})"),
+            Text(node.name if node.plan_version is None else f"{node.name} (plan v{node.plan_version})"),
             node.kind,
             f"[{style}]{node.status}[/{style}]" if style else node.status,
             (node.key or "").removeprefix("node:")[:12],
-            escape(ran_as(node.placements)),
-            escape(node.error or node.preview),
+            Text(ran_as(node.placements)),
+            Text(printable(node.error or node.preview)),
         )
-    console.print(table)
+    say(console, table)
     if why:
         for node in snap.nodes:
             for tool, reason in node.placements.items():
-                console.print(f"[dim]{escape(node.name)} · {tool}[/dim] {escape(reason)}")
+                say(console, f"[dim]{escape(node.name)} · {tool}[/dim] {escape(reason)}")
     if snap.parked:
-        console.print(f"[yellow]parked:[/yellow] {snap.pause_reason}")
+        say(console, f"[yellow]parked:[/yellow] {escape(snap.pause_reason or '')}")
     if snap.premises:
-        console.print("premises: " + ", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items())))
+        say(console, "premises: " + escape(", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items()))))
     print_questions(console, snap)
     for conclusion in snap.conclusions:
-        console.print(f"[dim]concluded[/dim] {escape(conclusion)}")
+        say(console, f"[dim]concluded[/dim] {escape(conclusion)}")
     for entry in snap.gate_log[-5:]:
-        console.print(f"[dim]gate[/dim] {escape(entry)}")
+        say(console, f"[dim]gate[/dim] {escape(entry)}")
     if snap.failure:
-        console.print(f"[red]failure:[/red] {escape(snap.failure)}")
+        say(console, f"[red]failure:[/red] {escape(snap.failure)}")
 
 
 # What each budget dimension is called where a person reads it.
@@ -123,48 +142,62 @@ def print_activities(console: Console, desc: WorkflowExecutionDescription) -> No
     for pending in desc.raw_description.pending_activities:
         details = ""
         if pending.HasField("heartbeat_details") and pending.heartbeat_details.payloads:
-            details = " · " + pending.heartbeat_details.payloads[0].data.decode(errors="replace")[:160]
+            details = " · " + printable(pending.heartbeat_details.payloads[0].data.decode(errors="replace")[:160])
         failure = f" · last failure: {pending.last_failure.message}" if pending.HasField("last_failure") else ""
-        console.print(f"[dim]activity[/dim] {pending.activity_type.name} attempt {pending.attempt}{details}{failure}")
+        line = f"{pending.activity_type.name} attempt {pending.attempt}{details}{printable(failure)}"
+        say(console, Text.assemble(("activity ", "dim"), line))
 
 
 def print_questions(console: Console, snap: ProgressSnapshot) -> None:
     for q in snap.questions:
         console.rule(f"[bold]needs you[/bold] · {q.id}: {escape(q.title)}")
-        console.print(f"done: {escape(q.done)}")
-        console.print(f"stuck: {escape(q.stuck)}")
+        say(console, f"done: {escape(q.done)}")
+        say(console, f"stuck: {escape(q.stuck)}")
         for option in q.options:
             cost = f" ({option['cost']})" if option.get("cost") else ""
-            console.print(f"  [bold]{option['id']}[/bold]: {escape(option['label'] + cost)}")
-        console.print(f"recommended: {escape(q.recommendation)}")
-        console.print(f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
+            say(console, f"  [bold]{option['id']}[/bold]: {escape(option['label'] + cost)}")
+        say(console, f"recommended: {escape(q.recommendation)}")
+        say(console, f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
 
 
 def print_receipt(console: Console, receipt: Receipt) -> None:
     colour = {"applied": "green", "pending": "cyan", "rejected": "red"}[receipt.status]
-    console.print(f"{receipt.kind} {receipt.request_id}: [{colour}]{receipt.status}[/{colour}]")
+    say(console, f"{receipt.kind} {escape(receipt.request_id)}: [{colour}]{receipt.status}[/{colour}]")
     if receipt.note:
-        console.print(escape(receipt.note))
+        say(console, escape(receipt.note))
     for key in ("void", "kept", "to_confirm"):
         if key in receipt.detail:
-            console.print(f"  {key}: {', '.join(receipt.detail[key]) or '—'}")
+            say(console, f"  {key}: {escape(', '.join(receipt.detail[key])) or '—'}")
 
 
 def print_inbox(console: Console, view: InboxView) -> None:
     table = Table("request id", "kind", "status", "note")
     for entry in view.entries:
-        table.add_row(entry.request_id, entry.kind, entry.status, escape(entry.note or ""))
-    console.print(table if view.entries else "no messages")
+        table.add_row(Text(entry.request_id), entry.kind, entry.status, Text(entry.note or ""))
+    say(console, table if view.entries else "no messages")
     for refusal in view.refused:
-        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {escape(refusal.reason)}")
+        say(console, f"[red]refused[/red] {escape(refusal.request_id or '(no id)')}: {escape(refusal.reason)}")
+
+
+def print_admitted(console: Console, messages: list) -> None:
+    """What the server holds for a goal no worker answers for: the messages in its history, unjudged."""
+    if not messages:
+        say(console, "the server holds no message for this goal")
+        return
+    say(console, f"the server holds {len(messages)} message(s), judged in this order once a worker runs the goal:")
+    table = Table("request id", "kind", "sent as", "at")
+    for message in messages:
+        at = f"{message.at:%Y-%m-%d %H:%M:%S}" if message.at else ""
+        table.add_row(Text(message.request_id), Text(message.kind), message.via, at)
+    say(console, table)
 
 
 def print_refusals(console: Console, goal_id: str, view: InboxView, last: int = 3) -> None:
     """The latest messages the goal refused at the door, for `perdure status`."""
     for refusal in view.refused[-last:]:
-        console.print(f"[red]refused[/red] {refusal.request_id or '(no id)'}: {escape(refusal.reason)}")
+        say(console, f"[red]refused[/red] {escape(refusal.request_id or '(no id)')}: {escape(refusal.reason)}")
     if len(view.refused) > last:
-        console.print(f"[dim]{len(view.refused) - last} earlier refusal(s): perdure inbox {goal_id}[/dim]")
+        say(console, f"[dim]{len(view.refused) - last} earlier refusal(s): perdure inbox {goal_id}[/dim]")
 
 
 def stuck_advice(goal_id: str) -> str:
@@ -178,37 +211,69 @@ def stuck_advice(goal_id: str) -> str:
 
 def print_stuck(console: Console, goal_id: str, failure: str) -> None:
     """A goal whose workflow task keeps failing: what the worker said, and what to do."""
-    console.print(
+    say(
+        console,
         "[red]stuck:[/red] every workflow task of this goal fails, so it decides nothing and answers no query. "
-        "The worker said:"
+        "The worker said:",
     )
-    console.print(f"  {escape(failure)}")
-    console.print(escape(stuck_advice(goal_id)))
+    say(console, f"  {escape(failure)}")
+    say(console, escape(stuck_advice(goal_id)))
 
 
-def print_goal_list(console: Console, executions: list) -> None:
-    table = Table("goal", "status", "phase", "done", "cost", "started")
+def print_goal_list(
+    console: Console, executions: list, outcomes: dict[str, str] | None = None, filtered: bool = False
+) -> None:
+    """One row per goal; a closed goal's outcome beside its status, so a partial or aborted
+    goal does not read as a good one."""
+    outcomes = outcomes or {}
+    table = Table("goal", "status", "outcome", "phase", "done", "cost", "started")
     for wf in executions:
         attrs = wf.typed_search_attributes
         percent = attrs.get(sa.PERCENT_DONE)
         cost = attrs.get(sa.COST_USD)
+        outcome = outcomes.get(wf.id, "")
+        style = OUTCOME_STYLE.get(outcome, "")
         table.add_row(
-            wf.id,
+            Text(wf.id),
             status_name(wf),
+            Text(outcome, style=style),
             attrs.get(sa.GOAL_STATUS) or "",
             f"{percent}%" if percent is not None else "",
             f"${cost:.4f}" if cost is not None else "",
             f"{wf.start_time:%Y-%m-%d %H:%M:%S}",
         )
-    console.print(table if executions else "no goals yet")
+    if executions:
+        say(console, table)
+    else:
+        say(console, "no goals match these filters" if filtered else "no goals yet")
+
+
+OUTCOME_STYLE = {"succeeded": "green", "partial": "yellow", "failed": "red", "aborted": "red"}
 
 
 def print_result(console: Console, result: GoalResult) -> None:
-    colour = {"succeeded": "green", "partial": "yellow", "failed": "red"}[result.outcome]
-    console.print(f"outcome: [{colour}]{result.outcome}[/{colour}] · tokens {result.tokens} · ${result.cost_usd:.4f}")
+    """Every outcome the goal can return, with its reason, the unfinished list and the report."""
+    colour = OUTCOME_STYLE.get(result.outcome, "")
+    say(
+        console,
+        Text.assemble("outcome: ", (result.outcome, colour), f" · tokens {result.tokens} · ${result.cost_usd:.4f}"),
+    )
     if result.failure:
-        console.print(f"[red]reason:[/red] {result.failure}")
-    console.print(Markdown(goals.read_report(result)))
+        say(console, Text.assemble(("reason: ", "red"), result.failure))
+    if result.unfinished:
+        say(console, Text(f"unfinished ({len(result.unfinished)}):", style="bold"))
+        for line in result.unfinished:
+            say(console, Text(f"  {line}"))
+    say(console, Markdown(goals.read_report(result)))
+
+
+def print_no_result(console: Console, goal_id: str, ended: goals.EndedWithoutResult) -> None:
+    """A goal that ended with no report: terminated, timed out, cancelled, or failed outside the goal."""
+    say(console, Text.assemble(("goal ended without a result: ", "red"), str(ended)))
+    say(
+        console,
+        Text(f"what the server holds: perdure status {goal_id}; the history: perdure history {goal_id} --out F"),
+    )
 
 
 async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 0.5) -> GoalResult | None:
@@ -242,8 +307,8 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
             await asyncio.sleep(poll_s)
     try:
         result = await goals.result(client, goal_id)
-    except WorkflowFailureError as err:
-        console.print(f"[red]goal ended without a result:[/red] {err.cause or err}")
+    except goals.EndedWithoutResult as ended:
+        print_no_result(console, goal_id, ended)
         return None
     print_result(console, result)
     return result

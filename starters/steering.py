@@ -8,12 +8,14 @@ either way the goal judges it in the order it was sent.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from workflows.contracts import Signals, Updates
 from workflows.goal import GoalWorkflow
 from workflows.messages import InboxView, Receipt
 
@@ -59,6 +61,48 @@ async def send_by_signal(client: Client, goal_id: str, message: BaseModel) -> No
     """Durable admission: the server stores the message whether or not a worker runs."""
     handle = client.get_workflow_handle(goal_id)
     await handle.signal(GoalWorkflow.message_signal, message.model_dump(mode="json"))
+
+
+class AdmittedMessage(BaseModel):
+    """A message as the server holds it in the goal's history, before any worker judged it."""
+
+    request_id: str
+    kind: str
+    via: str  # "signal" or "update"
+    at: datetime | None = None
+
+
+async def admitted(client: Client, goal_id: str) -> list[AdmittedMessage]:
+    """Every `message` signal and accepted `submit` update in the goal's history, decoded
+    with the client's data converter (so encrypted payloads read too): what `inbox` shows
+    when no worker answers its query. A payload that is not a message object is listed
+    with a kind of '?'."""
+    history = await client.get_workflow_handle(goal_id).fetch_history()
+    found = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            if attrs.signal_name != Signals.MESSAGE:
+                continue
+            payloads, via = attrs.input.payloads, "signal"
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name != Updates.SUBMIT:
+                continue
+            payloads, via = request.input.args.payloads, "update"
+        else:
+            continue
+        values = await client.data_converter.decode(list(payloads)) if payloads else []
+        fields = values[0] if len(values) == 1 and isinstance(values[0], dict) else {}
+        found.append(
+            AdmittedMessage(
+                request_id=str(fields.get("request_id") or "(no id)"),
+                kind=str(fields.get("kind") or "?"),
+                via=via,
+                at=event.event_time.ToDatetime(tzinfo=UTC),
+            )
+        )
+    return found
 
 
 async def inbox(client: Client, goal_id: str, timeout_s: float = 5) -> InboxView:

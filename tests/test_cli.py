@@ -325,7 +325,8 @@ async def test_a_message_signal_from_the_temporal_cli_without_input_is_refused_a
     assert workflow_task_failures(await env.client.get_workflow_handle("cli-raw-1").fetch_history()) == []
     late = perdure("steer", "cli-raw-1", "one more thing", env=cli_worker)
     assert late.returncode == 2
-    assert "goal cli-raw-1 has ended (Completed); it takes no more messages" in late.stderr.replace("\n", " ")
+    said = " ".join(late.stderr.split())
+    assert "goal cli-raw-1 has finished (outcome succeeded); see `perdure result cli-raw-1`; it takes no more" in said
 
 
 async def test_status_and_abort_of_a_goal_whose_workflow_task_fails_say_why_and_what_to_do(

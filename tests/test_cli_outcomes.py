@@ -1,0 +1,213 @@
+"""The CLI as a new user meets it (issue 17): every way a goal ends prints, a start is
+idempotent, a finished goal is named in perdure's words, and quoted text prints as written.
+
+The commands run in this process (typer's CliRunner) against the session's dev server, with
+the production worker in this process too: their output is what a user's terminal shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from starters import cli
+from tests.builders import gate, openai_profile, spec
+from tests.helpers import new_goal_id, running_worker, submit, wait_until
+from workflows.goal import GoalWorkflow
+from workflows.messages import Abort, Steer
+from workflows.state import GoalInput
+
+GATE_THEN_LIST = [gate(), {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["gate"], "args": {}}]
+
+
+async def perdure(env, home: Path, *args: str, code: int | None = 0):
+    """Run `perdure ARGS` in a thread (the CLI runs its own event loop); returns the result,
+    whose stdout and stderr are what the terminal showed. `code` None: any exit code."""
+    variables = {
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_HOME": str(home),
+        "PERDURE_CONFIG": str(home / "config.toml"),
+    }
+    # Wide, so a line of the output is a line of the text (the consoles measured no terminal).
+    with mock.patch.object(cli.console, "_width", 300), mock.patch.object(cli.err_console, "_width", 300):
+        result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
+    said = result.stdout + result.stderr
+    assert "Traceback" not in said and result.exception is None or isinstance(result.exception, SystemExit), (
+        said + repr(result.exception)
+    )
+    if code is not None:
+        assert result.exit_code == code, said
+    return result
+
+
+async def test_result_and_watch_of_an_aborted_goal_show_the_outcome_the_reason_and_the_unfinished_list(
+    env, task_queue, store, tmp_path, workspace
+):
+    async with running_worker(env, task_queue, store):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+            id=new_goal_id("cli-abort"),
+            task_queue=task_queue,
+        )
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await submit(handle, Abort(request_id="ab-1", reason="wrong folder"))
+        result = await perdure(env, tmp_path, "result", handle.id)
+        watched = await perdure(env, tmp_path, "watch", handle.id)
+    for shown in (result.stdout, watched.stdout):
+        assert "outcome: aborted" in shown
+        assert "reason: aborted: wrong folder" in shown
+        assert "unfinished (2):" in shown and "  after: " in shown
+        assert "| after" in shown or "after" in shown.split("unfinished")[1]  # the report follows
+
+
+async def test_result_of_a_goal_that_failed_shows_its_report_and_one_terminated_says_how_it_ended(
+    env, task_queue, store, tmp_path, workspace, scripted
+):
+    cyclic = {
+        "steps": [
+            {"name": "a", "kind": "llm", "needs": ["b"], "prompt": "x"},
+            {"name": "b", "kind": "llm", "needs": ["a"], "prompt": "y"},
+        ]
+    }
+    server = scripted({"replies": [{"when": "PERDURE-PLANNER", "json": cyclic}]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        failed = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, max_plan_repairs=0)),
+            id=new_goal_id("cli-failed"),
+            task_queue=task_queue,
+        )
+        shown = (await perdure(env, tmp_path, "result", failed.id)).stdout
+    assert "outcome: failed" in shown and "reason: the planner gave no valid plan in 1 attempt(s)" in shown
+    assert "cycle: a -> b -> a" in shown
+
+    stopped = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+        id=new_goal_id("cli-term"),
+        task_queue=task_queue,
+    )
+    await stopped.terminate(reason="operator cleanup")
+    ended = await perdure(env, tmp_path, "result", stopped.id, code=1)
+    assert "goal ended without a result: terminated (operator cleanup)" in ended.stdout
+    listed = await perdure(env, tmp_path, "ls", "--status", "Terminated")
+    assert stopped.id in listed.stdout and "terminated" in listed.stdout
+
+
+def plan_file(tmp_path: Path, goal: str) -> Path:
+    path = tmp_path / f"{abs(hash(goal))}.yaml"
+    path.write_text(
+        f"goal: {goal}\nsteps:\n"
+        "  - {name: gate, kind: tool, tool: run_command, args: {command: 'while [ ! -f GO ]; do sleep 0.05; done'}}\n"
+    )
+    return path
+
+
+async def test_start_with_an_id_is_a_safe_retry_refuses_a_clash_and_replaces_a_finished_goal_only_when_asked(
+    env, task_queue, tmp_path, workspace
+):
+    gid = new_goal_id("cli-retry")
+    first, other = plan_file(tmp_path, "first goal"), plan_file(tmp_path, "another goal")
+    base = ("start", "--workspace", str(workspace), "--id", gid)
+    with mock.patch.dict("os.environ", {"PERDURE_TASK_QUEUE": task_queue}):
+        started = await perdure(env, tmp_path, *base, "--plan", str(first))
+        assert f"goal {gid} started" in started.stdout
+        run_id = (await env.client.get_workflow_handle(gid).describe()).run_id
+
+        again = await perdure(env, tmp_path, *base, "--plan", str(first))
+        assert f"goal {gid} already running with this spec" in again.stdout
+        assert "nothing new started" in again.stdout
+
+        clash = await perdure(env, tmp_path, *base, "--plan", str(other), code=2)
+        assert f"goal {gid} is already running with a different spec; nothing started" in clash.stderr
+        errors = [line for line in clash.stderr.splitlines() if line.startswith("error")]
+        assert len(errors) == 1 and "error: 2" not in clash.stderr
+
+        await env.client.get_workflow_handle(gid).terminate("done with it")
+        retried = await perdure(env, tmp_path, *base, "--plan", str(first))
+        assert f"goal {gid} has finished (outcome terminated); see `perdure result {gid}`" in retried.stdout
+        refused = await perdure(env, tmp_path, *base, "--plan", str(other), code=2)
+        assert "add --replace" in refused.stderr
+        assert (await env.client.get_workflow_handle(gid).describe()).run_id == run_id
+
+        replaced = await perdure(env, tmp_path, *base, "--plan", str(other), "--replace")
+        assert f"goal {gid} started (replacing the finished goal of that id)" in replaced.stdout
+        desc = await env.client.get_workflow_handle(gid).describe()
+        assert desc.run_id != run_id
+        assert await desc.static_summary() == "another goal"
+        details = await desc.static_details()
+        assert "**Goal:** another goal" in details and "**Plan:** plan file (1 steps)" in details
+        await env.client.get_workflow_handle(gid).terminate("test over")
+
+    bad = await perdure(env, tmp_path, "start", "x", "--id", "../etc/passwd?x=1", code=2)
+    assert "goal id '../etc/passwd?x=1' is not allowed" in bad.stderr
+
+
+async def test_a_finished_goal_is_named_in_perdures_words_and_inbox_without_a_worker_shows_what_the_server_holds(
+    env, task_queue, tmp_path, workspace
+):
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+        id=new_goal_id("cli-inbox"),
+        task_queue=task_queue,
+    )
+    await handle.signal(GoalWorkflow.message_signal, Steer(request_id="st-1", text="short").model_dump(mode="json"))
+    inbox = await perdure(env, tmp_path, "inbox", handle.id)
+    assert "no worker answered the inbox query" in inbox.stdout and "Timeout expired" not in inbox.stdout
+    assert "the server holds 1 message(s)" in inbox.stdout
+    row = next(line for line in inbox.stdout.splitlines() if "st-1" in line)
+    assert "steer" in row and "signal" in row
+
+    await handle.terminate("gone")
+    late = await perdure(env, tmp_path, "steer", handle.id, "more", code=2)
+    said = " ".join(late.stderr.split())
+    assert f"goal {handle.id} has finished (outcome terminated); see `perdure result {handle.id}`" in said
+
+    # The goal closing between perdure's look and its call: the server's words are translated.
+    async def signal_it() -> None:
+        client = await cli.connect(env.client.service_client.config.target_host)
+        await client.get_workflow_handle(handle.id).signal(GoalWorkflow.message_signal, {})
+
+    said = io.StringIO()
+    address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
+    with (
+        mock.patch.dict("os.environ", address),
+        mock.patch.object(cli, "err_console", Console(file=said, width=300)),
+        pytest.raises(cli.typer.Exit),
+    ):
+        await asyncio.to_thread(cli.run, signal_it, handle.id)
+    assert (
+        said.getvalue().split()
+        == f"error: goal {handle.id} has finished (outcome terminated); see `perdure result {handle.id}`".split()
+    )
+
+
+async def test_quoted_text_prints_as_written_brackets_emoji_codes_and_control_characters(
+    env, task_queue, store, tmp_path, workspace
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps:\n  - {name: 'Bad Name!', kind: tool, tool: list_dir}\n")
+    refused = await perdure(env, tmp_path, "start", "--plan", str(bad), "--workspace", str(workspace), code=2)
+    assert "should match pattern '^[a-z][a-z0-9_-]{0,63}$'" in refused.stderr, refused.stderr
+
+    (workspace / "passwd").write_text("root:x:0:0 [bold]kept[/bold] \x1b]0;owned\x07 end")
+    steps = [{"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "passwd"}}]
+    async with running_worker(env, task_queue, store):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": steps})),
+            id=new_goal_id("cli-literal"),
+            task_queue=task_queue,
+        )
+        await handle.result()
+        shown = (await perdure(env, tmp_path, "status", handle.id)).stdout
+    assert "root:x:0:0 [bold]kept[/bold] \\x1b]0;owned\\x07 end" in shown
+    assert "\x1b" not in shown and "❌" not in shown
