@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BASE_STAMP := $(VENV)/.installed-base
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
@@ -32,8 +33,8 @@ system-packages:
 	  fi; \
 	fi
 
-# Redone whenever pyproject.toml changes (a new dependency or entry point).
-$(STAMP): pyproject.toml
+# The venv, created with $(PYTHON) when it does not exist; refused when its Python is older than 3.11.
+define ensure_venv
 	@if [ ! -x $(BIN)/python ]; then \
 	  $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	    echo "error: perdure needs Python >= 3.11, but PYTHON=$(PYTHON) is: $$($(PYTHON) --version 2>&1)" >&2; \
@@ -46,10 +47,22 @@ $(STAMP): pyproject.toml
 	  echo "error: $(VENV) runs $$($(BIN)/python --version 2>&1); perdure needs >= 3.11" >&2; \
 	  echo "       run: make distclean && make PYTHON=/path/to/python3.11" >&2; \
 	  exit 1; }
+endef
+
+# Redone whenever pyproject.toml changes (a new dependency or entry point).
+$(STAMP): pyproject.toml
+	$(ensure_venv)
 	$(BIN)/python -m pip install -e '.[dev]'
 	@touch $@
 
-demo: $(STAMP) system-packages
+# What `make demo` needs: perdure and its runtime dependencies, not the test extras
+# (a venv that already has the dev install has them all).
+$(BASE_STAMP): pyproject.toml
+	$(ensure_venv)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else $(BIN)/python -m pip install -e .; fi
+	@touch $@
+
+demo: $(BASE_STAMP) system-packages
 	$(BIN)/perdure demo
 
 # A worker SIGKILLed right after the mail API accepted an email; a new worker

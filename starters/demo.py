@@ -1,6 +1,7 @@
 """`make demo`: one real goal end to end on the embedded Temporal server.
 
-Starts the dev server and a background worker when they are not running,
+Starts the dev server and a background worker when they are not running (a
+server on its port that perdure did not start is refused unless PERDURE_DEMO_ATTACH=1),
 creates a scratch workspace with a few notes, starts a goal that plans and runs
 several nodes (tools, an llm node, an agent node), shows progress and prints
 the report. Offline it uses the scripted model; with a model key or an
@@ -9,6 +10,7 @@ OpenAI-compatible base URL in the environment the same goal runs on that model.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +33,9 @@ DEMO_CONSTRAINTS = [
     "SUMMARY.md stays under 200 words.",
 ]
 DEMO_TOOLS = ["list_dir", "read_file", "write_file", "run_command"]
+# The demo attaches to a Temporal server it did not start only when told to: it would
+# register search attributes and a schedule there.
+ATTACH_ENV = "PERDURE_DEMO_ATTACH"
 
 NOTES = {
     "notes/ideas.md": (
@@ -69,7 +74,17 @@ def show_new_files(console: Console, workspace: Path) -> None:
 async def run_demo(console: Console) -> None:
     started = time.monotonic()
     port, ui_port = settings.dev_server_ports()
-    server = devserver.start_dev_server(port=port, ui_port=ui_port)
+    try:
+        server = devserver.start_dev_server(
+            port=port, ui_port=ui_port, attach_foreign=os.environ.get(ATTACH_ENV, "") == "1"
+        )
+    except devserver.ForeignServer as err:
+        other, other_ui = port + 10, ui_port + 10
+        raise RuntimeError(
+            f"{err}. Run the demo on other ports: PERDURE_TEMPORAL=127.0.0.1:{other} "
+            f"PERDURE_UI=http://localhost:{other_ui} make demo; or, to use that server anyway, "
+            f"{ATTACH_ENV}=1 make demo"
+        ) from None
     console.print(
         f"Temporal dev server {'reused' if server.reused else 'started'} at {server.address}; UI {server.ui_url}"
     )

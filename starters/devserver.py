@@ -62,6 +62,17 @@ class DevServerError(RuntimeError):
     """The dev server could not be started, reached, or stopped as asked."""
 
 
+class ForeignServer(DevServerError):
+    """A Temporal server this module did not start answers on the port, and the caller will not attach to it."""
+
+    def __init__(self, address: str, data: Path) -> None:
+        super().__init__(
+            f"a Temporal server that perdure did not start (no pid file in {data}) answers on {address}; "
+            "the demo would register perdure's search attributes and the watchdog's schedule on it"
+        )
+        self.address = address
+
+
 @dataclass(frozen=True)
 class DevServer:
     """A Temporal frontend that answers, as returned by `start_dev_server`."""
@@ -447,13 +458,15 @@ def start_dev_server(
     ui_port: int = 8233,
     data_dir: Path | str | None = None,
     wait_s: float = 30.0,
+    attach_foreign: bool = True,
 ) -> DevServer:
     """Start the dev server detached, or reuse one that already answers; idempotent.
 
     Reuse order: (1) the pid file names a live `temporal server start-dev` on
     this data directory's db -> reuse it (it must be on `port`); (2) any Temporal
-    frontend answers on `port` -> reuse it as is (pid None). Either way every
-    custom search attribute is ensured. Otherwise start a new server and wait
+    frontend answers on `port` -> reuse it as is (pid None), unless
+    `attach_foreign` is False: then `ForeignServer` is raised before anything is
+    registered on it. Either way every custom search attribute is ensured. Otherwise start a new server and wait
     up to `wait_s` for its frontend; if it dies or stays silent, it is killed
     and the error carries the tail of server.log.
     """
@@ -474,6 +487,8 @@ def start_dev_server(
                     f"port {port} is in use by something that does not answer as a Temporal frontend "
                     f"with a {DEFAULT_NAMESPACE!r} namespace; free the port or pick another one"
                 )
+            if not attach_foreign:
+                raise ForeignServer(address, data)
             ensure_search_attributes(address)
             return DevServer(None, address, _ui_url(ui_port) if _port_open(ui_port) else None, True, None, None)
 
