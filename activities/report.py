@@ -52,6 +52,16 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         ]
     else:
         lines.append("No steps ran.")
+    # The totals count every model call; what no step was charged for (planning, repairs,
+    # drift checks, stall judgements) gets its own line, so the rows add up to the totals.
+    outside_tokens = input.tokens - sum(s.tokens for s in input.steps)
+    outside_cost = input.cost_usd - sum(s.cost_usd for s in input.steps)
+    if outside_tokens > 0 or outside_cost > 5e-5:
+        outside = f"{max(outside_tokens, 0)} | {max(outside_cost, 0):.4f}"
+        if current:
+            lines.append(f"| (planning, drift and other calls outside steps) | — | — | {outside} |")
+        else:
+            lines.append(f"Planning, drift and other calls outside steps: {outside.replace(' | ', ' tokens, $')}.")
     earlier = [s for s in input.steps if s.plan_version is not None]
     if earlier:
         lines += [

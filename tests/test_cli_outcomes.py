@@ -211,3 +211,41 @@ async def test_quoted_text_prints_as_written_brackets_emoji_codes_and_control_ch
         shown = (await perdure(env, tmp_path, "status", handle.id)).stdout
     assert "root:x:0:0 [bold]kept[/bold] \\x1b]0;owned\\x07 end" in shown
     assert "\x1b" not in shown and "❌" not in shown
+
+
+async def test_report_totals_add_up_with_a_row_for_calls_outside_steps(tmp_path):
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.artifacts import ArtifactStore
+    from activities.report import ReportActivities
+    from workflows.contracts import ReportInput, StepOutcome
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    steps = [StepOutcome(name="write", kind="llm", status="succeeded", tokens=1625, cost_usd=0.002)]
+    report_input = ReportInput(goal_id="g", goal="x", outcome="succeeded", steps=steps, tokens=3492, cost_usd=0.005)
+    result = await ActivityEnvironment().run(ReportActivities(store).write_report, report_input)
+    text = store.get_text(result.report)
+    assert "**Totals:** 3492 tokens, $0.0050" in text
+    assert (
+        "| write | llm | succeeded | 1625 | 0.0020 |\n"
+        "| (planning, drift and other calls outside steps) | — | — | 1867 | 0.0030 |" in text
+    )
+
+
+async def test_ls_refuses_a_status_that_is_not_one_and_history_creates_its_folder(env, task_queue, tmp_path, workspace):
+    injected = await perdure(env, tmp_path, "ls", "--status", "Running' OR 1=1", code=2)
+    assert 'unknown --status "Running\' OR 1=1"; one of: Running, Completed' in injected.stderr
+    # A completed goal is never awaiting a person: this filter matches nothing.
+    none = await perdure(env, tmp_path, "ls", "--phase", "awaiting_human", "--status", "completed")
+    assert none.stdout.strip() == "no goals match these filters"
+
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+        id=new_goal_id("cli-hist"),
+        task_queue=task_queue,
+    )
+    await handle.terminate(reason="test over")
+    out = tmp_path / "missing" / "folder" / "h.json"
+    written = await perdure(env, tmp_path, "history", handle.id, "--out", str(out))
+    assert f"to {out}" in written.stdout and "workflowExecutionStartedEventAttributes" in out.read_text()
