@@ -25,7 +25,12 @@ from starters import watchdog_cli as wd
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
 
-app = typer.Typer(help="perdure: durable AI agents on Temporal.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="perdure: durable AI agents on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 server_app = typer.Typer(help="The embedded Temporal dev server (temporal-dev/).", no_args_is_help=True)
 app.add_typer(server_app, name="server")
 watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals and intervenes.", no_args_is_help=True)
@@ -35,6 +40,23 @@ app.add_typer(watchdog_app, name="watchdog")
 # text it quotes (goals, steps, tool output, errors) must print as written (`root:x:0:0`).
 console = Console(emoji=False, highlight=False)
 err_console = Console(stderr=True, emoji=False, highlight=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"perdure {version('perdure')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """perdure: durable AI agents on Temporal."""
 
 
 class UserError(Exception):
@@ -87,7 +109,14 @@ def start(
     plan: Annotated[Path | None, typer.Option("--plan", help="Declarative plan file (YAML or JSON).")] = None,
     workspace: Annotated[Path, typer.Option(help="Directory the tools work in.")] = Path("."),
     profile: Annotated[str, typer.Option(help="Model profile name (see README).")] = "default",
-    constraint: Annotated[list[str] | None, typer.Option("--constraint", "-c", help="Repeatable.")] = None,
+    constraint: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--constraint",
+            "-c",
+            help="A rule every step must keep, in words the model reads, e.g. 'Do not modify notes/'; repeatable.",
+        ),
+    ] = None,
     tool: Annotated[
         list[str] | None,
         typer.Option(
@@ -568,7 +597,13 @@ def show_inbox(goal_id: str) -> None:
 
 @app.command()
 def worker() -> None:
-    """Run an orchestrator worker (goal workflows, model and tool activities)."""
+    """Run an orchestrator worker (goal workflows, model and tool activities).
+
+    It reads PERDURE_TEMPORAL (server address; else TEMPORAL_ADDRESS or a Temporal profile),
+    PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_CONFIG (model profiles, default
+    PERDURE_HOME/config.toml), PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI,
+    PERDURE_PAYLOAD_KEYS or PERDURE_PAYLOAD_KEY_FILE (payload encryption) and the model
+    providers' keys the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY)."""
     from workers.orchestrator import configure_logging, run_orchestrator
 
     configure_logging()

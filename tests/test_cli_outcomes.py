@@ -249,3 +249,16 @@ async def test_ls_refuses_a_status_that_is_not_one_and_history_creates_its_folde
     out = tmp_path / "missing" / "folder" / "h.json"
     written = await perdure(env, tmp_path, "history", handle.id, "--out", str(out))
     assert f"to {out}" in written.stdout and "workflowExecutionStartedEventAttributes" in out.read_text()
+
+
+def test_help_takes_dash_h_version_prints_and_worker_help_names_its_environment():
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["-h"]).exit_code == 0
+    version = runner.invoke(cli.app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("perdure ")
+    with mock.patch.object(cli.console, "_width", 300):
+        worker = " ".join(runner.invoke(cli.app, ["worker", "-h"], env={"COLUMNS": "300"}).stdout.split())
+        start = " ".join(runner.invoke(cli.app, ["start", "-h"], env={"COLUMNS": "300"}).stdout.split())
+    for variable in ("PERDURE_TEMPORAL", "PERDURE_TASK_QUEUE", "PERDURE_CONFIG", "PERDURE_PAYLOAD_KEYS"):
+        assert variable in worker
+    assert "A rule every step must keep" in start
