@@ -288,7 +288,12 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
         while True:
             desc = await goals.describe(client, goal_id)
             if not goals.is_open(desc):
-                bar.update(task, completed=100)
+                # The last frame says how it ended, not the phase seen one poll before.
+                try:
+                    final = (await goals.progress(client, goal_id, timeout_s=3)).phase
+                except RPCError:
+                    final = status_name(desc).lower()
+                bar.update(task, completed=100, description=final)
                 break
             try:
                 snap = await goals.progress(client, goal_id, timeout_s=3)

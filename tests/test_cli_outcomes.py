@@ -60,6 +60,8 @@ async def test_result_and_watch_of_an_aborted_goal_show_the_outcome_the_reason_a
         await submit(handle, Abort(request_id="ab-1", reason="wrong folder"))
         result = await perdure(env, tmp_path, "result", handle.id)
         watched = await perdure(env, tmp_path, "watch", handle.id)
+    # The last progress frame says how it ended, not the phase seen one poll before.
+    assert watched.stdout.lstrip().startswith("finished ") or "\nfinished " in watched.stdout, watched.stdout[:300]
     for shown in (result.stdout, watched.stdout):
         assert "outcome: aborted" in shown
         assert "reason: aborted: wrong folder" in shown

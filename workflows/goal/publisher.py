@@ -79,8 +79,8 @@ class Publisher:
 
     def _eta(self) -> Eta | None:
         state = self._ctx.state
-        if state.phase in ENDED_PHASES:
-            return None
+        if state.phase in ENDED_PHASES or state.pause.mode == "parked":
+            return None  # a parked goal has no end in sight until it is resumed
         index = self._ctx.index()
         remaining = index.unsettled_by_kind()
         running = index.count(("running",))
