@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from temporalio.envconfig import ClientConfigProfile
 
-from workflows.contracts import TASK_QUEUE
+from workflows.contracts import GOAL_WORKFLOW, TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -92,8 +93,27 @@ def config_path() -> Path:
     return Path(os.environ.get("PERDURE_CONFIG") or perdure_home() / "config.toml").expanduser()
 
 
-def goal_ui_link(goal_id: str) -> str:
-    return f"{ui_base()}/namespaces/{namespace()}/workflows/{goal_id}"
+def goal_ui_link(goal_id: str, run_id: str | None = None) -> str:
+    """A goal's page in the Temporal UI (also any workflow's: a watchdog run's). Without a run
+    id the UI opens the latest run, which follows a goal through continue-as-new; with one,
+    that run's history. A page under the id (`/history`, `/pending-activities`) needs the run
+    id in the path: without it the UI reads the page's name as the run id and answers 400."""
+    workflow = f"{ui_base()}/namespaces/{quote(namespace(), safe='')}/workflows/{quote(goal_id, safe='')}"
+    return f"{workflow}/{quote(run_id, safe='')}/history" if run_id else workflow
+
+
+def schedule_ui_link(schedule_id: str) -> str:
+    return f"{ui_base()}/namespaces/{quote(namespace(), safe='')}/schedules/{quote(schedule_id, safe='')}"
+
+
+# The saved view of goals: the list without the watchdog's runs (one a minute per task
+# queue, each a WatchdogWorkflow), by the built-in WorkflowType attribute.
+GOALS_VIEW_QUERY = f'WorkflowType = "{GOAL_WORKFLOW}"'
+
+
+def goals_ui_link() -> str:
+    """The UI's workflow list showing goals only (save it as a view in the UI)."""
+    return f"{ui_base()}/namespaces/{quote(namespace(), safe='')}/workflows?query={quote(GOALS_VIEW_QUERY, safe='')}"
 
 
 def dev_server_ports() -> tuple[int, int]:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -41,6 +42,7 @@ from workflows.state import GoalInput
 
 BIN = Path(sys.executable).parent
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
+CHROMIUM = Path("/usr/bin/chromium")
 
 # --- servers and workers -----------------------------------------------------------
 
@@ -97,6 +99,29 @@ def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
         "COLUMNS": "160",
     }
     return env, port, ui_port
+
+
+# --- the Temporal UI in headless Chromium ------------------------------------------
+
+
+def chromium(url: str, profile: Path, *args: str) -> str:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        # A finished workflow's page settles; virtual time lets the UI's fetches (and the
+        # codec server's answers) land before the DOM is read.
+        "--virtual-time-budget=15000",
+    ]
+    ran = subprocess.run([str(CHROMIUM), *flags, *args, url], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout
 
 
 # --- goals -------------------------------------------------------------------------

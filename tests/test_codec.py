@@ -60,7 +60,7 @@ from starters import cli, goals
 from starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, WORKFLOWS, load
-from tests.helpers import BIN, dev_server_options, free_ports, new_goal_id
+from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult
 
@@ -76,7 +76,6 @@ GOAL = f"Summarise the notes into SUMMARY.md for project {MARKER}"
 # Text that reaches history only inside payloads: the goal, a file the plan reads, the file the agent writes.
 SECRETS = (MARKER, "fix the CSV parser", SUMMARY_TEXT.splitlines()[0])
 REFERENCE_TYPE = b"temporal.api.sdk.v1.ExternalStorageReference"
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def keyring(*entries: str) -> Keyring:
@@ -510,26 +509,6 @@ async def test_temporal_cli_shows_the_goal_through_the_codec_server(
     )
     assert allowed.returncode == 0, allowed.stderr
     assert MARKER in allowed.stdout
-
-
-def chromium(url: str, profile: Path, *args: str) -> str:
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        # A finished workflow's page settles; virtual time lets the UI's fetches (and the
-        # codec server's answers) land before the DOM is read.
-        "--virtual-time-budget=15000",
-    ]
-    ran = subprocess.run([str(CHROMIUM), *flags, *args, url], capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    return ran.stdout
 
 
 @pytest.mark.process
