@@ -9,8 +9,6 @@ the CLI the launcher itself uses.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import subprocess
 import threading
@@ -20,14 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from starters import devserver
 from starters.devserver import DevServerError, dev_server_status, start_dev_server, stop_dev_server
 from tests.helpers import free_ports
+from tests.subprocess_rig import kill_raw, registered_attributes, spawn_raw_server
 from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -40,41 +36,6 @@ EXPECTED_TYPES = {key.name: f"INDEXED_VALUE_TYPE_{key.indexed_value_type.name}" 
 def process_exists(pid: int) -> bool:
     """True while the pid has any /proc entry, a zombie included."""
     return Path(f"/proc/{pid}").exists()
-
-
-def registered_attributes(address: str) -> dict[str, str]:
-    async def listing() -> dict[str, str]:
-        client = await Client.connect(address)
-        response = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace="default")
-        )
-        return {name: IndexedValueType.Name(kind) for name, kind in response.custom_attributes.items()}
-
-    return asyncio.run(listing())
-
-
-def spawn_raw_server(port: int, ui_port: int, *extra: str) -> subprocess.Popen[bytes]:
-    """A server this module did not start (someone else's), with the same binary name."""
-    process = subprocess.Popen(
-        [str(devserver.temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1",
-         "--port", str(port), "--ui-port", str(ui_port), "--log-level", "error", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if registered_attributes(f"127.0.0.1:{port}") is not None:
-                return process
-        except Exception:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"raw dev server on {port} never answered")
-
-
-def kill_raw(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(10)
 
 
 @pytest.fixture

@@ -297,7 +297,7 @@ async def test_git_commit_runs_no_hook_or_monitor_the_workspace_planted(store, r
     # The model can write .git through run_command; what it plants there must not run on
     # the worker, outside the command sandbox, where the worker's keys are readable.
     hook = repo / ".git" / "hooks" / "pre-commit"
-    hook.write_text("#!/bin/sh\ntouch \"$(git rev-parse --show-toplevel)/HOOK-RAN\"\n")
+    hook.write_text('#!/bin/sh\ntouch "$(git rev-parse --show-toplevel)/HOOK-RAN"\n')
     hook.chmod(0o755)
     git(repo, "config", "core.fsmonitor", str(hook))
     (repo / "notes.md").write_text("first\n")

@@ -9,49 +9,19 @@ text naming its inputs, the tool calls and their schema-built arguments.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 import yaml
 
-from runtime import converter
 from testing.scripted import ScriptedServer, schema_arguments
+from tests.subprocess_rig import PERDURE, perdure, user_env, wait_for_polling
 from workflows.tool_specs import TOOL_SPECS
 
-PERDURE = str(Path(sys.executable).parent / "perdure")
-MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
 NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
-
-
-def user_env(env, tmp_path: Path, task_queue: str) -> dict[str, str]:
-    """A user's shell: no model key, no perdure settings but where the server and queue are."""
-    return {
-        **{k: v for k, v in os.environ.items() if k not in MODEL_KEYS and not k.startswith("PERDURE_")},
-        converter.STORE_ENV: os.environ[converter.STORE_ENV],
-        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
-        "PERDURE_TASK_QUEUE": task_queue,
-        "PERDURE_HOME": str(tmp_path / "home"),
-        "NO_COLOR": "1",
-        "COLUMNS": "200",
-    }
-
-
-def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while "worker polling" not in log.read_text():
-        assert time.monotonic() < deadline, f"the worker did not start polling:\n{log.read_text()[-2000:]}"
-        time.sleep(0.1)
-
-
-def perdure(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

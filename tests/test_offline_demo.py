@@ -12,8 +12,7 @@ import subprocess
 import pytest
 
 from tests.helpers import isolated_demo_env
-from tests.test_devserver import kill_raw, registered_attributes, spawn_raw_server
-from tests.test_offline import PERDURE
+from tests.subprocess_rig import PERDURE, kill_raw, registered_attributes, spawn_raw_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 

@@ -18,7 +18,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from tests.test_offline import PERDURE, perdure, user_env, wait_for_polling
+from tests.subprocess_rig import PERDURE, perdure, user_env, wait_for_polling
 
 pytestmark = pytest.mark.process
 

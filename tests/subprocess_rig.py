@@ -1,0 +1,82 @@
+"""Real processes for tests that run perdure as a user does: the `perdure` command, a
+user's shell environment, a worker's start, and a Temporal dev server this code did
+not start (someone else's). Not a test module: the tests that need these import them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+
+from runtime import converter
+from starters import devserver
+
+PERDURE = str(Path(sys.executable).parent / "perdure")
+MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+
+
+def user_env(env, tmp_path: Path, task_queue: str) -> dict[str, str]:
+    """A user's shell: no model key, no perdure settings but where the server and queue are."""
+    return {
+        **{k: v for k, v in os.environ.items() if k not in MODEL_KEYS and not k.startswith("PERDURE_")},
+        converter.STORE_ENV: os.environ[converter.STORE_ENV],
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_TASK_QUEUE": task_queue,
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+    }
+
+
+def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while "worker polling" not in log.read_text():
+        assert time.monotonic() < deadline, f"the worker did not start polling:\n{log.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
+def perdure(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def registered_attributes(address: str) -> dict[str, str]:
+    async def listing() -> dict[str, str]:
+        client = await Client.connect(address)
+        response = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
+        return {name: IndexedValueType.Name(kind) for name, kind in response.custom_attributes.items()}
+
+    return asyncio.run(listing())
+
+
+def spawn_raw_server(port: int, ui_port: int, *extra: str) -> subprocess.Popen[bytes]:
+    """A server this module did not start (someone else's), with the same binary name."""
+    process = subprocess.Popen(
+        [str(devserver.temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1",
+         "--port", str(port), "--ui-port", str(ui_port), "--log-level", "error", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if registered_attributes(f"127.0.0.1:{port}") is not None:
+                return process
+        except Exception:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"raw dev server on {port} never answered")
+
+
+def kill_raw(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
