@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from temporalio.service import RPCError
@@ -35,6 +36,25 @@ server_app = typer.Typer(help="The embedded Temporal dev server (temporal-dev/).
 app.add_typer(server_app, name="server")
 watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals and intervenes.", no_args_is_help=True)
 app.add_typer(watchdog_app, name="watchdog")
+
+
+
+def _usage_name(argument: typer.core.TyperArgument) -> str:
+    name = argument.display_name_raw.upper()
+    name = name if argument.required else f"[{name}]"
+    return name + ("..." if argument.nargs != 1 else "")
+
+
+def _shown_type(option: typer.core.TyperOption, ctx: Any) -> str | None:
+    return None if option.is_flag else _TYPED(option, ctx)
+
+
+# typer 0.29's help writes a required argument `{goal_id}` and gives every flag a `<bool>`
+# type; a user reads `GOAL_ID` and a flag alone, as in every other command-line tool.
+_TYPED = typer.core.TyperOption.display_type_rich
+typer.core.TyperArgument._usage_display_name = _usage_name
+typer.core.TyperArgument._rich_display_name = lambda argument: _usage_name(argument).strip("[]")
+typer.core.TyperOption.display_type_rich = _shown_type
 
 # Emoji codes and highlighting off: perdure styles its own words with markup only, and the
 # text it quotes (goals, steps, tool output, errors) must print as written (`root:x:0:0`).

@@ -264,3 +264,11 @@ def test_help_takes_dash_h_version_prints_and_worker_help_names_its_environment(
     for variable in ("PERDURE_TEMPORAL", "PERDURE_TASK_QUEUE", "PERDURE_CONFIG", "PERDURE_PAYLOAD_KEYS"):
         assert variable in worker
     assert "A rule every step must keep" in start
+
+
+def test_help_names_arguments_as_a_user_writes_them_and_gives_flags_no_type():
+    runner = CliRunner()
+    for command in (["status", "-h"], ["start", "-h"], ["abort", "-h"]):
+        shown = runner.invoke(cli.app, command, env={"COLUMNS": "200"}).stdout
+        assert "<bool>" not in shown and "{goal_id}" not in shown, shown
+    assert "status [OPTIONS] GOAL_ID" in runner.invoke(cli.app, ["status", "-h"], env={"COLUMNS": "200"}).stdout
