@@ -84,10 +84,11 @@ exit $$status
 endef
 
 # The whole suite in two passes: everything but the process tier spread over the cores
-# (as test-fast), then the process tier serially (its kills are timing-sensitive).
+# (as test-fast), then the process tier two at a time (each test has its own dev server
+# and worker processes; its kills and timings allow for a loaded machine).
 test: $(STAMP) system-packages
 	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
-	$(call run_pytest,-m process)
+	$(call run_pytest,-m process -n 2)
 
 # Everything but the `process` tier (tests that start `perdure worker` or other CLI
 # subprocesses, kill processes, start their own dev servers, or soak): under a minute
