@@ -216,8 +216,11 @@ async def test_a_goals_history_page_shows_its_text_and_each_steps_summary(ui_goa
     for summary in ("tool list_dir · inventory · ", "tool read_file · read-todo · ", "llm · summarize · "):
         assert summary in dom, summary
     assert "agent turn 1/" in dom and "tool write_file · write-summary turn 1 · " in dom
+    # The timeline (the page the link without a run id opens) is the at-a-glance one: each
+    # activity by its summary. Local activities show their type only there (UI 2.54): their
+    # summaries, on the markers, are in the history above.
     shot = ui_goal.tmp / "ui-goal.png"
-    await page(ui_goal, history, "--hide-scrollbars", "--window-size=1400,1000", f"--screenshot={shot}")
+    await page(ui_goal, latest, "--hide-scrollbars", "--window-size=1400,1250", f"--screenshot={shot}")
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
     if os.environ.get("PERDURE_UI_SCREENSHOT"):
         shutil.copy(shot, os.environ["PERDURE_UI_SCREENSHOT"])
