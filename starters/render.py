@@ -70,7 +70,7 @@ def print_status(
     console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None, why: bool = False
 ) -> None:
     say(console, f"[bold]{desc.id}[/bold] · {status_name(desc)} · started {desc.start_time:%Y-%m-%d %H:%M:%S}")
-    say(console, f"UI: {settings.goal_ui_link(desc.id)}")
+    say(console, f"UI: {settings.goal_ui_link(desc.id)} · steps: {settings.goal_ui_link(desc.id, desc.run_id)}")
     if snap is None:
         return
     say(
@@ -244,6 +244,7 @@ def print_goal_list(
         )
     if executions:
         say(console, table)
+        say(console, f"[dim]in the UI, goals only: {settings.goals_ui_link()}[/dim]")
     else:
         say(console, "no goals match these filters" if filtered else "no goals yet")
 

@@ -30,6 +30,7 @@ from runtime import settings
 from starters import cli, goals
 from testing.scripted import ScriptedServer
 from tests.builders import DEMO_PLAN, demo_script, openai_profile, spec, write_notes
+from tests.goldens import HISTORIES, load
 from tests.helpers import (
     CHROMIUM,
     chromium,
@@ -39,7 +40,6 @@ from tests.helpers import (
     new_goal_id,
     scheduled_activities,
 )
-from tests.test_replay import HISTORIES, load
 from workers import watchdog_schedule
 from workers.orchestrator import build_worker
 from workflows.contracts import GOAL_WORKFLOW
@@ -58,10 +58,10 @@ def ui_error(dom: str) -> str | None:
     return next((marker for marker in UI_ERRORS if marker in main), None)
 
 
-def link_in(output: str) -> str:
+def links_in(output: str) -> list[str]:
     found = re.findall(r"https?://\S+", output)
-    assert len(found) == 1, output
-    return found[0]
+    assert found, output
+    return found
 
 
 # ------------------------------------------------------------------ summaries (no browser)
@@ -170,9 +170,10 @@ async def page(ui_goal: UiGoal, url: str, *args: str) -> str:
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
 async def test_every_ui_link_perdure_prints_opens_its_page_not_the_uis_error(ui_goal: UiGoal):
     with mock.patch.dict(os.environ, ui_goal.cli_env):
+        status = links_in(await perdure(ui_goal.cli_env, "status", ui_goal.goal_id))
         printed = {
-            "perdure status": link_in(await perdure(ui_goal.cli_env, "status", ui_goal.goal_id)),
-            "perdure watchdog status": link_in(await perdure(ui_goal.cli_env, "watchdog", "status")),
+            **{f"perdure status ({i + 1})": link for i, link in enumerate(status)},
+            "perdure watchdog status": links_in(await perdure(ui_goal.cli_env, "watchdog", "status"))[0],
             "perdure watchdog run-now": re.search(r"started · UI: (\S+)", ui_goal.watchdog_printed).group(1),
             "a goal's history": settings.goal_ui_link(ui_goal.goal_id, ui_goal.run_id),
             "the goals view": settings.goals_ui_link(),
