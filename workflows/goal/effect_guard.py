@@ -16,6 +16,7 @@ retries, what an exhausted write becomes) is the ToolRunner's (tool_runner.py).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -56,8 +57,6 @@ class EffectGuard:
         """A shell command: an attempt after an interrupted one re-runs it only when it is
         replay-safe; otherwise the outcome is uncertain and a person answers: `happened`
         settles the call as done with its output unknown, `not_happened` runs it once more."""
-        state = self._ctx.state
-        suspend = self._ctx.suspends(node)
         tool_input = self._with_step_replay(tool_input, node)
         key = command_key(self._ctx.goal_id, tool_input.node_key, node.started_at)
         earlier = self._ctx.question_about(node, key, "uncertain_effect")
@@ -71,15 +70,35 @@ class EffectGuard:
             result = await self._run_command(spec, tool_input, summary, node)
         if not result.uncertain:
             return result
+
+        async def again(resolved: ToolInput, said: str) -> ToolResult:
+            return await self._run_command(spec, resolved, said, node)
+
+        return await self._ask_what_happened(result, tool_input, summary, node, key, earlier, again, "run")
+
+    async def _ask_what_happened(
+        self,
+        result: ToolResult,
+        tool_input: ToolInput,
+        summary: str,
+        node: Node,
+        key: str,
+        earlier: Question | None,
+        again: Callable[[ToolInput, str], Awaitable[ToolResult]],
+        verb: str,
+    ) -> ToolResult:
+        """An outcome nobody can know: a stopping node ends here (uncertain); otherwise a
+        person says whether it happened (the card asked before, if the node runs again
+        after the answer) and the call is sent `again` with that resolution."""
         if node.name in self._ctx.stopping:
-            raise NodeStopped(f"{tool_input.tool} may or may not have run: {result.error}", uncertain=True)
+            raise NodeStopped(f"{tool_input.tool} may or may not have {verb}: {result.error}", uncertain=True)
         question = earlier or questions.uncertain_effect(
-            state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
+            self._ctx.state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
         )
-        answer = await self._ctx.ask(node, question, status="uncertain", suspend=suspend)
+        answer = await self._ctx.ask(node, question, status="uncertain", suspend=self._ctx.suspends(node))
         if answer in ("happened", "not_happened"):
             resolved = tool_input.model_copy(update={"resolution": answer})
-            result = await self._run_command(spec, resolved, f"{summary} · {answer.replace('_', ' ')}", node)
+            result = await again(resolved, f"{summary} · {answer.replace('_', ' ')}")
         return result
 
     async def _run_command(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node) -> ToolResult:
@@ -178,17 +197,13 @@ class EffectGuard:
             )  # fmt: skip
         else:
             result = await self._send(tool_input, summary, node, key, record)
-        if result.uncertain:
-            if node.name in self._ctx.stopping:
-                raise NodeStopped(f"{tool_input.tool} may or may not have happened: {result.error}", uncertain=True)
-            question = earlier or questions.uncertain_effect(
-                state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
-            )
-            answer = await self._ctx.ask(node, question, status="uncertain", suspend=suspend)
-            if answer in ("happened", "not_happened"):
-                resolved = tool_input.model_copy(update={"resolution": answer})
-                result = await self._send(resolved, f"{summary} · {answer.replace('_', ' ')}", node, key, record)
-        return result
+        if not result.uncertain:
+            return result
+
+        async def again(resolved: ToolInput, said: str) -> ToolResult:
+            return await self._send(resolved, said, node, key, record)
+
+        return await self._ask_what_happened(result, tool_input, summary, node, key, earlier, again, "happened")
 
     async def _send(
         self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None
