@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -80,3 +81,36 @@ def kill_raw(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(10)
+
+
+def marker_sleep() -> str:
+    """A `sleep` whose argument no other process has: found on this machine by its command
+    line, since a sandboxed command's PIDs are its namespace's, not ours."""
+    return f"sleep 30.{uuid.uuid4().int % 10**9:09d}"
+
+
+def process_running(command: str) -> bool:
+    """A live (not zombie: PID 1 in a container may never reap it) process runs `command`."""
+    wanted = command.encode().replace(b" ", b"\0") + b"\0"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "cmdline").read_bytes() != wanted:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if state not in ("Z", "X"):
+            return True
+    return False
+
+
+def process_gone(command: str, wait_s: float = 3.0) -> bool:
+    """True once no process on this machine runs `command`."""
+    deadline = time.monotonic() + wait_s
+    while process_running(command):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

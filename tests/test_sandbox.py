@@ -38,6 +38,7 @@ from testing.crash import write_model_config
 from testing.http import BackgroundHTTPServer, JSONHandler
 from tests.builders import agent, spec
 from tests.helpers import perdure_status, running_worker, start
+from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.contracts import ToolInput, ToolResult
 
 pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
@@ -209,15 +210,15 @@ async def test_a_model_cannot_grant_itself_the_network_in_the_call_s_arguments(
 
 
 async def test_background_and_setsid_children_are_gone_when_the_step_ends(store: ArtifactStore, ws: Path):
-    plain, detached, nohup = _marker_sleep(), _marker_sleep(), _marker_sleep()
+    plain, detached, nohup = marker_sleep(), marker_sleep(), marker_sleep()
     result, _ = await command(store, ws, f"{plain} & setsid {detached} & nohup {nohup} >/dev/null 2>&1 & echo started")
     assert result.ok, result.error
     for leftover in (plain, detached, nohup):
-        assert _gone(leftover), f"`{leftover}` outlived its step"
+        assert process_gone(leftover), f"`{leftover}` outlived its step"
 
 
 async def test_a_setsid_child_is_gone_after_a_timeout(store: ArtifactStore, ws: Path):
-    detached = _marker_sleep()
+    detached = marker_sleep()
     started = time.monotonic()
     tool_input = ToolInput(
         goal_id="g1",
@@ -229,7 +230,7 @@ async def test_a_setsid_child_is_gone_after_a_timeout(store: ArtifactStore, ws: 
     result = await ActivityEnvironment().run(ToolActivities(store).run_tool, tool_input)
     assert not result.ok and "timed out after 1s" in (result.error or "")
     assert time.monotonic() - started < 10
-    assert _gone(detached)
+    assert process_gone(detached)
 
 
 # --- without a usable bwrap ---------------------------------------------------------
@@ -443,18 +444,18 @@ async def test_a_worker_s_keys_and_files_reach_no_command_and_so_nothing_the_goa
 @pytest.mark.process
 async def test_a_command_s_processes_die_with_a_sigkilled_worker(crash_rig, workspace):
     rig = crash_rig()
-    plain, detached = _marker_sleep(), _marker_sleep()
+    plain, detached = marker_sleep(), marker_sleep()
     step = {"name": "hold", "kind": "tool", "tool": "run_command", "args": {"command": f"setsid {detached} & {plain}"}}
     worker = rig.start_worker()
     await worker.wait_polling()
     handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=["run_command"]))
     try:
         deadline = time.monotonic() + 30
-        while not (_running(plain) and _running(detached)):
+        while not (process_running(plain) and process_running(detached)):
             assert time.monotonic() < deadline, f"the command never started; log:\n{worker.log_tail()}"
             await asyncio.sleep(0.05)
         worker.kill()  # SIGKILL: no finally of the activity runs
-        assert _gone(plain) and _gone(detached), "the command outlived its worker"
+        assert process_gone(plain) and process_gone(detached), "the command outlived its worker"
     finally:
         await handle.terminate()
 
@@ -467,38 +468,3 @@ async def test_a_worker_started_unsandboxed_warns_at_start(crash_rig, monkeypatc
     await worker.wait_polling()
     line = next(line for line in worker.log_text().splitlines() if "WITHOUT a sandbox" in line)
     assert "warning" in line and sandbox.UNSANDBOXED_ENV in line
-
-
-# --- processes, seen from this machine ------------------------------------------------
-
-
-def _marker_sleep() -> str:
-    """A `sleep` no other process runs: found on this machine by its command line, since a
-    sandboxed command's PIDs are its namespace's, not ours."""
-    return f"sleep 30.{uuid.uuid4().int % 10**9:09d}"
-
-
-def _running(command: str) -> bool:
-    """A live (not zombie: PID 1 in a container may never reap it) process runs `command`."""
-    wanted = command.encode().replace(b" ", b"\0") + b"\0"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "cmdline").read_bytes() != wanted:
-                continue
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue  # it ended while we looked
-        if state not in ("Z", "X"):
-            return True
-    return False
-
-
-def _gone(command: str, wait_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + wait_s
-    while _running(command):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True

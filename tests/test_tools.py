@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +17,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.artifacts import ArtifactStore
 from activities.sandbox import command_env
 from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
+from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.contracts import ToolInput, ToolResult
 from workflows.tool_specs import TOOL_SPECS, ReadFileArgs
 
@@ -254,26 +254,26 @@ async def test_run_command_caps_output(store: ArtifactStore, ws: Path) -> None:
 
 
 async def test_run_command_timeout_kills_the_process_group(store: ArtifactStore, ws: Path) -> None:
-    background = _marker_sleep()
+    background = marker_sleep()
     started = time.monotonic()
     result = await run(
-        store, ws, "run_command", {"command": f"{background} & echo started; {_marker_sleep()}", "timeout_s": 1}
+        store, ws, "run_command", {"command": f"{background} & echo started; {marker_sleep()}", "timeout_s": 1}
     )
     elapsed = time.monotonic() - started
     assert elapsed < 8, elapsed
     assert not result.ok
     assert result.error == "timed out after 1s; output:\nstarted"
     assert "[killed: timed out after 1s]" in output_of(store, result)
-    assert _gone(background), "the background sleep outlived the timeout"
+    assert process_gone(background), "the background sleep outlived the timeout"
 
 
 async def test_run_command_kills_leftover_background_processes(store: ArtifactStore, ws: Path) -> None:
-    background = _marker_sleep()
+    background = marker_sleep()
     started = time.monotonic()
     result = await run(store, ws, "run_command", {"command": f"{background} & echo done", "timeout_s": 20})
     assert result.ok, result.error
     assert time.monotonic() - started < 8
-    assert _gone(background)
+    assert process_gone(background)
 
 
 async def test_run_command_environment_is_scrubbed(
@@ -304,53 +304,20 @@ async def test_run_command_heartbeats_while_waiting(
 
 
 async def test_cancelled_activity_kills_the_process_group(store: ArtifactStore, ws: Path) -> None:
-    background = _marker_sleep()
+    background = marker_sleep()
     env = ActivityEnvironment()
     task = asyncio.create_task(
-        run(store, ws, "run_command", {"command": f"{background} & touch started; {_marker_sleep()}"}, env=env)
+        run(store, ws, "run_command", {"command": f"{background} & touch started; {marker_sleep()}"}, env=env)
     )
     for _ in range(100):
-        if (ws / "started").exists() and _running(background):
+        if (ws / "started").exists() and process_running(background):
             break
         await asyncio.sleep(0.05)
-    assert _running(background), "the background sleep never started"
+    assert process_running(background), "the background sleep never started"
     env.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert _gone(background)
-
-
-def _marker_sleep() -> str:
-    """A `sleep` whose argument no other process has: found on this machine by its command
-    line, since a sandboxed command's PIDs are its namespace's, not ours."""
-    return f"sleep 30.{uuid.uuid4().int % 10**9:09d}"
-
-
-def _running(command: str) -> bool:
-    """A live (not zombie: PID 1 in a container may never reap it) process runs `command`."""
-    wanted = command.encode().replace(b" ", b"\0") + b"\0"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "cmdline").read_bytes() != wanted:
-                continue
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue  # it ended while we looked
-        if state not in ("Z", "X"):
-            return True
-    return False
-
-
-def _gone(command: str, wait_s: float = 3.0) -> bool:
-    """True once no process on this machine runs `command`."""
-    deadline = time.monotonic() + wait_s
-    while _running(command):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    assert process_gone(background)
 
 
 # --- http_get -------------------------------------------------------------------------
