@@ -38,7 +38,6 @@ watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals
 app.add_typer(watchdog_app, name="watchdog")
 
 
-
 def _usage_name(argument: typer.core.TyperArgument) -> str:
     name = argument.display_name_raw.upper()
     name = name if argument.required else f"[{name}]"
@@ -296,7 +295,7 @@ def status(
             # A query would wait for a task that cannot run; say what the worker said instead.
             render.print_status(console, desc, None)
             render.print_stuck(console, goal_id, failure)
-            render.print_activities(console, desc)
+            render.print_activities(console, await goals.pending_activities(client, desc))
             return
         snapshot = None
         try:
@@ -308,7 +307,7 @@ def status(
         render.print_status(console, desc, snapshot, why=why)
         if snapshot is not None:
             render.print_refusals(console, goal_id, await steering.inbox(client, goal_id))
-        render.print_activities(console, desc)
+        render.print_activities(console, await goals.pending_activities(client, desc))
 
     run(_status)
 

@@ -10,13 +10,14 @@ import asyncio
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import get_args
 
 import yaml
 from pydantic import ValidationError
-from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
@@ -213,6 +214,8 @@ def is_open(desc: WorkflowExecutionDescription) -> bool:
 # How far back from a goal's last event to look for the failure of its workflow task:
 # after a failure the server records nothing of the retries, only signals and updates.
 STUCK_LOOKBACK_EVENTS = 200
+# How far back `status` looks for the scheduled events of the activities still running.
+PENDING_LOOKBACK_EVENTS = 1000
 
 
 async def workflow_task_failure(client: Client, desc: WorkflowExecutionDescription) -> str | None:
@@ -238,6 +241,61 @@ async def workflow_task_failure(client: Client, desc: WorkflowExecutionDescripti
                 attributes.cause
             )
     return None
+
+
+async def pending_activities(client: Client, desc: WorkflowExecutionDescription) -> list[PendingActivity]:
+    """The goal's running activities as a person reads them: what each is for (the summary
+    it was scheduled with, which the server's pending record does not carry) and what it
+    last reported, both decoded with the client's converter (encrypted when keys are set)."""
+    pending = list(desc.raw_description.pending_activities)
+    if not pending:
+        return []
+    wanted = {p.activity_id for p in pending}
+    summaries: dict[str, str] = {}
+    request = GetWorkflowExecutionHistoryReverseRequest(
+        namespace=client.namespace,
+        execution=WorkflowExecution(workflow_id=desc.id, run_id=desc.run_id),
+        maximum_page_size=PENDING_LOOKBACK_EVENTS,
+    )
+    events = (await client.workflow_service.get_workflow_execution_history_reverse(request)).history.events
+    converter = client.data_converter
+    for event in events:
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        activity_id = event.activity_task_scheduled_event_attributes.activity_id
+        if activity_id in wanted and event.user_metadata.HasField("summary"):
+            summaries[activity_id] = await _decoded_text(converter, event.user_metadata.summary)
+    views = []
+    for p in pending:
+        details = ""
+        if p.HasField("heartbeat_details") and p.heartbeat_details.payloads:
+            details = await _decoded_text(converter, p.heartbeat_details.payloads[0])
+        views.append(
+            PendingActivity(
+                summary=summaries.get(p.activity_id) or p.activity_type.name,
+                attempt=p.attempt,
+                heartbeat=details,
+                failure=p.last_failure.message if p.HasField("last_failure") else "",
+            )
+        )
+    return views
+
+
+@dataclass(frozen=True)
+class PendingActivity:
+    summary: str
+    attempt: int
+    heartbeat: str
+    failure: str
+
+
+async def _decoded_text(converter: DataConverter, payload: Payload) -> str:
+    """A payload as text: decoded (and decrypted) when this client can, else its raw bytes."""
+    try:
+        [value] = await converter.decode([payload])
+    except Exception:
+        return payload.data.decode(errors="replace")
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 async def failure_message(converter: DataConverter, failure: Failure) -> str:

@@ -137,14 +137,12 @@ def budget_bar(fraction: float, width: int = 20) -> str:
     return f"[{colour}]{'█' * filled}[/{colour}]{'░' * (width - filled)}"
 
 
-def print_activities(console: Console, desc: WorkflowExecutionDescription) -> None:
-    """What each running activity last reported (its heartbeat), straight from the server."""
-    for pending in desc.raw_description.pending_activities:
-        details = ""
-        if pending.HasField("heartbeat_details") and pending.heartbeat_details.payloads:
-            details = " · " + printable(pending.heartbeat_details.payloads[0].data.decode(errors="replace")[:160])
-        failure = f" · last failure: {pending.last_failure.message}" if pending.HasField("last_failure") else ""
-        line = f"{pending.activity_type.name} attempt {pending.attempt}{details}{printable(failure)}"
+def print_activities(console: Console, pending: list[goals.PendingActivity]) -> None:
+    """What each running activity is for and what it last reported (its heartbeat)."""
+    for activity in pending:
+        details = f" · {printable(activity.heartbeat[:160])}" if activity.heartbeat else ""
+        failure = f" · last failure: {printable(activity.failure)}" if activity.failure else ""
+        line = f"{printable(activity.summary)} · attempt {activity.attempt}{details}{failure}"
         say(console, Text.assemble(("activity ", "dim"), line))
 
 

@@ -272,3 +272,23 @@ def test_help_names_arguments_as_a_user_writes_them_and_gives_flags_no_type():
         shown = runner.invoke(cli.app, command, env={"COLUMNS": "200"}).stdout
         assert "<bool>" not in shown and "{goal_id}" not in shown, shown
     assert "status [OPTIONS] GOAL_ID" in runner.invoke(cli.app, ["status", "-h"], env={"COLUMNS": "200"}).stdout
+
+
+async def test_status_names_what_each_running_activity_is_for_not_only_its_type(
+    env, task_queue, store, tmp_path, workspace
+):
+    from tests.helpers import perdure_status
+
+    async with running_worker(env, task_queue, store):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+            id=new_goal_id("cli-pending"),
+            task_queue=task_queue,
+        )
+        await wait_until(handle, lambda s: "gate" in s.running)
+        status = await perdure_status(env, handle.id)
+        (workspace / "GO").touch()
+        await handle.result()
+    [line] = [line for line in status.splitlines() if line.startswith("activity ")]
+    assert line.startswith("activity tool run_command · gate · ") and "attempt 1" in line, line
