@@ -8,11 +8,12 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
+from workers.capabilities import CapabilitiesWorkflow
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow, WatchdogWorkflow]
+WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow]
 
 
 def load(path: Path) -> WorkflowHistory:

@@ -29,6 +29,7 @@ from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
+from workers.capabilities import CapabilitiesInput, CapabilitiesWorkflow
 from workers.orchestrator import build_worker
 from workflows.contracts import Budget
 from workflows.goal import GoalWorkflow
@@ -369,6 +370,17 @@ async def record_goal_agent_waits_across_runs(env: WorkflowEnvironment, out: Pat
     save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
+async def record_capabilities(env: WorkflowEnvironment, out: Path) -> None:
+    """`perdure profiles` asking a worker what it offers: one activity, its answer."""
+    async with rig(env, STEP_REPLY) as (_, task_queue):
+        handle = await env.client.start_workflow(
+            CapabilitiesWorkflow.run, CapabilitiesInput(), id=out.stem, task_queue=task_queue
+        )
+        offer = await handle.result()
+    assert offer.tools and offer.default_profile, offer
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -384,6 +396,7 @@ SCENARIOS = {
     "goal-v1-drift-and-hard-gate": record_goal_drift_and_hard_gate,
     "goal-v1-stall-ladder": record_goal_stall_ladder,
     "goal-v1-agent-waits-across-runs": record_goal_agent_waits_across_runs,
+    "capabilities-v1": record_capabilities,
 }
 
 

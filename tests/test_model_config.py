@@ -169,3 +169,11 @@ def test_keys_are_never_part_of_a_profile(monkeypatch, tmp_path):
     config = load_model_config(tmp_path / "absent.toml")
     assert "sk-test-SECRET123" not in config.model_dump_json()
     assert config.resolve("default").api_key_env == "OPENAI_API_KEY"
+
+
+def test_default_meaning_a_profile_the_config_does_not_define_is_refused_with_the_names_known():
+    from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
+
+    config = ModelConfig(profiles={"mine": ModelProfile(name="mine", provider="scripted", model="m")})
+    with pytest.raises(UnknownModelProfile, match="profile 'default' means '.+' here .+ known profiles: mine"):
+        config.resolve("default")

@@ -19,7 +19,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     # Pure data and the profile table; the workflow only names the activity.
-    from activities.models.config import ModelConfig
+    from activities.models.config import ModelConfig, UnknownModelProfile
     from workflows.tool_specs import TOOL_SPECS
 
 CAPABILITIES_ACTIVITY = "perdure.capabilities"
@@ -52,7 +52,10 @@ class CapabilitiesActivities:
 
     @activity.defn(name=CAPABILITIES_ACTIVITY)
     async def capabilities(self, input: CapabilitiesInput) -> CapabilitiesResult:
-        default = self.config.resolve("default")  # reloads a changed config file first
+        try:
+            default = self.config.resolve("default").name  # reloads a changed config file first
+        except UnknownModelProfile as err:
+            default = f"none ({err})"
         profiles = [
             ProfileOffer(
                 name=p.name,
@@ -64,7 +67,7 @@ class CapabilitiesActivities:
         ]
         return CapabilitiesResult(
             profiles=profiles,
-            default_profile=default.name,
+            default_profile=default,
             tools=sorted(TOOL_SPECS),
             config_problem=self.config.problem,
         )

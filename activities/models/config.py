@@ -140,7 +140,14 @@ class ModelConfig(BaseModel):
         if name in self.profiles:
             return self.profiles[name]
         if name == "default":
-            return self.profiles[default_provider_from_env()]
+            meant = default_provider_from_env()
+            if meant in self.profiles:
+                return self.profiles[meant]
+            known = ", ".join(sorted(self.profiles)) or "none"
+            raise UnknownModelProfile(
+                f"profile 'default' means '{meant}' here (judged by which model keys are set), which this "
+                f"worker's configuration does not define; known profiles: {known}"
+            )
         known = ", ".join(sorted({*self.profiles, "default"}))
         raise UnknownModelProfile(f"unknown model profile '{name}'; known profiles: {known}")
 
