@@ -90,13 +90,13 @@ test: $(STAMP) system-packages
 	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
 	$(call run_pytest,-m process -n 2)
 
-# Everything but the `process` tier (tests that start `perdure worker` or other CLI
+# Everything but the `process` and `slow` tiers (tests that start `perdure worker` or other CLI
 # subprocesses, kill processes, start their own dev servers, or soak): under a minute
 # on 2 cores. One pytest-xdist worker per core (at most 4), each with its own dev
 # servers: the tier is CPU-bound, ~75 s on one core here. The process tier's timing-
 # sensitive kills stay serial, in `make test`.
 test-fast: $(STAMP) system-packages
-	$(call run_pytest,-m "not process" -n auto --maxprocesses 4)
+	$(call run_pytest,-m "not process and not slow" -n auto --maxprocesses 4)
 
 # Seeded random worker kills across goals with remote effects (own dev server).
 # The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.

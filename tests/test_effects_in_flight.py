@@ -20,6 +20,9 @@ from workflows.contracts import Budget
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Approve, Rewind
 
+# Waits on purpose (chains across continue-as-new, services slow to answer): not in test-fast.
+pytestmark = pytest.mark.slow
+
 SLOW_S = 3.0
 
 

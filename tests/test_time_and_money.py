@@ -47,6 +47,7 @@ def notice(hook: WebhookReceiver, needs: list[str]) -> dict:
     }
 
 
+@pytest.mark.slow
 async def test_a_park_and_a_wait_for_a_person_are_not_charged_to_the_wall_budget(
     env, task_queue, store, workspace, scripted, fake_service
 ):
@@ -93,6 +94,7 @@ async def test_a_park_and_a_wait_for_a_person_are_not_charged_to_the_wall_budget
     assert f"due {deadline:%Y-%m-%d %H:%M} UTC (parks included)" in due
 
 
+@pytest.mark.slow
 async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_and_the_wrap_up_runs_once(
     env, task_queue, store, workspace, scripted, hook
 ):
@@ -222,3 +224,31 @@ def test_the_planner_is_told_of_wrap_up_steps_and_of_a_commands_replay_and_netwo
     prompt = planner_system_prompt(ModelContext(profile="test", goal="g"), ["run_command", "notify_webhook"])
     assert "`wrap_up: true` marks wrap-up work" in prompt and "runs even when the budget is spent" in prompt
     assert '`replay: "safe"`' in prompt and "`network: true`" in prompt
+
+
+async def test_an_emergency_stop_whose_wrap_up_step_asks_a_person_still_ends_with_a_report(
+    env, task_queue, store, workspace, scripted, fake_service
+):
+    from tests.builders import gate
+
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    # One call bills $3 against a $0.05 budget while the gate still runs: an emergency stop.
+    dear = {"when": "PERDURE-STEP", "content": "step done", "usage": {"input_tokens": 0, "output_tokens": 1_500_000}}
+    settle = {"name": "settle", "kind": "tool", "tool": "make_payment", "args": PAY, "needs": ["spend"]}
+    steps = [llm("spend"), gate(), settle | {"wrap_up": True}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": [dear]}))):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["run_command", "make_payment"],
+            drift_every=0,
+            budget=Budget(max_cost_usd=0.05),
+        )
+        # The wrap-up payment asks for a confirmation nobody can give while the goal stops.
+        result = await asyncio.wait_for(handle.result(), 30)
+
+    assert result.outcome == "aborted" and "emergency stop: cost at" in (result.failure or ""), result.excerpt
+    assert payments.ledger() == []
+    assert "settle" in " ".join(result.unfinished)

@@ -12,6 +12,9 @@ from tests.helpers import calls_for, running_worker, start, statuses, submit, wa
 from workflows.goal import GoalWorkflow
 from workflows.messages import Answer, Approve, Park, Resume, Rewind, Steer
 
+# Waits on purpose (chains across continue-as-new, services slow to answer): not in test-fast.
+pytestmark = pytest.mark.slow
+
 READS = 150
 # Enough chained reads for three runs of 50 events (a dozen reads each) and a margin.
 SHORT_CHAIN = 45

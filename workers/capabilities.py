@@ -85,4 +85,5 @@ class CapabilitiesWorkflow:
             result_type=CapabilitiesResult,
             start_to_close_timeout=timedelta(seconds=10),
             retry_policy=RetryPolicy(maximum_attempts=2),
+            summary="capabilities · the model profiles and tools this worker offers",
         )

@@ -119,6 +119,9 @@ class Ledger(BaseModel):
         default=0.0, description="Active time up to `active_since` (or up to now, when not active)."
     )
     active_since: datetime | None = Field(default=None, description="When the current active stretch began.")
+    active_tracked: bool = Field(
+        default=False, description="Active time is counted (a state carried from older code counted calendar time)."
+    )
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
     by_kind: dict[str, KindStats] = Field(default_factory=dict)

@@ -80,8 +80,11 @@ class ModelCalls:
                 activity, payload, result_type=with_attempts(result_type), summary=summary, **MODEL_OPTIONS
             )
         except ActivityError as err:
-            for attempt in attempts_of_failure(err):
-                self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
+            # Goals recorded before failed attempts were charged keep their ledger (and the
+            # budget decisions it drove) as it was.
+            if self._ctx.budgets_by_time_and_wrap_up:
+                for attempt in attempts_of_failure(err):
+                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
             raise
         for attempt in getattr(result, "failed_attempts", []):
             self._spend.charge_failed_attempts(usage_of(attempt), kind, node)

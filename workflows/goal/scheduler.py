@@ -88,7 +88,13 @@ class Scheduler:
     def busy(self) -> bool:
         """Work that holds the goal in this run: a node's task, or a twin sharing one.
         A node waiting for a person, or parked, has no task: it is state, carried."""
-        return bool(self._tasks)
+        if self._tasks:
+            return True
+        if self._ctx.agent_waits_are_state:
+            return False
+        # Runs recorded before: a twin in flight without a task of its own held the boundary.
+        nodes = self._ctx.state.nodes
+        return any(nodes[name].waiting_on is None for name in self._ctx.index().names(IN_FLIGHT))
 
     def resume_waiting(self) -> None:
         """Run again every node whose question was answered (in this run or an earlier
@@ -145,7 +151,8 @@ class Scheduler:
         diff = PlanDiff(added=added, removed=removed)
         self.record_plan_version(source, reason, diff, plan)
         self.materialise_nodes()
-        self._release_orphaned_twins()
+        if self._ctx.agent_waits_are_state:
+            self._release_orphaned_twins()
         return diff
 
     def _retire(self, node: Node, version: int) -> None:
@@ -199,7 +206,10 @@ class Scheduler:
         now: back to pending, so it runs on its own. A twin waiting for a person (no
         task, still in flight) is still its owner."""
         nodes = self._ctx.state.nodes
-        owners = {n.key for n in nodes.values() if not n.reused and n.status in IN_FLIGHT}
+        if self._ctx.agent_waits_are_state:
+            owners = {n.key for n in nodes.values() if not n.reused and n.status in IN_FLIGHT}
+        else:  # runs recorded before: only an owner with a task was waited on
+            owners = {n.key for n in nodes.values() if n.name in self._tasks}
         for node in nodes.values():
             if node.status == "running" and node.reused and node.name not in self._tasks and node.key not in owners:
                 self._ctx.set_status(node, "pending")
@@ -363,7 +373,8 @@ class Scheduler:
         self._void_after_settle.discard(node.name)
         self._ctx.stopping.discard(node.name)
         self._reset(node)
-        self._release_orphaned_twins()
+        if self._ctx.agent_waits_are_state:
+            self._release_orphaned_twins()
         return True
 
     def _fail(self, node: Node, error: str) -> None:

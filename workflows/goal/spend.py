@@ -94,6 +94,18 @@ class Spend:
 
     # --- active time and the budget clock -----------------------------------------
 
+    def start_counting_active_time(self) -> None:
+        """As a run with active-time accounting starts. A goal carried from a run that
+        counted calendar time takes that time as active: it was charged, and a goal must not
+        get its wall budget back by being upgraded."""
+        state = self._ctx.state
+        ledger = state.ledger
+        if not ledger.active_tracked:
+            if state.runs and state.started_at:
+                ledger.active_seconds = (workflow.now() - state.started_at).total_seconds()
+            ledger.active_tracked = True
+        self.mark_activity(True)  # planning, or resuming work carried over
+
     def mark_activity(self, active: bool) -> None:
         """The goal is active (work in flight or ready to run) or idle (parked, or
         waiting only for a person) from now on."""

@@ -101,7 +101,7 @@ class GoalWorkflow:
         if self._load_problem:
             return await self._refuse_to_resume()
         if self._ctx.budgets_by_time_and_wrap_up:
-            self._spend.mark_activity(True)  # planning, or resuming work carried over
+            self._spend.start_counting_active_time()
             self._clock = asyncio.create_task(self._budget_clock())
         try:
             if state.plan is None:
@@ -220,17 +220,21 @@ class GoalWorkflow:
         if pause.emergency and self._scheduler.stop_pending(why):
             while True:
                 self._scheduler.dispatch_wrap_up()
-                if not self._ctx.index().any(IN_FLIGHT):
+                # Only work with a task: an uncertain write or a wrap-up step that asks a
+                # person would never settle here (no message is applied while stopping);
+                # the report says so and closes their questions.
+                if not self._scheduler.busy():
                     return
                 await self._next_wakeup()
 
     def _active(self) -> bool:
         """Work in flight or ready to run: what the wall budget counts. Parked with
         nothing running, or waiting only for a person, is not."""
-        index = self._ctx.index()
+        index, state = self._ctx.index(), self._ctx.state
         if index.any(("running",)):
             return True
-        return self._ctx.state.pause.mode == "running" and bool(index.ready())
+        held = {name for q in state.open_questions() for name in q.hold}
+        return state.pause.mode == "running" and any(name not in held for name in index.ready())
 
     async def _budget_clock(self) -> None:
         """A durable timer for the moment a time budget runs out (active time or the
