@@ -95,6 +95,8 @@ test: $(STAMP) system-packages
 # on 2 cores. One pytest-xdist worker per core (at most 4), each with its own dev
 # servers: the tier is CPU-bound, ~75 s on one core here. The process tier's timing-
 # sensitive kills stay serial, in `make test`.
+# Fewer examples per property test (tests/conftest.py); make test runs them all.
+test-fast: export PERDURE_HYPOTHESIS_PROFILE := fast
 test-fast: $(STAMP) system-packages
 	$(call run_pytest,-m "not process and not slow" -n auto --maxprocesses 4)
 

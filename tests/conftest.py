@@ -7,6 +7,7 @@ data in builders.py.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,9 @@ Service = TypeVar("Service", bound=FakeService)
 # test-fast's parallel workers) an example can take longer than hypothesis's 200 ms
 # default deadline, which would fail a test that found nothing wrong.
 settings.register_profile("perdure", deadline=None)
-settings.load_profile("perdure")
+# `make test-fast` explores fewer examples per property (make test runs the full hundred).
+settings.register_profile("fast", parent=settings.get_profile("perdure"), max_examples=20)
+settings.load_profile(os.environ.get("PERDURE_HYPOTHESIS_PROFILE", "perdure"))
 
 
 @pytest.fixture(scope="session", autouse=True)

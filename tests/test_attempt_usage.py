@@ -22,6 +22,9 @@ from workflows.goal import GoalWorkflow
 from workflows.goal.model_calls import attempts_of_failure, usage_of
 from workflows.plan import Plan
 
+# Waits on purpose (replies slower than a timeout, background calls polled): not in test-fast.
+pytestmark = pytest.mark.slow
+
 REPLY_TOKENS = {"input_tokens": 40, "output_tokens": 10}
 
 

@@ -152,6 +152,7 @@ async def test_start_with_an_id_is_a_safe_retry_refuses_a_clash_and_replaces_a_f
     assert "goal id '../etc/passwd?x=1' is not allowed" in bad.stderr
 
 
+@pytest.mark.slow  # waits for a query no worker answers to time out
 async def test_a_finished_goal_is_named_in_perdures_words_and_inbox_without_a_worker_shows_what_the_server_holds(
     env, task_queue, tmp_path, workspace
 ):

@@ -25,6 +25,9 @@ from workflows.messages import Abort
 from workflows.plan import Plan
 from workflows.state import GoalInput
 
+# Waits on purpose (replies slower than a timeout, background calls polled): not in test-fast.
+pytestmark = pytest.mark.slow
+
 USAGE = {"input_tokens": 120, "output_tokens": 80}
 
 

@@ -32,6 +32,9 @@ from workflows.messages import Answer, Park
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import ScanInput, WatchdogInput, WatchdogResult
 
+# Waits on purpose (retried activities reaching an attempt, query timeouts, schedules): not in test-fast.
+pytestmark = pytest.mark.slow
+
 
 async def watchdog_run(env, task_queue: str, as_of: datetime | None = None) -> WatchdogResult:
     return await env.client.execute_workflow(
