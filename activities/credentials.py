@@ -65,7 +65,7 @@ def header_for(name: str, url: str, path: Path | None = None) -> tuple[dict[str,
         )
     host = (urlsplit(url).hostname or "").lower()
     if host not in {h.lower() for h in credential.hosts}:
-        hosts = ', '.join(credential.hosts)
+        hosts = ", ".join(credential.hosts)
         raise ToolError(f"credential '{name}' may not be sent to {host or url} (its hosts: {hosts})")
     secret = os.environ.get(credential.env or name, "").strip()
     if not secret:

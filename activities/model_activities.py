@@ -474,7 +474,7 @@ def planner_system_prompt(context: ModelContext, allowed_tools: list[str]) -> st
             f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_PLANNED_STEPS} steps.",
             "Optional flags: `wrap_up: true` marks wrap-up work (list what is unfinished, notify the owner): "
             "it runs even when the budget is spent, once its needs have ended however they ended. On a "
-            "run_command tool step, `replay: \"safe\"` says the command may run again after an interruption "
+            'run_command tool step, `replay: "safe"` says the command may run again after an interruption '
             "(tests, builds; never for commands that send, push or append), and `network: true` lets it use "
             "the network (commands run without it otherwise).",
             f"Plan JSON schema:\n{json.dumps(Plan.model_json_schema(), sort_keys=True)}",
