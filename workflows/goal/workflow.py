@@ -246,6 +246,10 @@ class GoalWorkflow:
             seen = spend.activity_changes
             due = spend.time_to_limit()
             try:
+                if due is not None and due <= timedelta(0):
+                    # Already out: no zero-length timer (whether one is a command differs
+                    # between Python versions of the SDK's event loop).
+                    raise TimeoutError
                 await workflow.wait_condition(
                     lambda seen=seen: spend.activity_changes != seen or self._ctx.state.pause.mode == "aborting",
                     timeout=due,
