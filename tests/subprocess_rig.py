@@ -5,12 +5,14 @@ not start (someone else's). Not a test module: the tests that need these import 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -46,6 +48,24 @@ def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
 
 def perdure(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def worker_process(variables: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """`perdure worker` as a user starts it, in `variables`, logging to `log_path`; yields
+    once it polls, and stops it (politely, then by force) on the way out."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_polling(log_path)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def registered_attributes(address: str) -> dict[str, str]:

@@ -17,10 +17,9 @@ import pytest
 from testing.crash import write_model_config
 from tests.builders import STEP_REPLY, SUMMARY_TEXT, chain, demo_script, spec, write_notes
 from tests.helpers import workflow_task_failures
+from tests.subprocess_rig import PERDURE, perdure, worker_process
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput, GoalState
-
-PERDURE = str(Path(sys.executable).parent / "perdure")
 
 pytestmark = pytest.mark.process
 
@@ -38,30 +37,13 @@ def cli_env(env, tmp_path: Path, task_queue: str, **extra: str) -> dict[str, str
     }
 
 
-def wait_for_polling(log: Path, timeout_s: float = 30) -> None:
-    """A worker subprocess is ready once it logs that it polls (updates need one to answer)."""
-    deadline = time.monotonic() + timeout_s
-    while "worker polling" not in log.read_text():
-        assert time.monotonic() < deadline, f"the worker did not start polling:\n{log.read_text()[-2000:]}"
-        time.sleep(0.1)
-
-
-def perdure(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PERDURE, *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture
 def cli_worker(env, tmp_path, task_queue, scripted):
     """A real `perdure worker` subprocess whose 'test' profile points at a scripted server."""
     write_model_config(tmp_path / "config.toml", scripted(demo_script()))
     variables = cli_env(env, tmp_path, task_queue)
-    log = open(tmp_path / "worker.log", "w")
-    proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
-    wait_for_polling(tmp_path / "worker.log")
-    yield variables
-    proc.kill()
-    proc.wait()
-    log.close()
+    with worker_process(variables, tmp_path / "worker.log"):
+        yield variables
 
 
 def test_start_then_watch_completes_and_prints_the_result(cli_worker, tmp_path):

@@ -10,7 +10,6 @@ text naming its inputs, the tool calls and their schema-built arguments.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 
 import openai
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from testing.scripted import ScriptedServer, schema_arguments
-from tests.subprocess_rig import PERDURE, perdure, user_env, wait_for_polling
+from tests.subprocess_rig import perdure, user_env, worker_process
 from workflows.tool_specs import TOOL_SPECS
 
 NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
@@ -28,19 +27,8 @@ NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
 def offline_worker(env, tmp_path, task_queue) -> Iterator[dict[str, str]]:
     """A `perdure worker` as a user starts it with no key: the environment to run the CLI in."""
     variables = user_env(env, tmp_path, task_queue)
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_polling(log_path)
+    with worker_process(variables, tmp_path / "worker.log"):
         yield variables
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.process

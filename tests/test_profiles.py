@@ -9,7 +9,6 @@ starts the goal, which waits durably.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -18,7 +17,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from tests.subprocess_rig import PERDURE, perdure, user_env, wait_for_polling
+from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = pytest.mark.process
 
@@ -29,19 +28,8 @@ KNOWN_PROFILES = "anthropic, default (= scripted), openai, scripted"
 def worker_env(env, tmp_path, task_queue) -> Iterator[dict[str, str]]:
     """A `perdure worker` with a config file of its own (PERDURE_CONFIG), absent at first."""
     variables = {**user_env(env, tmp_path, task_queue), "PERDURE_CONFIG": str(tmp_path / "config.toml")}
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_polling(log_path)
+    with worker_process(variables, tmp_path / "worker.log"):
         yield variables
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def goal_exists(env, goal_id: str, terminate: bool = False) -> bool:
