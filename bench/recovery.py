@@ -151,9 +151,19 @@ async def remote_write(client: Client, root: Path, wait_s: float) -> Recovery:
 
 async def _write_in_flight(rig: CrashRig, handle: WorkflowHandle, ledger: LedgerAPI) -> WorkerProcess:
     """Wait until the ledger holds the request open; return the worker whose activity sent it."""
-    deadline = time.monotonic() + 60
+    return await running_activity_worker(
+        rig, handle, "the write never got in flight", 60, ready=lambda: ledger.requests
+    )
+
+
+async def running_activity_worker(
+    rig: CrashRig, handle: WorkflowHandle, never: str, timeout_s: float, ready=lambda: True
+) -> WorkerProcess:
+    """The rig's worker that runs one of the goal's started activities, once `ready()`;
+    raises RuntimeError(`never`) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ledger.requests:
+        if ready():
             description = await handle.describe()
             for pending in description.raw_description.pending_activities:
                 if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
@@ -161,7 +171,7 @@ async def _write_in_flight(rig: CrashRig, handle: WorkflowHandle, ledger: Ledger
                     if worker is not None:
                         return worker
         await asyncio.sleep(0.05)
-    raise RuntimeError("the write never got in flight")
+    raise RuntimeError(never)
 
 
 async def read_segment(client: Client, root: Path, wait_s: float) -> Recovery:

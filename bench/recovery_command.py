@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
-from bench.recovery import by_identity, identity, wait_polling
+from bench.recovery import identity, running_activity_worker, wait_polling
 from testing.crash import CrashRig, WorkerProcess
 from workflows.contracts import Activities
 
@@ -66,16 +66,7 @@ async def _wait_lines(log: Path, count: int, timeout_s: float) -> float:
 
 
 async def _runner_of(rig: CrashRig, handle: WorkflowHandle) -> WorkerProcess:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        description = await handle.describe()
-        for pending in description.raw_description.pending_activities:
-            if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
-                worker = by_identity(rig, pending.last_worker_identity)
-                if worker is not None:
-                    return worker
-        await asyncio.sleep(0.05)
-    raise RuntimeError("no worker holds the command's activity")
+    return await running_activity_worker(rig, handle, "no worker holds the command's activity", 30)
 
 
 async def _step_timing(handle: WorkflowHandle) -> tuple[float, float, float, int, str]:
