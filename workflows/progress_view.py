@@ -2,7 +2,7 @@
 markdown the Temporal UI shows as the workflow's current details. Pure.
 
 The goal works out the figures that need its clock or its index (percent done,
-budget fractions, ETA) and hands them in; everything else is read off the state.
+budget fractions, ETA, active time) and hands them in; everything else is read off the state.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from workflows.statuses import IN_FLIGHT
 
 
 def progress_snapshot(
-    state: GoalState, goal_id: str, percent: int, fractions: dict[str, float], eta: Eta | None
+    state: GoalState,
+    goal_id: str,
+    percent: int,
+    fractions: dict[str, float],
+    eta: Eta | None,
+    active_seconds: float = 0.0,
 ) -> ProgressSnapshot:
     nodes = list(state.nodes.values())
     counts: dict[str, int] = {}
@@ -32,6 +37,8 @@ def progress_snapshot(
         tokens=state.ledger.tokens,
         cost_usd=state.ledger.cost_usd,
         model_calls=state.ledger.model_calls,
+        active_seconds=round(active_seconds, 1),
+        deadline=state.spec.budget.deadline,
         failed_attempts=state.ledger.failed_attempts,
         estimated_cost_usd=state.ledger.estimated_cost_usd,
         tool_calls=state.ledger.tool_calls,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from workflows import search_attributes as sa
+from workflows.budget import budget_fractions
 from workflows.contracts import ProgressSnapshot
 from workflows.eta import Eta, estimate_eta
 from workflows.goal.context import GoalContext
@@ -28,11 +29,15 @@ class Publisher:
         self._details_at = None
 
     def snapshot(self) -> ProgressSnapshot:
-        fractions = self._spend.fractions()
-        snap = progress_snapshot(self._ctx.state, self._ctx.goal_id, self.percent_done(), fractions, self._eta())
-        snap.active_seconds = round(self._spend.actual_use().wall_seconds, 1)
-        snap.deadline = self._ctx.state.spec.budget.deadline
-        return snap
+        use = self._spend.actual_use()
+        return progress_snapshot(
+            self._ctx.state,
+            self._ctx.goal_id,
+            self.percent_done(),
+            budget_fractions(self._ctx.state.spec.budget, use),
+            self._eta(),
+            active_seconds=use.wall_seconds,
+        )
 
     def publish(self) -> None:
         """Mirror phase and progress to search attributes and the UI's details.
