@@ -166,15 +166,8 @@ class Spend:
 
     def charge(self, usage: Usage, node: Node | None = None) -> None:
         """Book one model call's usage on the goal (and its node); past the budget, stop."""
-        ledger = self._ctx.state.ledger
-        ledger.model_calls += 1
-        ledger.input_tokens += usage.input_tokens
-        ledger.output_tokens += usage.output_tokens
-        ledger.cost_usd += usage.cost_usd
-        if node is not None:
-            node.tokens += usage.tokens
-            node.cost_usd += usage.cost_usd
-        self._check_emergency()
+        self._ctx.state.ledger.model_calls += 1
+        self._book(usage, node)
 
     def charge_failed_attempts(self, usage: Usage | None, kind: str, node: Node | None = None) -> None:
         """Book the usage of model attempts that failed or timed out (the provider bills
@@ -185,11 +178,15 @@ class Spend:
             estimate = self.estimate(kind)
             usage = Usage(output_tokens=estimate.tokens_p80, cost_usd=estimate.cost_p80, estimated=True)
         ledger.failed_attempts += 1
+        if usage.estimated:
+            ledger.estimated_cost_usd += usage.cost_usd
+        self._book(usage, node)
+
+    def _book(self, usage: Usage, node: Node | None) -> None:
+        ledger = self._ctx.state.ledger
         ledger.input_tokens += usage.input_tokens
         ledger.output_tokens += usage.output_tokens
         ledger.cost_usd += usage.cost_usd
-        if usage.estimated:
-            ledger.estimated_cost_usd += usage.cost_usd
         if node is not None:
             node.tokens += usage.tokens
             node.cost_usd += usage.cost_usd
