@@ -46,7 +46,7 @@ from workflows.contracts import (
     Usage,
 )
 from workflows.plan import MAX_PLANNED_STEPS, Plan, parse_plan
-from workflows.tool_specs import COMPACTION_TOOL, LOW_VALUE_TOOLS, TOOL_SPECS
+from workflows.tool_specs import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"
@@ -102,7 +102,9 @@ class ModelActivities:
     @activity.defn(name=Activities.PLAN)
     async def plan(self, input: PlanInput) -> PlanResult:
         messages = [
-            ChatMessage(role="system", content=planner_system_prompt(input.context, input.allowed_tools)),
+            ChatMessage(
+                role="system", content=planner_system_prompt(input.context, input.allowed_tools, input.devices)
+            ),
             ChatMessage(
                 role="user",
                 content=goal_message(input.context, revision_block(input.revision) if input.revision else ""),
@@ -120,7 +122,7 @@ class ModelActivities:
         async with self._attempt(input.context, purpose) as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
             raw = self.store.put_text(response.text)
-            plan, error = parse_plan_reply(response.text, input.allowed_tools)
+            plan, error = parse_plan_reply(response.text, input.allowed_tools, input.device_tools)
             if error:
                 activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
             return attempt.result(PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model))
@@ -456,13 +458,28 @@ def tool_catalogue(allowed_tools: list[str]) -> str:
     return "Tools the plan may use:\n" + ("\n".join(entries) if entries else "(none: use only llm steps)")
 
 
-def planner_system_prompt(context: ModelContext, allowed_tools: list[str]) -> str:
+def device_catalogue(devices: dict[str, str] | None) -> str:
+    """The devices a step may run on (`device: NAME`), or nothing when the goal was not told."""
+    if not devices:
+        return ""
+    lines = [f"- {name}: {text}" for name, text in sorted(devices.items())]
+    return (
+        "Devices: a tool or agent step may say `device: NAME` to run its tool calls on that machine (a "
+        "person's own computer, its directory instead of the workspace); only these tools run there: "
+        f"{', '.join(DEVICE_TOOLS)}. Known devices:\n" + "\n".join(lines)
+    )
+
+
+def planner_system_prompt(
+    context: ModelContext, allowed_tools: list[str], devices: dict[str, str] | None = None
+) -> str:
     return "\n\n".join(
         [
             f"[{PLANNER_MARKER}]\nYou are the planner of perdure, a durable runtime that carries out one goal "
             "as a graph of steps. You write the plan; the runtime runs it.",
             constraints_block(context.constraints),
             tool_catalogue(allowed_tools),
+            *([device_catalogue(devices)] if devices else []),
             "Step kinds:\n"
             "- llm: one model call with `prompt`; its text output goes to the steps that need it.\n"
             "- agent: a bounded loop in which a model calls `tools` (a subset of the tools above) "
@@ -526,7 +543,9 @@ def _unfenced(text: str) -> str:
     return (match.group(1) if match else text).strip()
 
 
-def parse_plan_reply(text: str, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:
+def parse_plan_reply(
+    text: str, allowed_tools: list[str], devices: dict[str, list[str]] | None = None
+) -> tuple[Plan | None, str | None]:
     """The plan in a model's reply, or the reason it is not one (fit to show the model)."""
     body = _unfenced(text)
     try:
@@ -543,7 +562,7 @@ def parse_plan_reply(text: str, allowed_tools: list[str]) -> tuple[Plan | None, 
     steps = data.get("steps") if isinstance(data, dict) else None
     if isinstance(steps, list) and len(steps) > MAX_PLANNED_STEPS:
         return None, f"the plan has {len(steps)} steps; at most {MAX_PLANNED_STEPS}: merge steps or plan a first stage"
-    return parse_plan(data, allowed_tools)
+    return parse_plan(data, allowed_tools, devices)
 
 
 def cap(text: str, limit: int) -> str:

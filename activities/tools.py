@@ -467,12 +467,23 @@ class ToolActivities:
             arguments_digest=digest_of(resolved),
         )
 
+    def resolved_arguments(self, input: ToolInput) -> tuple[dict | None, str | None]:
+        """A call's arguments resolved here (templates filled in from this store, a model's
+        JSON read) and validated, as JSON to send elsewhere; or why they cannot be used."""
+        spec = TOOL_SPECS.get(input.tool)
+        if spec is None:
+            return None, f"unknown tool '{input.tool}' (known: {', '.join(sorted(TOOL_SPECS))})"
+        try:
+            return self._arguments(input, spec).model_dump(mode="json"), None
+        except _BadArguments as err:
+            return None, _clip(str(err))
+
     def _arguments(self, input: ToolInput, spec: ToolSpec) -> ToolArgs:
         """The call's arguments, resolved and validated; _BadArguments says what is wrong."""
         raw = self._raw_args(input)
         # Templates belong to plan steps; a model writes literal text, and
         # `{{steps.x}}` in a file it writes must stay as written.
-        resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None else raw
+        resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None and not input.resolved else raw
         try:
             return spec.args_model.model_validate(resolved)
         except ValidationError as err:

@@ -147,6 +147,7 @@ class VisibilityActivities:
             park_expires_at=snapshot.park_expires_at,
             open_questions=[f"{q.id}: {q.title}" for q in snapshot.questions],
             oldest_question_at=snapshot.oldest_question_at,
+            waiting_for_devices=snapshot.waiting_for_devices,
             budget=snapshot.budget,
             failed_steps=failed,
             failed_count=failed_count,

@@ -43,10 +43,11 @@ def connect_config(address: str | None = None, namespace: str | None = None) -> 
     return config
 
 
-async def connect(address: str | None = None, namespace: str | None = None) -> Client:
+async def connect(address: str | None = None, namespace: str | None = None, *, payload_store: bool = True) -> Client:
+    """`payload_store=False` for a device daemon: its payloads stay inline (runtime/converter.py)."""
     config = connect_config(address, namespace)
     try:
-        return await Client.connect(**config, plugins=[PerdurePlugin()])
+        return await Client.connect(**config, plugins=[PerdurePlugin(payload_store=payload_store)])
     except RuntimeError as err:
         raise ServerUnavailable(
             f"cannot reach Temporal at {config['target_host']} ({err}). Start the embedded server with "

@@ -40,6 +40,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
@@ -47,6 +48,8 @@ from temporalio.converter import (
     DefaultFailureConverterWithEncodedAttributes,
     ExternalStorage,
     StorageDriver,
+    StorageDriverActivityInfo,
+    StorageDriverSelectContext,
 )
 
 from runtime.codec import EncryptionCodec, keyring_from_env
@@ -70,18 +73,37 @@ class PayloadStoreConfigError(ValueError):
     """PERDURE_PAYLOAD_STORE or PERDURE_PAYLOAD_THRESHOLD_BYTES has a value perdure cannot use."""
 
 
-def data_converter() -> DataConverter:
-    """The pydantic converter, with external storage and encryption as the environment says."""
-    driver = payload_driver()
+def data_converter(*, payload_store: bool = True) -> DataConverter:
+    """The pydantic converter, with external storage and encryption as the environment says.
+
+    `payload_store=False` (a device daemon): every payload inline. A device shares no
+    disk with the workers, so it could neither read a reference nor write one they read."""
+    driver = payload_driver() if payload_store else None
     keyring = keyring_from_env()
     changes: dict[str, Any] = {}
     if driver is not None:
-        changes["external_storage"] = ExternalStorage(drivers=[driver], payload_size_threshold=payload_threshold())
+        changes["external_storage"] = ExternalStorage(
+            drivers=[driver], driver_selector=_inline_for_devices(driver), payload_size_threshold=payload_threshold()
+        )
     if keyring is not None:
         changes["payload_codec"] = EncryptionCodec(keyring)
         # A failure's message can quote a prompt or a file: it travels as a payload, so it is encrypted.
         changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
     return dataclasses.replace(pydantic_data_converter, **changes) if changes else pydantic_data_converter
+
+
+DEVICE_ACTIVITY_PREFIX = "perdure.device."
+"""Activities a device daemon runs: their inputs stay in history, never in the payload store."""
+
+
+def _inline_for_devices(driver: StorageDriver) -> Callable[[StorageDriverSelectContext, Payload], StorageDriver | None]:
+    def select(context: StorageDriverSelectContext, _payload: Payload) -> StorageDriver | None:
+        target = context.target
+        if isinstance(target, StorageDriverActivityInfo) and (target.type or "").startswith(DEVICE_ACTIVITY_PREFIX):
+            return None
+        return driver
+
+    return select
 
 
 def payload_driver() -> StorageDriver | None:

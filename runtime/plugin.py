@@ -27,5 +27,6 @@ PLUGIN_NAME = "perdure"
 
 
 class PerdurePlugin(SimplePlugin):
-    def __init__(self) -> None:
-        super().__init__(PLUGIN_NAME, data_converter=data_converter())
+    def __init__(self, *, payload_store: bool = True) -> None:
+        """`payload_store=False`: a device daemon's client (runtime/converter.py)."""
+        super().__init__(PLUGIN_NAME, data_converter=data_converter(payload_store=payload_store))

@@ -32,6 +32,7 @@ STATUS_STYLE = {
     "failed": "red",
     "abandoned": "yellow",
     "pending": "dim",
+    "offline": "yellow",
 }
 
 
@@ -66,6 +67,13 @@ def ran_as(placements: dict[str, str]) -> str:
     return ", ".join(f"{tool}: {why.partition(':')[0].removesuffix(' activity')}" for tool, why in placements.items())
 
 
+def node_note(node) -> str:
+    """The output/error column: what a waiting node waits for, else its error or output."""
+    if node.waiting_for_device:
+        return f"waiting for device {node.waiting_for_device}"
+    return node.error or node.preview
+
+
 def print_status(
     console: Console, desc: WorkflowExecutionDescription, snap: ProgressSnapshot | None, why: bool = False
 ) -> None:
@@ -98,9 +106,12 @@ def print_status(
             f"[{style}]{node.status}[/{style}]" if style else node.status,
             (node.key or "").removeprefix("node:")[:12],
             Text(ran_as(node.placements)),
-            Text(printable(node.error or node.preview)),
+            Text(printable(node_note(node))),
         )
     say(console, table)
+    for node_name, device in sorted(snap.waiting_for_devices.items()):
+        seen = snap.devices.get(device, "not heard of yet")
+        say(console, f"[yellow]waiting for device {escape(device)}:[/yellow] {escape(node_name)} ({escape(seen)})")
     if why:
         for node in snap.nodes:
             for tool, reason in node.placements.items():
@@ -125,7 +136,7 @@ BUDGET_LABELS = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "active
 def _budget_note(dimension: str, snap: ProgressSnapshot) -> str:
     """The time budgets say what they count: active time so far, and when the deadline is."""
     if dimension == "wall_seconds":
-        return f" · {duration_text(snap.active_seconds)} active (parked and waiting for a person not counted)"
+        return f" · {duration_text(snap.active_seconds)} active (parked, waiting for a person or a device not counted)"
     if dimension == "calendar_seconds" and snap.deadline is not None:
         return f" · due {snap.deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC (parks included)"
     return ""

@@ -33,6 +33,7 @@ from workflows.watchdog_rules import span
 KIND_STYLE = {
     "healthy": "green",
     "parked": "dim",
+    "waiting_device": "dim",
     "parked_past_expiry": "yellow",
     "needs_human": "yellow",
     "stalled": "yellow",

@@ -89,7 +89,7 @@ async def test_a_park_and_a_wait_for_a_person_are_not_charged_to_the_wall_budget
     assert [e["kind"] for e in payments.ledger()] == ["payment"]
     # Both time budgets are shown, each saying what it counts.
     [active] = [line for line in status.splitlines() if line.startswith("budget active time")]
-    assert "active (parked and waiting for a person not counted)" in active
+    assert "active (parked, waiting for a person or a device not counted)" in active
     [due] = [line for line in status.splitlines() if line.startswith("budget deadline")]
     assert f"due {deadline:%Y-%m-%d %H:%M} UTC (parks included)" in due
 

@@ -1,6 +1,8 @@
 """The orchestrator worker: goal workflows plus model, tool and report activities,
-the watchdog (its workflow, its activities, and its schedule), and what the worker
-offers (workers/capabilities.py, asked by `perdure profiles` and `perdure start`).
+the watchdog (its workflow, its activities, and its schedule), what the worker
+offers (workers/capabilities.py, asked by `perdure profiles` and `perdure start`),
+and the device registry with the workers' half of a device call (workers/device.py
+is the device's own worker).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store, so any number of these can poll the `perdure` task queue.
@@ -19,6 +21,7 @@ from temporalio.worker import Worker
 
 from activities import sandbox
 from activities.artifacts import ArtifactStore, default_store
+from activities.device_calls import DeviceCallActivities
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
@@ -28,6 +31,7 @@ from runtime import settings
 from workers import watchdog_schedule
 from workers.capabilities import CapabilitiesActivities, CapabilitiesWorkflow
 from workflows.contracts import TASK_QUEUE
+from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
@@ -56,13 +60,14 @@ def build_worker(
     offers = CapabilitiesActivities(model_config)
     tools = ToolActivities(store)
     report = ReportActivities(store)
+    devices = DeviceCallActivities(store, client)
     # The watchdog's memory lives next to the artifact store, which workers share.
     watchdog = VisibilityActivities(client, home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow],
+        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow],
         activities=[
             *models.activities(),
             tools.run_tool,
@@ -70,6 +75,7 @@ def build_worker(
             report.write_report,
             *watchdog.activities(),
             offers.capabilities,
+            *devices.activities(),
         ],
         **worker_options,
     )

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from workflows.plan import NodeKind, Plan
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.statuses import NodeStatus
-from workflows.tool_specs import DEFAULT_TOOLS, RiskClass
+from workflows.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
 
 TASK_QUEUE = "perdure"
 GOAL_WORKFLOW = "GoalWorkflow"
@@ -32,6 +32,9 @@ class Activities:
     PREPARE_EFFECT = "perdure.tool.prepare_effect"
     WRITE_REPORT = "perdure.report.write"
     DRIFT_CHECK = "perdure.model.drift_check"
+    RESOLVE_DEVICE_CALL = "perdure.devices.resolve_call"
+    STORE_DEVICE_OUTPUT = "perdure.devices.store_output"
+    LIST_DEVICES = "perdure.devices.list"
 
 
 class Queries:
@@ -125,6 +128,17 @@ class GoalSpec(BaseModel):
     continue_as_new_after_events: int = Field(
         default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
     )
+    device_wait_s: float = Field(
+        default=86_400,
+        gt=0,
+        description="A step waiting this long for its device to come online asks a person (wait longer, "
+        "another device, skip); a plan step may set its own.",
+    )
+    device_approval: dict[str, ApprovalRule] = Field(
+        default_factory=dict,
+        description="Tool (or '*') -> when a call on a device needs a person's approval: always, never or "
+        "risk>=local-write (the default). A device's own rule for the tool wins: it is its owner's machine.",
+    )
     compact_context_after_chars: int | None = Field(
         default=DEFAULT_COMPACT_AFTER_CHARS,
         ge=1,
@@ -179,6 +193,14 @@ class PlanInput(BaseModel):
     attempt: int = 1
     rejected: ArtifactRef | None = Field(default=None, description="The previous reply, when repairing.")
     rejection: str | None = Field(default=None, description="Why the previous reply was invalid.")
+    devices: dict[str, str] | None = Field(
+        default=None,
+        description="Device name -> what it offers (tools, online or not), for the planner; None: no registry "
+        "was asked (goals recorded before devices).",
+    )
+    device_tools: dict[str, list[str]] | None = Field(
+        default=None, description="Device name -> the tools it offers: a plan naming another device is refused."
+    )
 
 
 class PlanResult(BaseModel):
@@ -305,6 +327,11 @@ class ToolInput(BaseModel):
         description="A command tool's sandbox keeps the network: the goal allows it, or the plan step says "
         "network: true. Set by the workflow, never from a model's arguments.",
     )
+    resolved: bool = Field(
+        default=False,
+        description="`args` were resolved on a worker already (a device call): `{{steps.NAME}}` in them is "
+        "literal text, not a template.",
+    )
 
 
 class PreparedEffect(BaseModel):
@@ -383,6 +410,7 @@ class NodeView(BaseModel):
     placements: dict[str, str] = Field(default_factory=dict, description="Tool -> where its calls ran and why.")
     compactions: int = Field(default=0, description="Agent turns whose prompt was compacted.")
     plan_version: int | None = Field(default=None, description=EARLIER_WORK)
+    waiting_for_device: str | None = Field(default=None, description="Offline: the device this node waits for.")
 
 
 class QuestionView(BaseModel):
@@ -451,3 +479,7 @@ class ProgressSnapshot(BaseModel):
     stall_rungs: dict[str, int] = Field(default_factory=dict, description="Agent node -> stall-ladder rungs fired.")
     park_expires_at: datetime | None = None
     oldest_question_at: datetime | None = Field(default=None, description="When the oldest open question was asked.")
+    devices: dict[str, str] = Field(default_factory=dict, description="Device -> online or offline, as last heard.")
+    waiting_for_devices: dict[str, str] = Field(
+        default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."
+    )

@@ -20,7 +20,13 @@ DONE = {"succeeded"}
 def step_input(step: PlanStep) -> dict:
     """The part of a step that determines its output; name, edges, premises and the
     flags about how it is scheduled, retried or sandboxed (wrap_up, replay, network) excluded."""
-    return step.model_dump(mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay", "network"})
+    dumped = step.model_dump(
+        mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay", "network", "device_wait_s"}
+    )
+    if dumped.get("device", "") is None:
+        # A step on a worker: keyed as before devices existed, so no finished work is redone.
+        del dumped["device"]
+    return dumped
 
 
 def node_key(step: PlanStep, dep_digests: Mapping[str, str], premises: Mapping[str, str] | None = None) -> str:

@@ -64,11 +64,18 @@ def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
     return {"effects": {}, **data, "schema_version": 5}
 
 
+def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
+    # v6 knows devices: the presence of those the plan names, nodes waiting for one
+    # (status `offline`), the device a person moved a node to. A v5 goal had none.
+    return {**data, "schema_version": 6}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
+    5: _v5_to_v6,
 }
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workflows.tool_specs import TOOL_SPECS
+from workflows.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")
@@ -46,14 +46,28 @@ class LlmStep(_Step):
     prompt: str = Field(min_length=1)
 
 
-class AgentStep(_Step):
+class _DeviceStep(_Step):
+    device: str | None = Field(
+        default=None,
+        pattern=DEVICE_NAME,
+        description="Run the step's tool calls on this device (`perdure devices`), not on a worker.",
+    )
+    device_wait_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long the step waits for its device to be online before a person is asked "
+        "(wait longer, another device, skip); default: the goal's device_wait_s.",
+    )
+
+
+class AgentStep(_DeviceStep):
     kind: Literal["agent"] = "agent"
     prompt: str = Field(min_length=1)
     tools: list[str] = Field(default_factory=list, description="Tools the agent may call.")
     max_turns: int | None = Field(default=None, ge=1, le=50)
 
 
-class ToolStep(_Step):
+class ToolStep(_DeviceStep):
     kind: Literal["tool"] = "tool"
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
@@ -146,8 +160,9 @@ def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
 REPLAY_DECLARABLE = frozenset({"run_command"})
 
 
-def check_plan(plan: Plan, allowed_tools: list[str]) -> list[str]:
-    """Problems that depend on the goal (tools allowed, tool arguments, templates).
+def check_plan(plan: Plan, allowed_tools: list[str], devices: dict[str, list[str]] | None = None) -> list[str]:
+    """Problems that depend on the goal (tools allowed, tool arguments, templates) and,
+    when `devices` (name -> tools offered) is given, on the devices the plan names.
 
     Returns human-readable messages; empty when the plan can run.
     """
@@ -163,6 +178,36 @@ def check_plan(plan: Plan, allowed_tools: list[str]) -> list[str]:
                         f"step '{step.name}': tool '{tool}' is not allowed "
                         f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
                     )
+        if isinstance(step, ToolStep | AgentStep) and step.device is not None:
+            problems += _check_device_step(step, devices)
+    return problems
+
+
+def devices_named(plan: Plan) -> list[str]:
+    """The devices a plan's steps run on, sorted."""
+    return sorted({s.device for s in plan.steps if isinstance(s, ToolStep | AgentStep) and s.device})
+
+
+def _check_device_step(step: ToolStep | AgentStep, devices: dict[str, list[str]] | None) -> list[str]:
+    tools = [step.tool] if isinstance(step, ToolStep) else step.tools
+    problems = [
+        f"step '{step.name}': {tool} cannot run on a device (device tools: {', '.join(DEVICE_TOOLS)}); "
+        "run it in a step without `device`"
+        for tool in tools
+        if tool not in DEVICE_TOOLS
+    ]
+    if devices is None:
+        return problems
+    offered = devices.get(step.device or "")
+    if offered is None:
+        known = ", ".join(f"{name} ({', '.join(tools) or 'no tools'})" for name, tools in sorted(devices.items()))
+        return [*problems, f"step '{step.name}': no device named '{step.device}' (devices: {known or 'none yet'})"]
+    missing = [t for t in tools if t in DEVICE_TOOLS and t not in offered]
+    if missing:
+        problems.append(
+            f"step '{step.name}': device '{step.device}' does not offer {', '.join(missing)} "
+            f"(it offers: {', '.join(offered) or 'nothing'})"
+        )
     return problems
 
 
@@ -212,13 +257,15 @@ def describe_validation_error(err: ValidationError, root: str = "(root)") -> str
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in err.errors(include_url=False))
 
 
-def parse_plan(data: Any, allowed_tools: list[str]) -> tuple[Plan | None, str | None]:
+def parse_plan(
+    data: Any, allowed_tools: list[str], devices: dict[str, list[str]] | None = None
+) -> tuple[Plan | None, str | None]:
     """Validate untrusted plan data. Returns (plan, None) or (None, reason)."""
     try:
         plan = Plan.model_validate(data)
     except ValidationError as err:
         return None, describe_validation_error(err)
-    problems = check_plan(plan, allowed_tools)
+    problems = check_plan(plan, allowed_tools, devices)
     if problems:
         return None, "; ".join(problems)
     return plan, None

@@ -79,6 +79,8 @@ def progress_snapshot(
         stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
         park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
+        devices=device_lines(state),
+        waiting_for_devices={n: w.device for n, w in state.device_waits.items() if n in state.nodes},
     )
 
 
@@ -93,7 +95,25 @@ def node_view(node: Node, plan_version: int | None = None) -> NodeView:
         placements=node.placements,
         compactions=len(node.compactions),
         plan_version=plan_version,
+        waiting_for_device=_device_waited_for(node),
     )
+
+
+def _device_waited_for(node: Node) -> str | None:
+    waiting = node.waiting_on or ""
+    return waiting.removeprefix("device:") if node.status == "offline" and waiting.startswith("device:") else None
+
+
+def device_lines(state: GoalState) -> dict[str, str]:
+    """Each device the goal uses, as the registry last said: online or offline, since when."""
+    lines = {}
+    for name, presence in sorted(state.devices.items()):
+        if not presence.known:
+            lines[name] = "never seen"
+            continue
+        since = f" since {presence.since:%Y-%m-%d %H:%M:%S} UTC" if presence.since else ""
+        lines[name] = f"{'online' if presence.online else 'offline'}{since} · session {presence.generation}"
+    return lines
 
 
 def details_markdown(
@@ -113,6 +133,9 @@ def details_markdown(
         lines.append(f"ETA: {eta.text}")
     if state.pause.mode == "parked":
         lines.append(f"parked: {state.pause.reason}")
+    waiting = sorted({w.device for w in state.device_waits.values()})
+    if waiting:
+        lines.append(f"waiting for device {', '.join(waiting)} (offline)")
     for question in state.open_questions():
         lines.append(f"**needs you** ({question.id}): {question.title}")
     if state.failure:

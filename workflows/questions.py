@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from workflows.durations import duration_text
 from workflows.state import GoalState, Question, QuestionOption
 
 
@@ -177,4 +178,50 @@ def escalation(state: GoalState, now: datetime, finding: str, detail: str) -> Qu
             ("abort", "Stop and report", "unfinished work is dropped"),
         ],
         "park it if you cannot look now; steer it if you can see what it misses",
+    )
+
+
+def confirm_device_call(
+    state: GoalState, now: datetime, step: str, tool: str, what: str, device: str, root: str, key: str
+) -> Question:
+    return _card(
+        state,
+        now,
+        "confirm_device_call",
+        f"Run {tool} on device {device} for step '{step}'?",
+        f"Step '{step}' wants to run on device {device} (in {root}): {what}. Calls that change something on a "
+        "personal machine wait for a person unless the device or the goal allows them (README, Devices).",
+        [
+            ("approve", f"Run it on {device}", "it runs once, as shown"),
+            ("reject", "Do not run it", "the step is told you refused (add why with --text)"),
+        ],
+        f"approve if that is what you expect to happen in {root}",
+        nodes=[step],
+        effect_key=key,
+    )
+
+
+def device_offline(
+    state: GoalState, now: datetime, step: str, device: str, waited_s: float, others: list[tuple[str, bool]]
+) -> Question:
+    """A step has waited longer than its device_wait_s for its device to come online."""
+    waited = duration_text(waited_s, days=True)
+    moves = [
+        (f"device:{name}", f"Run it on device {name}", "it runs there now" if online else f"{name} is offline too")
+        for name, online in others
+    ]
+    return _card(
+        state,
+        now,
+        "device_offline",
+        f"Step '{step}' has waited {waited} for device {device}",
+        f"Device {device} has been offline for the {waited} step '{step}' has waited for it; nothing is spent "
+        "meanwhile, and the step runs by itself if the device comes back.",
+        [
+            ("wait", f"Keep waiting for {device}", "nothing is spent while it waits; asked again after as long"),
+            *moves,
+            ("skip", "Skip this step", "the step is abandoned; work that needs it stops"),
+        ],
+        f"wait if {device} is coming back; otherwise run it elsewhere or skip it",
+        nodes=[step],
     )

@@ -22,12 +22,13 @@ from workflows.contracts import (
     NodeKind,
     ToolResult,
 )
+from workflows.device_contracts import DevicePresence
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class AgentProgress(BaseModel):
@@ -160,7 +161,16 @@ class Question(BaseModel):
     """A human checkpoint. Open questions are asked together, as one batch."""
 
     id: str
-    topic: Literal["park_expired", "narrow_confirm", "uncertain_effect", "confirm_effect", "stalled", "escalation"]
+    topic: Literal[
+        "park_expired",
+        "narrow_confirm",
+        "uncertain_effect",
+        "confirm_effect",
+        "stalled",
+        "escalation",
+        "confirm_device_call",
+        "device_offline",
+    ]
     title: str
     done: str = Field(description="What the goal has done so far.")
     stuck: str = Field(description="Where it is stuck and why it needs a person.")
@@ -200,6 +210,16 @@ class CompensationRecord(BaseModel):
     effect: Literal["in_flight", "happened", "maybe", "not_happened"] = "happened"
     status: Literal["registered", "done", "failed", "not_needed"] = "registered"
     note: str | None = None
+    device: str | None = Field(default=None, description="The device the effect happened on; its undo runs there.")
+
+
+class DeviceWait(BaseModel):
+    """A node waiting for its device to be online: since when, and the card that asks a
+    person once the wait is longer than the step's or goal's device_wait_s."""
+
+    device: str
+    since: datetime
+    question: str | None = None
 
 
 class EffectRecord(BaseModel):
@@ -254,6 +274,14 @@ class GoalState(BaseModel):
     effects: dict[str, EffectRecord] = Field(default_factory=dict, description="Effect key -> a write that happened.")
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
+    devices: dict[str, DevicePresence] = Field(
+        default_factory=dict,
+        description="The devices the plan names, as the registry last said (workflows/goal/devices.py).",
+    )
+    device_waits: dict[str, DeviceWait] = Field(default_factory=dict, description="Node -> its wait for its device.")
+    device_moves: dict[str, str] = Field(
+        default_factory=dict, description="Node -> the device a person chose for it when its own stayed offline."
+    )
 
     @field_serializer("plan_versions", mode="wrap")
     def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:

@@ -334,6 +334,17 @@ TOOL_SPECS: dict[str, ToolSpec] = {
     ]
 }
 
+DEVICE_NAME = r"^[a-z0-9][a-z0-9-]{0,47}$"
+"""A device's name (`perdure device --name`): its task queue is perdure-device-NAME."""
+DEVICE_TOOLS: tuple[str, ...] = ("read_file", "list_dir", "write_file", "run_command", "git_commit", "git_revert")
+"""What a device can run: the workspace tools and git commits (git reads are `run_command`
+with `git status/diff/log/show`, which are replay-safe). HTTP and payment tools stay on
+the workers, which hold their credentials."""
+
+ApprovalRule = Literal["always", "never", "risk>=local-write"]
+"""When a device call needs a person's approval: every call, no call, or calls whose risk
+is local-write or more (a read-only command counts as a read)."""
+
 COMMAND_TOOLS: frozenset[str] = frozenset({"run_command"})
 """Tools that run a shell command in the sandbox; the goal's or step's network permission reaches them."""
 

@@ -33,6 +33,7 @@ class WatchdogActivities:
 FindingKind = Literal[
     "healthy",
     "parked",
+    "waiting_device",
     "parked_past_expiry",
     "stalled",
     "looping",
@@ -130,6 +131,9 @@ class GoalObservation(BaseModel):
     failed_count: int = Field(default=0, description="Failed steps in all, when more than failed_steps shows.")
     pending: list[PendingActivityView] = Field(default_factory=list)
     pending_known: bool = Field(default=True, description="False when the server could not describe the goal.")
+    waiting_for_devices: dict[str, str] = Field(
+        default_factory=dict, description="Node -> the offline device it waits for (a legitimate wait)."
+    )
 
 
 class ScanResult(BaseModel):

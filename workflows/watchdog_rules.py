@@ -7,6 +7,7 @@ workflow passes `now` in, so a run replays to the same decisions.
 | healthy | none of the below | none |
 | parked | parked, before its expiry | none, ever: a parked goal is never woken |
 | parked_past_expiry | parked and past its expiry | none: the goal's own timer asks the person |
+| waiting_device | steps wait for an offline device | none: the goal resumes by itself when it is back |
 | needs_human | an open question older than `unanswered_after_s` | none: asking again would double-ask |
 | step_failed | a step failed while the goal runs on; the finding has its error | none: a nudge cannot undo it |
 | stalled | not parked, no open question, nothing settled for the goal's `stall_after_s` | nudge; escalate later |
@@ -92,8 +93,9 @@ def incident_id(goal_id: str, kind: str, subject: str) -> str:
 
 
 def is_waiting(goal: GoalObservation) -> bool:
-    """Parked or waiting for a person: a legitimate reason not to progress."""
-    return goal.parked or bool(goal.open_questions)
+    """Parked, waiting for a person, or with nothing running but steps waiting for an
+    offline device: a legitimate reason not to progress."""
+    return goal.parked or bool(goal.open_questions) or (bool(goal.waiting_for_devices) and not goal.running)
 
 
 def wait_ended_at(goal: GoalObservation, previous: GoalMemory | None, now: datetime) -> datetime | None:
@@ -227,6 +229,11 @@ def _judge_goal(
         else:
             until = f" until {goal.park_expires_at:%Y-%m-%d %H:%M} UTC" if goal.park_expires_at else ""
             findings.append(Finding(goal_id=gid, kind="parked", detail=f"parked{until}"))
+
+    if goal.waiting_for_devices:
+        waits = ", ".join(f"{node} on {device}" for node, device in sorted(goal.waiting_for_devices.items()))
+        # Not a fault and not a stall: the goal goes on by itself when the device is back.
+        findings.append(Finding(goal_id=gid, kind="waiting_device", detail=f"waiting for offline devices: {waits}"))
 
     if goal.open_questions and goal.oldest_question_at is not None:
         age = (now - goal.oldest_question_at).total_seconds()

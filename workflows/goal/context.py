@@ -45,6 +45,8 @@ NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
 # Goals recorded before an interrupted run_command became a question (it was re-run,
 # or its lost attempts failed the step) call it the old way (effect_guard.py).
 COMMAND_REPLAY_PATCH = "commands-ask-after-loss"
+# Goals recorded before devices existed plan without asking which devices there are.
+DEVICES_PATCH = "devices-listed-for-plans"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -87,7 +89,7 @@ class GoalContext:
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
-        self.commands_ask = False
+        self.commands_ask = self.lists_devices = False
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -98,6 +100,7 @@ class GoalContext:
         self.void_reaches_waits = workflow.patched(VOID_WAITS_PATCH)
         self.commands_ask = workflow.patched(COMMAND_REPLAY_PATCH)
         self.budgets_by_time_and_wrap_up = workflow.patched(BUDGET_CLOCK_PATCH)
+        self.lists_devices = workflow.patched(DEVICES_PATCH)
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

@@ -26,7 +26,8 @@ from temporalio.exceptions import ActivityError, TimeoutError
 from workflows import questions
 from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
 from workflows.effects import command_key
-from workflows.goal.context import GoalContext, NodeStopped
+from workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
+from workflows.goal.devices import Devices
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from workflows.tool_specs import COMMAND_TOOLS, TOOL_SPECS, ToolSpec
@@ -38,13 +39,20 @@ PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_att
 
 
 class EffectGuard:
-    def __init__(self, ctx: GoalContext, tools: ToolRunner) -> None:
+    def __init__(self, ctx: GoalContext, tools: ToolRunner, devices: Devices) -> None:
         self._ctx = ctx
         self._tools = tools
+        self._devices = devices
 
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
         spec = TOOL_SPECS.get(tool_input.tool)
+        device = self._devices.runs_on(node, tool_input.tool)
+        if spec is not None and device is not None:
+            on_device = await self._for_device(spec, tool_input, node, device, what)
+            if isinstance(on_device, ToolResult):
+                return on_device
+            tool_input = on_device
         if tool_input.tool in COMMAND_TOOLS:
             tool_input = self._with_network(tool_input, node)
         if spec is not None and spec.risk in WRITES and self._ctx.effects_first:
@@ -52,6 +60,25 @@ class EffectGuard:
         if spec is not None and tool_input.tool == COMMAND_TOOL and self._ctx.commands_ask:
             return await self._command(spec, tool_input, summary, node)
         return await self._call_unprepared(spec, tool_input, summary, node, what, why)
+
+    async def _for_device(
+        self, spec: ToolSpec, tool_input: ToolInput, node: Node, device: str, what: str
+    ) -> ToolInput | ToolResult:
+        """A call for a device: once it is online, its arguments resolved here (the device has
+        no artifact store) and approved by a person where its policy says so; then it goes
+        through the same rules as any call, and runs there (ToolRunner -> Devices)."""
+        presence = await self._devices.ready(node, device)
+        tool_input = tool_input.model_copy(update={"workspace": presence.root})
+        resolved = await self._devices.resolve(tool_input)
+        if resolved.error is not None or resolved.args is None:
+            return self._refused(tool_input, spec, resolved.error or f"{tool_input.tool} has no arguments")
+        tool_input = tool_input.model_copy(
+            update={"args": resolved.args, "args_ref": None, "inputs": {}, "resolved": True}
+        )
+        refused = await self._devices.approved(node, device, tool_input, presence)
+        if refused is not None:
+            return self._person_refused(tool_input, spec, node, refused, f"{what} on device {device}")
+        return tool_input
 
     async def _command(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node) -> ToolResult:
         """A shell command: an attempt after an interrupted one re-runs it only when it is
@@ -185,7 +212,11 @@ class EffectGuard:
             # In the state before the activity is scheduled: a rollback can undo it even
             # if the goal stops while the write is still on its way.
             record = CompensationRecord(
-                node=node.name, effect_key=key, compensation=prepared.compensation, effect="in_flight"
+                node=node.name,
+                effect_key=key,
+                compensation=prepared.compensation,
+                effect="in_flight",
+                device=self._devices.runs_on(node, tool_input.tool),
             )
             state.compensations.append(record)
         earlier = self._ctx.question_about(node, key, "uncertain_effect")
@@ -211,11 +242,14 @@ class EffectGuard:
         """The write itself, counted in flight while it runs, and what its outcome says."""
         flights = self._ctx.writes_in_flight
         flights[node.name] = flights.get(node.name, 0) + 1
-        result = await self._tools.execute(tool_input, summary, node)
-        flights[node.name] -= 1
-        if not flights[node.name]:
-            del flights[node.name]
-        self._ctx.wake()  # a stopping goal waits for its writes to settle
+        try:
+            result = await self._tools.execute(tool_input, summary, node)
+        except NodeWaiting:
+            # Its device went offline before the write was sent, or while it ran (its
+            # replay policy lets it run again then): nothing is in flight while it waits.
+            self._landed(node)
+            raise
+        self._landed(node)
         if result.ok:
             self._ctx.state.effects[key] = EffectRecord(
                 node=node.name, tool=tool_input.tool, output=result.output, preview=result.preview
@@ -223,6 +257,13 @@ class EffectGuard:
         if record is not None:
             record.effect = "happened" if result.ok else "maybe" if result.uncertain else "not_happened"
         return result
+
+    def _landed(self, node: Node) -> None:
+        flights = self._ctx.writes_in_flight
+        flights[node.name] -= 1
+        if not flights[node.name]:
+            del flights[node.name]
+        self._ctx.wake()  # a stopping goal waits for its writes to settle
 
     def _person_refused(
         self, tool_input: ToolInput, spec: ToolSpec, node: Node, question: Question, what: str
@@ -273,18 +314,20 @@ class EffectGuard:
                 record.status, record.note = "not_needed", "the effect did not happen"
                 continue
             comp = record.compensation
+            undo = ToolInput(
+                goal_id=self._ctx.goal_id,
+                node_key=f"compensate:{record.effect_key}",
+                tool=comp.tool,
+                workspace=state.spec.workspace,
+                args=comp.args,
+                confirmed=True,
+            )
+            summary = f"compensate · {comp.tool} · {record.node} · {record.effect_key[:15]}"
             try:
-                result = await self._tools.execute(
-                    ToolInput(
-                        goal_id=self._ctx.goal_id,
-                        node_key=f"compensate:{record.effect_key}",
-                        tool=comp.tool,
-                        workspace=state.spec.workspace,
-                        args=comp.args,
-                        confirmed=True,
-                    ),
-                    summary=f"compensate · {comp.tool} · {record.node} · {record.effect_key[:15]}",
-                )
+                if record.device is not None:
+                    result = await self._devices.undo(undo, summary, record.device)
+                else:
+                    result = await self._tools.execute(undo, summary=summary)
             except ActivityError as err:
                 record.status, record.note = "failed", failure_message(err)
                 continue

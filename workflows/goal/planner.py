@@ -11,7 +11,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.contracts import Activities, ArtifactRef, DriftInput, DriftResult, PlanInput, PlanResult, PlanRevision
+from workflows.device_contracts import DevicePresence
 from workflows.goal.context import GoalContext, GoalFailed
+from workflows.goal.devices import Devices
 from workflows.goal.inbox import Inbox
 from workflows.goal.model_calls import ModelCalls
 from workflows.goal.scheduler import Scheduler
@@ -22,16 +24,20 @@ from workflows.state import PlanVersion
 
 
 class Planner:
-    def __init__(self, ctx: GoalContext, calls: ModelCalls, scheduler: Scheduler, inbox: Inbox) -> None:
+    def __init__(
+        self, ctx: GoalContext, calls: ModelCalls, scheduler: Scheduler, inbox: Inbox, devices: Devices
+    ) -> None:
         self._ctx = ctx
         self._calls = calls
         self._scheduler = scheduler
         self._inbox = inbox
+        self._devices = devices
 
     async def make_plan(self) -> None:
         state, spec = self._ctx.state, self._ctx.state.spec
         if spec.plan is not None:
-            problems = check_plan(spec.plan, spec.allowed_tools)
+            devices = await self._devices.check_plan_devices(spec.plan) if self._ctx.lists_devices else None
+            problems = check_plan(spec.plan, spec.allowed_tools, devices)
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
             state.plan_versions.append(
@@ -102,6 +108,13 @@ class Planner:
         rejection: str | None = None
         attempts = spec.max_plan_repairs + 1
         label = "replan" if revision else "plan"
+        described: dict[str, str] | None = None
+        offered: dict[str, list[str]] | None = None
+        if self._ctx.lists_devices:
+            # The planner is told which devices exist; a plan naming another is refused.
+            listing = await self._devices.listing()
+            offered = listing.offered()
+            described = {d.name: describe_device(d) for d in listing.devices} if offered is not None else None
         for attempt in range(1, attempts + 1):
             summary = label if attempt == 1 else f"{label} · repair {attempt - 1} of {spec.max_plan_repairs}"
             try:
@@ -114,6 +127,8 @@ class Planner:
                         attempt=attempt,
                         rejected=rejected,
                         rejection=rejection,
+                        devices=described,
+                        device_tools=offered,
                     ),
                     PlanResult,
                     summary,
@@ -128,3 +143,10 @@ class Planner:
 
     def _finished(self) -> dict[str, str]:
         return {n.name: n.preview for n in self._ctx.state.nodes.values() if n.status == "succeeded"}
+
+
+def describe_device(device: DevicePresence) -> str:
+    """One device for the planner: whether it is online, where it works, what it offers."""
+    state = "online" if device.online else "offline (its steps wait until it is back)"
+    network = "commands may use the network" if device.network else "no network for commands"
+    return f"{state}; works in {device.root}; offers {', '.join(device.tools) or 'nothing'}; {network}"

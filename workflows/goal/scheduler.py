@@ -19,6 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 
 from workflows import graph
 from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
+from workflows.goal.devices import Devices
 from workflows.goal.nodes import NodeRunner
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
@@ -49,10 +50,16 @@ def failure_text(err: Exception) -> str:
 
 class Scheduler:
     def __init__(
-        self, ctx: GoalContext, spend: Spend, runners: Mapping[str, NodeRunner], publish: Callable[[], None]
+        self,
+        ctx: GoalContext,
+        spend: Spend,
+        runners: Mapping[str, NodeRunner],
+        publish: Callable[[], None],
+        devices: Devices,
     ) -> None:
         self._ctx = ctx
         self._spend = spend
+        self._devices = devices
         self._runners = runners
         self._publish = publish
         # In-flight node tasks, so a rewind, narrow or abort can cancel them.
@@ -106,11 +113,28 @@ class Scheduler:
             if name in self._tasks:
                 continue
             if node.status == "parked" or node.waiting_on in answered:
+                self._resume(node)
+        for name in self._ctx.index().names(("offline",)):
+            node = state.nodes[name]
+            if name in self._tasks:
+                continue
+            verdict = self._devices.verdict(node)
+            if verdict == "resume":
+                self._resume(node)
+            elif verdict == "skip":
                 node.waiting_on = None
-                self._ctx.set_status(node, "running")
-                node.runs += 1
-                step = self._ctx.plan().step(name)
-                self._tasks[name] = asyncio.create_task(self._run_node(step, node, node.runs))
+                self._ctx.set_status(node, "abandoned")
+                node.error = "skipped by a person while its device was offline"
+                node.finished_at = workflow.now()
+                self._abandon_downstream(name)
+                self._ctx.wake()
+
+    def _resume(self, node: Node) -> None:
+        node.waiting_on = None
+        self._ctx.set_status(node, "running")
+        node.runs += 1
+        step = self._ctx.plan().step(node.name)
+        self._tasks[node.name] = asyncio.create_task(self._run_node(step, node, node.runs))
 
     def dispatch_ready(self) -> None:
         """Start every ready node the open questions do not hold and the gates admit."""
@@ -160,7 +184,8 @@ class Scheduler:
         started: whatever ran, failed or was given up stays in the report and the outcome."""
         if node.status == "pending":
             return
-        if node.status in ("running", "blocked", "parked"):
+        self._devices.forget(node.name)
+        if node.status in ("running", "blocked", "parked", "offline"):
             # Cut off by the plan change. An uncertain node stays uncertain: its effect may have happened.
             self._ctx.set_status(node, "abandoned")
             node.error, node.finished_at = f"left out by plan v{version + 1} while it ran", workflow.now()
@@ -228,6 +253,7 @@ class Scheduler:
         self._ctx.set_status(node, "pending")
         node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
         node.waiting_on, node.agent = None, None
+        self._devices.forget(node.name)
 
     def cancel_in_flight(self, why: str) -> None:
         """Stop all work: cancel every node's task except those with a write in flight,

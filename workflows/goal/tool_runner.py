@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -20,6 +21,9 @@ from workflows.contracts import Activities, ToolInput, ToolResult
 from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
 from workflows.tool_specs import TOOL_SPECS
+
+if TYPE_CHECKING:
+    from workflows.goal.devices import Devices
 
 # workflow.patched ids: a history recorded without the change replays the old way.
 READ_SEGMENTS_PATCH = "read-segments"
@@ -38,8 +42,9 @@ TOOL_HEARTBEAT = MODEL_HEARTBEAT
 
 
 class ToolRunner:
-    def __init__(self, state: GoalState) -> None:
+    def __init__(self, state: GoalState, devices: Devices | None = None) -> None:
         self._state = state
+        self._devices = devices
         # Local activities started in the current workflow task, and the shared break
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
@@ -56,6 +61,12 @@ class ToolRunner:
         return placement
 
     async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
+        device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
+        if device is not None and node is not None:
+            # Resolved and approved by the effect guard; it runs there, or waits for it.
+            result = await self._devices.call(tool_input, summary, node, device)
+            self._state.ledger.tool_calls += 1
+            return result
         spec = TOOL_SPECS.get(tool_input.tool)
         retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
         placement = self.placement(tool_input.tool)

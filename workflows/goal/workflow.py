@@ -25,8 +25,10 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries, Signals, Updates
+    from workflows.device_contracts import DEVICE_PRESENCE_SIGNAL
     from workflows.goal.closing import Closing
     from workflows.goal.context import GoalContext, GoalFailed
+    from workflows.goal.devices import Devices
     from workflows.goal.effect_guard import EffectGuard
     from workflows.goal.inbox import Inbox
     from workflows.goal.model_calls import ModelCalls
@@ -66,11 +68,12 @@ class GoalWorkflow:
         self._spend = Spend(ctx, self._pause)
         self._publisher = Publisher(ctx, self._spend)
         calls = ModelCalls(ctx, self._inbox, self._spend)
-        tools = ToolRunner(state)
-        self._guard = EffectGuard(ctx, tools)
+        self._devices = Devices(ctx)
+        tools = ToolRunner(state, self._devices)
+        self._guard = EffectGuard(ctx, tools, self._devices)
         runners = node_runners(NodeDeps(ctx, calls, self._guard, tools, self._pause))
-        self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish)
-        self._planner = Planner(ctx, calls, self._scheduler, self._inbox)
+        self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
+        self._planner = Planner(ctx, calls, self._scheduler, self._inbox, self._devices)
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
         self._closing = Closing(ctx, self._publisher.publish)
         self._clock: asyncio.Task | None = None
@@ -108,6 +111,7 @@ class GoalWorkflow:
                 await self._planner.make_plan()
             self._scheduler.materialise_nodes()
             self._scheduler.adopt_carried_twins()
+            self._devices.watch()
             state.phase = "running"
             self._publisher.publish()
             await self._run_graph()
@@ -143,7 +147,11 @@ class GoalWorkflow:
         """Durable admission without a worker. Dynamic, so it gets raw payloads: a
         `message` signal with no argument, two, or bytes that do not decode is refused
         with a reason instead of failing every workflow task from then on, and so is a
-        signal name the goal does not know."""
+        signal name the goal does not know. The device registry's presence signal is
+        not a user message: it updates what the goal knows of a device."""
+        if name == DEVICE_PRESENCE_SIGNAL:
+            self._devices.on_presence(args)
+            return
         self._inbox.on_signal(name, args)
 
     @workflow.update(name=Updates.SUBMIT)
@@ -181,6 +189,7 @@ class GoalWorkflow:
                 await self._stop(f"aborted: {state.abort_reason}")
                 return
             if state.pause.mode == "running" and not self._continue_as_new_due():
+                self._devices.watch()  # a new plan version may name devices
                 self._scheduler.resume_waiting()
                 self._scheduler.dispatch_ready()
                 # A replan may drop steps: it waits until no write is in flight to cut off.
@@ -200,11 +209,16 @@ class GoalWorkflow:
             if self._ctx.budgets_by_time_and_wrap_up:
                 self._spend.mark_activity(self._active())
             self._publisher.publish()
-            timeout = self._pause.timeout()
+            timeout, summary = self._pause.timeout(), None
+            device_wait = self._devices.time_to_deadline()
+            if device_wait is not None and state.pause.mode == "running":
+                timeout, summary = device_wait, "a step's wait for its device reaches its limit"
             try:
-                await self._next_wakeup(timeout)
+                await self._next_wakeup(timeout, summary)
             except TimeoutError:
                 self._pause.on_deadline()
+                if state.pause.mode == "running":
+                    self._devices.on_deadline()
 
     async def _stop(self, why: str) -> None:
         """Abort (or an emergency stop): cancel all work but the writes in flight, which are
@@ -264,12 +278,12 @@ class GoalWorkflow:
     def _wake(self) -> None:
         self._wakeups += 1
 
-    async def _next_wakeup(self, timeout: timedelta | None = None) -> None:
+    async def _next_wakeup(self, timeout: timedelta | None = None, summary: str | None = None) -> None:
         seen = self._wakeups
         await workflow.wait_condition(
             lambda: self._wakeups != seen,
             timeout=timeout,
-            timeout_summary="parked: wake or expiry" if timeout else None,
+            timeout_summary=(summary or "parked: wake or expiry") if timeout else None,
         )
 
     def _waiting_phase(self) -> str:
@@ -278,6 +292,8 @@ class GoalWorkflow:
             return "parked"
         if state.open_questions() and not self._ctx.index().any(("running",)):
             return "awaiting_human"
+        if self._ctx.index().any(("offline",)) and not self._ctx.index().any(("running",)):
+            return "awaiting_device"
         return "running"
 
     # --- continue-as-new ------------------------------------------------------------
