@@ -19,13 +19,13 @@ from activities.tools import ToolActivities
 from workflows.canonical import canonical_json
 from workflows.contracts import Activities, ToolInput, ToolResult
 from workflows.device_contracts import (
-    DEVICE_REGISTRY_ID,
     MAX_DEVICE_PAYLOAD,
     DeviceListing,
     DeviceListingResult,
     DeviceOutput,
     RegistryQueries,
     ResolvedCall,
+    registry_id,
 )
 
 LIST_TIMEOUT_S = 5.0
@@ -76,7 +76,7 @@ class DeviceCallActivities:
     async def list_devices(self) -> DeviceListingResult:
         """Every device that ever announced itself (none while no registry exists yet), or
         why the registry could not be asked: a plan check then leaves devices to dispatch."""
-        handle = self._client.get_workflow_handle(DEVICE_REGISTRY_ID)
+        handle = self._client.get_workflow_handle(registry_id(activity.info().task_queue))
         try:
             listing = await asyncio.wait_for(
                 handle.query(RegistryQueries.DEVICES, result_type=DeviceListing), timeout=LIST_TIMEOUT_S

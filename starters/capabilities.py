@@ -5,7 +5,8 @@ started on the goals' task queue and awaited for a few seconds. A task queue wit
 is answered at once without starting anything. The answer is the worker's, so a profile in
 the worker's config.toml counts and one in a file on the CLI's machine does not.
 
-`perdure start` refuses an unknown `--profile` or tool with the names the worker knows; with no
+`perdure start` refuses an unknown `--profile` or tool with the names the worker knows, and a plan
+step on a device that never announced itself with the devices there are; with no
 worker answering it warns that the check could not be made and starts the goal anyway, because a
 goal waits durably for a worker and starting one with no worker up is a normal thing to do.
 Client-side only; holds no state.
@@ -25,12 +26,14 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
 from workers.capabilities import CapabilitiesInput, CapabilitiesResult, CapabilitiesWorkflow
 from workflows.contracts import GoalSpec
+from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
+from workflows.plan import check_plan, devices_named
 
 # How long to wait for a worker's answer; a healthy worker answers in well under a second.
 ANSWER_TIMEOUT_S = 10.0
@@ -107,8 +110,23 @@ async def check_start(client: Client, spec: GoalSpec) -> None:
         )
         return
     problems = start_problems(spec, offer)
+    if spec.plan is not None and devices_named(spec.plan):
+        problems += check_plan(spec.plan, spec.allowed_tools, await known_devices(client))
     if problems:
         raise ValueError("the goal was not started: " + "; ".join(problems))
+
+
+async def known_devices(client: Client) -> dict[str, list[str]]:
+    """Device name -> the tools it offers, for every device that announced itself to the
+    registry of the goals' task queue (none while there is no registry)."""
+    handle = client.get_workflow_handle(registry_id(settings.task_queue()))
+    try:
+        listing = await handle.query(RegistryQueries.DEVICES, result_type=DeviceListing)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return {}
+        raise
+    return {record.presence.name: list(record.presence.tools) for record in listing.devices}
 
 
 def profiles() -> None:

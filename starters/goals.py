@@ -59,8 +59,13 @@ class EndedWithoutResult(Exception):
     the goal's own ending (which always carries its report)."""
 
 
+SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval")
+"""Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
+
+
 def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[Plan, dict]:
-    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:` and `premises:`.
+    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:`, `premises:`,
+    and the device settings `device_wait_s:` and `device_approval:`.
     Without `allowed_tools`, any known tool may appear (see `plan_tools`)."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -72,7 +77,7 @@ def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[
         raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
     if not isinstance(data, dict):
         raise BadPlanFile(f"{path}: expected a mapping with a 'steps' list at the top level")
-    extras = {k: data.pop(k) for k in ("goal", "constraints", "premises") if k in data}
+    extras = {k: data.pop(k) for k in ("goal", "constraints", "premises", *SPEC_FIELDS_IN_PLAN) if k in data}
     premises = extras.get("premises")
     if premises is not None and (
         not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())

@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.contracts import Compensation
+from workflows.contracts import TASK_QUEUE, Compensation
 from workflows.effects import read_only_command
 from workflows.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS, ApprovalRule, RiskClass
 
@@ -40,7 +40,7 @@ __all__ = ["DEVICE_NAME", "DEVICE_TOOLS", "ApprovalRule"]  # defined with the to
 
 DEVICE_REGISTRY_WORKFLOW = "PerdureDeviceRegistry"
 DEVICE_REGISTRY_ID = "perdure-devices"
-DEVICE_QUEUE_PREFIX = "perdure-device-"
+"""The registry of the default task queue `perdure` (registry_id)."""
 
 LEASE_S = 10.0
 """Default heartbeat timeout of a device's lease: how long a dead device looks online."""
@@ -53,8 +53,15 @@ MAX_DEVICE_PAYLOAD = 1_000_000
 DEFAULT_APPROVAL: ApprovalRule = "risk>=local-write"
 
 
-def device_queue(name: str) -> str:
-    return DEVICE_QUEUE_PREFIX + name
+def registry_id(task_queue: str = TASK_QUEUE) -> str:
+    """The device registry of the workers polling `task_queue`: `perdure-devices` for the
+    default queue. Each orchestrator queue has its own devices (and tests their own registry)."""
+    return f"{task_queue}-devices"
+
+
+def device_queue(name: str, task_queue: str = TASK_QUEUE) -> str:
+    """Device NAME's task queue: `perdure-device-NAME` for the default orchestrator queue."""
+    return f"{task_queue}-device-{name}"
 
 
 class DeviceActivities:

@@ -182,7 +182,7 @@ class DeviceRegistryWorkflow:
                     DeviceActivities.LEASE,
                     LeaseInput(name=name, session=record.session, generation=generation),
                     result_type=LeaseResult,
-                    task_queue=device_queue(name),
+                    task_queue=device_queue(name, workflow.info().task_queue),
                     schedule_to_start_timeout=lease,
                     heartbeat_timeout=lease,
                     start_to_close_timeout=timedelta(hours=2),

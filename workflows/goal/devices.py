@@ -32,7 +32,6 @@ from workflows import questions
 from workflows.canonical import canonical_json, digest_of
 from workflows.contracts import Activities, ToolInput, ToolResult
 from workflows.device_contracts import (
-    DEVICE_REGISTRY_ID,
     DEVICE_TOOLS,
     DeviceActivities,
     DeviceListingResult,
@@ -45,6 +44,7 @@ from workflows.device_contracts import (
     WatchDevices,
     device_queue,
     needs_approval,
+    registry_id,
 )
 from workflows.effects import decide_command_retry
 from workflows.goal.context import GoalContext, NodeFailed, NodeWaiting
@@ -130,7 +130,7 @@ class Devices:
         delay = WATCH_RETRY_FIRST
         while True:
             try:
-                await workflow.get_external_workflow_handle(DEVICE_REGISTRY_ID).signal(
+                await workflow.get_external_workflow_handle(registry_id(workflow.info().task_queue)).signal(
                     RegistrySignals.WATCH, WatchDevices(goal_id=self._ctx.goal_id, names=names)
                 )
                 return
@@ -209,19 +209,28 @@ class Devices:
             return None
         return max(min(due) - workflow.now(), timedelta(seconds=1))
 
-    def on_deadline(self) -> None:
-        """Ask a person about every wait longer than its limit (one card per wait)."""
+    async def on_deadline(self) -> None:
+        """Ask a person about every wait longer than its limit (one card per wait), with the
+        other devices that could take the step as options."""
         state, now = self._ctx.state, workflow.now()
-        for name, wait in state.device_waits.items():
-            node = state.nodes.get(name)
-            if wait.question or node is None or node.status != "offline" or now < self._deadline(name, wait):
-                continue
-            card = questions.device_offline(
-                state, now, name, wait.device, (now - wait.since).total_seconds(), self._alternatives(node, wait.device)
-            )
+        due = [
+            (name, wait)
+            for name, wait in state.device_waits.items()
+            if not wait.question
+            and (node := state.nodes.get(name)) is not None
+            and node.status == "offline"
+            and now >= self._deadline(name, wait)
+        ]
+        if not due:
+            return
+        known = (await self.listing()).devices
+        for name, wait in due:
+            waited = (now - wait.since).total_seconds()
+            others = self._alternatives(state.nodes[name], wait.device, known)
+            card = questions.device_offline(state, now, name, wait.device, waited, others)
             state.questions.append(card)
             wait.question = card.id
-            self._ctx.wake()
+        self._ctx.wake()
 
     def _deadline(self, node_name: str, wait: DeviceWait) -> datetime:
         limit = self._ctx.state.spec.device_wait_s
@@ -232,7 +241,7 @@ class Devices:
             pass
         return wait.since + timedelta(seconds=limit)
 
-    def _alternatives(self, node: Node, device: str) -> list[tuple[str, bool]]:
+    def _alternatives(self, node: Node, device: str, known: list[DevicePresence]) -> list[tuple[str, bool]]:
         """Other known devices offering every device tool the node's step uses: (name, online)."""
         try:
             step = self._ctx.plan().step(node.name)
@@ -242,7 +251,7 @@ class Devices:
         needed = {t for t in tools if t in DEVICE_TOOLS}
         return [
             (p.name, p.online)
-            for p in sorted(self._ctx.state.devices.values(), key=lambda p: p.name)
+            for p in sorted(known, key=lambda p: p.name)
             if p.known and p.name != device and needed <= set(p.tools)
         ]
 
@@ -399,7 +408,7 @@ class Devices:
                 resolution=tool_input.resolution,
             ),
             result_type=DeviceToolResult,
-            task_queue=device_queue(name),
+            task_queue=device_queue(name, workflow.info().task_queue),
             schedule_to_start_timeout=PICKUP_AFTER,
             start_to_close_timeout=tool_timeout(tool_input),
             heartbeat_timeout=timedelta(seconds=presence.lease_s * 1.5),

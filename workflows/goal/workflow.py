@@ -218,7 +218,7 @@ class GoalWorkflow:
             except TimeoutError:
                 self._pause.on_deadline()
                 if state.pause.mode == "running":
-                    self._devices.on_deadline()
+                    await self._devices.on_deadline()
 
     async def _stop(self, why: str) -> None:
         """Abort (or an emergency stop): cancel all work but the writes in flight, which are
