@@ -309,3 +309,16 @@ def test_a_dev_server_started_here_points_its_ui_at_the_codec_server_when_one_is
     monkeypatch.setenv("PERDURE_CODEC_ENDPOINT", "http://127.0.0.1:8081")
     argv = devserver.dev_server_argv(7233, 8233, tmp_path)
     assert argv[argv.index("--ui-codec-endpoint") + 1] == "http://127.0.0.1:8081"
+
+
+def test_the_device_service_runs_a_device_on_its_own_root_with_the_keys_and_nothing_of_the_workers() -> None:
+    device = SERVICES["device"]
+    command = device["command"]
+    assert command[:2] == ["perdure", "device"] and command[command.index("--name") + 1] == "box"
+    assert command[command.index("--root") + 1] == "/work"
+    assert any(str(volume).endswith(":/work") for volume in device["volumes"])
+    assert not any("perdure-data" in str(volume) for volume in device["volumes"])  # no shared store
+    variables = env("device")
+    assert "PERDURE_PAYLOAD_KEYS" in variables and "PERDURE_PAYLOAD_STORE" not in variables
+    assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(variables)  # model keys stay on the workers
+    assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(device["security_opt"])
