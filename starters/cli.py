@@ -23,6 +23,7 @@ from runtime import settings
 from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, goals, render
 from starters import watchdog_cli as wd
+from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
 
@@ -634,6 +635,113 @@ def worker() -> None:
         run(_worker)
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def device(
+    name: Annotated[str, typer.Option("--name", help="The device's name (lower-case letters, digits, '-').")],
+    root: Annotated[Path, typer.Option("--root", help="The directory its tools work in; nothing outside it.")],
+    tools: Annotated[
+        str | None,
+        typer.Option("--tools", help="Tools it offers, comma-separated (default: all device tools)."),
+    ] = None,
+    network: Annotated[bool, typer.Option("--network", help="Let its shell commands use the network.")] = False,
+    approve: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--approve",
+            help="TOOL=RULE, when a call needs a person's approval: always, never or risk>=local-write "
+            "(the default); TOOL may be *; repeatable.",
+        ),
+    ] = None,
+    lease_s: Annotated[
+        float, typer.Option("--lease-s", help="Seconds without a heartbeat before it counts as offline.")
+    ] = LEASE_S,
+    scratch: Annotated[
+        Path | None,
+        typer.Option("--scratch", help="Scratch directory (default PERDURE_HOME/devices/NAME/scratch)."),
+    ] = None,
+) -> None:
+    """Run a device daemon: this machine runs goals' file, command and git steps inside --root.
+
+    It connects out to Temporal as `perdure worker` does (PERDURE_TEMPORAL, a Temporal
+    profile, PERDURE_NAMESPACE, PERDURE_TASK_QUEUE of the workers), keeps no goal state,
+    and runs until Ctrl-C."""
+    from runtime.connect import connect as connect_client
+    from workers.device import DeviceConfigError, device_config, parse_approval, parse_tools, run_device
+    from workers.orchestrator import configure_logging
+
+    try:
+        config = device_config(
+            name=name,
+            root=root,
+            tools=parse_tools(tools),
+            network=network,
+            approval=parse_approval(approve or []),
+            lease_s=lease_s,
+            scratch=scratch,
+        )
+    except DeviceConfigError as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    configure_logging()
+
+    def online(config: Any, session: Any) -> None:
+        console.print(
+            f"device [bold]{config.name}[/bold] online · session {session.generation} · root {escape(str(config.root))}"
+            f" · tools {', '.join(sorted(config.tools))}" + (" · network" if config.network else "")
+        )
+
+    async def _device() -> None:
+        client = await connect_client(payload_store=False)
+        await run_device(
+            client,
+            name=config.name,
+            root=config.root,
+            tools=config.tools,
+            network=config.network,
+            approval=config.approval,
+            lease_s=config.lease_s,
+            scratch=config.scratch,
+            task_queue=settings.task_queue(),
+            on_online=online,
+        )
+
+    try:
+        asyncio.run(_device())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C before the daemon was online: nothing to stop
+    except (settings.TemporalConfigError, DeviceConfigError, RuntimeError) as err:
+        # RuntimeError: the server unreachable (ServerUnavailable), the registry refusing (DeviceRefused).
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    except RPCError as err:
+        err_console.print(f"[red]error from Temporal:[/red] {escape(err.message)}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def devices(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False,
+) -> None:
+    """List the devices: online or offline, since when, last seen, tools, running steps."""
+    from starters import devices as listing
+
+    async def _devices() -> None:
+        view = await listing.device_views(await connect())
+        if as_json:
+            print(listing.devices_json(view))
+        else:
+            listing.print_devices(console, view)
+
+    try:
+        asyncio.run(_devices())
+    except (ServerUnavailable, settings.TemporalConfigError, listing.RegistryUnanswered) as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    except RPCError as err:
+        err_console.print(f"[red]error from Temporal:[/red] {escape(err.message)}")
+        raise typer.Exit(1) from None
 
 
 @app.command("codec-server")
