@@ -219,7 +219,9 @@ class DeviceToolActivities:
                     activity.heartbeat(state.running_details())
                     next_beat = now + every_s
                 stopping = state.stopping.is_set()
-                if now >= ends_at or (stopping and not state.running):
+                if stopping and not state.running:
+                    return LeaseResult(ended="stopped")
+                if now >= ends_at:
                     return LeaseResult(ended="term")
                 wake_in = min(ends_at, next_beat) - now
                 if stopping:

@@ -183,6 +183,7 @@ def start(
     constraints = list(constraint or [])
     premises = _key_values(premise or [])
     plan_obj = None
+    settings_in_plan: dict[str, Any] = {}
     if plan is not None:
         try:
             plan_obj, extras = goals.load_plan_file(plan, tool)
@@ -195,6 +196,7 @@ def start(
         goal = goal or extras.get("goal")
         constraints = constraints or list(extras.get("constraints") or [])
         premises = {**(extras.get("premises") or {}), **premises}
+        settings_in_plan = {k: extras[k] for k in goals.SPEC_FIELDS_IN_PLAN if k in extras}
     if not goal:
         err_console.print("[red]error:[/red] give the goal text, or a plan file with a 'goal:' field")
         raise typer.Exit(2)
@@ -218,6 +220,7 @@ def start(
             workspace=str(root),
             premises=premises,
             allow_network=allow_network,
+            **settings_in_plan,
         )
     except ValueError as err:
         err_console.print(f"[red]error:[/red] {escape(str(err))}")

@@ -59,13 +59,13 @@ class EndedWithoutResult(Exception):
     the goal's own ending (which always carries its report)."""
 
 
-SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval")
+SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s")
 """Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
 
 
 def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[Plan, dict]:
     """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:`, `premises:`,
-    and the device settings `device_wait_s:` and `device_approval:`.
+    the device settings `device_wait_s:` and `device_approval:`, and `stall_after_s:`.
     Without `allowed_tools`, any known tool may appear (see `plan_tools`)."""
     try:
         text = path.read_text(encoding="utf-8")

@@ -341,7 +341,7 @@ async def test_a_cancelled_lease_is_not_a_replacement(device: Device):
     assert not device.state.superseded.is_set() and device.state.leases == 0
 
 
-async def test_a_stopping_daemon_ends_its_lease_once_its_calls_have_finished(device: Device):
+async def test_a_stopping_daemon_ends_its_lease_as_stopped_once_its_calls_have_finished(device: Device):
     beats: list = []
     lease = asyncio.create_task(
         lease_env(beats).run(device.acts.lease, LeaseInput(name="laptop", session="s", generation=2))
@@ -354,7 +354,7 @@ async def test_a_stopping_daemon_ends_its_lease_once_its_calls_have_finished(dev
     await asyncio.sleep(0.5)
     assert not lease.done()  # still online while the call runs
     del device.state.running["goal-a/7"]
-    assert (await asyncio.wait_for(lease, 2)).ended == "term"
+    assert (await asyncio.wait_for(lease, 2)).ended == "stopped"
 
 
 # --- options ----------------------------------------------------------------------------

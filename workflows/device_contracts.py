@@ -121,8 +121,9 @@ class LeaseInput(BaseModel):
 
 
 class LeaseResult(BaseModel):
-    ended: Literal["term", "stale"] = Field(
-        description="term: held for its term (renew it); stale: a lease for an older session (drop it)."
+    ended: Literal["term", "stale", "stopped"] = Field(
+        description="term: held for its term (renew it); stale: a lease for an older session (drop it); "
+        "stopped: the daemon was stopped by its owner (offline now, not one lease later)."
     )
 
 

@@ -197,14 +197,20 @@ class DeviceRegistryWorkflow:
                     await workflow.sleep(SUPERSEDED_RETRY)
                     continue
                 if self._current(name, generation):
+                    # Last heard of when its heartbeats stopped, one lease before the lapse.
+                    record.last_seen = max(record.last_seen or workflow.now(), workflow.now() - lease)
                     self._went_offline(name, f"lease lapsed: {_failure(err)}")
                 return
             except asyncio.CancelledError:
                 return
             if result.ended == "stale":
                 return
-            if self._current(name, generation):
-                record.last_seen = workflow.now()
+            if not self._current(name, generation):
+                return
+            record.last_seen = workflow.now()
+            if result.ended == "stopped":
+                self._went_offline(name, "stopped by its owner")
+                return
 
     def _current(self, name: str, generation: int) -> bool:
         record = self._state.devices.get(name)

@@ -1,0 +1,271 @@
+"""Goals with device steps against a dev server, the devices run in this process (the real
+device activities on their own task queues, announced to the real registry): approvals,
+a long absence that becomes a question, a device that never existed, abort while waiting,
+the agent's tools on a device. Killed and restarted daemons are in test_devices.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from temporalio.client import WithStartWorkflowOperation, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from activities.device_tools import DeviceSessionState, DeviceToolActivities
+from tests.builders import agent, openai_profile, tool_then_answer
+from tests.helpers import running_worker, start, statuses, submit, wait_until
+from workflows.device_contracts import (
+    DEVICE_REGISTRY_WORKFLOW,
+    DEVICE_TOOLS,
+    DeviceAnnouncement,
+    DeviceListing,
+    DeviceRegistryInput,
+    DeviceSession,
+    RegistryQueries,
+    RegistryUpdates,
+    device_queue,
+    registry_id,
+)
+from workflows.goal import GoalWorkflow
+from workflows.messages import Abort, Answer, Approve
+
+
+class InProcessDevice:
+    """A device daemon's activities and announce, without its process (no SIGKILL here)."""
+
+    def __init__(self, env, task_queue: str, name: str, root: Path, **announced) -> None:
+        self.env, self.task_queue, self.name, self.root = env, task_queue, name, root
+        self.announced = {"tools": list(DEVICE_TOOLS), "lease_s": 1.0, **announced}
+        self.state = DeviceSessionState(name=name)
+        self.worker: Worker | None = None
+        self._run: asyncio.Task | None = None
+
+    async def start(self) -> DeviceSession:
+        announcement = DeviceAnnouncement(
+            name=self.name, session=self.state.session, root=str(self.root), **self.announced
+        )
+        session = await self.env.client.execute_update_with_start_workflow(
+            RegistryUpdates.ANNOUNCE,
+            announcement,
+            start_workflow_operation=WithStartWorkflowOperation(
+                DEVICE_REGISTRY_WORKFLOW,
+                DeviceRegistryInput(),
+                id=registry_id(self.task_queue),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            ),
+            result_type=DeviceSession,
+        )
+        self.state.generation = session.generation
+        scratch = self.root.parent / f"scratch-{self.name}-{session.generation}"
+        acts = DeviceToolActivities(
+            self.root, frozenset(self.announced["tools"]), self.announced.get("network", False), self.state, scratch
+        )
+        self.worker = Worker(
+            self.env.client, task_queue=device_queue(self.name, self.task_queue), activities=[acts.run_tool, acts.lease]
+        )
+        self._run = asyncio.create_task(self.worker.run())
+        return session
+
+    async def stop(self) -> None:
+        if self.worker is not None and self._run is not None:
+            self.state.stopping.set()
+            await self.worker.shutdown()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run
+            self.worker = self._run = None
+
+
+@pytest.fixture
+async def devices(env, task_queue, tmp_path) -> AsyncIterator[Callable[..., InProcessDevice]]:
+    made: list[InProcessDevice] = []
+
+    def make(name: str, **announced) -> InProcessDevice:
+        root = tmp_path / f"machine-{name}"
+        root.mkdir(exist_ok=True)
+        device = InProcessDevice(env, task_queue, name, root, **announced)
+        made.append(device)
+        return device
+
+    yield make
+    for device in made:
+        await device.stop()
+
+
+async def registry_says(env, task_queue: str, name: str, online: bool, timeout_s: float = 30) -> None:
+    handle = env.client.get_workflow_handle(registry_id(task_queue))
+    for _ in range(int(timeout_s * 10)):
+        listing = await handle.query(RegistryQueries.DEVICES, result_type=DeviceListing)
+        if any(r.presence.name == name and r.presence.online is online for r in listing.devices):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the registry never said device {name} is {'online' if online else 'offline'}")
+
+
+def write_on(device: str, path: str = "out.txt", content: str = "hello\n", **extra) -> dict:
+    args = {"path": path, "content": content}
+    return {"name": "save", "kind": "tool", "tool": "write_file", "device": device, "args": args, **extra}
+
+
+async def question_of(handle: WorkflowHandle, topic: str):
+    snap = await wait_until(handle, lambda s: any(q.topic == topic for q in s.questions))
+    return next(q for q in snap.questions if q.topic == topic)
+
+
+async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_runs_where(
+    env, task_queue, store, workspace, devices
+):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop")
+        await laptop.start()
+        handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
+        card = await question_of(handle, "confirm_device_call")
+        assert "device laptop" in card.title and str(laptop.root) in card.stuck and '"content":"hello\\n"' in card.stuck
+        assert not (laptop.root / "out.txt").exists()  # nothing ran before the answer
+        await submit(handle, Approve(request_id="ok-1", question_id=card.id, approved=True))
+        result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    assert (laptop.root / "out.txt").read_text() == "hello\n"
+    assert not (workspace / "out.txt").exists()
+
+
+async def test_a_refused_device_call_fails_its_step_and_runs_nothing(env, task_queue, store, workspace, devices):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop")
+        await laptop.start()
+        handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
+        card = await question_of(handle, "confirm_device_call")
+        await submit(handle, Approve(request_id="no-1", question_id=card.id, approved=False, text="not my laptop"))
+        result = await handle.result()
+        snap = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "partial"
+    node = next(n for n in snap.nodes if n.name == "save")
+    assert node.status == "failed" and "a person refused write_file: not my laptop" in (node.error or "")
+    assert not (laptop.root / "out.txt").exists()
+
+
+async def test_a_device_that_allows_a_tool_runs_it_without_asking(env, task_queue, store, workspace, devices):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop", approval={"write_file": "never"})
+        await laptop.start()
+        handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
+        result = await handle.result()
+        history = await handle.fetch_history()
+    assert result.outcome == "succeeded", result.excerpt
+    assert (laptop.root / "out.txt").read_text() == "hello\n"
+    assert "confirm_device_call" not in history.to_json()
+
+
+async def test_a_long_absence_becomes_a_question_and_another_device_can_take_the_step(
+    env, task_queue, store, workspace, devices
+):
+    async with running_worker(env, task_queue, store):
+        laptop, desktop = devices("laptop"), devices("desktop", approval={"*": "never"})
+        await laptop.start()
+        await desktop.start()
+        await laptop.stop()
+        await registry_says(env, task_queue, "laptop", online=False)
+        handle = await start(
+            env, task_queue, workspace, [write_on("laptop", device_wait_s=2)], allowed_tools=["write_file"]
+        )
+        snap = await wait_until(handle, lambda s: s.waiting_for_devices == {"save": "laptop"})
+        assert snap.phase == "awaiting_device" and statuses(snap) == {"save": "offline"}
+        card = await question_of(handle, "device_offline")
+        assert [o["id"] for o in card.options] == ["wait", "device:desktop", "skip"]
+        await submit(handle, Answer(request_id="move-1", question_id=card.id, choice="device:desktop"))
+        result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    assert (desktop.root / "out.txt").read_text() == "hello\n"
+    assert not (laptop.root / "out.txt").exists()
+
+
+async def test_skipping_a_step_whose_device_stays_away_abandons_it_and_what_needs_it(
+    env, task_queue, store, workspace, devices
+):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop")
+        await laptop.start()
+        await laptop.stop()
+        await registry_says(env, task_queue, "laptop", online=False)
+        after = {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["save"], "args": {}}
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            [write_on("laptop", device_wait_s=1), after],
+            allowed_tools=["write_file", "list_dir"],
+        )
+        card = await question_of(handle, "device_offline")
+        await submit(handle, Answer(request_id="skip-1", question_id=card.id, choice="skip"))
+        result = await handle.result()
+        snap = await handle.query(GoalWorkflow.progress)
+    assert statuses(snap) == {"save": "abandoned", "after": "abandoned"}
+    assert result.outcome == "partial"
+
+
+async def test_a_device_coming_back_closes_its_question_and_the_step_runs(env, task_queue, store, workspace, devices):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop", approval={"*": "never"})
+        await laptop.start()
+        await laptop.stop()
+        await registry_says(env, task_queue, "laptop", online=False)
+        handle = await start(
+            env, task_queue, workspace, [write_on("laptop", device_wait_s=1)], allowed_tools=["write_file"]
+        )
+        await question_of(handle, "device_offline")
+        back = devices("laptop", approval={"*": "never"})
+        await back.start()
+        result = await handle.result()
+        snap = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
+    assert snap.questions == []  # the card was closed: nobody needs to answer it now
+    assert (laptop.root / "out.txt").read_text() == "hello\n"
+
+
+async def test_a_plan_naming_a_device_that_never_announced_itself_is_refused_with_the_devices_there_are(
+    env, task_queue, store, workspace, devices
+):
+    async with running_worker(env, task_queue, store):
+        await devices("laptop").start()
+        handle = await start(env, task_queue, workspace, [write_on("ghost")], allowed_tools=["write_file"])
+        with pytest.raises(Exception) as failure:
+            await handle.result()
+    message = str(failure.value.cause)
+    assert "no device named 'ghost'" in message and "laptop (" in message, message
+
+
+async def test_aborting_a_goal_waiting_for_an_offline_device_ends_it_at_once(
+    env, task_queue, store, workspace, devices
+):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop")
+        await laptop.start()
+        await laptop.stop()
+        await registry_says(env, task_queue, "laptop", online=False)
+        handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
+        await wait_until(handle, lambda s: s.waiting_for_devices == {"save": "laptop"})
+        await submit(handle, Abort(request_id="stop-1", reason="the laptop is gone"))
+        result = await handle.result()
+        snap = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "aborted"
+    assert statuses(snap) == {"save": "abandoned"}
+
+
+async def test_an_agent_step_on_a_device_reads_there_and_its_model_sees_the_devices_file(
+    env, task_queue, store, workspace, devices, scripted
+):
+    server = scripted(tool_then_answer("read_file", {"path": "todo.md"}, when="water the plants", answer="one thing"))
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        laptop = devices("laptop", approval={"*": "never"})
+        await laptop.start()
+        (laptop.root / "todo.md").write_text("- water the plants\n")
+        step = agent("tidy", "Read todo.md and say how many things are on it.", ["read_file"], device="laptop")
+        handle = await start(env, task_queue, workspace, [step], allowed_tools=["read_file"])
+        result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    first, second = server.requests()
+    assert "water the plants" in second["last_message"]  # the tool result came from the device's root
