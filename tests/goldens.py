@@ -9,11 +9,12 @@ from pathlib import Path
 from temporalio.client import WorkflowHistory
 
 from workers.capabilities import CapabilitiesWorkflow
+from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow]
+WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow]
 
 
 def load(path: Path) -> WorkflowHistory:

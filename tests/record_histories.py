@@ -28,10 +28,12 @@ from activities.models.config import ModelConfig
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
+from tests.device_rig import InProcessDevice
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
 from workers.capabilities import CapabilitiesInput, CapabilitiesWorkflow
 from workers.orchestrator import build_worker
 from workflows.contracts import Budget
+from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
 from workflows.state import GoalInput
@@ -381,6 +383,52 @@ async def record_capabilities(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_devices_offline_then_back(env: WorkflowEnvironment, out: Path) -> None:
+    """A goal whose device went offline before it started: a read waits as `offline`, the
+    device announces itself again, the read runs there and a write on the device asks for
+    and gets approval. Kept: the goal's history and the device registry's."""
+    async with rig(env) as (workspace, task_queue):
+        with tempfile.TemporaryDirectory() as machines:
+            laptop = InProcessDevice(env, task_queue, "laptop", Path(machines) / "laptop")
+            laptop.root.mkdir()
+            (laptop.root / "notes.md").write_text("from the laptop\n")
+            await laptop.start()
+            await laptop.stop()
+            registry = env.client.get_workflow_handle(registry_id(task_queue))
+            while True:
+                listing = await registry.query(RegistryQueries.DEVICES, result_type=DeviceListing)
+                if not any(r.presence.online for r in listing.devices):
+                    break
+                await asyncio.sleep(0.1)
+            steps = [
+                {"name": "read", "kind": "tool", "tool": "read_file", "device": "laptop", "args": {"path": "notes.md"}},
+                {
+                    "name": "save",
+                    "kind": "tool",
+                    "tool": "write_file",
+                    "device": "laptop",
+                    "needs": ["read"],
+                    "args": {"path": "copy.md", "content": "{{steps.read}}"},
+                },
+            ]
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file", "write_file"])
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=f"{out.stem}-goal", task_queue=task_queue
+            )
+            await wait_until(handle, lambda s: s.waiting_for_devices == {"read": "laptop"})
+            back = InProcessDevice(env, task_queue, "laptop", laptop.root)
+            await back.start()
+            await wait_until(handle, lambda s: bool(s.questions))
+            await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+            result = await handle.result()
+            await back.stop()
+            goal_history = await handle.fetch_history()
+            registry_history = await registry.fetch_history()
+    assert result.outcome == "succeeded", result.excerpt
+    save(out.with_name(f"{out.stem}-goal.json"), goal_history)
+    save(out.with_name(f"{out.stem}-registry.json"), registry_history)
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -397,6 +445,7 @@ SCENARIOS = {
     "goal-v1-stall-ladder": record_goal_stall_ladder,
     "goal-v1-agent-waits-across-runs": record_goal_agent_waits_across_runs,
     "capabilities-v1": record_capabilities,
+    "devices-v1-offline-then-back": record_devices_offline_then_back,
 }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from activities.artifacts import ArtifactStore
 from testing.repo import git, init_repo
@@ -95,6 +96,17 @@ def start_workflow(env, goal_id: str, goal: GoalSpec, task_queue: str) -> None:
         await env.client.start_workflow(GoalWorkflow.run, GoalInput(spec=goal), id=goal_id, task_queue=task_queue)
 
     asyncio.run(start())
+
+
+def ui_details(env, goal_id: str) -> str:
+    """What the Temporal UI shows as the goal's current details (the SDK's metadata query)."""
+
+    async def ask() -> str:
+        handle = env.client.get_workflow_handle(goal_id)
+        metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        return metadata.current_details
+
+    return asyncio.run(ask())
 
 
 def snapshot(env, goal_id: str) -> ProgressSnapshot:
@@ -214,6 +226,7 @@ def test_a_device_killed_mid_step_parks_the_step_until_it_returns_and_nothing_is
     status = perdure("status", killed_device, env=variables)
     assert status.returncode == 0, status.stderr
     assert "waiting for device a" in status.stdout
+    assert "waiting for device a (offline)" in ui_details(env, killed_device)
     active_before = snapshot(env, killed_device).active_seconds
     assert snapshot(env, killed_device).stall_after_s == 1  # the watchdog would call any other goal stalled
     watchdog = perdure("watchdog", "run-now", env=variables)

@@ -1,0 +1,71 @@
+"""An in-process device for tests and recordings: the real device activities on their own
+task queue, announced to the real registry, without the daemon's process (no SIGKILL).
+Not a test module."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from temporalio.client import WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from activities.device_tools import DeviceSessionState, DeviceToolActivities
+from workflows.device_contracts import (
+    DEVICE_REGISTRY_WORKFLOW,
+    DEVICE_TOOLS,
+    DeviceAnnouncement,
+    DeviceRegistryInput,
+    DeviceSession,
+    RegistryUpdates,
+    device_queue,
+    registry_id,
+)
+
+
+class InProcessDevice:
+    """A device daemon's activities and announce, without its process (no SIGKILL here)."""
+
+    def __init__(self, env, task_queue: str, name: str, root: Path, **announced) -> None:
+        self.env, self.task_queue, self.name, self.root = env, task_queue, name, root
+        self.announced = {"tools": list(DEVICE_TOOLS), "lease_s": 1.0, **announced}
+        self.state = DeviceSessionState(name=name)
+        self.worker: Worker | None = None
+        self._run: asyncio.Task | None = None
+
+    async def start(self) -> DeviceSession:
+        announcement = DeviceAnnouncement(
+            name=self.name, session=self.state.session, root=str(self.root), **self.announced
+        )
+        session = await self.env.client.execute_update_with_start_workflow(
+            RegistryUpdates.ANNOUNCE,
+            announcement,
+            start_workflow_operation=WithStartWorkflowOperation(
+                DEVICE_REGISTRY_WORKFLOW,
+                DeviceRegistryInput(),
+                id=registry_id(self.task_queue),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            ),
+            result_type=DeviceSession,
+        )
+        self.state.generation = session.generation
+        scratch = self.root.parent / f"scratch-{self.name}-{session.generation}"
+        acts = DeviceToolActivities(
+            self.root, frozenset(self.announced["tools"]), self.announced.get("network", False), self.state, scratch
+        )
+        self.worker = Worker(
+            self.env.client, task_queue=device_queue(self.name, self.task_queue), activities=[acts.run_tool, acts.lease]
+        )
+        self._run = asyncio.create_task(self.worker.run())
+        return session
+
+    async def stop(self) -> None:
+        if self.worker is not None and self._run is not None:
+            self.state.stopping.set()
+            await self.worker.shutdown()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run
+            self.worker = self._run = None
