@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from temporalio.client import WorkflowHandle
 
-from tests.builders import agent, openai_profile, tool_then_answer
+from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.device_rig import InProcessDevice
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.helpers import run_goal, running_worker, start, statuses, submit, wait_until
 from workflows.device_contracts import (
     DeviceListing,
     RegistryQueries,
@@ -212,3 +212,31 @@ async def test_an_agent_step_on_a_device_reads_there_and_its_model_sees_the_devi
     assert result.outcome == "succeeded", result.excerpt
     first, second = server.requests()
     assert "water the plants" in second["last_message"]  # the tool result came from the device's root
+
+
+async def test_the_planner_is_told_the_devices_and_a_plan_naming_another_is_sent_back_to_repair(
+    env, task_queue, store, workspace, devices, scripted
+):
+    on = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "todo.md"}}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "Your plan was rejected", "json": {"steps": [{**on, "device": "laptop"}]}},
+                # Matches only a planner prompt that lists the device: the planner is told.
+                {"when": "- laptop: online; works in", "times": 1, "json": {"steps": [{**on, "device": "ghost"}]}},
+            ]
+        }
+    )
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        laptop = devices("laptop", tools=["read_file", "list_dir"])
+        await laptop.start()
+        (laptop.root / "todo.md").write_text("- water the plants\n")
+        goal = spec(workspace, goal="Read my todo list on the laptop", allowed_tools=["read_file"])
+        handle, result = await run_goal(env, task_queue, goal)
+        snap = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
+    first, repair = server.requests()[:2]
+    assert first["matched"] == 1 and repair["matched"] == 0
+    assert "no device named 'ghost' (devices: laptop (read_file, list_dir))" in repair["last_message"]
+    assert snap.nodes[0].placements["read_file"].startswith("device laptop")
+    assert store.get_text(snap.results["read"]) == "- water the plants\n"

@@ -164,6 +164,13 @@ def test_a_goal_reads_on_device_a_writes_and_commits_on_device_b_and_each_file_l
             },
         ],
     )
+    ghost = write_plan(
+        tmp_path / "ghost.yaml",
+        [{"name": "read", "kind": "tool", "tool": "read_file", "device": "ghost", "args": {"path": "notes.md"}}],
+    )
+    refused = perdure("start", "--plan", str(ghost), "--workspace", str(workspace), env=variables)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "no device named 'ghost' (devices: a (read_file, list_dir), b (" in " ".join(refused.stderr.split())
     start_goal(variables, plan, workspace, two_machines)
     result = result_of(env, two_machines)
 

@@ -67,7 +67,8 @@ class DeviceRegistryWorkflow:
         self._state = input.state or DeviceRegistryState()
         # Device -> the task holding its lease in this run.
         self._leases: dict[str, asyncio.Task] = {}
-        self._changes = 0
+        # Presence signals on their way to goals: continue-as-new waits for them.
+        self._sending = 0
 
     @workflow.run
     async def run(self, input: DeviceRegistryInput) -> None:
@@ -76,7 +77,7 @@ class DeviceRegistryWorkflow:
             if record.presence.online:
                 self._hold_lease(name)
         await workflow.wait_condition(self._continue_as_new_due)
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._sending)
         for task in self._leases.values():
             task.cancel()
         workflow.continue_as_new(DeviceRegistryInput(state=self._state))
@@ -236,6 +237,7 @@ class DeviceRegistryWorkflow:
         asyncio.create_task(self._send(goal_id, presence))
 
     async def _send(self, goal_id: str, presence: DevicePresence) -> None:
+        self._sending += 1
         try:
             await workflow.get_external_workflow_handle(goal_id).signal(DEVICE_PRESENCE_SIGNAL, presence)
         except (ApplicationError, FailureError) as err:
@@ -244,6 +246,8 @@ class DeviceRegistryWorkflow:
             if record is not None and goal_id in record.watchers:
                 record.watchers.remove(goal_id)
             workflow.logger.info("watcher dropped", extra={"goal": goal_id, "error": str(err)[:200]})
+        finally:
+            self._sending -= 1
 
 
 def _failure(err: ActivityError) -> str:

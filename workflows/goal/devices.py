@@ -106,6 +106,10 @@ class Devices:
             workflow.logger.warning("device presence refused", extra={"error": str(err)[:300]})
             return
         known = self._ctx.state.devices.get(presence.name)
+        if known is None and presence.name not in self._watched:
+            # Only devices this goal asked about: a stray signal must not grow the state.
+            workflow.logger.warning("device presence ignored: not this goal's", extra={"device": presence.name})
+            return
         if known is not None and presence.seq < known.seq:
             return
         self._ctx.state.devices[presence.name] = presence
