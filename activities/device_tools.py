@@ -61,6 +61,8 @@ class DeviceSessionState:
     """0 until the registry answered the announce."""
     superseded: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a call or a lease names a newer session of this device."""
+    announcing: bool = False
+    """Announcing itself again: work for a newer generation may be this session's own."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the daemon shuts down: the lease ends once the running calls have."""
     running: dict[str, RunningCall] = field(default_factory=dict)
@@ -135,6 +137,14 @@ class DeviceToolActivities:
     async def run_tool(self, input: DeviceToolInput) -> DeviceToolResult:
         state = self.state
         if input.generation > state.generation:
+            if state.announcing:
+                # Probably this daemon's own new session, its answer still on the way: not
+                # run now, and the goal sends it again ("not started").
+                raise DeviceSuperseded(
+                    f"device {state.name} is announcing itself again; the call was not run",
+                    type="DeviceNotReady",
+                    non_retryable=True,
+                )
             raise self._superseded(f"a {input.tool} call of goal {input.goal_id}", input.generation)
 
         def refused(error: str) -> DeviceToolResult:
@@ -202,6 +212,9 @@ class DeviceToolActivities:
         state = self.state
         if input.generation < state.generation:
             return LeaseResult(ended="stale")
+        if input.generation > state.generation and input.session == state.session:
+            # This session's own lease, ahead of the announce's answer: the registry gave us that generation.
+            state.generation = input.generation
         if input.generation > state.generation:
             raise self._superseded("a lease", input.generation)
         timeout = activity.info().heartbeat_timeout

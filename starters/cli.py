@@ -714,8 +714,9 @@ def device(
         asyncio.run(_device())
     except KeyboardInterrupt:
         pass  # Ctrl-C before the daemon was online: nothing to stop
-    except (settings.TemporalConfigError, DeviceConfigError, RuntimeError) as err:
-        # RuntimeError: the server unreachable (ServerUnavailable), the registry refusing (DeviceRefused).
+    except (settings.TemporalConfigError, DeviceConfigError, RuntimeError, ValueError) as err:
+        # RuntimeError: the server unreachable (ServerUnavailable), the registry refusing (DeviceRefused);
+        # ValueError: payload keys or payload store settings that cannot be used.
         err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(1) from None
     except RPCError as err:
@@ -739,7 +740,7 @@ def devices(
 
     try:
         asyncio.run(_devices())
-    except (ServerUnavailable, settings.TemporalConfigError, listing.RegistryUnanswered) as err:
+    except (ServerUnavailable, settings.TemporalConfigError, listing.RegistryUnanswered, ValueError) as err:
         err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(1) from None
     except RPCError as err:

@@ -23,6 +23,7 @@ from runtime import converter
 from testing.crash import CrashRig
 from testing.fakes import FakeService
 from testing.scripted import ScriptedServer
+from tests.device_rig import InProcessDevice
 from tests.helpers import dev_server_options
 
 Service = TypeVar("Service", bound=FakeService)
@@ -129,3 +130,21 @@ def crash_rig(env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Callable[...
     yield make
     for rig in rigs:
         rig.close()
+
+
+@pytest_asyncio.fixture
+async def devices(env, task_queue, tmp_path) -> AsyncIterator[Callable[..., InProcessDevice]]:
+    """Factory: `devices(name, **announced)` is an in-process device on this test's queue,
+    its root tmp_path/machine-NAME (the same root when asked again); stopped after the test."""
+    made: list[InProcessDevice] = []
+
+    def make(name: str, **announced) -> InProcessDevice:
+        root = tmp_path / f"machine-{name}"
+        root.mkdir(exist_ok=True)
+        device = InProcessDevice(env, task_queue, name, root, **announced)
+        made.append(device)
+        return device
+
+    yield make
+    for device in made:
+        await device.stop()

@@ -8,17 +8,20 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from temporalio.client import WithStartWorkflowOperation
+from temporalio.client import WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from activities.device_tools import DeviceSessionState, DeviceToolActivities
+from tests.helpers import wait_until
 from workflows.device_contracts import (
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,
     DeviceAnnouncement,
+    DeviceListing,
     DeviceRegistryInput,
     DeviceSession,
+    RegistryQueries,
     RegistryUpdates,
     device_queue,
     registry_id,
@@ -69,3 +72,23 @@ class InProcessDevice:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run
             self.worker = self._run = None
+
+
+async def registry_says(env, task_queue: str, name: str, online: bool, timeout_s: float = 30) -> None:
+    handle = env.client.get_workflow_handle(registry_id(task_queue))
+    for _ in range(int(timeout_s * 10)):
+        listing = await handle.query(RegistryQueries.DEVICES, result_type=DeviceListing)
+        if any(r.presence.name == name and r.presence.online is online for r in listing.devices):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the registry never said device {name} is {'online' if online else 'offline'}")
+
+
+def write_on(device: str, path: str = "out.txt", content: str = "hello\n", **extra) -> dict:
+    args = {"path": path, "content": content}
+    return {"name": "save", "kind": "tool", "tool": "write_file", "device": device, "args": args, **extra}
+
+
+async def question_of(handle: WorkflowHandle, topic: str):
+    snap = await wait_until(handle, lambda s: any(q.topic == topic for q in s.questions))
+    return next(q for q in snap.questions if q.topic == topic)

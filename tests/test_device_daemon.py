@@ -416,6 +416,23 @@ def test_cli_errors_are_one_line_without_a_traceback(tmp_path: Path, monkeypatch
     assert result.exit_code == 1 and "cannot reach Temporal" in result.output and "Traceback" not in result.output
 
 
+def test_an_unusable_scratch_or_bad_payload_keys_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PERDURE_TEMPORAL", "127.0.0.1:1")
+    monkeypatch.setattr(cli.err_console, "width", 1000)
+    runner = CliRunner()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for scratch in ("/proc/nope", str(a_file)):
+        result = runner.invoke(cli.app, ["device", "--name", "a", "--root", str(tmp_path), "--scratch", scratch])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.output.startswith(f"error: cannot use {scratch} as the scratch directory"), result.output
+    monkeypatch.setenv("PERDURE_PAYLOAD_KEYS", "nonsense")
+    for argv in (["device", "--name", "a", "--root", str(tmp_path)], ["devices"]):
+        result = runner.invoke(cli.app, argv)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.output.startswith("error: ") and "PERDURE_PAYLOAD_KEYS" in result.output, result.output
+
+
 # --- the daemon keeps itself announced ---------------------------------------------------
 
 

@@ -5,58 +5,13 @@ the agent's tools on a device. Killed and restarted daemons are in test_devices.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-
 import pytest
-from temporalio.client import WorkflowHandle
 
 from tests.builders import agent, openai_profile, spec, tool_then_answer
-from tests.device_rig import InProcessDevice
+from tests.device_rig import question_of, registry_says, write_on
 from tests.helpers import run_goal, running_worker, start, statuses, submit, wait_until
-from workflows.device_contracts import (
-    DeviceListing,
-    RegistryQueries,
-    registry_id,
-)
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve
-
-
-@pytest.fixture
-async def devices(env, task_queue, tmp_path) -> AsyncIterator[Callable[..., InProcessDevice]]:
-    made: list[InProcessDevice] = []
-
-    def make(name: str, **announced) -> InProcessDevice:
-        root = tmp_path / f"machine-{name}"
-        root.mkdir(exist_ok=True)
-        device = InProcessDevice(env, task_queue, name, root, **announced)
-        made.append(device)
-        return device
-
-    yield make
-    for device in made:
-        await device.stop()
-
-
-async def registry_says(env, task_queue: str, name: str, online: bool, timeout_s: float = 30) -> None:
-    handle = env.client.get_workflow_handle(registry_id(task_queue))
-    for _ in range(int(timeout_s * 10)):
-        listing = await handle.query(RegistryQueries.DEVICES, result_type=DeviceListing)
-        if any(r.presence.name == name and r.presence.online is online for r in listing.devices):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the registry never said device {name} is {'online' if online else 'offline'}")
-
-
-def write_on(device: str, path: str = "out.txt", content: str = "hello\n", **extra) -> dict:
-    args = {"path": path, "content": content}
-    return {"name": "save", "kind": "tool", "tool": "write_file", "device": device, "args": args, **extra}
-
-
-async def question_of(handle: WorkflowHandle, topic: str):
-    snap = await wait_until(handle, lambda s: any(q.topic == topic for q in s.questions))
-    return next(q for q in snap.questions if q.topic == topic)
 
 
 async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_runs_where(

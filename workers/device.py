@@ -184,6 +184,15 @@ def device_config(
     )
     if place == real_root:
         raise DeviceConfigError("--scratch must not be the root itself (commands must not see it)")
+    try:
+        place.mkdir(parents=True, exist_ok=True)
+        probe = place / ".perdure-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise DeviceConfigError(
+            f"cannot use {place} as the scratch directory ({err.strerror or err}); give a writable one with --scratch"
+        ) from None
     return DeviceConfig(
         name=name, root=real_root, tools=offered, network=network, approval=rules, lease_s=lease_s, scratch=place
     )
@@ -393,8 +402,14 @@ async def _keep_announced(client: Client, config: DeviceConfig, state: DeviceSes
             continue
         log.warning(f"device {config.name} held no lease for {lapse_s:g} s; announcing it again")
         state.session = uuid.uuid4().hex
-        session = await announce(client, _announcement(config, state), queue)
-        state.generation = session.generation
+        # Until the answer comes, a lease or call of the new session may already arrive: it
+        # is this daemon's, not a replacement's (activities/device_tools.py).
+        state.announcing = True
+        try:
+            session = await announce(client, _announcement(config, state), queue)
+        finally:
+            state.announcing = False
+        state.generation = max(state.generation, session.generation)
         state.lease_seen = time.monotonic()
         log.info("device announced again", device=config.name, generation=state.generation)
 

@@ -80,7 +80,7 @@ def progress_snapshot(
         park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
         devices=device_lines(state),
-        waiting_for_devices={n: w.device for n, w in state.device_waits.items() if n in state.nodes},
+        waiting_for_devices=waits_for_devices(state),
     )
 
 
@@ -102,6 +102,12 @@ def node_view(node: Node, plan_version: int | None = None) -> NodeView:
 def _device_waited_for(node: Node) -> str | None:
     waiting = node.waiting_on or ""
     return waiting.removeprefix("device:") if node.status == "offline" and waiting.startswith("device:") else None
+
+
+def waits_for_devices(state: GoalState) -> dict[str, str]:
+    """Node -> the device it waits for, of the nodes offline now."""
+    nodes = state.nodes
+    return {n: w.device for n, w in state.device_waits.items() if n in nodes and nodes[n].status == "offline"}
 
 
 def device_lines(state: GoalState) -> dict[str, str]:
@@ -133,7 +139,7 @@ def details_markdown(
         lines.append(f"ETA: {eta.text}")
     if state.pause.mode == "parked":
         lines.append(f"parked: {state.pause.reason}")
-    waiting = sorted({w.device for w in state.device_waits.values()})
+    waiting = sorted(set(waits_for_devices(state).values()))
     if waiting:
         lines.append(f"waiting for device {', '.join(waiting)} (offline)")
     for question in state.open_questions():

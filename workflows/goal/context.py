@@ -47,6 +47,9 @@ NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
 COMMAND_REPLAY_PATCH = "commands-ask-after-loss"
 # Goals recorded before devices existed plan without asking which devices there are.
 DEVICES_PATCH = "devices-listed-for-plans"
+# Goals recorded before a device wait's limit counted only nodes still offline set a
+# timer for the wait of a node the device's return had just resumed.
+DEVICE_WAIT_TIMER_PATCH = "device-wait-timers-of-offline-nodes"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -61,8 +64,11 @@ class GoalFailed(Exception):
 
 class NodeWaiting(Exception):
     """A node that waits with no task of its own: for the answer to a question
-    (`node.waiting_on`), or, parked, for the goal to resume. The scheduler runs it again
-    then, in this run or a later one."""
+    (`node.waiting_on`), parked for the goal to resume, or for its device. The scheduler
+    runs it again then, in this run or a later one. `maybe_ran`: a device call of the
+    node was lost after it was sent (its effect may have happened)."""
+
+    maybe_ran = False
 
 
 class NodeStopped(Exception):
@@ -89,7 +95,7 @@ class GoalContext:
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
-        self.commands_ask = self.lists_devices = False
+        self.commands_ask = self.lists_devices = self.device_timers_of_offline = False
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -101,6 +107,7 @@ class GoalContext:
         self.commands_ask = workflow.patched(COMMAND_REPLAY_PATCH)
         self.budgets_by_time_and_wrap_up = workflow.patched(BUDGET_CLOCK_PATCH)
         self.lists_devices = workflow.patched(DEVICES_PATCH)
+        self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

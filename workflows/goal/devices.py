@@ -53,6 +53,8 @@ from workflows.plan import AgentStep, Plan, ToolStep, devices_named
 from workflows.state import DeviceWait, Node, Question
 from workflows.tool_specs import TOOL_SPECS, RunCommandArgs
 
+WRITES = ("remote-write", "irreversible")
+
 LOCAL_TIMEOUT = timedelta(seconds=30)
 LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
 # A call not picked up this long after it was sent (the device died before the goal heard,
@@ -169,6 +171,7 @@ class Devices:
         state = self._ctx.state
         presence = state.devices.get(name)
         if presence is not None and not presence.known:
+            self.forget(node.name)
             raise NodeFailed(f"no device named '{name}' has announced itself (see `perdure devices`)")
         if presence is not None and presence.online:
             self._end_wait(node, f"device {name} is online")
@@ -208,7 +211,14 @@ class Devices:
 
     def time_to_deadline(self) -> timedelta | None:
         """Until the earliest wait past which a person is asked; None without such a wait."""
-        due = [self._deadline(name, wait) for name, wait in self._ctx.state.device_waits.items() if not wait.question]
+        state = self._ctx.state
+        offline_only = self._ctx.device_timers_of_offline
+        due = [
+            self._deadline(name, wait)
+            for name, wait in state.device_waits.items()
+            if not wait.question
+            and (not offline_only or (name in state.nodes and state.nodes[name].status == "offline"))
+        ]
         if not due:
             return None
         return max(min(due) - workflow.now(), timedelta(seconds=1))
@@ -287,7 +297,7 @@ class Devices:
         args = tool_input.args or {}
         if not needs_approval(tool_input.tool, args, presence.approval, self._ctx.state.spec.device_approval):
             return None
-        call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name}
+        call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name, "in": presence.root}
         key = "device-call:" + digest_of(call)
         question = self._ctx.question_about(node, key, "confirm_device_call") or questions.confirm_device_call(
             self._ctx.state,
@@ -317,20 +327,48 @@ class Devices:
         )
 
     async def call(self, tool_input: ToolInput, summary: str, node: Node, name: str) -> ToolResult:
-        """Run one call (arguments resolved) on the device, waiting while it is offline."""
+        """Run one call (arguments resolved) on the device, waiting while it is offline.
+
+        `tool_input.workspace` is the root the call was resolved, keyed and approved for:
+        a device now serving another root does not get it. A NodeWaiting raised here says
+        whether an attempt may have run (`maybe_ran`), for the effect guard's record."""
+        maybe_ran = False
+        write = TOOL_SPECS[tool_input.tool].risk in WRITES
         while True:
-            presence = await self.ready(node, name)
+            try:
+                presence = await self.ready(node, name)
+            except NodeWaiting as waiting:
+                waiting.maybe_ran = maybe_ran
+                raise
             if tool_input.tool not in presence.tools:
                 offers = ", ".join(presence.tools) or "nothing"
                 return self._failed(tool_input, f"device {name} does not offer {tool_input.tool} (it offers: {offers})")
+            if presence.root != tool_input.workspace:
+                return self._failed(
+                    tool_input,
+                    f"device {name} now works in {presence.root}, not in {tool_input.workspace} where this call was "
+                    "meant (and approved) to run; nothing was sent",
+                )
             node.placements[tool_input.tool] = f"device {name}: the step runs there"
             try:
                 result = await self._send(tool_input, summary, name, presence)
             except ActivityError as err:
                 lost = _lost(err)
                 if lost is None:
-                    raise
+                    if not write:
+                        raise
+                    # A write whose call failed on the device: whether it landed is unknown.
+                    return self._uncertain(
+                        tool_input, f"{tool_input.tool} on device {name} failed and may have happened: {err.cause}"
+                    )
                 self._lost(name, presence, f"{summary}: {lost}")
+                if lost != "not started":
+                    maybe_ran = True
+                if node.name in self._ctx.stopping:
+                    # The goal is stopping: no waiting for the device to come back.
+                    if maybe_ran:
+                        return self._uncertain(tool_input, f"{tool_input.tool} on device {name} was interrupted")
+                    return self._failed(tool_input, f"{tool_input.tool} was not sent: the goal is stopping")
                 if lost == "not started" or self._replay_safe(tool_input):
                     continue  # waits for the device, then runs it again
                 return self._uncertain(
@@ -338,11 +376,12 @@ class Devices:
                 )
             newest = self._ctx.state.devices.get(name, presence)
             if result.generation < newest.generation:
+                maybe_ran = True
                 self._ctx.log_gate(
                     f"{node.name}: refused a result from device {name} session {result.generation}: "
                     f"session {newest.generation} started since"
                 )
-                if self._replay_safe(tool_input):
+                if self._replay_safe(tool_input) and node.name not in self._ctx.stopping:
                     continue
                 return self._uncertain(
                     tool_input,
@@ -405,7 +444,7 @@ class Devices:
                 call_id=tool_input.call_id,
                 tool=tool_input.tool,
                 args=tool_input.args or {},
-                root=presence.root,
+                root=tool_input.workspace,
                 generation=presence.generation,
                 network=tool_input.network,
                 confirmed=tool_input.confirmed,
@@ -457,6 +496,6 @@ def _lost(err: ActivityError) -> str | None:
         if cause.type == TimeoutType.SCHEDULE_TO_START:
             return "not started"
         return "the device stopped answering"
-    if isinstance(cause, ApplicationError) and cause.type == "DeviceSuperseded":
-        return "not started"  # a replaced daemon refused it before running anything
+    if isinstance(cause, ApplicationError) and cause.type in ("DeviceSuperseded", "DeviceNotReady"):
+        return "not started"  # a replaced (or re-announcing) daemon refused it before running anything
     return None

@@ -244,12 +244,16 @@ class EffectGuard:
         flights[node.name] = flights.get(node.name, 0) + 1
         try:
             result = await self._tools.execute(tool_input, summary, node)
-        except NodeWaiting:
+        except NodeWaiting as waiting:
             # Its device went offline before the write was sent, or while it ran (its
             # replay policy lets it run again then): nothing is in flight while it waits.
-            self._landed(node)
+            if record is not None and record.effect == "in_flight":
+                record.effect = "maybe" if waiting.maybe_ran else "not_happened"
             raise
-        self._landed(node)
+        finally:
+            # Whatever ended the call (an answer, a wait, an error), it is no longer in
+            # flight: a count left behind would hold an abort forever.
+            self._landed(node)
         if result.ok:
             self._ctx.state.effects[key] = EffectRecord(
                 node=node.name, tool=tool_input.tool, output=result.output, preview=result.preview

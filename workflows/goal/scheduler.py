@@ -122,6 +122,7 @@ class Scheduler:
             if verdict == "resume":
                 self._resume(node)
             elif verdict == "skip":
+                self._devices.forget(name)
                 node.waiting_on = None
                 self._ctx.set_status(node, "abandoned")
                 node.error = "skipped by a person while its device was offline"

@@ -54,7 +54,10 @@ class ToolRunner:
         """Goals recorded before read segments existed replay their reads as activities."""
         return workflow.patched(READ_SEGMENTS_PATCH)
 
-    def placement(self, tool: str) -> segments.Placement:
+    def placement(self, tool: str, node: Node | None = None) -> segments.Placement:
+        if self._devices is not None and self._devices.runs_on(node, tool):
+            # On a device: an activity on its queue, never in a read segment of the workers'.
+            return segments.Placement(where="activity", why="runs on the step's device")
         placement = segments.place_tool(tool, self._state.spec.local_activities_up_to_s)
         if placement.local and not self.segments_enabled():
             return segments.Placement(where="activity", why="goal started before read segments existed")
