@@ -94,3 +94,19 @@ def serve_until_interrupted(*servers: BackgroundHTTPServer) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+class PingServer(BackgroundHTTPServer):
+    """Counts the GETs that reach it: a command's network call, seen from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[str] = []
+
+    class handler(JSONHandler):  # noqa: N801 (the attribute BackgroundHTTPServer serves)
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.server.owner.hits.append(self.path)  # type: ignore[attr-defined]
+            self.send_json(200, {"pong": True})
+
+        def log_message(self, *args: object) -> None:
+            pass

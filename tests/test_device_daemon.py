@@ -46,7 +46,7 @@ from activities.device_tools import (
 from runtime.plugin import PerdurePlugin
 from starters import cli
 from starters.devices import DevicesView, DeviceView, device_views, print_devices
-from testing.http import BackgroundHTTPServer, JSONHandler
+from testing.http import PingServer
 from testing.repo import git, init_repo
 from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process
 from workers import device as daemon
@@ -68,22 +68,6 @@ from workflows.device_contracts import (
 from workflows.device_registry import DeviceRegistryWorkflow
 
 needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
-
-
-class PingServer(BackgroundHTTPServer):
-    """Counts the GETs that reach it: a command's network call, seen from outside."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hits: list[str] = []
-
-    class handler(JSONHandler):  # noqa: N801 (the attribute BackgroundHTTPServer serves)
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            self.server.owner.hits.append(self.path)  # type: ignore[attr-defined]
-            self.send_json(200, {"pong": True})
-
-        def log_message(self, *args: object) -> None:
-            pass
 
 
 @dataclasses.dataclass

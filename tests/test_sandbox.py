@@ -35,29 +35,13 @@ from activities.artifacts import ArtifactStore
 from activities.tools import ToolActivities
 from starters import cli
 from testing.crash import write_model_config
-from testing.http import BackgroundHTTPServer, JSONHandler
+from testing.http import PingServer
 from tests.builders import agent, spec
 from tests.helpers import perdure_status, running_worker, start
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.contracts import ToolInput, ToolResult
 
 pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
-
-
-class PingServer(BackgroundHTTPServer):
-    """Counts the GETs that reach it: a command's network call, seen from outside."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hits: list[str] = []
-
-    class handler(JSONHandler):  # noqa: N801 (the attribute BackgroundHTTPServer serves)
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            self.server.owner.hits.append(self.path)  # type: ignore[attr-defined]
-            self.send_json(200, {"pong": True})
-
-        def log_message(self, *args: object) -> None:
-            pass
 
 
 @pytest.fixture
