@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer, model_validator
+from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.contracts import (
     AgentTurnResult,
@@ -322,3 +323,6 @@ class GoalInput(BaseModel):
 
     spec: GoalSpec
     state: str | dict | None = None
+    stream: WorkflowStreamState | None = Field(
+        default=None, description="The event stream's log and publishers, carried across continue-as-new."
+    )

@@ -9,6 +9,7 @@ and never the workflow itself, so no room can reach into another's fields.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from temporalio import workflow
 
@@ -96,6 +97,10 @@ class GoalContext:
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = False
+        # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
+        self.on_status: Callable[[Node], None] | None = None
+        self.on_gate: Callable[[str], None] | None = None
+        self.on_receipt: Callable[[Any], None] | None = None
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -146,11 +151,15 @@ class GoalContext:
 
     def set_status(self, node: Node, status: NodeStatus) -> None:
         self.index().set_status(node, status)
+        if self.on_status is not None:
+            self.on_status(node)
 
     def log_gate(self, entry: str) -> None:
         log = self.state.gate_log
         log.append(entry)
         del log[:-GATE_LOG_ENTRIES]
+        if self.on_gate is not None:
+            self.on_gate(entry)
 
     def stop_point(self, node: Node) -> None:
         """A safe point of a node's work: a node told to stop ends here."""

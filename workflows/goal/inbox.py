@@ -114,6 +114,8 @@ class Inbox:
     def settle(self, entry: InboxEntry, status: str, note: str, detail: dict[str, Any] | None = None) -> None:
         entry.status, entry.note, entry.settled_at = status, note, workflow.now()
         entry.detail.update(detail or {})
+        if self._ctx.on_receipt is not None:
+            self._ctx.on_receipt(entry)
 
     def close(self) -> None:
         """No message is silently dropped: what was never applied says why."""

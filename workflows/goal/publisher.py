@@ -17,14 +17,16 @@ from workflows.contracts import ProgressSnapshot
 from workflows.eta import Eta, estimate_eta
 from workflows.goal.context import GoalContext
 from workflows.goal.spend import Spend
+from workflows.goal.stream import EventStream
 from workflows.progress_view import details_markdown, progress_snapshot
 from workflows.statuses import CLOSED_PHASES, ENDED_PHASES, TERMINAL
 
 
 class Publisher:
-    def __init__(self, ctx: GoalContext, spend: Spend) -> None:
+    def __init__(self, ctx: GoalContext, spend: Spend, events: EventStream) -> None:
         self._ctx = ctx
         self._spend = spend
+        self._events = events
         self._published: tuple | None = None
         self._details_at = None
 
@@ -48,6 +50,7 @@ class Publisher:
         """
         state = self._ctx.state
         percent = self.percent_done()
+        self._events.sync(percent, self._progress)
         parked = state.pause.mode == "parked"
         needs_human = bool(state.open_questions())
         marker = (state.phase, percent // 10, parked, needs_human)
@@ -72,6 +75,10 @@ class Publisher:
                 sa.LAST_PROGRESS_AT.value_set(workflow.now()),
             ]
         )
+
+    def _progress(self) -> tuple[dict[str, float], str | None, str | None]:
+        eta = self._eta()
+        return self._spend.fractions(), eta.text if eta else None, eta.confidence if eta else None
 
     def percent_done(self) -> int:
         state = self._ctx.state

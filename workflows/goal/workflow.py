@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.scheduler import Scheduler
     from workflows.goal.spend import Spend
     from workflows.goal.steering import Steering
+    from workflows.goal.stream import EventStream
     from workflows.goal.tool_runner import ToolRunner
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
@@ -66,7 +67,13 @@ class GoalWorkflow:
             self._pause.park(self._load_problem, None, timedelta(days=3650))
         self._inbox = Inbox(ctx, self._load_problem)
         self._spend = Spend(ctx, self._pause)
-        self._publisher = Publisher(ctx, self._spend)
+        self._events = EventStream(ctx, input.stream)
+        ctx.on_status, ctx.on_gate, ctx.on_receipt = (
+            self._events.on_status,
+            self._events.on_gate,
+            self._events.on_receipt,
+        )
+        self._publisher = Publisher(ctx, self._spend, self._events)
         calls = ModelCalls(ctx, self._inbox, self._spend)
         self._devices = Devices(ctx)
         tools = ToolRunner(state, self._devices)
@@ -119,7 +126,10 @@ class GoalWorkflow:
             state.failure = str(err)
         self._inbox.close()
         result = await self._closing.report()
-        # Updates still waiting for a receipt get it before the goal closes.
+        self._events.ended(result.outcome, state.failure, result.report.digest)
+        # Updates still waiting for a receipt get it before the goal closes; a subscriber's
+        # poll is let go (it reads the rest by query).
+        self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         if state.failure:
             raise ApplicationError(state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
@@ -308,7 +318,9 @@ class GoalWorkflow:
 
     async def _continue_as_new(self) -> None:
         state = self._ctx.state
-        # Handlers still running would be cut off by the new run; let them finish.
+        # Handlers still running would be cut off by the new run; let them finish. The
+        # stream's subscribers are let go first: they follow the chain to the new run.
+        self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         state.runs += 1
         events = workflow.info().get_current_history_length()
@@ -317,4 +329,6 @@ class GoalWorkflow:
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.
         state.spec = state.spec.model_copy(update={"plan": None})
-        workflow.continue_as_new(GoalInput(spec=state.spec, state=state.model_dump_json()))
+        workflow.continue_as_new(
+            GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state())
+        )

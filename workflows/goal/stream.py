@@ -1,0 +1,171 @@
+"""The goal's durable event stream (workflows/events.py): what it publishes and when, on
+its Workflow Stream, and the stream's state carried across continue-as-new.
+
+Publishing from the workflow adds nothing to history (the log lives in the workflow;
+subscribers long-poll it with updates, which do add events, counted like any other in
+the goal's continue-as-new budget). The log is truncated to the last STREAM_EVENTS_KEPT
+events, so memory and the carried state stay bounded; a subscriber behind that starts
+from the goal's progress query instead.
+
+Workflow code. The hooks are called by the rooms that change what they report: a node's
+status (GoalContext.set_status), a gate decision (GoalContext.log_gate), a settled
+message (Inbox.settle); plans, questions and progress are compared at each publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from temporalio import workflow
+from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
+
+from workflows.events import (
+    EVENTS_TOPIC,
+    STREAM_EVENTS_KEPT,
+    GateDecision,
+    GoalEnded,
+    GoalEvent,
+    NodeChanged,
+    PlanVersioned,
+    ProgressChanged,
+    QuestionChanged,
+    Receipt,
+)
+from workflows.goal.context import GoalContext
+from workflows.messages import InboxEntry
+from workflows.state import Node
+from workflows.statuses import TERMINAL
+
+
+class EventStream:
+    def __init__(self, ctx: GoalContext, prior: WorkflowStreamState | None) -> None:
+        # Constructed from the workflow's @workflow.init (the SDK checks the caller is an __init__).
+        self._stream = WorkflowStream(prior)
+        self._topic = self._stream.topic(EVENTS_TOPIC)
+        self._ctx = ctx
+        self._offset = (prior.base_offset + len(prior.log)) if prior else 0
+        self._base = prior.base_offset if prior else 0
+        state = ctx.state
+        # What earlier runs published is in the carried log: only changes from here on.
+        self._plans = len(state.plan_versions)
+        self._questions = {q.id: q.status for q in state.questions}
+        self._progress: tuple | None = None
+        self._gates = 0
+
+    def get_state(self) -> WorkflowStreamState:
+        """For continue-as-new: subscribers are let go (they follow the chain to the next run)."""
+        self._stream.detach_pollers()
+        return self._stream.get_state()
+
+    def release_subscribers(self) -> None:
+        """Before the goal ends: a subscriber's poll in flight must not hold it open."""
+        self._stream.detach_pollers()
+
+    def _publish(self, event: GoalEvent) -> None:
+        self._topic.publish(event)
+        self._offset += 1
+        if self._offset - self._base >= 2 * STREAM_EVENTS_KEPT:
+            self._base = self._offset - STREAM_EVENTS_KEPT
+            self._stream.truncate(self._base)
+
+    # --- hooks -------------------------------------------------------------------------
+
+    def on_status(self, node: Node) -> None:
+        duration = None
+        if node.started_at and node.status in TERMINAL:
+            # A settling node's finish time is set just after its status: the time is now.
+            duration = max(0.0, ((node.finished_at or workflow.now()) - node.started_at).total_seconds())
+        placement = next(reversed(node.placements.values()), None) if node.placements else None
+        waiting = node.waiting_on or ""
+        self._publish(
+            NodeChanged(
+                id=f"node:{node.name}:{node.runs}:{node.status}",
+                at=workflow.now(),
+                node=node.name,
+                kind=node.kind,
+                status=node.status,
+                key=node.key,
+                tokens=node.tokens,
+                cost_usd=node.cost_usd,
+                duration_s=duration,
+                placement=placement,
+                preview=node.preview[:200],
+                error=(node.error or None) and node.error[:300],
+                waiting_for_device=waiting.removeprefix("device:") if waiting.startswith("device:") else None,
+            )
+        )
+
+    def on_gate(self, entry: str) -> None:
+        self._gates += 1
+        self._publish(GateDecision(id=f"gate:{self._ctx.state.runs}:{self._gates}", at=workflow.now(), entry=entry))
+
+    def on_receipt(self, entry: InboxEntry) -> None:
+        self._publish(
+            Receipt(
+                id=f"receipt:{entry.request_id}:{entry.status}",
+                at=workflow.now(),
+                request_id=entry.request_id,
+                kind=entry.kind,
+                status=entry.status,
+                note=entry.note,
+            )
+        )
+
+    # --- compared at each publish ------------------------------------------------------
+
+    def sync(self, percent: int, progress: Callable[[], tuple[dict[str, float], str | None, str | None]]) -> None:
+        """Publish what changed since the last publish: new plan versions, questions asked or
+        answered, progress (`progress()` gives budget fractions, ETA and its confidence,
+        worked out only when the phase, percent or tokens changed)."""
+        state = self._ctx.state
+        for version in state.plan_versions[self._plans :]:
+            plan = version.plan
+            self._publish(
+                PlanVersioned(
+                    id=f"plan:{version.version}",
+                    at=workflow.now(),
+                    version=version.version,
+                    source=version.source,
+                    reason=version.reason,
+                    added=list(version.diff.added),
+                    removed=list(version.diff.removed),
+                    steps=len(plan.steps) if plan else 0,
+                )
+            )
+        self._plans = len(state.plan_versions)
+        for question in state.questions:
+            if self._questions.get(question.id) == question.status:
+                continue
+            self._questions[question.id] = question.status
+            self._publish(
+                QuestionChanged(
+                    id=f"question:{question.id}:{question.status}",
+                    at=workflow.now(),
+                    question=question.id,
+                    topic=question.topic,
+                    title=question.title,
+                    status=question.status,
+                    options=[o.id for o in question.options],
+                    answer=question.answer,
+                )
+            )
+        marker = (state.phase, percent, state.ledger.tokens)
+        if marker != self._progress:
+            self._progress = marker
+            budget, eta, confidence = progress()
+            self._publish(
+                ProgressChanged(
+                    id=f"progress:{state.runs}:{self._offset}",
+                    at=workflow.now(),
+                    phase=state.phase,
+                    percent_done=percent,
+                    tokens=state.ledger.tokens,
+                    cost_usd=state.ledger.cost_usd,
+                    budget=budget,
+                    eta=eta,
+                    eta_confidence=confidence,
+                )
+            )
+
+    def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
+        self._publish(GoalEnded(id="end", at=workflow.now(), outcome=outcome, failure=failure, report=report))
