@@ -748,6 +748,39 @@ def devices(
         raise typer.Exit(1) from None
 
 
+@app.command()
+def ui(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8234,
+) -> None:
+    """Serve the goals over HTTP: each goal's events as server-sent events, and a JSON API
+    to read goals and send them messages (starters/ui_server.py lists the routes)."""
+    import socket
+
+    import uvicorn
+
+    from starters.ui_server import build_app
+
+    async def _serve(sock: socket.socket) -> None:
+        client = await connect()
+        console.print(f"perdure ui on http://{host}:{port} (events: /api/goals/GOAL_ID/events)")
+        config = uvicorn.Config(build_app(client), log_level="warning")
+        await uvicorn.Server(config).serve(sockets=[sock])
+
+    try:
+        # Bound here, not by uvicorn: a port in use is then this command's one-line error.
+        sock = socket.create_server((host, port))
+        asyncio.run(_serve(sock))
+    except KeyboardInterrupt:
+        pass
+    except (ServerUnavailable, settings.TemporalConfigError, ValueError) as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    except OSError as err:
+        err_console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {escape(err.strerror or str(err))}")
+        raise typer.Exit(1) from None
+
+
 @app.command("codec-server")
 def codec_server(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8081,

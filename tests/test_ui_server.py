@@ -1,0 +1,115 @@
+"""`perdure ui`'s HTTP API, served by uvicorn on a real port against a dev server and read
+with httpx: a goal's events as server-sent events (resumable by Last-Event-ID), its
+snapshot, and steering messages with the CLI's receipts; bad input gets a clear 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import uvicorn
+
+from starters.ui_server import build_app
+from tests.builders import gate
+from tests.helpers import free_ports, running_worker, start, wait_until
+
+READS = [
+    {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
+    for i in range(3)
+]
+
+
+@pytest.fixture
+async def ui(env) -> AsyncIterator[str]:
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(build_app(env.client), host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+
+
+async def sse_events(url: str, headers: dict[str, str] | None = None) -> list[tuple[int, str, dict]]:
+    """(id, event, data) of each server-sent event until the goal's end event."""
+    found: list[tuple[int, str, dict]] = []
+    fields: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=60) as http, http.stream("GET", url, headers=headers or {}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line.startswith(":"):
+                continue  # a keep-alive comment
+            if line:
+                key, _, value = line.partition(": ")
+                fields[key] = value
+                continue
+            if "data" in fields:
+                found.append((int(fields["id"]), fields["event"], json.loads(fields["data"])))
+                if fields["event"] == "end":
+                    return found
+            fields = {}
+    return found
+
+
+async def test_a_goals_events_arrive_as_server_sent_events_and_resume_from_the_last_event_id(
+    env, task_queue, store, workspace, ui
+):
+    (workspace / "notes.md").write_text("a note\n")
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, READS, allowed_tools=["read_file"])
+        events = await asyncio.wait_for(sse_events(f"{ui}/api/goals/{handle.id}/events"), 60)
+        tail = await asyncio.wait_for(
+            sse_events(f"{ui}/api/goals/{handle.id}/events", {"Last-Event-ID": str(events[2][0])}), 60
+        )
+    assert events[-1][1] == "end" and events[-1][2]["outcome"] == "succeeded"
+    settled = {data["node"] for _, kind, data in events if kind == "node" and data["status"] == "succeeded"}
+    assert settled == {"read-0", "read-1", "read-2"}
+    assert [e[0] for e in tail] == [e[0] for e in events[3:]]  # exactly the rest, after the id it saw
+
+
+async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_clear_refusal(
+    env, task_queue, store, workspace, ui
+):
+    async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        snapshot = (await http.get(f"/api/goals/{handle.id}")).json()
+        assert snapshot["goal_id"] == handle.id and snapshot["phase"] == "running"
+        steer = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "steer", "text": "be brief"})
+        assert steer.status_code == 200, steer.text
+        receipt = steer.json()
+        assert receipt["kind"] == "steer" and receipt["status"] in ("applied", "pending") and receipt["request_id"]
+        inbox = (await http.get(f"/api/goals/{handle.id}/inbox")).json()
+        assert [e["request_id"] for e in inbox["entries"]] == [receipt["request_id"]]
+        unknown_kind = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "dance"})
+        not_json = await http.post(f"/api/goals/{handle.id}/messages", content=b"steer please")
+        bad_offset = await http.get(f"/api/goals/{handle.id}/events?from=-3")
+        missing = await http.get("/api/goals/no-such-goal")
+        aborted = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort", "reason": "done"})
+        assert aborted.status_code == 200 and aborted.json()["status"] in ("applied", "pending")
+        result = await handle.result()
+    assert unknown_kind.status_code == 400 and "malformed message" in unknown_kind.json()["error"]
+    assert not_json.status_code == 400 and "JSON object" in not_json.json()["error"]
+    assert bad_offset.status_code == 400 and "whole number" in bad_offset.json()["error"]
+    assert missing.status_code == 404 and missing.json() == {"error": "no such goal"}
+    assert result.outcome == "aborted"
+
+
+def test_perdure_ui_on_a_port_in_use_is_a_one_line_error(env, tmp_path):
+    import socket
+
+    from tests.subprocess_rig import perdure, user_env
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = perdure("ui", "--port", str(port), env=user_env(env, tmp_path, "tq-ui"), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
