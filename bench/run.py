@@ -37,6 +37,7 @@ from bench import (  # noqa: E402
     replay,
     rss,
     scale,
+    ui_events,
     watchdog,
 )
 from bench.common import Section, start_server, use_home  # noqa: E402
@@ -53,6 +54,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "agent_turn_overhead_pct": ("<=", 3.0),
     watchdog.KEY: ("<=", 60.0),  # the watchdog's default interval
     device_resume.KEY: ("<=", 2.0),
+    "ui_event_latency_ms": ("<=", 300.0),
 }
 # Figure -> the raw-Temporal baselines it is shown as a ratio of.
 BASELINES: dict[str, tuple[str, ...]] = {
@@ -79,6 +81,7 @@ BENCHMARKS = {
     "recovery_command": (recovery_command.KEYS, recovery_command.measure),
     "command_sandbox": (command_sandbox.KEYS, command_sandbox.measure),
     "device_resume": (device_resume.KEYS, device_resume.measure),
+    "ui_events": (ui_events.KEYS, ui_events.measure),
     "rss": (rss.KEYS, rss.measure),
     "watchdog": ((watchdog.KEY,), watchdog_section),
     "scale": (scale.KEYS, scale.measure),
