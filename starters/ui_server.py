@@ -10,6 +10,8 @@ events, and a JSON API for reading goals and sending them messages.
     POST /api/goals/{id}/messages       a steering message, as JSON: {"kind": "steer", "text": ...};
                                         the same messages, request ids and receipts as the CLI
                                         (a request_id is made when the body has none)
+    GET  /, /goals/{id}                 the page (starters/ui_assets/): the goals, and a goal's task
+                                        graph live, its question cards as buttons, rewind on a node
 
 Events come from the goal's Workflow Stream (workflows/goal/stream.py) through the SDK's
 client, which follows continue-as-new; the server keeps no state of its own, so any
@@ -21,13 +23,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
@@ -37,6 +41,8 @@ from workflows.events import EVENTS_TOPIC
 from workflows.messages import parse_message
 
 POLL_COOLDOWN = timedelta(milliseconds=50)
+ASSETS = Path(__file__).parent / "ui_assets"
+"""The page: plain HTML, CSS and an ES module, served as they are (no build step)."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -127,8 +133,15 @@ def build_app(client: Client) -> Starlette:
 
         return EventSourceResponse(items(), ping=15)
 
+    async def page(request: Request) -> FileResponse:
+        del request
+        return FileResponse(ASSETS / "index.html")
+
     return Starlette(
         routes=[
+            Route("/", page),
+            Route("/goals/{goal_id}", page),
+            Mount("/assets", StaticFiles(directory=ASSETS), name="assets"),
             Route("/api/goals", list_goals),
             Route("/api/goals/{goal_id}", goal),
             Route("/api/goals/{goal_id}/inbox", inbox),

@@ -15,7 +15,7 @@ import uvicorn
 
 from starters.ui_server import build_app
 from tests.builders import gate
-from tests.helpers import free_ports, running_worker, start, wait_until
+from tests.helpers import CHROMIUM, chromium, free_ports, running_worker, start, wait_until
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
@@ -113,3 +113,21 @@ def test_perdure_ui_on_a_port_in_use_is_a_one_line_error(env, tmp_path):
         result = perdure("ui", "--port", str(port), env=user_env(env, tmp_path, "tq-ui"), timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
+async def test_the_page_draws_a_finished_goals_graph_from_its_events_in_a_real_browser(
+    env, task_queue, store, workspace, ui, tmp_path
+):
+    (workspace / "notes.md").write_text("a note\n")
+    steps = [READS[0], {**READS[1], "needs": ["read-0"]}, {**READS[2], "needs": ["read-0"]}]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file"])
+        await handle.result()
+        dom = await asyncio.to_thread(chromium, f"{ui}/goals/{handle.id}", tmp_path / "profile", "--dump-dom")
+        listing = await asyncio.to_thread(chromium, f"{ui}/", tmp_path / "profile2", "--dump-dom")
+    for name in ("read-0", "read-1", "read-2"):
+        assert f'data-node="{name}" data-status="succeeded"' in dom, dom[-3000:]
+    assert 'data-phase="finished"' in dom
+    assert dom.count('class="edge"') == 2  # read-1 and read-2 need read-0
+    assert f'href="/goals/{handle.id}"' in listing

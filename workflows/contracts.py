@@ -411,6 +411,9 @@ class NodeView(BaseModel):
     compactions: int = Field(default=0, description="Agent turns whose prompt was compacted.")
     plan_version: int | None = Field(default=None, description=EARLIER_WORK)
     waiting_for_device: str | None = Field(default=None, description="Offline: the device this node waits for.")
+    needs: list[str] = Field(default_factory=list, description="The steps it depends on (the graph's edges).")
+    tokens: int = 0
+    cost_usd: float = 0.0
 
 
 class QuestionView(BaseModel):

@@ -96,6 +96,9 @@ def node_view(node: Node, plan_version: int | None = None) -> NodeView:
         compactions=len(node.compactions),
         plan_version=plan_version,
         waiting_for_device=_device_waited_for(node),
+        needs=list(node.needs),
+        tokens=node.tokens,
+        cost_usd=node.cost_usd,
     )
 
 
