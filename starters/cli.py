@@ -938,12 +938,14 @@ def server_start(
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the embedded dev server and the demo worker (by pid only)."""
+    """Stop the embedded dev server, the demo worker and the demo's `perdure ui` (by pid only)."""
     from starters import devserver
     from starters.background import stop_worker
 
     if stop_worker(devserver.dev_dir() / "data"):
         console.print("demo worker stopped")
+    if stop_worker(devserver.dev_dir() / "data", command="ui"):
+        console.print("demo ui stopped")
     console.print("dev server stopped" if devserver.stop_dev_server() else "no dev server was running")
 
 

@@ -21,7 +21,7 @@ from activities.models.config import default_provider_from_env
 from runtime import settings
 from runtime.connect import connect
 from starters import devserver, goals, render
-from starters.background import ensure_worker
+from starters.background import ensure_ui, ensure_worker
 from workflows.contracts import GoalSpec
 
 DEMO_GOAL = (
@@ -36,6 +36,9 @@ DEMO_TOOLS = ["list_dir", "read_file", "write_file", "run_command"]
 # The demo attaches to a Temporal server it did not start only when told to: it would
 # register search attributes and a schedule there.
 ATTACH_ENV = "PERDURE_DEMO_ATTACH"
+# The port of the `perdure ui` the demo starts beside the worker.
+UI_PORT_ENV = "PERDURE_UI_PORT"
+DEFAULT_UI_PORT = 8234
 
 NOTES = {
     "notes/ideas.md": (
@@ -93,6 +96,9 @@ async def run_demo(console: Console) -> None:
     console.print(
         f"worker {'reused' if reused else 'started'} (pid {pid}, log {devserver.dev_dir() / 'data' / 'worker.log'})"
     )
+    page_port = int(os.environ.get(UI_PORT_ENV, DEFAULT_UI_PORT))
+    ui_pid, ui_reused = ensure_ui(devserver.dev_dir() / "data", page_port)
+    console.print(f"perdure ui {'reused' if ui_reused else 'started'} (pid {ui_pid}) on http://127.0.0.1:{page_port}/")
     # What `default` means here, by name, so the demo can say which model the goal runs on.
     profile = default_provider_from_env()
     workspace = make_workspace()
@@ -107,6 +113,7 @@ async def run_demo(console: Console) -> None:
     await goals.start_goal(client, spec, goal_id)
     console.print(f"goal [bold]{goal_id}[/bold] on model profile '{profile}', workspace {workspace}")
     console.print(f"UI: {settings.goal_ui_link(goal_id)}")
+    console.print(f"its task graph, live: http://127.0.0.1:{page_port}/goals/{goal_id}")
     result = await render.watch(client, goal_id, console)
     elapsed = time.monotonic() - started
     show_new_files(console, workspace)

@@ -86,13 +86,15 @@ def free_ports(count: int) -> list[int]:
 
 def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
     """A user's environment with no model keys or perdure settings of its own, pointed
-    at a scratch dev directory and free ports: (env, frontend port, UI port)."""
-    port, ui_port = free_ports(2)
+    at a scratch dev directory and free ports (the `perdure ui` a demo starts included):
+    (env, frontend port, Temporal UI port)."""
+    port, ui_port, page_port = free_ports(3)
     model_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
     env = {
         **{k: v for k, v in os.environ.items() if k not in model_keys and not k.startswith("PERDURE_")},
         "PERDURE_TEMPORAL": f"127.0.0.1:{port}",
         "PERDURE_UI": f"http://localhost:{ui_port}",
+        "PERDURE_UI_PORT": str(page_port),
         "PERDURE_DEV_DIR": str(tmp_path / "temporal-dev"),
         "PERDURE_HOME": str(tmp_path / "home"),
         "NO_COLOR": "1",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.helpers import isolated_demo_env
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.process
 
 
 def pids_in(data: Path) -> list[int]:
-    return [int(p.read_text().split()[0]) for p in (data / "server.pid", data / "worker.pid") if p.exists()]
+    pid_files = (data / "server.pid", data / "worker.pid", data / "ui.pid")
+    return [int(p.read_text().split()[0]) for p in pid_files if p.exists()]
 
 
 def test_demo_runs_end_to_end_offline(tmp_path):
@@ -36,6 +38,11 @@ def test_demo_runs_end_to_end_offline(tmp_path):
         assert "SUMMARY.md (written by the goal)" in demo.stdout
         assert "Fix the nightly export: the CSV parser" in demo.stdout  # what the agent wrote
         assert f"http://localhost:{ui_port}/namespaces/default/workflows/goal-demo-" in demo.stdout
+        page = env["PERDURE_UI_PORT"]
+        link = next(w for w in demo.stdout.split() if w.startswith(f"http://127.0.0.1:{page}/goals/goal-demo-"))
+        goal_id = link.rsplit("/", 1)[1]
+        snapshot = httpx.get(f"http://127.0.0.1:{page}/api/goals/{goal_id}", timeout=30).json()
+        assert snapshot["phase"] == "finished" and snapshot["percent_done"] == 100  # the page's API serves it
 
         listed = subprocess.run(
             [BIN / "temporal", "workflow", "list", "--address", f"127.0.0.1:{port}", "-o", "json"],
@@ -47,10 +54,11 @@ def test_demo_runs_end_to_end_offline(tmp_path):
         assert [g["type"]["name"] for g in goals] == ["GoalWorkflow"]
         assert goals[0]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"
         started = pids_in(data)
-        assert len(started) == 2  # the dev server and the demo's background worker
+        assert len(started) == 3  # the dev server, the demo's background worker and its perdure ui
     finally:
         stop = subprocess.run([BIN / "perdure", "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
-    assert "demo worker stopped" in stop.stdout and "dev server stopped" in stop.stdout
+    assert "demo worker stopped" in stop.stdout and "demo ui stopped" in stop.stdout
+    assert "dev server stopped" in stop.stdout
     for pid in started:
         status = Path(f"/proc/{pid}/status")
         assert not status.exists() or "zombie" in status.read_text()
