@@ -764,7 +764,9 @@ def ui(
     async def _serve(sock: socket.socket) -> None:
         client = await connect()
         console.print(f"perdure ui on http://{host}:{port} (events: /api/goals/GOAL_ID/events)")
-        config = uvicorn.Config(build_app(client), log_level="warning")
+        # Requests must name this server (DNS rebinding); listening on every address, any name.
+        hosts = ["*"] if host in ("0.0.0.0", "::") else [host, "127.0.0.1", "localhost"]
+        config = uvicorn.Config(build_app(client, hosts), log_level="warning")
         await uvicorn.Server(config).serve(sockets=[sock])
 
     try:
@@ -776,8 +778,9 @@ def ui(
     except (ServerUnavailable, settings.TemporalConfigError, ValueError) as err:
         err_console.print(f"[red]error:[/red] {escape(str(err))}")
         raise typer.Exit(1) from None
-    except OSError as err:
-        err_console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {escape(err.strerror or str(err))}")
+    except (OSError, OverflowError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        err_console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {escape(reason)}")
         raise typer.Exit(1) from None
 
 

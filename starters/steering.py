@@ -46,11 +46,13 @@ async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | No
     except RPCError as err:
         # FAILED_PRECONDITION: the goal's workflow task is failing (the server takes no update
         # then); the signal is still stored, and applied once a worker can run the goal.
+        # RESOURCE_EXHAUSTED: the goal's in-flight updates are at Temporal's limit (ten).
         if err.status not in (
             RPCStatusCode.DEADLINE_EXCEEDED,
             RPCStatusCode.UNAVAILABLE,
             RPCStatusCode.CANCELLED,
             RPCStatusCode.FAILED_PRECONDITION,
+            RPCStatusCode.RESOURCE_EXHAUSTED,
         ):
             raise
     await send_by_signal(client, goal_id, message)

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
-from tests.builders import chain, openai_profile
+from tests.builders import chain, gate, openai_profile
 from tests.helpers import running_worker, start, submit, wait_until
 from workflows.events import EVENTS_TOPIC, GoalView, NodeChanged, parse_event, reduce
 from workflows.goal import GoalWorkflow
@@ -131,3 +131,47 @@ async def test_publishing_events_adds_no_history_event(env, task_queue, store, w
         history = await handle.fetch_history()
     names = {e.WhichOneof("attributes") for e in history.events}
     assert not any("update" in (n or "") for n in names)  # nobody subscribed: no poll updates
+
+
+async def test_a_malformed_publish_on_the_goals_stream_is_refused_and_the_goal_goes_on(
+    env, task_queue, store, workspace
+):
+    from temporalio.contrib.workflow_streams import PublishEntry, PublishInput
+
+    (workspace / "notes.md").write_text("a note\n")
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        poison = PublishInput(items=[PublishEntry(topic="goal", data="!!not base64")], publisher_id="x", sequence=1)
+        await handle.signal("__temporal_workflow_stream_publish", poison)
+        await handle.signal("__temporal_workflow_stream_publish")  # no argument at all
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+        events = await asyncio.wait_for(collect(env, handle.id), 30)
+    assert result.outcome == "succeeded"  # no workflow task failed on the signal
+    assert all(e.type != "node" or e.node == "gate" for _, e in events)  # nothing injected
+
+
+async def test_a_node_event_says_running_again_after_an_answer_and_a_failed_one_carries_its_error(
+    env, task_queue, store, workspace
+):
+    from tests.device_rig import InProcessDevice, write_on
+
+    missing = {"name": "missing", "kind": "tool", "tool": "read_file", "args": {"path": "nope.md"}}
+    async with running_worker(env, task_queue, store):
+        laptop = InProcessDevice(env, task_queue, "laptop", workspace)
+        await laptop.start()
+        try:
+            handle = await start(
+                env, task_queue, workspace, [write_on("laptop"), missing], allowed_tools=["write_file", "read_file"]
+            )
+            await wait_until(handle, lambda s: bool(s.questions))
+            await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+            await handle.result()
+            events = await asyncio.wait_for(collect(env, handle.id), 30)
+        finally:
+            await laptop.stop()
+    save = [e.status for _, e in events if isinstance(e, NodeChanged) and e.node == "save"]
+    assert "blocked" in save and save[save.index("blocked") + 1] == "running" and save[-1] == "succeeded", save
+    failed = [e for _, e in events if isinstance(e, NodeChanged) and e.node == "missing"][-1]
+    assert failed.status == "failed" and "does not exist" in (failed.error or "")

@@ -88,7 +88,10 @@ async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_cle
         inbox = (await http.get(f"/api/goals/{handle.id}/inbox")).json()
         assert [e["request_id"] for e in inbox["entries"]] == [receipt["request_id"]]
         unknown_kind = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "dance"})
-        not_json = await http.post(f"/api/goals/{handle.id}/messages", content=b"steer please")
+        not_json = await http.post(
+            f"/api/goals/{handle.id}/messages", content=b"steer please", headers={"content-type": "application/json"}
+        )
+        plain_text = await http.post(f"/api/goals/{handle.id}/messages", content=b'{"kind": "steer", "text": "x"}')
         bad_offset = await http.get(f"/api/goals/{handle.id}/events?from=-3")
         missing = await http.get("/api/goals/no-such-goal")
         aborted = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort", "reason": "done"})
@@ -96,6 +99,8 @@ async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_cle
         result = await handle.result()
     assert unknown_kind.status_code == 400 and "malformed message" in unknown_kind.json()["error"]
     assert not_json.status_code == 400 and "JSON object" in not_json.json()["error"]
+    # Not JSON by its content type: refused, so another site's page cannot post without a preflight.
+    assert plain_text.status_code == 415
     assert bad_offset.status_code == 400 and "whole number" in bad_offset.json()["error"]
     assert missing.status_code == 404 and missing.json() == {"error": "no such goal"}
     assert result.outcome == "aborted"
@@ -131,3 +136,17 @@ async def test_the_page_draws_a_finished_goals_graph_from_its_events_in_a_real_b
     assert 'data-phase="finished"' in dom
     assert dom.count('class="edge"') == 2  # read-1 and read-2 need read-0
     assert f'href="/goals/{handle.id}"' in listing
+
+
+async def test_closed_event_streams_leave_the_goal_free_to_take_messages(env, task_queue, store, workspace, ui):
+    async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        for _ in range(12):  # more than Temporal's ten in-flight updates of a workflow
+            async with http.stream("GET", f"/api/goals/{handle.id}/events") as response:
+                assert response.status_code == 200
+                await response.aiter_lines().__anext__()
+        answer = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "steer", "text": "still there?"})
+        assert answer.status_code == 200, answer.text
+        await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
+        await handle.result()

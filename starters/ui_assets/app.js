@@ -27,6 +27,11 @@ async function getJSON(url) {
   return response.json();
 }
 
+function newRequestId() {
+  return `ui-${crypto.randomUUID().replaceAll("-", "").slice(0, 16)}`;
+}
+
+// One request id per rendered button: a double click is one message, deduplicated by the goal.
 async function send(goalId, message) {
   const response = await fetch(`/api/goals/${encodeURIComponent(goalId)}/messages`, {
     method: "POST",
@@ -107,8 +112,9 @@ function showNode(snapshot, node, state) {
   const detail = document.getElementById("detail");
   const status = state.status.get(node.name) || node.status;
   const reason = el("input", { id: "rewind-why", placeholder: "why this conclusion is wrong", size: "40" });
+  const requestId = newRequestId();
   const rewind = el("button", { id: "rewind", onclick: async () => {
-    const receipt = await send(snapshot.goal_id, { kind: "rewind", node: node.name, why: reason.value || "rewound from the page" });
+    const receipt = await send(snapshot.goal_id, { request_id: requestId, kind: "rewind", node: node.name, why: reason.value || "rewound from the page" });
     detail.append(el("p", { class: "receipt" }, `rewind: ${receipt.status || receipt.error}${receipt.note ? " · " + receipt.note : ""}`));
   } }, "rewind here");
   detail.replaceChildren(
@@ -122,9 +128,12 @@ function showNode(snapshot, node, state) {
 function drawQuestions(snapshot) {
   return snapshot.questions.map((q) => el("div", { class: "card", "data-question": q.id },
     el("b", {}, `${q.id}: ${q.title}`), el("p", {}, q.stuck),
-    ...q.options.map((o) => el("button", { "data-option": o.id, onclick: async () => {
-      await send(snapshot.goal_id, { kind: "answer", question_id: q.id, choice: o.id });
-    } }, o.label)),
+    ...q.options.map((o) => {
+      const requestId = newRequestId();
+      return el("button", { "data-option": o.id, onclick: async () => {
+        await send(snapshot.goal_id, { request_id: requestId, kind: "answer", question_id: q.id, choice: o.id });
+      } }, o.label);
+    }),
     el("p", {}, `recommended: ${q.recommendation}`)));
 }
 
@@ -140,10 +149,13 @@ function drawSummary(snapshot) {
 
 async function showGoal(goalId) {
   where.textContent = goalId;
-  const state = { status: new Map(), snapshot: null, refresh: null };
+  const state = { status: new Map(), snapshot: null, refresh: null, lastRefresh: 0 };
+  // The node panel is kept across renders: a reason being typed for a rewind, or its
+  // receipt, must not vanish when the goal makes progress.
+  const detail = el("div", { id: "detail" });
   const render = () => {
     const s = state.snapshot;
-    main.replaceChildren(drawSummary(s), drawGraph(s, state), ...drawQuestions(s), el("div", { id: "detail" }));
+    main.replaceChildren(drawSummary(s), drawGraph(s, state), ...drawQuestions(s), detail);
   };
   const refresh = async () => {
     state.snapshot = await getJSON(`/api/goals/${encodeURIComponent(goalId)}`);
@@ -167,15 +179,20 @@ async function showGoal(goalId) {
   for (const kind of ["plan", "question", "receipt", "progress"]) {
     events.addEventListener(kind, () => scheduleRefresh(state, refresh));
   }
-  events.addEventListener("end", async () => {
-    events.close(); // the goal has ended: nothing more will come
-    await refresh();
-  });
+  events.addEventListener("reset", () => scheduleRefresh(state, refresh)); // events were missed: re-read
+  for (const kind of ["end", "closed"]) {
+    events.addEventListener(kind, async () => {
+      events.close(); // the goal has ended (or cannot be read): nothing more will come
+      await refresh();
+    });
+  }
 }
 
+// At most one snapshot a second: on a goal of thousands of nodes a snapshot is megabytes.
 function scheduleRefresh(state, refresh) {
   clearTimeout(state.refresh);
-  state.refresh = setTimeout(refresh, 150);
+  const wait = Math.max(150, 1000 - (Date.now() - state.lastRefresh));
+  state.refresh = setTimeout(() => { state.lastRefresh = Date.now(); refresh(); }, wait);
 }
 
 const match = location.pathname.match(/^\/goals\/(.+)$/);

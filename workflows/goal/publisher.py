@@ -76,6 +76,11 @@ class Publisher:
             ]
         )
 
+    def sync_events(self) -> None:
+        """The event stream only (no search attributes, which are commands): before the
+        run continues as new, so what its last workflow task changed is published."""
+        self._events.sync(self.percent_done(), self._progress)
+
     def _progress(self) -> tuple[dict[str, float], str | None, str | None]:
         eta = self._eta()
         return self._spend.fractions(), eta.text if eta else None, eta.confidence if eta else None

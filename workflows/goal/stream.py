@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
 from workflows.events import (
@@ -36,12 +37,20 @@ from workflows.messages import InboxEntry
 from workflows.state import Node
 from workflows.statuses import TERMINAL
 
+# The SDK's publish signal (temporalio.contrib.workflow_streams), replaced by a refusal.
+PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
+
 
 class EventStream:
     def __init__(self, ctx: GoalContext, prior: WorkflowStreamState | None) -> None:
         # Constructed from the workflow's @workflow.init (the SDK checks the caller is an __init__).
         self._stream = WorkflowStream(prior)
+        # Nothing outside the workflow publishes on a goal's stream yet: the SDK's publish
+        # signal is replaced by one that refuses, so a malformed publish can never fail
+        # the goal's workflow tasks, and nobody can put events in the goal's name.
+        workflow.set_signal_handler(PUBLISH_SIGNAL, self._refuse_publish)
         self._topic = self._stream.topic(EVENTS_TOPIC)
+        self._dirty: dict[str, Node] = {}
         self._ctx = ctx
         self._offset = (prior.base_offset + len(prior.log)) if prior else 0
         self._base = prior.base_offset if prior else 0
@@ -50,12 +59,16 @@ class EventStream:
         self._plans = len(state.plan_versions)
         self._questions = {q.id: q.status for q in state.questions}
         self._progress: tuple | None = None
-        self._gates = 0
 
     def get_state(self) -> WorkflowStreamState:
         """For continue-as-new: subscribers are let go (they follow the chain to the next run)."""
+        self.flush()
         self._stream.detach_pollers()
         return self._stream.get_state()
+
+    def _refuse_publish(self, *args: RawValue) -> None:
+        # Raw values: nothing is decoded, so no payload can fail the workflow task.
+        workflow.logger.warning("stream publish refused: only the goal publishes", extra={"arguments": len(args)})
 
     def release_subscribers(self) -> None:
         """Before the goal ends: a subscriber's poll in flight must not hold it open."""
@@ -71,6 +84,16 @@ class EventStream:
     # --- hooks -------------------------------------------------------------------------
 
     def on_status(self, node: Node) -> None:
+        """A node changed status: published at the next flush, with the fields its room sets
+        just after the status (an error, a finish time), its latest status only."""
+        self._dirty[node.name] = node
+
+    def flush(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for node in dirty.values():
+            self._node_event(node)
+
+    def _node_event(self, node: Node) -> None:
         duration = None
         if node.started_at and node.status in TERMINAL:
             # A settling node's finish time is set just after its status: the time is now.
@@ -79,7 +102,7 @@ class EventStream:
         waiting = node.waiting_on or ""
         self._publish(
             NodeChanged(
-                id=f"node:{node.name}:{node.runs}:{node.status}",
+                id=f"node:{node.name}:{self._offset}",
                 at=workflow.now(),
                 node=node.name,
                 kind=node.kind,
@@ -96,8 +119,7 @@ class EventStream:
         )
 
     def on_gate(self, entry: str) -> None:
-        self._gates += 1
-        self._publish(GateDecision(id=f"gate:{self._ctx.state.runs}:{self._gates}", at=workflow.now(), entry=entry))
+        self._publish(GateDecision(id=f"gate:{self._offset}", at=workflow.now(), entry=entry))
 
     def on_receipt(self, entry: InboxEntry) -> None:
         self._publish(
@@ -117,6 +139,7 @@ class EventStream:
         """Publish what changed since the last publish: new plan versions, questions asked or
         answered, progress (`progress()` gives budget fractions, ETA and its confidence,
         worked out only when the phase, percent or tokens changed)."""
+        self.flush()
         state = self._ctx.state
         for version in state.plan_versions[self._plans :]:
             plan = version.plan
@@ -168,4 +191,5 @@ class EventStream:
             )
 
     def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
+        self.flush()
         self._publish(GoalEnded(id="end", at=workflow.now(), outcome=outcome, failure=failure, report=report))

@@ -320,6 +320,7 @@ class GoalWorkflow:
         state = self._ctx.state
         # Handlers still running would be cut off by the new run; let them finish. The
         # stream's subscribers are let go first: they follow the chain to the new run.
+        self._publisher.sync_events()
         self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         state.runs += 1
