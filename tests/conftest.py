@@ -7,6 +7,8 @@ data in builders.py.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,16 +17,18 @@ from typing import TypeVar
 
 import pytest
 import pytest_asyncio
+import uvicorn
 from hypothesis import settings
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from runtime import converter
+from starters.ui_server import build_app
 from testing.crash import CrashRig
 from testing.fakes import FakeService
 from testing.scripted import ScriptedServer
 from tests.device_rig import InProcessDevice
-from tests.helpers import dev_server_options
+from tests.helpers import dev_server_options, free_ports
 
 Service = TypeVar("Service", bound=FakeService)
 
@@ -148,3 +152,17 @@ async def devices(env, task_queue, tmp_path) -> AsyncIterator[Callable[..., InPr
     yield make
     for device in made:
         await device.stop()
+
+
+@pytest_asyncio.fixture
+async def ui(env) -> AsyncIterator[str]:
+    """`perdure ui`'s app served by uvicorn on a free port of this machine: its base URL."""
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(build_app(env.client), host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving

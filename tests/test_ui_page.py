@@ -4,33 +4,14 @@ answered by clicking its button, and a node is rewound by clicking it."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-
 import pytest
-import uvicorn
 
-from starters.ui_server import build_app
 from testing.browser import CHROMIUM, Browser
 from tests.builders import gate
 from tests.device_rig import write_on
-from tests.helpers import free_ports, local_activities, running_worker, start, wait_until
+from tests.helpers import local_activities, running_worker, start, wait_until
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
-
-
-@pytest.fixture
-async def ui(env) -> AsyncIterator[str]:
-    (port,) = free_ports(1)
-    server = uvicorn.Server(uvicorn.Config(build_app(env.client), host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    with contextlib.suppress(asyncio.CancelledError):
-        await serving
 
 
 def status_of(node: str) -> str:

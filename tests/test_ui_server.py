@@ -5,35 +5,18 @@ snapshot, and steering messages with the CLI's receipts; bad input gets a clear 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import uvicorn
 
-from starters.ui_server import build_app
 from tests.builders import gate
-from tests.helpers import CHROMIUM, chromium, free_ports, running_worker, start, wait_until
+from tests.helpers import CHROMIUM, chromium, running_worker, start, wait_until
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
     for i in range(3)
 ]
-
-
-@pytest.fixture
-async def ui(env) -> AsyncIterator[str]:
-    (port,) = free_ports(1)
-    server = uvicorn.Server(uvicorn.Config(build_app(env.client), host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    with contextlib.suppress(asyncio.CancelledError):
-        await serving
 
 
 async def sse_events(url: str, headers: dict[str, str] | None = None) -> list[tuple[int, str, dict]]:
