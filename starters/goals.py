@@ -395,7 +395,9 @@ async def outcomes(client: Client, executions: list) -> dict[str, str]:
     async def one(wf) -> str:
         try:
             return await outcome(client, wf)
-        except RPCError:
+        except (RPCError, LookupError, ValueError):
+            # A result that cannot be read here (its payload in a store this machine does not
+            # see, or encrypted with a key it lacks) must not break the whole listing.
             return "?"
 
     found = await asyncio.gather(*(one(wf) for wf in closed))

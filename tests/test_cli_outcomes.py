@@ -293,3 +293,19 @@ async def test_status_names_what_each_running_activity_is_for_not_only_its_type(
         await handle.result()
     [line] = [line for line in status.splitlines() if line.startswith("activity ")]
     assert line.startswith("activity tool run_command · gate · ") and "attempt 1" in line, line
+
+
+async def test_a_closed_goal_whose_result_cannot_be_read_here_lists_as_unknown_not_a_crash(monkeypatch):
+    from types import SimpleNamespace
+
+    from temporalio.client import WorkflowExecutionStatus
+
+    from runtime.payload_store import PayloadMissing
+    from starters import goals as goal_client
+
+    async def unreadable(client, wf):
+        raise PayloadMissing("the result's payload is in a store this machine does not see")
+
+    monkeypatch.setattr(goal_client, "outcome", unreadable)
+    closed = SimpleNamespace(id="g1", status=WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_COMPLETED)
+    assert await goal_client.outcomes(None, [closed]) == {"g1": "?"}
