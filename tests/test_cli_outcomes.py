@@ -307,5 +307,5 @@ async def test_a_closed_goal_whose_result_cannot_be_read_here_lists_as_unknown_n
         raise PayloadMissing("the result's payload is in a store this machine does not see")
 
     monkeypatch.setattr(goal_client, "outcome", unreadable)
-    closed = SimpleNamespace(id="g1", status=WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_COMPLETED)
+    closed = SimpleNamespace(id="g1", status=WorkflowExecutionStatus.COMPLETED)
     assert await goal_client.outcomes(None, [closed]) == {"g1": "?"}
