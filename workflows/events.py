@@ -19,6 +19,11 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, Field, TypeAdapter
 
 EVENTS_TOPIC = "goal"
+TOKENS_TOPIC = "tokens"
+"""Live model output, published by model activities (the only topic the goal accepts
+from outside): batched text deltas and retry markers, shown while a node runs."""
+MAX_TOKEN_DELTA_CHARS = 16_000
+"""The most text one delta may carry; a longer one is refused by the goal."""
 STREAM_EVENTS_KEPT = 1_000
 """Events the goal keeps for subscribers (older ones are truncated): the stream stays
 bounded in memory and in the state carried across continue-as-new."""
@@ -96,8 +101,44 @@ class GoalEnded(_Event):
     report: str | None = Field(default=None, description="The report's artifact digest.")
 
 
+class TokenDelta(_Event):
+    """Text a running model call has produced since its previous delta. Only for showing:
+    the node's output is its activity's result, never this."""
+
+    type: Literal["tokens"] = "tokens"
+    node: str = Field(min_length=1, max_length=200)
+    turn: int = Field(default=0, ge=0, description="The agent turn (0 for a single call).")
+    attempt: int = Field(default=1, ge=1, description="The activity attempt that produced it.")
+    seq: int = Field(ge=0, description="This attempt's deltas in order, from 0.")
+    text: str = Field(max_length=MAX_TOKEN_DELTA_CHARS)
+
+
+class TokenRetry(_Event):
+    """A model call was retried: the live text of its earlier attempts is void."""
+
+    type: Literal["retry"] = "retry"
+    node: str = Field(min_length=1, max_length=200)
+    turn: int = Field(default=0, ge=0)
+    attempt: int = Field(ge=2)
+
+
+TokenEvent = Annotated[Union[TokenDelta, TokenRetry], Field(discriminator="type")]  # noqa: UP007
+TOKEN_EVENT_ADAPTER: TypeAdapter[TokenEvent] = TypeAdapter(TokenEvent)
+
+
+def token_delta_id(node: str, turn: int, attempt: int, seq: int) -> str:
+    return f"tokens:{node}:{turn}:{attempt}:{seq}"
+
+
+def token_retry_id(node: str, turn: int, attempt: int) -> str:
+    return f"retry:{node}:{turn}:{attempt}"
+
+
 GoalEvent = Annotated[
-    Union[NodeChanged, PlanVersioned, QuestionChanged, Receipt, GateDecision, ProgressChanged, GoalEnded],  # noqa: UP007
+    Union[  # noqa: UP007
+        NodeChanged, PlanVersioned, QuestionChanged, Receipt, GateDecision, ProgressChanged, GoalEnded, TokenDelta,
+        TokenRetry,
+    ],
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[GoalEvent] = TypeAdapter(GoalEvent)
@@ -108,8 +149,17 @@ def parse_event(data: object) -> GoalEvent:
     return EVENT_ADAPTER.validate_python(data)
 
 
+class LiveText(BaseModel):
+    """A running node's model output so far, from one turn's one attempt."""
+
+    turn: int
+    attempt: int
+    text: str = ""
+
+
 class GoalView(BaseModel):
-    """What the events say, reduced: the latest of each node, plan, question and receipt."""
+    """What the events say, reduced: the latest of each node, plan, question and receipt,
+    and the live text of the model calls running now."""
 
     nodes: dict[str, NodeChanged] = Field(default_factory=dict)
     plans: dict[int, PlanVersioned] = Field(default_factory=dict)
@@ -118,6 +168,7 @@ class GoalView(BaseModel):
     gates: list[str] = Field(default_factory=list)
     progress: ProgressChanged | None = None
     ended: GoalEnded | None = None
+    live: dict[str, LiveText] = Field(default_factory=dict)
     seen: set[str] = Field(default_factory=set)
 
 
@@ -128,6 +179,10 @@ def reduce(view: GoalView, event: GoalEvent) -> GoalView:
     view.seen.add(event.id)
     if isinstance(event, NodeChanged):
         view.nodes[event.node] = event
+        if event.status != "running":
+            view.live.pop(event.node, None)  # its output is the node's now
+    elif isinstance(event, TokenDelta | TokenRetry):
+        _reduce_live(view, event)
     elif isinstance(event, PlanVersioned):
         view.plans[event.version] = event
     elif isinstance(event, QuestionChanged):
@@ -141,3 +196,16 @@ def reduce(view: GoalView, event: GoalEvent) -> GoalView:
     else:
         view.ended = event
     return view
+
+
+def _reduce_live(view: GoalView, event: TokenDelta | TokenRetry) -> None:
+    """Text of a later turn or attempt replaces the text before it; text of an earlier
+    one (a delta that arrived late) is dropped; a retry marker empties the text."""
+    live = view.live.get(event.node)
+    at = (event.turn, event.attempt)
+    if live is not None and at < (live.turn, live.attempt):
+        return
+    if live is None or at > (live.turn, live.attempt) or isinstance(event, TokenRetry):
+        live = view.live[event.node] = LiveText(turn=event.turn, attempt=event.attempt)
+    if isinstance(event, TokenDelta):
+        live.text += event.text
