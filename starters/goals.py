@@ -75,17 +75,25 @@ def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    return plan_from_mapping(data, allowed_tools, str(path))
+
+
+def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, where: str = "plan") -> tuple[Plan, dict]:
+    """A plan file's content, already parsed (a file, or the JSON `perdure ui` is sent):
+    the plan and its extras (`goal`, `constraints`, `premises`, the spec settings).
+    BadPlanFile says what is wrong, prefixed by `where`."""
     if not isinstance(data, dict):
-        raise BadPlanFile(f"{path}: expected a mapping with a 'steps' list at the top level")
+        raise BadPlanFile(f"{where}: expected a mapping with a 'steps' list at the top level")
+    data = dict(data)
     extras = {k: data.pop(k) for k in ("goal", "constraints", "premises", *SPEC_FIELDS_IN_PLAN) if k in data}
     premises = extras.get("premises")
     if premises is not None and (
         not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())
     ):
-        raise BadPlanFile(f"{path}: 'premises' must map each key to a string value, e.g. scope: all_modules")
+        raise BadPlanFile(f"{where}: 'premises' must map each key to a string value, e.g. scope: all_modules")
     plan, problem = parse_plan(data, allowed_tools or list(TOOL_SPECS))
     if plan is None:
-        raise BadPlanFile(f"{path}: {problem}")
+        raise BadPlanFile(f"{where}: {problem}")
     return plan, extras
 
 
@@ -177,6 +185,58 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
         task_timeout=GOAL_TASK_TIMEOUT,
     )
+
+
+@dataclass(frozen=True)
+class StartAnswer:
+    """What a start did: `started` a new goal, or found this very start already done."""
+
+    goal_id: str
+    started: bool
+    text: str
+
+
+async def start_or_existing(client: Client, spec: GoalSpec, goal_id: str, replace: bool = False) -> StartAnswer:
+    """Start the goal, or answer with the one already under `goal_id` when this start is a
+    retry of it (same spec); StartRefused for a different spec under a live id, and for a
+    finished goal's id without `replace`. The decision `perdure start` prints and the web
+    UI's POST /api/goals returns."""
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    existing = await existing_goal(client, goal_id)
+    if existing is not None:
+        same = await started_digest(existing) == spec_digest(spec)
+        if is_open(existing):
+            if not same:
+                raise StartRefused(
+                    f"goal {goal_id} is already running with a different spec; nothing started. Pick another "
+                    f"--id, or end that goal first (`perdure abort {goal_id}`)"
+                )
+            started = f"{existing.start_time:%Y-%m-%d %H:%M:%S}" if existing.start_time else "earlier"
+            text = f"goal {goal_id} already running with this spec (started {started}); nothing new started"
+            return StartAnswer(goal_id, False, text)
+        if same and not replace:
+            text = f"{await finished_text(client, existing)} (same spec; nothing new started)"
+            return StartAnswer(goal_id, False, text)
+        if not replace:
+            raise StartRefused(
+                f"{await finished_text(client, existing)}. To start a new goal under this id, add --replace: "
+                "the old run stays in the server's history until its retention ends, but perdure shows only "
+                "the new one from then on"
+            )
+    try:
+        await start_goal(client, spec, goal_id, replace=replace)
+    except WorkflowAlreadyStartedError:
+        # Another start won the race between our look and this one.
+        raise StartRefused(
+            f"goal {goal_id} was started meanwhile by someone else; see `perdure status {goal_id}`"
+        ) from None
+    replaced = " (replacing the finished goal of that id)" if existing is not None else ""
+    return StartAnswer(goal_id, True, f"goal {goal_id} started{replaced}")
+
+
+async def finished_text(client: Client, desc: WorkflowExecution_) -> str:
+    return f"goal {desc.id} has finished (outcome {await outcome(client, desc)}); see `perdure result {desc.id}`"
 
 
 async def started_digest(desc: WorkflowExecutionDescription) -> str | None:

@@ -1,9 +1,16 @@
 """`perdure ui`: an HTTP server over the goals: each goal's event stream as server-sent
 events, and a JSON API for reading goals and sending them messages.
 
-    GET  /api/goals                     the goals (as `perdure ls`: ?query=, ?limit=)
+    GET  /api/goals                     the goals, as `perdure ls` filters them (?status=, ?phase=,
+                                        ?needs_human=1, ?parked=1, ?query= a visibility query,
+                                        ?limit=), with their outcome; those waiting on a person first
+    GET  /api/filters                   the values ?status= and ?phase= take
+    POST /api/goals                     start a goal, as JSON ({"goal": text} or {"plan": {...}},
+                                        optional "id", "request_id" and `perdure start`'s options):
+                                        the CLI's checks and its answer to a start repeated
     GET  /api/goals/{id}                a goal's progress snapshot (the `progress` query)
     GET  /api/goals/{id}/inbox          its inbox with receipts
+    GET  /api/goals/{id}/report         a closed goal's report (markdown) and outcome, as `perdure result`
     GET  /api/goals/{id}/events?from=N  its events as SSE from offset N (or the Last-Event-ID
                                         header + 1, so a browser's EventSource resumes by itself);
                                         every event's SSE id is its stream offset
@@ -11,7 +18,11 @@ events, and a JSON API for reading goals and sending them messages.
                                         the same messages, request ids and receipts as the CLI
                                         (a request_id is made when the body has none)
     GET  /, /goals/{id}                 the page (starters/ui_assets/): the goals, and a goal's task
-                                        graph live, its question cards as buttons, rewind on a node
+                                        graph live with its plan versions, live model output, question
+                                        cards, inbox, premises with narrow, rewind on a node, the report
+
+Events are read from both of the goal's topics: its own events and the model activities'
+live output (workflows/events.py, EVENTS_TOPIC and TOKENS_TOPIC), in the stream's order.
 
 Events come from the goal's Workflow Stream (workflows/goal/stream.py) through the SDK's
 client, which follows continue-as-new; the server keeps no state of its own, so any
@@ -22,12 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -42,9 +55,12 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from starters import goals, steering
-from workflows.events import EVENTS_TOPIC
-from workflows.messages import parse_message
+from starters import capabilities, goals, render, steering
+from workflows import search_attributes as sa
+from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC
+from workflows.messages import REQUEST_ID, parse_message
+from workflows.plan import describe_validation_error
+from workflows.tool_specs import DEFAULT_TOOLS
 
 READ_EVERY = timedelta(milliseconds=100)
 # Idle reads between looks at whether the goal has closed (a goal that ended without an
@@ -67,32 +83,191 @@ def _rpc_error(err: RPCError) -> JSONResponse:
     return _error(502, f"Temporal: {err.message}")
 
 
+class StartRequest(BaseModel):
+    """POST /api/goals: what `perdure start` takes, by the same names where they fit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str | None = Field(default=None, min_length=1, max_length=20_000)
+    plan: dict[str, Any] | None = Field(default=None, description="A plan file's content: steps, goal, premises...")
+    id: str | None = Field(default=None, description="The goal id (default: made from the goal, or the request id).")
+    request_id: str | None = Field(
+        default=None, pattern=REQUEST_ID, description="Without an id: the same request id names the same goal."
+    )
+    workspace: str = Field(default=".", min_length=1, max_length=4096, description="On the workers' machine.")
+    profile: str = Field(default="default", min_length=1, max_length=200)
+    tools: list[str] | None = Field(default=None, max_length=100)
+    constraints: list[str] = Field(default_factory=list, max_length=100)
+    premises: dict[str, str] = Field(default_factory=dict, max_length=100)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_cost: float | None = Field(default=None, gt=0)
+    max_wall: int | None = Field(default=None, gt=0)
+    deadline: datetime | None = Field(default=None, description="ISO 8601; local time unless it has an offset.")
+    allow_network: bool = False
+    replace: bool = False
+
+
+def _start_spec(body: StartRequest) -> tuple[Any, str]:
+    """The spec and goal id `perdure start` would build from the same options; ValueError
+    (BadPlanFile, StartRefused are ValueErrors too) says what is wrong."""
+    allowed = body.tools or list(DEFAULT_TOOLS)
+    goal, constraints, premises = body.goal, list(body.constraints), dict(body.premises)
+    plan, settings_in_plan = None, {}
+    if body.plan is not None:
+        plan, extras = goals.plan_from_mapping(body.plan, body.tools, where="plan")
+        if not body.tools:
+            allowed = sorted(set(allowed) | set(goals.plan_tools(plan)))
+        goal = goal or extras.get("goal")
+        constraints = constraints or list(extras.get("constraints") or [])
+        premises = {**(extras.get("premises") or {}), **premises}
+        settings_in_plan = {k: extras[k] for k in goals.SPEC_FIELDS_IN_PLAN if k in extras}
+    if not goal:
+        raise ValueError("give the goal text (\"goal\"), or a plan with a 'goal' field")
+    deadline = body.deadline
+    if deadline is not None:
+        deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
+        if deadline <= datetime.now(UTC):
+            raise ValueError(f"deadline {deadline.isoformat()} is in the past")
+    spec = goals.build_spec(
+        goal=goal,
+        plan=plan,
+        constraints=constraints,
+        budget={
+            "max_tokens": body.max_tokens,
+            "max_cost_usd": body.max_cost,
+            "max_wall_seconds": body.max_wall,
+            "deadline": deadline,
+        },
+        model_profile=body.profile,
+        allowed_tools=allowed,
+        workspace=str(Path(body.workspace).expanduser().resolve()),
+        premises=premises,
+        allow_network=body.allow_network,
+        **settings_in_plan,
+    )
+    goal_id = body.id or render.new_goal_id(goal)
+    if body.id is None and body.request_id:
+        # A retried request (the page, a script) names the same goal: the start is then a retry.
+        goal_id = goal_id.rsplit("-", 1)[0] + "-" + hashlib.sha256(body.request_id.encode()).hexdigest()[:6]
+    goals.check_goal_id(goal_id)
+    return spec, goal_id
+
+
+def _waiting_on_a_person(execution: Any) -> str | None:
+    """What a listed goal waits on a person for, from its search attributes (no query)."""
+    if execution.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    attrs = execution.typed_search_attributes
+    if attrs.get(sa.NEEDS_HUMAN):
+        return "answer"
+    if attrs.get(sa.PARKED):
+        return "parked"
+    return None
+
+
+def _flag(text: str | None) -> bool | None:
+    """A checkbox-like query parameter; None when it is neither yes nor no."""
+    if text is None or text.lower() in ("", "0", "false", "no"):
+        return False
+    return True if text.lower() in ("1", "true", "yes", "on") else None
+
+
+async def _json_body(request: Request) -> tuple[Any, JSONResponse | None]:
+    """The request's JSON body, or the 4xx that says why there is none: not sent as JSON,
+    too large (read no further than the limit), empty, or not JSON."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        # Also what makes another site's page unable to post here without a preflight.
+        return None, _error(415, "send the body as JSON, with content-type: application/json")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            return None, _error(413, f"a request body is at most {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        return None, _error(400, "the body is empty: send a JSON object")
+    try:
+        return json.loads(raw), None
+    except (ValueError, RecursionError):
+        return None, _error(400, "the body must be a JSON object")
+
+
 def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
     """The ASGI app, on a connected client (runtime.connect.connect). Only requests naming
     one of `hosts` are served (default: this machine's names), so a page elsewhere that
     rebinds a name to 127.0.0.1 cannot read goals through the user's browser."""
 
     async def list_goals(request: Request) -> JSONResponse:
-        limit = _whole_number(request.query_params.get("limit", "50"))
+        params = request.query_params
+        limit = _whole_number(params.get("limit", "50"))
         if limit is None or not 1 <= limit <= 1000:
             return _error(400, "`limit` must be a whole number from 1 to 1000")
+        needs_human, parked = _flag(params.get("needs_human")), _flag(params.get("parked"))
+        if needs_human is None or parked is None:
+            return _error(400, "`needs_human` and `parked` are 1 or 0")
         try:
-            executions = await goals.list_goals(client, request.query_params.get("query"), limit=limit)
+            filters = goals.list_filters(
+                status=params.get("status") or None,
+                phase=params.get("phase") or None,
+                needs_human=needs_human,
+                parked=parked,
+            )
+        except ValueError as err:
+            return _error(400, str(err).replace("--", ""))
+        if params.get("query"):
+            filters.append(f"({params['query']})")
+        query = " AND ".join(filters) or None
+        # Goals waiting on a person come first, even when older than the newest `limit`:
+        # a second listing of those alone (search attributes the goal keeps, no query).
+        waiting = f"ExecutionStatus = 'Running' AND ({sa.NEEDS_HUMAN.name} = true OR {sa.PARKED.name} = true)"
+        try:
+            first, newest = await asyncio.gather(
+                goals.list_goals(client, f"{query} AND {waiting}" if query else waiting, limit=limit),
+                goals.list_goals(client, query, limit=limit),
+            )
         except RPCError as err:
             if err.status == RPCStatusCode.INVALID_ARGUMENT:
                 return _error(400, f"the query is not a visibility query Temporal understands: {err.message}")
             return _rpc_error(err)
+        listed = {e.id: e for e in first if _waiting_on_a_person(e)}
+        for e in newest:
+            listed.setdefault(e.id, e)
+        executions = sorted(listed.values(), key=lambda e: _waiting_on_a_person(e) is None)[:limit]
         outcomes = await goals.outcomes(client, executions)
+        return JSONResponse([_goal_row(e, outcomes.get(e.id)) for e in executions])
+
+    async def filter_values(request: Request) -> JSONResponse:
+        del request
+        return JSONResponse({"statuses": list(goals.EXECUTION_STATUSES), "phases": list(goals.PHASES)})
+
+    async def start(request: Request) -> JSONResponse:
+        raw, refusal = await _json_body(request)
+        if refusal is not None:
+            return refusal
+        if not isinstance(raw, dict):
+            return _error(400, 'the body must be a JSON object, e.g. {"goal": "summarise notes/"}')
+        try:
+            body = StartRequest.model_validate(raw)
+        except ValidationError as err:
+            return _error(400, describe_validation_error(err, root="(start)"))
+        try:
+            spec, goal_id = _start_spec(body)
+        except ValueError as err:
+            return _error(400, str(err))
+        try:
+            await capabilities.check_start(client, spec)
+        except ValueError as err:  # a profile or tool the worker lacks
+            return _error(422, str(err))
+        except RPCError as err:
+            return _rpc_error(err)
+        try:
+            answer = await goals.start_or_existing(client, spec, goal_id, replace=body.replace)
+        except goals.StartRefused as err:
+            return _error(409, str(err))
+        except RPCError as err:
+            return _rpc_error(err)
         return JSONResponse(
-            [
-                {
-                    "id": e.id,
-                    "status": e.status.name if e.status else None,
-                    "started": e.start_time.isoformat() if e.start_time else None,
-                    "outcome": outcomes.get(e.id),
-                }
-                for e in executions
-            ]
+            {"goal_id": answer.goal_id, "started": answer.started, "text": answer.text, "page": f"/goals/{goal_id}"},
+            status_code=201 if answer.started else 200,
         )
 
     async def goal(request: Request) -> JSONResponse:
@@ -113,18 +288,38 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
             return _error(503, f"the goal did not answer: {err}")
         return JSONResponse(view.model_dump(mode="json"))
 
+    async def report(request: Request) -> JSONResponse:
+        goal_id = request.path_params["goal_id"]
+        try:
+            desc = await goals.describe(client, goal_id)
+        except goals.GoalNotFound:
+            return _error(404, "no such goal")
+        except RPCError as err:
+            return _rpc_error(err)
+        if goals.is_open(desc):
+            return _error(409, "the goal is still running; its report is written when it ends")
+        try:
+            result = await goals.result(client, goal_id, desc.run_id)
+        except goals.EndedWithoutResult as ended:
+            return _error(404, f"the goal ended without a report: {ended}")
+        except (RPCError, LookupError, ValueError) as err:
+            # Its result in a payload store this machine does not see, or encrypted with a key it lacks.
+            return _error(502, f"the goal's result cannot be read here: {err}")
+        return JSONResponse(
+            {
+                "goal_id": goal_id,
+                "outcome": result.outcome,
+                "failure": result.failure,
+                "unfinished": result.unfinished,
+                "report": goals.read_report(result),
+            }
+        )
+
     async def send(request: Request) -> JSONResponse:
         goal_id = request.path_params["goal_id"]
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            # Also what makes another site's page unable to post here without a preflight.
-            return _error(415, "send the message as JSON, with content-type: application/json")
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return _error(413, f"a message is at most {MAX_BODY_BYTES} bytes")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            return _error(400, 'the body must be a JSON object: a message such as {"kind": "steer", "text": "..."}')
+        body, refusal = await _json_body(request)
+        if refusal is not None:
+            return refusal
         if isinstance(body, dict) and not body.get("request_id"):
             body = {**body, "request_id": steering.new_request_id()}
         message, problem = parse_message(body)
@@ -170,8 +365,11 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
             Route("/goals/{goal_id}", page),
             Mount("/assets", StaticFiles(directory=ASSETS), name="assets"),
             Route("/api/goals", list_goals),
+            Route("/api/goals", start, methods=["POST"]),
+            Route("/api/filters", filter_values),
             Route("/api/goals/{goal_id}", goal),
             Route("/api/goals/{goal_id}/inbox", inbox),
+            Route("/api/goals/{goal_id}/report", report),
             Route("/api/goals/{goal_id}/events", events),
             Route("/api/goals/{goal_id}/messages", send, methods=["POST"]),
         ],
@@ -190,7 +388,7 @@ async def _read_events(
     idle = 0
     while True:
         try:
-            poll = PollInput(topics=[EVENTS_TOPIC], from_offset=offset)
+            poll = PollInput(topics=[EVENTS_TOPIC, TOKENS_TOPIC], from_offset=offset)
             batch = await handle.query(POLL_QUERY, poll, result_type=PollResult)
         except (RPCError, WorkflowQueryFailedError) as err:
             yield {"event": "closed", "data": json.dumps({"reason": f"the goal cannot be read: {err}"})}
@@ -216,6 +414,20 @@ async def _read_events(
                 yield {"event": "closed", "data": json.dumps({"reason": f"the goal is {status.lower()}"})}
                 return
         await asyncio.sleep(READ_EVERY.total_seconds())
+
+
+def _goal_row(execution: Any, outcome: str | None) -> dict[str, Any]:
+    attrs = execution.typed_search_attributes
+    return {
+        "id": execution.id,
+        "status": execution.status.name if execution.status else None,
+        "phase": attrs.get(sa.GOAL_STATUS),
+        "percent_done": attrs.get(sa.PERCENT_DONE),
+        "cost_usd": attrs.get(sa.COST_USD),
+        "started": execution.start_time.isoformat() if execution.start_time else None,
+        "outcome": outcome,
+        "waiting_on_you": _waiting_on_a_person(execution),
+    }
 
 
 def _whole_number(text: str) -> int | None:

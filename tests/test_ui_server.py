@@ -133,3 +133,123 @@ async def test_closed_event_streams_leave_the_goal_free_to_take_messages(env, ta
         assert answer.status_code == 200, answer.text
         await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
         await handle.result()
+
+
+async def listed(http: httpx.AsyncClient, params: dict, until, timeout_s: float = 20) -> list[dict]:
+    """The goal list for `params`, polled until `until(rows)` holds (visibility lags a little)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        response = await http.get("/api/goals", params=params)
+        assert response.status_code == 200, response.text
+        rows = response.json()
+        if until(rows) or asyncio.get_running_loop().time() > deadline:
+            return rows
+        await asyncio.sleep(0.1)
+
+
+async def test_the_goal_list_filters_as_perdure_ls_and_lists_a_goal_waiting_on_a_person_first(
+    env, task_queue, store, workspace, ui
+):
+    async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
+        older = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(older, lambda s: "gate" in s.running)
+        parked = await http.post(f"/api/goals/{older.id}/messages", json={"kind": "park", "reason": "ask the owner"})
+        assert parked.json()["status"] == "applied", parked.text
+        newer = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(newer, lambda s: "gate" in s.running)
+        ours = {"query": f"WorkflowId = '{older.id}' OR WorkflowId = '{newer.id}'"}
+        rows = await listed(http, ours, lambda rows: len(rows) == 2 and rows[0]["waiting_on_you"] == "parked")
+        only_parked = await listed(http, {**ours, "parked": "1"}, lambda rows: len(rows) == 1)
+        completed = await http.get("/api/goals", params={**ours, "status": "completed"})
+        bad_status = await http.get("/api/goals", params={"status": "Sleeping"})
+        bad_phase = await http.get("/api/goals", params={"phase": "dreaming"})
+        bad_flag = await http.get("/api/goals", params={"parked": "maybe"})
+        bad_query = await http.get("/api/goals", params={"query": "WorkflowId = = 'x'"})
+        for handle in (older, newer):
+            await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
+            await handle.result()
+        ended = await listed(http, ours, lambda rows: all(r["outcome"] for r in rows))
+    # The parked goal is older, and still listed first: newest-first would put it second.
+    assert [r["id"] for r in rows] == [older.id, newer.id], rows
+    assert rows[0]["phase"] == "parked" and rows[1]["waiting_on_you"] is None and rows[1]["status"] == "RUNNING"
+    assert [r["id"] for r in only_parked] == [older.id]
+    assert completed.status_code == 200 and completed.json() == []
+    assert bad_status.status_code == 400 and "Running" in bad_status.json()["error"]
+    assert bad_phase.status_code == 400 and "awaiting_human" in bad_phase.json()["error"]
+    assert bad_flag.status_code == 400 and "1 or 0" in bad_flag.json()["error"]
+    assert bad_query.status_code == 400 and "visibility query" in bad_query.json()["error"]
+    assert {r["outcome"] for r in ended} == {"aborted"} and all(r["waiting_on_you"] is None for r in ended)
+
+
+async def test_a_goal_started_by_posting_json_is_the_clis_start_and_bad_starts_are_clear_refusals(
+    env, task_queue, store, workspace, ui, monkeypatch
+):
+    monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
+    waiting = {"goal": "wait for GO", "plan": {"steps": [gate()]}, "workspace": str(workspace), "request_id": "r-wait"}
+    async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
+        first = await http.post("/api/goals", json=waiting)
+        again = await http.post("/api/goals", json=waiting)  # a retried request: the same goal
+        assert first.status_code == 201, first.text
+        goal_id = first.json()["goal_id"]
+        other_spec = await http.post("/api/goals", json={**waiting, "goal": "something else", "id": goal_id})
+        unfinished = await http.get(f"/api/goals/{goal_id}/report")
+        refusals = {
+            "not json": await http.post("/api/goals", content=b"{", headers={"content-type": "application/json"}),
+            "empty": await http.post("/api/goals", content=b"", headers={"content-type": "application/json"}),
+            "array": await http.post("/api/goals", json=["goal"]),
+            "unknown field": await http.post("/api/goals", json={"goal": "x", "colour": "red"}),
+            "wrong type": await http.post("/api/goals", json={"goal": 5}),
+            "no goal": await http.post("/api/goals", json={"workspace": str(workspace)}),
+            "bad plan": await http.post("/api/goals", json={"goal": "x", "plan": {"steps": [{"name": "Bad!"}]}}),
+            "bad id": await http.post("/api/goals", json={"goal": "x", "id": "../etc"}),
+            "past deadline": await http.post("/api/goals", json={"goal": "x", "deadline": "2001-01-01T00:00"}),
+            "huge": await http.post("/api/goals", json={"goal": "x" * 300_000}),
+            "plain text": await http.post("/api/goals", content=b'{"goal": "x"}'),
+            "unknown profile": await http.post("/api/goals", json={"goal": "x", "profile": "no-such-profile"}),
+        }
+        await http.post(f"/api/goals/{goal_id}/messages", json={"kind": "abort"})
+        await env.client.get_workflow_handle(goal_id).result()
+        after_end = await http.post("/api/goals", json=waiting)
+    assert first.json()["started"] is True and first.json()["page"] == f"/goals/{goal_id}"
+    assert again.status_code == 200 and again.json()["goal_id"] == goal_id and again.json()["started"] is False
+    assert "already running with this spec" in again.json()["text"]
+    assert other_spec.status_code == 409 and "already running with a different spec" in other_spec.json()["error"]
+    assert unfinished.status_code == 409 and "still running" in unfinished.json()["error"]
+    statuses = {name: (r.status_code, r.json()["error"]) for name, r in refusals.items()}
+    expected = {
+        "not json": (400, "JSON object"),
+        "empty": (400, "empty"),
+        "array": (400, "JSON object"),
+        "unknown field": (400, "colour"),
+        "wrong type": (400, "goal"),
+        "no goal": (400, "give the goal text"),
+        "bad plan": (400, "plan:"),
+        "bad id": (400, "not allowed"),
+        "past deadline": (400, "in the past"),
+        "huge": (413, "at most"),
+        "plain text": (415, "JSON"),
+        "unknown profile": (422, "no-such-profile"),
+    }
+    for name, (status, words) in expected.items():
+        assert statuses[name][0] == status and words in statuses[name][1], (name, statuses[name])
+    # A start repeated after the goal ended: the CLI's answer, nothing new started.
+    assert after_end.status_code == 200 and after_end.json()["started"] is False
+    assert "outcome aborted" in after_end.json()["text"] and "nothing new started" in after_end.json()["text"]
+
+
+async def test_a_closed_goals_report_is_served_with_its_outcome(
+    env, task_queue, store, workspace, ui, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PERDURE_HOME", str(tmp_path))  # the client reads the store the worker wrote
+    (workspace / "notes.md").write_text("a note\n")
+    async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
+        handle = await start(env, task_queue, workspace, READS[:2], allowed_tools=["read_file"])
+        result = await handle.result()
+        served = await http.get(f"/api/goals/{handle.id}/report")
+        missing = await http.get("/api/goals/no-such-goal/report")
+    assert served.status_code == 200, served.text
+    body = served.json()
+    assert body["outcome"] == "succeeded" == result.outcome
+    assert body["report"] == store.get_text(result.report)  # the full report, not the excerpt
+    assert "read-0" in body["report"] and "read-1" in body["report"]
+    assert missing.status_code == 404
