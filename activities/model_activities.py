@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 from temporalio import activity
@@ -26,6 +26,7 @@ from activities.faults import fault_point
 from activities.heartbeat import Heartbeat
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
+from activities.models.live_text import LiveText
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from workflows.contracts import (
     Activities,
@@ -133,7 +134,7 @@ class ModelActivities:
             ChatMessage(role="system", content=step_system_prompt(input.context)),
             ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)),
         ]
-        async with self._attempt(input.context, f"llm step {input.step}") as attempt:
+        async with self._attempt(input.context, f"llm step {input.step}", live=input.step) as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages), attempt)
             output = self.store.put_text(response.text)
             return attempt.result(
@@ -163,7 +164,7 @@ class ModelActivities:
 
     @activity.defn(name=Activities.AGENT_TURN)
     async def agent_turn(self, input: AgentTurnInput) -> AgentTurnResult:
-        async with self._attempt(input.context, f"agent step {input.step}", input.turn) as attempt:
+        async with self._attempt(input.context, f"agent step {input.step}", input.turn, live=input.step) as attempt:
             return attempt.result(await self._agent_turn(input, attempt))
 
     async def _agent_turn(self, input: AgentTurnInput, attempt: ModelAttemptState) -> AgentTurnResult:
@@ -251,16 +252,32 @@ class ModelActivities:
 
     @asynccontextmanager
     async def _attempt(
-        self, context: ModelContext, purpose: str, turn: int | None = None
+        self, context: ModelContext, purpose: str, turn: int | None = None, live: str | None = None
     ) -> AsyncIterator[ModelAttemptState]:
         """One attempt of a model activity, heartbeating what it waits for; whatever it
-        raises leaves with this attempt's record and the earlier ones (activities/models/attempts.py)."""
+        raises leaves with this attempt's record and the earlier ones (activities/models/attempts.py).
+        With `live` (the node's name), a streamed reply's text is shown on the goal's event
+        stream as it is written (activities/models/live_text.py)."""
         attempt = ModelAttemptState(purpose, context.profile, turn)
-        async with Heartbeat(attempt.details):
+        every_s = self._live_every_s(context.profile) if live is not None else 0.0
+        shown = LiveText(live, turn or 0, every_s) if live is not None and every_s else nullcontext()
+        async with Heartbeat(attempt.details), shown as text:
+            attempt.on_text = text.add if isinstance(text, LiveText) else None
             try:
                 yield attempt
             except Exception as err:
                 raise attempt.failure(err) from None
+
+    def _live_every_s(self, name: str) -> float:
+        """How often a profile's streamed replies are shown; 0 when its replies are not
+        streamed (background calls, `stream = false`) or the profile is unknown (the call
+        itself says so)."""
+        try:
+            profile = self.config.resolve(name)
+        except UnknownModelProfile:
+            return 0.0
+        streamed = profile.stream and profile.mode == "sync" and activity.info().workflow_id is not None
+        return profile.live_every_s if streamed else 0.0
 
     async def _chat(
         self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState

@@ -28,7 +28,10 @@ stays in progress for `in_progress_polls` polls and `in_progress_s` seconds afte
 was created, then ends as `background_status` says (a `status` entry ends a batch's
 request errored). `requests()` lists the model requests (a background create is one;
 polls are not), `handle_events()` the creates, polls, cancels and result reads of
-handles.
+handles. A request with `stream: true` (chat completions or messages) gets the same reply
+as server-sent events in that API's streaming format, a word per chunk: `chunk_delay_s`
+paces the chunks (a model writing slowly), `cut_after_chunks` drops the connection after
+that many (a reply that breaks off).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -106,6 +110,10 @@ class ScriptedReply(BaseModel):
     in_progress_s: float = Field(default=0.0, ge=0, le=3600, description="Background calls: seconds in progress.")
     background_status: Literal["completed", "failed", "incomplete"] = Field(
         default="completed", description="How a background response ends (incomplete: cut at max_output_tokens)."
+    )
+    chunk_delay_s: float = Field(default=0.0, ge=0, le=60, description="Streamed replies: the wait between chunks.")
+    cut_after_chunks: int | None = Field(
+        default=None, ge=0, description="Streamed replies: the connection drops after this many chunks."
     )
 
     @model_validator(mode="after")
@@ -322,6 +330,70 @@ def _tool_input(call: ScriptedToolCall) -> dict:
     except ValueError:
         return {"raw": call.arguments}
     return value if isinstance(value, dict) else {"raw": call.arguments}
+
+
+def _words(text: str) -> list[str]:
+    """The text in the pieces a streamed reply sends it in: a word with its trailing space."""
+    return re.findall(r"\s*\S+\s*", text) or ([text] if text else [])
+
+
+def openai_stream(completion: dict, include_usage: bool) -> list[tuple[str | None, Any]]:
+    """A chat completion as the `chat.completion.chunk` events of a streamed one."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict, finish: str | None = None) -> tuple[None, dict]:
+        return None, {
+            "id": completion["id"],
+            "object": "chat.completion.chunk",
+            "created": completion["created"],
+            "model": completion["model"],
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": word}) for word in _words(message.get("content") or "")]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        head = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": function["name"], "arguments": ""},
+        }
+        events.append(chunk({"tool_calls": [head]}))
+        events += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]})
+            for part in _words(function["arguments"])
+        ]
+    events.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        events.append((None, {**chunk({})[1], "choices": [], "usage": completion["usage"]}))
+    events.append((None, "[DONE]"))
+    return events
+
+
+def anthropic_stream(message: dict) -> list[tuple[str | None, Any]]:
+    """A message as the named events of a streamed one (message_start ... message_stop)."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[tuple[str | None, Any]] = [("message_start", {"type": "message_start", "message": start})]
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": word} for word in _words(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": part} for part in _words(json.dumps(block["input"]))]
+        events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": opened}))
+        events += [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}) for d in deltas]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    events.append(
+        ("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage["output_tokens"]}})
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
 
 
 def responses_object(job: Job, status: str) -> dict:
@@ -602,6 +674,8 @@ class ScriptedServer(BackgroundHTTPServer):
         self._handle_log: list[dict] = []
         self._served = 0
         self.connections = 0
+        # The entry each handler thread answered last (for how to stream it).
+        self._taken = threading.local()
 
     @property
     def openai_base_url(self) -> str:
@@ -641,6 +715,10 @@ class ScriptedServer(BackgroundHTTPServer):
             return 200, responses_object(job, entry.background_status), entry.headers
         make = openai_completion if flavour == "openai" else anthropic_message
         return 200, make(n, seen, entry, usage), entry.headers
+
+    def last_entry(self) -> ScriptedReply | None:
+        """The entry this thread's latest request was answered with."""
+        return getattr(self._taken, "entry", None)
 
     def create_batch(self, path: str, body: dict) -> tuple[int, dict]:
         """A Message Batch of exactly one request (what perdure sends); its entry is matched now."""
@@ -710,6 +788,7 @@ class ScriptedServer(BackgroundHTTPServer):
                     "json_mode": seen.json_mode,
                 }
             )
+        self._taken.entry = entry
         if entry is not None and entry.delay_s:
             # Outside the lock, after logging: the request is visible as arrived while the reply waits.
             time.sleep(entry.delay_s)
@@ -830,7 +909,49 @@ class _Handler(JSONHandler):
         if path.endswith("/messages/batches"):
             self.send_json(*self.scripted.create_batch(path, body))
             return
-        self.send_json(*self.scripted.respond(flavour, path, body))
+        status, reply, headers = self.scripted.respond(flavour, path, body)
+        if status == 200 and body.get("stream") is True and flavour != "responses":
+            options = body.get("stream_options") or {}
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = openai_stream(reply, include_usage) if flavour == "openai" else anthropic_stream(reply)
+            self._send_events(events, self.scripted.last_entry(), headers)
+            return
+        self.send_json(status, reply, headers)
+
+    def _send_events(
+        self, events: list[tuple[str | None, Any]], entry: ScriptedReply | None, headers: dict[str, str]
+    ) -> None:
+        """Server-sent events in chunked transfer encoding (the connection stays open for the
+        next request), paced and cut as the entry says."""
+        delay = entry.chunk_delay_s if entry else 0.0
+        cut = entry.cut_after_chunks if entry else None
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            for i, (name, data) in enumerate(events):
+                if cut is not None and i >= cut:
+                    # Mid-reply: no terminating chunk, the connection just goes.
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if i and delay:
+                    time.sleep(delay)
+                text = (
+                    f"event: {name}\n" if name else ""
+                ) + f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+                raw = text.encode("utf-8")
+                self.wfile.write(f"{len(raw):X}\r\n".encode() + raw + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            # The caller went away mid-reply (a crash test, an abort): what it asked for is recorded.
+            self.close_connection = True
 
     def _not_found(self, path: str) -> None:
         self.send_json(404, {"error": {"message": f"no such path: {path}", "type": "not_found_error"}})

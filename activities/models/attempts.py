@@ -12,6 +12,7 @@ It must not retry or decide anything: the workflow charges the records
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
@@ -57,6 +58,8 @@ class ModelAttemptState:
         self.deadline = attempt_deadline()
         self.status = "starting"
         self.usage: Usage | None = None  # this attempt's, once a reply arrived
+        # Where a streamed reply's text goes as it arrives (activities/models/live_text.py).
+        self.on_text: Callable[[str], None] | None = None
         previous = info.heartbeat_details if info else ()
         last = previous[0] if previous and isinstance(previous[0], dict) else {}
         self.handle = self._handle(last)
@@ -92,6 +95,11 @@ class ModelAttemptState:
             "handle_attempt": self.handle.attempt if self.handle else None,
             "failed_attempts": [r.model_dump() for r in failed],
         }
+
+    def live(self, text: str) -> None:
+        """Text of the reply being streamed, for showing only (the result is the reply itself)."""
+        if text and self.on_text is not None:
+            self.on_text(text)
 
     def beat(self) -> None:
         if activity.in_activity():

@@ -91,6 +91,18 @@ class ModelProfile(BaseModel):
         "(long replies); shorter ones stay sync. 0: every call.",
     )
     poll_interval_s: float = Field(default=2.0, gt=0, le=300, description="mode = background: time between polls.")
+    stream: bool = Field(
+        default=True,
+        description="mode = sync: read the reply as the provider streams it, so its text is shown live while it "
+        "is written (`perdure ui`). false: one request, one JSON reply (for servers that cannot stream).",
+    )
+    live_every_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="How often a streamed reply's new text is sent to the goal's event stream (each send adds "
+        "about four events to the goal's history; a reply done sooner sends none). 0: never.",
+    )
     script: str | None = Field(default=None, description="Scripted profiles only: path of the script file.")
 
     def background_for(self, max_output_tokens: int) -> bool:

@@ -33,7 +33,7 @@ from temporalio.exceptions import ApplicationError
 from activities.client_pool import pooled
 from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.config import ModelProfile
-from activities.models.timeouts import reply_timed_out, request_timeout
+from activities.models.timeouts import MIN_REPLY_WAIT_S, reply_timed_out, request_timeout
 from testing.scripted import ScriptedServer
 from workflows.contracts import Usage
 
@@ -43,6 +43,8 @@ NO_KEY = "unused"
 RESPONSE_HANDLE = "openai-response"
 BATCH_HANDLE = "anthropic-batch"
 RESPONSE_WAITING = ("queued", "in_progress")
+# The attempt's status once a streamed reply has begun: from then on the provider bills it.
+STREAMING = "streaming the reply"
 # The one request of a batch perdure submits.
 BATCH_CUSTOM_ID = "perdure-call"
 # A cancel sent as the activity is cancelled: short, it must not hold up the cancellation.
@@ -152,6 +154,8 @@ class OpenAIProvider(SdkProvider):
         if request.json_mode:
             params["response_format"] = {"type": "json_object"}
         attempt.status = "waiting for the reply"
+        if self.profile.stream:
+            return await self._streamed(client, params, attempt)
         try:
             completion = await client.chat.completions.create(
                 **params, timeout=request_timeout(self.profile, attempt.deadline)
@@ -159,15 +163,8 @@ class OpenAIProvider(SdkProvider):
         except openai.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
         usage = completion.usage
-        input_tokens = usage.prompt_tokens if usage else 0
-        output_tokens = usage.completion_tokens if usage else 0
         if not completion.choices:
-            raise ModelError(
-                f"model profile '{self.profile.name}': the reply has no choices",
-                usage=self._usage(input_tokens, output_tokens),
-                type="ModelRetryable",
-                non_retryable=False,
-            )
+            raise self._no_choices(usage)
         message = completion.choices[0].message
         calls = [
             ChatToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
@@ -177,9 +174,60 @@ class OpenAIProvider(SdkProvider):
         return ChatResponse(
             text=message.content or "",
             tool_calls=calls,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
             model=completion.model or self.profile.model,
+        )
+
+    async def _streamed(self, client: Any, params: dict[str, Any], attempt: ModelAttemptState) -> ChatResponse:
+        """The reply read chunk by chunk (`stream=True`), its text passed on as it arrives;
+        the usage comes in the last chunk (`include_usage`)."""
+        texts: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage, model, choices = None, None, False
+
+        async def read() -> None:
+            nonlocal usage, model, choices
+            stream = await client.chat.completions.create(
+                **params,
+                stream=True,
+                stream_options={"include_usage": True},
+                timeout=request_timeout(self.profile, attempt.deadline),
+            )
+            attempt.status = STREAMING
+            async for chunk in stream:
+                model = chunk.model or model
+                usage = chunk.usage or usage
+                for choice in chunk.choices:
+                    choices = True
+                    delta = choice.delta
+                    if delta.content:
+                        texts.append(delta.content)
+                        attempt.live(delta.content)
+                    for part in delta.tool_calls or []:
+                        call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                        call["id"] = part.id or call["id"]
+                        if part.function is not None:
+                            call["name"] += part.function.name or ""
+                            call["arguments"] += part.function.arguments or ""
+
+        await read_stream(read, self.profile, self._api_key, attempt)
+        if not choices:
+            raise self._no_choices(usage)
+        return ChatResponse(
+            text="".join(texts),
+            tool_calls=[ChatToolCall(**calls[i]) for i in sorted(calls)],
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+            model=model or self.profile.model,
+        )
+
+    def _no_choices(self, usage: Any) -> ModelError:
+        return ModelError(
+            f"model profile '{self.profile.name}': the reply has no choices",
+            usage=self._usage(usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0),
+            type="ModelRetryable",
+            non_retryable=False,
         )
 
     async def _background(
@@ -391,11 +439,29 @@ class AnthropicProvider(SdkProvider):
         if resuming or self.profile.background_for(params["max_tokens"]):
             return await self._batch(client, params, attempt)
         attempt.status = "waiting for the reply"
+        if self.profile.stream:
+            return await self._streamed(client, params, attempt)
         try:
             message = await client.messages.create(**params, timeout=request_timeout(self.profile, attempt.deadline))
         except anthropic.APIError as err:
             raise model_error(err, self.profile, self._api_key) from None
         return self._normalised(message)
+
+    async def _streamed(self, client: Any, params: dict[str, Any], attempt: ModelAttemptState) -> ChatResponse:
+        """The reply read as the SDK's message stream, its text passed on as it arrives."""
+        final: list[Any] = []
+
+        async def read() -> None:
+            timeout = request_timeout(self.profile, attempt.deadline)
+            async with client.messages.stream(**params, timeout=timeout) as stream:
+                attempt.status = STREAMING
+                async for event in stream:
+                    if event.type == "text":
+                        attempt.live(event.text)
+                final.append(await stream.get_final_message())
+
+        await read_stream(read, self.profile, self._api_key, attempt)
+        return self._normalised(final[0])
 
     def _params(self, request: ChatRequest) -> dict[str, Any]:
         system = "\n\n".join(m.content for m in request.messages if m.role == "system")
@@ -574,16 +640,7 @@ def model_error(err: Exception, profile: ModelProfile, api_key: str | None = Non
             return ModelError(message, usage=usage, type="ModelRetryable", non_retryable=False, next_retry_delay=delay)
         return ModelError(message, usage=usage, type="ModelRequestRejected", non_retryable=True)
     if isinstance(err, _connection_errors()) and reply_timed_out(err):
-        return ModelError(
-            _redact(
-                f"{where}: no reply within this attempt's time; the provider may bill the request all the same. "
-                'For calls this long set mode = "background" on the profile',
-                api_key,
-            ),
-            billed_unknown=True,
-            type="ModelReplyTimedOut",
-            non_retryable=True,
-        )
+        return _reply_timed_out(profile, api_key)
     if isinstance(err, _connection_errors()):
         cause = f" ({err.__cause__})" if err.__cause__ else ""
         target = profile.base_url or "the provider's API"
@@ -593,6 +650,51 @@ def model_error(err: Exception, profile: ModelProfile, api_key: str | None = Non
     # a reply arrived, so it may be billed.
     return ModelError(
         _redact(f"{where}: {type(err).__name__}: {err}", api_key), billed_unknown=True, type="ModelRetryable"
+    )
+
+
+async def read_stream(
+    read: Callable[[], Awaitable[None]], profile: ModelProfile, api_key: str, attempt: ModelAttemptState
+) -> None:
+    """Read a streamed reply to its end within the attempt. Until the reply has begun
+    (`attempt.status` is STREAMING) a failure is the provider's error as ever
+    (`model_error`). Once it has begun the provider has the request and bills it: a reply
+    that breaks off is retried with its cost unknown; one still being written when the
+    attempt's time is up is not retried, as a reply that never came in time is not."""
+    try:
+        async with asyncio.timeout(max(MIN_REPLY_WAIT_S, attempt.seconds_left())):
+            await read()
+    except TimeoutError:
+        raise _reply_timed_out(profile, api_key) from None
+    except Exception as err:
+        if attempt.status != STREAMING or isinstance(getattr(err, "status_code", None), int):
+            raise model_error(err, profile, api_key) from None
+        if isinstance(err, _connection_errors()) and reply_timed_out(err):
+            raise _reply_timed_out(profile, api_key) from None
+        reason = err.__cause__ or err
+        raise ModelError(
+            _redact(
+                f"model profile '{profile.name}' ({profile.provider}, {profile.model}): the reply broke off: "
+                f"{type(reason).__name__}: {reason}",
+                api_key,
+            ),
+            billed_unknown=True,
+            type="ModelRetryable",
+            non_retryable=False,
+        ) from None
+
+
+def _reply_timed_out(profile: ModelProfile, api_key: str | None) -> ModelError:
+    where = f"model profile '{profile.name}' ({profile.provider}, {profile.model})"
+    return ModelError(
+        _redact(
+            f"{where}: no reply within this attempt's time; the provider may bill the request all the same. "
+            'For calls this long set mode = "background" on the profile',
+            api_key,
+        ),
+        billed_unknown=True,
+        type="ModelReplyTimedOut",
+        non_retryable=True,
     )
 
 

@@ -3,7 +3,12 @@ its Workflow Stream, and the stream's state carried across continue-as-new.
 
 Publishing from the workflow adds nothing to history (the log lives in the workflow;
 subscribers long-poll it with updates, which do add events, counted like any other in
-the goal's continue-as-new budget). The log is truncated to the last STREAM_EVENTS_KEPT
+the goal's continue-as-new budget). From outside, only model activities publish, and
+only live text (TOKENS_TOPIC) of a node that is running: their publish signals are
+checked here before the SDK's handler takes them (its dedup by publisher and sequence
+crosses continue-as-new in the carried state), and anything else is refused without
+being decoded into the workflow. Those signals are history events, counted in the
+goal's budget like any other. The log is truncated to the last STREAM_EVENTS_KEPT
 events, so memory and the carried state stay bounded; a subscriber behind that starts
 from the goal's progress query instead.
 
@@ -14,15 +19,19 @@ message (Inbox.settle); plans, questions and progress are compared at each publi
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
-from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
+from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStream, WorkflowStreamState
 
 from workflows.events import (
     EVENTS_TOPIC,
     STREAM_EVENTS_KEPT,
+    TOKEN_EVENT_ADAPTER,
+    TOKENS_TOPIC,
     GateDecision,
     GoalEnded,
     GoalEvent,
@@ -37,22 +46,31 @@ from workflows.messages import InboxEntry
 from workflows.state import Node
 from workflows.statuses import TERMINAL
 
-# The SDK's publish signal (temporalio.contrib.workflow_streams), replaced by a refusal.
+# The SDK's publish signal and offset query (temporalio.contrib.workflow_streams).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
+OFFSET_QUERY = "__temporal_workflow_stream_offset"
+# What a publish signal sent with no argument is given. The handler takes one RawValue
+# and nothing else: the SDK decodes by the handler's type hints only when every
+# parameter is positional, and drops a signal with more arguments than that itself.
+NO_ARGUMENT = RawValue(Payload())
+# The most items one publish may carry (a model activity sends one or two).
+MAX_PUBLISHED_ITEMS = 100
 
 
 class EventStream:
     def __init__(self, ctx: GoalContext, prior: WorkflowStreamState | None) -> None:
         # Constructed from the workflow's @workflow.init (the SDK checks the caller is an __init__).
         self._stream = WorkflowStream(prior)
-        # Nothing outside the workflow publishes on a goal's stream yet: the SDK's publish
-        # signal is replaced by one that refuses, so a malformed publish can never fail
-        # the goal's workflow tasks, and nobody can put events in the goal's name.
-        workflow.set_signal_handler(PUBLISH_SIGNAL, self._refuse_publish)
+        # The SDK's handlers, registered by WorkflowStream: its publish signal takes a batch
+        # only after _on_publish has checked it (a malformed publish must never fail the
+        # goal's workflow tasks, and nobody may put goal events in the goal's name); its
+        # offset query says where the log ends.
+        self._accept = workflow.get_signal_handler(PUBLISH_SIGNAL)
+        self._end = workflow.get_query_handler(OFFSET_QUERY)
+        workflow.set_signal_handler(PUBLISH_SIGNAL, self._on_publish)
         self._topic = self._stream.topic(EVENTS_TOPIC)
         self._dirty: dict[str, Node] = {}
         self._ctx = ctx
-        self._offset = (prior.base_offset + len(prior.log)) if prior else 0
         self._base = prior.base_offset if prior else 0
         state = ctx.state
         # What earlier runs published is in the carried log: only changes from here on.
@@ -66,9 +84,38 @@ class EventStream:
         self._stream.detach_pollers()
         return self._stream.get_state()
 
-    def _refuse_publish(self, *args: RawValue) -> None:
-        # Raw values: nothing is decoded, so no payload can fail the workflow task.
-        workflow.logger.warning("stream publish refused: only the goal publishes", extra={"arguments": len(args)})
+    @property
+    def _offset(self) -> int:
+        """Where the log ends: the offset the next event gets."""
+        assert self._end is not None
+        return self._end()
+
+    def _on_publish(self, raw: RawValue = NO_ARGUMENT) -> None:
+        """A model activity's live text. A raw value, decoded here under a catch-all: no
+        payload can fail the workflow task. Items for another topic, of another shape, or
+        for a node that is not running are dropped; the rest go to the SDK's handler."""
+        try:
+            if raw is NO_ARGUMENT:
+                raise ValueError("no argument")
+            batch = workflow.payload_converter().from_payload(raw.payload, PublishInput)
+            kept = [item for item in batch.items[:MAX_PUBLISHED_ITEMS] if self._live_text_of_running_node(item)]
+        except Exception as err:  # noqa: BLE001 - anything unreadable is refused, never raised
+            reason = f"{type(err).__name__}: {err}"[:300]
+            workflow.logger.warning(f"stream publish refused: {reason}", extra={"reason": reason})
+            return
+        if len(kept) < len(batch.items):
+            workflow.logger.info("stream publish: items dropped", extra={"dropped": len(batch.items) - len(kept)})
+        if kept and self._accept is not None:
+            self._accept(PublishInput(items=kept, publisher_id=batch.publisher_id, sequence=batch.sequence))
+            self._truncate()
+
+    def _live_text_of_running_node(self, item: PublishEntry) -> bool:
+        if item.topic != TOKENS_TOPIC:
+            return False
+        payload = Payload.FromString(base64.b64decode(item.data, validate=True))
+        event = TOKEN_EVENT_ADAPTER.validate_python(workflow.payload_converter().from_payload(payload))
+        node = self._ctx.state.nodes.get(event.node)
+        return node is not None and node.status == "running"
 
     def release_subscribers(self) -> None:
         """Before the goal ends: a subscriber's poll in flight must not hold it open."""
@@ -76,9 +123,12 @@ class EventStream:
 
     def _publish(self, event: GoalEvent) -> None:
         self._topic.publish(event)
-        self._offset += 1
-        if self._offset - self._base >= 2 * STREAM_EVENTS_KEPT:
-            self._base = self._offset - STREAM_EVENTS_KEPT
+        self._truncate()
+
+    def _truncate(self) -> None:
+        end = self._offset
+        if end - self._base >= 2 * STREAM_EVENTS_KEPT:
+            self._base = end - STREAM_EVENTS_KEPT
             self._stream.truncate(self._base)
 
     # --- hooks -------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""A running model call's text, sent to its goal's event stream while it is written.
+
+Owns batching and sending: the text a streamed reply has produced since the last send
+goes, every `live_every_s`, as one TokenDelta on the goal's Workflow Stream (topic
+TOKENS_TOPIC, through the SDK's WorkflowStreamClient: a signal deduplicated by
+publisher and sequence). A reply done within the first interval sends nothing (the node
+settles with its output at once, so a short call adds no history); a retried attempt
+first sends a TokenRetry, so a consumer drops what the attempts before it showed.
+
+Only for showing: the node's output is the activity's result, never this text. Sending
+is best effort and never fails or slows the call: a send that fails is logged and the
+rest of this attempt's text is not sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+
+from temporalio import activity
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+
+from workflows.events import (
+    MAX_TOKEN_DELTA_CHARS,
+    TOKENS_TOPIC,
+    TokenDelta,
+    TokenRetry,
+    token_delta_id,
+    token_retry_id,
+)
+
+# The longest one send may take (the last one holds up the activity's result).
+LAST_SEND_S = 5.0
+# How long a failed send is retried by the SDK client before it gives up on it.
+SEND_RETRY = timedelta(seconds=30)
+
+
+class LiveText:
+    """`async with LiveText(node, turn, every_s) as live:` then `live.add(text)` per chunk."""
+
+    def __init__(self, node: str, turn: int, every_s: float) -> None:
+        self.node = node
+        self.turn = turn
+        self.every_s = every_s
+        self.attempt = activity.info().attempt
+        self._pending = ""
+        self._seq = 0
+        self._broken = False
+        self._task: asyncio.Task[None] | None = None
+        self._client = WorkflowStreamClient.from_within_activity(max_retry_duration=SEND_RETRY)
+        self._topic = self._client.topic(TOKENS_TOPIC)
+
+    async def __aenter__(self) -> LiveText:
+        if self.attempt > 1:
+            marker = TokenRetry(
+                id=token_retry_id(self.node, self.turn, self.attempt),
+                at=datetime.now(UTC),
+                node=self.node,
+                turn=self.turn,
+                attempt=self.attempt,
+            )
+            self._topic.publish(marker)
+            await self._send()
+        self._task = asyncio.create_task(self._every_interval())
+        return self
+
+    def add(self, text: str) -> None:
+        self._pending += text
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if kind is asyncio.CancelledError or not self._seq:
+            return  # cancelled (an abort), or done before anything was shown: nothing to finish
+        await self._flush_pending()  # the shown text ends complete
+
+    async def _every_interval(self) -> None:
+        while not self._broken:
+            await asyncio.sleep(self.every_s)
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
+        text, self._pending = self._pending, ""
+        for start in range(0, len(text), MAX_TOKEN_DELTA_CHARS):
+            self._topic.publish(
+                TokenDelta(
+                    id=token_delta_id(self.node, self.turn, self.attempt, self._seq),
+                    at=datetime.now(UTC),
+                    node=self.node,
+                    turn=self.turn,
+                    attempt=self.attempt,
+                    seq=self._seq,
+                    text=text[start : start + MAX_TOKEN_DELTA_CHARS],
+                )
+            )
+            self._seq += 1
+        if text:
+            await self._send()
+
+    async def _send(self) -> None:
+        if self._broken:
+            return
+        try:
+            await asyncio.wait_for(self._client.flush(), LAST_SEND_S)
+        except Exception as err:  # noqa: BLE001 - showing text must never fail the call
+            self._broken = True
+            activity.logger.info("live model output not sent", extra={"error": f"{type(err).__name__}: {err}"[:300]})

@@ -1,0 +1,176 @@
+"""Live model output: a streamed reply's text reaches the goal's event stream while it is
+written, in both wire formats, through the real SDK clients and a dev server; a retried
+attempt voids what the attempt before it showed; the node's output is still its
+activity's result; and nobody else can publish on the goal's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStreamClient
+from temporalio.converter import DataConverter
+
+from activities.models.attempts import ModelAttemptState, ModelError
+from activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
+from tests.builders import gate, llm, scripted_profile
+from tests.helpers import running_worker, start, wait_until
+from workflows.events import (
+    EVENTS_TOPIC,
+    TOKENS_TOPIC,
+    GoalView,
+    NodeChanged,
+    TokenDelta,
+    TokenRetry,
+    parse_event,
+    reduce,
+)
+
+WORDS = " ".join(f"word{i}" for i in range(24))
+TOOL = ChatTool(name="read_file", description="Read a file.", json_schema={"type": "object"})
+
+
+def request(text: str, tools: bool = False) -> ChatRequest:
+    return ChatRequest(messages=[ChatMessage(role="user", content=text)], tools=[TOOL] if tools else [])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_streamed_reply_is_the_same_reply_as_an_unstreamed_one_and_its_text_arrives_in_pieces(
+    scripted, provider
+):
+    server = scripted(
+        {
+            "replies": [
+                {"when": "talk", "content": WORDS, "usage": {"input_tokens": 11, "output_tokens": 24}},
+                {"when": "call", "tool_calls": [{"name": "read_file", "arguments": {"path": "a b.md"}}]},
+            ]
+        }
+    )
+    streamed = scripted_profile(server, provider)
+    unstreamed = streamed.model_copy(update={"stream": False, "name": "plain"})
+    pieces: list[str] = []
+    attempt = ModelAttemptState("a test", streamed.name)
+    attempt.on_text = pieces.append
+    for text, tools in (("talk", False), ("call", True)):
+        got = await provider_for(streamed).chat(request(text, tools), attempt)
+        server.reset()
+        want = await provider_for(unstreamed).chat(request(text, tools))
+        server.reset()
+        no_ids = {"tool_calls": {"__all__": {"id"}}}  # call ids count the server's requests
+        assert got.model_dump(exclude=no_ids) == want.model_dump(exclude=no_ids)
+        assert all(call.id for call in got.tool_calls)
+    assert len(pieces) == 24 and "".join(pieces) == WORDS
+    assert got.tool_calls[0].name == "read_file" and json.loads(got.tool_calls[0].arguments) == {"path": "a b.md"}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_reply_that_breaks_off_mid_stream_is_retried_with_its_cost_unknown(scripted, provider):
+    server = scripted({"replies": [{"when": "talk", "content": WORDS, "cut_after_chunks": 5}]})
+    attempt = ModelAttemptState("a test", "test")
+    pieces: list[str] = []
+    attempt.on_text = pieces.append
+    with pytest.raises(ModelError) as raised:
+        await provider_for(scripted_profile(server, provider)).chat(request("talk"), attempt)
+    error = raised.value
+    assert error.type == "ModelRetryable" and not error.non_retryable and error.billed_unknown
+    assert "broke off" in error.message and pieces  # it had begun: the provider has the request
+
+
+def live_goal_profile(server, every_s: float = 0.3):
+    return scripted_profile(server).model_copy(update={"live_every_s": every_s})
+
+
+async def events_until_end(env, goal_id: str) -> list:
+    client = WorkflowStreamClient.create(env.client, goal_id)
+    seen = []
+    stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
+    async for item in stream:
+        event = parse_event(item.data)
+        seen.append(event)
+        if event.type == "end":
+            return seen
+    return seen
+
+
+def view_before_settling(events: list, node: str) -> GoalView:
+    view = GoalView()
+    for event in events:
+        if isinstance(event, NodeChanged) and event.node == node and event.status == "succeeded":
+            return view
+        reduce(view, event)
+    raise AssertionError(f"{node} never succeeded")
+
+
+async def test_a_slow_reply_is_seen_word_by_word_before_its_node_succeeds_and_the_output_is_the_result(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted({"replies": [{"when": "Do talk", "content": WORDS, "chunk_delay_s": 0.08}]})
+    async with running_worker(env, task_queue, store, live_goal_profile(server)):
+        handle = await start(env, task_queue, workspace, [llm("talk")])
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 60)
+        result = await handle.result()
+    deltas = [e for e in events if isinstance(e, TokenDelta)]
+    assert len(deltas) >= 3, "a 2 s reply sent every 0.3 s arrives in several pieces"
+    assert [d.seq for d in deltas] == list(range(len(deltas))) and {d.attempt for d in deltas} == {1}
+    live = view_before_settling(events, "talk").live["talk"]
+    assert live.text == WORDS  # the last piece is sent before the node settles
+    assert result.outcome == "succeeded" and store.get_text(result.outputs["talk"]) == WORDS
+    settled = GoalView()
+    for event in events:
+        reduce(settled, event)
+    assert "talk" not in settled.live  # once settled, the output is the node's
+
+
+async def test_a_retried_call_marks_the_retry_and_the_view_shows_only_the_new_attempts_text(
+    env, task_queue, store, workspace, scripted
+):
+    cut = {"when": "Do talk", "content": "lost " * 30, "chunk_delay_s": 0.05, "cut_after_chunks": 20, "times": 1}
+    server = scripted({"replies": [cut, {"when": "Do talk", "content": WORDS, "chunk_delay_s": 0.05}]})
+    async with running_worker(env, task_queue, store, live_goal_profile(server, 0.2)):
+        handle = await start(env, task_queue, workspace, [llm("talk")])
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 60)
+        result = await handle.result()
+    first = [e for e in events if isinstance(e, TokenDelta) and e.attempt == 1]
+    markers = [e for e in events if isinstance(e, TokenRetry)]
+    assert first and "lost" in first[0].text, "the broken attempt's text was shown while it ran"
+    assert [(m.node, m.attempt) for m in markers] == [("talk", 2)]
+    assert events.index(markers[0]) > events.index(first[-1])
+    live = view_before_settling(events, "talk").live["talk"]
+    assert live.attempt == 2 and live.text == WORDS and "lost" not in live.text
+    assert store.get_text(result.outputs["talk"]) == WORDS
+
+
+def publish(topic: str, value: object, publisher: str, sequence: int) -> PublishInput:
+    payload = DataConverter.default.payload_converter.to_payloads([value])[0]
+    data = base64.b64encode(payload.SerializeToString()).decode()
+    return PublishInput(items=[PublishEntry(topic=topic, data=data)], publisher_id=publisher, sequence=sequence)
+
+
+async def test_nobody_can_publish_goal_events_or_live_text_for_a_node_that_is_not_running(
+    env, task_queue, store, workspace
+):
+    now = datetime.now(UTC).isoformat()
+    forged_node = {"type": "node", "id": "forged", "at": now, "node": "gate", "kind": "tool", "status": "succeeded"}
+    delta = {"type": "tokens", "id": "t", "at": now, "node": "gate", "seq": 0, "text": "hi"}
+    later = {"name": "later", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}, "needs": ["gate"]}
+    (workspace / "notes.md").write_text("a note\n")
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, [gate(), later], allowed_tools=["run_command", "read_file"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        signal = "__temporal_workflow_stream_publish"
+        await handle.signal(signal, publish(EVENTS_TOPIC, forged_node, "forger", 1))  # goal events: only the goal
+        await handle.signal(signal, publish(TOKENS_TOPIC, {**delta, "node": "later"}, "forger", 2))  # not running
+        await handle.signal(signal, publish(TOKENS_TOPIC, {**delta, "seq": -1}, "forger", 3))  # wrong shape
+        await handle.signal(signal, publish(TOKENS_TOPIC, {**delta, "text": "x" * 20_000}, "forger", 4))  # huge
+        await handle.signal(signal, publish(TOKENS_TOPIC, delta, "forger", 5))  # well formed, gate is running
+        await handle.signal(signal, publish(TOKENS_TOPIC, delta, "forger", 5))  # the same batch again
+        await handle.signal(signal, PublishInput(items=[PublishEntry(topic=TOKENS_TOPIC, data="%%")], sequence=6))
+        (workspace / "GO").write_text("")
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 60)
+        result = await handle.result()
+    assert result.outcome == "succeeded"  # no workflow task failed on any of them
+    assert not [e for e in events if e.id == "forged"]
+    assert [(e.node, e.text) for e in events if isinstance(e, TokenDelta)] == [("gate", "hi")]
