@@ -136,7 +136,14 @@ def token_retry_id(node: str, turn: int, attempt: int) -> str:
 
 GoalEvent = Annotated[
     Union[  # noqa: UP007
-        NodeChanged, PlanVersioned, QuestionChanged, Receipt, GateDecision, ProgressChanged, GoalEnded, TokenDelta,
+        NodeChanged,
+        PlanVersioned,
+        QuestionChanged,
+        Receipt,
+        GateDecision,
+        ProgressChanged,
+        GoalEnded,
+        TokenDelta,
         TokenRetry,
     ],
     Field(discriminator="type"),
