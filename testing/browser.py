@@ -1,5 +1,6 @@
 """Headless Chromium (Debian's package) driven through its DevTools protocol, for tests that
-click in perdure's page: open a URL, evaluate JavaScript in it, wait for a condition.
+click in perdure's page: open a URL, evaluate JavaScript in it, wait for a condition,
+take a screenshot. Exceptions the page throws are collected in `errors`.
 
 No browser download and no driver: Chromium is started with a debugging port on a
 scratch profile, a page target is opened, and `Runtime.evaluate` runs expressions over
@@ -10,6 +11,7 @@ the target's websocket. What a test does in the page is what a person's click do
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import subprocess
@@ -33,6 +35,8 @@ class Browser:
         self._proc: subprocess.Popen | None = None
         self._ws: Any = None
         self._ids = itertools.count(1)
+        self.errors: list[str] = []
+        """Uncaught exceptions of the page (read as the test talks to the browser)."""
 
     async def __aenter__(self) -> Browser:
         self._profile.mkdir(parents=True, exist_ok=True)
@@ -60,6 +64,7 @@ class Browser:
             targets = (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
         page = next(t for t in targets if t.get("type") == "page")
         self._ws = await websockets.connect(page["webSocketDebuggerUrl"], max_size=None)
+        await self._call("Runtime.enable")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -74,6 +79,9 @@ class Browser:
         await self._ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
         while True:
             message = json.loads(await self._ws.recv())
+            if message.get("method") == "Runtime.exceptionThrown":
+                details = message["params"]["exceptionDetails"]
+                self.errors.append(details.get("exception", {}).get("description") or details.get("text", "?"))
             if message.get("id") == call_id:
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
@@ -101,3 +109,12 @@ class Browser:
                 return value
             await asyncio.sleep(0.1)
         raise BrowserError(f"never true in {timeout_s:g} s: {expression}")
+
+    async def screenshot(self, path: Path, width: int = 1200, height: int = 760) -> int:
+        """A PNG of the page at this viewport size, written to `path`; its size in bytes."""
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        await self._call("Emulation.setDeviceMetricsOverride", **metrics)
+        shot = await self._call("Page.captureScreenshot", format="png")
+        data = base64.b64decode(shot["data"])
+        path.write_bytes(data)
+        return len(data)
