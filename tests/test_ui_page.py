@@ -8,14 +8,47 @@ live model output follows the token events."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from urllib.parse import quote
 
+import pytest
+import uvicorn
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+
+from starters.ui_server import build_app
 from testing.browser import CHROMIUM, Browser
 from tests.builders import gate
 from tests.device_rig import write_on
-from tests.helpers import local_activities, running_worker, start, wait_until
+from tests.helpers import free_ports, local_activities, running_worker, start, submit, wait_until
+from workflows.events import token_delta_id, token_retry_id
+from workflows.messages import Abort, Park
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)"),
+    pytest.mark.process,  # each starts Chromium
+]
+
+
+@contextlib.asynccontextmanager
+async def served(app) -> AsyncIterator[str]:
+    """An ASGI app on a free port of this machine, as the `ui` fixture serves perdure ui's."""
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
 
 
 def node_of(node: str) -> str:
@@ -117,4 +150,138 @@ async def test_a_node_is_rewound_by_clicking_it_and_runs_again(env, task_queue, 
     assert preview == "read gate" and sorted(marked) == ["gate", "read"]
     assert older == ["true", "gate read", 0], older
     assert rewind_offered is False  # an older version is read-only
+    assert page.errors == []
+
+
+async def test_the_goal_list_puts_a_parked_goal_first_and_a_premise_is_narrowed_from_its_panel(
+    env, task_queue, store, workspace, ui, tmp_path
+):
+    (workspace / "notes.md").write_text("a note\n")
+    read = {
+        "name": "read",
+        "kind": "tool",
+        "tool": "read_file",
+        "args": {"path": "notes.md"},
+        "premises": {"scope": ["all"]},
+    }
+    tools = ["read_file", "run_command"]
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        older = await start(
+            env, task_queue, workspace, [read, gate(["read"])], allowed_tools=tools, premises={"scope": "all"}
+        )
+        await wait_until(older, lambda s: "gate" in s.running)
+        await submit(older, Park(request_id="park-1", reason="ask the owner"))
+        newer = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(newer, lambda s: "gate" in s.running)
+        ours = quote(f"WorkflowId = '{older.id}' OR WorkflowId = '{newer.id}'")
+        rows = (
+            "[...document.querySelectorAll('#goals tr[data-goal]')]"
+            ".map(r => r.dataset.goal + ':' + r.cells[1].textContent)"
+        )
+        listing = None
+        for _ in range(50):  # visibility lags the goal's search attributes a little
+            await page.open(f"{ui}/?query={ours}")
+            listing = await page.wait_for(f"document.getElementById('filters') && {rows}")
+            if listing == [f"{older.id}:parked", f"{newer.id}:"]:
+                break
+        # The filter form, as a person uses it: tick "parked" and submit.
+        await page.evaluate("document.querySelector('#filters input[name=parked]').checked = true")
+        await page.evaluate("document.querySelector('#filters button').click()")
+        filtered = await page.wait_for(f"location.search.includes('parked=1') && {rows}.length === 1 && {rows}")
+        await page.open(f"{ui}/goals/{older.id}")
+        parked = await page.wait_for("document.getElementById('parked')?.textContent")
+        premise = "document.querySelector('#premises [data-premise=\"scope\"]')"
+        await page.wait_for(f"{premise} !== null")
+        await page.evaluate(f"{premise}.querySelector('input').value = 'module_a'")
+        await page.evaluate(f"{premise}.querySelector('button').click()")
+        receipt = await page.wait_for("document.querySelector('.narrow-receipt')?.textContent")
+        narrowed = await page.wait_for(f"{premise}?.dataset.value === 'module_a'")
+        await page.wait_for("document.getElementById('plan-version').options.length === 2")
+        for handle in (older, newer):
+            await submit(handle, Abort(request_id="abort-1"))
+            await handle.result()
+    assert listing == [f"{older.id}:parked", f"{newer.id}:"], listing  # older, and first: it waits on a person
+    assert filtered == [f"{older.id}:parked"]
+    assert "ask the owner" in parked
+    assert receipt.startswith("narrow: applied"), receipt
+    assert narrowed
+    assert page.errors == []
+
+
+def _scripted_events() -> list[dict]:
+    """What the goal's stream would carry for a model node streaming its output."""
+    at = datetime.now(UTC).isoformat()
+
+    def tokens(attempt: int, seq: int, text: str) -> dict:
+        return {
+            "type": "tokens",
+            "id": token_delta_id("gate", 0, attempt, seq),
+            "at": at,
+            "node": "gate",
+            "turn": 0,
+            "attempt": attempt,
+            "seq": seq,
+            "text": text,
+        }
+
+    return [
+        tokens(1, 0, "Hello "),
+        tokens(1, 1, "wor"),
+        {"type": "retry", "id": token_retry_id("gate", 0, 2), "at": at, "node": "gate", "turn": 0, "attempt": 2},
+        tokens(2, 0, "Fresh "),
+        tokens(1, 2, "LATE"),  # from the retried attempt, arriving late: dropped
+        tokens(2, 1, "start"),
+        tokens(2, 1, "start"),  # published twice (a retried publish): counted once
+    ]
+
+
+async def test_a_running_nodes_live_output_follows_its_token_events(env, task_queue, store, workspace, tmp_path):
+    """The page side of live tokens. Model activities do not publish them yet, so the
+    events endpoint is scripted (the only fake: the SSE boundary); the snapshot, the
+    page and the goal are real."""
+    release = asyncio.Event()
+
+    async def scripted_events(request):
+        events = _scripted_events()
+
+        async def stream():
+            for offset, event in enumerate(events):
+                yield {"id": str(offset), "event": event["type"], "data": json.dumps(event)}
+            await release.wait()
+            settled = {
+                "type": "node",
+                "id": "node:gate:done",
+                "at": events[0]["at"],
+                "node": "gate",
+                "kind": "llm",
+                "status": "succeeded",
+            }
+            yield {"id": str(len(events)), "event": "node", "data": json.dumps(settled)}
+            await asyncio.Event().wait()  # held open, as a goal's stream is
+
+        return EventSourceResponse(stream())
+
+    app = Starlette(
+        routes=[Route("/api/goals/{goal_id}/events", scripted_events), Mount("/", app=build_app(env.client))]
+    )
+    async with served(app) as base, running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await page.open(f"{base}/goals/{handle.id}")
+        await page.wait_for(f"{node_of('gate')} !== null")
+        await page.evaluate(click("gate"))
+        live = await page.wait_for(
+            "document.getElementById('live')?.textContent === 'Fresh start' && "
+            "[document.getElementById('live').dataset.turn, "
+            f"{node_of('gate')}.querySelector('text.tail').textContent]"
+        )
+        release.set()
+        await page.wait_for(f"{status_of('gate')} === 'succeeded'")
+        after = await page.evaluate(
+            f"[document.getElementById('live').textContent, {node_of('gate')}.querySelector('text.tail').textContent]"
+        )
+        await submit(handle, Abort(request_id="abort-live"))
+        await handle.result()
+    assert live == ["0.2", "Fresh start"], live  # the latest attempt's text only, once
+    assert after == ["", ""]  # a settled node's output is its result now, not the stream's
     assert page.errors == []

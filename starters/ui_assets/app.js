@@ -220,7 +220,9 @@ function drawGraph(graphNodes, state, { readonly, version, onNode }) {
   for (const node of graphNodes) {
     const p = position.get(node.name);
     const status = node.status;
-    const classes = ["node", node.shape ? "s-shape" : `s-${status}`, node.earlier ? "earlier" : ""].filter(Boolean).join(" ");
+    const marked = !readonly && !node.earlier && state.wouldVoid.has(node.name);
+    const classes = ["node", node.shape ? "s-shape" : `s-${status}`, node.earlier ? "earlier" : "", marked ? "would-void" : ""]
+      .filter(Boolean).join(" ");
     // Only the current plan's nodes carry data-node: live events and tests find them by it.
     const attrs = node.earlier || readonly
       ? { class: classes, "data-shown-node": node.name, "data-status": status }
@@ -293,15 +295,17 @@ function showNode(snapshot, node, state, readonly) {
     node.error ? `error: ${node.error}\n` : "", node.preview ? `output: ${node.preview}\n` : "",
   ];
   const live = state.live.get(node.name);
-  parts.push(el("pre", { id: "live", "data-node": node.name, class: "live" }, live ? live.text : ""));
+  parts.push(el("pre", { id: "live", "data-node": node.name, "data-turn": live ? `${live.turn}.${live.attempt}` : "", class: "live" }, live ? live.text : ""));
+  if (readonly) state.wouldVoid = new Set();
   if (!readonly) {
     const nodes = snapshot.nodes.map((n) => ({ ...n, status: state.status.get(n.name) || n.status }));
     const affected = downstreamOf(nodes, node.name);
     const statusOf = new Map(nodes.map((n) => [n.name, n.status]));
     const ran = affected.filter((n) => STARTED.has(statusOf.get(n)));
     const waits = affected.filter((n) => !STARTED.has(statusOf.get(n)));
-    main.querySelectorAll("g.would-void").forEach((g) => g.classList.remove("would-void"));
-    for (const name of affected) main.querySelector(`g.node[data-node="${CSS.escape(name)}"]`)?.classList.add("would-void");
+    // Kept in the state: the graph is redrawn as the goal moves, the marks with it.
+    state.wouldVoid = new Set(affected);
+    main.querySelectorAll("g.node[data-node]").forEach((g) => g.classList.toggle("would-void", state.wouldVoid.has(g.dataset.node)));
     const preview = el("p", { id: "rewind-preview", "data-void": ran.join(" ") },
       `rewind here makes void: ${ran.map((n) => `${n} (${statusOf.get(n)})`).join(", ") || "nothing that has run"}; it runs again`,
       waits.length ? `; not run yet, waits for it: ${waits.join(", ")}` : "");
@@ -391,7 +395,7 @@ async function showGoal(goalId) {
   const state = {
     status: new Map(), nodeEvents: new Map(), live: new Map(), seen: new Set(), plans: new Map(),
     receipts: new Map(), refused: 0, snapshot: null, view: null, refresh: null, lastRefresh: 0,
-    premises: null, reported: false,
+    premises: null, reported: false, wouldVoid: new Set(),
   };
   // The panels are kept across renders: a reason or a premise value being typed, or a
   // receipt, must not vanish when the goal makes progress.
@@ -471,7 +475,7 @@ async function showGoal(goalId) {
     if (data.status !== "running" && state.live.delete(data.node)) showLive(state, data.node); // its output is the node's now
     const node = state.view === null ? main.querySelector(`g.node[data-node="${CSS.escape(data.node)}"]`) : null;
     if (node) {
-      node.setAttribute("class", `node s-${data.status}`);
+      node.setAttribute("class", `node s-${data.status}${state.wouldVoid.has(data.node) ? " would-void" : ""}`);
       node.setAttribute("data-status", data.status);
       node.querySelector("text.label").textContent = `${data.node} · ${data.status}`;
     }
