@@ -194,7 +194,7 @@ function versionGraph(snapshot, state, v) {
 }
 
 function drawGraph(graphNodes, state, { readonly, version, onNode }) {
-  const W = 170, H = 34, GX = 60, GY = 22;
+  const W = 160, H = 34, GX = 36, GY = 22;
   const depth = layers(graphNodes);
   const columns = new Map();
   const position = new Map();
@@ -341,7 +341,7 @@ function drawSummary(snapshot) {
   return el("div", { class: "summary", id: "summary", "data-phase": snapshot.phase },
     el("b", {}, snapshot.goal_id), ` · phase ${snapshot.phase} · ${snapshot.percent_done}% · plan v${snapshot.plan_version}`,
     ` · tokens ${snapshot.tokens} · $${snapshot.cost_usd.toFixed(4)}`,
-    snapshot.eta ? ` · ETA ${snapshot.eta} (${snapshot.eta_confidence})` : "", ...bars, parked, failure);
+    snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked, failure);
 }
 
 function drawInbox(box, state) {
