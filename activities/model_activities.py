@@ -260,7 +260,7 @@ class ModelActivities:
         stream as it is written (activities/models/live_text.py)."""
         attempt = ModelAttemptState(purpose, context.profile, turn)
         every_s = self._live_every_s(context.profile) if live is not None else 0.0
-        shown = LiveText(live, turn or 0, every_s) if live is not None and every_s else nullcontext()
+        shown = LiveText(live, turn, every_s) if live is not None and every_s else nullcontext()
         async with Heartbeat(attempt.details), shown as text:
             attempt.on_text = text.add if isinstance(text, LiveText) else None
             try:
@@ -270,14 +270,14 @@ class ModelActivities:
 
     def _live_every_s(self, name: str) -> float:
         """How often a profile's streamed replies are shown; 0 when its replies are not
-        streamed (background calls, `stream = false`) or the profile is unknown (the call
-        itself says so)."""
+        streamed (background calls, `stream = false`), the profile is unknown (the call
+        itself says so) or there is no workflow to show them on."""
         try:
             profile = self.config.resolve(name)
         except UnknownModelProfile:
             return 0.0
         streamed = profile.stream and profile.mode == "sync" and activity.info().workflow_id is not None
-        return profile.live_every_s if streamed else 0.0
+        return profile.live_every_s if streamed and _has_client() else 0.0
 
     async def _chat(
         self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState
@@ -395,6 +395,15 @@ class ModelActivities:
 
 
 # --- prompts (pure) ------------------------------------------------------------------
+
+
+def _has_client() -> bool:
+    """Whether this activity can reach its workflow (not in the SDK's ActivityEnvironment without one)."""
+    try:
+        activity.client()
+    except RuntimeError:
+        return False
+    return True
 
 
 def constraints_block(constraints: list[str]) -> str:

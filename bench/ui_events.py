@@ -13,6 +13,10 @@ The same goal run again with nobody subscribed gives the history the stream adds
 (history events with a subscriber - without) / NODES. Median and P95 latency are
 printed; the median is the headline.
 
+Live model output: a goal of MODEL_NODES llm steps whose (scripted, streamed) replies
+take ~2 s each, run with the profile's default `live_every_s` (1 s) and again with it
+0; (history events with live text - without) / MODEL_NODES is `token_events_per_node`.
+
     .venv/bin/python -m bench.ui_events [--nodes 40]
 """
 
@@ -28,6 +32,7 @@ import httpx
 import uvicorn
 from temporalio.client import Client
 
+from activities.models.config import ModelConfig, ModelProfile
 from bench.common import (
     Section,
     goal_spec,
@@ -40,8 +45,12 @@ from bench.common import (
 )
 from bench.common import start_goal as start_bench_goal
 from starters.ui_server import build_app
+from testing.scripted import ScriptedServer
 
-KEYS = ("ui_event_latency_ms", "stream_events_per_node")
+KEYS = ("ui_event_latency_ms", "stream_events_per_node", "token_events_per_node")
+MODEL_NODES = 5
+# Each reply: 20 words, one every 0.1 s.
+SLOW_REPLY = {"content": " ".join(f"word{i}" for i in range(20)), "chunk_delay_s": 0.1}
 
 
 def _p95(values: list[float]) -> float:
@@ -102,14 +111,46 @@ async def measure(client: Client, workdir: Path, nodes: int = 40) -> Section:
     if len(latencies) != nodes:
         raise RuntimeError(f"the subscriber saw {len(latencies)} of {nodes} nodes succeed")
     per_node = (with_stream - without) / nodes
+    live, quiet = await _token_events(client, home)
+    token_per_node = (live - quiet) / MODEL_NODES
     notes = [
         f"node settled -> its SSE event read: median {median(latencies):.1f} ms, P95 {_p95(latencies):.1f} ms, "
         f"max {max(latencies):.1f} ms over {nodes} nodes",
         f"history: {with_stream} events with a subscriber, {without} without: {per_node:.2f} more per node "
         "(the subscriber's long polls are updates)",
+        f"live model output: {live} events with live text every 1 s, {quiet} without, over {MODEL_NODES} "
+        f"~2 s replies: {token_per_node:.2f} more per model node",
     ]
-    figures = {"ui_event_latency_ms": round(median(latencies), 1), "stream_events_per_node": round(per_node, 2)}
+    figures = {
+        "ui_event_latency_ms": round(median(latencies), 1),
+        "stream_events_per_node": round(per_node, 2),
+        "token_events_per_node": round(token_per_node, 2),
+    }
     return Section(figures=figures, notes=notes, extra={"ui_event_latency_p95_ms": round(_p95(latencies), 1)})
+
+
+async def _token_events(client: Client, home: Path) -> tuple[int, int]:
+    """History events of the same slow-reply goal with live text sent every 1 s, and with none."""
+    steps = [
+        {"name": f"m{i}", "kind": "llm", "prompt": f"Write part {i}."} | ({"needs": [f"m{i - 1}"]} if i else {})
+        for i in range(MODEL_NODES)
+    ]
+    counts = []
+    with ScriptedServer({"replies": [SLOW_REPLY]}) as server:
+        for every_s in (1.0, 0.0):
+            profile = ModelProfile(
+                name="slow", provider="openai", model="scripted", base_url=server.openai_base_url, live_every_s=every_s
+            )
+            task_queue = new_id("bench-tokens")
+            workspace = make_workspace(home / f"tokens-{every_s}", {})
+            spec = goal_spec(workspace, steps, model_profile="slow", label="live tokens")
+            async with perdure_worker(client, task_queue, home, ModelConfig(profiles={"slow": profile})):
+                handle = await start_bench_goal(client, task_queue, spec, "ui-tokens")
+                result = await handle.result()
+            if result.outcome != "succeeded":
+                raise RuntimeError(f"the slow-reply goal ended {result.outcome}")
+            counts.append(len((await handle.fetch_history()).events))
+    return counts[0], counts[1]
 
 
 def main(argv: list[str] | None = None) -> dict:

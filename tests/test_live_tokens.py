@@ -16,8 +16,8 @@ from temporalio.converter import DataConverter
 
 from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
-from tests.builders import gate, llm, scripted_profile
-from tests.helpers import running_worker, start, wait_until
+from tests.builders import agent, gate, llm, scripted_profile
+from tests.helpers import calls_for, running_worker, start, submit, wait_until
 from workflows.events import (
     EVENTS_TOPIC,
     TOKENS_TOPIC,
@@ -28,6 +28,7 @@ from workflows.events import (
     parse_event,
     reduce,
 )
+from workflows.messages import Abort
 
 WORDS = " ".join(f"word{i}" for i in range(24))
 TOOL = ChatTool(name="read_file", description="Read a file.", json_schema={"type": "object"})
@@ -116,7 +117,7 @@ async def test_a_slow_reply_is_seen_word_by_word_before_its_node_succeeds_and_th
     assert len(deltas) >= 3, "a 2 s reply sent every 0.3 s arrives in several pieces"
     assert [d.seq for d in deltas] == list(range(len(deltas))) and {d.attempt for d in deltas} == {1}
     live = view_before_settling(events, "talk").live["talk"]
-    assert live.text == WORDS  # the last piece is sent before the node settles
+    assert WORDS.startswith(live.text) and live.text, "pieces in order, the last one left to the output"
     assert result.outcome == "succeeded" and store.get_text(result.outputs["talk"]) == WORDS
     settled = GoalView()
     for event in events:
@@ -139,7 +140,7 @@ async def test_a_retried_call_marks_the_retry_and_the_view_shows_only_the_new_at
     assert [(m.node, m.attempt) for m in markers] == [("talk", 2)]
     assert events.index(markers[0]) > events.index(first[-1])
     live = view_before_settling(events, "talk").live["talk"]
-    assert live.attempt == 2 and live.text == WORDS and "lost" not in live.text
+    assert live.attempt == 2 and live.text and WORDS.startswith(live.text) and "lost" not in live.text
     assert store.get_text(result.outputs["talk"]) == WORDS
 
 
@@ -174,3 +175,37 @@ async def test_nobody_can_publish_goal_events_or_live_text_for_a_node_that_is_no
     assert result.outcome == "succeeded"  # no workflow task failed on any of them
     assert not [e for e in events if e.id == "forged"]
     assert [(e.node, e.text) for e in events if isinstance(e, TokenDelta)] == [("gate", "hi")]
+
+
+async def test_an_abort_while_a_reply_streams_cancels_the_call_at_once_and_sends_it_only_once(
+    env, task_queue, store, workspace, scripted
+):
+    slow = " ".join(f"w{i}" for i in range(200))
+    server = scripted({"replies": [{"when": "Do talk", "content": slow, "chunk_delay_s": 0.1}]})
+    async with running_worker(env, task_queue, store, live_goal_profile(server, 0.2)):
+        handle = await start(env, task_queue, workspace, [llm("talk")])
+        client = WorkflowStreamClient.create(env.client, handle.id)
+        stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
+        async for item in stream:
+            if isinstance(parse_event(item.data), TokenDelta):
+                await submit(handle, Abort(request_id="stop-1", reason="changed my mind"))
+                break
+        result = await asyncio.wait_for(handle.result(), 15)  # the 20 s reply is not waited for
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 15)
+    assert result.outcome == "aborted"
+    assert len(calls_for(server, "talk")) == 1
+    talk = [e for e in events if isinstance(e, NodeChanged) and e.node == "talk"]
+    assert talk[-1].status != "running"
+
+
+async def test_an_agents_turn_is_shown_whole_under_its_turn_number(env, task_queue, store, workspace, scripted):
+    server = scripted({"replies": [{"when": "Look around", "content": WORDS, "chunk_delay_s": 0.08}]})
+    async with running_worker(env, task_queue, store, live_goal_profile(server)):
+        handle = await start(env, task_queue, workspace, [agent("scout", "Look around.", ["read_file"])])
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 60)
+        result = await handle.result()
+    deltas = [e for e in events if isinstance(e, TokenDelta)]
+    assert deltas and {(d.node, d.turn) for d in deltas} == {("scout", 1)}
+    live = view_before_settling(events, "scout").live["scout"]
+    assert live.turn == 1 and live.text == WORDS  # a turn's last piece is sent: its text stays whole
+    assert result.outcome == "succeeded"

@@ -4,8 +4,11 @@ Owns batching and sending: the text a streamed reply has produced since the last
 goes, every `live_every_s`, as one TokenDelta on the goal's Workflow Stream (topic
 TOKENS_TOPIC, through the SDK's WorkflowStreamClient: a signal deduplicated by
 publisher and sequence). A reply done within the first interval sends nothing (the node
-settles with its output at once, so a short call adds no history); a retried attempt
-first sends a TokenRetry, so a consumer drops what the attempts before it showed.
+settles with its output at once, so a short call adds no history), and a single call's
+last piece is not sent either (its node settles with the whole output a moment later);
+an agent's turn sends its last piece, so the turn's text stays whole while its tools
+run. A retried attempt first sends a TokenRetry, so a consumer drops what the attempts
+before it showed.
 
 Only for showing: the node's output is the activity's result, never this text. Sending
 is best effort and never fails or slows the call: a send that fails is logged and the
@@ -38,11 +41,13 @@ SEND_RETRY = timedelta(seconds=30)
 
 
 class LiveText:
-    """`async with LiveText(node, turn, every_s) as live:` then `live.add(text)` per chunk."""
+    """`async with LiveText(node, turn, every_s) as live:` then `live.add(text)` per chunk;
+    `turn` is None for a single call (llm steps), an agent step's turn otherwise."""
 
-    def __init__(self, node: str, turn: int, every_s: float) -> None:
+    def __init__(self, node: str, turn: int | None, every_s: float) -> None:
         self.node = node
-        self.turn = turn
+        self.turn = turn or 0
+        self.finish = turn is not None
         self.every_s = every_s
         self.attempt = activity.info().attempt
         self._pending = ""
@@ -76,9 +81,8 @@ class LiveText:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if kind is asyncio.CancelledError or not self._seq:
-            return  # cancelled (an abort), or done before anything was shown: nothing to finish
-        await self._flush_pending()  # the shown text ends complete
+        if self.finish and self._seq and kind is not asyncio.CancelledError:
+            await self._flush_pending()
 
     async def _every_interval(self) -> None:
         while not self._broken:
