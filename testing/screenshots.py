@@ -25,7 +25,7 @@ from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
 from runtime import converter
 from testing.browser import Browser
-from tests.helpers import dev_server_options, free_ports
+from testing.servers import dev_server_options, free_ports
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 GATE = "while [ ! -f GO ]; do sleep 0.05; done; echo gate open"

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,34 +29,18 @@ from typer.testing import CliRunner
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig, ModelProfile
-from runtime.plugin import PerdurePlugin
 from starters import cli
+from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from tests.builders import spec
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
 from workflows.goal import GoalWorkflow
-from workflows.search_attributes import ALL_KEYS
 from workflows.state import GoalInput
 
-BIN = Path(sys.executable).parent
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CHROMIUM = Path("/usr/bin/chromium")
 
 # --- servers and workers -----------------------------------------------------------
-
-
-def dev_server_options(*extra_args: str) -> dict[str, Any]:
-    """Keyword arguments for `WorkflowEnvironment.start_local` / `start_time_skipping_v2`: the
-    venv's `temporal` binary (no download), perdure's search attributes and its plugin (the
-    data converter, read from the payload-store environment now); `extra_args` go to
-    `temporal server start-dev`."""
-    return {
-        "dev_server_existing_path": str(BIN / "temporal"),
-        "search_attributes": ALL_KEYS,
-        "plugins": [PerdurePlugin()],
-        "dev_server_log_level": "error",
-        "dev_server_extra_args": list(extra_args),
-    }
 
 
 @asynccontextmanager
@@ -70,18 +52,6 @@ async def running_worker(
     worker = build_worker(env.client, task_queue=task_queue, store=store, model_config=config)
     async with worker:
         yield worker
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free right now (all held open together while they are picked)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def isolated_demo_env(tmp_path: Path) -> tuple[dict[str, str], int, int]:
