@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route
 
 from starters.ui_server import build_app
 from testing.browser import CHROMIUM, Browser
-from tests.builders import gate
+from tests.builders import gate, llm, scripted_profile
 from tests.device_rig import write_on
 from tests.helpers import free_ports, local_activities, running_worker, start, submit, wait_until
 from workflows.events import token_delta_id, token_retry_id
@@ -284,4 +284,25 @@ async def test_a_running_nodes_live_output_follows_its_token_events(env, task_qu
         await handle.result()
     assert live == ["0.2", "Fresh start"], live  # the latest attempt's text only, once
     assert after == ["", ""]  # a settled node's output is its result now, not the stream's
+    assert page.errors == []
+
+
+async def test_a_slow_model_reply_is_seen_on_its_running_node_before_it_succeeds(
+    env, task_queue, store, workspace, ui, scripted, tmp_path
+):
+    words = " ".join(f"word{i}" for i in range(30))
+    server = scripted({"replies": [{"when": "Do talk", "content": words, "chunk_delay_s": 0.1}]})
+    profile = scripted_profile(server).model_copy(update={"live_every_s": 0.3})
+    async with running_worker(env, task_queue, store, profile), Browser(tmp_path / "profile") as page:
+        handle = await start(env, task_queue, workspace, [llm("talk")])
+        await page.open(f"{ui}/goals/{handle.id}")
+        tail = f"{node_of('talk')}?.querySelector('text.tail')?.textContent"
+        # Text on the node while it still runs: the tokens arrived before its output.
+        seen = await page.wait_for(f"{status_of('talk')} === 'running' && {tail}")
+        await page.wait_for(f"{status_of('talk')} === 'succeeded'")
+        after = await page.evaluate(f"{tail}")
+        result = await handle.result()
+    assert result.outcome == "succeeded" and store.get_text(result.outputs["talk"]) == words
+    assert seen.strip() and seen.strip().removeprefix("…") in words, seen
+    assert not after, "a settled node shows its output, not live text"
     assert page.errors == []
