@@ -19,11 +19,13 @@ from temporalio.client import (
     WorkflowHistory,
     WorkflowUpdateFailedError,
 )
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import WorkflowEnvironment
 
 from starters.render import print_status
 from tests.builders import STEP_REPLY, chain, openai_profile, spec
 from tests.helpers import dev_server_options, new_goal_id, running_worker, submit, wait_until
+from workflows.events import EVENTS_TOPIC, parse_event
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Resume
 from workflows.migrations import StateFromNewerCode, StateRefused, load_state
@@ -196,8 +198,17 @@ async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_
         await submit(handle, Abort(request_id="x1"))
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
+        end = await asyncio.wait_for(the_end_event(env, handle.id), 15)
     assert "phase: Input should be" in str(failure.value.cause)
     assert server.requests() == []  # nothing ran on a state it could not read
+    # Its event stream ends as every goal's does, so a page watching it closes with the reason.
+    assert (end.outcome, "cannot resume" in (end.failure or "")) == ("failed", True)
+
+
+async def the_end_event(env, goal_id: str):
+    async for item in WorkflowStreamClient.create(env.client, goal_id).subscribe(EVENTS_TOPIC, 0):
+        if (event := parse_event(item.data)).type == "end":
+            return event
 
 
 async def test_a_run_carrying_a_state_from_newer_code_waits_for_a_newer_worker(

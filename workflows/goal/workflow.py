@@ -144,6 +144,9 @@ class GoalWorkflow:
         state.failure = self._load_problem
         self._inbox.close()
         result = await self._closing.report()
+        self._events.ended(result.outcome, state.failure, result.report.digest)
+        self._events.release_subscribers()
+        await workflow.wait_condition(workflow.all_handlers_finished)
         raise ApplicationError(state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
 
     # --- the Temporal surface: every handler delegates ------------------------------
