@@ -656,16 +656,17 @@ def test_a_killed_daemon_goes_offline_and_comes_back_with_a_new_session(env: Wor
 
     first_log = tmp_path / "device-1.log"
     first = start_daemon(first_log)
+    # Another waiting daemon, stopped before any worker came: a clean stop, not a traceback.
+    # Started beside the first: each says it waits only when its first announce try (10 s) ends.
+    with open(tmp_path / "early.log", "w") as log:
+        early = subprocess.Popen(
+            [PERDURE, "device", "--name", "b", "--root", str(root)],
+            env=variables,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_in_log(first_log, "waiting for a perdure worker to register device a")
-        # Another waiting daemon, stopped before any worker came: a clean stop, not a traceback.
-        with open(tmp_path / "early.log", "w") as log:
-            early = subprocess.Popen(
-                [PERDURE, "device", "--name", "b", "--root", str(root)],
-                env=variables,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
         wait_in_log(tmp_path / "early.log", "waiting for a perdure worker to register device b")
         early.send_signal(signal.SIGTERM)
         assert early.wait(20) == 0
@@ -704,6 +705,7 @@ def test_a_killed_daemon_goes_offline_and_comes_back_with_a_new_session(env: Wor
                 second.kill()
                 second.wait()
     finally:
-        first.kill()
-        first.wait()
+        for daemon_process in (first, early):
+            daemon_process.kill()
+            daemon_process.wait()
     assert "Traceback" not in first_log.read_text()
