@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -123,6 +124,15 @@ def result_of(env, goal_id: str) -> GoalResult:
     return asyncio.run(wait())
 
 
+def finished(env, workflow_id: str) -> None:
+    """Wait for a workflow (a watchdog run) to finish."""
+
+    async def wait() -> None:
+        await asyncio.wait_for(env.client.get_workflow_handle(workflow_id).result(), 60)
+
+    asyncio.run(wait())
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -235,10 +245,12 @@ def test_a_device_killed_mid_step_parks_the_step_until_it_returns_and_nothing_is
     assert "waiting for device a" in status.stdout
     assert "waiting for device a (offline)" in ui_details(env, killed_device)
     active_before = snapshot(env, killed_device).active_seconds
+    measured_at = time.monotonic()
     assert snapshot(env, killed_device).stall_after_s == 1  # the watchdog would call any other goal stalled
     watchdog = perdure("watchdog", "run-now", env=variables)
     assert watchdog.returncode == 0, watchdog.stdout + watchdog.stderr
-    time.sleep(3)
+    finished(env, re.search(r"watchdog run (\S+) started", watchdog.stdout).group(1))
+    time.sleep(max(0.0, measured_at + 3 - time.monotonic()))  # 3 s of waiting, the watchdog's run among them
     later = snapshot(env, killed_device)
     assert later.active_seconds == active_before  # waiting for a device is not active time
     assert later.waiting_for_devices == {"build": "a"}
