@@ -9,16 +9,21 @@ code restarts the worker.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from activities.models.config import PROVIDER_ENV
 
+# How long `perdure ui` may take to answer on its port (its imports take ~2 s on a slow machine).
+UI_READY_S = 15.0
 MODEL_ENV = (
     *(name for names in PROVIDER_ENV.values() for name in names),
     "PERDURE_CONFIG",
@@ -58,12 +63,25 @@ def ensure_worker(data_dir: Path) -> tuple[int, bool]:
     return _ensure(data_dir, "worker", [])
 
 
-def ensure_ui(data_dir: Path, port: int) -> tuple[int, bool]:
-    """Return (pid, reused). Starts `perdure ui --port PORT` detached when none runs."""
-    return _ensure(data_dir, "ui", ["--port", str(port)])
+def ensure_ui(data_dir: Path, port: int, wait_s: float = UI_READY_S) -> tuple[int, bool]:
+    """Return (pid, reused). Starts `perdure ui --port PORT` detached when none runs, and
+    returns once it answers on the port (a link printed before that would not open)."""
+    return _ensure(data_dir, "ui", ["--port", str(port)], ready=lambda: _listening(port), wait_s=wait_s)
 
 
-def _ensure(data_dir: Path, command: str, options: list[str]) -> tuple[int, bool]:
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+        return True
+    return False
+
+
+def _ensure(
+    data_dir: Path,
+    command: str,
+    options: list[str],
+    ready: Callable[[], bool] = lambda: True,
+    wait_s: float = 0.5,
+) -> tuple[int, bool]:
     data_dir.mkdir(parents=True, exist_ok=True)
     pid_file = data_dir / f"{command}.pid"
     fingerprint = f"{_env_fingerprint()}:{':'.join(options)}"
@@ -83,7 +101,14 @@ def _ensure(data_dir: Path, command: str, options: list[str]) -> tuple[int, bool
         start_new_session=True,
     )
     pid_file.write_text(f"{proc.pid} {fingerprint}\n")
-    time.sleep(0.5)
+    # At least a moment (a command that fails on start says so at once), then until ready.
+    time.sleep(min(0.5, wait_s))
+    deadline = time.monotonic() + wait_s
+    while proc.poll() is None and not ready():
+        if time.monotonic() > deadline:
+            log_path = data_dir / f"{command}.log"
+            raise RuntimeError(f"`perdure {command}` did not get ready in {wait_s:.0f} s; see {log_path}")
+        time.sleep(0.1)
     if proc.poll() is not None:
         raise RuntimeError(f"`perdure {command}` exited at once; see {data_dir / f'{command}.log'}")
     return proc.pid, False

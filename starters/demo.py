@@ -74,8 +74,17 @@ def show_new_files(console: Console, workspace: Path) -> None:
         console.print(path.read_text(encoding="utf-8", errors="replace")[:4000], markup=False, highlight=False)
 
 
+def page_port() -> int:
+    """The port of the demo's `perdure ui`, from PERDURE_UI_PORT (checked before anything starts)."""
+    text = os.environ.get(UI_PORT_ENV, str(DEFAULT_UI_PORT)).strip()
+    if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
+        raise ValueError(f"{UI_PORT_ENV} must be a port number (1-65535), got {text!r}")
+    return int(text)
+
+
 async def run_demo(console: Console) -> None:
     started = time.monotonic()
+    page = page_port()
     port, ui_port = settings.dev_server_ports()
     try:
         server = devserver.start_dev_server(
@@ -96,9 +105,8 @@ async def run_demo(console: Console) -> None:
     console.print(
         f"worker {'reused' if reused else 'started'} (pid {pid}, log {devserver.dev_dir() / 'data' / 'worker.log'})"
     )
-    page_port = int(os.environ.get(UI_PORT_ENV, DEFAULT_UI_PORT))
-    ui_pid, ui_reused = ensure_ui(devserver.dev_dir() / "data", page_port)
-    console.print(f"perdure ui {'reused' if ui_reused else 'started'} (pid {ui_pid}) on http://127.0.0.1:{page_port}/")
+    ui_pid, ui_reused = ensure_ui(devserver.dev_dir() / "data", page)
+    console.print(f"perdure ui {'reused' if ui_reused else 'started'} (pid {ui_pid}) on http://127.0.0.1:{page}/")
     # What `default` means here, by name, so the demo can say which model the goal runs on.
     profile = default_provider_from_env()
     workspace = make_workspace()
@@ -113,7 +121,7 @@ async def run_demo(console: Console) -> None:
     await goals.start_goal(client, spec, goal_id)
     console.print(f"goal [bold]{goal_id}[/bold] on model profile '{profile}', workspace {workspace}")
     console.print(f"UI: {settings.goal_ui_link(goal_id)}")
-    console.print(f"its task graph, live: http://127.0.0.1:{page_port}/goals/{goal_id}")
+    console.print(f"its task graph, live: http://127.0.0.1:{page}/goals/{goal_id}")
     result = await render.watch(client, goal_id, console)
     elapsed = time.monotonic() - started
     show_new_files(console, workspace)

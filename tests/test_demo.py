@@ -62,3 +62,13 @@ def test_demo_runs_end_to_end_offline(tmp_path):
     for pid in started:
         status = Path(f"/proc/{pid}/status")
         assert not status.exists() or "zombie" in status.read_text()
+
+
+def test_a_demo_given_a_ui_port_that_is_no_port_says_so_before_starting_anything(tmp_path):
+    env, _, _ = isolated_demo_env(tmp_path)
+    env["PERDURE_UI_PORT"] = "abc"
+    demo = subprocess.run([BIN / "perdure", "demo"], env=env, capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 2
+    assert "PERDURE_UI_PORT must be a port number (1-65535), got 'abc'" in demo.stderr
+    assert "Traceback" not in demo.stdout + demo.stderr
+    assert pids_in(tmp_path / "temporal-dev" / "data") == []  # no server, worker or ui left behind
