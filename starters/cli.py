@@ -243,42 +243,13 @@ def start(
 
 
 async def _start_or_show(client: Any, spec: Any, gid: str, replace: bool) -> None:
-    """Start the goal, or show the one already under `gid` when this start is a retry of it
-    (same spec); refuse a different spec under a live id, and a finished goal's id without
-    --replace."""
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    existing = await goals.existing_goal(client, gid)
-    if existing is not None:
-        same = await goals.started_digest(existing) == goals.spec_digest(spec)
-        if goals.is_open(existing):
-            if not same:
-                raise UserError(
-                    f"goal {gid} is already running with a different spec; nothing started. Pick another --id, "
-                    f"or end that goal first (`perdure abort {gid}`)"
-                )
-            console.print(
-                f"goal [bold]{gid}[/bold] already running with this spec (started "
-                f"{existing.start_time:%Y-%m-%d %H:%M:%S}); nothing new started"
-            )
-            console.print(f"UI: {settings.goal_ui_link(gid)}")
-            return
-        if same and not replace:
-            console.print(f"{escape(await finished_text(client, existing))} (same spec; nothing new started)")
-            return
-        if not replace:
-            raise UserError(
-                f"{await finished_text(client, existing)}. To start a new goal under this id, add --replace: "
-                "the old run stays in the server's history until its retention ends, but perdure shows only "
-                "the new one from then on"
-            )
+    """Start the goal, or show the one already under `gid` (goals.start_or_existing decides,
+    as it does for the web UI's POST /api/goals)."""
     try:
-        await goals.start_goal(client, spec, gid, replace=replace)
-    except WorkflowAlreadyStartedError:
-        # Another start won the race between our look and this one.
-        raise UserError(f"goal {gid} was started meanwhile by someone else; see `perdure status {gid}`") from None
-    replaced = " (replacing the finished goal of that id)" if existing is not None else ""
-    console.print(f"goal [bold]{gid}[/bold] started{replaced}")
+        answer = await goals.start_or_existing(client, spec, gid, replace)
+    except goals.StartRefused as err:
+        raise UserError(str(err)) from None
+    console.print(escape(answer.text))
     console.print(f"UI: {settings.goal_ui_link(gid)}")
 
 
