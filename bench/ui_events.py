@@ -117,7 +117,7 @@ async def measure(client: Client, workdir: Path, nodes: int = 40) -> Section:
         f"node settled -> its SSE event read: median {median(latencies):.1f} ms, P95 {_p95(latencies):.1f} ms, "
         f"max {max(latencies):.1f} ms over {nodes} nodes",
         f"history: {with_stream} events with a subscriber, {without} without: {per_node:.2f} more per node "
-        "(the subscriber's long polls are updates)",
+        "(the events endpoint reads the stream by query: none expected)",
         f"live model output: {live} events with live text every 1 s, {quiet} without, over {MODEL_NODES} "
         f"~2 s replies: {token_per_node:.2f} more per model node",
     ]
