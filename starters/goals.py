@@ -141,8 +141,14 @@ def check_goal_id(goal_id: str) -> None:
         )
 
 
+# Spec fields added after goals were already being started: left out of the digest while
+# unset, so a start retried across an upgrade still matches the goal it started.
+LATER_SPEC_FIELDS = ("forked_from", "reuse_outputs")
+
+
 def spec_digest(spec: GoalSpec) -> str:
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+    unset = {name for name in LATER_SPEC_FIELDS if not getattr(spec, name)}
+    return hashlib.sha256(spec.model_dump_json(exclude=unset).encode()).hexdigest()
 
 
 def static_details(spec: GoalSpec) -> str:

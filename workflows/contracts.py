@@ -89,6 +89,17 @@ class Budget(BaseModel):
         return value
 
 
+class ForkOrigin(BaseModel):
+    """Where a forked goal came from (`perdure fork`)."""
+
+    goal_id: str = Field(min_length=1, max_length=300)
+    node: str = Field(min_length=1, max_length=200, description="The step from which the fork runs anew.")
+    why: str = Field(min_length=1, max_length=2_000)
+    changes: dict[str, str] = Field(
+        default_factory=dict, description="What the fork changed: premise names and `profile`, to their new values."
+    )
+
+
 class GoalSpec(BaseModel):
     """What the user asks for. Holds a model *profile name*, never a credential."""
 
@@ -144,6 +155,13 @@ class GoalSpec(BaseModel):
         ge=1,
         description="An agent turn whose prompt is longer than this sends its older finished turns as one line "
         "each (failed attempts and the latest turns stay whole); None: never compact.",
+    )
+    forked_from: ForkOrigin | None = None
+    reuse_outputs: dict[str, ArtifactRef] = Field(
+        default_factory=dict,
+        description="Finished work by node key, used as this goal's own when a step's key matches (a fork: the "
+        "original's outputs before the fork node). Taken into the state at the start: a continued run's spec "
+        "has none.",
     )
 
 

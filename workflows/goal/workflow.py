@@ -88,6 +88,8 @@ class GoalWorkflow:
     def _load(self, input: GoalInput) -> GoalState:
         fresh = GoalState(spec=input.spec, premises=dict(input.spec.premises))
         if input.state is None:
+            # A fork's reused work is found by key like the goal's own (workflows/goal/scheduler.py).
+            fresh.outputs_by_key = dict(input.spec.reuse_outputs)
             return fresh
         try:
             return load_state(input.state)
@@ -332,7 +334,7 @@ class GoalWorkflow:
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.
-        state.spec = state.spec.model_copy(update={"plan": None})
+        state.spec = state.spec.model_copy(update={"plan": None, "reuse_outputs": {}})
         workflow.continue_as_new(
             GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state())
         )
