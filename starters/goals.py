@@ -91,6 +91,12 @@ def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, wher
         not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())
     ):
         raise BadPlanFile(f"{where}: 'premises' must map each key to a string value, e.g. scope: all_modules")
+    constraints = extras.get("constraints")
+    if constraints is not None and (
+        not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints)
+    ):
+        # A single string would be taken letter by letter as constraints.
+        raise BadPlanFile(f"{where}: 'constraints' must be a list of strings, e.g. [\"touch only docs/\"]")
     plan, problem = parse_plan(data, allowed_tools or list(TOOL_SPECS))
     if plan is None:
         raise BadPlanFile(f"{where}: {problem}")

@@ -123,6 +123,10 @@ def _start_spec(body: StartRequest) -> tuple[Any, str]:
         settings_in_plan = {k: extras[k] for k in goals.SPEC_FIELDS_IN_PLAN if k in extras}
     if not goal:
         raise ValueError("give the goal text (\"goal\"), or a plan with a 'goal' field")
+    try:
+        workspace = Path(body.workspace).expanduser().resolve()
+    except RuntimeError as err:  # "~someone" this machine has no home for, a symlink loop
+        raise ValueError(f"workspace {body.workspace!r}: {err}") from None
     deadline = body.deadline
     if deadline is not None:
         deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
@@ -140,7 +144,7 @@ def _start_spec(body: StartRequest) -> tuple[Any, str]:
         },
         model_profile=body.profile,
         allowed_tools=allowed,
-        workspace=str(Path(body.workspace).expanduser().resolve()),
+        workspace=str(workspace),
         premises=premises,
         allow_network=body.allow_network,
         **settings_in_plan,

@@ -126,12 +126,14 @@ TokenEvent = Annotated[Union[TokenDelta, TokenRetry], Field(discriminator="type"
 TOKEN_EVENT_ADAPTER: TypeAdapter[TokenEvent] = TypeAdapter(TokenEvent)
 
 
-def token_delta_id(node: str, turn: int, attempt: int, seq: int) -> str:
-    return f"tokens:{node}:{turn}:{attempt}:{seq}"
+def token_delta_id(node: str, turn: int, attempt: int, seq: int, call: str = "") -> str:
+    """`call` names the activity the text came from: a node run again (a rewind, a new
+    run of the goal) counts its turns, attempts and deltas from the start again."""
+    return f"tokens:{node}:{turn}:{attempt}:{seq}" + (f":{call}" if call else "")
 
 
-def token_retry_id(node: str, turn: int, attempt: int) -> str:
-    return f"retry:{node}:{turn}:{attempt}"
+def token_retry_id(node: str, turn: int, attempt: int, call: str = "") -> str:
+    return f"retry:{node}:{turn}:{attempt}" + (f":{call}" if call else "")
 
 
 GoalEvent = Annotated[

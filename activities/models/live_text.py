@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
@@ -49,7 +50,10 @@ class LiveText:
         self.turn = turn or 0
         self.finish = turn is not None
         self.every_s = every_s
-        self.attempt = activity.info().attempt
+        info = activity.info()
+        self.attempt = info.attempt
+        # The same node's next run starts its turns, attempts and deltas again: the ids name this activity.
+        self._call = hashlib.sha256(f"{info.workflow_run_id}:{info.activity_id}".encode()).hexdigest()[:8]
         self._pending = ""
         self._seq = 0
         self._broken = False
@@ -60,7 +64,7 @@ class LiveText:
     async def __aenter__(self) -> LiveText:
         if self.attempt > 1:
             marker = TokenRetry(
-                id=token_retry_id(self.node, self.turn, self.attempt),
+                id=token_retry_id(self.node, self.turn, self.attempt, self._call),
                 at=datetime.now(UTC),
                 node=self.node,
                 turn=self.turn,
@@ -94,7 +98,7 @@ class LiveText:
         for start in range(0, len(text), MAX_TOKEN_DELTA_CHARS):
             self._topic.publish(
                 TokenDelta(
-                    id=token_delta_id(self.node, self.turn, self.attempt, self._seq),
+                    id=token_delta_id(self.node, self.turn, self.attempt, self._seq, self._call),
                     at=datetime.now(UTC),
                     node=self.node,
                     turn=self.turn,

@@ -667,7 +667,10 @@ async def read_stream(
     except TimeoutError:
         raise _reply_timed_out(profile, api_key) from None
     except Exception as err:
-        if attempt.status != STREAMING or isinstance(getattr(err, "status_code", None), int):
+        status = getattr(err, "status_code", None)
+        # An error event inside the stream (Anthropic's overloaded_error mid-reply) comes as a
+        # status error carrying the stream's own 200: the reply broke off, it was not refused.
+        if attempt.status != STREAMING or (isinstance(status, int) and status >= 300):
             raise model_error(err, profile, api_key) from None
         if isinstance(err, _connection_errors()) and reply_timed_out(err):
             raise _reply_timed_out(profile, api_key) from None
