@@ -557,6 +557,76 @@ def rewind(
 
 
 @app.command()
+def fork(
+    goal_id: str,
+    node: Annotated[str, typer.Argument(help="The step from which the new goal runs anew.")],
+    why: Annotated[str, typer.Option("--why", help="Why fork (recorded on the new goal).")],
+    set_premise: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="PREMISE=VALUE for the new goal; repeatable. Steps it voids run anew."),
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Model profile of the new goal (default: the original's).")
+    ] = None,
+    new_id: Annotated[
+        str | None, typer.Option("--id", help="The new goal's id (default: GOAL_ID-fork-XXXXXX).")
+    ] = None,
+) -> None:
+    """Start a new goal from GOAL's plan that reuses its finished work before NODE and runs NODE on anew.
+    GOAL is only read (a worker answers the read, also for a finished goal)."""
+    from starters import fork as forking
+
+    premises = _key_values(set_premise or [])
+    gid = new_id or forking.fork_id(goal_id)
+    try:
+        goals.check_goal_id(gid)
+    except goals.StartRefused as err:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(2) from None
+
+    async def _fork() -> None:
+        client = await connect()
+        try:
+            point = await forking.read_fork_point(client, goal_id, node, premises)
+        except forking.NoAnswer as err:
+            err_console.print(f"[red]error:[/red] {escape(str(err))}")
+            raise typer.Exit(1) from None
+        spec = forking.fork_spec(point, goal_id, node, why, premises, profile)
+        await capabilities.check_start(client, spec)
+        await _start_or_show(client, spec, gid, False)
+        changes = ", ".join(f"{k}={v}" for k, v in spec.forked_from.changes.items()) if spec.forked_from else ""
+        console.print(f"forked from {escape(goal_id)} at {escape(node)}" + (f" · {escape(changes)}" if changes else ""))
+        forking.print_fork_plan(console, goal_id, point)
+
+    run(_fork)
+
+
+@app.command("diff")
+def diff_goals(
+    goal_a: str,
+    goal_b: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+) -> None:
+    """Compare two goals step by step (a goal and its fork): status, output digest, reused or run, tokens, cost."""
+    from starters import fork as forking
+
+    async def _diff() -> None:
+        client = await connect()
+        try:
+            a, b = await asyncio.gather(forking.read_side(client, goal_a), forking.read_side(client, goal_b))
+        except forking.NoAnswer as err:
+            err_console.print(f"[red]error:[/red] {escape(str(err))}")
+            raise typer.Exit(1) from None
+        compared = forking.diff_goals(a, b)
+        if as_json:
+            print(compared.model_dump_json(indent=2))
+        else:
+            render.print_diff(console, compared)
+
+    run(_diff)
+
+
+@app.command()
 def abort(
     goal_id: str,
     reason: Annotated[str, typer.Option(help="Why.")] = "aborted by the user",

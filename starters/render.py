@@ -21,8 +21,9 @@ from temporalio.service import RPCError
 
 from runtime import settings
 from starters import goals
+from starters.fork import GoalDiff, StepSide
 from workflows import search_attributes as sa
-from workflows.contracts import GoalResult, ProgressSnapshot
+from workflows.contracts import ForkOrigin, GoalResult, ProgressSnapshot
 from workflows.durations import duration_text
 from workflows.messages import InboxView, Receipt
 
@@ -86,6 +87,8 @@ def print_status(
         f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · run {snap.runs} · "
         f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls",
     )
+    if snap.forked_from is not None:
+        say(console, escape(fork_line(snap.forked_from)))
     if snap.failed_attempts:
         estimated = f", ${snap.estimated_cost_usd:.4f} of the cost estimated" if snap.estimated_cost_usd else ""
         say(console, f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
@@ -127,6 +130,11 @@ def print_status(
         say(console, f"[dim]gate[/dim] {escape(entry)}")
     if snap.failure:
         say(console, f"[red]failure:[/red] {escape(snap.failure)}")
+
+
+def fork_line(origin: ForkOrigin) -> str:
+    changes = ", ".join(f"{k}={v}" for k, v in origin.changes.items()) or "none"
+    return f"forked from {origin.goal_id} at step {origin.node}: {origin.why} · changes: {changes}"
 
 
 # What each budget dimension is called where a person reads it.
@@ -275,6 +283,55 @@ def print_result(console: Console, result: GoalResult) -> None:
         for line in result.unfinished:
             say(console, Text(f"  {line}"))
     say(console, Markdown(goals.read_report(result)))
+
+
+def print_diff(console: Console, diff: GoalDiff) -> None:
+    """`perdure diff`: a row per step, what differs in red; a reused step is the same work,
+    its goal paid nothing for it."""
+    for label, goal, origin in (("A", diff.a, diff.a_forked_from), ("B", diff.b, diff.b_forked_from)):
+        said = f" ({fork_line(origin)})" if origin is not None else ""
+        say(console, Text(f"{label}: {goal}{said}"))
+
+    def side(step: StepSide | None) -> str:
+        if step is None:
+            return "—"
+        style = STATUS_STYLE.get(step.status, "")
+        status = f"[{style}]{step.status}[/{style}]" if style else step.status
+        return f"{status} · {'reused' if step.reused else 'run'}"
+
+    def cost(step: StepSide | None) -> str:
+        return "—" if step is None else f"{step.tokens} · ${step.cost_usd:.4f}"
+
+    table = Table("step", "A", "B", "output", "A tokens · cost", "B tokens · cost", "Δ cost", "differs")
+    for step in diff.steps:
+        if step.a is None or step.b is None:
+            output = "—"
+        else:
+            output = "same" if step.a.output == step.b.output else "[red]differs[/red]"
+        table.add_row(
+            Text(step.name),
+            side(step.a),
+            side(step.b),
+            output,
+            cost(step.a),
+            cost(step.b),
+            _usd_delta(step.cost_delta_usd)
+            + (" (reused)" if step.a and step.b and (step.a.reused or step.b.reused) else ""),
+            f"[red]{escape(', '.join(step.differs))}[/red]" if step.differs else "[green]same[/green]",
+        )
+    say(console, table)
+    tokens, usd = diff.tokens, diff.cost_usd
+    say(
+        console,
+        f"total: A {tokens.a} tokens · ${usd.a:.4f} · B {tokens.b} tokens · ${usd.b:.4f} · "
+        f"Δ {tokens.delta:+} tokens · {_usd_delta(usd.delta)}",
+    )
+    say(console, f"same ({len(diff.same)}): {escape(', '.join(diff.same) or '—')}")
+    say(console, f"differ ({len(diff.differing)}): {escape(', '.join(diff.differing) or '—')}")
+
+
+def _usd_delta(delta: float) -> str:
+    return f"{'-' if delta < 0 else '+'}${abs(delta):.4f}"
 
 
 def print_no_result(console: Console, goal_id: str, ended: goals.EndedWithoutResult) -> None:

@@ -504,3 +504,4 @@ class ProgressSnapshot(BaseModel):
     waiting_for_devices: dict[str, str] = Field(
         default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."
     )
+    forked_from: ForkOrigin | None = Field(default=None, description="Where the goal was forked from (`perdure fork`).")

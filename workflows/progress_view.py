@@ -81,6 +81,7 @@ def progress_snapshot(
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
         devices=device_lines(state),
         waiting_for_devices=waits_for_devices(state),
+        forked_from=state.spec.forked_from,
     )
 
 

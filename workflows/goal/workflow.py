@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries, Signals, Updates
     from workflows.device_contracts import DEVICE_PRESENCE_SIGNAL
+    from workflows.forking import FORK_POINT_QUERY, ForkPoint, ForkPointInput, fork_point
     from workflows.goal.closing import Closing
     from workflows.goal.context import GoalContext, GoalFailed
     from workflows.goal.devices import Devices
@@ -187,6 +188,11 @@ class GoalWorkflow:
     @workflow.query(name=Queries.PROGRESS)
     def progress(self) -> ProgressSnapshot:
         return self._publisher.snapshot()
+
+    @workflow.query(name=FORK_POINT_QUERY)
+    def fork_point(self, input: ForkPointInput) -> ForkPoint:
+        """What `perdure fork` starts a new goal from: the plan and the work it may reuse."""
+        return fork_point(self._ctx.state, input)
 
     # --- the loop -------------------------------------------------------------------
 
