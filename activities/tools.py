@@ -40,6 +40,7 @@ from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from activities.client_pool import http_client
 from activities.effect_tools import EFFECT_TOOLS, EffectTool, run_effect
 from activities.faults import fault_point
+from activities.fingerprints import fingerprints_of
 from activities.heartbeat import Heartbeat
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
@@ -411,8 +412,15 @@ class ToolActivities:
                 return failed(err.message, err.output)
             fault_point("tool_done", input.tool)
         ref = self.store.put_text(text)
+        fingerprints = await asyncio.to_thread(fingerprints_of, input.tool, root, args)
         return ToolResult(
-            call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
+            call_id=input.call_id,
+            tool=input.tool,
+            risk=spec.risk,
+            ok=True,
+            output=ref,
+            preview=preview(text),
+            fingerprints=fingerprints,
         )
 
     def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:

@@ -59,7 +59,7 @@ class EndedWithoutResult(Exception):
     the goal's own ending (which always carries its report)."""
 
 
-SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s")
+SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s", "recovery_mode", "verify_after_s")
 """Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
 
 
@@ -148,12 +148,13 @@ def check_goal_id(goal_id: str) -> None:
 
 
 # Spec fields added after goals were already being started: left out of the digest while
-# unset, so a start retried across an upgrade still matches the goal it started.
-LATER_SPEC_FIELDS = ("forked_from", "reuse_outputs")
+# at their defaults, so a start retried across an upgrade still matches the goal it started.
+LATER_SPEC_FIELDS = ("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s")
 
 
 def spec_digest(spec: GoalSpec) -> str:
-    unset = {name for name in LATER_SPEC_FIELDS if not getattr(spec, name)}
+    fields = GoalSpec.model_fields
+    unset = {n for n in LATER_SPEC_FIELDS if getattr(spec, n) == fields[n].get_default(call_default_factory=True)}
     return hashlib.sha256(spec.model_dump_json(exclude=unset).encode()).hexdigest()
 
 

@@ -429,6 +429,40 @@ async def record_devices_offline_then_back(env: WorkflowEnvironment, out: Path) 
     save(out.with_name(f"{out.stem}-registry.json"), registry_history)
 
 
+async def record_goal_verified_after_park(env: WorkflowEnvironment, out: Path) -> None:
+    """Two reads and a gate; parked, one read file edited, resumed after the goal's (short)
+    verify_after_s: the check voids the read of the edited file and the gate, which run
+    again (patch `verify-after-long-waits`)."""
+    async with rig(env) as (workspace, task_queue):
+        (workspace / "a.md").write_text("alpha\n")
+        (workspace / "b.md").write_text("beta\n")
+        steps = [
+            {"name": "read-a", "kind": "tool", "tool": "read_file", "args": {"path": "a.md"}},
+            {"name": "read-b", "kind": "tool", "tool": "read_file", "args": {"path": "b.md"}},
+            gate(["read-a", "read-b"]),
+        ]
+        goal = spec(
+            workspace,
+            plan={"steps": steps},
+            allowed_tools=["read_file", "run_command"],
+            verify_after_s=1,
+            drift_every=0,
+        )
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal), id=out.stem, task_queue=task_queue
+        )
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await submit(handle, Park(request_id="pk-1", reason="weekend"))
+        await wait_until(handle, lambda s: s.parked)
+        (workspace / "a.md").write_text("alpha, edited\n")
+        await asyncio.sleep(1.2)
+        await submit(handle, Resume(request_id="rs-1"))
+        await wait_until(handle, lambda s: s.plan_version == 2 and "gate" in s.running)
+        (workspace / "GO").write_text("")
+        await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -446,6 +480,7 @@ SCENARIOS = {
     "goal-v1-agent-waits-across-runs": record_goal_agent_waits_across_runs,
     "capabilities-v1": record_capabilities,
     "devices-v1-offline-then-back": record_devices_offline_then_back,
+    "goal-v1-verified-after-park": record_goal_verified_after_park,
 }
 
 

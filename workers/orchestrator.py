@@ -26,6 +26,7 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
 from activities.tools import ToolActivities
+from activities.verification import VerificationActivities
 from activities.visibility import VisibilityActivities
 from runtime import settings
 from workers import watchdog_schedule
@@ -59,6 +60,7 @@ def build_worker(
     models = ModelActivities(model_config, store)
     offers = CapabilitiesActivities(model_config)
     tools = ToolActivities(store)
+    verification = VerificationActivities(store)
     report = ReportActivities(store)
     devices = DeviceCallActivities(store, client)
     # The watchdog's memory lives next to the artifact store, which workers share.
@@ -72,6 +74,7 @@ def build_worker(
             *models.activities(),
             tools.run_tool,
             tools.prepare_effect,
+            verification.verify_nodes,
             report.write_report,
             *watchdog.activities(),
             offers.capabilities,

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from workflows.plan import NodeKind, Plan
+from workflows.plan import NodeKind, Plan, VerifyDepth
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.statuses import NodeStatus
 from workflows.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
@@ -29,6 +29,7 @@ class Activities:
     GENERATE = "perdure.model.generate"
     AGENT_TURN = "perdure.model.agent_turn"
     RUN_TOOL = "perdure.tool.run"
+    VERIFY_NODES = "perdure.verify.nodes"
     PREPARE_EFFECT = "perdure.tool.prepare_effect"
     WRITE_REPORT = "perdure.report.write"
     DRIFT_CHECK = "perdure.model.drift_check"
@@ -156,6 +157,17 @@ class GoalSpec(BaseModel):
         description="An agent turn whose prompt is longer than this sends its older finished turns as one line "
         "each (failed attempts and the latest turns stay whole); None: never compact.",
     )
+    recovery_mode: VerifyDepth = Field(
+        default="fingerprint",
+        description="How finished steps are checked before the goal goes on after a long wait (a plan step's "
+        "`verify` sets its own): trust, existence, fingerprint or semantic.",
+    )
+    verify_after_s: float = Field(
+        default=3_600,
+        gt=0,
+        description="A wait at least this long (parked, or no progress before a continue-as-new) is followed by "
+        "checking the finished steps.",
+    )
     forked_from: ForkOrigin | None = None
     reuse_outputs: dict[str, ArtifactRef] = Field(
         default_factory=dict,
@@ -261,6 +273,16 @@ class Compensation(BaseModel):
     reason: str
 
 
+class Fingerprint(BaseModel):
+    """What a tool call read or wrote, and its digest then: checked again before a goal
+    resumes after a long wait (workflows/goal/verification.py)."""
+
+    kind: Literal["read", "wrote"]
+    source: str = Field(description="file:PATH or dir:PATH, relative to the workspace.")
+    digest: str | None = Field(description="sha256 of the bytes (of the listing, for a directory); None: missing.")
+    at: datetime
+
+
 class ToolResult(BaseModel):
     """Outcome of one tool call. Failures the model can act on are data, not errors.
 
@@ -282,6 +304,7 @@ class ToolResult(BaseModel):
     uncertain: bool = False
     receipt: dict | None = None
     compensation: Compensation | None = None
+    fingerprints: list[Fingerprint] = Field(default_factory=list, description="Workspace files it read or wrote.")
 
 
 class AgentTurnInput(BaseModel):

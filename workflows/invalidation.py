@@ -50,7 +50,15 @@ def invalidate_by_premise(
 
 def invalidate_from(plan: Plan, statuses: Mapping[str, str], node: str, ran: frozenset[str] = RAN) -> Invalidation:
     """A rewind: the node and everything downstream of it is void."""
-    return _close(plan, statuses, {node}, set(), ran)
+    return invalidate_nodes(plan, statuses, [node], ran)
+
+
+def invalidate_nodes(
+    plan: Plan, statuses: Mapping[str, str], nodes: list[str], ran: frozenset[str] = RAN
+) -> Invalidation:
+    """Nodes that no longer hold (a rewind, a failed check): they and everything
+    downstream of them are void."""
+    return _close(plan, statuses, set(nodes), set(), ran)
 
 
 def _close(

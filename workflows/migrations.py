@@ -70,12 +70,20 @@ def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 6}
 
 
+def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
+    # v7 checks finished work after a long wait: nodes keep the fingerprints of what they
+    # read and wrote, the pause when it began, the goal its checks. A v6 node recorded no
+    # fingerprints, so a check of it goes only as deep as its artifacts.
+    return {**data, "schema_version": 7}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
     5: _v5_to_v6,
+    6: _v6_to_v7,
 }
 
 

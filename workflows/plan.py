@@ -26,6 +26,30 @@ MAX_STEPS = 10_000
 MAX_PLANNED_STEPS = 64
 
 
+VerifyDepth = Literal["trust", "existence", "fingerprint", "semantic"]
+
+
+class VerifySpec(BaseModel):
+    """How a finished step is checked before a goal resumes after a long wait."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth: VerifyDepth | None = Field(
+        default=None,
+        description="trust: not checked; existence: its artifacts and the files it wrote are still there; "
+        "fingerprint: also the files it read are unchanged; semantic: also `command` still passes. "
+        "Default: the goal's recovery_mode (semantic when a command is given).",
+    )
+    command: str | None = Field(
+        default=None, min_length=1, max_length=4_000, description="A shell command that must still pass (sandboxed)."
+    )
+    expect_exit: int = Field(default=0, ge=0, le=255)
+    timeout_s: float = Field(default=120, gt=0, le=600)
+
+    def depth_for(self, goal_default: VerifyDepth) -> VerifyDepth:
+        return self.depth or ("semantic" if self.command else goal_default)
+
+
 class _Step(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +62,9 @@ class _Step(BaseModel):
     wrap_up: bool = Field(
         default=False,
         description="Wrap-up work (list what is unfinished, notify the owner): runs past the hard budget gate.",
+    )
+    verify: VerifySpec | None = Field(
+        default=None, description="How this step's result is checked after a long wait (the goal's recovery_mode)."
     )
 
 

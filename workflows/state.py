@@ -18,6 +18,7 @@ from workflows.contracts import (
     ArtifactRef,
     Compensation,
     ContextCompaction,
+    Fingerprint,
     GoalResult,
     GoalSpec,
     NodeKind,
@@ -29,7 +30,7 @@ from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class AgentProgress(BaseModel):
@@ -77,6 +78,10 @@ class Node(BaseModel):
     cost_usd: float = 0.0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    fingerprints: list[Fingerprint] = Field(
+        default_factory=list,
+        description="Workspace files its tool calls read or wrote, with their digests then (the latest per file).",
+    )
     placements: dict[str, str] = Field(
         default_factory=dict, description="Tool -> where its calls ran and why (workflows/segments.py)."
     )
@@ -148,7 +153,7 @@ class PlanVersion(BaseModel):
         "version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version."
     )
     reason: str
-    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift"]
+    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift", "verify"]
     diff: PlanDiff = Field(default_factory=PlanDiff)
 
 
@@ -191,6 +196,7 @@ class PauseState(BaseModel):
     mode: Literal["running", "parked", "aborting"] = "running"
     reason: str | None = None
     parked_at: datetime | None = None
+    parked_since: datetime | None = Field(default=None, description="When this park began (an extension keeps it).")
     wake_at: datetime | None = None
     expires_at: datetime | None = None
     expiry_asked: bool = False
@@ -231,6 +237,24 @@ class EffectRecord(BaseModel):
     tool: str
     output: ArtifactRef | None = None
     preview: str = ""
+
+
+class Verification(BaseModel):
+    """One check of the finished steps before the goal went on (workflows/goal/verification.py)."""
+
+    at: datetime
+    why: str
+    kept: list[str] = Field(default_factory=list)
+    void: dict[str, str] = Field(default_factory=dict, description="Step -> why it no longer holds.")
+    downstream: list[str] = Field(default_factory=list, description="Void because they rest on those.")
+    problem: str | None = Field(default=None, description="The check could not be made: nothing was voided.")
+
+    def summary(self) -> str:
+        if self.problem:
+            return f"re-verification failed ({self.problem}): kept everything"
+        reasons = "; ".join(f"{name}: {why}" for name, why in list(self.void.items())[:3])
+        void = len(self.void) + len(self.downstream)
+        return f"re-verified: {len(self.kept)} kept, {void} void" + (f" ({reasons})" if reasons else "")
 
 
 class RejectedPath(BaseModel):
@@ -283,6 +307,10 @@ class GoalState(BaseModel):
     device_moves: dict[str, str] = Field(
         default_factory=dict, description="Node -> the device a person chose for it when its own stayed offline."
     )
+    verify_due: str | None = Field(
+        default=None, description="Why the finished steps are to be checked before new work starts."
+    )
+    verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
 
     @field_serializer("plan_versions", mode="wrap")
     def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:

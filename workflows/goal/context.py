@@ -51,6 +51,8 @@ DEVICES_PATCH = "devices-listed-for-plans"
 # Goals recorded before a device wait's limit counted only nodes still offline set a
 # timer for the wait of a node the device's return had just resumed.
 DEVICE_WAIT_TIMER_PATCH = "device-wait-timers-of-offline-nodes"
+# Finished steps are checked again after a long wait (workflows/goal/verification.py).
+VERIFY_PATCH = "verify-after-long-waits"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -96,7 +98,7 @@ class GoalContext:
         self.stopping: set[str] = set()
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
-        self.commands_ask = self.lists_devices = self.device_timers_of_offline = False
+        self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -113,6 +115,7 @@ class GoalContext:
         self.budgets_by_time_and_wrap_up = workflow.patched(BUDGET_CLOCK_PATCH)
         self.lists_devices = workflow.patched(DEVICES_PATCH)
         self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
+        self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

@@ -14,6 +14,7 @@ from temporalio import workflow
 
 from workflows import questions
 from workflows.goal.context import GoalContext, NodeWaiting
+from workflows.goal.verify_due import note_wait_ended
 from workflows.state import Node
 
 
@@ -24,6 +25,8 @@ class Pause:
     def park(self, reason: str, until: datetime | None, expiry: timedelta) -> None:
         now = workflow.now()
         pause = self._ctx.state.pause
+        if pause.mode != "parked" or pause.parked_since is None:
+            pause.parked_since = now  # parking again while parked keeps when the wait began
         pause.mode = "parked"
         pause.reason = reason
         pause.parked_at = now
@@ -40,7 +43,9 @@ class Pause:
     def resume(self, why: str) -> None:
         state = self._ctx.state
         pause = state.pause
+        note_wait_ended(state, pause.parked_since or pause.parked_at, "resumed")
         pause.mode, pause.reason, pause.wake_at, pause.expires_at = "running", None, None, None
+        pause.parked_since = None
         # A wait that ends is a fresh start for anyone judging progress by time.
         state.last_progress_at = workflow.now()
         for question in state.open_questions():

@@ -39,6 +39,8 @@ RETRY_BY_TOOL = {"run_command": TOOL_RETRY}
 # A regular tool activity whose spec names no heartbeat timeout (a read run outside a
 # segment) still lets a lost worker be noticed in seconds.
 TOOL_HEARTBEAT = MODEL_HEARTBEAT
+# Files a node's fingerprints name at most (an agent may read hundreds).
+MAX_FINGERPRINTS = 200
 
 
 class ToolRunner:
@@ -115,6 +117,8 @@ class ToolRunner:
                 error=f"{tool_input.tool} did not complete and may or may not have happened: {failure_message(err)}",
             )
         self._state.ledger.tool_calls += 1
+        if node is not None and result.fingerprints:
+            keep_fingerprints(node, result)
         return result
 
     async def _segment_room(self) -> None:
@@ -132,6 +136,16 @@ class ToolRunner:
                 self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))
             await asyncio.shield(self._segment_break)
         self._segment = (started, calls + 1)
+
+
+def keep_fingerprints(node: Node, result: ToolResult) -> None:
+    """What the call read or wrote, the latest per file; at most MAX_FINGERPRINTS a node
+    (the oldest go: a check then covers what the node saw last)."""
+    latest = {(p.kind, p.source): p for p in node.fingerprints}
+    for print_ in result.fingerprints:
+        latest.pop((print_.kind, print_.source), None)
+        latest[(print_.kind, print_.source)] = print_
+    node.fingerprints = list(latest.values())[-MAX_FINGERPRINTS:]
 
 
 def tool_timeout(tool_input: ToolInput) -> timedelta:

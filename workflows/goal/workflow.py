@@ -42,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.steering import Steering
     from workflows.goal.stream import EventStream
     from workflows.goal.tool_runner import ToolRunner
+    from workflows.goal.verification import Verifier
+    from workflows.goal.verify_due import note_wait_ended
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
     from workflows.state import GoalInput, GoalState
@@ -83,6 +85,7 @@ class GoalWorkflow:
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
         self._planner = Planner(ctx, calls, self._scheduler, self._inbox, self._devices)
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
+        self._verifier = Verifier(ctx, self._scheduler)
         self._closing = Closing(ctx, self._publisher.publish)
         self._clock: asyncio.Task | None = None
 
@@ -113,6 +116,8 @@ class GoalWorkflow:
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
+        if input.state is not None:
+            note_wait_ended(state, state.last_progress_at, "continued as new")
         if self._ctx.budgets_by_time_and_wrap_up:
             self._spend.start_counting_active_time()
             self._clock = asyncio.create_task(self._budget_clock())
@@ -202,6 +207,8 @@ class GoalWorkflow:
         while True:
             self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
+            if self._verifier.pending():
+                await self._verifier.run()  # after a long wait: what no longer holds is void first
             # Only work with a task delays the boundary: a node waiting for a person is
             # state and is carried (its question stays open in the next run).
             if self._continue_as_new_due() and not self._scheduler.busy():

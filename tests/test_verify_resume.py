@@ -1,0 +1,108 @@
+"""Verify before resuming: after a long park, a goal checks its finished steps before new
+work and voids (with their downstream) exactly those that no longer hold: a file read
+that changed, a declared `verify` command that fails now. Against a dev server with the
+production worker; `verify_after_s` is set short so a park of seconds counts as long."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.builders import gate
+from tests.helpers import local_activities, running_worker, start, submit, wait_until
+from workflows.messages import Park, Resume
+
+
+def read(name: str, path: str) -> dict:
+    return {"name": name, "kind": "tool", "tool": "read_file", "args": {"path": path}}
+
+
+def runs_of(history, step: str) -> int:
+    return sum(1 for _, _, summary, _ in local_activities(history) if f"· {step} " in summary + " ")
+
+
+def checked(snapshot) -> str:
+    """What the goal said about its check of finished work (its gate log)."""
+    return next(entry for entry in reversed(snapshot.gate_log) if "re-verif" in entry)
+
+
+async def park_then_resume(handle, change, park_s: float = 1.2) -> None:
+    await submit(handle, Park(request_id="park-1", reason="off for the weekend"))
+    await wait_until(handle, lambda s: s.parked)
+    change()
+    await asyncio.sleep(park_s)  # longer than verify_after_s: the park was long
+    await submit(handle, Resume(request_id="resume-1"))
+
+
+async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_read_it(
+    env, task_queue, store, workspace
+):
+    (workspace / "a.md").write_text("alpha\n")
+    (workspace / "b.md").write_text("beta\n")
+    steps = [read("read-a", "a.md"), read("read-b", "b.md"), gate(["read-a", "read-b"])]
+    async with running_worker(env, task_queue, store):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["read_file", "run_command"], verify_after_s=1
+        )
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await park_then_resume(handle, lambda: (workspace / "a.md").write_text("alpha, edited\n"))
+        snapshot = await wait_until(handle, lambda s: s.plan_version == 2 and "gate" in s.running)
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+        history = await handle.fetch_history()
+    assert result.outcome == "succeeded"
+    assert runs_of(history, "read-a") == 2 and runs_of(history, "read-b") == 1
+    assert store.get_text(result.outputs["read-a"]) == "alpha, edited\n"
+    said = checked(snapshot)
+    assert said.startswith("resumed after ") and "re-verified: 1 kept, 2 void (read-a: a.md changed since" in said
+
+
+async def test_a_declared_verify_command_that_fails_after_the_park_runs_its_step_again(
+    env, task_queue, store, workspace
+):
+    (workspace / "status").mkdir()
+    (workspace / "status" / "green").write_text("")
+    build = {
+        "name": "build",
+        "kind": "tool",
+        "tool": "run_command",
+        "args": {"command": "echo built", "replay": "safe"},
+        "verify": {"command": "test -f status/green"},
+    }
+    steps = [build, gate(["build"])]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"], verify_after_s=1)
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await park_then_resume(handle, lambda: (workspace / "status" / "green").unlink())
+        snapshot = await wait_until(handle, lambda s: s.plan_version == 2)
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert result.outcome == "succeeded"
+    said = checked(snapshot)
+    assert "void (build: its check `test -f status/green` exited 1, expected 0)" in said, said
+
+
+async def test_a_short_park_and_a_trusting_goal_check_nothing(env, task_queue, store, workspace):
+    (workspace / "a.md").write_text("alpha\n")
+    steps = [read("read-a", "a.md"), gate(["read-a"])]
+    async with running_worker(env, task_queue, store):
+        short = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "run_command"])
+        trusting = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["read_file", "run_command"],
+            verify_after_s=1,
+            recovery_mode="trust",
+        )
+        for handle in (short, trusting):
+            await wait_until(handle, lambda s: "gate" in s.running)
+        edit = lambda: (workspace / "a.md").write_text("alpha, edited\n")  # noqa: E731
+        await asyncio.gather(park_then_resume(short, edit, 0.1), park_then_resume(trusting, edit))
+        (workspace / "GO").write_text("")
+        results = [await asyncio.wait_for(h.result(), 30) for h in (short, trusting)]
+        histories = [await h.fetch_history() for h in (short, trusting)]
+    assert [r.outcome for r in results] == ["succeeded", "succeeded"]
+    for history in histories:
+        assert runs_of(history, "read-a") == 1  # kept as it was: an hour's park is not a short one
+        assert not any("perdure.verify.nodes" in str(e) for e in history.events)
