@@ -290,6 +290,7 @@ class ModelActivities:
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
             cost_usd=profile.cost_usd(response.input_tokens, response.output_tokens),
+            estimated=response.usage_estimated,
         )
         # From here on the reply is paid for: an error after this point is charged this.
         attempt.usage = usage

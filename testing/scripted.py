@@ -115,6 +115,9 @@ class ScriptedReply(BaseModel):
     cut_after_chunks: int | None = Field(
         default=None, ge=0, description="Streamed replies: the connection drops after this many chunks."
     )
+    stream_usage: bool = Field(
+        default=True, description="Streamed chat completions: false ignores include_usage (no usage chunk)."
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_reply(self) -> ScriptedReply:
@@ -912,9 +915,11 @@ class _Handler(JSONHandler):
         status, reply, headers = self.scripted.respond(flavour, path, body)
         if status == 200 and body.get("stream") is True and flavour != "responses":
             options = body.get("stream_options") or {}
+            entry = self.scripted.last_entry()
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            include_usage = include_usage and (entry is None or entry.stream_usage)
             events = openai_stream(reply, include_usage) if flavour == "openai" else anthropic_stream(reply)
-            self._send_events(events, self.scripted.last_entry(), headers)
+            self._send_events(events, entry, headers)
             return
         self.send_json(status, reply, headers)
 

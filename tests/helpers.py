@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -22,6 +23,7 @@ from unittest import mock
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHandle, WorkflowHistory
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import default as default_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -31,9 +33,10 @@ from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig, ModelProfile
 from starters import cli
 from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
-from tests.builders import spec
+from tests.builders import scripted_profile, spec
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
+from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
 
@@ -325,3 +328,24 @@ def _command_subject(event) -> str:
             sorted(event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields)
         )
     return ""
+
+
+# --- the event stream -------------------------------------------------------------
+
+
+def live_goal_profile(server, every_s: float = 0.3) -> ModelProfile:
+    """A scripted profile whose streamed replies are shown every `every_s`."""
+    return scripted_profile(server).model_copy(update={"live_every_s": every_s})
+
+
+async def events_until_end(env, goal_id: str) -> list:
+    """Every event and live text of a goal, from offset 0 until its end event."""
+    client = WorkflowStreamClient.create(env.client, goal_id)
+    seen = []
+    stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
+    async for item in stream:
+        event = parse_event(item.data)
+        seen.append(event)
+        if event.type == "end":
+            return seen
+    return seen

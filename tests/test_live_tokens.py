@@ -17,7 +17,7 @@ from temporalio.converter import DataConverter
 from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
 from tests.builders import agent, gate, llm, scripted_profile
-from tests.helpers import calls_for, running_worker, start, submit, wait_until
+from tests.helpers import calls_for, events_until_end, live_goal_profile, running_worker, start, submit, wait_until
 from workflows.events import (
     EVENTS_TOPIC,
     TOKENS_TOPIC,
@@ -78,22 +78,6 @@ async def test_a_reply_that_breaks_off_mid_stream_is_retried_with_its_cost_unkno
     error = raised.value
     assert error.type == "ModelRetryable" and not error.non_retryable and error.billed_unknown
     assert "broke off" in error.message and pieces  # it had begun: the provider has the request
-
-
-def live_goal_profile(server, every_s: float = 0.3):
-    return scripted_profile(server).model_copy(update={"live_every_s": every_s})
-
-
-async def events_until_end(env, goal_id: str) -> list:
-    client = WorkflowStreamClient.create(env.client, goal_id)
-    seen = []
-    stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
-    async for item in stream:
-        event = parse_event(item.data)
-        seen.append(event)
-        if event.type == "end":
-            return seen
-    return seen
 
 
 def view_before_settling(events: list, node: str) -> GoalView:
@@ -209,3 +193,33 @@ async def test_an_agents_turn_is_shown_whole_under_its_turn_number(env, task_que
     live = view_before_settling(events, "scout").live["scout"]
     assert live.turn == 1 and live.text == WORDS  # a turn's last piece is sent: its text stays whole
     assert result.outcome == "succeeded"
+
+
+async def test_live_text_crosses_continue_as_new_without_its_text(env, task_queue, store, workspace, scripted):
+    """The carried log keeps every delta's place and id but not its text: nothing runs a
+    model call across the boundary, and 2,000 deltas of text would outgrow the run's input."""
+    server = scripted({"replies": [{"when": "Do talk", "content": WORDS, "chunk_delay_s": 0.08}]})
+    (workspace / "notes.md").write_text("a note\n")
+    after = {"name": "after", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}, "needs": ["talk"]}
+    async with running_worker(env, task_queue, store, live_goal_profile(server)):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            [llm("talk"), after],
+            allowed_tools=["read_file"],
+            continue_as_new_after_events=50,
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        events = await asyncio.wait_for(events_until_end(env, handle.id), 30)  # the last run's log
+        runs = (await handle.describe()).run_id != handle.result_run_id
+    deltas = [e for e in events if isinstance(e, TokenDelta)]
+    assert result.outcome == "succeeded" and runs, "the goal continued as new after the reply"
+    assert deltas and all(d.text == "" for d in deltas)
+    assert [d.seq for d in deltas] == list(range(len(deltas)))
+
+
+async def test_a_streamed_reply_from_a_server_that_reports_no_usage_is_charged_an_estimate_not_zero(scripted):
+    server = scripted({"replies": [{"when": "talk", "content": WORDS, "stream_usage": False}]})
+    reply = await provider_for(scripted_profile(server)).chat(request("talk"))
+    assert reply.usage_estimated and reply.output_tokens == (len(WORDS) + 3) // 4 and reply.input_tokens > 0

@@ -17,8 +17,7 @@ from activities.models.config import ModelProfile
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
 from testing.http import BackgroundHTTPServer
 from tests.builders import gate, llm
-from tests.helpers import running_worker, start, statuses, submit, wait_until
-from tests.test_live_tokens import events_until_end, live_goal_profile
+from tests.helpers import events_until_end, live_goal_profile, running_worker, start, statuses, submit, wait_until
 from workflows.events import GoalView, NodeChanged, TokenDelta, reduce
 from workflows.messages import Rewind
 

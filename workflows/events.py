@@ -22,7 +22,7 @@ EVENTS_TOPIC = "goal"
 TOKENS_TOPIC = "tokens"
 """Live model output, published by model activities (the only topic the goal accepts
 from outside): batched text deltas and retry markers, shown while a node runs."""
-MAX_TOKEN_DELTA_CHARS = 16_000
+MAX_TOKEN_DELTA_CHARS = 4_000
 """The most text one delta may carry; a longer one is refused by the goal."""
 STREAM_EVENTS_KEPT = 1_000
 """Events the goal keeps for subscribers (older ones are truncated): the stream stays

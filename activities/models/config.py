@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from runtime.settings import config_path
 from workflows.plan import describe_validation_error
@@ -29,6 +29,8 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SCRIPT = Path(__file__).parent / "scripts" / "demo.yaml"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+# The shortest interval at which a streamed reply's text may be sent to its goal.
+MIN_LIVE_EVERY_S = 0.2
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
 # USD per million tokens (input, output), list prices. A built-in profile whose
@@ -99,11 +101,18 @@ class ModelProfile(BaseModel):
     live_every_s: float = Field(
         default=1.0,
         ge=0,
-        le=60,
+        le=10,
         description="How often a streamed reply's new text is sent to the goal's event stream (each send adds "
         "about four events to the goal's history; a reply done sooner sends none). 0: never.",
     )
     script: str | None = Field(default=None, description="Scripted profiles only: path of the script file.")
+
+    @field_validator("live_every_s")
+    @classmethod
+    def _live_not_per_chunk(cls, value: float) -> float:
+        if 0 < value < MIN_LIVE_EVERY_S:
+            raise ValueError(f"must be 0 (off) or at least {MIN_LIVE_EVERY_S} s: each send adds history events")
+        return value
 
     def background_for(self, max_output_tokens: int) -> bool:
         """Whether a call allowed `max_output_tokens` goes by handle."""

@@ -84,6 +84,7 @@ class ChatResponse(BaseModel):
     input_tokens: int
     output_tokens: int
     model: str
+    usage_estimated: bool = Field(default=False, description="The provider reported no usage: chars / 4.")
 
 
 class ChatProvider(Protocol):
@@ -214,11 +215,25 @@ class OpenAIProvider(SdkProvider):
         await read_stream(read, self.profile, self._api_key, attempt)
         if not choices:
             raise self._no_choices(usage)
+        text, tool_calls = "".join(texts), [ChatToolCall(**calls[i]) for i in sorted(calls)]
+        if usage is None:
+            # A compatible server that ignores include_usage: never charge a reply as free.
+            sent = "".join(str(m.get("content") or "") for m in params["messages"])
+            written = text + "".join(c.name + c.arguments for c in tool_calls)
+            activity_log_warning("streamed reply without usage: estimated", self.profile.name)
+            return ChatResponse(
+                text=text,
+                tool_calls=tool_calls,
+                input_tokens=estimate_tokens(sent),
+                output_tokens=estimate_tokens(written),
+                model=model or self.profile.model,
+                usage_estimated=True,
+            )
         return ChatResponse(
-            text="".join(texts),
-            tool_calls=[ChatToolCall(**calls[i]) for i in sorted(calls)],
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
+            text=text,
+            tool_calls=tool_calls,
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
             model=model or self.profile.model,
         )
 
@@ -416,6 +431,16 @@ async def _cancel_quietly(cancel: Callable[[], Awaitable[None]]) -> None:
         await asyncio.wait_for(cancel(), CANCEL_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001 - a failed cancel must not mask why the activity ends
         log_cancel_failure(err)
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters a token: what a reply without reported usage is charged."""
+    return (len(text) + 3) // 4
+
+
+def activity_log_warning(message: str, profile: str) -> None:
+    if activity.in_activity():
+        activity.logger.warning(message, extra={"profile": profile})
 
 
 def log_cancel_failure(err: Exception) -> None:

@@ -20,7 +20,9 @@ message (Inbox.settle); plans, questions and progress are compared at each publi
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
@@ -40,6 +42,7 @@ from workflows.events import (
     ProgressChanged,
     QuestionChanged,
     Receipt,
+    TokenDelta,
 )
 from workflows.goal.context import GoalContext
 from workflows.messages import InboxEntry
@@ -79,10 +82,27 @@ class EventStream:
         self._progress: tuple | None = None
 
     def get_state(self) -> WorkflowStreamState:
-        """For continue-as-new: subscribers are let go (they follow the chain to the next run)."""
+        """For continue-as-new: subscribers are let go (they follow the chain to the next run).
+        Live text is carried without its text: no node runs a model call across the
+        boundary, so nobody needs it, and 2,000 deltas of text would outgrow the input."""
         self.flush()
         self._stream.detach_pollers()
-        return self._stream.get_state()
+        state = self._stream.get_state()
+        state.log = [self._without_text(item) if item.topic == TOKENS_TOPIC else item for item in state.log]
+        return state
+
+    @staticmethod
+    def _without_text(item: Any) -> Any:
+        """The same delta (id, node, turn, attempt, offset) with empty text; anything else as it was."""
+        try:
+            payload = Payload.FromString(base64.b64decode(item.data))
+            event = TOKEN_EVENT_ADAPTER.validate_python(workflow.payload_converter().from_payload(payload))
+        except Exception:  # noqa: BLE001 - it was checked on the way in; keep what cannot be read as it is
+            return item
+        if not isinstance(event, TokenDelta) or not event.text:
+            return item
+        emptied = workflow.payload_converter().to_payload(event.model_copy(update={"text": ""}))
+        return dataclasses.replace(item, data=base64.b64encode(emptied.SerializeToString()).decode())
 
     @property
     def _offset(self) -> int:
