@@ -48,7 +48,7 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines += [
             "| step | kind | status | tokens | cost (USD) |",
             "|---|---|---|---:|---:|",
-            *(f"| {_cell(s.name)} | {s.kind} | {s.status} | {s.tokens} | {s.cost_usd:.4f} |" for s in current),
+            *(f"| {_cell(s.name)} | {s.kind} | {_status(s)} | {s.tokens} | {s.cost_usd:.4f} |" for s in current),
         ]
     else:
         lines.append("No steps ran.")
@@ -96,6 +96,10 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines += ["", "## What changed along the way", "", *(f"- {_one_line(note)}" for note in input.notes)]
 
     return "\n".join(lines) + "\n"
+
+
+def _status(step: StepOutcome) -> str:
+    return f"{step.status} (reused)" if step.reused and step.status == "succeeded" else step.status
 
 
 def _heading(step: StepOutcome) -> str:

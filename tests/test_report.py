@@ -128,3 +128,11 @@ async def test_excerpt_is_the_start_of_the_report(store: ArtifactStore) -> None:
     short, short_text = await write(store, ReportInput(goal_id="g", goal="g", outcome="failed", failure="no plan"))
     assert short.excerpt == short_text
     assert "No steps ran." in short_text
+
+
+async def test_a_step_whose_output_was_reused_says_so_in_the_step_table(store: ArtifactStore) -> None:
+    report_input = partial_goal(store)
+    report_input.steps[0].reused = True  # e.g. a fork's step before its fork node
+    _, text = await write(store, report_input)
+    assert "| read | tool | succeeded (reused) | 0 |" in text
+    assert "| summary | llm | succeeded | 1234 |" in text

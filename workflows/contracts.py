@@ -407,6 +407,7 @@ class StepOutcome(BaseModel):
     tokens: int = 0
     cost_usd: float = 0.0
     plan_version: int | None = Field(default=None, description=EARLIER_WORK)
+    reused: bool = Field(default=False, description="Its output is earlier work of the same key (a twin, a fork).")
 
 
 class ReportInput(BaseModel):
