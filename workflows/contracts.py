@@ -101,6 +101,13 @@ class ForkOrigin(BaseModel):
     )
 
 
+class ParentLink(BaseModel):
+    """The goal and step a subgoal was started for."""
+
+    goal_id: str = Field(min_length=1, max_length=300)
+    node: str = Field(min_length=1, max_length=200)
+
+
 class GoalSpec(BaseModel):
     """What the user asks for. Holds a model *profile name*, never a credential."""
 
@@ -169,6 +176,7 @@ class GoalSpec(BaseModel):
         "checking the finished steps.",
     )
     forked_from: ForkOrigin | None = None
+    parent: ParentLink | None = Field(default=None, description="Set on a subgoal: the goal that started it.")
     reuse_outputs: dict[str, ArtifactRef] = Field(
         default_factory=dict,
         description="Finished work by node key, used as this goal's own when a step's key matches (a fork: the "

@@ -108,9 +108,33 @@ class ToolStep(_DeviceStep):
     )
 
 
+class SubgoalStep(_Step):
+    """A large independent part run as a goal of its own (a child workflow): its own plan
+    or goal text, a share of this goal's budget, this goal's constraints verbatim."""
+
+    kind: Literal["subgoal"] = "subgoal"
+    goal: str | None = Field(default=None, min_length=1, max_length=20_000, description="The child's goal text.")
+    plan: Plan | None = Field(default=None, description="The child's own plan (else its planner plans `goal`).")
+    budget_share: float = Field(
+        default=0.25, gt=0, le=1, description="The share of this goal's token and cost budget the child may use."
+    )
+    tools: list[str] | None = Field(default=None, description="The child's tools (default: this goal's).")
+    join: Literal["all_settled", "fail_fast"] = Field(
+        default="all_settled",
+        description="fail_fast: when this child fails, the other fail_fast children still running are asked to stop "
+        "(with rollback) and the goal decides once they have stopped.",
+    )
+
+    @model_validator(mode="after")
+    def _has_something_to_do(self) -> SubgoalStep:
+        if self.goal is None and self.plan is None:
+            raise ValueError(f"subgoal step '{self.name}' needs a goal (text) or a plan")
+        return self
+
+
 # Every node kind is a step type: a new kind is a new class here and a runner in
 # workflows/goal/nodes/ (the registry there checks each kind has one).
-STEP_TYPES = (LlmStep, AgentStep, ToolStep)
+STEP_TYPES = (LlmStep, AgentStep, ToolStep, SubgoalStep)
 PlanStep = Annotated[Union[STEP_TYPES], Field(discriminator="kind")]  # noqa: UP007 (a tuple of types)
 NodeKind = Literal[tuple(t.model_fields["kind"].default for t in STEP_TYPES)]  # type: ignore[valid-type]
 
@@ -155,6 +179,7 @@ class Plan(BaseModel):
 
 
 _POSITIONS = "_step_positions"
+SubgoalStep.model_rebuild()  # its `plan` is a Plan, defined after it
 
 
 def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
@@ -205,8 +230,22 @@ def check_plan(plan: Plan, allowed_tools: list[str], devices: dict[str, list[str
                         f"step '{step.name}': tool '{tool}' is not allowed "
                         f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
                     )
+        elif isinstance(step, SubgoalStep):
+            problems += _check_subgoal_step(step, allowed)
         if isinstance(step, ToolStep | AgentStep) and step.device is not None:
             problems += _check_device_step(step, devices)
+    return problems
+
+
+def _check_subgoal_step(step: SubgoalStep, allowed: set[str]) -> list[str]:
+    """A child may use only tools this goal may; its own plan is checked as this goal's would be."""
+    tools = set(step.tools) if step.tools is not None else allowed
+    problems = [
+        f"step '{step.name}': subgoal tool '{tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"
+        for tool in sorted(tools - allowed)
+    ]
+    if step.plan is not None:
+        problems += [f"step '{step.name}' (subgoal): {p}" for p in check_plan(step.plan, sorted(tools & allowed))]
     return problems
 
 

@@ -78,6 +78,7 @@ class Node(BaseModel):
     cost_usd: float = 0.0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    child: str | None = Field(default=None, description="A subgoal: the id of the goal it started.")
     fingerprints: list[Fingerprint] = Field(
         default_factory=list,
         description="Workspace files its tool calls read or wrote, with their digests then (the latest per file).",

@@ -8,12 +8,15 @@ and never the workflow itself, so no room can reach into another's fields.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio import workflow
 
-from workflows.contracts import ArtifactRef
+from workflows.contracts import ArtifactRef, Signals
+from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
@@ -99,6 +102,8 @@ class GoalContext:
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
+        # Subgoals running now (workflows/goal/nodes/subgoal.py): node -> (child goal id, join).
+        self.children: dict[str, tuple[str, str]] = {}
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -116,6 +121,35 @@ class GoalContext:
         self.lists_devices = workflow.patched(DEVICES_PATCH)
         self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
         self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
+
+    def tell_child(self, child_id: str, message: BaseModel) -> None:
+        """Send a subgoal a message (as its user would, with a request id of its own); a
+        child that has ended meanwhile cannot take it, and that is no error here."""
+
+        async def send() -> None:
+            try:
+                await workflow.get_external_workflow_handle(child_id).signal(
+                    Signals.MESSAGE, message.model_dump(mode="json")
+                )
+            except Exception as err:  # noqa: BLE001 - e.g. the child closed: nothing to tell it
+                workflow.logger.info("subgoal not told", extra={"child": child_id, "error": str(err)[:200]})
+
+        asyncio.create_task(send())
+
+    def tell_children(self, make: Callable[[str], BaseModel], running_only: bool = False) -> None:
+        """`make(child_id)` to every subgoal running now, in plan order."""
+        for name, (child_id, _) in sorted(self.children.items()):
+            node = self.state.nodes.get(name)
+            if running_only and (node is None or node.status != "running"):
+                continue
+            self.tell_child(child_id, make(child_id))
+
+    def stop_children(self, why: str, but: str) -> None:
+        """A fail_fast subgoal failed: the other fail_fast ones running are asked to stop,
+        with rollback; their nodes settle once they have stopped."""
+        for name, (child_id, join) in sorted(self.children.items()):
+            if name != but and join == "fail_fast":
+                self.tell_child(child_id, Abort(request_id="stop-by-sibling", reason=why[:300], rollback=True))
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

@@ -47,6 +47,7 @@ class Steering:
         self._inbox = inbox
         self._pause = pause
         self._scheduler = scheduler
+        self._passed_on: set[str] = set()
         self.verbs: dict[str, Callable[[InboxEntry], Applied]] = {
             "park": self._park,
             "resume": self._resume,
@@ -63,6 +64,8 @@ class Steering:
         the state the ones before it left, and one that cannot apply then is settled
         "rejected" with the reason (its receipt), not skipped or refused."""
         for entry in list(self._ctx.state.inbox):
+            if entry.kind == "steer" and entry.status == "pending":
+                self._pass_on(entry)
             if entry.status != "pending" or entry.kind in LATER_KINDS:
                 continue
             problem = self._inbox.turn_problem(entry)
@@ -71,6 +74,18 @@ class Steering:
                 continue
             applied = self.verbs[entry.kind](entry)
             self._inbox.settle(entry, "applied", applied.note, applied.detail())
+            if entry.kind in ("park", "resume"):
+                self._pass_on(entry)
+
+    def _pass_on(self, entry: InboxEntry) -> None:
+        """Subgoals hear what the message says for them: a park and a resume reach every
+        running child, a steer the children running now (an abort stops them through the
+        scheduler: workflows/goal/nodes/subgoal.py). Each child dedupes it by its request id."""
+        if not self._ctx.children or entry.request_id in self._passed_on:
+            return
+        self._passed_on.add(entry.request_id)
+        message = entry.message.model_copy(update={"request_id": f"parent.{entry.request_id}"[:128]})
+        self._ctx.tell_children(lambda _child: message, running_only=entry.kind == "steer")
 
     def _park(self, entry: InboxEntry) -> Applied:
         message = entry.message

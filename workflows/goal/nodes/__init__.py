@@ -14,10 +14,11 @@ from typing import get_args
 from workflows.goal.nodes.agent import AgentNode
 from workflows.goal.nodes.base import NodeDeps, NodeRunner
 from workflows.goal.nodes.llm import LlmNode
+from workflows.goal.nodes.subgoal import SubgoalNode
 from workflows.goal.nodes.tool import ToolNode
 from workflows.plan import NodeKind
 
-RUNNERS: dict[str, type[NodeRunner]] = {"tool": ToolNode, "llm": LlmNode, "agent": AgentNode}
+RUNNERS: dict[str, type[NodeRunner]] = {"tool": ToolNode, "llm": LlmNode, "agent": AgentNode, "subgoal": SubgoalNode}
 
 _missing = set(get_args(NodeKind)) - set(RUNNERS)
 if _missing:

@@ -10,6 +10,7 @@ from workflows.goal.context import GoalContext
 from workflows.goal.effect_guard import EffectGuard
 from workflows.goal.model_calls import ModelCalls
 from workflows.goal.pause import Pause
+from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import ToolRunner
 from workflows.plan import PlanStep
 from workflows.state import Node
@@ -24,6 +25,7 @@ class NodeDeps:
     guard: EffectGuard
     tools: ToolRunner
     pause: Pause
+    spend: Spend
 
 
 class NodeRunner(Protocol):

@@ -1,0 +1,134 @@
+"""Subgoals: a plan step of kind `subgoal` runs as a child goal (its own workflow, plan,
+inbox and share of the budget), joined all_settled or fail_fast; the parent's steering
+reaches its children; the parent's ledger and report include theirs. Against a dev
+server with the production worker and a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.service import RPCError
+
+from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.helpers import running_worker, start, submit, wait_until
+from workflows.contracts import GoalResult
+from workflows.goal import GoalWorkflow
+from workflows.messages import Abort, Park, Resume, Steer
+
+
+def read(name: str, path: str) -> dict:
+    return {"name": name, "kind": "tool", "tool": "read_file", "args": {"path": path}}
+
+
+def subgoal(name: str, steps: list[dict], **extra) -> dict:
+    return {"name": name, "kind": "subgoal", "goal": f"Do part {name}.", "plan": {"steps": steps}, **extra}
+
+
+async def child_result(env, child_id: str) -> GoalResult:
+    return await env.client.get_workflow_handle(child_id, result_type=GoalResult).result()
+
+
+async def started(env, child_id: str):
+    """The child's handle once its parent has started it."""
+    handle = env.client.get_workflow_handle(child_id, result_type=GoalResult)
+    for _ in range(200):
+        try:
+            await handle.describe()
+            return handle
+        except RPCError:
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{child_id} was never started")
+
+
+async def test_two_subgoals_run_as_child_goals_and_the_parent_counts_what_they_spent(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted(STEP_REPLY)
+    (workspace / "notes.md").write_text("a note\n")
+    steps = [
+        subgoal("part-a", [llm("sum-a")], budget_share=0.5),
+        subgoal("part-b", [read("read-b", "notes.md")]),
+        read("after", "notes.md") | {"needs": ["part-a", "part-b"]},
+    ]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["read_file"], budget={"max_tokens": 100_000}
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        a = await child_result(env, f"{handle.id}--part-a-1")
+        b = await child_result(env, f"{handle.id}--part-b-1")
+        child_a = await env.client.get_workflow_handle(f"{handle.id}--part-a-1").describe()
+    assert result.outcome == "succeeded" and (a.outcome, b.outcome) == ("succeeded", "succeeded")
+    assert a.tokens > 0 and result.tokens == a.tokens + b.tokens  # the parent made no model call of its own
+    assert store.get_text(result.outputs["part-a"]) == store.get_text(a.report)  # the child's report is its output
+    assert child_a.parent_id == handle.id
+    assert len([r for r in server.requests() if r["last_message"].startswith("step: sum-a\n")]) == 1
+
+
+async def test_a_failed_fail_fast_subgoal_stops_its_running_sibling_and_the_parent_waits_for_it(
+    env, task_queue, store, workspace
+):
+    steps = [
+        subgoal("broken", [read("missing", "nope.md")], join="fail_fast"),
+        subgoal("slow", [gate()], join="fail_fast"),
+    ]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "run_command"])
+        result = await asyncio.wait_for(handle.result(), 60)
+        slow = env.client.get_workflow_handle(f"{handle.id}--slow-1", result_type=GoalResult)
+        slow_result = await asyncio.wait_for(slow.result(), 10)
+        slow_closed = (await slow.describe()).close_time
+        parent_closed = (await handle.describe()).close_time
+    assert result.outcome != "succeeded" and sorted(result.failed_steps) == ["broken", "slow"]
+    assert slow_result.outcome == "aborted"  # asked to stop, with rollback, by its failed sibling
+    assert slow_closed <= parent_closed  # the parent decided only once its sibling had stopped
+
+
+async def test_park_resume_steer_and_abort_of_a_parent_reach_its_running_subgoal(env, task_queue, store, workspace):
+    steps = [subgoal("waiting", [gate()])]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"])
+        child = await started(env, f"{handle.id}--waiting-1")
+        await wait_until(child, lambda s: "gate" in s.running)
+        await submit(handle, Park(request_id="pk-1", reason="lunch"))
+        parked = await wait_until(child, lambda s: s.parked)
+        await submit(handle, Resume(request_id="rs-1"))
+        await wait_until(child, lambda s: not s.parked)
+        await submit(handle, Steer(request_id="st-1", text="prefer small diffs"))
+        await wait_until_inbox_has(child, "parent.st-1")
+        await submit(handle, Abort(request_id="ab-1", reason="priorities changed"))
+        result = await asyncio.wait_for(handle.result(), 30)
+        child_outcome = (await asyncio.wait_for(child.result(), 10)).outcome
+        inbox = await child.query(GoalWorkflow.inbox)
+    assert parked.pause_reason == "lunch"
+    assert result.outcome == "aborted" and child_outcome == "aborted"
+    told = {(e.request_id, e.kind) for e in inbox.entries}
+    assert {("parent.pk-1", "park"), ("parent.rs-1", "resume"), ("parent.st-1", "steer")} <= told
+
+
+async def wait_until_inbox_has(handle, request_id: str) -> None:
+    for _ in range(100):
+        if any(e.request_id == request_id for e in (await handle.query(GoalWorkflow.inbox)).entries):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{request_id} never reached the child")
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_a_subgoal_step_refuses_a_budget_share_outside_zero_to_one(share):
+    from pydantic import ValidationError
+
+    from workflows.plan import Plan
+
+    with pytest.raises(ValidationError, match="budget_share"):
+        Plan.model_validate({"steps": [subgoal("x", [read("r", "a.md")], budget_share=share)]})
+
+
+def test_a_subgoal_step_needs_a_goal_or_a_plan():
+    from pydantic import ValidationError
+
+    from workflows.plan import Plan
+
+    with pytest.raises(ValidationError, match="needs a goal \\(text\\) or a plan"):
+        Plan.model_validate({"steps": [{"name": "x", "kind": "subgoal"}]})
