@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from temporalio.service import RPCError
 
-from tests.builders import STEP_REPLY, gate, llm, openai_profile
+from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
 from tests.helpers import running_worker, start, submit, wait_until
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
@@ -132,3 +132,36 @@ def test_a_subgoal_step_needs_a_goal_or_a_plan():
 
     with pytest.raises(ValidationError, match="needs a goal \\(text\\) or a plan"):
         Plan.model_validate({"steps": [{"name": "x", "kind": "subgoal"}]})
+
+
+@pytest.mark.process
+async def test_a_worker_killed_while_a_subgoal_runs_leaves_parent_and_child_to_the_next_worker(
+    env, crash_rig, tmp_path
+):
+    rig = crash_rig()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    waiting = gate() | {"args": {"command": gate()["args"]["command"], "replay": "safe"}}
+    goal = spec(
+        workspace,
+        plan={"steps": [subgoal("part", [waiting]), read("after", "GO") | {"needs": ["part"]}]},
+        allowed_tools=["run_command", "read_file"],
+    )
+    worker = rig.start_worker()
+    parent = await rig.start_goal(goal)
+    child = await started(env, f"{parent.id}--part-1")
+    await wait_until(child, lambda s: "gate" in s.running, timeout_s=60)
+    worker.kill()  # SIGKILL, with the child's command in flight
+    second = rig.start_worker()
+    (workspace / "GO").write_text("go\n")
+    try:
+        result = await rig.result(parent, timeout_s=90)
+    except TimeoutError:
+        child_says = await child.query(GoalWorkflow.progress)
+        raise AssertionError(
+            f"the parent did not finish; child: {child_says.phase} {child_says.running}; "
+            f"second worker's log:\n{second.log_tail()}"
+        ) from None
+    child_outcome = (await child.result()).outcome
+    assert result.outcome == "succeeded" and child_outcome == "succeeded"
+    assert rig.store.get_text(result.outputs["after"]) == "go\n"
