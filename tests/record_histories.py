@@ -463,6 +463,37 @@ async def record_goal_verified_after_park(env: WorkflowEnvironment, out: Path) -
         save(out, await handle.fetch_history())
 
 
+async def record_goal_replanned_on_evidence(env: WorkflowEnvironment, out: Path) -> None:
+    """A goal the planner planned: a step concludes the opposite of an earlier step's
+    conclusion, the goal re-plans on that evidence once (finished steps kept), and the
+    new step's conclusion disputing it again is held off by the spacing."""
+    survey = llm("survey", prompt="Survey the cache.")
+    recheck = llm("recheck", ["survey"], prompt="Check the cache again.")
+    confirm = llm("confirm", ["recheck"], prompt="Confirm the cache state.")
+    script = {
+        "replies": [
+            {
+                "when": ["Revise the current plan", "conflicting evidence"],
+                "json": {"steps": [survey, recheck, confirm]},
+            },
+            {"when": "PERDURE-PLANNER", "times": 1, "json": {"steps": [survey, recheck]}},
+            {"when_last": "step: survey", "content": "Conclusion: the cache is stale = true"},
+            {"when_last": "step: recheck", "content": "Conclusion: the cache is stale = false"},
+            {"when_last": "step: confirm", "content": "Conclusion: the cache is stale = true"},
+        ]
+    }
+    async with rig(env, script) as (workspace, task_queue):
+        goal_spec = spec(workspace, drift_every=0, evidence_spacing_s=3600)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        result = await handle.result()
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded" and snapshot.plan_version == 2, result.excerpt
+    assert any("held off" in line for line in snapshot.gate_log), snapshot.gate_log
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -481,6 +512,7 @@ SCENARIOS = {
     "capabilities-v1": record_capabilities,
     "devices-v1-offline-then-back": record_devices_offline_then_back,
     "goal-v1-verified-after-park": record_goal_verified_after_park,
+    "goal-v1-replanned-on-evidence": record_goal_replanned_on_evidence,
 }
 
 

@@ -175,6 +175,27 @@ class GoalSpec(BaseModel):
         description="A wait at least this long (parked, or no progress before a continue-as-new) is followed by "
         "checking the finished steps.",
     )
+    evidence_window: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="Re-plan on evidence (a goal the planner planned; workflows/evidence.py) when this many "
+        "consecutive settled steps end in the same class of error or name the same root cause, or this many "
+        "finished steps add less than min_new_information, or a step contradicts another's conclusion; at least "
+        "this many steps settle between two such re-plans. 0 = never re-plan on evidence.",
+    )
+    min_new_information: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Declining value: the share of new information (word 3-grams of an output's preview not "
+        "seen in earlier outputs) the last evidence_window finished steps must add on average; 0 = not judged.",
+    )
+    evidence_spacing_s: float = Field(
+        default=900,
+        ge=0,
+        description="At least this long between two re-plans on evidence, so plans do not oscillate.",
+    )
     forked_from: ForkOrigin | None = None
     parent: ParentLink | None = Field(default=None, description="Set on a subgoal: the goal that started it.")
     reuse_outputs: dict[str, ArtifactRef] = Field(

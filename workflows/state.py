@@ -25,6 +25,7 @@ from workflows.contracts import (
     ToolResult,
 )
 from workflows.device_contracts import DevicePresence
+from workflows.evidence import EvidenceLog
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
@@ -154,7 +155,7 @@ class PlanVersion(BaseModel):
         "version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version."
     )
     reason: str
-    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift", "verify"]
+    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift", "verify", "evidence"]
     diff: PlanDiff = Field(default_factory=PlanDiff)
 
 
@@ -312,6 +313,10 @@ class GoalState(BaseModel):
         default=None, description="Why the finished steps are to be checked before new work starts."
     )
     verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
+    evidence: EvidenceLog = Field(
+        default_factory=EvidenceLog,
+        description="Conclusions and outcomes of settled steps, for re-planning on evidence (workflows/evidence.py).",
+    )
 
     @field_serializer("plan_versions", mode="wrap")
     def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:

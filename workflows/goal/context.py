@@ -56,6 +56,9 @@ DEVICES_PATCH = "devices-listed-for-plans"
 DEVICE_WAIT_TIMER_PATCH = "device-wait-timers-of-offline-nodes"
 # Finished steps are checked again after a long wait (workflows/goal/verification.py).
 VERIFY_PATCH = "verify-after-long-waits"
+# The plan is revised when settled steps' evidence calls for it: a contradicted
+# conclusion, repeated results, declining new information (workflows/evidence.py).
+REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -102,6 +105,7 @@ class GoalContext:
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
+        self.replans_on_evidence = False
         # Subgoals running now (workflows/goal/nodes/subgoal.py): node -> (child goal id, join).
         self.children: dict[str, tuple[str, str]] = {}
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
@@ -121,6 +125,7 @@ class GoalContext:
         self.lists_devices = workflow.patched(DEVICES_PATCH)
         self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
         self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
+        self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a

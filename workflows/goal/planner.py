@@ -1,5 +1,7 @@
 """Plans: the first plan (a plan file, or the planner model with repairs), the drift
-check every few finished nodes, and the follow-up plan for queued work.
+check every few finished nodes, the re-plan on evidence (workflows/evidence.py judges
+the settled steps; this room feeds it and acts on its trigger), and the follow-up plan
+for queued work.
 
 Workflow code: it calls model activities through ModelCalls and hands every new
 plan to the scheduler, which adopts it (reusing finished work by key).
@@ -10,8 +12,10 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from workflows import evidence
 from workflows.contracts import Activities, ArtifactRef, DriftInput, DriftResult, PlanInput, PlanResult, PlanRevision
 from workflows.device_contracts import DevicePresence
+from workflows.evidence import EvidenceTrigger
 from workflows.goal.context import GoalContext, GoalFailed
 from workflows.goal.devices import Devices
 from workflows.goal.inbox import Inbox
@@ -20,7 +24,8 @@ from workflows.goal.scheduler import Scheduler
 from workflows.goal.tool_runner import failure_message
 from workflows.messages import InboxEntry
 from workflows.plan import Plan, check_plan
-from workflows.state import PlanVersion
+from workflows.state import Node, PlanVersion
+from workflows.statuses import IN_FLIGHT
 
 
 class Planner:
@@ -32,6 +37,11 @@ class Planner:
         self._scheduler = scheduler
         self._inbox = inbox
         self._devices = devices
+        # Re-planning on evidence: the nodes in flight at the last look, so what settled
+        # since is found without a scan of every node per pass (nothing has a task at
+        # continue-as-new, so a run starts with none); the steps a waiting trigger waits for.
+        self._watched: dict[str, None] = {}
+        self._waited_for: list[str] = []
 
     async def make_plan(self) -> None:
         state, spec = self._ctx.state, self._ctx.state.spec
@@ -81,6 +91,120 @@ class Planner:
             self._ctx.log_gate(f"replanning after the drift check failed: {err}")
             return
         self._scheduler.adopt_plan(plan, "drift", f"drift check: {verdict.reason}")
+
+    # --- re-planning on evidence ---------------------------------------------------
+
+    def evidence_trigger(self) -> EvidenceTrigger | None:
+        """Take in the steps that settled since the last look; the re-plan on evidence due
+        now, if a trigger holds and the spacing since the last one allows it. Only a goal
+        the planner planned: a plan file is the user's plan, revised on their word (queue)
+        or the drift check's, not on the runtime's heuristics."""
+        state = self._ctx.state
+        if not state.plan_versions or state.plan_versions[0].source != "planner":
+            return None
+        self._take_in_settled()
+        log, spec = state.evidence, state.spec
+        found = evidence.trigger(log, spec.evidence_window, spec.min_new_information)
+        if found is None:
+            return None
+        held = evidence.spacing_left(log, spec.evidence_window, spec.evidence_spacing_s, workflow.now())
+        if held is not None:
+            note = f"{found.kind}: {found.evidence}"
+            if log.deferred != note:
+                log.deferred = note
+                self._ctx.log_gate(f"re-plan on evidence held off ({held}): {note}")
+            return None
+        return found
+
+    def watch_in_flight(self) -> None:
+        """After dispatching: the nodes now in flight are looked at again next time."""
+        self._watched.update(dict.fromkeys(self._ctx.index().names(IN_FLIGHT)))
+
+    def may_replan_now(self, trigger: EvidenceTrigger) -> bool:
+        """A write in flight is never cut off; a trigger that waits lets the work in flight settle."""
+        if self._ctx.writes_in_flight:
+            return False
+        if trigger.in_flight == "wait" and self._scheduler.busy():
+            running = self._ctx.index().names(("running",))
+            if running != self._waited_for:
+                self._waited_for = running
+                self._ctx.log_gate(
+                    f"re-plan on evidence ({trigger.kind}) waits for the steps in flight: {', '.join(running)}"
+                )
+            return False
+        return True
+
+    async def replan_on_evidence(self, trigger: EvidenceTrigger) -> None:
+        """Ask the planner for a plan that answers the evidence. What it keeps: finished
+        steps it leaves unchanged (reused by key), the conclusions that still hold (it is
+        told them), rejected paths (in every model context) and the constraints (the
+        spec's, never the plan's). The steps in flight go as the trigger's policy says."""
+        state = self._ctx.state
+        log = state.evidence
+        current = self._ctx.plan()
+        valid = evidence.standing(log, self._is_current)
+        revision = PlanRevision(
+            reason=evidence.revision_reason(trigger, log, valid), current=current, finished=self._finished()
+        )
+        waited, self._waited_for = self._waited_for, []
+        try:
+            plan, _ = await self._ask(revision)
+        except GoalFailed as err:
+            # Counted as a re-plan: the spacing keeps a failing planner from being asked every pass.
+            evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
+            self._ctx.log_gate(f"re-planning on evidence ({trigger.kind}) failed: {err}")
+            return
+        old = {s.name: s for s in current.steps}
+        new = {s.name: s for s in plan.steps}
+        index = self._ctx.index()
+        in_flight = index.names(IN_FLIGHT)
+        if trigger.in_flight == "cancel":
+            cut = [n for n in in_flight if new.get(n) != old[n]]
+            going_on = [n for n in in_flight if n not in cut]
+            done = (f"cancelled {', '.join(cut)}" if cut else "nothing cancelled") + (
+                f"; {', '.join(going_on)} go on, unchanged" if going_on else ""
+            )
+        else:
+            done = f"waited for {', '.join(waited)}" if waited else "nothing was in flight"
+        kept = [n for n in index.names(("succeeded",)) if new.get(n) == old[n]]
+        reason = (
+            f"{trigger.kind}: {trigger.evidence}; in flight: {trigger.in_flight} ({trigger.why}): {done}; "
+            f"kept {len(kept)} finished step(s), {len(valid)} conclusion(s) that hold, "
+            f"{len(state.rejected_paths)} rejected path(s)"
+        )
+        self._scheduler.adopt_plan(plan, "evidence", reason)
+        evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
+        self._ctx.log_gate(f"re-planned on evidence as plan v{len(state.plan_versions)}: {reason}")
+
+    def _take_in_settled(self) -> None:
+        """The watched nodes that settled by their own work (not reused), in the order they settled."""
+        state = self._ctx.state
+        settled: list[Node] = []
+        for name in self._watched:
+            node = state.nodes.get(name)
+            if node is not None and node.status in ("succeeded", "failed") and not node.reused:
+                settled.append(node)
+        self._watched = dict.fromkeys(self._ctx.index().names(IN_FLIGHT))
+        settled.sort(key=lambda n: (n.finished_at or workflow.now(), n.name))
+        for node in settled:
+            failed = node.status == "failed"
+            evidence.record_settled(
+                state.evidence,
+                node=node.name,
+                node_key=node.key,
+                status="failed" if failed else "succeeded",
+                text=(node.error or "") if failed else node.preview,
+                states_findings=node.kind in ("llm", "agent"),
+                at=node.finished_at or workflow.now(),
+                plan_version=len(state.plan_versions),
+                is_current=self._is_current,
+            )
+
+    def _is_current(self, name: str, key: str | None) -> bool:
+        """Whether a step's output still stands: it did not run again or get voided since.
+        A step a plan change left out after it finished still stands (its work is kept)."""
+        node = self._ctx.state.nodes.get(name)
+        return node is None or (node.status == "succeeded" and node.key == key)
 
     async def plan_follow_up(self, queued: list[InboxEntry]) -> None:
         """The goal would be idle: plan the queued follow-up work as a new plan version."""

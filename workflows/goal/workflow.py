@@ -219,7 +219,16 @@ class GoalWorkflow:
             if state.pause.mode == "running" and not self._continue_as_new_due():
                 self._devices.watch()  # a new plan version may name devices
                 self._scheduler.resume_waiting()
-                self._scheduler.dispatch_ready()
+                # Re-planning on evidence (planner.py): a trigger that waits for the work in
+                # flight lets nothing new start meanwhile.
+                evidence = self._planner.evidence_trigger() if self._ctx.replans_on_evidence else None
+                if evidence is None or evidence.in_flight != "wait":
+                    self._scheduler.dispatch_ready()
+                if self._ctx.replans_on_evidence:
+                    self._planner.watch_in_flight()
+                if evidence is not None and self._planner.may_replan_now(evidence):
+                    await self._planner.replan_on_evidence(evidence)
+                    continue
                 # A replan may drop steps: it waits until no write is in flight to cut off.
                 if self._planner.drift_check_due() and not self._ctx.writes_in_flight:
                     await self._planner.check_drift()
