@@ -268,7 +268,8 @@ def test_a_contradiction_is_found_exactly_when_a_step_says_the_opposite_of_a_sta
     assert bool(log.unresolved) == (changes > 0)
     standing = evidence.standing(log, lambda _n, _k: True)
     assert {c.holds for c in standing} == {holds[-1]}
-    assert evidence.trigger(log, 3, 0.0) is None or log.unresolved
+    found = evidence.trigger(log, 3, 0.0)
+    assert (found is not None and found.kind == "conflicting evidence") == (changes > 0)
 
 
 def test_a_step_run_again_or_voided_does_not_contradict_itself():
