@@ -19,4 +19,4 @@ def note_wait_ended(state: GoalState, since: datetime | None, what: str) -> None
         return
     waited = (workflow.now() - since).total_seconds()
     if waited >= state.spec.verify_after_s:
-        state.verify_due = f"{what} after {duration_text(waited)}"
+        state.verify_due = f"{what} after {duration_text(waited, days=True)}"
