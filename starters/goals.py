@@ -149,7 +149,10 @@ def check_goal_id(goal_id: str) -> None:
 
 # Spec fields added after goals were already being started: left out of the digest while
 # at their defaults, so a start retried across an upgrade still matches the goal it started.
-LATER_SPEC_FIELDS = ("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent")
+LATER_SPEC_FIELDS = (
+    *("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent"),
+    *("evidence_window", "min_new_information", "evidence_spacing_s"),
+)
 
 
 def spec_digest(spec: GoalSpec) -> str:

@@ -77,6 +77,13 @@ def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 7}
 
 
+def _v7_to_v8(data: dict[str, Any]) -> dict[str, Any]:
+    # v8 re-plans on evidence: the goal keeps the conclusions its steps stated and the
+    # outcomes it judges (`evidence`), and a plan version may come from `evidence`; nodes
+    # may be subgoals (`child`). A v7 goal had none: it starts judging from here.
+    return {**data, "schema_version": 8}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
@@ -84,6 +91,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     4: _v4_to_v5,
     5: _v5_to_v6,
     6: _v6_to_v7,
+    7: _v7_to_v8,
 }
 
 

@@ -31,7 +31,7 @@ from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class AgentProgress(BaseModel):

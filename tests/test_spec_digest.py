@@ -1,0 +1,32 @@
+"""The digest `perdure start` compares to tell a retried start from a different goal under the
+same id (starters/goals.py spec_digest): a spec field added later must not change the
+digest of a spec that leaves it at its default, or a start retried across an upgrade would
+be refused as "a different spec"."""
+
+from __future__ import annotations
+
+import hashlib
+
+from starters.goals import LATER_SPEC_FIELDS, spec_digest
+from workflows.contracts import GoalSpec
+
+# GoalSpec's fields when start digests were first compared; every field since is "later".
+FIELDS_WHEN_DIGESTS_BEGAN = {
+    *("goal", "plan", "constraints", "budget", "model_profile", "allowed_tools", "workspace", "allow_network"),
+    *("max_plan_repairs", "max_agent_turns", "premises", "soft_gate", "drift_every", "stall_threshold"),
+    *("stall_after_s", "local_activities_up_to_s", "continue_as_new_after_events", "device_wait_s"),
+    *("device_approval", "compact_context_after_chars"),
+}
+
+
+def test_every_field_added_since_digests_began_is_left_out_of_the_digest_at_its_default():
+    later = set(GoalSpec.model_fields) - FIELDS_WHEN_DIGESTS_BEGAN
+    assert later == set(LATER_SPEC_FIELDS), "list a new GoalSpec field in LATER_SPEC_FIELDS"
+    spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w")
+    as_before = spec.model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
+    assert spec_digest(spec) == hashlib.sha256(as_before.encode()).hexdigest()
+
+
+def test_a_later_field_set_away_from_its_default_changes_the_digest():
+    spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w")
+    assert spec_digest(spec.model_copy(update={"recovery_mode": "trust"})) != spec_digest(spec)
