@@ -528,11 +528,21 @@ def planner_system_prompt(
     )
 
 
+# What lets the goal re-plan on evidence (workflows/evidence.py): it reads these lines at
+# the start of a step's output.
+STATEMENTS_NOTE = (
+    "If the step establishes or refutes a claim, begin the output with one line per claim: "
+    "`CONCLUSION: <claim> = true` or `= false`; if you find the cause of a failure, add a line "
+    "`ROOT CAUSE: <cause>`. Otherwise begin with the output itself."
+)
+
+
 def step_system_prompt(context: ModelContext) -> str:
     return "\n\n".join(
         [
             f"[{STEP_MARKER}]\nYou carry out one step of a plan toward the goal below. Reply with the step's "
             "output only; it is passed verbatim to the steps that need it.",
+            STATEMENTS_NOTE,
             constraints_block(context.constraints),
             f"Goal:\n{context.goal}",
         ]
@@ -547,6 +557,7 @@ def agent_system_prompt(context: ModelContext, max_turns: int) -> str:
             "messages, and a failed call comes back as 'ERROR: ...' for you to work around. When the step "
             "is done, reply with its final output as plain text and no tool calls. "
             f"You have at most {max_turns} turns.",
+            STATEMENTS_NOTE,
             constraints_block(context.constraints),
             f"Goal:\n{context.goal}",
         ]
