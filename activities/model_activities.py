@@ -513,6 +513,10 @@ def planner_system_prompt(
             "until it answers; optional `max_turns`.\n"
             "- tool: one call of `tool` with fixed `args`. A string argument may contain {{steps.NAME}}, "
             "which is replaced by the text output of step NAME; NAME must be listed in `needs`.\n"
+            "- subgoal: a large part that does not depend on the rest, run as a goal of its own with its "
+            "`goal` text (its own planner plans it) and `budget_share` (0-1) of this goal's budget; its "
+            "output is its report. `join: fail_fast` stops the other fail_fast subgoals when it fails. "
+            "Use it only for a part worth many steps of its own.\n"
             "`needs` lists the steps whose outputs a step receives and must wait for; steps that do not "
             "need each other run in parallel. No cycles. Step names are unique, lower-case, "
             f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_PLANNED_STEPS} steps.",

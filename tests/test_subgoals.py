@@ -15,6 +15,7 @@ from tests.helpers import running_worker, start, submit, wait_until
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Park, Resume, Steer
+from workflows.state import GoalInput
 
 
 def read(name: str, path: str) -> dict:
@@ -165,3 +166,22 @@ async def test_a_worker_killed_while_a_subgoal_runs_leaves_parent_and_child_to_t
     child_outcome = (await child.result()).outcome
     assert result.outcome == "succeeded" and child_outcome == "succeeded"
     assert rig.store.get_text(result.outputs["after"]) == "go\n"
+
+
+async def test_a_planner_may_propose_a_subgoal_and_the_goal_runs_it_as_a_child(
+    env, task_queue, store, workspace, scripted
+):
+    (workspace / "notes.md").write_text("a note\n")
+    planned = {"steps": [subgoal("survey", [read("look", "notes.md")], budget_share=0.3)]}
+    server = scripted({"replies": [{"when": "[PERDURE-PLANNER]", "json": planned}]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, allowed_tools=["read_file"], drift_every=0)),
+            id=f"planned-{task_queue}",
+            task_queue=task_queue,
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        child = await child_result(env, f"{handle.id}--survey-1")
+    assert result.outcome == "succeeded" and child.outcome == "succeeded"
+    assert "survey" in result.outputs
