@@ -119,6 +119,8 @@ def print_status(
         for node in snap.nodes:
             for tool, reason in node.placements.items():
                 say(console, f"[dim]{escape(node.name)} · {tool}[/dim] {escape(reason)}")
+            for decision in node.held_back:
+                say(console, f"[dim]{escape(node.name)} · order[/dim] {escape(decision)}")
     if snap.parked:
         say(console, f"[yellow]parked:[/yellow] {escape(snap.pause_reason or '')}")
     if snap.premises:

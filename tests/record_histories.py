@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.models.config import ModelConfig
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.device_rig import InProcessDevice
@@ -494,6 +494,32 @@ async def record_goal_replanned_on_evidence(env: WorkflowEnvironment, out: Path)
     save(out, await handle.fetch_history())
 
 
+async def record_goal_risk_order(env: WorkflowEnvironment, out: Path) -> None:
+    """An email ready at once waits for the independent gate and the two local writers,
+    and the second writer of one file waits for the first (patch `risk-order`)."""
+
+    def writer(name: str) -> dict:
+        line = f"echo {name} >> util.py"
+        return {"name": name, "kind": "tool", "tool": "run_command", "args": {"command": line}, "writes": ["util.py"]}
+
+    mail = {"to": "owner@example.com", "subject": "Done", "body": "All done."}
+    steps = [{"name": "email", "kind": "tool", "tool": "send_email", "args": mail}, gate(), writer("fix-a")]
+    steps.append(writer("fix-b"))
+    with services((MailAPI, {"api_key": MAIL_KEY})) as (mail_api,):
+        async with rig(env) as (workspace, task_queue):
+            goal = spec(workspace, plan={"steps": steps}, allowed_tools=["send_email", "run_command"], drift_every=0)
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal), id=out.stem, task_queue=task_queue
+            )
+            snapshot = await wait_until(handle, lambda s: statuses(s)["fix-b"] == "succeeded")
+            held = {n.name: n.held_back for n in snapshot.nodes}
+            assert held["email"] and held["fix-b"] and mail_api.ledger() == [], held
+            (workspace / "GO").touch()
+            result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -512,6 +538,7 @@ SCENARIOS = {
     "capabilities-v1": record_capabilities,
     "devices-v1-offline-then-back": record_devices_offline_then_back,
     "goal-v1-verified-after-park": record_goal_verified_after_park,
+    "goal-v1-risk-order": record_goal_risk_order,
     "goal-v1-replanned-on-evidence": record_goal_replanned_on_evidence,
 }
 

@@ -485,6 +485,11 @@ class NodeView(BaseModel):
     needs: list[str] = Field(default_factory=list, description="The steps it depends on (the graph's edges).")
     tokens: int = 0
     cost_usd: float = 0.0
+    held_back: list[str] = Field(
+        default_factory=list,
+        description="Why the scheduler held this step back: deferred as a risky step, serialized with a step "
+        "writing the same target (workflows/risk_order.py).",
+    )
 
 
 class QuestionView(BaseModel):

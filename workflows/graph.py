@@ -20,9 +20,21 @@ DONE = {"succeeded"}
 def step_input(step: PlanStep) -> dict:
     """The part of a step that determines its output; name, edges, premises and the
     flags about how it is scheduled, retried, sandboxed or verified (wrap_up, replay,
-    network, verify) excluded."""
+    network, verify, writes, defer) excluded."""
     dumped = step.model_dump(
-        mode="json", exclude={"name", "needs", "premises", "wrap_up", "replay", "network", "device_wait_s", "verify"}
+        mode="json",
+        exclude={
+            "name",
+            "needs",
+            "premises",
+            "wrap_up",
+            "replay",
+            "network",
+            "device_wait_s",
+            "verify",
+            "writes",
+            "defer",
+        },
     )
     if dumped.get("device", "") is None:
         # A step on a worker: keyed as before devices existed, so no finished work is redone.

@@ -66,6 +66,19 @@ class _Step(BaseModel):
     verify: VerifySpec | None = Field(
         default=None, description="How this step's result is checked after a long wait (the goal's recovery_mode)."
     )
+    writes: list[Annotated[str, Field(min_length=1, max_length=1_000)]] | None = Field(
+        default=None,
+        max_length=100,
+        description="What this step writes: workspace paths (a directory covers what is under it) or remote "
+        "targets (anything with a scheme, e.g. mailto:ops@example.com, compared as written). Steps whose write "
+        "sets overlap run one after the other, in plan order. Default: inferred from a write_file's path and a "
+        "git commit's repository; [] declares none.",
+    )
+    defer: bool = Field(
+        default=True,
+        description="A remote-write or irreversible step waits until the independent read-only and local "
+        "work is done; false pins it where the plan puts it (it runs once its needs are met).",
+    )
 
 
 class LlmStep(_Step):

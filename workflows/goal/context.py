@@ -59,6 +59,9 @@ VERIFY_PATCH = "verify-after-long-waits"
 # The plan is revised when settled steps' evidence calls for it: a contradicted
 # conclusion, repeated results, declining new information (workflows/evidence.py).
 REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
+# Remote-write and irreversible steps go after the independent local work, and steps
+# whose write sets overlap run one after the other (workflows/risk_order.py).
+RISK_ORDER_PATCH = "risk-order"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -106,6 +109,7 @@ class GoalContext:
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         self.replans_on_evidence = False
+        self.orders_risk = False
         # Subgoals running now (workflows/goal/nodes/subgoal.py): node -> (child goal id, join).
         self.children: dict[str, tuple[str, str]] = {}
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
@@ -126,6 +130,7 @@ class GoalContext:
         self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
         self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
         self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
+        self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a

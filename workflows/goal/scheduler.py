@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
-from workflows import graph
+from workflows import graph, risk_order
 from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from workflows.goal.devices import Devices
 from workflows.goal.nodes import NodeRunner
@@ -138,13 +138,27 @@ class Scheduler:
         self._tasks[node.name] = asyncio.create_task(self._run_node(step, node, node.runs))
 
     def dispatch_ready(self) -> None:
-        """Start every ready node the open questions do not hold and the gates admit."""
+        """Start every ready node the open questions do not hold, the risk order does not
+        hold back (workflows/risk_order.py) and the gates admit."""
         state = self._ctx.state
         held = {name for q in state.open_questions() for name in q.hold}
         committed = self._spend.new_pass()
-        for name in self._ctx.index().ready():
+        ready = self._ctx.index().ready()
+        order = None
+        if self._ctx.orders_risk:
+            nodes = state.nodes
+            order = risk_order.OrderPass(
+                risk_order.risk_facts(self._ctx.plan()),
+                ready,
+                self._ctx.index().names(IN_FLIGHT),
+                lambda name: nodes[name].status,
+            )
+            ready = order.order()
+        for name in ready:
             step = self._ctx.plan().step(name)
             if name in held:
+                continue
+            if order is not None and self._held_back(order, name):
                 continue
             admission = self._spend.admit(step, committed)
             if admission.action == "stop":
@@ -152,9 +166,25 @@ class Scheduler:
             if admission.action != "run":
                 continue
             self._dispatch(step)
+            if order is not None:
+                risk_order.record_start(state.nodes[name].placements, workflow.now())
             if state.nodes[name].status in IN_FLIGHT:
                 # Now in flight: reserve its P80 for the next step's gate.
                 self._spend.reserve(committed, step.kind)
+                if order is not None:
+                    order.claim(name)
+
+    def _held_back(self, order: risk_order.OrderPass, name: str) -> bool:
+        """Whether the risk order makes `name` wait this pass; the decision is kept on
+        the node (state: continue-as-new and replay keep it, `status --why` shows it)."""
+        node = self._ctx.state.nodes[name]
+        hold = order.hold(name)
+        if hold is None:
+            return False
+        risk_order.record_hold(node.placements, *hold, workflow.now())
+        # In line for its targets: a later writer of the same ones waits behind it.
+        order.claim(name)
+        return True
 
     def adopt_plan(self, plan: Plan, source: str, reason: str) -> PlanDiff:
         """Make `plan` current. Unchanged steps keep their nodes; changed or removed ones
