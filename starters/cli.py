@@ -17,6 +17,7 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.markup import escape
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from runtime import settings
@@ -253,6 +254,19 @@ async def _start_or_show(client: Any, spec: Any, gid: str, replace: bool) -> Non
     console.print(f"UI: {settings.goal_ui_link(gid)}")
 
 
+async def _children(client: Any, snapshot: Any) -> list[tuple[str, str, Any]]:
+    """Each subgoal step's child goal with its snapshot (None when it cannot be read)."""
+    found = []
+    for node in snapshot.nodes:
+        if node.child:
+            try:
+                child = await goals.progress(client, node.child)
+            except (RPCError, WorkflowQueryFailedError, goals.GoalNotFound):
+                child = None
+            found.append((node.name, node.child, child))
+    return found
+
+
 @app.command()
 def status(
     goal_id: str,
@@ -281,6 +295,7 @@ def status(
             )
         render.print_status(console, desc, snapshot, why=why)
         if snapshot is not None:
+            render.print_children(console, await _children(client, snapshot))
             render.print_refusals(console, goal_id, await steering.inbox(client, goal_id))
         render.print_activities(console, await goals.pending_activities(client, desc))
 

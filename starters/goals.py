@@ -155,10 +155,28 @@ LATER_SPEC_FIELDS = (
 )
 
 
+# Plan step fields added since, with their defaults: left out of a plan's steps at those.
+LATER_STEP_FIELDS = {"verify": None, "writes": None, "defer": True}
+
+
 def spec_digest(spec: GoalSpec) -> str:
     fields = GoalSpec.model_fields
     unset = {n for n in LATER_SPEC_FIELDS if getattr(spec, n) == fields[n].get_default(call_default_factory=True)}
-    return hashlib.sha256(spec.model_dump_json(exclude=unset).encode()).hexdigest()
+    text = spec.model_dump_json(exclude=unset)
+    if spec.plan is not None:
+        data = json.loads(text)
+        _drop_later_step_fields(data["plan"])
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _drop_later_step_fields(plan: dict) -> None:
+    for step in plan.get("steps", []):
+        for name, default in LATER_STEP_FIELDS.items():
+            if name in step and step[name] == default:
+                del step[name]
+        if isinstance(step.get("plan"), dict):
+            _drop_later_step_fields(step["plan"])  # a subgoal's own plan
 
 
 def static_details(spec: GoalSpec) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from datetime import UTC
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.markdown import Markdown
@@ -72,7 +72,22 @@ def node_note(node) -> str:
     """The output/error column: what a waiting node waits for, else its error or output."""
     if node.waiting_for_device:
         return f"waiting for device {node.waiting_for_device}"
+    if getattr(node, "child", None) and not (node.error or node.preview):
+        return f"runs as goal {node.child}"
     return node.error or node.preview
+
+
+def print_children(console: Console, children: list[tuple[str, str, ProgressSnapshot | None]]) -> None:
+    """The subgoals under their steps: (step, child goal id, its snapshot or None when it cannot be read)."""
+    for step, child, snap in children:
+        if snap is None:
+            say(console, f"  └ {escape(step)} → {escape(child)} (cannot be read: closed or no worker)")
+            continue
+        say(
+            console,
+            f"  └ {escape(step)} → {escape(child)} · phase {snap.phase} · {snap.percent_done}% · "
+            f"tokens {snap.tokens} · ${snap.cost_usd:.4f}",
+        )
 
 
 def print_status(
@@ -121,6 +136,15 @@ def print_status(
                 say(console, f"[dim]{escape(node.name)} · {tool}[/dim] {escape(reason)}")
             for decision in node.held_back:
                 say(console, f"[dim]{escape(node.name)} · order[/dim] {escape(decision)}")
+            if node.read_at is not None:
+                age = duration_text((datetime.now(UTC) - node.read_at).total_seconds(), days=True)
+                say(console, f"[dim]{escape(node.name)} · read[/dim] {age} ago (checked again after a long wait)")
+    stale = [n for n in snap.nodes if n.read_at is not None and n.status == "succeeded"]
+    if stale and not why:
+        oldest = min(stale, key=lambda n: n.read_at)
+        age = duration_text((datetime.now(UTC) - oldest.read_at).total_seconds(), days=True)
+        reads = f"{len(stale)} finished steps read files"
+        say(console, f"[dim]oldest read: {escape(oldest.name)}, {age} ago ({reads})[/dim]")
     if snap.parked:
         say(console, f"[yellow]parked:[/yellow] {escape(snap.pause_reason or '')}")
     if snap.premises:

@@ -48,7 +48,7 @@ async def test_abort_with_rollback_refunds_a_payment_whose_answer_was_still_on_i
     env, task_queue, store, workspace, scripted, slow_payments
 ):
     pay = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 42"}
-    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, gate()]
+    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "defer": False}, gate()]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
         await wait_until(handle, lambda s: s.questions)
@@ -74,7 +74,7 @@ async def test_an_http_write_in_flight_at_abort_is_undone_and_the_ended_goal_has
         "body": {"order": 7},
         "undo": {"method": "POST", "url": f"{slow_hook.base_url}/unship", "body": {"order": 7}},
     }
-    steps = [{"name": "ship", "kind": "tool", "tool": "http_request", "args": ship}, gate()]
+    steps = [{"name": "ship", "kind": "tool", "tool": "http_request", "args": ship, "defer": False}, gate()]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request", "run_command"])
         await until(lambda: slow_hook.ledger())
@@ -109,7 +109,7 @@ async def test_an_emergency_stop_lets_a_write_in_flight_settle_and_reports_it_do
 ):
     big = {**STEP_REPLY["replies"][0], "usage": {"input_tokens": 4_500, "output_tokens": 4_500}}
     ship = {"method": "POST", "url": f"{slow_hook.base_url}/ship", "body": {"order": 8}}
-    steps = [{"name": "ship", "kind": "tool", "tool": "http_request", "args": ship}, llm("big")]
+    steps = [{"name": "ship", "kind": "tool", "tool": "http_request", "args": ship, "defer": False}, llm("big")]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": [big]}))):
         handle = await start(
             env, task_queue, workspace, steps, allowed_tools=["http_request"], budget=Budget(max_tokens=4_000)
@@ -158,7 +158,7 @@ async def test_a_drift_replan_that_drops_a_write_in_flight_waits_for_it_and_keep
             ]
         }
     )
-    steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice}, llm("one"), llm("two")]
+    steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice, "defer": False}, llm("one"), llm("two")]
     async with running_worker(env, task_queue, store, openai_profile(server)):
         # The two llm steps finish while the notice is on its way: the check is due then.
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["notify_webhook"], drift_every=2)

@@ -30,3 +30,18 @@ def test_every_field_added_since_digests_began_is_left_out_of_the_digest_at_its_
 def test_a_later_field_set_away_from_its_default_changes_the_digest():
     spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w")
     assert spec_digest(spec.model_copy(update={"recovery_mode": "trust"})) != spec_digest(spec)
+
+
+def test_a_plan_file_spec_digests_as_it_did_before_steps_had_verify_writes_and_defer():
+    from starters.goals import LATER_STEP_FIELDS
+
+    steps = [{"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "ñotes.md"}}]
+    spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w", plan={"steps": steps})
+    data = spec.model_dump(mode="json", include=FIELDS_WHEN_DIGESTS_BEGAN)
+    for step in data["plan"]["steps"]:
+        for name in LATER_STEP_FIELDS:
+            step.pop(name)
+    # What the digest hashed then: pydantic's compact JSON of the spec without the later fields.
+    then = GoalSpec.model_validate(data).model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
+    then = then.replace(',"verify":null', "").replace(',"writes":null', "").replace(',"defer":true', "")
+    assert spec_digest(spec) == hashlib.sha256(then.encode()).hexdigest()

@@ -11,7 +11,7 @@ import pytest
 from temporalio.service import RPCError
 
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
-from tests.helpers import running_worker, start, submit, wait_until
+from tests.helpers import perdure_status, running_worker, start, submit, wait_until
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Park, Resume, Steer
@@ -92,6 +92,9 @@ async def test_park_resume_steer_and_abort_of_a_parent_reach_its_running_subgoal
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"])
         child = await started(env, f"{handle.id}--waiting-1")
         await wait_until(child, lambda s: "gate" in s.running)
+        shown = await perdure_status(env, handle.id)
+        assert f"runs as goal {child.id}" in shown  # the parent's step row
+        assert f"└ waiting → {child.id} · phase running" in shown  # and the child under it
         await submit(handle, Park(request_id="pk-1", reason="lunch"))
         parked = await wait_until(child, lambda s: s.parked)
         await submit(handle, Resume(request_id="rs-1"))

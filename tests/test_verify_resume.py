@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.builders import gate
-from tests.helpers import local_activities, running_worker, start, submit, wait_until
+from tests.helpers import local_activities, perdure_status, running_worker, start, submit, wait_until
 from workflows.messages import Park, Resume
 
 
@@ -33,9 +33,7 @@ async def park_then_resume(handle, change, park_s: float = 1.2) -> None:
     await submit(handle, Resume(request_id="resume-1"))
 
 
-async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_read_it(
-    env, task_queue, store, workspace
-):
+async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_read_it(env, task_queue, store, workspace):
     (workspace / "a.md").write_text("alpha\n")
     (workspace / "b.md").write_text("beta\n")
     steps = [read("read-a", "a.md"), read("read-b", "b.md"), gate(["read-a", "read-b"])]
@@ -44,6 +42,8 @@ async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_rea
             env, task_queue, workspace, steps, allowed_tools=["read_file", "run_command"], verify_after_s=1
         )
         await wait_until(handle, lambda s: "gate" in s.running)
+        shown = await perdure_status(env, handle.id)
+        assert "oldest read: read-" in shown and "(2 finished steps read files)" in shown  # staleness shown
         await park_then_resume(handle, lambda: (workspace / "a.md").write_text("alpha, edited\n"))
         snapshot = await wait_until(handle, lambda s: s.plan_version == 2 and "gate" in s.running)
         (workspace / "GO").write_text("")

@@ -490,6 +490,10 @@ class NodeView(BaseModel):
         description="Why the scheduler held this step back: deferred as a risky step, serialized with a step "
         "writing the same target (workflows/risk_order.py).",
     )
+    child: str | None = Field(default=None, description="A subgoal: the id of the goal it runs as.")
+    read_at: datetime | None = Field(
+        default=None, description="When it read the oldest of the files it read (its fingerprints): its staleness."
+    )
 
 
 class QuestionView(BaseModel):

@@ -102,6 +102,8 @@ def node_view(node: Node, plan_version: int | None = None) -> NodeView:
         tokens=node.tokens,
         cost_usd=node.cost_usd,
         held_back=[node.placements[key] for key in ORDER_KEYS if key in node.placements],
+        child=node.child,
+        read_at=min((p.at for p in node.fingerprints if p.kind == "read"), default=None),
     )
 
 
