@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
@@ -210,3 +211,25 @@ async def test_the_first_announce_holds_one_lease(env, task_queue, store, tmp_pa
         await device.stop()
     assert [p.activity_type.name for p in pending] == [DeviceActivities.LEASE]
     assert held == 1
+
+
+async def test_a_device_calls_heartbeat_timeout_follows_the_lease_its_daemon_announced(
+    env, task_queue, store, workspace, devices
+):
+    """`perdure device --lease-s 4`: a call there is judged lost after 1.5 leases (6 s), not
+    after the default lease's 15 s (the registry dropped the announced lease before)."""
+    laptop = devices("laptop", lease_s=4.0)
+    (laptop.root / "notes.md").write_text("a note\n")
+    read = {"name": "read", "kind": "tool", "tool": "read_file", "device": "laptop", "args": {"path": "notes.md"}}
+    async with running_worker(env, task_queue, store):
+        await laptop.start()
+        handle = await start(env, task_queue, workspace, [read], allowed_tools=["read_file"])
+        result = await asyncio.wait_for(handle.result(), 30)
+        history = await handle.fetch_history()
+    timeouts = [
+        e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.task_queue.name.endswith("-device-laptop")
+    ]
+    assert result.outcome == "succeeded" and timeouts == [timedelta(seconds=6)]

@@ -107,6 +107,7 @@ class DeviceRegistryWorkflow:
             tools=list(announcement.tools),
             network=announcement.network,
             approval=dict(announcement.approval),
+            lease_s=announcement.lease_s,
             since=workflow.now(),
         )
         watchers = record.watchers if record else []
