@@ -11,7 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.core
@@ -84,6 +84,13 @@ class UserError(Exception):
     """An error the user can fix; printed without a traceback."""
 
 
+def refuse(err: Exception) -> NoReturn:
+    """Say what was wrong with the command in one line and end it with exit code 2."""
+    # Escaped: error texts quote files and TOML, whose [brackets] rich would take for markup.
+    err_console.print(f"[red]error:[/red] {escape(str(err))}")
+    raise typer.Exit(2) from None
+
+
 def run(coro_fn: Callable[[], Awaitable[Any]], goal_id: str | None = None) -> Any:
     try:
         return asyncio.run(coro_fn())
@@ -99,9 +106,7 @@ def run(coro_fn: Callable[[], Awaitable[Any]], goal_id: str | None = None) -> An
         ValueError,
         RuntimeError,
     ) as err:
-        # Escaped: error texts quote files and TOML, whose [brackets] rich would take for markup.
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
     except RPCError as err:
         if goal_id is not None and _FINISHED in err.message.lower():
             # The goal closed between our look and the call: say so in perdure's words.
@@ -192,8 +197,7 @@ def start(
                 # Tools named in a plan file are allowed by writing them there.
                 allowed = sorted(set(allowed) | set(goals.plan_tools(plan_obj)))
         except goals.BadPlanFile as err:
-            err_console.print(f"[red]error:[/red] {escape(str(err))}")
-            raise typer.Exit(2) from None
+            refuse(err)
         goal = goal or extras.get("goal")
         constraints = constraints or list(extras.get("constraints") or [])
         premises = {**(extras.get("premises") or {}), **premises}
@@ -224,14 +228,12 @@ def start(
             **settings_in_plan,
         )
     except ValueError as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
     gid = goal_id or render.new_goal_id(goal)
     try:
         goals.check_goal_id(gid)
     except goals.StartRefused as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
 
     async def _start() -> None:
         client = await connect()
@@ -270,7 +272,12 @@ async def _children(client: Any, snapshot: Any) -> list[tuple[str, str, Any]]:
 @app.command()
 def status(
     goal_id: str,
-    why: Annotated[bool, typer.Option("--why", help="Say where each step's tool calls ran, and why.")] = False,
+    why: Annotated[
+        bool,
+        typer.Option(
+            "--why", help="Say where each step's tool calls ran and why, what held it back, how old its reads are."
+        ),
+    ] = False,
 ) -> None:
     """Show a goal's progress snapshot."""
 
@@ -329,8 +336,7 @@ def list_goals(
     try:
         filters = goals.list_filters(status=status, phase=phase, needs_human=needs_human, parked=parked)
     except ValueError as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
 
     async def _ls() -> None:
         client = await connect()
@@ -596,8 +602,7 @@ def fork(
     try:
         goals.check_goal_id(gid)
     except goals.StartRefused as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
 
     async def _fork() -> None:
         client = await connect()
@@ -872,8 +877,7 @@ def codec_server(
         )
         server = CodecServer(keyring, config)
     except (UserError, ValueError, settings.TemporalConfigError, OSError) as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
+        refuse(err)
     console.print(
         f"codec server at {server.url} · keys {', '.join(keyring.key_ids)} (newest {keyring.newest}) · "
         f"CORS for {', '.join(config.origins)} · namespace {', '.join(config.namespaces)} · "

@@ -158,7 +158,11 @@ async def test_a_drift_replan_that_drops_a_write_in_flight_waits_for_it_and_keep
             ]
         }
     )
-    steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice, "defer": False}, llm("one"), llm("two")]
+    steps = [
+        {"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice, "defer": False},
+        llm("one"),
+        llm("two"),
+    ]
     async with running_worker(env, task_queue, store, openai_profile(server)):
         # The two llm steps finish while the notice is on its way: the check is due then.
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["notify_webhook"], drift_every=2)
