@@ -188,3 +188,30 @@ async def test_a_planner_may_propose_a_subgoal_and_the_goal_runs_it_as_a_child(
         child = await child_result(env, f"{handle.id}--survey-1")
     assert result.outcome == "succeeded" and child.outcome == "succeeded"
     assert "survey" in result.outputs
+
+
+async def test_a_parent_continues_as_new_while_its_subgoal_runs_and_still_hears_how_it_ended(
+    env, task_queue, store, workspace
+):
+    (workspace / "notes.md").write_text("a note\n")
+    reads = [read(f"r{i:02d}", "notes.md") | {"args": {"path": "notes.md", "max_bytes": 100 + i}} for i in range(12)]
+    steps = [subgoal("waiting", [gate()]), *reads]
+    async with running_worker(env, task_queue, store):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["read_file", "run_command"],
+            continue_as_new_after_events=60,
+            local_activities_up_to_s=0,
+        )
+        child = await started(env, f"{handle.id}--waiting-1")
+        await wait_until(
+            handle, lambda s: s.runs >= 2 and all(n.status == "succeeded" for n in s.nodes if n.name != "waiting")
+        )
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+        child_outcome = (await child.result()).outcome
+    assert result.outcome == "succeeded" and child_outcome == "succeeded"
+    assert "waiting" in result.outputs  # the child's report, taken by a later run than the one that started it

@@ -95,7 +95,8 @@ async def test_an_agent_waiting_for_approval_lets_reads_finish_across_runs_then_
     (workspace / "notes.md").write_text("a note\n")
     pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
     server = scripted(tool_then_answer("make_payment", pay, when="to ACME GmbH (payment", answer="Paid invoice 7."))
-    steps = [agent("settle", "Settle invoice 7.", ["make_payment"]), *reads(SHORT_CHAIN, chained=True)]
+    # Pinned (defer: false): the agent is to ask while the reads run, not after them.
+    steps = [agent("settle", "Settle invoice 7.", ["make_payment"], defer=False), *reads(SHORT_CHAIN, chained=True)]
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await start_long(
             env, task_queue, workspace, steps, ["read_file", "make_payment"], local_activities_up_to_s=0

@@ -45,6 +45,7 @@ class Queries:
 
 class Signals:
     MESSAGE = "message"
+    SUBGOAL_SETTLED = "subgoal_settled"
 
 
 class Updates:
@@ -469,6 +470,15 @@ class GoalResult(BaseModel):
 
 
 # --- progress -----------------------------------------------------------------
+
+
+class SubgoalOutcome(BaseModel):
+    """How a subgoal ended, as its parent learns it: the child's result, or, for a child that
+    ended without one (terminated, timed out), why."""
+
+    child_id: str = Field(min_length=1, max_length=600)
+    result: GoalResult | None = None
+    failure: str | None = Field(default=None, max_length=2_000)
 
 
 class NodeView(BaseModel):

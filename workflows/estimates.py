@@ -46,6 +46,8 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
     "agent": KindDefaults(tokens_p50=6_000, tokens_p80=15_000, seconds_p50=120, seconds_p80=360),
     # No model, a few seconds of work.
     "tool": KindDefaults(tokens_p50=0, tokens_p80=0, seconds_p50=5, seconds_p80=30),
+    # A goal of its own: many steps, some of them agents.
+    "subgoal": KindDefaults(tokens_p50=30_000, tokens_p80=90_000, seconds_p50=900, seconds_p80=3_600),
 }
 # An unknown kind is assumed to be as heavy as an agent: over-estimating only delays it.
 FALLBACK_DEFAULTS = KIND_DEFAULTS["agent"]

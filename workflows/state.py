@@ -22,6 +22,7 @@ from workflows.contracts import (
     GoalResult,
     GoalSpec,
     NodeKind,
+    SubgoalOutcome,
     ToolResult,
 )
 from workflows.device_contracts import DevicePresence
@@ -308,6 +309,9 @@ class GoalState(BaseModel):
     device_waits: dict[str, DeviceWait] = Field(default_factory=dict, description="Node -> its wait for its device.")
     device_moves: dict[str, str] = Field(
         default_factory=dict, description="Node -> the device a person chose for it when its own stayed offline."
+    )
+    subgoal_outcomes: dict[str, SubgoalOutcome] = Field(
+        default_factory=dict, description="Child goal id -> how it ended, until its step has taken it."
     )
     verify_due: str | None = Field(
         default=None, description="Why the finished steps are to be checked before new work starts."

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import workflow
 
-from workflows.contracts import ArtifactRef, Signals
+from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
@@ -110,8 +110,6 @@ class GoalContext:
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         self.replans_on_evidence = False
         self.orders_risk = False
-        # Subgoals running now (workflows/goal/nodes/subgoal.py): node -> (child goal id, join).
-        self.children: dict[str, tuple[str, str]] = {}
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -146,20 +144,38 @@ class GoalContext:
 
         asyncio.create_task(send())
 
-    def tell_children(self, make: Callable[[str], BaseModel], running_only: bool = False) -> None:
-        """`make(child_id)` to every subgoal running now, in plan order."""
-        for name, (child_id, _) in sorted(self.children.items()):
-            node = self.state.nodes.get(name)
-            if running_only and (node is None or node.status != "running"):
-                continue
+    def children(self) -> list[tuple[str, str]]:
+        """The subgoals running now (workflows/goal/nodes/subgoal.py): (node, child goal id),
+        in plan order. Their waits are state, so this holds in every run of the goal."""
+        found = []
+        for name in self.index().names(("running",)):
+            waiting = self.state.nodes[name].waiting_on or ""
+            if waiting.startswith("subgoal:"):
+                found.append((name, waiting.removeprefix("subgoal:")))
+        return found
+
+    def tell_children(self, make: Callable[[str], BaseModel]) -> None:
+        """`make(child_id)` to every subgoal running now."""
+        for _, child_id in self.children():
             self.tell_child(child_id, make(child_id))
 
-    def stop_children(self, why: str, but: str) -> None:
-        """A fail_fast subgoal failed: the other fail_fast ones running are asked to stop,
-        with rollback; their nodes settle once they have stopped."""
-        for name, (child_id, join) in sorted(self.children.items()):
-            if name != but and join == "fail_fast":
-                self.tell_child(child_id, Abort(request_id="stop-by-sibling", reason=why[:300], rollback=True))
+    def stop_children(
+        self, why: str, but: str | None = None, rollback: bool = True, join: str | None = "fail_fast"
+    ) -> None:
+        """Ask the subgoals running now to stop (an abort message, with rollback unless told
+        not to): those joined `join` (None: all), except `but`. Their nodes settle once
+        they have stopped and said so."""
+        plan = self.plan()
+        for name, child_id in self.children():
+            if name == but or (join is not None and getattr(plan.step(name), "join", None) != join):
+                continue
+            self.tell_child(child_id, Abort(request_id="stop-by-parent", reason=why[:300], rollback=rollback))
+
+    def subgoal_ended(self, outcome: SubgoalOutcome) -> None:
+        """A child said how it ended (or its handle did): kept for its node, which runs again."""
+        if any(child == outcome.child_id for _, child in self.children()):
+            self.state.subgoal_outcomes.setdefault(outcome.child_id, outcome)
+            self.wake()
 
     def ran(self) -> frozenset[str]:
         """The statuses a rewind or narrow acts on in this run."""

@@ -18,11 +18,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
 from workflows import graph, risk_order
+from workflows.contracts import Usage
 from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from workflows.goal.devices import Devices
 from workflows.goal.nodes import NodeRunner
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
+from workflows.messages import Abort
 from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
 from workflows.statuses import IN_FLIGHT
@@ -69,6 +71,7 @@ class Scheduler:
         # it spares a scan of every node per dispatch and per settled node.
         self._followers: dict[str, list[str]] = {}
         self._owners: dict[str, str] = {}  # key -> the node whose task runs it
+        self._stopped_children: set[str] = set()  # subgoal nodes already asked to stop
         self._workflow_task_error: Exception | None = None
         # Nodes voided while a write of theirs was in flight: reset once it settles.
         self._void_after_settle: set[str] = set()
@@ -114,6 +117,9 @@ class Scheduler:
                 continue
             if node.status == "parked" or node.waiting_on in answered:
                 self._resume(node)
+        for name, child in self._ctx.children():
+            if child in state.subgoal_outcomes and name not in self._tasks:
+                self._resume(state.nodes[name])  # it takes how its child ended and settles
         for name in self._ctx.index().names(("offline",)):
             node = state.nodes[name]
             if name in self._tasks:
@@ -276,6 +282,11 @@ class Scheduler:
         was waiting for a person about is closed (it runs again and asks anew)."""
         state = self._ctx.state
         self._close_questions_of(node, f"step '{node.name}' was voided and runs again")
+        for name, child in self._ctx.children():
+            if name == node.name:  # its child's work is void too: it is asked to stop, not rolled back
+                stop = Abort(request_id="stop-by-parent", reason=f"step '{name}' was voided", rollback=False)
+                self._ctx.tell_child(child, stop)
+        node.child = None
         if node.key and state.outputs_by_key.get(node.key) == node.output:
             state.outputs_by_key.pop(node.key, None)
         task = self._tasks.pop(node.name, None)
@@ -295,10 +306,16 @@ class Scheduler:
                 task.cancel()
                 del self._tasks[name]
         self._ctx.stopping |= settling
+        # A subgoal is asked to stop (with rollback when the goal rolls back) and waited for.
+        children = {name for name, _ in self._ctx.children()}
+        if children - self._stopped_children:
+            pause = self._ctx.state.pause
+            self._ctx.stop_children(why, rollback=pause.mode == "aborting" and pause.rollback, join=None)
+            self._stopped_children |= children
         nodes = self._ctx.state.nodes
         for name in self._ctx.index().names(IN_FLIGHT):
             node = nodes[name]
-            if name in settling:
+            if name in settling or name in children:
                 continue
             if node.status == "uncertain":
                 # Its effect may have happened: say so, never "aborted" or "not run".
@@ -306,6 +323,23 @@ class Scheduler:
             else:
                 self._ctx.set_status(node, "abandoned")
                 node.error = why
+            node.finished_at = workflow.now()
+
+    def close_stopped_children(self, why: str) -> None:
+        """While the goal stops: the subgoals that have said how they ended settle as
+        abandoned (what they spent charged), the others are still waited for."""
+        outcomes = self._ctx.state.subgoal_outcomes
+        for name, child in self._ctx.children():
+            outcome = outcomes.pop(child, None)
+            if outcome is None:
+                continue
+            node = self._ctx.state.nodes[name]
+            if outcome.result is not None and (outcome.result.tokens or outcome.result.cost_usd):
+                self._spend.charge(Usage(output_tokens=outcome.result.tokens, cost_usd=outcome.result.cost_usd), node)
+            node.waiting_on = None
+            self._ctx.set_status(node, "abandoned")
+            ended = outcome.result.outcome if outcome.result is not None else "without a result"
+            node.error = f"{why}; its subgoal {child} ended {ended}"
             node.finished_at = workflow.now()
 
     def stop_pending(self, why: str) -> list[str]:

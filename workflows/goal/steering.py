@@ -78,14 +78,14 @@ class Steering:
                 self._pass_on(entry)
 
     def _pass_on(self, entry: InboxEntry) -> None:
-        """Subgoals hear what the message says for them: a park and a resume reach every
-        running child, a steer the children running now (an abort stops them through the
-        scheduler: workflows/goal/nodes/subgoal.py). Each child dedupes it by its request id."""
-        if not self._ctx.children or entry.request_id in self._passed_on:
+        """Subgoals hear what the message says for them: a park, a resume and a steer reach
+        every child running now (an abort stops them through the scheduler). Each child
+        dedupes it by its request id."""
+        if not self._ctx.children() or entry.request_id in self._passed_on:
             return
         self._passed_on.add(entry.request_id)
         message = entry.message.model_copy(update={"request_id": f"parent.{entry.request_id}"[:128]})
-        self._ctx.tell_children(lambda _child: message, running_only=entry.kind == "steer")
+        self._ctx.tell_children(lambda _child: message)
 
     def _park(self, entry: InboxEntry) -> Applied:
         message = entry.message

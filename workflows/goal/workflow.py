@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
@@ -24,7 +25,15 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries, Signals, Updates
+    from workflows.contracts import (
+        GOAL_WORKFLOW,
+        GoalResult,
+        ProgressSnapshot,
+        Queries,
+        Signals,
+        SubgoalOutcome,
+        Updates,
+    )
     from workflows.device_contracts import DEVICE_PRESENCE_SIGNAL
     from workflows.forking import FORK_POINT_QUERY, ForkPoint, ForkPointInput, fork_point
     from workflows.goal.closing import Closing
@@ -48,6 +57,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
     from workflows.state import GoalInput, GoalState
     from workflows.statuses import IN_FLIGHT
+
+# What a subgoal_settled signal sent with no argument is given (a RawValue that decodes to nothing).
+NO_OUTCOME = RawValue(Payload())
 
 
 # A ValidationError raised by workflow code means data this code cannot accept (a
@@ -135,6 +147,7 @@ class GoalWorkflow:
         self._inbox.close()
         result = await self._closing.report()
         self._events.ended(result.outcome, state.failure, result.report.digest)
+        await self._tell_parent(result)
         # Updates still waiting for a receipt get it before the goal closes; a subscriber's
         # poll is let go (it reads the rest by query).
         self._events.release_subscribers()
@@ -153,11 +166,35 @@ class GoalWorkflow:
         self._inbox.close()
         result = await self._closing.report()
         self._events.ended(result.outcome, state.failure, result.report.digest)
+        await self._tell_parent(result)
         self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise ApplicationError(state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
 
+    async def _tell_parent(self, result: GoalResult) -> None:
+        """A subgoal tells its parent how it ended (to the parent's latest run: a parent that
+        continued as new meanwhile still hears it); a parent that has ended cannot."""
+        parent = self._ctx.state.spec.parent
+        if parent is None:
+            return
+        outcome = SubgoalOutcome(child_id=workflow.info().workflow_id, result=result)
+        try:
+            await workflow.get_external_workflow_handle(parent.goal_id).signal(Signals.SUBGOAL_SETTLED, outcome)
+        except Exception as err:  # noqa: BLE001 - e.g. the parent is closed: nobody to tell
+            workflow.logger.info("parent not told", extra={"parent": parent.goal_id, "error": str(err)[:200]})
+
     # --- the Temporal surface: every handler delegates ------------------------------
+
+    @workflow.signal(name=Signals.SUBGOAL_SETTLED)
+    def subgoal_settled(self, raw: RawValue = NO_OUTCOME) -> None:
+        """A child goal's end (workflows/goal/nodes/subgoal.py). Decoded here under a
+        catch-all: whatever anyone sends by this name never fails a workflow task."""
+        try:
+            outcome = workflow.payload_converter().from_payload(raw.payload, SubgoalOutcome)
+        except Exception as err:  # noqa: BLE001 - refused, never raised
+            workflow.logger.warning("subgoal_settled refused", extra={"reason": f"{type(err).__name__}"[:200]})
+            return
+        self._ctx.subgoal_ended(outcome)
 
     # What clients signal: `handle.signal(GoalWorkflow.message_signal, payload)` sends by
     # this name, which `any_signal` takes (the SDK accepts a name where a method would be).
@@ -262,8 +299,10 @@ class GoalWorkflow:
         never abandoned; once they settle (or time out as uncertain), roll back if asked.
         After an emergency stop the plan's wrap-up steps still run."""
         self._scheduler.cancel_in_flight(why)
-        while self._ctx.writes_in_flight:
+        # Writes in flight settle; subgoals asked to stop say when they have (compensations run).
+        while self._ctx.writes_in_flight or self._ctx.children():
             await self._next_wakeup()
+            self._scheduler.close_stopped_children(why)
         self._scheduler.cancel_in_flight(why)
         pause = self._ctx.state.pause
         if pause.rollback:

@@ -3,14 +3,17 @@
 The child gets its own plan or goal text, this goal's constraints verbatim, premises,
 profile and workspace, its share of this goal's token and cost budget (the deadline
 as is), its own inbox, and the link back (`spec.parent`). Its id is
-`PARENT--STEP-RUN`, so a run again after a rewind is a new goal, and the same run is
-never started twice. The node waits for the child's result; while it waits it counts
-as work in flight that must not be cut off: an abort, a rewind or a failed fail_fast
-sibling asks the child to stop (an abort message, with rollback when this goal rolls
-back or a sibling failed) and the node settles once the child has stopped,
-compensations included. Parent-close policy ABANDON: a child outlives a worker's
-death and is never terminated with its parent. What the child spent is charged to
-this goal when it settles; its report is the node's output.
+`PARENT--STEP-RUN`: a step run again after a rewind starts a new goal. Parent-close
+policy ABANDON: a child is never terminated with its parent, nor by its parent's
+continue-as-new.
+
+The wait for the child is state, not a task: once the child is started the node waits
+(`waiting_on = subgoal:ID`, still running) and the goal may continue as new meanwhile.
+The child tells its parent how it ended (a `subgoal_settled` signal to the parent's id,
+so it reaches the parent's latest run); a child that ends without telling (terminated)
+is seen by the run that started it. The node then runs again and settles: what the child
+spent is charged to this goal and its report is the node's output. An abort, a rewind or a
+failed fail_fast sibling asks the child to stop (workflows/goal/scheduler.py).
 
 Workflow code.
 """
@@ -22,7 +25,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 from workflows.contracts import (
     GOAL_WORKFLOW,
@@ -31,16 +34,17 @@ from workflows.contracts import (
     GoalResult,
     GoalSpec,
     ParentLink,
+    SubgoalOutcome,
     Usage,
 )
-from workflows.goal.context import NodeFailed
+from workflows.goal.context import NodeFailed, NodeWaiting
 from workflows.goal.nodes.base import NodeDeps
-from workflows.messages import Abort
 from workflows.plan import SubgoalStep
 from workflows.state import GoalInput, Node
 
 # Goal task timeout, as starters/goals.py starts goals.
 CHILD_TASK_TIMEOUT = timedelta(seconds=4)
+SUBGOAL_WAIT = "subgoal:"
 
 
 class SubgoalNode:
@@ -50,37 +54,45 @@ class SubgoalNode:
 
     async def run(self, step: SubgoalStep, node: Node) -> tuple[ArtifactRef, str]:
         ctx = self._ctx
-        child_id = f"{ctx.goal_id}--{step.name}-{node.runs}"
-        node.child = child_id
-        flights = ctx.writes_in_flight
-        flights[node.name] = flights.get(node.name, 0) + 1
-        ctx.children[node.name] = (child_id, step.join)
-        try:
+        if node.child is None:
+            node.child = f"{ctx.goal_id}--{step.name}-{node.runs}"
             handle = await workflow.start_child_workflow(
                 GOAL_WORKFLOW,
                 GoalInput(spec=self._child_spec(step, node)),
-                id=child_id,
+                id=node.child,
                 task_queue=workflow.info().task_queue,
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 task_timeout=CHILD_TASK_TIMEOUT,
                 static_summary=f"subgoal {step.name} of {ctx.goal_id}"[:200],
                 result_type=GoalResult,
             )
-            result = await self._result_or_stop(handle, node, child_id)
-        finally:
-            ctx.children.pop(node.name, None)
-            flights[node.name] -= 1
-            if not flights[node.name]:
-                del flights[node.name]
-            ctx.wake()
-        if result.tokens or result.cost_usd:
+            asyncio.create_task(self._watch(handle, node.child))
+        outcome = ctx.state.subgoal_outcomes.pop(node.child, None)
+        if outcome is None:
+            node.waiting_on = SUBGOAL_WAIT + node.child
+            raise NodeWaiting(f"waiting for subgoal {node.child}")
+        node.waiting_on = None
+        return self._settle(step, node, outcome)
+
+    def _settle(self, step: SubgoalStep, node: Node, outcome: SubgoalOutcome) -> tuple[ArtifactRef, str]:
+        result = outcome.result
+        if result is not None and (result.tokens or result.cost_usd):
             self._spend.charge(Usage(output_tokens=result.tokens, cost_usd=result.cost_usd), node)
-        if result.outcome != "succeeded":
+        if result is None or result.outcome != "succeeded":
+            ended = result.outcome if result is not None else "without a result"
             if step.join == "fail_fast":
-                ctx.stop_children(f"subgoal {step.name} ({child_id}) ended {result.outcome}", but=node.name)
-            why = f": {result.failure}" if result.failure else ""
-            raise NodeFailed(f"subgoal {child_id} ended {result.outcome}{why}"[:1000])
-        return result.report, f"subgoal {child_id}: {result.excerpt}"[:200]
+                self._ctx.stop_children(f"subgoal {step.name} ({outcome.child_id}) ended {ended}", but=node.name)
+            why = (result.failure if result is not None else outcome.failure) or ""
+            raise NodeFailed(f"subgoal {outcome.child_id} ended {ended}" + (f": {why}" if why else ""))
+        return result.report, f"subgoal {outcome.child_id}: {result.excerpt}"[:200]
+
+    async def _watch(self, handle: ChildWorkflowHandle, child_id: str) -> None:
+        """In the run that started the child: its end, for a child that ends without telling."""
+        try:
+            outcome = SubgoalOutcome(child_id=child_id, result=await handle)
+        except ChildWorkflowError as err:
+            outcome = _failed(child_id, err)
+        self._ctx.subgoal_ended(outcome)
 
     def _child_spec(self, step: SubgoalStep, node: Node) -> GoalSpec:
         state = self._ctx.state
@@ -100,32 +112,18 @@ class SubgoalNode:
             parent=ParentLink(goal_id=self._ctx.goal_id, node=node.name),
         )
 
-    async def _result_or_stop(self, handle: workflow.ChildWorkflowHandle, node: Node, child_id: str) -> GoalResult:
-        """The child's result; if this goal stops the node meanwhile, the child is asked to
-        stop once and its result (aborted, after its compensations) awaited all the same."""
-        ctx = self._ctx
-        done = asyncio.ensure_future(handle)
-        await workflow.wait_condition(lambda: done.done() or node.name in ctx.stopping)
-        if not done.done():
-            rollback = ctx.state.pause.mode == "aborting" and ctx.state.pause.rollback
-            stop = Abort(request_id="stop-by-parent", reason="its parent stops it", rollback=rollback)
-            ctx.tell_child(child_id, stop)
-        try:
-            return await done
-        except ChildWorkflowError as err:
-            return _failed_result(err)
 
-
-def _failed_result(err: ChildWorkflowError) -> GoalResult:
-    """A child that failed carries its result in the failure's details (GoalFailed)."""
+def _failed(child_id: str, err: ChildWorkflowError) -> SubgoalOutcome:
+    """A child that failed carries its result in the failure's details (GoalFailed); one
+    terminated or timed out has none."""
     cause = err.cause
     details = cause.details if isinstance(cause, ApplicationError) else ()
     if details and isinstance(details[0], dict):
         try:
-            return GoalResult.model_validate(details[0])
+            return SubgoalOutcome(child_id=child_id, result=GoalResult.model_validate(details[0]))
         except ValueError:
             pass
-    raise NodeFailed(f"subgoal ended without a result: {cause or err}"[:1000]) from None
+    return SubgoalOutcome(child_id=child_id, failure=str(cause or err)[:2000])
 
 
 def child_budget(budget: Budget, share: float) -> Budget:
