@@ -11,7 +11,7 @@ import pytest
 from temporalio.service import RPCError
 
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
-from tests.helpers import perdure_status, running_worker, start, submit, wait_until
+from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Park, Resume, Steer
@@ -215,3 +215,20 @@ async def test_a_parent_continues_as_new_while_its_subgoal_runs_and_still_hears_
         child_outcome = (await child.result()).outcome
     assert result.outcome == "succeeded" and child_outcome == "succeeded"
     assert "waiting" in result.outputs  # the child's report, taken by a later run than the one that started it
+
+
+async def test_a_forged_or_malformed_subgoal_settled_signal_changes_nothing(env, task_queue, store, workspace):
+    steps = [subgoal("waiting", [gate()])]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"])
+        child = await started(env, f"{handle.id}--waiting-1")
+        await wait_until(child, lambda s: "gate" in s.running)
+        await handle.signal("subgoal_settled", "not an outcome")
+        await handle.signal("subgoal_settled")  # no argument at all
+        await handle.signal("subgoal_settled", {"child_id": "someone-else", "failure": "made up"})
+        await handle.signal("subgoal_settled", {"child_id": child.id, "result": {"outcome": "nonsense"}})
+        still = await wait_until(handle, lambda s: True)
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert statuses(still)["waiting"] == "running"  # nothing settled it but its child
+    assert result.outcome == "succeeded"
