@@ -18,7 +18,6 @@ rest of this attempt's text is not sent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -82,9 +81,9 @@ class LiveText:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         if self._task is not None:
+            # Not awaited to its end: a send in flight must never hold up the call's result.
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=0.1)
         if self.finish and self._seq and kind is not asyncio.CancelledError:
             await self._flush_pending()
 
@@ -114,8 +113,13 @@ class LiveText:
     async def _send(self) -> None:
         if self._broken:
             return
-        try:
-            await asyncio.wait_for(self._client.flush(), LAST_SEND_S)
-        except Exception as err:  # noqa: BLE001 - showing text must never fail the call
+        # asyncio.wait, not wait_for: a send that does not come back in time is left to
+        # finish on its own (wait_for would wait for its cancellation, which an RPC in
+        # flight may not honour promptly) and nothing more is sent.
+        send = asyncio.ensure_future(self._client.flush())
+        done, _ = await asyncio.wait({send}, timeout=LAST_SEND_S)
+        error = send.exception() if done else TimeoutError(f"no answer in {LAST_SEND_S:g} s")
+        if error is not None:
             self._broken = True
-            activity.logger.info("live model output not sent", extra={"error": f"{type(err).__name__}: {err}"[:300]})
+            reason = f"{type(error).__name__}: {error}"[:300]
+            activity.logger.info("live model output not sent", extra={"error": reason})
