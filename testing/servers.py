@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from runtime.plugin import PerdurePlugin
 from workflows.search_attributes import ALL_KEYS
 
 BIN = Path(sys.executable).parent
+DEV_SERVER_STARTUP = timedelta(seconds=30)
 
 
 def dev_server_options(*extra_args: str) -> dict[str, Any]:
@@ -26,6 +28,8 @@ def dev_server_options(*extra_args: str) -> dict[str, Any]:
         "plugins": [PerdurePlugin()],
         "dev_server_log_level": "error",
         "dev_server_extra_args": list(extra_args),
+        # The SDK waits 5 s; a loaded CI machine (three test processes on 2 cores) needs longer.
+        "dev_server_startup_timeout": DEV_SERVER_STARTUP,
     }
 
 
