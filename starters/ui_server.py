@@ -35,7 +35,7 @@ import asyncio
 import base64
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,17 @@ POLL_QUERY = "__temporal_workflow_stream_poll"
 MAX_BODY_BYTES = 256 * 1024
 ASSETS = Path(__file__).parent / "ui_assets"
 """The page: plain HTML, CSS and an ES module, served as they are (no build step)."""
+
+
+async def _queried(query: Awaitable[BaseModel]) -> JSONResponse:
+    """A goal's answer to a query as JSON, or why there is none (no worker, no such goal)."""
+    try:
+        answer = await query
+    except RPCError as err:
+        return _rpc_error(err)
+    except WorkflowQueryFailedError as err:
+        return _error(503, f"the goal did not answer: {err}")
+    return JSONResponse(answer.model_dump(mode="json"))
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -275,22 +286,10 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         )
 
     async def goal(request: Request) -> JSONResponse:
-        try:
-            snapshot = await goals.progress(client, request.path_params["goal_id"])
-        except RPCError as err:
-            return _rpc_error(err)
-        except WorkflowQueryFailedError as err:
-            return _error(503, f"the goal did not answer: {err}")
-        return JSONResponse(snapshot.model_dump(mode="json"))
+        return await _queried(goals.progress(client, request.path_params["goal_id"]))
 
     async def inbox(request: Request) -> JSONResponse:
-        try:
-            view = await steering.inbox(client, request.path_params["goal_id"])
-        except RPCError as err:
-            return _rpc_error(err)
-        except WorkflowQueryFailedError as err:
-            return _error(503, f"the goal did not answer: {err}")
-        return JSONResponse(view.model_dump(mode="json"))
+        return await _queried(steering.inbox(client, request.path_params["goal_id"]))
 
     async def report(request: Request) -> JSONResponse:
         goal_id = request.path_params["goal_id"]

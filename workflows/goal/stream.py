@@ -43,6 +43,7 @@ from workflows.events import (
     QuestionChanged,
     Receipt,
     TokenDelta,
+    TokenRetry,
 )
 from workflows.goal.context import GoalContext
 from workflows.messages import InboxEntry
@@ -95,8 +96,7 @@ class EventStream:
     def _without_text(item: Any) -> Any:
         """The same delta (id, node, turn, attempt, offset) with empty text; anything else as it was."""
         try:
-            payload = Payload.FromString(base64.b64decode(item.data))
-            event = TOKEN_EVENT_ADAPTER.validate_python(workflow.payload_converter().from_payload(payload))
+            event = _token_event(item.data)
         except Exception:  # noqa: BLE001 - it was checked on the way in; keep what cannot be read as it is
             return item
         if not isinstance(event, TokenDelta) or not event.text:
@@ -132,8 +132,7 @@ class EventStream:
     def _live_text_of_running_node(self, item: PublishEntry) -> bool:
         if item.topic != TOKENS_TOPIC:
             return False
-        payload = Payload.FromString(base64.b64decode(item.data, validate=True))
-        event = TOKEN_EVENT_ADAPTER.validate_python(workflow.payload_converter().from_payload(payload))
+        event = _token_event(item.data)
         node = self._ctx.state.nodes.get(event.node)
         return node is not None and node.status == "running"
 
@@ -263,3 +262,10 @@ class EventStream:
     def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
         self.flush()
         self._publish(GoalEnded(id="end", at=workflow.now(), outcome=outcome, failure=failure, report=report))
+
+
+def _token_event(data: str) -> TokenDelta | TokenRetry:
+    """A stream item's live-text event, from its wire form (base64 of a Payload); raises
+    when it is not one."""
+    payload = Payload.FromString(base64.b64decode(data, validate=True))
+    return TOKEN_EVENT_ADAPTER.validate_python(workflow.payload_converter().from_payload(payload))
