@@ -302,7 +302,7 @@ def status(
             )
         render.print_status(console, desc, snapshot, why=why)
         if snapshot is not None:
-            render.print_children(console, await _children(client, snapshot))
+            render.print_children(console, await _children(client, snapshot), snapshot)
             render.print_refusals(console, goal_id, await steering.inbox(client, goal_id))
         render.print_activities(console, await goals.pending_activities(client, desc))
 

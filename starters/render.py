@@ -26,6 +26,7 @@ from workflows import search_attributes as sa
 from workflows.contracts import ForkOrigin, GoalResult, ProgressSnapshot
 from workflows.durations import duration_text
 from workflows.messages import InboxView, Receipt
+from workflows.statuses import IN_FLIGHT
 
 STATUS_STYLE = {
     "succeeded": "green",
@@ -77,9 +78,17 @@ def node_note(node) -> str:
     return node.error or node.preview
 
 
-def print_children(console: Console, children: list[tuple[str, str, ProgressSnapshot | None]]) -> None:
-    """The subgoals under their steps: (step, child goal id, its snapshot or None when it cannot be read)."""
+def print_children(
+    console: Console, children: list[tuple[str, str, ProgressSnapshot | None]], parent: ProgressSnapshot
+) -> None:
+    """The subgoals under their steps: (step, child goal id, its snapshot or None when it
+    cannot be read); then the parent's spend with what its running children have spent so
+    far (a child's spend is charged to its parent when it settles)."""
+    settled = {n.name for n in parent.nodes if n.status not in IN_FLIGHT}
+    tokens, cost = parent.tokens, parent.cost_usd
     for step, child, snap in children:
+        if snap is not None and step not in settled:
+            tokens, cost = tokens + snap.tokens, cost + snap.cost_usd
         if snap is None:
             say(console, f"  └ {escape(step)} → {escape(child)} (cannot be read: closed or no worker)")
             continue
@@ -88,6 +97,8 @@ def print_children(console: Console, children: list[tuple[str, str, ProgressSnap
             f"  └ {escape(step)} → {escape(child)} · phase {snap.phase} · {snap.percent_done}% · "
             f"tokens {snap.tokens} · ${snap.cost_usd:.4f}",
         )
+    if (tokens, cost) != (parent.tokens, parent.cost_usd) or any(s not in settled for s, _, _ in children):
+        say(console, f"with running subgoals: tokens {tokens} · ${cost:.4f}")
 
 
 def print_status(

@@ -232,3 +232,39 @@ async def test_a_forged_or_malformed_subgoal_settled_signal_changes_nothing(env,
         result = await asyncio.wait_for(handle.result(), 30)
     assert statuses(still)["waiting"] == "running"  # nothing settled it but its child
     assert result.outcome == "succeeded"
+
+
+async def granted_budget(env, child_id: str):
+    """The budget a child goal was started with (its start event's input)."""
+    history = await env.client.get_workflow_handle(child_id).fetch_history()
+    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    [started_with] = await env.client.data_converter.decode(payloads, [GoalInput])
+    return started_with.spec.budget
+
+
+async def test_subgoals_started_side_by_side_are_granted_no_more_than_the_parent_has_left(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted(STEP_REPLY)
+    steps = [
+        llm("first"),
+        subgoal("part-a", [gate()], budget_share=0.6) | {"needs": ["first"]},
+        subgoal("part-b", [gate()], budget_share=0.6) | {"needs": ["first"]},
+    ]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["run_command"], budget={"max_tokens": 10_000}
+        )
+        await started(env, f"{handle.id}--part-a-1")
+        await started(env, f"{handle.id}--part-b-1")
+        shown = await perdure_status(env, handle.id)
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 60)
+        grants = [await granted_budget(env, f"{handle.id}--part-{p}-1") for p in "ab"]
+    assert result.outcome == "succeeded"
+    first = grants[0].max_tokens
+    assert first == 6_000  # the share of the limit: 10,000 x 0.6, the parent having spent less than 4,000
+    spent_first = result.tokens  # the children made no model call
+    assert 0 < spent_first < 4_000
+    assert grants[1].max_tokens == 10_000 - first - spent_first  # the rest, not another 6,000
+    assert "with running subgoals" in shown, shown

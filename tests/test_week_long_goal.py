@@ -120,6 +120,8 @@ async def test_a_week_long_goal_with_changes_parks_and_a_new_worker_finishes_cor
     assert wrap and "edited while parked" in wrap[-1]  # the read was re-verified after park 1, and re-run
     gates = "\n".join(snapshot.gate_log)
     assert "resumed after 2.0 d: re-verified" in gates, gates
+    # The second worker is of another code version: the goal checked its work before going on.
+    assert "a worker of another code version (perdure-next) took the goal" in gates, gates
     notes = {e.request_id: (e.status, e.note or "") for e in inbox.entries}
     assert all(status == "applied" for status, _ in notes.values()), notes
     assert notes["narrow-1"][1].startswith("narrowed scope=module_a: 1 void")  # scan-b held only for `all`

@@ -31,6 +31,7 @@ from activities.visibility import VisibilityActivities
 from runtime import settings
 from workers import watchdog_schedule
 from workers.capabilities import CapabilitiesActivities, CapabilitiesWorkflow
+from workers.code_version import code_version
 from workflows.contracts import TASK_QUEUE
 from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
@@ -66,6 +67,8 @@ def build_worker(
     # The watchdog's memory lives next to the artifact store, which workers share.
     watchdog = VisibilityActivities(client, home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    if "deployment_config" not in worker_options:
+        worker_options.setdefault("build_id", code_version())
     return Worker(
         client,
         task_queue=task_queue,

@@ -236,3 +236,41 @@ def emergency_check(
         dimension=worst,
         fraction_used=fractions,
     )
+
+
+def child_budget(budget: Budget, share: float) -> Budget:
+    """The share of this goal's token and cost limits; the calendar deadline as is. Active
+    time is the child's own (it is not taken from this goal's clock)."""
+    return Budget(
+        max_tokens=max(1, int(budget.max_tokens * share)) if budget.max_tokens else None,
+        max_cost_usd=budget.max_cost_usd * share if budget.max_cost_usd else None,
+        max_wall_seconds=budget.max_wall_seconds,
+        deadline=budget.deadline,
+    )
+
+
+def subgoal_grant(limits: Budget, share: float, held: BudgetUse) -> Budget:
+    """The budget a subgoal starts with: its share of this goal's token and cost limits, and
+    no more than what this goal has not spent or held for other work in flight (`held`), so
+    children started side by side can never take the parent past its budget together."""
+    whole = child_budget(limits, share)
+    tokens = cost = None
+    if whole.max_tokens and limits.max_tokens:
+        tokens = max(1, min(whole.max_tokens, limits.max_tokens - held.tokens))
+    if whole.max_cost_usd and limits.max_cost_usd:
+        cost = min(whole.max_cost_usd, limits.max_cost_usd - held.cost_usd)
+        cost = cost if cost > 0 else 1e-9
+    return whole.model_copy(update={"max_tokens": tokens, "max_cost_usd": cost})
+
+
+def grant_estimate(grant: Budget, estimate: KindEstimate) -> KindEstimate:
+    """A subgoal's expected spend, for the gates: all of its grant (the parent learns what the
+    child did spend only when it settles), or the kind's estimate where the goal sets no limit."""
+    return estimate.model_copy(
+        update={
+            "tokens_p50": grant.max_tokens or estimate.tokens_p50,
+            "tokens_p80": grant.max_tokens or estimate.tokens_p80,
+            "cost_p50": grant.max_cost_usd or estimate.cost_p50,
+            "cost_p80": grant.max_cost_usd or estimate.cost_p80,
+        }
+    )

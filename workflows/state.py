@@ -16,6 +16,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamState
 from workflows.contracts import (
     AgentTurnResult,
     ArtifactRef,
+    Budget,
     Compensation,
     ContextCompaction,
     Fingerprint,
@@ -81,6 +82,7 @@ class Node(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     child: str | None = Field(default=None, description="A subgoal: the id of the goal it started.")
+    budget_granted: Budget | None = Field(default=None, description="A subgoal: the budget its child started with.")
     fingerprints: list[Fingerprint] = Field(
         default_factory=list,
         description="Workspace files its tool calls read or wrote, with their digests then (the latest per file).",
@@ -317,6 +319,9 @@ class GoalState(BaseModel):
         default=None, description="Why the finished steps are to be checked before new work starts."
     )
     verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
+    code_versions: list[str] = Field(
+        default_factory=list, description="Build ids of the workers that have run this goal, oldest first (bounded)."
+    )
     evidence: EvidenceLog = Field(
         default_factory=EvidenceLog,
         description="Conclusions and outcomes of settled steps, for re-planning on evidence (workflows/evidence.py).",

@@ -62,6 +62,10 @@ REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
 # Remote-write and irreversible steps go after the independent local work, and steps
 # whose write sets overlap run one after the other (workflows/risk_order.py).
 RISK_ORDER_PATCH = "risk-order"
+# A worker of code the goal has not run on checks its finished work first (verify_due.py).
+VERIFY_ON_NEW_CODE_PATCH = "verify-on-new-code"
+# A subgoal in flight holds its whole budget slice in the gates, not a kind estimate.
+SUBGOAL_SLICES_PATCH = "subgoal-budget-slices"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -109,7 +113,7 @@ class GoalContext:
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         self.replans_on_evidence = False
-        self.orders_risk = False
+        self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -129,6 +133,8 @@ class GoalContext:
         self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
         self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
         self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
+        self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
+        self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a

@@ -176,7 +176,7 @@ class Scheduler:
                 risk_order.record_start(state.nodes[name].placements, workflow.now())
             if state.nodes[name].status in IN_FLIGHT:
                 # Now in flight: reserve its P80 for the next step's gate.
-                self._spend.reserve(committed, step.kind)
+                self._spend.reserve(committed, step.kind, estimate=self._spend.estimate_of(step, committed))
                 if order is not None:
                     order.claim(name)
 

@@ -17,12 +17,12 @@ from typing import Literal
 from temporalio import workflow
 
 from workflows import budget
-from workflows.contracts import Usage
+from workflows.contracts import Budget, Usage
 from workflows.density import fair_share_limit, verdict_for_step
 from workflows.estimates import KindEstimate, estimate_kind
 from workflows.goal.context import GoalContext
 from workflows.goal.pause import Pause
-from workflows.plan import PlanStep
+from workflows.plan import PlanStep, SubgoalStep
 from workflows.state import KindStats, Node
 from workflows.statuses import IN_FLIGHT
 
@@ -60,7 +60,7 @@ class Spend:
         decision = budget.gate(
             state.spec.budget,
             committed,
-            self.estimate(step.kind),
+            self.estimate_of(step, committed),
             node_kind=step.kind,
             wrap_up=step.wrap_up,
             soft_fraction=state.spec.soft_gate,
@@ -149,13 +149,37 @@ class Spend:
         use = self.actual_use()
         nodes = self._ctx.state.nodes
         for name in self._ctx.index().names(IN_FLIGHT):
-            self.reserve(use, nodes[name].kind, nodes[name])
+            node = nodes[name]
+            if node.kind == "subgoal" and self._ctx.subgoals_reserve_slices:
+                # A child holds its grant; one not started yet is granted from this figure.
+                if node.budget_granted is not None:
+                    held = budget.grant_estimate(node.budget_granted, self.estimate("subgoal"))
+                    self.reserve(use, node.kind, node, held)
+                continue
+            self.reserve(use, node.kind, node)
         return use
 
-    def reserve(self, use: budget.BudgetUse, kind: str, node: Node | None = None) -> None:
-        estimate = self.estimate(kind)
+    def reserve(
+        self, use: budget.BudgetUse, kind: str, node: Node | None = None, estimate: KindEstimate | None = None
+    ) -> None:
+        estimate = estimate or self.estimate(kind)
         use.tokens += max(0, estimate.tokens_p80 - (node.tokens if node else 0))
         use.cost_usd += max(0.0, estimate.cost_p80 - (node.cost_usd if node else 0.0))
+
+    def estimate_of(self, step: PlanStep, committed: budget.BudgetUse) -> KindEstimate:
+        """What `step` is expected to spend: its kind's estimate; a subgoal, the budget it
+        would be granted now."""
+        estimate = self.estimate(step.kind)
+        if isinstance(step, SubgoalStep) and self._ctx.subgoals_reserve_slices:
+            return budget.grant_estimate(self.grant(step, committed), estimate)
+        return estimate
+
+    def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:
+        """The budget a subgoal starts with (workflows/budget.py subgoal_grant)."""
+        limits = self._ctx.state.spec.budget
+        if not self._ctx.subgoals_reserve_slices:
+            return budget.child_budget(limits, step.budget_share)
+        return budget.subgoal_grant(limits, step.budget_share, committed or self.committed())
 
     def estimate(self, kind: str) -> KindEstimate:
         if kind not in self._estimates:

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.stream import EventStream
     from workflows.goal.tool_runner import ToolRunner
     from workflows.goal.verification import Verifier
-    from workflows.goal.verify_due import note_wait_ended
+    from workflows.goal.verify_due import note_code_version, note_wait_ended
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
     from workflows.state import GoalInput, GoalState
@@ -244,6 +244,8 @@ class GoalWorkflow:
         while True:
             self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
+            if self._ctx.verifies_on_new_code:
+                note_code_version(state)
             if self._verifier.pending():
                 await self._verifier.run()  # after a long wait: what no longer holds is void first
             # Only work with a task delays the boundary: a node waiting for a person is

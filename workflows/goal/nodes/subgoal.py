@@ -27,10 +27,10 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
+from workflows.budget import child_budget
 from workflows.contracts import (
     GOAL_WORKFLOW,
     ArtifactRef,
-    Budget,
     GoalResult,
     GoalSpec,
     ParentLink,
@@ -56,6 +56,7 @@ class SubgoalNode:
         ctx = self._ctx
         if node.child is None:
             node.child = f"{ctx.goal_id}--{step.name}-{node.runs}"
+            node.budget_granted = self._spend.grant(step)
             handle = await workflow.start_child_workflow(
                 GOAL_WORKFLOW,
                 GoalInput(spec=self._child_spec(step, node)),
@@ -101,7 +102,7 @@ class SubgoalNode:
             goal=step.goal or f"{spec.goal[:18_000]}\n\nThis part: subgoal '{step.name}' (its plan says what).",
             plan=step.plan,
             constraints=list(spec.constraints),
-            budget=child_budget(spec.budget, step.budget_share),
+            budget=node.budget_granted or child_budget(spec.budget, step.budget_share),
             model_profile=spec.model_profile,
             allowed_tools=list(step.tools if step.tools is not None else spec.allowed_tools),
             workspace=spec.workspace,
@@ -124,14 +125,3 @@ def _failed(child_id: str, err: ChildWorkflowError) -> SubgoalOutcome:
         except ValueError:
             pass
     return SubgoalOutcome(child_id=child_id, failure=str(cause or err)[:2000])
-
-
-def child_budget(budget: Budget, share: float) -> Budget:
-    """The share of this goal's token and cost limits; the calendar deadline as is. Active
-    time is the child's own (it is not taken from this goal's clock)."""
-    return Budget(
-        max_tokens=max(1, int(budget.max_tokens * share)) if budget.max_tokens else None,
-        max_cost_usd=budget.max_cost_usd * share if budget.max_cost_usd else None,
-        max_wall_seconds=budget.max_wall_seconds,
-        deadline=budget.deadline,
-    )
