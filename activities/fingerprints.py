@@ -1,10 +1,19 @@
-"""Fingerprints of workspace files: what a tool call read or wrote, digested the same way
-when the call ran and when a goal checks its finished work again (activities/verification.py).
+"""Fingerprints of what a tool call read or wrote: workspace files and directories, and
+URLs fetched by http_get, digested the same way when the call ran and when a goal checks
+its finished work again (activities/verification.py).
 
 A file's fingerprint is the sha256 of all its bytes (a read of its first bytes still
 counts any change, so a check never keeps what may no longer hold); a directory's is the
 sha256 of its sorted listing as list_dir shows it. A path that does not exist (or cannot
 be read) digests to None. Worker code; the paths are confined to the workspace.
+
+A URL's (`url:URL`, the URL exactly as the call's arguments hold it: never the address
+a redirect led to, which may carry a signed token, and no header) is the sha256 of the
+text http_get returned: the body as the step saw it, its first `max_bytes` decoded, so
+a re-fetch by the same tool with the same cap digests equal exactly when the step would
+see the same thing. A cap other than the tool's default is kept after the digest
+(`;max_bytes=N`), since a re-fetch must use it. A body that differs on every fetch (a
+timestamp) differs at every check; a step says `verify: {depth: existence}` for those.
 """
 
 from __future__ import annotations
@@ -15,9 +24,12 @@ from pathlib import Path
 
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace
 from workflows.contracts import Fingerprint
-from workflows.tool_specs import ListDirArgs, ReadFileArgs, ToolArgs, WriteFileArgs
+from workflows.tool_specs import HttpGetArgs, ListDirArgs, ReadFileArgs, ToolArgs, WriteFileArgs
 
 CHUNK = 1 << 20
+URL_PREFIX = "url:"
+_CAP_MARK = ";max_bytes="
+DEFAULT_HTTP_CAP: int = HttpGetArgs.model_fields["max_bytes"].default
 
 
 def digest_of_source(root: Path, source: str) -> str | None:
@@ -42,8 +54,12 @@ def digest_of_source(root: Path, source: str) -> str | None:
     return None
 
 
-def fingerprints_of(tool: str, root: Path, args: ToolArgs) -> list[Fingerprint]:
-    """What a successful call of `tool` read or wrote, digested now (just after the call)."""
+def fingerprints_of(tool: str, root: Path, args: ToolArgs, output: str = "") -> list[Fingerprint]:
+    """What a successful call of `tool` read or wrote, digested now (just after the call);
+    `output`: the text it returned (what an http_get fingerprint digests)."""
+    if isinstance(args, HttpGetArgs) and tool == "http_get":
+        digest = url_digest(output, args.max_bytes)
+        return [Fingerprint(kind="read", source=URL_PREFIX + args.url, digest=digest, at=datetime.now(UTC))]
     if isinstance(args, ReadFileArgs) and tool == "read_file":
         kind, source = "read", f"file:{args.path}"
     elif isinstance(args, ListDirArgs) and tool == "list_dir":
@@ -53,3 +69,15 @@ def fingerprints_of(tool: str, root: Path, args: ToolArgs) -> list[Fingerprint]:
     else:
         return []
     return [Fingerprint(kind=kind, source=source, digest=digest_of_source(root, source), at=datetime.now(UTC))]
+
+
+def url_digest(text: str, max_bytes: int = DEFAULT_HTTP_CAP) -> str:
+    """The digest of what http_get returned for a URL, with the cap it read under."""
+    digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return digest if max_bytes == DEFAULT_HTTP_CAP else f"{digest}{_CAP_MARK}{max_bytes}"
+
+
+def url_cap(digest: str | None) -> int:
+    """The cap a URL was read under, from its recorded digest (the default when none is kept)."""
+    cap = (digest or "").partition(_CAP_MARK)[2]
+    return int(cap) if cap.isdigit() else DEFAULT_HTTP_CAP

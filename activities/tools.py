@@ -412,7 +412,7 @@ class ToolActivities:
                 return failed(err.message, err.output)
             fault_point("tool_done", input.tool)
         ref = self.store.put_text(text)
-        fingerprints = await asyncio.to_thread(fingerprints_of, input.tool, root, args)
+        fingerprints = await asyncio.to_thread(fingerprints_of, input.tool, root, args, text)
         return ToolResult(
             call_id=input.call_id,
             tool=input.tool,

@@ -26,7 +26,7 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
 from activities.tools import ToolActivities
-from activities.verification import VerificationActivities
+from activities.verification import VerificationActivities, VerifyQuestionActivities
 from activities.visibility import VisibilityActivities
 from runtime import settings
 from workers import watchdog_schedule
@@ -62,6 +62,7 @@ def build_worker(
     offers = CapabilitiesActivities(model_config)
     tools = ToolActivities(store)
     verification = VerificationActivities(store)
+    questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
     devices = DeviceCallActivities(store, client)
     # The watchdog's memory lives next to the artifact store, which workers share.
@@ -78,6 +79,7 @@ def build_worker(
             tools.run_tool,
             tools.prepare_effect,
             verification.verify_nodes,
+            *questions.activities(),
             report.write_report,
             *watchdog.activities(),
             offers.capabilities,

@@ -37,17 +37,29 @@ class VerifySpec(BaseModel):
     depth: VerifyDepth | None = Field(
         default=None,
         description="trust: not checked; existence: its artifacts and the files it wrote are still there; "
-        "fingerprint: also the files it read are unchanged; semantic: also `command` still passes. "
-        "Default: the goal's recovery_mode (semantic when a command is given).",
+        "fingerprint: also the files it read are unchanged and the URLs it fetched (http_get) return the "
+        "same body, digested as the tool returned it (the first max_bytes), re-fetched only when the goal "
+        "allows the network; a fetch that fails (unreachable, an error status) keeps the step; a page that "
+        "differs on every fetch (a timestamp, a nonce) voids its step at every check: give that step depth "
+        "existence; semantic: also `command` still passes and a model still answers `question` with HOLDS. "
+        "Default: the goal's recovery_mode (semantic when a command or a question is given).",
     )
     command: str | None = Field(
         default=None, min_length=1, max_length=4_000, description="A shell command that must still pass (sandboxed)."
     )
     expect_exit: int = Field(default=0, ge=0, le=255)
     timeout_s: float = Field(default=120, gt=0, le=600)
+    question: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2_000,
+        description="Asked of a model (one call, charged to the goal) over the goal, this step's output and "
+        "what the goal learned since (newer conclusions, files it read that changed): an answer HOLDS keeps "
+        "the step, VOID: <reason> voids it with its downstream; an answer in neither form keeps it.",
+    )
 
     def depth_for(self, goal_default: VerifyDepth) -> VerifyDepth:
-        return self.depth or ("semantic" if self.command else goal_default)
+        return self.depth or ("semantic" if self.command or self.question else goal_default)
 
 
 class _Step(BaseModel):

@@ -253,13 +253,23 @@ class Verification(BaseModel):
     void: dict[str, str] = Field(default_factory=dict, description="Step -> why it no longer holds.")
     downstream: list[str] = Field(default_factory=list, description="Void because they rest on those.")
     problem: str | None = Field(default=None, description="The check could not be made: nothing was voided.")
+    unchecked: dict[str, str] = Field(
+        default_factory=dict,
+        description="Step -> what of it could not be checked, so it was kept: a URL not re-fetched, a "
+        "question the model's answer did not settle.",
+    )
 
     def summary(self) -> str:
         if self.problem:
             return f"re-verification failed ({self.problem}): kept everything"
         reasons = "; ".join(f"{name}: {why}" for name, why in list(self.void.items())[:3])
         void = len(self.void) + len(self.downstream)
-        return f"re-verified: {len(self.kept)} kept, {void} void" + (f" ({reasons})" if reasons else "")
+        said = f"re-verified: {len(self.kept)} kept, {void} void" + (f" ({reasons})" if reasons else "")
+        if self.unchecked:
+            notes = "; ".join(f"{name}: {why}" for name, why in list(self.unchecked.items())[:3])
+            more = f" (and {len(self.unchecked) - 3} more)" if len(self.unchecked) > 3 else ""
+            said += f"; kept without a full check: {notes}{more}"
+        return said
 
 
 class RejectedPath(BaseModel):

@@ -56,6 +56,8 @@ DEVICES_PATCH = "devices-listed-for-plans"
 DEVICE_WAIT_TIMER_PATCH = "device-wait-timers-of-offline-nodes"
 # Finished steps are checked again after a long wait (workflows/goal/verification.py).
 VERIFY_PATCH = "verify-after-long-waits"
+# A step's `verify: {question}` is asked of a model after those checks (workflows/goal/verification.py).
+VERIFY_QUESTION_PATCH = "verify-by-question"
 # The plan is revised when settled steps' evidence calls for it: a contradicted
 # conclusion, repeated results, declining new information (workflows/evidence.py).
 REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
@@ -112,6 +114,7 @@ class GoalContext:
         self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
+        self.verifies_by_question = False
         self.replans_on_evidence = False
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
@@ -131,6 +134,7 @@ class GoalContext:
         self.lists_devices = workflow.patched(DEVICES_PATCH)
         self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
         self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
+        self.verifies_by_question = workflow.patched(VERIFY_QUESTION_PATCH)
         self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
         self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
         self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)

@@ -5,10 +5,25 @@ When: a park at least `verify_after_s` long ends (a resume, or its wake time), o
 continued as new starts after that long without progress (workflows/goal/verify_due.py). What: every
 succeeded step of the current plan, as deep as its `verify` (or the goal's
 recovery_mode) says, in one activity (activities/verification.py): existence (its output
-artifact, the files it wrote), fingerprint (the files it read still digest the same),
+artifact, the files it wrote), fingerprint (the files it read still digest the same, the
+URLs it fetched return the same body: re-fetched only when the goal allows the network),
 semantic (its `verify` command still passes). Steps on a device are checked only for
 their artifacts: their files are on the device. A check that cannot be made keeps
 everything and says so; the goal never stops on it.
+
+Then, at depth semantic, each step whose `verify` asks a `question` and that still holds
+(neither void nor downstream of a void step: those run again anyway) is asked about in
+one model call through ModelCalls (charged to the goal, failed attempts included; the
+step's profile, else the goal's), in plan order. One call per step rather than one for
+all: each answer is one strict verdict about one conclusion, so a malformed or cut-off
+answer leaves only its own step unjudged, a long conclusion does not crowd out the
+others, and a step voided by its answer spares the questions downstream of it. Such
+steps are declared by hand and few, so the calls are few. The model is shown the goal,
+the question, the step's output (read in full by the activity), the conclusions the goal
+recorded since the step finished (state.evidence; those of steps still standing) and
+what the checked steps read that changed since. HOLDS keeps the step; VOID voids it with
+the others; an answer in neither form, or a call that fails, keeps it and the record
+says so. Goals recorded before questions existed (patch `verify-by-question`) ask none.
 
 Workflow code.
 """
@@ -21,25 +36,37 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.contracts import Activities
+from workflows.contracts import Activities, ModelContext
 from workflows.goal.context import GoalContext
+from workflows.goal.model_calls import ModelCalls
 from workflows.goal.scheduler import Scheduler
 from workflows.goal.tool_runner import failure_message
 from workflows.invalidation import invalidate_nodes
 from workflows.plan import PlanStep
 from workflows.state import Node, PlanDiff, Verification
-from workflows.verify_contracts import NodeCheck, VerifyInput, VerifyResult
+from workflows.verify_contracts import (
+    REFETCH_TIMEOUT_S,
+    VERIFY_QUESTION,
+    NodeCheck,
+    QuestionInput,
+    QuestionResult,
+    VerifyInput,
+    VerifyResult,
+)
 
 VERIFY_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 VERIFY_HEARTBEAT = timedelta(seconds=60)
 # Checks of finished work kept in the state (the newest; each is also a plan version).
 VERIFICATIONS_KEPT = 20
+# What a question is shown of the goal's newer conclusions and changed reads (the newest).
+QUESTION_EVIDENCE_LINES = 20
 
 
 class Verifier:
-    def __init__(self, ctx: GoalContext, scheduler: Scheduler) -> None:
+    def __init__(self, ctx: GoalContext, scheduler: Scheduler, calls: ModelCalls) -> None:
         self._ctx = ctx
         self._scheduler = scheduler
+        self._calls = calls
 
     def pending(self) -> bool:
         return bool(self._ctx.state.verify_due) and self._ctx.state.pause.mode == "running"
@@ -53,12 +80,15 @@ class Verifier:
         if not checks:
             return
         record = Verification(at=workflow.now(), why=why)
+        urls = sum(1 for c in checks for p in c.fingerprints if p.source.startswith("url:"))
         try:
             result = await workflow.execute_activity(
                 Activities.VERIFY_NODES,
                 VerifyInput(workspace=state.spec.workspace, network=state.spec.allow_network, checks=checks),
                 result_type=VerifyResult,
-                start_to_close_timeout=timedelta(seconds=60 + sum(c.timeout_s for c in checks if c.command)),
+                start_to_close_timeout=timedelta(
+                    seconds=60 + sum(c.timeout_s for c in checks if c.command) + REFETCH_TIMEOUT_S * urls
+                ),
                 heartbeat_timeout=VERIFY_HEARTBEAT,
                 retry_policy=VERIFY_RETRY,
                 summary=f"verify {len(checks)} finished steps ({why})"[:200],
@@ -67,10 +97,13 @@ class Verifier:
             record.problem = failure_message(err)[:300]
             record.kept = [c.node for c in checks]
         else:
-            record.void = dict(result.void)
-            invalidation = invalidate_nodes(self._ctx.plan(), self._statuses(), list(result.void), self._ctx.ran())
+            void, unchecked = dict(result.void), dict(result.unchecked)
+            if self._ctx.verifies_by_question:
+                await self._ask_questions(void, unchecked, result.changed)
+            record.void, record.unchecked = void, unchecked
+            invalidation = invalidate_nodes(self._ctx.plan(), self._statuses(), list(void), self._ctx.ran())
             record.kept = invalidation.kept
-            record.downstream = [name for name in invalidation.void if name not in result.void]
+            record.downstream = [name for name in invalidation.void if name not in void]
             if invalidation.void:
                 self._scheduler.void(invalidation.void)
                 self._scheduler.record_plan_version(
@@ -100,5 +133,71 @@ class Verifier:
             timeout_s=spec.timeout_s if spec else 120,
         )
 
+    # --- the model question ------------------------------------------------------
+
+    async def _ask_questions(self, void: dict[str, str], unchecked: dict[str, str], changed: list[str]) -> None:
+        """Ask each still-holding question step, in plan order; a VOID answer joins `void`."""
+        plan, recovery_mode = self._ctx.plan(), self._ctx.state.spec.recovery_mode
+        voided = set(invalidate_nodes(plan, self._statuses(), list(void), self._ctx.ran()).void)
+        for step in plan.steps:
+            spec = step.verify
+            node = self._ctx.state.nodes[step.name]
+            if spec is None or spec.question is None or node.status != "succeeded" or step.name in voided:
+                continue
+            if spec.depth_for(recovery_mode) != "semantic":
+                continue
+            try:
+                answer = await self._ask(step, spec.question, node, voided, changed)
+            except ActivityError as err:
+                note = f"its question could not be asked ({failure_message(err)[:200]})"
+                unchecked[step.name] = _joined(unchecked.get(step.name), note)
+                continue
+            if answer.verdict == "void":
+                void[step.name] = f"the model judged its conclusion no longer holds: {answer.reason}"
+                voided.update(invalidate_nodes(plan, self._statuses(), [step.name], self._ctx.ran()).void)
+            elif answer.verdict == "unjudged":
+                note = f"its question could not be judged ({answer.reason})"
+                unchecked[step.name] = _joined(unchecked.get(step.name), note)
+
+    async def _ask(
+        self, step: PlanStep, question: str, node: Node, voided: set[str], changed: list[str]
+    ) -> QuestionResult:
+        summary = f"verify question · {step.name}"
+        payload = QuestionInput(
+            context=self._context(step, summary),
+            step=step.name,
+            question=question,
+            output=node.output,
+            preview=node.preview,
+            finished_at=node.finished_at,
+            conclusions=self._conclusions_since(node, voided),
+            changed=changed[-QUESTION_EVIDENCE_LINES:],
+        )
+        return await self._calls.run(VERIFY_QUESTION, payload, QuestionResult, summary)
+
+    def _context(self, step: PlanStep, summary: str) -> ModelContext:
+        context = self._calls.context(summary)
+        profile = getattr(step, "profile", None)
+        return context.model_copy(update={"profile": profile}) if isinstance(profile, str) and profile else context
+
+    def _conclusions_since(self, node: Node, voided: set[str]) -> list[str]:
+        """The conclusions recorded after `node` finished by other steps whose output still
+        stands (a step voided now drew its conclusion from what no longer holds)."""
+        nodes = self._ctx.state.nodes
+        lines = []
+        for c in self._ctx.state.evidence.conclusions:
+            if c.node == node.name or c.node in voided or (node.finished_at and c.at <= node.finished_at):
+                continue
+            source = nodes.get(c.node)
+            if source is not None and (source.status != "succeeded" or source.key != c.node_key):
+                continue
+            disputed = f", disputed by step '{c.contradicted_by}'" if c.contradicted_by else ""
+            lines.append(f"{c.claim}: {'holds' if c.holds else 'does not hold'} (step '{c.node}'{disputed})")
+        return lines[-QUESTION_EVIDENCE_LINES:]
+
     def _statuses(self) -> dict[str, str]:
         return {name: node.status for name, node in self._ctx.state.nodes.items()}
+
+
+def _joined(earlier: str | None, note: str) -> str:
+    return f"{earlier}; {note}" if earlier else note
