@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
-from starters import capabilities, goals, render
+from starters import capabilities, goals, memory_cli, render
 from starters import watchdog_cli as wd
 from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
@@ -38,6 +38,8 @@ server_app = typer.Typer(help="The embedded Temporal dev server (temporal-dev/).
 app.add_typer(server_app, name="server")
 watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals and intervenes.", no_args_is_help=True)
 app.add_typer(watchdog_app, name="watchdog")
+# `perdure forget` and `perdure memory …` (starters/memory_cli.py).
+app.add_typer(memory_cli.app)
 
 
 def _usage_name(argument: typer.core.TyperArgument) -> str:

@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 from activities import sandbox
 from activities.artifacts import ArtifactStore, default_store
 from activities.device_calls import DeviceCallActivities
+from activities.memory_activities import MemoryActivities
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
@@ -67,6 +68,8 @@ def build_worker(
     devices = DeviceCallActivities(store, client)
     # The watchdog's memory lives next to the artifact store, which workers share.
     watchdog = VisibilityActivities(client, home=store.root.parent)
+    # So does the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
+    memory = MemoryActivities(home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     if "deployment_config" not in worker_options:
         worker_options.setdefault("build_id", code_version())
@@ -84,6 +87,7 @@ def build_worker(
             *watchdog.activities(),
             offers.capabilities,
             *devices.activities(),
+            *memory.activities(),
         ],
         **worker_options,
     )

@@ -36,6 +36,11 @@ class Activities:
     RESOLVE_DEVICE_CALL = "perdure.devices.resolve_call"
     STORE_DEVICE_OUTPUT = "perdure.devices.store_output"
     LIST_DEVICES = "perdure.devices.list"
+    # The memory store (workflows/memory_contracts.py, activities/memory_activities.py).
+    MEMORY_RECALL = "perdure.memory.recall"
+    MEMORY_RECORD = "perdure.memory.record"
+    MEMORY_REVOCATIONS = "perdure.memory.revocations"
+    MEMORY_PROMOTE = "perdure.memory.promote"
 
 
 class Queries:

@@ -28,6 +28,7 @@ from workflows.contracts import (
 )
 from workflows.device_contracts import DevicePresence
 from workflows.evidence import EvidenceLog
+from workflows.memory_contracts import GoalMemory, Recalled
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
@@ -96,6 +97,12 @@ class Node(BaseModel):
         "crosses continue-as-new, and the node runs again once the question is answered.",
     )
     agent: AgentProgress | None = Field(default=None, description="An agent node's loop, while it has not settled.")
+    memories: list[str] = Field(
+        default_factory=list, description="The memory ids attached to its model input (workflows/goal/memory.py)."
+    )
+    recalled: list[Recalled] = Field(
+        default_factory=list, description="Those memories as its model input shows them, until it settles."
+    )
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "status":
@@ -181,6 +188,7 @@ class Question(BaseModel):
         "escalation",
         "confirm_device_call",
         "device_offline",
+        "memory_candidates",
     ]
     title: str
     done: str = Field(description="What the goal has done so far.")
@@ -335,6 +343,10 @@ class GoalState(BaseModel):
     evidence: EvidenceLog = Field(
         default_factory=EvidenceLog,
         description="Conclusions and outcomes of settled steps, for re-planning on evidence (workflows/evidence.py).",
+    )
+    memory: GoalMemory = Field(
+        default_factory=GoalMemory,
+        description="The memory ids its steps used, revocations it was told, what it wrote (workflows/goal/memory.py).",
     )
 
     @field_serializer("plan_versions", mode="wrap")

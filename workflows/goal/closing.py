@@ -14,6 +14,7 @@ from temporalio import workflow
 from workflows import graph
 from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from workflows.goal.context import GoalContext
+from workflows.goal.memory import GoalMemoryRoom
 from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
 from workflows.state import CompensationRecord, Node, RetiredNode
 
@@ -22,9 +23,12 @@ class Closing:
     def __init__(self, ctx: GoalContext, publish: Callable[[], None]) -> None:
         self._ctx = ctx
         self._publish = publish
+        self._memory = GoalMemoryRoom(ctx)
 
     async def report(self) -> GoalResult:
         state = self._ctx.state
+        # What is still to be written, and what the end-of-goal card chose to keep.
+        await self._memory.at_close()
         state.phase = "reporting"
         self._publish()
         nodes = [state.nodes[name] for name in graph.topological_order(state.plan)] if state.plan else []
@@ -94,6 +98,7 @@ class Closing:
         notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
         notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
         notes += [_compensation_note(r) for r in state.compensations]
+        notes += self._memory.notes()
         return notes
 
 

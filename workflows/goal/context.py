@@ -64,6 +64,9 @@ REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
 # Remote-write and irreversible steps go after the independent local work, and steps
 # whose write sets overlap run one after the other (workflows/risk_order.py).
 RISK_ORDER_PATCH = "risk-order"
+# Memories are recalled for llm and agent steps, written as steps settle, and offered for
+# keeping across goals at the end (workflows/goal/memory.py).
+MEMORY_PATCH = "memory"
 # A worker of code the goal has not run on checks its finished work first (verify_due.py).
 VERIFY_ON_NEW_CODE_PATCH = "verify-on-new-code"
 # A subgoal in flight holds its whole budget slice in the gates, not a kind estimate.
@@ -115,7 +118,7 @@ class GoalContext:
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         self.verifies_by_question = False
-        self.replans_on_evidence = False
+        self.replans_on_evidence = self.uses_memory = False
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
@@ -137,6 +140,7 @@ class GoalContext:
         self.verifies_by_question = workflow.patched(VERIFY_QUESTION_PATCH)
         self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
         self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
+        self.uses_memory = workflow.patched(MEMORY_PATCH)
         self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)
 

@@ -21,6 +21,7 @@ from workflows import graph, risk_order
 from workflows.contracts import Usage
 from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from workflows.goal.devices import Devices
+from workflows.goal.memory import GoalMemoryRoom
 from workflows.goal.nodes import NodeRunner
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
@@ -75,6 +76,8 @@ class Scheduler:
         self._workflow_task_error: Exception | None = None
         # Nodes voided while a write of theirs was in flight: reset once it settles.
         self._void_after_settle: set[str] = set()
+        # Recall before an llm or agent step, episodic memories as steps settle, the end card.
+        self._memory = GoalMemoryRoom(ctx)
 
     def materialise_nodes(self) -> None:
         state = self._ctx.state
@@ -179,6 +182,8 @@ class Scheduler:
                 self._spend.reserve(committed, step.kind, estimate=self._spend.estimate_of(step, committed))
                 if order is not None:
                     order.claim(name)
+        # Nothing left to run: the end-of-goal card about what to keep across goals.
+        self._memory.ask_card_when_done()
 
     def _held_back(self, order: risk_order.OrderPass, name: str) -> bool:
         """Whether the risk order makes `name` wait this pass; the decision is kept on
@@ -398,6 +403,9 @@ class Scheduler:
 
     async def _run_node(self, step: PlanStep, node: Node, run: int) -> None:
         try:
+            if self._memory.wants_recall(step, node):
+                # Driven by the scheduler, not the model: the memories go into its input.
+                await self._memory.recall(step, node)
             output, preview = await self._runners[step.kind].run(step, node)
         except asyncio.CancelledError:
             # Voided or aborted while in flight; whoever cancelled it set its status.
@@ -444,6 +452,7 @@ class Scheduler:
                     # Output first: a dependant made ready by this status reads it.
                     settled.output, settled.preview = output, preview
                     self._ctx.set_status(settled, "succeeded")
+        self._memory.settled(node)
         # Not in a `finally`: on worker eviction the coroutine is closed and
         # must not touch workflow state on its way out.
         self._finish(node)

@@ -24,6 +24,7 @@ from workflows.contracts import (
     ToolResult,
 )
 from workflows.goal.context import NodeFailed, short_key
+from workflows.goal.memory import GoalMemoryRoom
 from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import AgentStep
 from workflows.state import AgentProgress, Node, RejectedPath
@@ -37,6 +38,7 @@ class AgentNode:
         self._guard = deps.guard
         self._tools = deps.tools
         self._pause = deps.pause
+        self._memory = GoalMemoryRoom(deps.ctx)
 
     async def run(self, step: AgentStep, node: Node) -> tuple[ArtifactRef, str]:
         """The loop, from where `node.agent` says it stands: a node that stopped to wait
@@ -54,6 +56,9 @@ class AgentNode:
                 self._ctx.stop_point(node)
                 await self._pause.hold_while_parked(node)
                 summary = f"agent turn {turn}/{max_turns} · {step.name} · {short_key(node.key)}"
+                # Turn 1's prompt carries the memories the scheduler attached; any turn is told
+                # of memories this goal used that were revoked since.
+                untold = await self._memory.untold_revocations(node)
                 context = self._calls.context(summary, node)
                 # Turn 1 sees all guidance in its prompt; later turns are told what is new.
                 new_guidance = context.guidance[node.guidance_seen :] if turn > 1 else []
@@ -61,7 +66,7 @@ class AgentNode:
                 payload = AgentTurnInput(
                     context=context,
                     step=step.name,
-                    prompt=step.prompt,
+                    prompt=self._memory.prompt_for(step.prompt, node, untold if turn == 1 else []),
                     inputs=inputs,
                     tools=step.tools,
                     turn=turn,
@@ -69,13 +74,14 @@ class AgentNode:
                     transcript=progress.transcript,
                     tool_results=progress.tool_results,
                     new_guidance=new_guidance,
-                    notes=progress.notes,
+                    notes=progress.notes + (self._memory.revocation_note(untold) if turn > 1 else []),
                     compact_after_chars=spec.compact_context_after_chars,
                 )
                 result = await self._calls.run(Activities.AGENT_TURN, payload, AgentTurnResult, summary, node)
                 node.turns = progress.turn = turn
                 if result.compaction is not None:
                     node.compactions.append(result.compaction)
+                    self._memory.compacted(node)
                 progress.transcript = result.transcript
                 if result.final is not None:
                     return result.final, result.preview

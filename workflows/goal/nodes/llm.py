@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from workflows.contracts import Activities, ArtifactRef, GenerateInput, GenerateResult
 from workflows.goal.context import short_key
+from workflows.goal.memory import GoalMemoryRoom
 from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import LlmStep
 from workflows.state import Node
@@ -13,13 +14,16 @@ class LlmNode:
     def __init__(self, deps: NodeDeps) -> None:
         self._ctx = deps.ctx
         self._calls = deps.calls
+        self._memory = GoalMemoryRoom(deps.ctx)
 
     async def run(self, step: LlmStep, node: Node) -> tuple[ArtifactRef, str]:
         summary = f"llm · {step.name} · {short_key(node.key)}"
+        # The memories the scheduler attached, and any this goal used that were revoked since.
+        untold = await self._memory.untold_revocations(node)
         payload = GenerateInput(
             context=self._calls.context(summary, node),
             step=step.name,
-            prompt=step.prompt,
+            prompt=self._memory.prompt_for(step.prompt, node, untold),
             inputs=self._ctx.inputs(step),
         )
         result = await self._calls.run(Activities.GENERATE, payload, GenerateResult, summary, node)
