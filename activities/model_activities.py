@@ -46,6 +46,7 @@ from workflows.contracts import (
     ToolResult,
     Usage,
 )
+from workflows.evidence import statement_lines
 from workflows.plan import MAX_PLANNED_STEPS, Plan, parse_plan
 from workflows.tool_specs import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS
 
@@ -138,7 +139,13 @@ class ModelActivities:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages), attempt)
             output = self.store.put_text(response.text)
             return attempt.result(
-                GenerateResult(output=output, preview=preview(response.text), usage=usage, model=response.model)
+                GenerateResult(
+                    output=output,
+                    preview=preview(response.text),
+                    usage=usage,
+                    model=response.model,
+                    statements=statement_lines(response.text),
+                )
             )
 
     @activity.defn(name=Activities.DRIFT_CHECK)
@@ -246,6 +253,7 @@ class ModelActivities:
             usage=usage,
             model=response.model,
             compaction=compaction,
+            statements=statement_lines(text),
         )
 
     # --- helpers ------------------------------------------------------------------

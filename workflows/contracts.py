@@ -286,11 +286,19 @@ class GenerateInput(BaseModel):
     inputs: dict[str, ArtifactRef] = Field(default_factory=dict, description="Outputs of the steps it needs.")
 
 
+_STATEMENTS = (
+    "statement lines (CONCLUSION, ROOT CAUSE) of the whole output, as workflows/evidence.py reads them (at most "
+    "its MAX_STATEMENTS, of at most MAX_STATEMENT_CHARS). None: not read (a result recorded before they were: "
+    "the evidence log reads its preview)."
+)
+
+
 class GenerateResult(BaseModel):
     output: ArtifactRef
     preview: str
     usage: Usage
     model: str
+    statements: list[str] | None = Field(default=None, description="The " + _STATEMENTS)
 
 
 class ToolCall(BaseModel):
@@ -378,6 +386,7 @@ class AgentTurnResult(BaseModel):
     usage: Usage
     model: str
     compaction: ContextCompaction | None = Field(default=None, description="Set when this turn's prompt was compacted.")
+    statements: list[str] | None = Field(default=None, description="A final answer's " + _STATEMENTS)
 
 
 # --- tools --------------------------------------------------------------------

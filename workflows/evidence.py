@@ -13,17 +13,28 @@ Three triggers besides the drift check, judged without a model call:
   (workflows/stall.py): the share of a step's output shingles (word 3-grams of its
   normalised preview) not seen in the previews of the steps that finished before it.
 
-How a step states what it found, in its output (llm and agent steps; the workflow sees
-a step's preview, the first 200 characters of its output, so statements go first):
+How a step states what it found, in its output (llm and agent steps):
     CONCLUSION: <claim> = true|false
     ROOT CAUSE: <cause>
 or an output that is one JSON object {"conclusions": [{"claim": …, "holds": …}],
-"root_cause": …}.
+"root_cause": …}. The model activities read them from the whole output with
+`statement_lines` (this module's parser, so the activity and the workflow read alike)
+and return them as lines in their result; `record_settled` reads those lines. A result
+recorded before they did has none: its statements are read from the step's preview (the
+first 200 characters of its output), as they were then.
 
 Re-planning is sparse by design: after a re-plan on evidence, at least N more steps
 must settle and a minimum time pass before the next (`spacing_left`), and each
 trigger judges only steps that settled under the current plan version, so the same
 evidence never fires twice.
+
+What happens to each step in flight at a re-plan is decided per step (`in_flight_choice`):
+a trigger that waits waits for all of them; under one that cancels, a step the new plan
+keeps unchanged goes on, one it changes or drops is cancelled, unless a remote write or
+irreversible effect of its own is in the air: cutting that off would leave an effect
+nobody knows happened, so it is let finish and discarded (it settles, what it did is
+recorded, then it is void and the new plan takes over; `PendingReplan` holds the new
+plan until then).
 """
 
 from __future__ import annotations
@@ -36,15 +47,22 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from workflows.plan import Plan
 from workflows.stall import fingerprint, normalise_output, novelty
 
 TriggerKind = Literal["conflicting evidence", "isomorphic results", "declining value"]
 # What happens to the steps in flight when a trigger re-plans:
 # - cancel: the planner is asked at once; steps in flight that the new plan changes or
-#   drops are cancelled (writes in flight always settle first), those it keeps go on;
+#   drops are cancelled, those it keeps go on;
 # - wait: no new step starts; the planner is asked once the steps in flight settled,
-#   and their results are part of what it is told.
-InFlightPolicy = Literal["wait", "cancel"]
+#   and their results are part of what it is told;
+# - let finish and discard: never a trigger's policy, the one a step that `cancel` would
+#   cut off gets when an effect of its own is in the air (`in_flight_choice`).
+# Goals recorded before `let finish and discard` (patch replan-discards-in-flight) wait
+# for every write in flight before a trigger that cancels asks the planner.
+InFlightPolicy = Literal["wait", "cancel", "let finish and discard"]
+# What one step in flight gets under a trigger that cancels (`go on`: the new plan keeps it unchanged).
+InFlightChoice = Literal["cancel", "let finish and discard", "go on"]
 IN_FLIGHT_POLICY: dict[str, tuple[InFlightPolicy, str]] = {
     "conflicting evidence": ("cancel", "work in flight may rest on the disputed claim"),
     "isomorphic results": ("cancel", "work in flight is likely to end the same way"),
@@ -57,6 +75,13 @@ MAX_RECENT = 20
 # Outputs whose shingles count as already seen when judging the next one.
 PRINTS_KEPT = 32
 MAX_CLAIM_CHARS = 160
+# The statement lines a model activity returns from a whole output: the root cause (only
+# the first is read) and then the conclusions in order, at most this many lines of at
+# most this many characters (a conclusion line is at most 220: its claim is at most 200).
+MAX_STATEMENTS = 12
+MAX_STATEMENT_CHARS = 400
+_JSON_CLAIM_CHARS = 200
+_CAUSE_LINE, _CONCLUSION_LINE = "ROOT CAUSE: ", "CONCLUSION: "
 
 _CONCLUSION = re.compile(
     r"conclusion:\s*(?P<claim>(?:(?!conclusion:|root[ _-]cause:)[^=\n]){1,200}?)\s*=\s*(?P<value>true|false)\b",
@@ -118,6 +143,17 @@ class EvidenceTrigger(BaseModel):
     why: str = Field(description="Why that is what happens to the steps in flight.")
 
 
+class PendingReplan(BaseModel):
+    """A re-plan on evidence the planner has answered, waiting for the steps it lets finish
+    and discard to settle; nothing new starts meanwhile. In the state, so a continue-as-new
+    between their settling and the new plan's adoption keeps the answer."""
+
+    trigger: EvidenceTrigger
+    plan: Plan
+    choices: dict[str, str] = Field(description="Step in flight -> what happens to it and why.")
+    let_finish: list[str]
+
+
 class EvidenceLog(BaseModel):
     """What the goal has learned from its settled steps, carried across continue-as-new."""
 
@@ -132,6 +168,7 @@ class EvidenceLog(BaseModel):
     last_replan_settled: int | None = None
     last_replan_at: datetime | None = None
     deferred: str | None = Field(default=None, description="The trigger last reported as held off by the spacing.")
+    pending: PendingReplan | None = None
 
 
 # --- reading what a step states ------------------------------------------------
@@ -172,6 +209,57 @@ def _json_statements(data: dict) -> tuple[list[tuple[str, bool]], str | None]:
     return found, (claim_key(cause) or None) if isinstance(cause, str) else None
 
 
+def statement_lines(text: str) -> list[str]:
+    """What a whole output states, as lines `read_statement_lines` reads as `read_statements`
+    reads the output: `ROOT CAUSE: …` (the first one, the only one read) and then one
+    `CONCLUSION: <claim> = true|false` per conclusion; for an output that is one JSON
+    object, each as a one-line JSON object of the same shape (a claim may hold `=`). At
+    most MAX_STATEMENTS lines of at most MAX_STATEMENT_CHARS: a longer cause line is cut
+    (its key is its first 160 characters), a longer JSON line, which a cut would break, is
+    left out."""
+    stripped = text.strip()
+    data = None
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            data = None
+    if isinstance(data, dict):
+        conclusions, _ = _json_statements(data)
+        cause = data.get("root_cause")
+        stated = isinstance(cause, str) and claim_key(cause)
+        lines = [_one_line({"root_cause": " ".join(cause.split())[:_JSON_CLAIM_CHARS]})] if stated else []
+        lines += [
+            _one_line({"conclusions": [{"claim": claim[:_JSON_CLAIM_CHARS], "holds": holds}]})
+            for claim, holds in conclusions
+        ]
+        lines = [line for line in lines if len(line) <= MAX_STATEMENT_CHARS]
+    else:
+        conclusions, cause = read_statements(text)
+        found = _ROOT_CAUSE.search(text)
+        lines = [f"{_CAUSE_LINE}{found['cause']}"[:MAX_STATEMENT_CHARS]] if cause and found else []
+        lines += [f"{_CONCLUSION_LINE}{claim} = {'true' if holds else 'false'}" for claim, holds in conclusions]
+    return lines[:MAX_STATEMENTS]
+
+
+def _one_line(data: dict) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
+
+
+def read_statement_lines(lines: list[str]) -> tuple[list[tuple[str, bool]], str | None]:
+    """The conclusions and the root cause stated by `statement_lines`' lines."""
+    conclusions: list[tuple[str, bool]] = []
+    cause: str | None = None
+    for line in lines:
+        found, stated = read_statements(line)
+        # A line states one thing: a cause may read like a conclusion ("root cause: conclusion: …").
+        if not line.startswith(_CAUSE_LINE):
+            conclusions += found
+        if not line.startswith(_CONCLUSION_LINE):
+            cause = cause or stated
+    return conclusions, cause
+
+
 def error_class(error: str) -> str:
     """An error's text without what differs between two instances of the same error:
     paths and file names, quoted names, numbers (and the stall module's volatile tokens)."""
@@ -194,11 +282,14 @@ def record_settled(
     at: datetime,
     plan_version: int,
     is_current: Callable[[str, str | None], bool],
+    statements: list[str] | None = None,
 ) -> None:
     """Take in one step that settled by its own work: `text` is its output's preview
     (succeeded) or its error (failed); `states_findings`: its conclusions and root cause
-    are read (a model's step). `is_current(node, key)`: that step's output still stands
-    (not voided or run again since)."""
+    are read (a model's step), from `statements` (the lines its activity read from the
+    whole output) or, for a result recorded before activities returned them (None), from
+    the preview. `is_current(node, key)`: that step's output still stands (not voided or
+    run again since)."""
     if plan_version != log.plan_version:
         # Each trigger judges the steps of the current plan only: a new plan has answered the rest.
         log.recent, log.plan_version = [], plan_version
@@ -210,7 +301,12 @@ def record_settled(
         sketch = fingerprint([text])
         outcome.new_information = novelty(log.prints, sketch)
         log.prints = [*log.prints, sketch][-PRINTS_KEPT:]
-        conclusions, cause = read_statements(text) if states_findings else ([], None)
+        if not states_findings:
+            conclusions, cause = [], None
+        elif statements is not None:
+            conclusions, cause = read_statement_lines(statements)
+        else:
+            conclusions, cause = read_statements(text)
         if cause:
             outcome.outcome_class = f"root cause: {cause}"
         _record_conclusions(log, node, node_key, conclusions, at, is_current)
@@ -281,6 +377,17 @@ def trigger(log: EvidenceLog, window: int, min_new_information: float) -> Eviden
 def _trigger(kind: TriggerKind, evidence: str) -> EvidenceTrigger:
     policy, why = IN_FLIGHT_POLICY[kind]
     return EvidenceTrigger(kind=kind, evidence=evidence, in_flight=policy, why=why)
+
+
+def in_flight_choice(*, changed: bool, effect_in_air: str | None) -> tuple[InFlightChoice, str]:
+    """What happens to one step in flight at a re-plan whose trigger cancels, and why.
+    `changed`: the new plan changes or drops it; `effect_in_air`: what of its own is on
+    its way outside and cannot be called back ("a remote write"), None: nothing is."""
+    if not changed:
+        return "go on", "the new plan keeps it unchanged"
+    if effect_in_air is not None:
+        return "let finish and discard", f"{effect_in_air} may be in flight"
+    return "cancel", "no effect of its own is in flight"
 
 
 def spacing_left(log: EvidenceLog, window: int, spacing_s: float, now: datetime) -> str | None:

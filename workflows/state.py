@@ -97,6 +97,11 @@ class Node(BaseModel):
         "crosses continue-as-new, and the node runs again once the question is answered.",
     )
     agent: AgentProgress | None = Field(default=None, description="An agent node's loop, while it has not settled.")
+    statements: list[str] | None = Field(
+        default=None,
+        description="An llm or agent node's statement lines, read from its whole output (workflows/evidence.py), "
+        "until the evidence log takes them in; None: none were returned (a result recorded before).",
+    )
     memories: list[str] = Field(
         default_factory=list, description="The memory ids attached to its model input (workflows/goal/memory.py)."
     )

@@ -64,6 +64,9 @@ REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
 # Remote-write and irreversible steps go after the independent local work, and steps
 # whose write sets overlap run one after the other (workflows/risk_order.py).
 RISK_ORDER_PATCH = "risk-order"
+# Goals recorded before a re-plan on evidence could let a step whose write is in flight
+# finish and discard it (workflows/evidence.py) wait for every write in flight first.
+REPLAN_DISCARDS_PATCH = "replan-discards-in-flight"
 # Memories are recalled for llm and agent steps, written as steps settle, and offered for
 # keeping across goals at the end (workflows/goal/memory.py).
 MEMORY_PATCH = "memory"
@@ -120,6 +123,7 @@ class GoalContext:
         self.verifies_by_question = False
         self.replans_on_evidence = self.uses_memory = False
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
+        self.replan_discards_in_flight = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -140,6 +144,7 @@ class GoalContext:
         self.verifies_by_question = workflow.patched(VERIFY_QUESTION_PATCH)
         self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
         self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
+        self.replan_discards_in_flight = workflow.patched(REPLAN_DISCARDS_PATCH)
         self.uses_memory = workflow.patched(MEMORY_PATCH)
         self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)

@@ -26,6 +26,7 @@ from workflows.messages import InboxEntry
 from workflows.plan import Plan, check_plan
 from workflows.state import Node, PlanVersion
 from workflows.statuses import IN_FLIGHT
+from workflows.tool_specs import TOOL_SPECS
 
 
 class Planner:
@@ -61,6 +62,8 @@ class Planner:
     def drift_check_due(self) -> bool:
         state = self._ctx.state
         every = state.spec.drift_every
+        if state.evidence.pending is not None:
+            return False  # a re-plan on evidence is under way: its plan comes first
         return bool(every) and self._ctx.index().count(("succeeded",)) >= (state.drift_checks + 1) * every
 
     async def check_drift(self) -> None:
@@ -104,6 +107,8 @@ class Planner:
             return None
         self._take_in_settled()
         log, spec = state.evidence, state.spec
+        if log.pending is not None:
+            return log.pending.trigger  # answered: it waits for the steps it lets finish
         found = evidence.trigger(log, spec.evidence_window, spec.min_new_information)
         if found is None:
             return None
@@ -121,8 +126,13 @@ class Planner:
         self._watched.update(dict.fromkeys(self._ctx.index().names(IN_FLIGHT)))
 
     def may_replan_now(self, trigger: EvidenceTrigger) -> bool:
-        """A write in flight is never cut off; a trigger that waits lets the work in flight settle."""
-        if self._ctx.writes_in_flight:
+        """A write in flight is never cut off; a trigger that waits lets the work in flight
+        settle; an answered re-plan waits for the steps it lets finish and discard."""
+        pending = self._ctx.state.evidence.pending
+        if pending is not None:
+            return not self._scheduler.finishing(pending.let_finish)
+        if self._ctx.writes_in_flight and not (self._ctx.replan_discards_in_flight and trigger.in_flight == "cancel"):
+            # Recorded before steps could be let finish: every write in flight settled first.
             return False
         if trigger.in_flight == "wait" and self._scheduler.busy():
             running = self._ctx.index().names(("running",))
@@ -138,9 +148,15 @@ class Planner:
         """Ask the planner for a plan that answers the evidence. What it keeps: finished
         steps it leaves unchanged (reused by key), the conclusions that still hold (it is
         told them), rejected paths (in every model context) and the constraints (the
-        spec's, never the plan's). The steps in flight go as the trigger's policy says."""
+        spec's, never the plan's). The steps in flight go as the trigger's policy says,
+        per step under one that cancels (evidence.in_flight_choice): a step with an effect
+        of its own in the air is let finish and discarded, and the new plan is adopted
+        once those have settled (this is called again then)."""
         state = self._ctx.state
         log = state.evidence
+        if log.pending is not None:
+            self._adopt_pending()
+            return
         current = self._ctx.plan()
         valid = evidence.standing(log, self._is_current)
         revision = PlanRevision(
@@ -154,19 +170,50 @@ class Planner:
             evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
             self._ctx.log_gate(f"re-planning on evidence ({trigger.kind}) failed: {err}")
             return
-        old = {s.name: s for s in current.steps}
-        new = {s.name: s for s in plan.steps}
-        index = self._ctx.index()
-        in_flight = index.names(IN_FLIGHT)
-        if trigger.in_flight == "cancel":
-            cut = [n for n in in_flight if new.get(n) != old[n]]
-            going_on = [n for n in in_flight if n not in cut]
-            done = (f"cancelled {', '.join(cut)}" if cut else "nothing cancelled") + (
-                f"; {', '.join(going_on)} go on, unchanged" if going_on else ""
-            )
-        else:
+        if trigger.in_flight != "cancel":
             done = f"waited for {', '.join(waited)}" if waited else "nothing was in flight"
-        kept = [n for n in index.names(("succeeded",)) if new.get(n) == old[n]]
+            self._adopt(trigger, plan, done, valid)
+            return
+        if not self._ctx.replan_discards_in_flight:
+            self._adopt(trigger, plan, self._cut_or_kept(current, plan), valid)
+            return
+        choices = self._choices(current, plan)
+        said = {name: f"{choice}: {why}" for name, (choice, why) in choices.items()}
+        let_finish = [name for name, (choice, _) in choices.items() if choice == "let finish and discard"]
+        if not let_finish:
+            self._adopt(trigger, plan, describe_choices(said), valid)
+            return
+        # What may be cut off now is; what may not settles first, then the plan is adopted.
+        cut = [name for name, (choice, _) in choices.items() if choice == "cancel"]
+        self._scheduler.cancel_nodes(cut, f"cancelled by the re-plan on evidence ({trigger.kind})")
+        self._scheduler.let_finish(let_finish)
+        log.pending = evidence.PendingReplan(trigger=trigger, plan=plan, choices=said, let_finish=let_finish)
+        self._ctx.log_gate(
+            f"re-plan on evidence ({trigger.kind}) waits for {', '.join(let_finish)} to settle before its new plan: "
+            f"{describe_choices(said)}"
+        )
+
+    def _adopt_pending(self) -> None:
+        """The steps an answered re-plan let finish have settled, void (what they did kept on
+        the node): its plan is adopted. Nothing else changes the plan meanwhile (the drift
+        check waits, follow-up work waits for an idle goal); a rewind or narrow only voids
+        nodes, and the plan adopted reuses what still stands by key."""
+        log = self._ctx.state.evidence
+        pending = log.pending
+        assert pending is not None
+        log.pending = None
+        self._scheduler.end_discarding(pending.let_finish)
+        valid = evidence.standing(log, self._is_current)
+        self._adopt(pending.trigger, pending.plan, describe_choices(pending.choices), valid)
+
+    def _adopt(self, trigger: EvidenceTrigger, plan: Plan, done: str, valid: list[evidence.Conclusion]) -> None:
+        """Make the plan current, its reason saying what happened to the steps in flight
+        (`done`) and what it keeps."""
+        state = self._ctx.state
+        log = state.evidence
+        old = {s.name: s for s in self._ctx.plan().steps}
+        new = {s.name: s for s in plan.steps}
+        kept = [n for n in self._ctx.index().names(("succeeded",)) if new.get(n) == old[n]]
         reason = (
             f"{trigger.kind}: {trigger.evidence}; in flight: {trigger.in_flight} ({trigger.why}): {done}; "
             f"kept {len(kept)} finished step(s), {len(valid)} conclusion(s) that hold, "
@@ -175,6 +222,39 @@ class Planner:
         self._scheduler.adopt_plan(plan, "evidence", reason)
         evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
         self._ctx.log_gate(f"re-planned on evidence as plan v{len(state.plan_versions)}: {reason}")
+
+    def _cut_or_kept(self, current: Plan, plan: Plan) -> str:
+        """Goals recorded before each step in flight was judged on its own: those the new
+        plan changes or drops are cut off, the others go on."""
+        old = {s.name: s for s in current.steps}
+        new = {s.name: s for s in plan.steps}
+        in_flight = self._ctx.index().names(IN_FLIGHT)
+        cut = [n for n in in_flight if new.get(n) != old[n]]
+        going_on = [n for n in in_flight if n not in cut]
+        return (f"cancelled {', '.join(cut)}" if cut else "nothing cancelled") + (
+            f"; {', '.join(going_on)} go on, unchanged" if going_on else ""
+        )
+
+    def _choices(self, current: Plan, plan: Plan) -> dict[str, tuple[evidence.InFlightChoice, str]]:
+        """Step in flight -> what happens to it and why, under a trigger that cancels."""
+        old = {s.name: s for s in current.steps}
+        new = {s.name: s for s in plan.steps}
+        return {
+            name: evidence.in_flight_choice(changed=new.get(name) != old[name], effect_in_air=self._in_air(name))
+            for name in self._ctx.index().names(IN_FLIGHT)
+        }
+
+    def _in_air(self, name: str) -> str | None:
+        """What of this step's own is on its way outside and cannot be called back: a
+        write it sent that has not landed (a tool step's own, or one of an agent's tools)."""
+        if not self._ctx.writes_in_flight.get(name):
+            return None
+        step = self._ctx.plan().step(name)
+        tool = getattr(step, "tool", None)
+        if tool is None:
+            return "a remote write of one of its tools"
+        spec = TOOL_SPECS.get(tool)
+        return "an irreversible effect" if spec is not None and spec.risk == "irreversible" else "a remote write"
 
     def _take_in_settled(self) -> None:
         """The watched nodes that settled by their own work (not reused), in the order they settled."""
@@ -198,7 +278,9 @@ class Planner:
                 at=node.finished_at or workflow.now(),
                 plan_version=len(state.plan_versions),
                 is_current=self._is_current,
+                statements=None if failed else node.statements,
             )
+            node.statements = None  # read: not carried in the state any longer
 
     def _is_current(self, name: str, key: str | None) -> bool:
         """Whether a step's output still stands: it did not run again or get voided since.
@@ -267,6 +349,11 @@ class Planner:
 
     def _finished(self) -> dict[str, str]:
         return {n.name: n.preview for n in self._ctx.state.nodes.values() if n.status == "succeeded"}
+
+
+def describe_choices(choices: dict[str, str]) -> str:
+    """What happened to each step in flight, and why: `fix-a: let finish and discard: …`."""
+    return "; ".join(f"{name}: {choice}" for name, choice in choices.items()) or "nothing was in flight"
 
 
 def describe_device(device: DevicePresence) -> str:

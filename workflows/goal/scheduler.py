@@ -28,7 +28,7 @@ from workflows.goal.tool_runner import failure_message
 from workflows.messages import Abort
 from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
-from workflows.statuses import IN_FLIGHT
+from workflows.statuses import IN_FLIGHT, NodeStatus
 
 
 def fails_the_workflow_task(err: Exception) -> bool:
@@ -76,6 +76,8 @@ class Scheduler:
         self._workflow_task_error: Exception | None = None
         # Nodes voided while a write of theirs was in flight: reset once it settles.
         self._void_after_settle: set[str] = set()
+        # Nodes a re-plan on evidence lets finish and discards (planner.py): they settle void.
+        self._discarding: set[str] = set()
         # Recall before an llm or agent step, episodic memories as steps settle, the end card.
         self._memory = GoalMemoryRoom(ctx)
 
@@ -150,6 +152,8 @@ class Scheduler:
         """Start every ready node the open questions do not hold, the risk order does not
         hold back (workflows/risk_order.py) and the gates admit."""
         state = self._ctx.state
+        if state.evidence.pending is not None:
+            return  # a re-plan on evidence waits for the steps it lets finish: nothing starts under the old plan
         held = {name for q in state.open_questions() for name in q.hold}
         committed = self._spend.new_pass()
         ready = self._ctx.index().ready()
@@ -297,10 +301,40 @@ class Scheduler:
         task = self._tasks.pop(node.name, None)
         if task is not None:
             task.cancel()
+        self._discarding.discard(node.name)
         self._ctx.set_status(node, "pending")
         node.output, node.preview, node.error, node.key, node.reused = None, "", None, None, False
         node.waiting_on, node.agent = None, None
         self._devices.forget(node.name)
+
+    def cancel_nodes(self, names: list[str], why: str) -> None:
+        """Cut off the work of these nodes, which has no effect of its own in flight: those
+        with a task are abandoned (a node waiting with no task is left to the plan change)."""
+        nodes = self._ctx.state.nodes
+        for name in names:
+            task = self._tasks.pop(name, None)
+            if task is None:
+                continue
+            task.cancel()
+            node = nodes[name]
+            self._ctx.set_status(node, "abandoned")
+            node.error, node.finished_at = why, workflow.now()
+
+    def let_finish(self, names: list[str]) -> None:
+        """These nodes have an effect of their own in the air: they go on until it has
+        landed (told to stop at their next safe point after it) and settle void, what they
+        did kept on the node (`_discard`)."""
+        self._discarding.update(names)
+        self._ctx.stopping.update(names)
+
+    def finishing(self, names: list[str]) -> list[str]:
+        """Those of these nodes let finish that still have work in flight."""
+        return [name for name in names if name in self._discarding and name in self._tasks]
+
+    def end_discarding(self, names: list[str]) -> None:
+        for name in names:
+            self._discarding.discard(name)
+            self._ctx.stopping.discard(name)
 
     def cancel_in_flight(self, why: str) -> None:
         """Stop all work: cancel every node's task except those with a write in flight,
@@ -422,6 +456,12 @@ class Scheduler:
                 return  # an outcome for work that was voided meanwhile
             if self._settled_after_void(node):
                 pass
+            elif node.name in self._discarding:
+                if isinstance(err, NodeStopped) and not err.uncertain:
+                    self._discard(node, "invalidated", f"discarded after its effects settled ({err})")
+                else:
+                    status = "uncertain" if isinstance(err, NodeStopped) else "failed"
+                    self._discard(node, status, failure_message(err) if isinstance(err, ActivityError) else str(err))
             elif isinstance(err, NodeStopped):
                 self._ctx.set_status(node, "uncertain" if err.uncertain else "abandoned")
                 node.error = str(err)
@@ -440,12 +480,22 @@ class Scheduler:
                 return
             if not self._ctx.node_errors_settle:
                 raise  # recorded before the fix: the task ended here and the node stayed running
-            if not self._settled_after_void(node):
+            if self._settled_after_void(node):
+                pass
+            elif node.name in self._discarding:
+                self._discard(node, "failed", failure_text(err))
+            else:
                 self._fail(node, failure_text(err))
         else:
             if node.runs != run or node.status != "running":
                 return
-            if not self._settled_after_void(node):
+            if self._settled_after_void(node):
+                pass
+            elif node.name in self._discarding:
+                # Kept on the node, never cached by key: nothing reuses a discarded output.
+                node.output, node.preview = output, preview
+                self._discard(node, "invalidated", "its output is discarded: it was let finish by a re-plan")
+            else:
                 assert node.key is not None
                 self._ctx.state.outputs_by_key[node.key] = output
                 for settled in self._sharing(node):
@@ -476,6 +526,20 @@ class Scheduler:
         if self._ctx.agent_waits_are_state:
             self._release_orphaned_twins()
         return True
+
+    def _discard(self, node: Node, status: NodeStatus, error: str) -> None:
+        """A node let finish by a re-plan on evidence settled: void (or failed, or uncertain,
+        as its last effect ended), what it spent charged and its effects recorded as any
+        node's; the new plan, adopted once every step let finish has settled, decides what
+        runs in its place (an effect it finds recorded is not sent again)."""
+        self._discarding.discard(node.name)
+        self._ctx.stopping.discard(node.name)
+        self._ctx.set_status(node, status)
+        node.error = error
+        self._tasks.pop(node.name, None)
+        # Twins that waited on its outcome run on their own.
+        self._followers.pop(node.key or "", None)
+        self._release_orphaned_twins()
 
     def _fail(self, node: Node, error: str) -> None:
         for settled in self._sharing(node):

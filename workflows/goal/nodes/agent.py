@@ -84,6 +84,7 @@ class AgentNode:
                     self._memory.compacted(node)
                 progress.transcript = result.transcript
                 if result.final is not None:
+                    node.statements = result.statements  # what its whole answer states, for the evidence log
                     return result.final, result.preview
                 progress.pending, progress.done = result, {}
             result = progress.pending

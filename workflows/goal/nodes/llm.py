@@ -27,4 +27,5 @@ class LlmNode:
             inputs=self._ctx.inputs(step),
         )
         result = await self._calls.run(Activities.GENERATE, payload, GenerateResult, summary, node)
+        node.statements = result.statements  # what its whole output states, for the evidence log
         return result.output, result.preview
