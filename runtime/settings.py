@@ -26,7 +26,9 @@ metadata) into the client's connection.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -83,6 +85,14 @@ def namespace(profile: ClientConfigProfile | None = None) -> str:
 
 def task_queue() -> str:
     return os.environ.get("PERDURE_TASK_QUEUE", TASK_QUEUE)
+
+
+def user() -> str:
+    """Whose router a message goes to: PERDURE_USER, else the login name, as an id may
+    spell it (letters, digits, `.`, `_`, `-`)."""
+    raw = os.environ.get("PERDURE_USER") or getpass.getuser() or "user"
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", raw).strip("-._")[:64]
+    return name or "user"
 
 
 def ui_base() -> str:

@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
-from starters import capabilities, goals, memory_cli, render
+from starters import capabilities, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
 from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
@@ -662,9 +662,17 @@ def abort(
 
 
 @app.command("inbox")
-def show_inbox(goal_id: str) -> None:
-    """Every message sent to a goal and its receipt."""
+def show_inbox(
+    goal_id: Annotated[str | None, typer.Argument(help="The goal (or --router).")] = None,
+    router: Annotated[bool, typer.Option("--router", help="Your router's messages and routing decisions.")] = False,
+) -> None:
+    """Every message sent to a goal and its receipt (with --router: what the router decided, and why)."""
     from starters import steering
+
+    if router:
+        return router_cli.show_router(run, connect, console)
+    if goal_id is None:
+        refuse(UserError("name a goal (perdure inbox GOAL_ID), or --router for your router's messages"))
 
     async def _inbox() -> None:
         client = await connect()
@@ -1041,3 +1049,6 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+router_cli.register(app, run, connect, console)

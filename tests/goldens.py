@@ -11,10 +11,11 @@ from temporalio.client import WorkflowHistory
 from workers.capabilities import CapabilitiesWorkflow
 from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
+from workflows.router import RouterWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow]
+WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow, RouterWorkflow]
 
 
 def load(path: Path) -> WorkflowHistory:

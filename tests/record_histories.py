@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import sys
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
@@ -520,6 +522,65 @@ async def record_goal_risk_order(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
+    """A user's router: a message bound to a goal by the file it names, one the model places,
+    one it is unsure of (asked, then picked), a light request answered; it continues as new
+    after three routed messages with the question still open, and the pick lands in the new
+    run. Kept: the first run's history and the last's."""
+    from starters import router_client
+    from workflows.router import RouterWorkflow
+    from workflows.router_contracts import Pick, RouterInput, Say, router_id
+
+    def choice(target: str, confidence: float = 0.9) -> str:
+        return json.dumps({"target": target, "mode": "steer", "confidence": confidence, "reason": "recorded"})
+
+    script = {
+        "replies": [
+            {"when": ["[PERDURE-ROUTER]", "warmer"], "content": choice("rec-poster"), "times": 1},
+            {"when": ["[PERDURE-ROUTER]", "tweak"], "content": choice("rec-poster", 0.2), "times": 1},
+            {"when": ["[PERDURE-ROUTER]", "a font"], "content": choice("answer"), "times": 1},
+            {"when": ["[PERDURE-ROUTER-ANSWER]"], "content": "A bold sans-serif.", "times": 1},
+        ]
+    }
+    async with rig(env, script) as (workspace, task_queue):
+        steps = [
+            {"name": "write", "kind": "tool", "tool": "write_file", "args": {"path": "poster.svg", "content": "<svg>"}},
+            gate(["write"]),
+        ]
+        goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["write_file", "run_command"])
+        goal = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id="rec-poster", task_queue=task_queue
+        )
+        await wait_until(goal, lambda s: "gate" in s.running)
+        user = "recorder"
+        router = await env.client.start_workflow(
+            RouterWorkflow.run,
+            RouterInput(user=user, profile="test", continue_after=4),
+            id=router_id(user),
+            task_queue=task_queue,
+        )
+        with _env("PERDURE_TASK_QUEUE", task_queue):
+            for request_id, text in [
+                ("r1", "poster.svg: a bigger title"),
+                ("r2", "make it a bit warmer"),
+                ("r3", "tweak the colours"),
+                ("r4", "what is a font for posters?"),
+            ]:
+                message = Say(request_id=request_id, text=text, workspace=str(workspace))
+                await router_client.say(env.client, user, message, profile="test")
+            while (await env.client.get_workflow_handle(router_id(user)).describe()).run_id == router.first_execution_run_id:
+                await asyncio.sleep(0.1)  # continued as new, the question still open
+            pick = Say(request_id="r5", text="pick", pick=Pick(request_id="r3", choice="rec-poster"))
+            await router_client.say(env.client, user, pick, profile="test")
+        (workspace / "GO").write_text("")
+        await goal.result()
+        first = await env.client.get_workflow_handle(router_id(user), run_id=router.first_execution_run_id).fetch_history()
+        last = await env.client.get_workflow_handle(router_id(user)).fetch_history()
+    assert first.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    save(out.with_name(f"{out.stem}-first-run.json"), first)
+    save(out.with_name(f"{out.stem}-last-run.json"), last)
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -540,6 +601,7 @@ SCENARIOS = {
     "goal-v1-verified-after-park": record_goal_verified_after_park,
     "goal-v1-risk-order": record_goal_risk_order,
     "goal-v1-replanned-on-evidence": record_goal_replanned_on_evidence,
+    "router-v1-routes": record_router_routes,
 }
 
 

@@ -16,13 +16,16 @@ from runtime.plugin import PerdurePlugin
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from workers.capabilities import CAPABILITIES_WORKFLOW
 from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
+from workflows.device_contracts import DEVICE_REGISTRY_WORKFLOW
+from workflows.router_contracts import ROUTER_WORKFLOW
 from workflows.state import GoalInput
 from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
 
 
 def test_there_is_a_golden_history_per_workflow_type():
     recorded = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in HISTORIES}
-    assert {GOAL_WORKFLOW, WATCHDOG_WORKFLOW, CAPABILITIES_WORKFLOW} <= recorded
+    types = {GOAL_WORKFLOW, WATCHDOG_WORKFLOW, CAPABILITIES_WORKFLOW, DEVICE_REGISTRY_WORKFLOW, ROUTER_WORKFLOW}
+    assert types <= recorded
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -26,6 +26,7 @@ from activities.memory_activities import MemoryActivities
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
+from activities.router_activities import RouterIO
 from activities.tools import ToolActivities
 from activities.verification import VerificationActivities, VerifyQuestionActivities
 from activities.visibility import VisibilityActivities
@@ -36,6 +37,7 @@ from workers.code_version import code_version
 from workflows.contracts import TASK_QUEUE
 from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
+from workflows.router import RouterWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
 log = structlog.get_logger(__name__)
@@ -76,7 +78,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow],
+        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow, RouterWorkflow],
         activities=[
             *models.activities(),
             tools.run_tool,
@@ -87,6 +89,7 @@ def build_worker(
             *watchdog.activities(),
             offers.capabilities,
             *devices.activities(),
+            *RouterIO(client, model_config).activities(),
             *memory.activities(),
         ],
         **worker_options,

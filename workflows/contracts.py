@@ -481,6 +481,7 @@ class GoalResult(BaseModel):
     unfinished: list[str] = Field(default_factory=list)
     tokens: int = 0
     cost_usd: float = 0.0
+    objects: list[str] = Field(default_factory=list, description="Files it wrote and artifacts it made.")
 
 
 # --- progress -----------------------------------------------------------------
@@ -591,3 +592,8 @@ class ProgressSnapshot(BaseModel):
         default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."
     )
     forked_from: ForkOrigin | None = Field(default=None, description="Where the goal was forked from (`perdure fork`).")
+    goal: str = Field(default="", description="The goal text (cut), for whoever routes messages to it.")
+    workspace: str = ""
+    objects: list[str] = Field(
+        default_factory=list, description="Files it writes or wrote and artifacts it made (workflows/progress_view.py)."
+    )

@@ -14,6 +14,9 @@ from workflows.risk_order import ORDER_KEYS
 from workflows.state import GoalState, Node
 from workflows.statuses import IN_FLIGHT
 
+GOAL_SHOWN = 300
+OBJECTS_SHOWN = 50
+
 
 def progress_snapshot(
     state: GoalState,
@@ -83,7 +86,32 @@ def progress_snapshot(
         devices=device_lines(state),
         waiting_for_devices=waits_for_devices(state),
         forked_from=state.spec.forked_from,
+        goal=state.spec.goal[:GOAL_SHOWN],
+        workspace=state.spec.workspace,
+        objects=owned_objects(state),
     )
+
+
+def owned_objects(state: GoalState) -> list[str]:
+    """What a message may name to mean this goal: the workspace files it wrote or its plan
+    writes, and the digests of what it made (the router binds messages by them)."""
+    found: list[str] = []
+
+    def add(name: str | None) -> None:
+        if name and name not in found and len(found) < OBJECTS_SHOWN:
+            found.append(name)
+
+    for step in state.plan.steps if state.plan else []:
+        args = getattr(step, "args", None)
+        if getattr(step, "tool", None) == "write_file" and isinstance(args, dict):
+            add(str(args.get("path") or "").removeprefix("./"))
+    for node in state.nodes.values():
+        for fingerprint in node.fingerprints:
+            if fingerprint.kind == "wrote":
+                add(fingerprint.source.partition(":")[2].removeprefix("./"))
+    for node in state.nodes.values():
+        add(node.output.digest if node.output else None)
+    return found
 
 
 def node_view(node: Node, plan_version: int | None = None) -> NodeView:

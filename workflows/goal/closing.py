@@ -15,6 +15,7 @@ from workflows import graph
 from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from workflows.goal.context import GoalContext
 from workflows.goal.memory import GoalMemoryRoom
+from workflows.progress_view import owned_objects
 from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
 from workflows.state import CompensationRecord, Node, RetiredNode
 
@@ -69,6 +70,7 @@ class Closing:
             unfinished=unfinished,
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
+            objects=owned_objects(state),
         )
         state.phase = "failed" if state.failure else "finished"
         self._publish()

@@ -1,0 +1,72 @@
+"""Sending a message to the user's router (workflows/router.py) and reading what it decided.
+
+The router is started on first use (start with id-conflict policy USE_EXISTING, so two
+first messages at once start one router). A message goes as an update when a worker
+answers (the decision comes back) and else as a signal, stored durably by the server and
+routed once a worker runs; both carry the same request id, so a message that lands both
+ways is routed once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from runtime import settings
+from workflows.router import RouterWorkflow
+from workflows.router_contracts import RouterHandlers, RouterInput, RouterView, Routing, Say, router_id
+
+# A routing may take a model call: wait this long for the decision before saying "admitted".
+DECISION_WAIT = timedelta(seconds=30)
+FALLBACK = (
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+)
+
+
+class SayRefused(ValueError):
+    """The router refused the message at its door; the text says why."""
+
+
+async def ensure_router(client: Client, user: str, profile: str = "default") -> str:
+    workflow_id = router_id(user)
+    await client.start_workflow(
+        RouterWorkflow.run,
+        RouterInput(user=user, profile=profile),
+        id=workflow_id,
+        task_queue=settings.task_queue(),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary=f"router of {user}",
+    )
+    return workflow_id
+
+
+async def say(client: Client, user: str, message: Say, profile: str = "default") -> Routing | None:
+    """What the router decided, or None when no worker answered in time and the message
+    was admitted by signal (it is routed once a worker runs)."""
+    handle = client.get_workflow_handle(await ensure_router(client, user, profile))
+    payload = message.model_dump(mode="json", exclude_none=True)
+    try:
+        return await handle.execute_update(RouterHandlers.SAY, payload, result_type=Routing, rpc_timeout=DECISION_WAIT)
+    except WorkflowUpdateFailedError as err:
+        raise SayRefused(getattr(err.cause, "message", None) or str(err.cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        pass
+    except RPCError as err:
+        if err.status not in FALLBACK:
+            raise
+    await handle.signal(RouterHandlers.SAY, payload)
+    return None
+
+
+async def view(client: Client, user: str) -> RouterView:
+    """The router's messages and decisions. RPCError when no worker answers, or (NOT_FOUND)
+    when the user has never sent it anything."""
+    handle = client.get_workflow_handle(router_id(user))
+    return await handle.query(RouterHandlers.VIEW, result_type=RouterView, rpc_timeout=timedelta(seconds=5))

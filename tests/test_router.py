@@ -1,0 +1,375 @@
+"""The router: one workflow per user that sends each message to the goal it is for. Explicit
+routes (a goal named, an object a goal owns, a card answered) need no model; otherwise a
+scripted model chooses among the user's goals, `new` or `answer`, and an unsure or unreadable
+choice is asked back. Against a dev server with the production worker and a scripted model;
+every routed message is checked where it lands: in the goal's own inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+
+from starters import router_client
+from tests.builders import gate, openai_profile, spec
+from tests.helpers import running_worker, wait_until
+from workflows.contracts import GoalResult
+from workflows.goal import GoalWorkflow
+from workflows.router import RouterWorkflow
+from workflows.router_contracts import CardAction, Pick, RouterHandlers, RouterInput, RouterView, Say, router_id
+from workflows.state import GoalInput
+
+
+def writes(path: str) -> list[dict]:
+    """A plan that writes `path` and then keeps the goal open until GO exists."""
+    step = {"name": "write", "kind": "tool", "tool": "write_file", "args": {"path": path, "content": "v1\n"}}
+    return [step, gate(["write"])]
+
+
+def choice(target: str, confidence: float = 0.9, mode: str = "steer", reason: str = "scripted") -> str:
+    return json.dumps({"target": target, "mode": mode, "confidence": confidence, "reason": reason})
+
+
+def router_requests(server) -> list[dict]:
+    """The router's choices asked of the model (their user message starts so)."""
+    return [r for r in server.requests() if r["last_message"].startswith("Message: ")]
+
+
+@pytest.fixture
+def user(monkeypatch, task_queue) -> str:
+    monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
+    return f"u{uuid.uuid4().hex[:8]}"
+
+
+async def said(env, user: str, text: str, request_id: str, workspace, **fields):
+    message = Say(request_id=request_id, text=text, workspace=str(workspace), **fields)
+    return await router_client.say(env.client, user, message, profile="test")
+
+
+async def inbox_of(env, goal_id: str):
+    return await env.client.get_workflow_handle(goal_id).query(GoalWorkflow.inbox)
+
+
+async def signalled(env, goal_id: str) -> dict[str, dict]:
+    """Request id -> the message the goal was sent by signal (as its history holds it)."""
+    found = {}
+    async for event in env.client.get_workflow_handle(goal_id).fetch_history_events():
+        if event.HasField("workflow_execution_signaled_event_attributes"):
+            attributes = event.workflow_execution_signaled_event_attributes
+            [message] = await env.client.data_converter.decode(attributes.input.payloads)
+            found[message["request_id"]] = message
+    return found
+
+
+async def goal_input(env, goal_id: str) -> GoalInput:
+    history = await env.client.get_workflow_handle(goal_id).fetch_history()
+    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    [value] = await env.client.data_converter.decode(payloads, [GoalInput])
+    return value
+
+
+def goal_ids(user: str) -> tuple[str, str]:
+    return f"poster-{user}", f"report-{user}"
+
+
+async def open_goal(env, task_queue, workspace, goal_id: str, path: str):
+    """A goal under `goal_id` that has written `path` and stays open (until GO exists)."""
+    goal_spec = spec(workspace, plan={"steps": writes(path)}, allowed_tools=["write_file", "run_command"])
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id, task_queue=task_queue
+    )
+    await wait_until(handle, lambda s: "gate" in s.running)
+    return handle
+
+
+async def two_open_goals(env, task_queue, workspace, user: str):
+    poster_id, report_id = goal_ids(user)
+    return (
+        await open_goal(env, task_queue, workspace, poster_id, "poster.svg"),
+        await open_goal(env, task_queue, workspace, report_id, "report.md"),
+    )
+
+
+async def test_a_message_naming_a_file_a_goal_owns_goes_to_that_goal_without_a_model_call(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster, report = await two_open_goals(env, task_queue, workspace, user)
+        routing = await said(env, user, "in poster.svg make the title bigger", "m1", workspace)
+        inbox = await inbox_of(env, poster.id)
+    assert routing is not None and routing.status == "routed"
+    assert (routing.by, routing.action, routing.goal_id) == ("bound object", "steer", poster.id)
+    assert routing.reason == f"it names poster.svg, which goal {poster.id} owns"
+    assert router_requests(server) == []  # decided without a model
+    [entry] = [e for e in inbox.entries if e.request_id == "router.m1"]
+    assert entry.kind == "steer" and entry.status in ("pending", "applied")
+
+
+async def test_wednesday_a_message_without_names_reaches_mondays_goal_by_the_models_choice(
+    env, task_queue, store, workspace, scripted, user
+):
+    poster_id, _ = goal_ids(user)
+    warmer = {"when": ["[PERDURE-ROUTER]", "a bit warmer"], "content": choice(poster_id, reason="poster")}
+    server = scripted({"replies": [warmer]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster, report = await two_open_goals(env, task_queue, workspace, user)
+        routing = await said(env, user, "make the poster a bit warmer", "wed-1", workspace)
+        inbox = await inbox_of(env, poster.id)
+    assert routing is not None
+    assert (routing.by, routing.action, routing.goal_id, routing.confidence) == ("model", "steer", poster.id, 0.9)
+    assert set(routing.candidates) >= {poster.id, report.id} and routing.reason == "poster"
+    [request] = router_requests(server)
+    assert poster.id in json.dumps(request) and report.id in json.dumps(request)  # the model saw both
+    assert any(e.request_id == "router.wed-1" and e.kind == "steer" for e in inbox.entries)
+
+
+async def test_an_unsure_choice_is_asked_back_and_the_users_pick_routes_it(
+    env, task_queue, store, workspace, scripted, user
+):
+    poster_id, report_id = goal_ids(user)
+    unsure = {"when": ["[PERDURE-ROUTER]", "tweak it"], "content": choice(poster_id, confidence=0.3, reason="maybe")}
+    server = scripted({"replies": [unsure]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster, report = await two_open_goals(env, task_queue, workspace, user)
+        asked = await said(env, user, "tweak it", "m-unsure", workspace)
+        picked = await said(env, user, "pick", "m-pick", workspace, pick=Pick(request_id="m-unsure", choice=report_id))
+        wrong = await said(env, user, "pick", "m-pick-2", workspace, pick=Pick(request_id="m-unsure", choice=report_id))
+        inbox = await inbox_of(env, report.id)
+        view = await router_client.view(env.client, user)
+    assert asked is not None and asked.status == "asked" and asked.goal_id is None
+    assert asked.reason == "the model was unsure (maybe)" and {poster_id, report_id, "new", "answer"} <= set(
+        asked.choices
+    )
+    assert picked is not None and (picked.by, picked.goal_id, picked.action) == ("person", report_id, "steer")
+    [original] = [m for m in view.messages if m.request_id == "m-unsure"]
+    assert (original.status, original.by, original.goal_id) == ("routed", "person", report_id)
+    assert any(e.request_id == "router.m-unsure" and e.kind == "steer" for e in inbox.entries)  # the original text
+    assert wrong is not None and wrong.status == "failed" and "nothing is waiting for a pick" in wrong.reason
+    assert view.asked == []
+
+
+async def test_an_unreadable_model_reply_is_asked_back_not_guessed(env, task_queue, store, workspace, scripted, user):
+    bad = [
+        {"when": ["[PERDURE-ROUTER]", "alpha"], "content": "the poster one, I think", "times": 1},
+        {"when": ["[PERDURE-ROUTER]", "bravo"], "content": choice("no-such-goal"), "times": 1},
+    ]
+    server = scripted({"replies": bad})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        first = await said(env, user, "alpha", "m-bad-1", workspace)
+        second = await said(env, user, "bravo", "m-bad-2", workspace)
+    assert first is not None and first.status == "asked"
+    assert first.reason.startswith("the model's choice could not be read (the reply is not JSON")
+    assert second is not None and second.status == "asked"
+    assert "'no-such-goal', which is none of the candidates" in second.reason
+
+
+async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_when_followed_up(
+    env, task_queue, store, workspace, scripted, user
+):
+    script = [
+        {"when": ["[PERDURE-ROUTER]", "good font"], "content": choice("answer", reason="a quick question"), "times": 1},
+        {"when": ["[PERDURE-ROUTER-ANSWER]", "good font"], "content": "A bold sans-serif, such as Inter.", "times": 1},
+        {
+            "when": ["[PERDURE-ROUTER]", "three variants"],
+            "content": choice("t-light-1", reason="same topic"),
+            "times": 1,
+        },
+        {"when": ["[PERDURE-ROUTER]", "weather"], "content": choice("answer", reason="quick"), "times": 1},
+        {"when": ["[PERDURE-ROUTER-ANSWER]", "weather"], "content": "NEEDS_GOAL: it needs a web lookup"},
+    ]
+    server = scripted({"replies": script, "policy": "offline"})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        light = await said(env, user, "what is a good font for posters?", "light-1", workspace)
+        grown = await said(env, user, "ok, make three variants of the poster with it", "light-2", workspace)
+        needs = await said(env, user, "what will the weather be on Saturday?", "light-3", workspace)
+        started = await goal_input(env, grown.goal_id)
+        for goal_id in (grown.goal_id, needs.goal_id):
+            await env.client.get_workflow_handle(goal_id, result_type=GoalResult).result()
+    assert light is not None and (light.action, light.reply) == ("answered", "A bold sans-serif, such as Inter.")
+    assert light.goal_id is None
+    assert grown is not None and grown.action == "upgraded" and grown.goal_id
+    assert grown.reason == "a follow-up of a light request: same"
+    conversation = started.spec.goal
+    assert "user: what is a good font for posters?" in conversation
+    assert "router: A bold sans-serif, such as Inter." in conversation and "three variants" in conversation
+    assert started.spec.workspace == str(workspace)
+    assert needs is not None and needs.action == "upgraded" and needs.reason == "it needs a goal: it needs a web lookup"
+
+
+async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_workspace(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": [], "policy": "offline"})
+    done_id = f"notes-{user}"
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await open_goal(env, task_queue, workspace, done_id, "notes.md")
+        (workspace / "GO").write_text("")
+        await handle.result()
+        routing = await said(env, user, "fix the typo in notes.md", "m-follow", workspace / "elsewhere")
+        started = await goal_input(env, routing.goal_id)
+    assert routing is not None and (routing.by, routing.action) == ("bound object", "follow-up goal")
+    assert routing.goal_id != done_id and f"{done_id} has ended (completed)" in routing.reason
+    assert started.spec.workspace == str(workspace)  # the ended goal's, not the message's
+    assert f"This follows goal {done_id}" in started.spec.goal
+
+
+async def test_explicit_goal_queue_and_a_card_answer_reach_the_goal_through_its_own_admission(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster, report = await two_open_goals(env, task_queue, workspace, user)
+        by_at = await said(env, user, f"@{report.id} add a summary table", "m-at", workspace)
+        queued = await said(env, user, "then a cover page", "m-q", workspace, goal_id=poster.id, queue=True)
+        card = CardAction(goal_id=poster.id, question_id="q-none", choice="approve")
+        carded = await said(env, user, "approve", "m-card", workspace, card=card)
+        missing = await said(env, user, "hello", "m-missing", workspace, goal_id=f"gone-{user}")
+        poster_inbox, report_inbox = await inbox_of(env, poster.id), await inbox_of(env, report.id)
+        to_poster, to_report = await signalled(env, poster.id), await signalled(env, report.id)
+    assert router_requests(server) == []
+    assert (by_at.by, by_at.action, by_at.goal_id) == ("explicit goal", "steer", report.id)
+    assert any(e.request_id == "router.m-at" and e.kind == "steer" for e in report_inbox.entries)
+    assert to_report["router.m-at"]["text"] == "add a summary table"  # the @name is the address, not the message
+    assert (queued.action, queued.goal_id) == ("queue", poster.id)
+    assert any(e.request_id == "router.m-q" and e.kind == "queue" for e in poster_inbox.entries)
+    assert (carded.by, carded.action) == ("card", "answer")
+    assert any(e.request_id == "router.m-card" and e.kind == "answer" for e in poster_inbox.entries)
+    assert to_poster["router.m-card"] | {"request_id": ""} == {
+        "request_id": "",
+        "kind": "answer",
+        "question_id": "q-none",
+        "choice": "approve",
+        "text": None,
+    }
+    assert missing.status == "failed" and f"goal gone-{user} cannot take messages" in missing.reason
+
+
+async def test_messages_sent_while_no_worker_runs_are_kept_and_routed_in_order_once_one_does(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": []})
+    poster_id, _ = goal_ids(user)
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster = await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+        await router_client.ensure_router(env.client, user, "test")
+    handle = env.client.get_workflow_handle(router_id(user))
+    # No worker: the update cannot be answered, so each message goes by signal.
+    router_client.DECISION_WAIT, wait = router_client.DECISION_WAIT.__class__(seconds=1), router_client.DECISION_WAIT
+    try:
+        first = await said(env, user, "poster.svg: bigger title", "offline-1", workspace)
+        second = await said(env, user, "poster.svg: and a border", "offline-2", workspace)
+    finally:
+        router_client.DECISION_WAIT = wait
+    await handle.signal(RouterHandlers.SAY)  # no argument
+    await handle.signal(RouterHandlers.SAY, {"request_id": "x", "text": 42})  # wrong type
+    await handle.signal("sya", {"request_id": "x", "text": "typo in the signal name"})
+    assert first is None and second is None
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        view = await wait_for_view(env, user, lambda v: v.pending == 0 and len(v.refusals) == 3)
+        inbox = await inbox_of(env, poster.id)
+    routed = [m for m in view.messages if m.request_id.startswith("offline-")]
+    assert [(m.request_id, m.status, m.goal_id) for m in routed] == [
+        ("offline-1", "routed", poster_id),
+        ("offline-2", "routed", poster_id),
+    ]
+    steers = [e.request_id for e in inbox.entries if e.request_id.startswith("router.offline-")]
+    assert steers == ["router.offline-1", "router.offline-2"]  # in the order they were sent
+    reasons = [r.reason for r in view.refusals]
+    assert "carries no argument" in reasons[0] and "text" in reasons[1] and "unknown signal 'sya'" in reasons[2]
+
+
+async def wait_for_view(env, user: str, predicate, timeout_s: float = 30) -> RouterView:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            view = await router_client.view(env.client, user)
+            if predicate(view):
+                return view
+        except Exception:  # noqa: BLE001 - not answering yet
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the router never got there")
+        await asyncio.sleep(0.2)
+
+
+async def test_a_question_open_at_continue_as_new_is_carried_and_its_pick_lands_in_the_next_run(
+    env, task_queue, store, workspace, scripted, user
+):
+    poster_id, _ = goal_ids(user)
+    unsure = {"when": ["[PERDURE-ROUTER]", "tweak"], "content": choice(poster_id, confidence=0.2), "times": 1}
+    server = scripted({"replies": [unsure]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster = await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+        router = await env.client.start_workflow(
+            RouterWorkflow.run,
+            RouterInput(user=user, profile="test", continue_after=2),
+            id=router_id(user),
+            task_queue=task_queue,
+        )
+        asked = await said(env, user, "tweak the colours", "can-1", workspace)
+        await said(env, user, "poster.svg: a border", "can-2", workspace)
+        view = await wait_for_view(env, user, lambda v: v.runs == 2)
+        picked = await said(env, user, "pick", "can-3", workspace, pick=Pick(request_id="can-1", choice=poster_id))
+        after = await router_client.view(env.client, user)
+        inbox = await inbox_of(env, poster.id)
+    first_run = env.client.get_workflow_handle(router_id(user), run_id=router.first_execution_run_id)
+    assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+    assert asked.status == "asked" and [m.request_id for m in view.asked] == ["can-1"]  # carried
+    assert picked.status == "routed" and picked.goal_id == poster_id and after.asked == []
+    assert [e.request_id for e in inbox.entries if e.request_id.startswith("router.")] == [
+        "router.can-2",
+        "router.can-1",
+    ]
+
+
+@pytest.mark.slow  # starts the CLI four times
+def test_perdure_say_and_inbox_router_print_the_decision_and_why_without_a_traceback(
+    env, task_queue, store, workspace, scripted, user, tmp_path
+):
+    """The CLI from outside: `perdure say` prints where the message went and why,
+    `perdure inbox --router` lists it; bad input is one clear line."""
+    server = scripted({"replies": []})
+    poster_id, _ = goal_ids(user)
+    cli_env = {
+        **os.environ,
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_TASK_QUEUE": task_queue,
+        "PERDURE_USER": user,
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+    }
+
+    def perdure(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "perdure"), *args],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    async def scenario() -> list[subprocess.CompletedProcess]:
+        async with running_worker(env, task_queue, store, openai_profile(server)):
+            await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+            return [
+                await asyncio.to_thread(perdure, "say", "poster.svg: bigger title", "--workspace", str(workspace)),
+                await asyncio.to_thread(perdure, "inbox", "--router"),
+                await asyncio.to_thread(perdure, "say", "--pick", "nonsense"),
+                await asyncio.to_thread(perdure, "say", ""),
+            ]
+
+    said_, inbox, bad_pick, empty = asyncio.run(scenario())
+    assert said_.returncode == 0, said_.stderr
+    assert f"→ steer {poster_id} (by bound object): it names poster.svg, which goal {poster_id} owns" in said_.stdout
+    assert inbox.returncode == 0 and "poster.svg: bigger title" in inbox.stdout and "bound object" in inbox.stdout
+    for bad in (bad_pick, empty):
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr + bad.stdout
+    assert "REQUEST_ID=CHOICE" in bad_pick.stderr
