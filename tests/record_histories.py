@@ -581,6 +581,55 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
     save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
+async def record_goal_memory(env: WorkflowEnvironment, out: Path) -> None:
+    """A goal using memory: a project memory recalled into a step's input, the step's
+    conclusion written and recalled by the next step, the end-of-goal card answered so
+    the conclusion is kept for the project."""
+    from memory.store import open_store
+    from workflows.memory_contracts import MemorySource, NewMemory
+
+    script = {
+        "replies": [
+            {
+                "when_last": "step: export",
+                "content": "CONCLUSION: the CSV export for Excel needs a byte order mark = true",
+            },
+            {"when": "PERDURE-STEP", "content": "checked"},
+        ]
+    }
+    steps = [
+        llm("export", prompt="Write the CSV export notes for Excel users."),
+        llm("check", ["export"], prompt="Check the CSV export notes for Excel."),
+    ]
+    async with rig(env, script) as (workspace, task_queue):
+        seeded = open_store(home=workspace.parent)
+        now = datetime.now(UTC)
+        seeded.write(
+            [
+                NewMemory(
+                    layer="semantic",
+                    kind="note",
+                    text="CSV exports for Excel need a UTF-8 byte order mark",
+                    source=MemorySource(kind="person"),
+                    scope="project",
+                    scope_key=str(workspace),
+                    made_at=now - timedelta(days=3),
+                )
+            ]
+        )
+        seeded.close()
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": steps}, drift_every=0)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        asked = await wait_until(handle, lambda s: s.questions)
+        await submit(handle, Answer(request_id="keep-1", question_id=asked.questions[0].id, choice="project"))
+        await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -602,6 +651,7 @@ SCENARIOS = {
     "goal-v1-risk-order": record_goal_risk_order,
     "goal-v1-replanned-on-evidence": record_goal_replanned_on_evidence,
     "router-v1-routes": record_router_routes,
+    "goal-v1-memory": record_goal_memory,
 }
 
 

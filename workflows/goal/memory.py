@@ -86,7 +86,7 @@ class GoalMemoryRoom:
             check=self._unchecked(),
             record=self._outgoing(),
         )
-        result = await self._call(Activities.MEMORY_RECALL, payload, RecallResult, f"memory · recall · {step.name}")
+        result = await self._call(Activities.MEMORY_RECALL, payload, RecallResult, f"memory recall for {step.name}")
         if result is None:
             return
         self._delivered(payload.record, result.recorded)
@@ -107,7 +107,7 @@ class GoalMemoryRoom:
         memory = self._ctx.state.memory
         ids = self._unchecked()
         if ids and memory.checked_at != workflow.now():
-            summary = f"memory · revocations · {node.name}"
+            summary = f"memory revocations for {node.name}"
             payload = RevocationsInput(ids=ids, record=self._outgoing())
             result = await self._call(Activities.MEMORY_REVOCATIONS, payload, RevocationsResult, summary)
             if result is not None:
@@ -211,7 +211,7 @@ class GoalMemoryRoom:
                 memory.written.append(memory_rules.written(new, memory_id))
         del memory.written[: -memory_rules.MAX_WRITTEN_KEPT]
 
-    async def flush(self, summary: str = "memory · record") -> None:
+    async def flush(self, summary: str = "memory record") -> None:
         """Write what the outbox holds (at the end of the goal)."""
         if not self.enabled:
             return
@@ -295,7 +295,7 @@ class GoalMemoryRoom:
         payload = PromoteInput(
             goal_id=self._ctx.goal_id, ids=ids, scope=scope, workspace=state.spec.workspace, at=workflow.now()
         )
-        result = await self._call(Activities.MEMORY_PROMOTE, payload, PromoteResult, f"memory · keep {len(ids)}")
+        result = await self._call(Activities.MEMORY_PROMOTE, payload, PromoteResult, f"memory keep {len(ids)}")
         if result is not None:
             card.promoted = result.promoted
 
