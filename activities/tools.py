@@ -7,6 +7,14 @@ network unless allowed; the whole process tree ends with the step), HTTP GET wit
 capped bodies. Outputs go to the
 artifact store; the workflow only sees a reference and a preview.
 
+write_file is versioned and fenced (activities/workspace_versions.py): it replaces a
+file only if the file still holds the version the call is based on (its `base_version`,
+else what the goal says its node last read or wrote: `ToolInput.based_on`), and only for
+a call whose fencing token (`ToolInput.fence` and the attempt) is still its node's
+newest; a superseded run_command is not started either. A read's fingerprint is the
+digest of exactly the bytes it read, so a write based on it never passes over an edit
+made just after the read.
+
 Failures a model can act on (bad arguments, a missing file, a non-zero exit, a
 404) come back as `ToolResult(ok=False, error=...)`. Only goal-level problems
 raise `ApplicationError`: a missing workspace, a lost artifact, a malformed
@@ -24,9 +32,11 @@ import asyncio
 import codecs
 import functools
 import json
+import posixpath
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +54,18 @@ from activities.fingerprints import fingerprints_of
 from activities.heartbeat import Heartbeat
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
+from activities.workspace_versions import (
+    UNCHECKED,
+    Basis,
+    FenceToken,
+    FileVersion,
+    WorkspaceVersions,
+    WriteRefused,
+    superseded_message,
+)
 from runtime.files import write_atomically
 from workflows.canonical import canonical_json, digest_of
-from workflows.contracts import Activities, ArtifactRef, PreparedEffect, ToolInput, ToolResult
+from workflows.contracts import Activities, ArtifactRef, Fingerprint, PreparedEffect, ToolInput, ToolResult
 from workflows.effects import compensation_for, decide_command_retry, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.tool_specs import (
@@ -98,19 +117,41 @@ def _decode(data: bytes, encoding: str = "utf-8", *, capped: bool = False) -> st
     return decoder.decode(data, final=not capped)
 
 
-def _read_file_sync(root: Path, args: ReadFileArgs) -> str:
+@dataclass
+class FileCall:
+    """A read_file or write_file call's part in versioning: the store, the call's fencing
+    token and what its goal says it is based on; the tool sets `seen`, the version it read
+    or wrote (what its fingerprint records)."""
+
+    versions: WorkspaceVersions
+    token: FenceToken | None = None
+    based_on: dict[str, str | None] | None = None
+    seen: FileVersion | None = None
+
+
+def _read_file_sync(root: Path, args: ReadFileArgs, call: FileCall | None = None) -> str:
     path = _confined(root, args.path)
     try:
         if not path.exists():
             raise ToolError(f"'{args.path}' does not exist in the workspace")
         if path.is_dir():
             raise ToolError(f"'{args.path}' is a directory; use list_dir to see its entries")
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            data = f.read(args.max_bytes + 1)
+        if call is None:
+            size = path.stat().st_size
+            with path.open("rb") as f:
+                data = f.read(args.max_bytes + 1)
+        else:
+            # One open for the text and the version: the digest is of the bytes read.
+            data, call.seen = call.versions.read(path, args.max_bytes + 1)
+            size = call.seen.size
+    except FileNotFoundError:
+        raise ToolError(f"'{args.path}' does not exist in the workspace") from None
     except OSError as err:
         raise ToolError(f"cannot read '{args.path}': {err.strerror or err}") from None
-    return _capped_text(data, args.max_bytes, size, f"'{args.path}'", "read_file")
+    text = _capped_text(data, args.max_bytes, size, f"'{args.path}'", "read_file")
+    if call is not None and call.seen is not None:
+        call.versions.keep(call.seen)
+    return text
 
 
 def _capped_text(data: bytes, max_bytes: int, size: int, what: str, tool: str) -> str:
@@ -124,9 +165,9 @@ def _capped_text(data: bytes, max_bytes: int, size: int, what: str, tool: str) -
     return text + f"\n[truncated: showing the first {max_bytes} of {size} bytes of {what}]"
 
 
-async def read_file(root: Path, args: ReadFileArgs) -> str:
+async def read_file(root: Path, args: ReadFileArgs, *, call: FileCall | None = None) -> str:
     # Disk I/O off the event loop: a slow disk must not stall heartbeats of other activities.
-    return await asyncio.to_thread(_read_file_sync, root, args)
+    return await asyncio.to_thread(_read_file_sync, root, args, call)
 
 
 def _list_dir_sync(root: Path, args: ListDirArgs) -> str:
@@ -152,9 +193,10 @@ async def list_dir(root: Path, args: ListDirArgs) -> str:
     return await asyncio.to_thread(_list_dir_sync, root, args)
 
 
-def _write_file_sync(root: Path, args: WriteFileArgs) -> str:
+def _write_file_sync(root: Path, args: WriteFileArgs, call: FileCall | None = None) -> str:
     path = _confined(root, args.path)
     data = args.content.encode("utf-8")
+    shown = path.relative_to(workspace_root(root)).as_posix()
     try:
         if path.is_dir():
             raise ToolError(f"'{args.path}' is a directory; give a file path")
@@ -162,15 +204,47 @@ def _write_file_sync(root: Path, args: WriteFileArgs) -> str:
         # either the old file or the new one, never a half-written or appended file.
         # `path` is already resolved and inside the workspace, so the parents it creates are too.
         # mkstemp creates 0600; keep an existing file's mode, give a new one the usual 0644.
-        write_atomically(path, data, mode=path.stat().st_mode & 0o7777 if path.exists() else 0o644)
+        if call is None:
+            write_atomically(path, data, mode=path.stat().st_mode & 0o7777 if path.exists() else 0o644)
+        else:
+            basis = _basis(root, path, args, call.based_on)
+            call.seen = call.versions.write(path, data, shown=shown, basis=basis, token=call.token)
+    except WriteRefused as err:
+        raise ToolError(f"write_file refused: {err.message}", output=err.detail) from None
     except OSError as err:
         raise ToolError(f"cannot write '{args.path}': {err.strerror or err}") from None
-    shown = path.relative_to(workspace_root(root)).as_posix()
+    if call is not None and call.seen is not None:
+        call.versions.keep(call.seen)
     return f"wrote {len(data)} bytes to {shown}"
 
 
-async def write_file(root: Path, args: WriteFileArgs) -> str:
-    return await asyncio.to_thread(_write_file_sync, root, args)
+def _basis(root: Path, path: Path, args: WriteFileArgs, based_on: dict[str, str | None] | None) -> Basis:
+    """The version a write is based on: the call's own base_version, else the one its goal
+    says the step (or a step it builds on) last read or wrote; no version context at all
+    (a device's call, an older caller) checks nothing."""
+    if args.base_version == "any":
+        return Basis(check=False, why='base_version "any"')
+    if args.base_version is not None:
+        return Basis(check=True, seen=True, digest=args.base_version, why="the base_version you gave")
+    if based_on is None:
+        return UNCHECKED
+    seen_by_step = "this step (or a step it builds on) last read or wrote it"
+    key = posixpath.normpath(args.path)
+    if key in based_on:
+        return Basis(check=True, seen=True, digest=based_on[key], why=seen_by_step)
+    # The same file under another spelling (`./a`, a symlink): compare real paths.
+    for other, digest in based_on.items():
+        try:
+            if resolve_in_workspace(root, other) == path:
+                return Basis(check=True, seen=True, digest=digest, why=seen_by_step)
+        except (WorkspaceEscape, WorkspaceMissing):
+            continue
+    return Basis(check=True, seen=False)
+
+
+async def write_file(root: Path, args: WriteFileArgs, *, call: FileCall | None = None) -> str:
+    """Without a `call`, an unversioned overwrite (what the activity never does)."""
+    return await asyncio.to_thread(_write_file_sync, root, args, call)
 
 
 # --- run_command ----------------------------------------------------------------
@@ -343,6 +417,12 @@ WORKSPACE_TOOLS = frozenset(
 )
 """Tools that need the workspace on this machine; HTTP tools may run on a worker that has none."""
 
+FILE_TOOLS = frozenset({"read_file", "write_file"})
+"""Tools that read or write a file's version (activities/workspace_versions.py)."""
+REFUSED_WHEN_SUPERSEDED = frozenset({"write_file", "run_command"})
+"""A superseded call of these is not started: its node's newer work must not be overwritten.
+Other workspace calls still present their token (a newer run's read fences the older run's writes)."""
+
 
 class _BadArguments(Exception):
     """Arguments the model or plan got wrong; becomes ok=False."""
@@ -353,6 +433,7 @@ class ToolActivities:
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
+        self.versions = WorkspaceVersions(store)
         self.functions: dict[str, ToolFunction | EffectTool] = {
             **TOOL_FUNCTIONS,
             "read_artifact": functools.partial(read_artifact, store),
@@ -393,11 +474,20 @@ class ToolActivities:
         except _BadArguments as err:
             return failed(str(err))
 
+        token = _fence_token(input) if input.tool in WORKSPACE_TOOLS else None
+        if token is not None:
+            superseded = await asyncio.to_thread(self.versions.claim, token)
+            if superseded is not None and input.tool in REFUSED_WHEN_SUPERSEDED:
+                activity.logger.warning("superseded call refused", extra={"tool": input.tool, "why": superseded})
+                return failed(superseded_message(input.tool, token, superseded))
         if isinstance(args, RunCommandArgs):
             settled = self._command_not_run(input, args, spec)
             if settled is not None:
                 return settled
         implementation = self.functions[input.tool]
+        file_call = FileCall(self.versions, token, input.based_on) if input.tool in FILE_TOOLS else None
+        if file_call is not None:
+            implementation = functools.partial(implementation, call=file_call)
         if input.tool in COMMAND_TOOLS:
             implementation = functools.partial(
                 implementation, network=input.network, hidden=tuple(sandbox.hidden_paths(self.store.root))
@@ -420,7 +510,7 @@ class ToolActivities:
             ok=True,
             output=ref,
             preview=preview(text),
-            fingerprints=fingerprints,
+            fingerprints=_as_seen(fingerprints, file_call, args),
         )
 
     def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:
@@ -546,6 +636,32 @@ class ToolActivities:
             # The store is this machine's disk: retrying here will not bring the
             # blob back. The workflow decides (re-run the producer, or fail).
             raise ApplicationError(f"cannot load {what}: {err}", type=type(err).__name__, non_retryable=True) from None
+
+
+def _fence_token(input: ToolInput) -> FenceToken | None:
+    """The call's fencing token: what the goal says (node, run, workflow task) and this attempt."""
+    fence = input.fence
+    if fence is None:
+        return None
+    attempt = activity.info().attempt if activity.in_activity() else 1
+    return FenceToken(
+        goal=input.goal_id,
+        chain=fence.chain,
+        node=fence.node,
+        run=fence.run,
+        task=fence.task,
+        attempt=attempt,
+        call=input.node_key,
+    )
+
+
+def _as_seen(fingerprints: list[Fingerprint], call: FileCall | None, args: ToolArgs) -> list[Fingerprint]:
+    """A file tool's fingerprint with the digest of the version it read or wrote, not of the
+    file a moment later: a person's save in between must not count as seen by the step."""
+    if call is None or call.seen is None or not isinstance(args, ReadFileArgs | WriteFileArgs):
+        return fingerprints
+    source = f"file:{args.path}"
+    return [p.model_copy(update={"digest": call.seen.digest}) if p.source == source else p for p in fingerprints]
 
 
 def _expected_fields(model: type[ToolArgs]) -> str:

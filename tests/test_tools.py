@@ -123,7 +123,8 @@ async def test_missing_field_names_tool_and_field(store: ArtifactStore, ws: Path
     result = await run(store, ws, "write_file", {"path": "x.txt"})
     assert not result.ok and result.risk == "local-write"
     assert result.error == (
-        "bad arguments for write_file: content: Field required; expected fields: path (required), content (required)"
+        "bad arguments for write_file: content: Field required; expected fields: path (required), content (required), "
+        "base_version"
     )
     assert not (ws / "x.txt").exists()
 

@@ -392,6 +392,20 @@ class AgentTurnResult(BaseModel):
 # --- tools --------------------------------------------------------------------
 
 
+class WorkspaceFence(BaseModel):
+    """A tool call's fencing token, but for the activity's attempt (the worker adds it): a
+    workspace write or command whose token is older than one its node has already used is
+    refused (activities/workspace_versions.py)."""
+
+    chain: str = Field(description="The goal's first run id: a goal started again under its id is a new chain.")
+    node: str
+    run: int = Field(description="The node's run (Node.runs): a rewound, voided or resumed node has a newer one.")
+    task: int = Field(
+        description="History length of the workflow task that made the call: a call made again after its worker "
+        "was lost mid-task, and every later call of the node, has a larger one."
+    )
+
+
 class ToolInput(BaseModel):
     goal_id: str
     node_key: str
@@ -416,6 +430,13 @@ class ToolInput(BaseModel):
         default=False,
         description="`args` were resolved on a worker already (a device call): `{{steps.NAME}}` in them is "
         "literal text, not a template.",
+    )
+    fence: WorkspaceFence | None = Field(default=None, description="Set by the goal for a node's calls.")
+    based_on: dict[str, str | None] | None = Field(
+        default=None,
+        description="A versioned write (write_file): file path -> its version (sha256) as the node, or a step it "
+        "needs, last read or wrote it (None: it did not exist); a file not named was never seen. None: no "
+        "version context (a device's call), so only the call's own base_version is checked.",
     )
 
 

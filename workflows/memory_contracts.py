@@ -59,7 +59,7 @@ class MemorySource(BaseModel):
             return f"goal {self.goal}, step '{self.node}'"
         if self.kind == "goal":
             return f"goal {self.goal}"
-        return "a person (perdure memory)"
+        return "a person (perdure memory add)"
 
 
 class NewMemory(BaseModel):

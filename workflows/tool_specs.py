@@ -25,6 +25,7 @@ argument a model could set.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -51,9 +52,38 @@ class ListDirArgs(ToolArgs):
     path: str = Field(default=".", description="Directory relative to the workspace root.")
 
 
+BASE_VERSION = r"^sha256:[0-9a-f]{64}$"
+
+
 class WriteFileArgs(ToolArgs):
     path: str = Field(description="Path relative to the workspace root; the file is overwritten.")
     content: str
+    base_version: str | None = Field(
+        default=None,
+        description="The version of the file your content is based on (a sha256:... digest). Leave it out to "
+        "use the version this step last read or wrote; a file it never saw must not exist yet. "
+        '"any" replaces whatever the file holds (only when told to discard what is there).',
+    )
+
+    @field_validator("base_version", mode="before")
+    @classmethod
+    def _a_version_or_any(cls, value: object) -> object:
+        if value is None or value == "any":
+            return value
+        expected = 'base_version must be "any" or a file version: "sha256:" and 64 lower-case hex digits'
+        if not isinstance(value, str):
+            raise ValueError(f"{expected}; got {type(value).__name__} {_preview_value(value)}")
+        if len(value) > 100:
+            raise ValueError(f"{expected}; got a string of {len(value)} characters")
+        if not re.fullmatch(BASE_VERSION, value):
+            raise ValueError(f"{expected}; got {value!r}")
+        return value
+
+
+def _preview_value(value: object, limit: int = 40) -> str:
+    """A short repr for an error message: a model may send a megabyte where a digest goes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class RunCommandArgs(ToolArgs):
@@ -247,7 +277,10 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             replay="safe",
             expected_s=0.1,
             risk="local-write",
-            description="Create or overwrite a text file inside the workspace.",
+            description="Create or overwrite a text file inside the workspace. Writes are versioned: a file "
+            "that changed since this step last read or wrote it (a person edited it, another step wrote it) is "
+            "not overwritten; the call fails with what changed, and you read the file again and re-apply your "
+            "change. Read an existing file before replacing it.",
             args_model=WriteFileArgs,
         ),
         ToolSpec(
@@ -344,6 +377,9 @@ the workers, which hold their credentials."""
 ApprovalRule = Literal["always", "never", "risk>=local-write"]
 """When a device call needs a person's approval: every call, no call, or calls whose risk
 is local-write or more (a read-only command counts as a read)."""
+
+VERSIONED_WRITES: frozenset[str] = frozenset({"write_file"})
+"""Workspace writes based on a version of their file: the goal sends what the node saw (ToolInput.based_on)."""
 
 COMMAND_TOOLS: frozenset[str] = frozenset({"run_command"})
 """Tools that run a shell command in the sandbox; the goal's or step's network permission reaches them."""

@@ -1,6 +1,9 @@
 """How the goal runs one tool call: where (a local activity in a read segment, or
 an activity with its own checkpoint), with which timeouts and retries, and what
-a write that ran out of attempts becomes (uncertain, never failed).
+a write that ran out of attempts becomes (uncertain, never failed), and what a node's
+call carries for the workspace's versions: its fencing token (the node's run and the
+workflow task making the call), and for a versioned write the version of each file the
+node, or a step it needs, last read or wrote (from their fingerprints).
 
 Workflow code: it schedules activities. The effect rules around a call
 (confirmation of irreversible tools, questions about uncertain outcomes,
@@ -10,6 +13,7 @@ compensations) are the effect guard's (effect_guard.py), which calls this.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -17,10 +21,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
-from workflows.contracts import Activities, ToolInput, ToolResult
+from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
 from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
-from workflows.tool_specs import TOOL_SPECS
+from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES
 
 if TYPE_CHECKING:
     from workflows.goal.devices import Devices
@@ -41,6 +45,10 @@ RETRY_BY_TOOL = {"run_command": TOOL_RETRY}
 TOOL_HEARTBEAT = MODEL_HEARTBEAT
 # Files a node's fingerprints name at most (an agent may read hundreds).
 MAX_FINGERPRINTS = 200
+# Versions a write's call names at most: an agent's write may be of any file it saw, so
+# it carries them all (the node's own, then its upstream steps'), the newest first kept.
+MAX_BASED_ON = MAX_FINGERPRINTS
+FILE_SOURCE = "file:"
 
 
 class ToolRunner:
@@ -84,7 +92,7 @@ class ToolRunner:
                 await self._segment_room()
                 result = await workflow.execute_local_activity(
                     Activities.RUN_TOOL,
-                    tool_input,
+                    self._fenced(tool_input, node),
                     result_type=ToolResult,
                     start_to_close_timeout=tool_timeout(tool_input),
                     retry_policy=retry,
@@ -93,7 +101,7 @@ class ToolRunner:
             else:
                 result = await workflow.execute_activity(
                     Activities.RUN_TOOL,
-                    tool_input,
+                    self._fenced(tool_input, node),
                     result_type=ToolResult,
                     start_to_close_timeout=tool_timeout(tool_input),
                     heartbeat_timeout=tool_heartbeat(tool_input),
@@ -121,6 +129,21 @@ class ToolRunner:
             keep_fingerprints(node, result)
         return result
 
+    def _fenced(self, tool_input: ToolInput, node: Node | None) -> ToolInput:
+        """The call as a node makes it in this workflow task: with its fencing token, and for
+        a versioned write with the versions it is based on. Taken right before the call is
+        scheduled, so a call made again in a later task (its worker lost) has a newer token."""
+        if node is None:
+            return tool_input
+        info = workflow.info()
+        fence = WorkspaceFence(
+            chain=info.first_execution_run_id, node=node.name, run=node.runs, task=info.get_current_history_length()
+        )
+        update: dict = {"fence": fence}
+        if tool_input.tool in VERSIONED_WRITES:
+            update["based_on"] = versions_seen(self._state, node, tool_input)
+        return tool_input.model_copy(update=update)
+
     async def _segment_room(self) -> None:
         """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
         for a short timer, which ends the task once the calls in flight are done. Every
@@ -146,6 +169,47 @@ def keep_fingerprints(node: Node, result: ToolResult) -> None:
         latest.pop((print_.kind, print_.source), None)
         latest[(print_.kind, print_.source)] = print_
     node.fingerprints = list(latest.values())[-MAX_FINGERPRINTS:]
+
+
+def versions_seen(state: GoalState, node: Node, tool_input: ToolInput) -> dict[str, str | None]:
+    """Each file's version as `node` last read or wrote it, else as the steps it needs
+    (directly or not) last did: their work happened before this node's, so a write based
+    on it passes over nothing this node's inputs do not reflect. A parallel branch's reads
+    and writes never count: a write from one branch to a file another wrote is a conflict.
+    A plan step's write names its one path; an agent's (whose arguments the goal does not
+    see) all, at most MAX_BASED_ON."""
+    plan = state.plan
+
+    def needs(name: str) -> list[str]:
+        try:
+            return plan.step(name).needs if plan is not None else []
+        except KeyError:  # a step the current plan no longer has
+            return []
+
+    upstream: list[str] = []
+    todo, reached = list(needs(node.name)), set()
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in state.nodes:
+            continue
+        reached.add(name)
+        upstream.append(name)
+        todo.extend(needs(name))
+    versions: dict[str, str | None] = {}
+    for prints in (
+        sorted((p for name in upstream for p in state.nodes[name].fingerprints), key=lambda p: p.at),
+        sorted(node.fingerprints, key=lambda p: p.at),
+    ):
+        for print_ in prints:
+            if print_.source.startswith(FILE_SOURCE):
+                path = posixpath.normpath(print_.source.removeprefix(FILE_SOURCE))
+                versions.pop(path, None)  # the newest last, so the cap keeps it
+                versions[path] = print_.digest
+    wanted = (tool_input.args or {}).get("path")
+    if isinstance(wanted, str) and "{{" not in wanted:
+        path = posixpath.normpath(wanted)
+        return {path: versions[path]} if path in versions else {}
+    return dict(list(versions.items())[-MAX_BASED_ON:])
 
 
 def tool_timeout(tool_input: ToolInput) -> timedelta:
