@@ -118,7 +118,7 @@ async def test_a_steps_input_carries_the_memories_of_its_goal_and_project_with_s
     sent = request["last_message"]
     assert f"[{here} · semantic note · project {ws} (this workspace): a convention of that project" in sent
     assert (
-        "source: a person (perdure memory add) · 3.0 d old] CSV exports for Excel need a UTF-8 byte order mark" in sent
+        "source: a person (perdure memory) · 3.0 d old] CSV exports for Excel need a UTF-8 byte order mark" in sent
     )
     assert f"[{everywhere} · semantic note · global: a preference that holds everywhere" in sent
     assert "10.0 d old" in sent

@@ -59,7 +59,7 @@ class MemorySource(BaseModel):
             return f"goal {self.goal}, step '{self.node}'"
         if self.kind == "goal":
             return f"goal {self.goal}"
-        return "a person (perdure memory add)"
+        return "a person (perdure memory)"
 
 
 class NewMemory(BaseModel):
