@@ -1,6 +1,7 @@
 """Checking finished work again before a goal goes on after a long wait: one activity,
-`perdure.verify.nodes`, that says which of the nodes it is given no longer hold, and why;
-and the model question a step's `verify` may ask, `perdure.model.verify_question`.
+`perdure.verify.nodes`, that says which of the nodes it is given no longer hold, and why
+(and digests the files a goal looks at around its command steps: `look_at`); and the
+model question a step's `verify` may ask, `perdure.model.verify_question`.
 
 Per node, as deep as its check asks: existence (its output artifact is in the store,
 the files it wrote are in the workspace), fingerprint (the files and directories it
@@ -11,7 +12,8 @@ read that changed is also listed (a question's evidence). Nothing here changes t
 workspace or the goal.
 
 URLs are re-fetched by the http_get tool itself (activities/tools.py: the same URL
-rules, client, redirects, cap and decoding), only when the goal allows the network. A
+rules, client, redirects, cap and decoding), under the tool's own rule: when the goal
+may call http_get, whatever its `allow_network` (which is about shell commands). A
 fetch that fails (unreachable, a timeout, an HTTP error status) keeps the step and says
 so: a flaky network must not void a goal's work, and only a body that was read and
 differs voids. Reasons show a URL without its query and user info: the record goes to
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -46,7 +49,6 @@ from activities.tools import http_get, run_command
 from workflows.contracts import Activities, Fingerprint
 from workflows.tool_specs import HttpGetArgs, RunCommandArgs
 from workflows.verify_contracts import (
-    VERIFY_QUESTION,
     NodeCheck,
     QuestionInput,
     QuestionResult,
@@ -69,12 +71,14 @@ class VerificationActivities:
     async def verify_nodes(self, input: VerifyInput) -> VerifyResult:
         root = Path(input.workspace)
         result = VerifyResult(checked=len(input.checks))
+        if input.look_at:
+            result.looked = await asyncio.to_thread(_looked_at, root, input.look_at)
         async with Heartbeat(lambda: f"checking {len(input.checks)} finished steps"):
             for check in input.checks:
-                await self._check(root, check, input.network, result)
+                await self._check(root, check, input, result)
         return result
 
-    async def _check(self, root: Path, check: NodeCheck, network: bool, result: VerifyResult) -> None:
+    async def _check(self, root: Path, check: NodeCheck, input: VerifyInput, result: VerifyResult) -> None:
         """The first reason `check.node` no longer holds goes to `result.void`; every read
         that changed to `result.changed`; what could not be checked to `result.unchecked`."""
         if check.depth == "trust":
@@ -101,8 +105,8 @@ class VerificationActivities:
         for print_ in urls:
             if reasons:
                 break  # void already: no request to learn what is not needed
-            if not network:
-                notes.append(f"{shown_url(print_.source)} not re-fetched (the goal does not allow the network)")
+            if not input.refetches():
+                notes.append(f"{shown_url(print_.source)} not re-fetched (the goal does not allow http_get)")
                 continue
             changed, note = await self._url_changed(print_)
             if note:
@@ -111,7 +115,7 @@ class VerificationActivities:
                 reasons.append(changed)
                 result.changed.append(f"{changed} (by step '{check.node}')")
         if not reasons and check.depth == "semantic" and check.command:
-            failing = await self._command_fails(root, check, network)
+            failing = await self._command_fails(root, check, input.network)
             if failing:
                 reasons.append(failing)
         if reasons:
@@ -158,7 +162,7 @@ class VerifyQuestionActivities(ModelActivities):
     def activities(self) -> list[Callable[..., Any]]:
         return [self.verify_question]
 
-    @activity.defn(name=VERIFY_QUESTION)
+    @activity.defn(name=Activities.VERIFY_QUESTION)
     async def verify_question(self, input: QuestionInput) -> QuestionResult:
         messages = [
             ChatMessage(role="system", content=question_system_prompt(input.context.constraints)),
@@ -228,6 +232,13 @@ def shown_url(source: str) -> str:
         return preview(url.partition("?")[0], 120)
     query = "?…" if parts.query else ""
     return preview(urlunsplit((parts.scheme, host + port, parts.path, "", "")) + query, 160)
+
+
+def _looked_at(root: Path, sources: list[str]) -> list[Fingerprint]:
+    return [
+        Fingerprint(kind="seen", source=source, digest=digest_of_source(root, source), at=datetime.now(UTC))
+        for source in sources
+    ]
 
 
 def _exit_code(output: str) -> int | None:

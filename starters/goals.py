@@ -29,12 +29,7 @@ from temporalio.client import (
     WorkflowHistoryEventFilterType,
 )
 from temporalio.client import WorkflowExecution as WorkflowExecution_
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
 from temporalio.exceptions import TimeoutError as TimeoutError_
@@ -162,6 +157,8 @@ LATER_SPEC_FIELDS = (
 
 # Plan step fields added since, with their defaults: left out of a plan's steps at those.
 LATER_STEP_FIELDS = {"verify": None, "writes": None, "defer": True}
+# A step's `verify` fields added after `verify` itself, likewise left out of it at their defaults.
+LATER_VERIFY_FIELDS = {"question": None}
 
 
 def spec_digest(spec: GoalSpec) -> str:
@@ -180,6 +177,10 @@ def _drop_later_step_fields(plan: dict) -> None:
         for name, default in LATER_STEP_FIELDS.items():
             if name in step and step[name] == default:
                 del step[name]
+        if isinstance(step.get("verify"), dict):
+            for name, default in LATER_VERIFY_FIELDS.items():
+                if name in step["verify"] and step["verify"][name] == default:
+                    del step["verify"][name]
         if isinstance(step.get("plan"), dict):
             _drop_later_step_fields(step["plan"])  # a subgoal's own plan
 
@@ -220,7 +221,6 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
         static_summary=spec.goal[:200],
         static_details=static_details(spec),
         memo={SPEC_DIGEST_MEMO: spec_digest(spec)},
-        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.OWNER, settings.user())]),
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
         task_timeout=GOAL_TASK_TIMEOUT,

@@ -529,11 +529,15 @@ class Job:
 
 # --- the offline policy: a reply derived from the request, for any plan ----------
 
+# A step's verify question (activities/verification.py's marker, spelled out as above).
+VERIFY_MARK = "[PERDURE-VERIFY]"
+
 
 def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> ScriptedReply | None:
     """What the offline policy answers a chat-completions request, or None when it is no perdure call.
 
     planner: a plan of one llm step that works toward the goal text. drift check: on track.
+    verify question: HOLDS (offline, nothing new is known, so the step's work is kept).
     llm step: a short text naming the step, its prompt and its inputs. agent step: each offered
     tool once, one per turn in the order offered, with the arguments `steps[STEP][TOOL]` gives,
     else arguments built from the tool's JSON schema (`schema_arguments`); then a final answer
@@ -549,6 +553,8 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
         return ScriptedReply(json={"steps": [{"name": "answer", "kind": "llm", "prompt": prompt}]})
     if DRIFT_MARK in system:
         return ScriptedReply(json={"on_track": True, "reason": "offline policy: the plan is followed as written"})
+    if VERIFY_MARK in system:
+        return ScriptedReply(content="HOLDS\noffline policy: nothing new is known offline")
     if STEP_MARK in system:
         return ScriptedReply(content=_step_summary(first_user))
     if AGENT_MARK in system:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 
-from starters.goals import LATER_SPEC_FIELDS, spec_digest
+from starters.goals import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
 from workflows.contracts import GoalSpec
+from workflows.plan import VerifySpec
 
 # GoalSpec's fields when start digests were first compared; every field since is "later".
 FIELDS_WHEN_DIGESTS_BEGAN = {
@@ -17,6 +18,8 @@ FIELDS_WHEN_DIGESTS_BEGAN = {
     *("stall_after_s", "local_activities_up_to_s", "continue_as_new_after_events", "device_wait_s"),
     *("device_approval", "compact_context_after_chars"),
 }
+# A step's `verify` fields when `verify` came (and the digest left it out at its default).
+VERIFY_FIELDS_WHEN_IT_CAME = {"depth", "command", "expect_exit", "timeout_s"}
 
 
 def test_every_field_added_since_digests_began_is_left_out_of_the_digest_at_its_default():
@@ -45,3 +48,20 @@ def test_a_plan_file_spec_digests_as_it_did_before_steps_had_verify_writes_and_d
     then = GoalSpec.model_validate(data).model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
     then = then.replace(',"verify":null', "").replace(',"writes":null', "").replace(',"defer":true', "")
     assert spec_digest(spec) == hashlib.sha256(then.encode()).hexdigest()
+
+
+def test_a_step_whose_verify_asks_no_question_digests_as_it_did_before_questions():
+    assert set(VerifySpec.model_fields) - VERIFY_FIELDS_WHEN_IT_CAME == set(LATER_VERIFY_FIELDS)
+    steps = [
+        {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": "make"}},
+        {"name": "notes", "kind": "llm", "prompt": "Sum up.", "needs": ["build"], "verify": {"command": "make -q"}},
+    ]
+    spec = GoalSpec(goal="build it", workspace="/tmp/w", plan={"steps": steps})
+    # What the digest hashed before questions: the same text, with no `question` in `verify`.
+    then = spec.model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
+    assert ',"question":null' in then
+    for later in (',"question":null', ',"verify":null', ',"writes":null', ',"defer":true'):
+        then = then.replace(later, "")
+    assert spec_digest(spec) == hashlib.sha256(then.encode()).hexdigest()
+    asking = [steps[0], {**steps[1], "verify": {"command": "make -q", "question": "Still true?"}}]
+    assert spec_digest(GoalSpec(goal="build it", workspace="/tmp/w", plan={"steps": asking})) != spec_digest(spec)

@@ -2,10 +2,12 @@
 `verify: {question}` asked of a model after a long park (one call per step, counted at the
 scripted server and charged to the goal), whose answer HOLDS keeps it, VOID voids it with
 its downstream as a rewind would, and anything else keeps it and says so; and the URLs a
-step fetched (http_get), re-fetched at the fake service: a body changed during the park
+step fetched (http_get), re-fetched at the fake service under the tool's own rule (the goal
+may call http_get; `allow_network` is about commands): a body changed during the park
 voids the step, an unchanged one keeps it, an unreachable one keeps it with the reason.
 Against a dev server with the production worker; `verify_after_s` is short so a park of
-seconds counts as long. Plus the answer parser, property-tested."""
+seconds counts as long. Plus the answer parser, property-tested, and the scripted server's
+offline policy, which answers a question HOLDS."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from hypothesis import strategies as st
 from activities.artifacts import ArtifactStore
 from activities.fingerprints import fingerprints_of, url_digest
 from activities.tools import http_get
-from activities.verification import VerificationActivities, parse_verdict, shown_url
+from activities.verification import VerificationActivities, parse_verdict, question_system_prompt, shown_url
 from testing.fakes import FakeService
+from testing.scripted import offline_reply
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, scheduled_activities, start, statuses, wait_until
 from tests.test_verify_resume import checked, park_then_resume, read, runs_of
@@ -136,6 +139,34 @@ async def test_holds_keeps_a_step_and_an_answer_that_does_not_parse_keeps_it_and
     ), said
 
 
+async def test_an_offline_run_of_a_plan_with_a_question_keeps_its_work_after_a_long_park(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted({"policy": "offline"})  # no entry: the offline policy answers every call
+    steps = [llm("claim", verify={"question": "Does it still hold?"}), gate(["claim"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"], verify_after_s=1)
+        await wait_until(handle, lambda s: "gate" in s.running)
+        await park_then_resume(handle, lambda: None)
+        snapshot = await wait_until(handle, lambda s: any("re-verif" in entry for entry in s.gate_log))
+        (workspace / "GO").write_text("")
+        await gate_passed(handle)
+    assert kinds(server) == ["step: claim", "verify: claim"]  # asked once, not run again
+    said = checked(snapshot)
+    assert said.endswith("re-verified: 2 kept, 0 void"), said  # and nothing kept unjudged
+
+
+def test_the_offline_policy_answers_a_verify_question_with_holds():
+    body = {
+        "messages": [
+            {"role": "system", "content": question_system_prompt(["Do not modify notes/."])},
+            {"role": "user", "content": "verify: claim\n\nGoal: tidy the notes"},
+        ]
+    }
+    reply = offline_reply(body, {})
+    assert reply is not None and parse_verdict(reply.content or "")[0] == "holds"
+
+
 @given(st.text())
 def test_no_text_makes_the_parser_raise_and_only_the_exact_forms_decide(text):
     verdict, reason = parse_verdict(text)
@@ -190,6 +221,8 @@ def fetch(name: str, url: str) -> dict:
 async def test_a_page_changed_during_the_park_voids_its_step_an_unchanged_or_unreachable_one_is_kept(
     env, task_queue, store, workspace, fake_service
 ):
+    """A goal with the default `allow_network` (false): http_get runs without it, so its
+    pages are re-fetched without it too."""
     site, mirror = fake_service(PageService), fake_service(PageService)
     site.pages.update({"/news": "old news", "/docs": "the docs"})
     mirror.pages["/docs"] = "the docs, mirrored"
@@ -211,7 +244,6 @@ async def test_a_page_changed_during_the_park_voids_its_step_an_unchanged_or_unr
             workspace,
             steps,
             allowed_tools=["http_get", "run_command"],
-            allow_network=True,
             verify_after_s=1,
         )
         await wait_until(handle, lambda s: "gate" in s.running)
@@ -235,7 +267,7 @@ async def test_a_page_changed_during_the_park_voids_its_step_an_unchanged_or_unr
     assert "s3cret" not in " ".join(snapshot.gate_log)  # a query's token is not copied into the record
 
 
-async def test_urls_are_not_re_fetched_when_the_goal_does_not_allow_the_network_and_the_record_says_so(
+async def test_urls_are_not_re_fetched_when_the_goal_may_not_call_http_get_and_the_record_says_so(
     tmp_path, fake_service
 ):
     site = fake_service(PageService)
@@ -247,14 +279,18 @@ async def test_urls_are_not_re_fetched_when_the_goal_does_not_allow_the_network_
     checks = [NodeCheck(node="news", depth="fingerprint", fingerprints=[print_])]
     verify = VerificationActivities(ArtifactStore(tmp_path / "artifacts"))
 
-    offline = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=False, checks=checks))
+    no_tool = VerifyInput(workspace=str(tmp_path), network=True, refetch=False, checks=checks)
+    offline = await verify.verify_nodes(no_tool)
     assert offline.void == {} and site.fetches == {}
-    assert offline.unchecked == {"news": f"{site.base_url}/news not re-fetched (the goal does not allow the network)"}
-    online = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=True, checks=checks))
+    assert offline.unchecked == {"news": f"{site.base_url}/news not re-fetched (the goal does not allow http_get)"}
+    online = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=False, refetch=True, checks=checks))
     assert online.void == {"news": f"{site.base_url}/news returns another body than when it was fetched"}
     opted_out = [checks[0].model_copy(update={"depth": "existence"})]
-    kept = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=True, checks=opted_out))
+    kept = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), refetch=True, checks=opted_out))
     assert kept.void == {} and kept.unchecked == {} and site.fetches == {"/news": 1}
+    # An input from before the two were told apart re-fetches as its `network` said.
+    earlier = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=True, checks=checks))
+    assert list(earlier.void) == ["news"] and site.fetches == {"/news": 2}
 
 
 async def test_a_step_that_read_a_page_under_a_cap_is_kept_when_only_what_is_past_the_cap_changed(
@@ -268,9 +304,9 @@ async def test_a_step_that_read_a_page_under_a_cap_is_kept_when_only_what_is_pas
     checks = [NodeCheck(node="news", depth="fingerprint", fingerprints=[print_])]
     verify = VerificationActivities(ArtifactStore(tmp_path / "artifacts"))
     site.pages["/news"] = "older news"  # its first 12 bytes are what the step saw
-    assert (await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=True, checks=checks))).void == {}
+    assert (await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), refetch=True, checks=checks))).void == {}
     site.pages["/news"] = "new news"
-    changed = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), network=True, checks=checks))
+    changed = await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), refetch=True, checks=checks))
     assert list(changed.void) == ["news"] and site.fetches == {"/news": 3}
 
 

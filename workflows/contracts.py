@@ -30,6 +30,8 @@ class Activities:
     AGENT_TURN = "perdure.model.agent_turn"
     RUN_TOOL = "perdure.tool.run"
     VERIFY_NODES = "perdure.verify.nodes"
+    # A step's `verify: {question}`, asked of a model (workflows/verify_contracts.py).
+    VERIFY_QUESTION = "perdure.model.verify_question"
     PREPARE_EFFECT = "perdure.tool.prepare_effect"
     WRITE_REPORT = "perdure.report.write"
     DRIFT_CHECK = "perdure.model.drift_check"
@@ -318,10 +320,19 @@ class Compensation(BaseModel):
 
 class Fingerprint(BaseModel):
     """What a tool call read or wrote, and its digest then: checked again before a goal
-    resumes after a long wait (workflows/goal/verification.py)."""
+    resumes after a long wait (workflows/goal/verification.py). A read holds while the
+    source is as the goal last left it: its own later writes are not a change from outside."""
 
-    kind: Literal["read", "wrote"]
-    source: str = Field(description="file:PATH or dir:PATH, relative to the workspace.")
+    kind: Literal["read", "wrote", "seen", "changed"] = Field(
+        description="read: a step read it (checked again); wrote: a step wrote it; seen and changed: the "
+        "goal looked at it just before and just after one of its own command steps, which changed it "
+        "(kept only then): `changed` counts as the goal's own write, a `seen` unlike what the goal last "
+        "knew shows a change from outside (workflows/goal/nodes/tool.py)."
+    )
+    source: str = Field(
+        description="file:PATH or dir:PATH, relative to the workspace; url:URL, a URL http_get fetched, exactly "
+        "as the call's arguments gave it (its digest is of the text the tool returned)."
+    )
     digest: str | None = Field(description="sha256 of the bytes (of the listing, for a directory); None: missing.")
     at: datetime
 

@@ -1,11 +1,13 @@
 """What the goal sends to check its finished work again, and what comes back
 (activities/verification.py does the checking; workflows/goal/verification.py decides
 when and what it voids). Pure data, shared by the workflow and the worker: the checks
-of one activity (`perdure.verify.nodes`), and the model question a step's `verify`
-may ask (`perdure.model.verify_question`, one call per step)."""
+of one activity (`perdure.verify.nodes`, which also digests the files around a goal's
+command step: `VerifyInput.look_at`), and the model question a step's `verify` may ask
+(`Activities.VERIFY_QUESTION`, one call per step)."""
 
 from __future__ import annotations
 
+import posixpath
 from datetime import datetime
 from typing import Literal
 
@@ -14,12 +16,15 @@ from pydantic import BaseModel, Field
 from workflows.contracts import ArtifactRef, Fingerprint, ModelContext, Usage
 from workflows.plan import VerifyDepth
 
-# Stable activity name (histories depend on it); next to its payloads rather than in
-# workflows/contracts.py's Activities, which this module's owner does not edit.
-VERIFY_QUESTION = "perdure.model.verify_question"
 # What one re-fetch of a URL may take (activities/tools.py's HTTP_TIMEOUT_S): the
 # check's activity is given that much more per URL it re-fetches.
 REFETCH_TIMEOUT_S = 30
+
+
+def source_key(source: str) -> str:
+    """A fingerprint's source as one key per file: `file:./a.md` and `file:a.md` are one."""
+    kind, _, path = source.partition(":")
+    return f"{kind}:{posixpath.normpath(path)}" if kind in ("file", "dir") else source
 
 
 class NodeCheck(BaseModel):
@@ -34,8 +39,21 @@ class NodeCheck(BaseModel):
 
 class VerifyInput(BaseModel):
     workspace: str
-    network: bool = Field(default=False, description="The goal allows the network: URLs read are re-fetched.")
-    checks: list[NodeCheck]
+    network: bool = Field(default=False, description="The goal allows the network: a `verify` command gets it.")
+    refetch: bool | None = Field(
+        default=None,
+        description="URLs read are re-fetched: the goal may call http_get (which, like the tool, does not depend "
+        "on `network`). None: as `network` (an input from before the two were told apart).",
+    )
+    checks: list[NodeCheck] = Field(default_factory=list)
+    look_at: list[str] = Field(
+        default_factory=list,
+        description="file: and dir: sources to digest as they are now, nothing checked (the goal's look around "
+        "one of its command steps): VerifyResult.looked.",
+    )
+
+    def refetches(self) -> bool:
+        return self.network if self.refetch is None else self.refetch
 
 
 class VerifyResult(BaseModel):
@@ -48,6 +66,9 @@ class VerifyResult(BaseModel):
     changed: list[str] = Field(
         default_factory=list,
         description="What the checked steps read that is not as they read it now, a line each (a question's evidence).",
+    )
+    looked: list[Fingerprint] = Field(
+        default_factory=list, description="`look_at`, digested now: kind `seen`, in the order asked."
     )
 
 

@@ -74,6 +74,9 @@ MEMORY_PATCH = "memory"
 VERIFY_ON_NEW_CODE_PATCH = "verify-on-new-code"
 # A subgoal in flight holds its whole budget slice in the gates, not a kind estimate.
 SUBGOAL_SLICES_PATCH = "subgoal-budget-slices"
+# A command step's changes to files the goal read are looked at and kept as its own
+# (workflows/goal/nodes/tool.py), so a later check does not take them for an edit from outside.
+OWN_CHANGES_PATCH = "own-changes-around-commands"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -123,6 +126,7 @@ class GoalContext:
         self.verifies_by_question = False
         self.replans_on_evidence = self.uses_memory = False
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
+        self.looks_around_commands = False
         self.replan_discards_in_flight = False
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
@@ -148,6 +152,7 @@ class GoalContext:
         self.uses_memory = workflow.patched(MEMORY_PATCH)
         self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)
+        self.looks_around_commands = workflow.patched(OWN_CHANGES_PATCH)
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a

@@ -5,11 +5,23 @@ When: a park at least `verify_after_s` long ends (a resume, or its wake time), o
 continued as new starts after that long without progress (workflows/goal/verify_due.py). What: every
 succeeded step of the current plan, as deep as its `verify` (or the goal's
 recovery_mode) says, in one activity (activities/verification.py): existence (its output
-artifact, the files it wrote), fingerprint (the files it read still digest the same, the
-URLs it fetched return the same body: re-fetched only when the goal allows the network),
-semantic (its `verify` command still passes). Steps on a device are checked only for
-their artifacts: their files are on the device. A check that cannot be made keeps
-everything and says so; the goal never stops on it.
+artifact, the files it wrote), fingerprint (the files it read are as the goal last knew
+them, the URLs it fetched return the same body: re-fetched when the goal may call
+http_get, as the tool itself may whatever `allow_network` says), semantic (its `verify`
+command still passes). Steps on a device are checked only for their artifacts: their
+files are on the device. A check that cannot be made keeps everything and says so; the
+goal never stops on it.
+
+What a read is checked against (`as_the_goal_knows`): not the digest the step read, but
+what that became through the goal's own later changes, so a step that read a.md is not
+voided because a later step of the same goal wrote a.md (that would run the writer, and
+any remote write after it, again). Every fingerprint of the same file across the goal's
+nodes, in time order after the read: a write (or what one of the goal's command steps
+`changed` it to) moves the expected digest on; a read or a look `seen` that differs from
+it means the file changed from outside while the goal ran, and then the step's own
+digest is the one checked, as if the goal had not written it (what differs from what
+the step read voids it). A change from outside is therefore "now != what the goal's
+own writes made of what the step read".
 
 Then, at depth semantic, each step whose `verify` asks a `question` and that still holds
 (neither void nor downstream of a void step: those run again anyway) is asked about in
@@ -30,13 +42,14 @@ Workflow code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.contracts import Activities, ModelContext
+from workflows.contracts import Activities, Fingerprint, ModelContext
 from workflows.goal.context import GoalContext
 from workflows.goal.model_calls import ModelCalls
 from workflows.goal.scheduler import Scheduler
@@ -46,12 +59,12 @@ from workflows.plan import PlanStep
 from workflows.state import Node, PlanDiff, Verification
 from workflows.verify_contracts import (
     REFETCH_TIMEOUT_S,
-    VERIFY_QUESTION,
     NodeCheck,
     QuestionInput,
     QuestionResult,
     VerifyInput,
     VerifyResult,
+    source_key,
 )
 
 VERIFY_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
@@ -60,6 +73,11 @@ VERIFY_HEARTBEAT = timedelta(seconds=60)
 VERIFICATIONS_KEPT = 20
 # What a question is shown of the goal's newer conclusions and changed reads (the newest).
 QUESTION_EVIDENCE_LINES = 20
+# The tool whose rule a URL's re-fetch follows: the goal may call it.
+REFETCH_TOOL = "http_get"
+# The goal's own changes to a file, and what only looks at it (Fingerprint.kind).
+OWN_CHANGES = ("wrote", "changed")
+CHECKED_KINDS = ("read", "wrote")
 
 
 class Verifier:
@@ -76,15 +94,19 @@ class Verifier:
         why, state.verify_due = state.verify_due or "", None
         if not self._ctx.verifies_after_waits:
             return  # a goal recorded before verification existed replays without it
-        checks = [c for c in (self._check(s) for s in self._ctx.plan().steps) if c is not None]
+        known = timeline(state.nodes.values())
+        checks = [c for c in (self._check(s, known) for s in self._ctx.plan().steps) if c is not None]
         if not checks:
             return
         record = Verification(at=workflow.now(), why=why)
-        urls = sum(1 for c in checks for p in c.fingerprints if p.source.startswith("url:"))
+        refetch = REFETCH_TOOL in state.spec.allowed_tools
+        urls = sum(1 for c in checks for p in c.fingerprints if p.source.startswith("url:")) if refetch else 0
         try:
             result = await workflow.execute_activity(
                 Activities.VERIFY_NODES,
-                VerifyInput(workspace=state.spec.workspace, network=state.spec.allow_network, checks=checks),
+                VerifyInput(
+                    workspace=state.spec.workspace, network=state.spec.allow_network, refetch=refetch, checks=checks
+                ),
                 result_type=VerifyResult,
                 start_to_close_timeout=timedelta(
                     seconds=60 + sum(c.timeout_s for c in checks if c.command) + REFETCH_TIMEOUT_S * urls
@@ -114,7 +136,7 @@ class Verifier:
         state.verifications = [*state.verifications, record][-VERIFICATIONS_KEPT:]
         self._ctx.log_gate(f"{why}: {record.summary()}")
 
-    def _check(self, step: PlanStep) -> NodeCheck | None:
+    def _check(self, step: PlanStep, known: Mapping[str, list[Fingerprint]]) -> NodeCheck | None:
         node: Node = self._ctx.state.nodes[step.name]
         if node.status != "succeeded":
             return None
@@ -127,7 +149,7 @@ class Verifier:
             node=step.name,
             depth="existence" if on_device else depth,
             artifacts=[node.output] if node.output else [],
-            fingerprints=[] if on_device else list(node.fingerprints),
+            fingerprints=[] if on_device else as_the_goal_knows(node, known),
             command=None if on_device or spec is None else spec.command,
             expect_exit=spec.expect_exit if spec else 0,
             timeout_s=spec.timeout_s if spec else 120,
@@ -173,7 +195,7 @@ class Verifier:
             conclusions=self._conclusions_since(node, voided),
             changed=changed[-QUESTION_EVIDENCE_LINES:],
         )
-        return await self._calls.run(VERIFY_QUESTION, payload, QuestionResult, summary)
+        return await self._calls.run(Activities.VERIFY_QUESTION, payload, QuestionResult, summary)
 
     def _context(self, step: PlanStep, summary: str) -> ModelContext:
         context = self._calls.context(summary)
@@ -201,3 +223,44 @@ class Verifier:
 
 def _joined(earlier: str | None, note: str) -> str:
     return f"{earlier}; {note}" if earlier else note
+
+
+# --- what the goal knows of the files it read ---------------------------------------
+
+
+def timeline(nodes: Iterable[Node]) -> dict[str, list[Fingerprint]]:
+    """Every file and directory fingerprint of the goal's nodes, by source, oldest first."""
+    by_source: dict[str, list[Fingerprint]] = {}
+    for node in nodes:
+        for print_ in node.fingerprints:
+            if print_.source.startswith(("file:", "dir:")):
+                by_source.setdefault(source_key(print_.source), []).append(print_)
+    for prints in by_source.values():
+        prints.sort(key=lambda p: p.at)
+    return by_source
+
+
+def expected_digest(read: Fingerprint, known: Mapping[str, list[Fingerprint]]) -> str | None:
+    """What `read`'s source should digest to now if nobody but the goal changed it since."""
+    expected = read.digest
+    for later in known.get(source_key(read.source), []):
+        if later.at <= read.at:
+            continue
+        if later.kind in OWN_CHANGES:
+            expected = later.digest
+        elif later.digest != expected:
+            return read.digest  # seen changed from outside: only what the step read still holds
+    return expected
+
+
+def as_the_goal_knows(node: Node, known: Mapping[str, list[Fingerprint]]) -> list[Fingerprint]:
+    """`node`'s fingerprints to check, each file read expected as the goal's own later
+    changes left it; the goal's looks around its commands are not checked."""
+    prints = []
+    for print_ in node.fingerprints:
+        if print_.kind not in CHECKED_KINDS:
+            continue
+        if print_.kind == "read" and print_.source.startswith(("file:", "dir:")):
+            print_ = print_.model_copy(update={"digest": expected_digest(print_, known)})
+        prints.append(print_)
+    return prints
