@@ -21,6 +21,7 @@ from activities.heartbeat import Heartbeat
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
+from workflows import search_attributes as sa
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries
 from workflows.router_contracts import (
     AnswerInput,
@@ -70,12 +71,14 @@ class RouterIO:
 
     @activity.defn(name=RouterActivities.CANDIDATES)
     async def candidates(self, user: str) -> list[Candidate]:
-        """The user's goals: open ones and those that ended in the last 30 days, newest
-        first; subgoals are reached through their parents and are left out."""
+        """The user's goals (PerdureOwner): open ones and those that ended in the last 30
+        days, newest first; subgoals are reached through their parents and are left out."""
         since = (datetime.now(UTC) - ENDED_WITHIN).strftime("%Y-%m-%dT%H:%M:%SZ")
         query = (
             f"WorkflowType = '{GOAL_WORKFLOW}' AND ExecutionStatus != 'ContinuedAsNew' "
-            f"AND (ExecutionStatus = 'Running' OR CloseTime > '{since}')"
+            f"AND (ExecutionStatus = 'Running' OR CloseTime > '{since}') "
+            # A goal started before goals had owners is taken as the user's.
+            f"AND ({sa.OWNER.name} = '{user}' OR {sa.OWNER.name} IS NULL)"
         )
         found: list[WorkflowExecution] = []
         async with Heartbeat(lambda: f"listing the goals of {user}"):

@@ -29,7 +29,12 @@ from temporalio.client import (
     WorkflowHistoryEventFilterType,
 )
 from temporalio.client import WorkflowExecution as WorkflowExecution_
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
 from temporalio.exceptions import TimeoutError as TimeoutError_
@@ -221,6 +226,7 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
         static_summary=spec.goal[:200],
         static_details=static_details(spec),
         memo={SPEC_DIGEST_MEMO: spec_digest(spec)},
+        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.OWNER, settings.user())]),
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
         task_timeout=GOAL_TASK_TIMEOUT,

@@ -17,6 +17,11 @@ events, and a JSON API for reading goals and sending them messages.
     POST /api/goals/{id}/messages       a steering message, as JSON: {"kind": "steer", "text": ...};
                                         the same messages, request ids and receipts as the CLI
                                         (a request_id is made when the body has none)
+    POST /api/say                       a message to the user's router (workflows/router.py), as JSON:
+                                        {"text": ...} and optionally `perdure say`'s fields (goal_id,
+                                        new, queue, pick, card, workspace, request_id): the decision,
+                                        or 202 when no worker answered (routed once one runs)
+    GET  /api/router                    the router's recent messages, decisions and reasons
     GET  /, /goals/{id}                 the page (starters/ui_assets/): the goals, and a goal's task
                                         graph live with its plan versions, live model output, question
                                         cards, inbox, premises with narrow, rewind on a node, the report
@@ -55,11 +60,13 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from starters import capabilities, goals, render, steering
+from runtime import settings
+from starters import capabilities, goals, render, router_client, steering
 from workflows import search_attributes as sa
 from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC
 from workflows.messages import REQUEST_ID, parse_message
 from workflows.plan import describe_validation_error
+from workflows.router_contracts import Say
 from workflows.tool_specs import DEFAULT_TOOLS
 
 READ_EVERY = timedelta(milliseconds=100)
@@ -344,6 +351,31 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
             )
         return JSONResponse(receipt.model_dump(mode="json"))
 
+    async def say(request: Request) -> JSONResponse:
+        body, refusal = await _json_body(request)
+        if refusal is not None:
+            return refusal
+        if not isinstance(body, dict):
+            return _error(400, 'the body must be a JSON object, e.g. {"text": "make the poster a bit warmer"}')
+        # As POST /api/goals: a new goal works where this server was started unless told.
+        body = {"request_id": steering.new_request_id(), "workspace": str(Path.cwd()), **body}
+        try:
+            message = Say.model_validate(body)
+        except ValidationError as err:
+            return _error(400, describe_validation_error(err, root="(say)"))
+        try:
+            routing = await router_client.say(client, settings.user(), message)
+        except router_client.SayRefused as err:
+            return _error(422, str(err))
+        except RPCError as err:
+            return _rpc_error(err)
+        if routing is None:
+            return JSONResponse({"request_id": message.request_id, "status": "pending", "via": "signal"}, 202)
+        return JSONResponse(routing.model_dump(mode="json"))
+
+    async def router(request: Request) -> JSONResponse:
+        return await _queried(router_client.view(client, settings.user()))
+
     async def events(request: Request) -> EventSourceResponse | JSONResponse:
         goal_id = request.path_params["goal_id"]
         start = _start_offset(request)
@@ -375,6 +407,8 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
             Route("/api/goals/{goal_id}/report", report),
             Route("/api/goals/{goal_id}/events", events),
             Route("/api/goals/{goal_id}/messages", send, methods=["POST"]),
+            Route("/api/say", say, methods=["POST"]),
+            Route("/api/router", router),
         ],
     )
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from starters import router_client
 from tests.builders import gate, openai_profile, spec
@@ -24,6 +25,7 @@ from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
 from workflows.router import RouterWorkflow
 from workflows.router_contracts import CardAction, Pick, RouterHandlers, RouterInput, RouterView, Say, router_id
+from workflows.search_attributes import OWNER
 from workflows.state import GoalInput
 
 
@@ -79,11 +81,12 @@ def goal_ids(user: str) -> tuple[str, str]:
     return f"poster-{user}", f"report-{user}"
 
 
-async def open_goal(env, task_queue, workspace, goal_id: str, path: str):
+async def open_goal(env, task_queue, workspace, goal_id: str, path: str, owner: str | None = None):
     """A goal under `goal_id` that has written `path` and stays open (until GO exists)."""
     goal_spec = spec(workspace, plan={"steps": writes(path)}, allowed_tools=["write_file", "run_command"])
+    owned = TypedSearchAttributes([SearchAttributePair(OWNER, owner)] if owner else [])
     handle = await env.client.start_workflow(
-        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id, task_queue=task_queue
+        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id, task_queue=task_queue, search_attributes=owned
     )
     await wait_until(handle, lambda s: "gate" in s.running)
     return handle
@@ -103,11 +106,14 @@ async def test_a_message_naming_a_file_a_goal_owns_goes_to_that_goal_without_a_m
     server = scripted({"replies": []})
     async with running_worker(env, task_queue, store, openai_profile(server)):
         poster, report = await two_open_goals(env, task_queue, workspace, user)
+        # Another user's goal owning a poster.svg too is none of this user's business.
+        await open_goal(env, task_queue, workspace, f"theirs-{user}", "poster.svg", owner="someone-else")
         routing = await said(env, user, "in poster.svg make the title bigger", "m1", workspace)
         inbox = await inbox_of(env, poster.id)
     assert routing is not None and routing.status == "routed"
     assert (routing.by, routing.action, routing.goal_id) == ("bound object", "steer", poster.id)
     assert routing.reason == f"it names poster.svg, which goal {poster.id} owns"
+    assert f"theirs-{user}" not in routing.candidates
     assert router_requests(server) == []  # decided without a model
     [entry] = [e for e in inbox.entries if e.request_id == "router.m1"]
     assert entry.kind == "steer" and entry.status in ("pending", "applied")
@@ -179,7 +185,7 @@ async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_w
         {"when": ["[PERDURE-ROUTER-ANSWER]", "good font"], "content": "A bold sans-serif, such as Inter.", "times": 1},
         {
             "when": ["[PERDURE-ROUTER]", "three variants"],
-            "content": choice("t-light-1", reason="same topic"),
+            "content": choice("t-light-1", reason="same"),
             "times": 1,
         },
         {"when": ["[PERDURE-ROUTER]", "weather"], "content": choice("answer", reason="quick"), "times": 1},
@@ -373,3 +379,27 @@ def test_perdure_say_and_inbox_router_print_the_decision_and_why_without_a_trace
     for bad in (bad_pick, empty):
         assert bad.returncode == 2 and "Traceback" not in bad.stderr + bad.stdout
     assert "REQUEST_ID=CHOICE" in bad_pick.stderr
+
+
+async def test_the_json_api_takes_a_message_for_the_router_and_shows_its_decisions(
+    env, task_queue, store, workspace, scripted, user, ui, monkeypatch
+):
+    import httpx
+
+    monkeypatch.setenv("PERDURE_USER", user)
+    server = scripted({"replies": []})
+    poster_id, _ = goal_ids(user)
+    async with running_worker(env, task_queue, store, openai_profile(server)), httpx.AsyncClient(base_url=ui) as http:
+        await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+        said_ = await http.post("/api/say", json={"text": "poster.svg: a bigger title"}, timeout=40)
+        listed = await http.get("/api/router")
+        wrong = await http.post("/api/say", json={"text": 3})
+        empty = await http.post("/api/say", json={"text": ""})
+        extra = await http.post("/api/say", json={"text": "hi", "colour": "red"})
+    assert said_.status_code == 200, said_.text
+    assert wrong.status_code == 400
+    assert (said_.json()["by"], said_.json()["goal_id"]) == ("bound object", poster_id)
+    assert listed.status_code == 200 and [m["goal_id"] for m in listed.json()["messages"]] == [poster_id]
+    assert wrong.json() == {"error": "text: Input should be a valid string"}
+    assert empty.status_code == 400 and "text" in empty.json()["error"]
+    assert extra.status_code == 400 and "colour" in extra.json()["error"]

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy
+from temporalio.common import RawValue, RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         Turn,
     )
     from workflows.routing import ANSWER, LOW_CONFIDENCE, NEW, addressed_goal, bound_goal, open_thread, parse_choice
+    from workflows.search_attributes import OWNER
     from workflows.state import GoalInput
 
 MESSAGES_KEPT = 200
@@ -343,6 +344,7 @@ class RouterWorkflow:
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 task_timeout=GOAL_TASK_TIMEOUT,
                 static_summary=goal_text[:200],
+                search_attributes=TypedSearchAttributes([SearchAttributePair(OWNER, state.user)]),
             )
         except WorkflowAlreadyStartedError:
             pass  # this very message started it in an earlier run

@@ -15,8 +15,10 @@ COST_USD = SearchAttributeKey.for_float("PerdureCostUsd")
 PARKED = SearchAttributeKey.for_bool("PerdureParked")
 NEEDS_HUMAN = SearchAttributeKey.for_bool("PerdureNeedsHuman")
 LAST_PROGRESS_AT = SearchAttributeKey.for_datetime("PerdureLastProgressAt")
+# Whose goal it is (runtime/settings.py user()), set when it starts: the router weighs a user's own.
+OWNER = SearchAttributeKey.for_keyword("PerdureOwner")
 
-ALL_KEYS = [GOAL_STATUS, PERCENT_DONE, COST_USD, PARKED, NEEDS_HUMAN, LAST_PROGRESS_AT]
+ALL_KEYS = [GOAL_STATUS, PERCENT_DONE, COST_USD, PARKED, NEEDS_HUMAN, LAST_PROGRESS_AT, OWNER]
 
 # Operator-API enum name (`INDEXED_VALUE_TYPE_<X>`) -> the type name the Temporal CLI uses.
 CLI_TYPE = {
