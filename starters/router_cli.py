@@ -1,5 +1,6 @@
 """`perdure say` (one entry point for the user: the router decides which goal a message is
-for) and `perdure inbox --router` (what it decided, and why)."""
+for) and `perdure inbox --router` (what it decided, and why, and the goals' memory cards it
+holds for an answer: `perdure say --card GOAL:memory=CHOICE`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from runtime import settings
 from starters import router_client
 from starters.render import say as show
 from starters.steering import new_request_id
-from workflows.router_contracts import CardAction, Pick, RouterView, Routing, Say
+from workflows.memory_rules import CARD_QUESTION, offer_listing
+from workflows.router_contracts import CardAction, KeptMemories, Pick, RouterView, Routing, Say
 
 
 def _pick(value: str) -> Pick:
@@ -48,7 +50,12 @@ def register(app: typer.Typer, run, connect, console: Console) -> None:
             str | None, typer.Option("--pick", help="Answer the router's question: REQUEST_ID=GOAL|new|answer.")
         ] = None,
         card: Annotated[
-            str | None, typer.Option("--card", help="Answer a goal's question card: GOAL:QUESTION=CHOICE.")
+            str | None,
+            typer.Option(
+                "--card",
+                help="Answer a goal's question card: GOAL:QUESTION=CHOICE; a memory card the router holds: "
+                'GOAL:memory=project|global|skip|choose (choose: the numbers as the text, e.g. "1 3").',
+            ),
         ] = None,
         workspace: Annotated[Path, typer.Option(help="Where a new goal works.")] = Path("."),
         profile: Annotated[str, typer.Option(help="The router's model profile (its first start only).")] = "default",
@@ -155,3 +162,31 @@ def print_router(console: Console, view: RouterView) -> None:
         show(console, f"[yellow]waiting for your pick[/yellow] {escape(m.request_id)}: {escape(m.reply or '')}")
     for refusal in view.refusals:
         show(console, f"[red]refused[/red] {refusal.at:%m-%d %H:%M:%S}: {escape(refusal.reason)}")
+    print_cards(console, view)
+
+
+def print_cards(console: Console, view: RouterView) -> None:
+    """The goals' memory cards waiting for an answer, and the ones answered lately."""
+    for card in view.cards:
+        show(
+            console,
+            f"[yellow]memory card[/yellow] of goal [bold]{escape(card.goal_id)}[/bold] ({escape(card.goal[:80])}), "
+            f"workspace {escape(card.workspace)}: {len(card.candidates)} verified conclusion(s) to keep across goals "
+            f"(offered {card.offered_at:%m-%d %H:%M}, dropped unanswered on {card.expires_at:%Y-%m-%d})",
+        )
+        for line in offer_listing(card):
+            show(console, f"  {escape(line)}")
+        show(
+            console,
+            f"  keep with: perdure say --card {escape(card.goal_id)}:{CARD_QUESTION}={'|'.join(card.choices)}"
+            '  (choose: the numbers as the text, e.g. "1 3", and "global" for everywhere)',
+        )
+    for kept in view.kept:
+        show(console, f"[dim]memory card of {escape(kept.goal_id)} answered {escape(kept.answer)}: {_kept(kept)}[/dim]")
+
+
+def _kept(kept: KeptMemories) -> str:
+    if not kept.promoted:
+        return "nothing kept"
+    where = f"project {kept.workspace}" if kept.scope == "project" else "everywhere"
+    return f"kept {len(kept.promoted)} for {escape(where)} ({', '.join(kept.promoted.values())})"

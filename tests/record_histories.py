@@ -630,6 +630,42 @@ async def record_goal_memory(env: WorkflowEnvironment, out: Path) -> None:
         save(out, await handle.fetch_history())
 
 
+async def record_memory_card_to_router(env: WorkflowEnvironment, out: Path) -> None:
+    """The end-of-goal memory card sent to the owner's router: the goal's step concludes
+    something, the goal ends at once and, its owner having no router yet, starts one and
+    signals it the card; the user keeps the conclusion for the project there. Kept: the
+    goal's history and the router's (holding the card with its shelf-life timer, the
+    answer promoting it)."""
+    from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+    from starters import router_client
+    from workflows.router_contracts import CardAction, RouterHandlers, RouterView, Say, router_id
+    from workflows.search_attributes import OWNER
+
+    concluded = "CONCLUSION: the build step must run before the tests = true"
+    script = {"replies": [{"when": "PERDURE-STEP", "content": concluded}]}
+    user = "recorder"
+    async with rig(env, script) as (workspace, task_queue):
+        goal_spec = spec(workspace, plan={"steps": [llm("probe", prompt="Find out how the tests run.")]}, drift_every=0)
+        goal = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=goal_spec),
+            id="rec-memory-card",
+            task_queue=task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(OWNER, user)]),
+        )
+        await goal.result()  # no answer: the goal's work is done, so it ends
+        router = env.client.get_workflow_handle(router_id(user))
+        while not (await router.query(RouterHandlers.VIEW, result_type=RouterView)).cards:
+            await asyncio.sleep(0.1)
+        with _env("PERDURE_TASK_QUEUE", task_queue):
+            card = CardAction(goal_id="rec-memory-card", question_id="memory", choice="project")
+            answer = Say(request_id="keep-1", text="answer project", card=card)
+            await router_client.say(env.client, user, answer, profile="test")
+        save(out.with_name(f"{out.stem}-goal.json"), await goal.fetch_history())
+        save(out.with_name(f"{out.stem}-router.json"), await router.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -652,6 +688,7 @@ SCENARIOS = {
     "goal-v1-replanned-on-evidence": record_goal_replanned_on_evidence,
     "router-v1-routes": record_router_routes,
     "goal-v1-memory": record_goal_memory,
+    "memory-v1-card-to-router": record_memory_card_to_router,
 }
 
 

@@ -36,6 +36,9 @@ MAX_TEXT = 2_000
 SHOWN_CHARS = 400
 # Memories attached to one node's model input, at most.
 MAX_ATTACHED = 5
+# How a person answers the end-of-goal card: keep them all for the workspace, everywhere,
+# none, or the ones numbered (with "global" for everywhere).
+CARD_CHOICES = ("project", "global", "skip", "choose")
 
 
 class MemorySource(BaseModel):
@@ -195,6 +198,7 @@ class WrittenMemory(BaseModel):
     text: str = Field(max_length=SHOWN_CHARS + 20)
     claim: str | None = Field(default=None, description="A conclusion: its claim, normalised.")
     holds: bool | None = None
+    expires_at: datetime | None = Field(default=None, description="Its shelf life's end, as written.")
 
 
 class MemoryCard(BaseModel):
@@ -205,6 +209,29 @@ class MemoryCard(BaseModel):
     until: datetime = Field(description="Unanswered by then, it closes and nothing is promoted.")
     promoted: dict[str, str] = Field(default_factory=dict, description="Episodic id -> semantic id.")
     done: bool = Field(default=False, description="The answer was acted on (or there was none to act on).")
+
+
+class MemoryOffer(BaseModel):
+    """The end-of-goal card as a goal sends it to its owner's router (patch
+    memory-card-to-router): the verified conclusions it offers for keeping across goals.
+    The router holds it until a person answers (`perdure say --card GOAL:memory=CHOICE`)
+    or until the shelf life of its memories ends."""
+
+    goal_id: str = Field(min_length=1, max_length=200)
+    workspace: str = Field(min_length=1, max_length=4_000)
+    goal: str = Field(default="", max_length=300, description="The goal's text (cut): which goal it was.")
+    candidates: list[WrittenMemory] = Field(min_length=1, max_length=50, description="Each with its memory id.")
+    choices: list[str] = Field(default_factory=lambda: list(CARD_CHOICES), description="How it may be answered.")
+    offered_at: datetime
+    expires_at: datetime = Field(description="The shelf life of its memories ends: the router drops it then.")
+
+
+class MemoryOffered(BaseModel):
+    """What became of the goal's offer: where it went, or why it went nowhere."""
+
+    candidates: int
+    router: str | None = Field(default=None, description="The router that holds it.")
+    problem: str | None = Field(default=None, description="Why no router holds it.")
 
 
 class GoalMemory(BaseModel):
@@ -223,6 +250,7 @@ class GoalMemory(BaseModel):
         default_factory=list, description="Nodes whose working memories go with the next memory call."
     )
     card: MemoryCard | None = None
+    offered: MemoryOffered | None = Field(default=None, description="The card sent to the owner's router.")
     problems: int = Field(default=0, description="Memory calls that failed (the goal went on without them).")
     checked_at: datetime | None = Field(
         default=None, description="The workflow task that last asked for revocations: asked once per task."

@@ -4,10 +4,16 @@ asks for, how attached memories and revocations read in a model's input, and the
 end-of-goal card of semantic candidates. No I/O: the goal's memory room
 (workflows/goal/memory.py) calls these and the memory activities do the rest.
 
+The end-of-goal card lists the candidates for semantic memory. Goals recorded before patch
+memory-card-to-router ask it as a question and wait up to CARD_WAIT for the answer; later
+ones send it to their owner's router (`memory_offer`), which keeps it until a person
+answers it there (the answers read by `chosen` either way).
+
 The reusability test (what an episodic memory must pass to be written):
 - a conclusion (`CONCLUSION: <claim> = true|false`) or a root cause (`ROOT CAUSE: …`) that
-  a step which succeeded by its own work (an llm or agent step, not reused) states first
-  in its output (workflows/evidence.py reads them);
+  a step which succeeded by its own work (an llm or agent step, not reused) states in its
+  output: read from the whole output (the statement lines its activity returned,
+  workflows/evidence.py), or from its preview for a result recorded before those;
 - its claim says something: at least REUSABLE_MIN_WORDS words of which at least two are
   not filler, at most 160 characters;
 - it is not about one run: it names no goal id, temporary directory, timestamp or long
@@ -23,11 +29,12 @@ import re
 from datetime import datetime, timedelta
 
 from workflows.durations import duration_text
-from workflows.evidence import claim_key, read_statements
+from workflows.evidence import claim_key, read_statement_lines, read_statements
 from workflows.memory_contracts import (
     SHOWN_CHARS,
     MemoryCard,
     MemoryKind,
+    MemoryOffer,
     MemorySource,
     NewMemory,
     Recalled,
@@ -55,6 +62,8 @@ MAX_CLAIM_CHARS = 160
 CARD_WAIT = timedelta(hours=1)
 MAX_CANDIDATES = 12
 CARD_TOPIC = "memory_candidates"
+# The question id of the card a router holds: `perdure say --card GOAL:memory=CHOICE`.
+CARD_QUESTION = "memory"
 MAX_WRITTEN_KEPT = 200
 MAX_USED_KEPT = 500
 MAX_OUTBOX = 500
@@ -92,16 +101,18 @@ def settled_memories(
     preview: str,
     error: str | None,
     now: datetime,
+    statements: list[str] | None = None,
 ) -> list[NewMemory]:
     """What a settled step leaves: its reusable statements when it succeeded, its failure
-    always when it failed (tool steps too)."""
+    always when it failed (tool steps too). `statements`: the lines its activity read from
+    the whole output; None (a result recorded before them): read from the preview."""
     source = MemorySource(kind="node", goal=goal_id, node=name, node_key=node_key)
     if status == "failed":
         text = f"step '{name}' ({kind}) failed: {error or 'no error given'}"
         return [_episodic("failure", text[:600], source, goal_id, now)]
     if status != "succeeded" or kind not in ("llm", "agent"):
         return []
-    conclusions, cause = read_statements(preview)
+    conclusions, cause = read_statements(preview) if statements is None else read_statement_lines(statements)
     found = []
     for claim, holds in conclusions:
         if passes_reusability(claim, goal_id):
@@ -146,6 +157,7 @@ def written(memory: NewMemory, memory_id: str) -> WrittenMemory:
         text=memory.text[:SHOWN_CHARS],
         claim=claim,
         holds=holds,
+        expires_at=memory.expires_at,
     )
 
 
@@ -252,22 +264,56 @@ def memory_card(state: GoalState, now: datetime, found: list[WrittenMemory]) -> 
     return question, MemoryCard(question=question.id, candidates=found, until=now + CARD_WAIT)
 
 
-def chosen(card: MemoryCard, answer: str | None, text: str | None, known: list[WrittenMemory]) -> tuple[list[str], str]:
-    """(episodic ids to promote, scope) for the card's answer. `known`: what the goal has
-    written, where a candidate listed before it was written finds its id."""
+def chosen(
+    candidates: list[WrittenMemory], answer: str | None, text: str | None, known: list[WrittenMemory]
+) -> tuple[list[str], str]:
+    """(episodic ids to promote, scope) for the card's answer: project or global (all of
+    them), choose with the numbers in `text` ("1 3", "global" among them for everywhere),
+    anything else none. `known`: what the goal has written, where a candidate listed
+    before it was written finds its id."""
     ids = {(w.kind, w.node, w.node_key, w.text): w.id for w in known}
 
     def id_of(candidate: WrittenMemory) -> str:
         return candidate.id or ids.get((candidate.kind, candidate.node, candidate.node_key, candidate.text), "")
 
     if answer in ("project", "global"):
-        picked = list(card.candidates)
+        picked = list(candidates)
         scope = answer
     elif answer == "choose":
         words = (text or "").lower().replace(",", " ").split()
         numbers = [int(w) for w in words if w.isdigit()]
-        picked = [card.candidates[i - 1] for i in dict.fromkeys(numbers) if 1 <= i <= len(card.candidates)]
+        picked = [candidates[i - 1] for i in dict.fromkeys(numbers) if 1 <= i <= len(candidates)]
         scope = "global" if "global" in words else "project"
     else:
         return [], "project"
     return [i for i in (id_of(c) for c in picked) if i], scope
+
+
+def memory_offer(state: GoalState, goal_id: str, now: datetime, found: list[WrittenMemory]) -> MemoryOffer | None:
+    """The card a goal sends its owner's router: the candidates that have a memory id (a
+    candidate whose write failed has none and cannot be kept), kept until the last of
+    their shelf lives ends; None when none has."""
+    ids = {(w.kind, w.node, w.node_key, w.text): w for w in state.memory.written}
+    offered = []
+    for candidate in found:
+        known = ids.get((candidate.kind, candidate.node, candidate.node_key, candidate.text))
+        if candidate.id:
+            offered.append(candidate)
+        elif known is not None:
+            offered.append(known)
+    if not offered:
+        return None
+    ends = [c.expires_at or expires(c.kind, now) for c in offered]
+    return MemoryOffer(
+        goal_id=goal_id,
+        workspace=state.spec.workspace,
+        goal=state.spec.goal[:300],
+        candidates=offered,
+        offered_at=now,
+        expires_at=max(ends),
+    )
+
+
+def offer_listing(offer: MemoryOffer) -> list[str]:
+    """The card's candidates, numbered as `choose` counts them."""
+    return [f"{i}. {w.text} (step '{w.node}')" for i, w in enumerate(offer.candidates, start=1)]

@@ -19,6 +19,14 @@ goal; a follow-up of one (or an answer that says it needs tools or several steps
 into a goal carrying the conversation, and the router says so. Goals the router starts are
 child workflows with parent-close policy ABANDON: they outlive the router's runs.
 
+The router is also the user's inbox for goals' end-of-goal memory cards: a goal that ends
+with verified conclusions sends them (a `memory_card` signal) instead of waiting for an
+answer (workflows/goal/memory.py). The router holds each card (bounded, across
+continue-as-new) until a person answers it, `perdure say --card GOAL:memory=CHOICE`, or
+until the shelf life of its memories ends (a timer drops it then); the answer promotes the
+memories chosen with the goal's promote activity, and what was kept is recorded. An answer
+to a card the router does not hold goes to the goal, as any card's answer.
+
 Workflow code. Continue-as-new after `continue_after` routed messages (or when the server
 suggests it), carrying the bounded state, with nothing pending or in a handler.
 """
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -38,7 +46,9 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.contracts import GOAL_WORKFLOW, GoalSpec, Signals
+    from workflows import memory_rules
+    from workflows.contracts import GOAL_WORKFLOW, Activities, GoalSpec, Signals
+    from workflows.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
     from workflows.messages import Answer, Queue, Steer, bounded
     from workflows.plan import describe_validation_error
     from workflows.router_contracts import (
@@ -48,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         Candidate,
         ChooseInput,
         ChooseResult,
+        KeptMemories,
         RouterActivities,
         RouterHandlers,
         RouterInput,
@@ -66,6 +77,8 @@ with workflow.unsafe.imports_passed_through():
 MESSAGES_KEPT = 200
 THREADS_KEPT = 20
 REFUSALS_KEPT = 50
+CARDS_KEPT = 50
+KEPT_KEPT = 50
 SHOWN_CHARS = 500
 MODEL_CALL = timedelta(seconds=180)
 LOOKUP = timedelta(seconds=60)
@@ -90,10 +103,24 @@ class RouterWorkflow:
     async def run(self, input: RouterInput) -> None:
         state = self._state
         while True:
-            await workflow.wait_condition(lambda: bool(state.pending) or self._continue_as_new_due())
+            self._drop_expired_cards()
+            first_end = self._first_card_end()
+            try:
+                # Woken by a card that ends sooner too: the timer is set again for it.
+                await workflow.wait_condition(
+                    lambda end=first_end: (
+                        bool(state.pending) or self._continue_as_new_due() or self._first_card_end() != end
+                    ),
+                    timeout=None if first_end is None else first_end - workflow.now(),
+                    timeout_summary="a memory card's shelf life ends",
+                )
+            except TimeoutError:
+                continue
             if state.pending:
                 await self._route(state.pending[0])
                 state.pending.pop(0)
+                continue
+            if not self._continue_as_new_due():
                 continue
             # Nothing pending: an update still waiting for its decision would be cut off.
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() or bool(state.pending))
@@ -108,6 +135,8 @@ class RouterWorkflow:
     def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
         """Durable admission without a worker; any name, any payload: a bad one is refused
         with its reason (kept, shown by `perdure inbox --router`), never a failed task."""
+        if name == RouterHandlers.MEMORY_CARD:
+            return self._card_arrived(args)
         if name != RouterHandlers.SAY:
             self._refuse(f"unknown signal '{bounded(name)[:80]}'; the router takes messages on '{RouterHandlers.SAY}'")
             return
@@ -151,6 +180,8 @@ class RouterWorkflow:
             runs=state.runs,
             tokens=state.tokens,
             cost_usd=state.cost_usd,
+            cards=state.cards,
+            kept=state.kept[-20:],
         )
 
     def _admit(self, say: Say) -> str | None:
@@ -194,6 +225,7 @@ class RouterWorkflow:
 
     async def _route(self, say: Say) -> None:
         routing = self._routing(say.request_id)
+        self._drop_expired_cards()
         try:
             await self._decide(say, routing)
         except _Unrouted as err:
@@ -208,6 +240,9 @@ class RouterWorkflow:
         if say.pick is not None:
             return await self._picked(say, routing)
         if say.card is not None:
+            held = self._held_card(say)
+            if held is not None:
+                return await self._keep(say, routing, held)
             card = say.card
             answer = Answer(request_id=f"router.{say.request_id}", question_id=card.question_id, choice=card.choice)
             await self._signal(card.goal_id, answer)
@@ -399,6 +434,83 @@ class RouterWorkflow:
             summary="the user's goals",
         )
 
+    # --- memory cards -----------------------------------------------------------------
+
+    def _card_arrived(self, args: Sequence[RawValue]) -> None:
+        """A goal's memory card: held (one per goal, the newest) until answered or expired."""
+        values, problem = self._decode(args)
+        offer, problem = (None, problem) if problem else _parse_offer(values)
+        if offer is None:
+            self._refuse(problem or "unreadable memory card")
+            return
+        state = self._state
+        state.cards = [c for c in state.cards if c.goal_id != offer.goal_id] + [offer]
+        self._drop_expired_cards()
+        state.cards = state.cards[-CARDS_KEPT:]
+
+    def _held_card(self, say: Say) -> MemoryOffer | None:
+        card = say.card
+        if card is None or card.question_id != memory_rules.CARD_QUESTION:
+            return None
+        return next((c for c in self._state.cards if c.goal_id == card.goal_id), None)
+
+    async def _keep(self, say: Say, routing: Routing, offer: MemoryOffer) -> None:
+        """The answer to a card the router holds: the memories chosen become semantic
+        (through the promote activity the goal's own card uses), and what was kept is recorded."""
+        assert say.card is not None
+        answer, goal_id, n = say.card.choice, offer.goal_id, len(offer.candidates)
+        if answer not in offer.choices:
+            raise _Unrouted(f"'{answer[:40]}' does not answer a memory card; one of: {', '.join(offer.choices)}")
+        ids, scope = memory_rules.chosen(offer.candidates, answer, say.text, [])
+        if answer == "choose" and not ids:
+            raise _Unrouted(
+                f"choose which to keep by their numbers (1 to {n}), e.g. "
+                f'perdure say --card {goal_id}:{memory_rules.CARD_QUESTION}=choose "1 3"'
+            )
+        now = workflow.now()
+        live = {c.id for c in offer.candidates if c.expires_at is None or c.expires_at > now}
+        kept = KeptMemories(
+            goal_id=goal_id,
+            request_id=say.request_id,
+            answer=answer,
+            scope=scope if ids else None,  # type: ignore[arg-type]
+            workspace=offer.workspace,
+            not_kept=[i for i in ids if i not in live],
+            at=now,
+        )
+        if any(i in live for i in ids):
+            result = await workflow.execute_activity(
+                Activities.MEMORY_PROMOTE,
+                PromoteInput(
+                    goal_id=goal_id, ids=[i for i in ids if i in live], scope=scope, workspace=offer.workspace, at=now
+                ),
+                result_type=PromoteResult,
+                start_to_close_timeout=LOOKUP,
+                retry_policy=RETRY,
+                summary=f"memory keep {len(ids)} of {goal_id}"[:200],
+            )
+            kept.promoted, kept.not_kept = result.promoted, kept.not_kept + result.refused
+        state = self._state
+        state.cards = [c for c in state.cards if c is not offer]
+        state.kept = [*state.kept, kept][-KEPT_KEPT:]
+        where = f"for project {offer.workspace}" if scope == "project" else "everywhere"
+        if kept.promoted:
+            reason = f"kept {len(kept.promoted)} of {n} conclusion(s) of goal {goal_id} {where}"
+            routing.reply = "kept as: " + ", ".join(kept.promoted.values())
+        else:
+            reason = f"kept none of {n} conclusion(s) of goal {goal_id}" + (" (skip)" if not ids else "")
+        if kept.not_kept:
+            reason += f"; not kept (revoked, gone or past their shelf life): {', '.join(kept.not_kept)}"
+        self._done(routing, "card", "kept", goal_id, reason)
+
+    def _drop_expired_cards(self) -> None:
+        """A card whose memories' shelf life has ended cannot be acted on any more."""
+        now = workflow.now()
+        self._state.cards = [c for c in self._state.cards if c.expires_at > now]
+
+    def _first_card_end(self) -> datetime | None:
+        return min((c.expires_at for c in self._state.cards), default=None)
+
     # --- bookkeeping ------------------------------------------------------------------
 
     def _done(self, routing: Routing, by: Any, action: Any, goal_id: str | None, reason: str) -> None:
@@ -426,6 +538,15 @@ class RouterWorkflow:
 
     def _continue_as_new_due(self) -> bool:
         return self._routed_this_run >= self._input.continue_after or workflow.info().is_continue_as_new_suggested()
+
+
+def _parse_offer(values: list[Any]) -> tuple[MemoryOffer | None, str | None]:
+    if len(values) != 1 or not isinstance(values[0], dict):
+        return None, f"the '{RouterHandlers.MEMORY_CARD}' signal takes one JSON object (a goal's memory card)"
+    try:
+        return MemoryOffer.model_validate(values[0]), None
+    except ValidationError as err:
+        return None, bounded(f"malformed memory card: {describe_validation_error(err)}")
 
 
 def _parse(values: list[Any]) -> tuple[Say | None, str | None]:

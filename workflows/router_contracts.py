@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workflows.memory_contracts import MemoryOffer
 from workflows.messages import MAX_TEXT, REQUEST_ID
 
 ROUTER_WORKFLOW = "RouterWorkflow"
@@ -26,6 +27,7 @@ class RouterActivities:
 class RouterHandlers:
     SAY = "say"  # the update (a receipt with the decision) and the signal (durable, no worker needed)
     VIEW = "view"  # the query
+    MEMORY_CARD = "memory_card"  # a goal's end-of-goal card (a signal): held until a person answers it
 
 
 def router_id(user: str) -> str:
@@ -126,7 +128,7 @@ class AnswerResult(BaseModel):
 # --- what the router keeps ------------------------------------------------------------
 
 RoutedBy = Literal["explicit goal", "bound object", "card", "model", "person", "thread", "new"]
-Action = Literal["steer", "queue", "answer", "new goal", "follow-up goal", "answered", "upgraded", "asked"]
+Action = Literal["steer", "queue", "answer", "new goal", "follow-up goal", "answered", "upgraded", "asked", "kept"]
 
 
 class Routing(BaseModel):
@@ -156,6 +158,21 @@ class Thread(BaseModel):
     goal_id: str | None = Field(default=None, description="The goal it grew into.")
 
 
+class KeptMemories(BaseModel):
+    """A memory card the user answered: what was kept across goals, and where."""
+
+    goal_id: str
+    request_id: str = Field(description="The message that answered it.")
+    answer: str
+    scope: Literal["project", "global"] | None = Field(default=None, description="None: nothing was kept.")
+    workspace: str
+    promoted: dict[str, str] = Field(default_factory=dict, description="Episodic id -> its semantic memory's id.")
+    not_kept: list[str] = Field(
+        default_factory=list, description="Chosen but not kept: revoked, gone or past their shelf life."
+    )
+    at: datetime
+
+
 class RouterRefusal(BaseModel):
     at: datetime
     reason: str
@@ -171,6 +188,10 @@ class RouterState(BaseModel):
     workspace: str | None = Field(default=None, description="Where new goals work when a message names none.")
     threads: list[Thread] = Field(default_factory=list, description="Newest last (bounded).")
     refusals: list[RouterRefusal] = Field(default_factory=list)
+    cards: list[MemoryOffer] = Field(
+        default_factory=list, description="Goals' memory cards not answered yet, oldest first (bounded)."
+    )
+    kept: list[KeptMemories] = Field(default_factory=list, description="Memory cards answered, newest last (bounded).")
     routed: int = Field(default=0, description="Messages routed so far, all runs.")
     runs: int = 1
     tokens: int = 0
@@ -193,3 +214,5 @@ class RouterView(BaseModel):
     runs: int
     tokens: int
     cost_usd: float
+    cards: list[MemoryOffer] = Field(default_factory=list, description="Memory cards waiting for an answer.")
+    kept: list[KeptMemories] = Field(default_factory=list, description="Memory cards answered lately.")

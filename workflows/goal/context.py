@@ -70,6 +70,9 @@ REPLAN_DISCARDS_PATCH = "replan-discards-in-flight"
 # Memories are recalled for llm and agent steps, written as steps settle, and offered for
 # keeping across goals at the end (workflows/goal/memory.py).
 MEMORY_PATCH = "memory"
+# The end-of-goal memory card goes to the owner's router and the goal ends at once (it
+# asked and waited up to an hour before); episodic writes read the whole output's statements.
+MEMORY_CARD_PATCH = "memory-card-to-router"
 # A worker of code the goal has not run on checks its finished work first (verify_due.py).
 VERIFY_ON_NEW_CODE_PATCH = "verify-on-new-code"
 # A subgoal in flight holds its whole budget slice in the gates, not a kind estimate.
@@ -124,7 +127,7 @@ class GoalContext:
         self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
         self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
         self.verifies_by_question = False
-        self.replans_on_evidence = self.uses_memory = False
+        self.replans_on_evidence = self.uses_memory = self.memory_card_to_router = False
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
         self.looks_around_commands = False
         self.replan_discards_in_flight = False
@@ -150,6 +153,7 @@ class GoalContext:
         self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
         self.replan_discards_in_flight = workflow.patched(REPLAN_DISCARDS_PATCH)
         self.uses_memory = workflow.patched(MEMORY_PATCH)
+        self.memory_card_to_router = workflow.patched(MEMORY_CARD_PATCH)
         self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)
         self.looks_around_commands = workflow.patched(OWN_CHANGES_PATCH)

@@ -16,6 +16,20 @@ connection and no list of goals that used a memory, a goal that is parked or con
 as new misses nothing, and no goal's history grows for a forget that does not concern
 it. The cost is one local activity per model turn, and only in goals that used memories.
 
+Where the end-of-goal card goes. A goal whose work is done does not stay open for a
+person (`perdure watch`, `perdure result`, scripts and parent goals wait for its end): since
+patch memory-card-to-router it sends the card to its owner's router (`router-OWNER`, the
+owner its PerdureOwner search attribute), which keeps it in the user's one inbox that
+outlives goals, and ends. The signal is awaited, a server round trip and not the router's
+handling: a signal still unsent when the workflow completes is never sent. A router that
+does not exist yet (a user who never ran `perdure say`) makes the signal fail; the goal then
+starts it as a child with parent-close policy ABANDON (it outlives the goal; a router that
+started meanwhile makes the start fail harmlessly, one that ended is replaced) and signals
+again. Chosen over starting the router first every time: a goal then records a child start
+only when the user has no router, and the common case is one signal. Whatever fails, the
+goal ends as it would have and its report says where the candidates are. Goals recorded
+before the patch ask the card as a question and wait up to CARD_WAIT, as they did.
+
 Constructed by each room that needs it (scheduler, llm and agent runners, closing): all
 it knows is in the state, except the timer of an open card, kept by the scheduler's.
 """
@@ -27,13 +41,16 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.workflow import ParentClosePolicy
 
 from workflows import memory_rules
 from workflows.contracts import Activities
 from workflows.goal.context import GoalContext
 from workflows.memory_contracts import (
+    MemoryOffer,
+    MemoryOffered,
     PromoteInput,
     PromoteResult,
     RecallInput,
@@ -45,6 +62,8 @@ from workflows.memory_contracts import (
     RevocationsResult,
 )
 from workflows.plan import PlanStep
+from workflows.router_contracts import ROUTER_WORKFLOW, RouterHandlers, RouterInput, router_id
+from workflows.search_attributes import OWNER
 from workflows.state import Node
 from workflows.statuses import IN_FLIGHT
 
@@ -159,8 +178,18 @@ class GoalMemoryRoom:
             return
         memory = self._ctx.state.memory
         if not node.reused and node.status in ("succeeded", "failed"):
+            # Goals recorded before read the preview: what they wrote (and so asked) stays as it was.
+            statements = node.statements if self._ctx.memory_card_to_router else None
             memory.outbox += memory_rules.settled_memories(
-                self._ctx.goal_id, node.name, node.kind, node.key, node.status, node.preview, node.error, workflow.now()
+                self._ctx.goal_id,
+                node.name,
+                node.kind,
+                node.key,
+                node.status,
+                node.preview,
+                node.error,
+                workflow.now(),
+                statements,
             )
         if node.memories and node.name not in memory.drop_pending:
             memory.drop_pending.append(node.name)
@@ -225,15 +254,17 @@ class GoalMemoryRoom:
     # --- the end-of-goal card -----------------------------------------------------------
 
     def ask_card_when_done(self) -> None:
-        """Once the goal's work is over (nothing in flight or ready, no open question,
-        nothing queued), ask a person which verified conclusions to keep across goals;
-        the card closes by itself after CARD_WAIT. A subgoal asks none: its parent ends later."""
+        """Goals recorded before patch memory-card-to-router: once the goal's work is over
+        (nothing in flight or ready, no open question, nothing queued), ask a person which
+        verified conclusions to keep across goals; the card closes by itself after
+        CARD_WAIT. A subgoal asks none: its parent ends later. Later goals offer them at
+        their end (`at_close`); a card asked before the patch is still seen through."""
         state = self._ctx.state
         if not self.enabled or state.spec.parent is not None:
             return
         card = state.memory.card
         if card is None:
-            if not self._work_is_over():
+            if self._ctx.memory_card_to_router or not self._work_is_over():
                 return
             found = memory_rules.candidates(state)
             if not found:
@@ -283,13 +314,15 @@ class GoalMemoryRoom:
         await self.flush()
         state = self._ctx.state
         card = state.memory.card
+        if card is None and self._ctx.memory_card_to_router:
+            return await self._offer()
         if card is None or card.done:
             return
         card.done = True
         question = next(q for q in state.questions if q.id == card.question)
         if question.status != "answered":
             return
-        ids, scope = memory_rules.chosen(card, question.answer, question.answer_text, state.memory.written)
+        ids, scope = memory_rules.chosen(card.candidates, question.answer, question.answer_text, state.memory.written)
         if not ids:
             return
         payload = PromoteInput(
@@ -299,6 +332,56 @@ class GoalMemoryRoom:
         if result is not None:
             card.promoted = result.promoted
 
+    async def _offer(self) -> None:
+        """Send the card to the owner's router, once; a subgoal sends none (its parent
+        ends later), nor does an aborted goal (nothing was asked of it then before either)."""
+        state = self._ctx.state
+        if state.spec.parent is not None or state.pause.mode == "aborting" or state.memory.offered is not None:
+            return
+        offer = memory_rules.memory_offer(state, self._ctx.goal_id, workflow.now(), memory_rules.candidates(state))
+        if offer is None:
+            return
+        offered = state.memory.offered = MemoryOffered(candidates=len(offer.candidates))
+        owner = workflow.info().typed_search_attributes.get(OWNER)
+        if not owner:
+            offered.problem = "the goal has no owner (PerdureOwner) whose router could hold them"
+        else:
+            offered.router, offered.problem = router_id(owner), await self._send(owner, offer)
+            if offered.problem is not None:
+                offered.router = None
+        where = f"sent to {offered.router}" if offered.router else f"not sent: {offered.problem}"
+        self._ctx.log_gate(f"memory: {offered.candidates} candidate(s) to keep across goals {where}")
+
+    async def _send(self, owner: str, offer: MemoryOffer) -> str | None:
+        """The card to `router-OWNER`, starting that router if there is none; None when it
+        holds it now, else why not."""
+        payload = offer.model_dump(mode="json")
+        handle = workflow.get_external_workflow_handle(router_id(owner))
+        try:
+            await handle.signal(RouterHandlers.MEMORY_CARD, payload)
+            return None
+        except ApplicationError:
+            pass  # no such router (or it has ended): start one
+        try:
+            await workflow.start_child_workflow(
+                ROUTER_WORKFLOW,
+                RouterInput(user=owner, profile=self._ctx.state.spec.model_profile),
+                id=router_id(owner),
+                task_queue=workflow.info().task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=f"router of {owner}",
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # started meanwhile (`perdure say`, another goal): it takes the card
+        except Exception as err:  # noqa: BLE001 - e.g. an owner no router input takes: the goal ends all the same
+            return f"the router {router_id(owner)} could not be started ({str(err)[:200]})"
+        try:
+            await handle.signal(RouterHandlers.MEMORY_CARD, payload)
+        except ApplicationError as err:
+            return f"the router {router_id(owner)} did not take them ({str(err)[:200]})"
+        return None
+
     def notes(self) -> list[str]:
         """What the report says of the goal's memory."""
         memory = self._ctx.state.memory
@@ -307,7 +390,14 @@ class GoalMemoryRoom:
             notes.append(f"memory: steps were given {len(memory.used)} memories")
         if memory.revoked:
             notes.append("memory: revoked since used: " + ", ".join(r.id for r in memory.revoked))
-        card = memory.card
+        card, offered = memory.card, memory.offered
+        if offered is not None and offered.router is not None:
+            notes.append(f"memory: {offered.candidates} conclusions offered for keeping: see perdure inbox --router")
+        elif offered is not None:
+            notes.append(
+                f"memory: {offered.candidates} verified conclusions were not offered for keeping ({offered.problem}); "
+                f"they stay this goal's episodic memories: perdure memory list --goal {self._ctx.goal_id}"
+            )
         if card is not None and card.promoted:
             notes.append("memory: kept across goals: " + ", ".join(card.promoted.values()))
         elif card is not None:
