@@ -18,7 +18,7 @@ from tests.helpers import (
     started_attempts,
     tool_timeline,
 )
-from workflows.contracts import GoalResult
+from workflows.contracts import Activities, GoalResult
 from workflows.goal import GoalWorkflow
 
 
@@ -50,9 +50,8 @@ async def test_demo_shaped_goal_completes_over_http(env, task_queue, store, work
     assert summaries[-1] == "report · succeeded"
     # The three independent reads ran together as one segment of local activities,
     # committed by one workflow task, before the next model call was scheduled.
-    reads = [
-        (eid, s, task) for eid, _, s, task in local_activities(history) if "turn" not in s and s != "devices · list"
-    ]
+    tool_calls = [(eid, s, task) for eid, kind, s, task in local_activities(history) if kind == Activities.RUN_TOOL]
+    reads = [(eid, s, task) for eid, s, task in tool_calls if "turn" not in s]
     assert sorted(s.split(" · ")[1] for _, s, _ in reads) == ["inventory", "read-ideas", "read-todo"]
     assert len({task for _, _, task in reads}) == 1
     summarize_scheduled = next(eid for eid, _, s in activities if s.startswith("llm · summarize"))

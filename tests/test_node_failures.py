@@ -54,7 +54,9 @@ async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_
     [row] = [line for line in status.splitlines() if " read " in line]
     assert "failed" in row and message in row
     history = await handle.fetch_history()
-    assert [kind for _, kind, _, _ in local_activities(history)] == [Activities.RUN_TOOL]  # it was a local read
+    kinds = [kind for _, kind, _, _ in local_activities(history)]
+    # It was a local read (the goal's memory then records the failure, also locally).
+    assert kinds == [Activities.RUN_TOOL, Activities.MEMORY_RECORD]
     assert workflow_task_failures(history) == []
     await Replayer(workflows=[GoalWorkflow], plugins=[PerdurePlugin()]).replay_workflow(history)
 

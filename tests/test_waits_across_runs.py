@@ -25,11 +25,10 @@ def payments(fake_service) -> PaymentsAPI:
     return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
-async def start_long(env, task_queue, workspace, steps, tools, **extra):
-    """A goal that continues as new every 50 events."""
-    return await start(
-        env, task_queue, workspace, steps, allowed_tools=tools, continue_as_new_after_events=50, drift_every=0, **extra
-    )
+async def start_long(env, task_queue, workspace, steps, tools, events: int = 50, **extra):
+    """A goal that continues as new every `events` events."""
+    limits = {"continue_as_new_after_events": events, "drift_every": 0}
+    return await start(env, task_queue, workspace, steps, allowed_tools=tools, **limits, **extra)
 
 
 def reads(count: int, chained: bool = False) -> list[dict]:
@@ -47,7 +46,9 @@ async def test_an_open_approval_lets_a_chain_of_reads_finish_across_runs_then_pa
 ):
     (workspace / "notes.md").write_text("a note\n")
     pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}
-    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, *reads(READS, chained=True)]
+    # Pinned first (not deferred behind the reads): its question is to stay open while they run.
+    steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "defer": False}]
+    steps += reads(READS, chained=True)
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
         # Each read its own activity (no read segments), one after the other: a run of 50
         # events holds a dozen of them, so the chain needs many runs.
@@ -134,12 +135,14 @@ async def test_a_parked_agent_crosses_continue_as_new_and_goes_on_from_its_turn_
     )
     hunt = agent("hunt", "Find the key.", ["read_file"])
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start_long(env, task_queue, workspace, [hunt], ["read_file"])
+        # Room in the first run for the park and a hint before it continues as new.
+        handle = await start_long(env, task_queue, workspace, [hunt], ["read_file"], events=90)
         await wait_until(handle, lambda s: len(server.requests()) >= 1)
         await submit(handle, Park(request_id="p-1", reason="lunch"))
         await wait_until(handle, lambda s: statuses(s)["hunt"] == "parked")
         # Guidance sent while parked fills the history until the goal continues as new.
         sent = 0
+        assert (await handle.query(GoalWorkflow.progress)).runs == 1  # the hints start in the first run
         while (await handle.query(GoalWorkflow.progress)).runs < 2:
             assert sent < 40, "the goal never continued as new while its agent was parked"
             await submit(handle, Steer(request_id=f"s-{sent}", text=f"hint {sent}: look near the door"))

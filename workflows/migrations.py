@@ -84,6 +84,14 @@ def _v7_to_v8(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 8}
 
 
+def _v8_to_v9(data: dict[str, Any]) -> dict[str, Any]:
+    # v9 carries the patches its runs have (`patches`: a continued run takes them from its
+    # input instead of recording markers again), the build ids that ran it, a subgoal's
+    # granted budget, memory ids and statements on nodes, and what a check left unchecked.
+    # A v8 goal had none of these: every default means "not yet", so only the version changes.
+    return {**data, "schema_version": 9}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
@@ -92,6 +100,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     5: _v5_to_v6,
     6: _v6_to_v7,
     7: _v7_to_v8,
+    8: _v8_to_v9,
 }
 
 

@@ -34,7 +34,7 @@ from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class AgentProgress(BaseModel):
@@ -342,6 +342,9 @@ class GoalState(BaseModel):
         default=None, description="Why the finished steps are to be checked before new work starts."
     )
     verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
+    patches: list[str] = Field(
+        default_factory=list, description="The behaviour changes (workflow.patched) the chain's runs have."
+    )
     code_versions: list[str] = Field(
         default_factory=list, description="Build ids of the workers that have run this goal, oldest first (bounded)."
     )

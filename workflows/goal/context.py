@@ -138,25 +138,36 @@ class GoalContext:
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
-        self.effects_first = workflow.patched(EFFECTS_FIRST_PATCH)
-        self.waits_are_state = workflow.patched(WAITS_PATCH)
-        self.node_errors_settle = workflow.patched(NODE_ERRORS_SETTLE_PATCH)
-        self.agent_waits_are_state = workflow.patched(AGENT_WAITS_PATCH)
-        self.void_reaches_waits = workflow.patched(VOID_WAITS_PATCH)
-        self.commands_ask = workflow.patched(COMMAND_REPLAY_PATCH)
-        self.budgets_by_time_and_wrap_up = workflow.patched(BUDGET_CLOCK_PATCH)
-        self.lists_devices = workflow.patched(DEVICES_PATCH)
-        self.device_timers_of_offline = workflow.patched(DEVICE_WAIT_TIMER_PATCH)
-        self.verifies_after_waits = workflow.patched(VERIFY_PATCH)
-        self.verifies_by_question = workflow.patched(VERIFY_QUESTION_PATCH)
-        self.replans_on_evidence = workflow.patched(REPLAN_ON_EVIDENCE_PATCH)
-        self.orders_risk = workflow.patched(RISK_ORDER_PATCH)
-        self.replan_discards_in_flight = workflow.patched(REPLAN_DISCARDS_PATCH)
-        self.uses_memory = workflow.patched(MEMORY_PATCH)
-        self.memory_card_to_router = workflow.patched(MEMORY_CARD_PATCH)
-        self.verifies_on_new_code = workflow.patched(VERIFY_ON_NEW_CODE_PATCH)
-        self.subgoals_reserve_slices = workflow.patched(SUBGOAL_SLICES_PATCH)
-        self.looks_around_commands = workflow.patched(OWN_CHANGES_PATCH)
+        self._carried_patches = set(self.state.patches)
+        self.effects_first = self._patched(EFFECTS_FIRST_PATCH)
+        self.waits_are_state = self._patched(WAITS_PATCH)
+        self.node_errors_settle = self._patched(NODE_ERRORS_SETTLE_PATCH)
+        self.agent_waits_are_state = self._patched(AGENT_WAITS_PATCH)
+        self.void_reaches_waits = self._patched(VOID_WAITS_PATCH)
+        self.commands_ask = self._patched(COMMAND_REPLAY_PATCH)
+        self.budgets_by_time_and_wrap_up = self._patched(BUDGET_CLOCK_PATCH)
+        self.lists_devices = self._patched(DEVICES_PATCH)
+        self.device_timers_of_offline = self._patched(DEVICE_WAIT_TIMER_PATCH)
+        self.verifies_after_waits = self._patched(VERIFY_PATCH)
+        self.verifies_by_question = self._patched(VERIFY_QUESTION_PATCH)
+        self.replans_on_evidence = self._patched(REPLAN_ON_EVIDENCE_PATCH)
+        self.orders_risk = self._patched(RISK_ORDER_PATCH)
+        self.replan_discards_in_flight = self._patched(REPLAN_DISCARDS_PATCH)
+        self.uses_memory = self._patched(MEMORY_PATCH)
+        self.memory_card_to_router = self._patched(MEMORY_CARD_PATCH)
+        self.verifies_on_new_code = self._patched(VERIFY_ON_NEW_CODE_PATCH)
+        self.subgoals_reserve_slices = self._patched(SUBGOAL_SLICES_PATCH)
+        self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
+
+    def _patched(self, patch: str) -> bool:
+        """`workflow.patched`, once per chain of runs: a run continued from one that had the
+        patch has it too (its carried state, its input, says so) and records no marker of
+        its own, so a run's events go to its work. A run whose input names no patches (the
+        first, or one carried by older code) asks the SDK, marker and all."""
+        on = patch in self._carried_patches or workflow.patched(patch)
+        if on and patch not in self.state.patches:
+            self.state.patches.append(patch)
+        return on
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a

@@ -1,0 +1,47 @@
+"""A chain of runs records its behaviour changes (`workflow.patched` markers) once: a run
+continued from one that had them takes them from its carried state, so its events go to its
+work. Before, every run of a long goal began with one marker per patch (about twenty of its
+first events), and a goal that continues as new every 50 events did a third of the work per run."""
+
+from __future__ import annotations
+
+from temporalio.api.enums.v1 import EventType
+
+from tests.helpers import running_worker, start
+from tests.test_week_long_goal import run_ids
+
+
+def patch_markers(history) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    )
+
+
+async def test_runs_after_the_first_record_no_patch_markers_and_do_more_work_each(env, task_queue, store, workspace):
+    (workspace / "notes.md").write_text("a note\n")
+    steps = [
+        {"name": f"r{i:02d}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
+        | ({"needs": [f"r{i - 1:02d}"]} if i else {})
+        for i in range(40)
+    ]
+    async with running_worker(env, task_queue, store):
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["read_file"],
+            continue_as_new_after_events=60,
+            local_activities_up_to_s=0,
+            drift_every=0,
+        )
+        result = await handle.result()
+        runs = await run_ids(handle)
+        histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in runs]
+    assert result.outcome == "succeeded"
+    markers = [patch_markers(h) for h in histories]
+    assert len(runs) >= 3 and markers[0] >= 15, markers  # the first run asks the SDK for every patch
+    assert all(m == 0 for m in markers[1:]), markers  # the others carry the answers
