@@ -531,6 +531,8 @@ class Job:
 
 # A step's verify question (activities/verification.py's marker, spelled out as above).
 VERIFY_MARK = "[PERDURE-VERIFY]"
+# The router's prompts (activities/router_activities.py): its choice of a goal, its quick answer.
+ROUTER_MARK, ROUTER_ANSWER_MARK = "[PERDURE-ROUTER]", "[PERDURE-ROUTER-ANSWER]"
 
 
 def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> ScriptedReply | None:
@@ -538,6 +540,8 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
 
     planner: a plan of one llm step that works toward the goal text. drift check: on track.
     verify question: HOLDS (offline, nothing new is known, so the step's work is kept).
+    router: the candidate goal whose text shares the most words with the message (at least
+    two), else a new goal; its quick answer says it is offline.
     llm step: a short text naming the step, its prompt and its inputs. agent step: each offered
     tool once, one per turn in the order offered, with the arguments `steps[STEP][TOOL]` gives,
     else arguments built from the tool's JSON schema (`schema_arguments`); then a final answer
@@ -555,11 +559,33 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
         return ScriptedReply(json={"on_track": True, "reason": "offline policy: the plan is followed as written"})
     if VERIFY_MARK in system:
         return ScriptedReply(content="HOLDS\noffline policy: nothing new is known offline")
+    if ROUTER_ANSWER_MARK in system:
+        return ScriptedReply(content="[offline] no model is configured, so this is no real answer.")
+    if ROUTER_MARK in system:
+        return ScriptedReply(json=_offline_route(first_user))
     if STEP_MARK in system:
         return ScriptedReply(content=_step_summary(first_user))
     if AGENT_MARK in system:
         return _agent_reply(messages, body.get("tools") or [], first_user, steps)
     return None
+
+
+def _offline_route(message: str) -> dict[str, Any]:
+    """The router's choice offline: the goal sharing the most words with the message."""
+    said = _section(message, "Message:")
+    listed = message.partition("Candidates:\n")[2].split("\n\nRecent:", 1)[0]
+    try:
+        candidates = json.loads(listed)
+    except ValueError:
+        candidates = []
+    words = set(re.findall(r"[a-z]{3,}", said.lower()))
+    best, overlap = "new", 1
+    for candidate in candidates if isinstance(candidates, list) else []:
+        shared = len(words & set(re.findall(r"[a-z]{3,}", str(candidate.get("goal", "")).lower())))
+        if shared > overlap:
+            best, overlap = str(candidate.get("id")), shared
+    reason = "offline policy: " + ("no goal shares enough words" if best == "new" else f"{overlap} words shared")
+    return {"target": best, "mode": "steer", "confidence": 0.8, "reason": reason}
 
 
 def _section(text: str, heading: str) -> str:

@@ -564,3 +564,18 @@ async def test_an_unanswered_memory_card_is_dropped_when_its_memories_shelf_life
     assert any(e.HasField("timer_fired_event_attributes") for e in history.events)
     assert history.events[-1].event_time.ToDatetime() - signalled_at >= timedelta(days=89)
     assert view.cards == [] and view.kept == []  # dropped, nothing kept
+
+
+def test_offline_the_router_picks_the_goal_sharing_most_words_and_else_a_new_one():
+    from activities.router_activities import ANSWER_PROMPT, CHOOSE_PROMPT
+    from testing.scripted import offline_reply
+
+    def body(system: str, user: str) -> dict:
+        return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+
+    listed = [{"id": "poster-1", "goal": "Design the bake sale poster"}, {"id": "report-1", "goal": "Quarterly report"}]
+    asked = f"Message: make the bake sale poster warmer\n\nCandidates:\n{json.dumps(listed)}\n\nRecent:\n(nothing)"
+    unrelated = f"Message: book a dentist appointment\n\nCandidates:\n{json.dumps(listed)}\n\nRecent:\n(nothing)"
+    assert offline_reply(body(CHOOSE_PROMPT, asked), {}).json_value["target"] == "poster-1"
+    assert offline_reply(body(CHOOSE_PROMPT, unrelated), {}).json_value["target"] == "new"
+    assert offline_reply(body(ANSWER_PROMPT, "user: hi"), {}).content.startswith("[offline]")
