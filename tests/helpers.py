@@ -349,3 +349,14 @@ async def events_until_end(env, goal_id: str) -> list:
         if event.type == "end":
             return seen
     return seen
+
+
+async def run_ids(handle) -> list[str]:
+    """Every run of the goal's continue-as-new chain, first to last."""
+    ids = [handle.first_execution_run_id or handle.result_run_id]
+    while True:
+        history = await handle._client.get_workflow_handle(handle.id, run_id=ids[-1]).fetch_history()
+        last = history.events[-1]
+        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            return ids
+        ids.append(last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from temporalio.api.enums.v1 import EventType
 
-from tests.helpers import running_worker, start
-from tests.test_week_long_goal import run_ids
+from tests.helpers import run_ids, running_worker, start
 
 
 def patch_markers(history) -> int:

@@ -10,7 +10,7 @@ import asyncio
 from activities.models.config import ModelConfig
 from tests.builders import gate
 from tests.helpers import local_activities, start, submit, wait_until
-from tests.test_verify_resume import checks_made
+from tests.verify_rig import checks_made
 from workers.code_version import code_version
 from workers.orchestrator import build_worker
 from workflows.messages import Park, Resume

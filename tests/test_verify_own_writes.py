@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.builders import gate, llm, openai_profile
 from tests.helpers import running_worker, scheduled_activities, start, wait_until
-from tests.test_verify_resume import checked, park_then_resume, read, runs_of
+from tests.verify_rig import checked, park_then_resume, read, runs_of
 from workflows.contracts import Fingerprint
 from workflows.goal.verification import expected_digest, timeline
 from workflows.state import Node

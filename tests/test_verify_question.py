@@ -22,7 +22,7 @@ from testing.fakes import FakeService
 from testing.scripted import offline_reply
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, scheduled_activities, start, statuses, wait_until
-from tests.test_verify_resume import checked, park_then_resume, read, runs_of
+from tests.verify_rig import checked, park_then_resume, read, runs_of
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
 from workflows.tool_specs import HttpGetArgs

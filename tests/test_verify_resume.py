@@ -8,44 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from tests.builders import gate
-from tests.helpers import (
-    local_activities,
-    perdure_status,
-    running_worker,
-    scheduled_activities,
-    start,
-    submit,
-    wait_until,
-)
-from workflows.contracts import Activities
-from workflows.messages import Park, Resume
-
-
-def read(name: str, path: str) -> dict:
-    return {"name": name, "kind": "tool", "tool": "read_file", "args": {"path": path}}
-
-
-def runs_of(history, step: str) -> int:
-    return sum(1 for _, _, summary, _ in local_activities(history) if f"· {step} " in summary + " ")
-
-
-def checks_made(history) -> int:
-    """Checks of finished work (the check is a regular activity; the goal's looks around
-    its command steps use the same activity, run locally)."""
-    return sum(kind == Activities.VERIFY_NODES for _, kind, _ in scheduled_activities(history))
-
-
-def checked(snapshot) -> str:
-    """What the goal said about its check of finished work (its gate log)."""
-    return next(entry for entry in reversed(snapshot.gate_log) if "re-verif" in entry)
-
-
-async def park_then_resume(handle, change, park_s: float = 1.2) -> None:
-    await submit(handle, Park(request_id="park-1", reason="off for the weekend"))
-    await wait_until(handle, lambda s: s.parked)
-    change()
-    await asyncio.sleep(park_s)  # longer than verify_after_s: the park was long
-    await submit(handle, Resume(request_id="resume-1"))
+from tests.helpers import perdure_status, running_worker, start, wait_until
+from tests.verify_rig import checked, checks_made, park_then_resume, read, runs_of
 
 
 async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_read_it(env, task_queue, store, workspace):

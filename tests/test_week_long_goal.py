@@ -10,11 +10,10 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 
 from activities.models.config import ModelConfig
 from tests.builders import llm, openai_profile, spec
-from tests.helpers import submit, wait_until
+from tests.helpers import run_ids, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
@@ -32,17 +31,6 @@ def done(snapshot) -> set[str]:
 
 def chain(names: list[str], first_needs: list[str]) -> list[dict]:
     return [llm(n, [names[i - 1]] if i else first_needs) for i, n in enumerate(names)]
-
-
-async def run_ids(handle) -> list[str]:
-    """Every run of the goal's continue-as-new chain, first to last."""
-    ids = [handle.first_execution_run_id or handle.result_run_id]
-    while True:
-        history = await handle._client.get_workflow_handle(handle.id, run_id=ids[-1]).fetch_history()
-        last = history.events[-1]
-        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-            return ids
-        ids.append(last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
 
 
 async def test_a_week_long_goal_with_changes_parks_and_a_new_worker_finishes_correct(
