@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
     from workflows.messages import Answer, Queue, Steer, bounded
     from workflows.plan import describe_validation_error
+    from workflows.raw_values import decode_raw
     from workflows.router_contracts import (
         ROUTER_WORKFLOW,
         AnswerInput,
@@ -140,7 +141,7 @@ class RouterWorkflow:
         if name != RouterHandlers.SAY:
             self._refuse(f"unknown signal '{bounded(name)[:80]}'; the router takes messages on '{RouterHandlers.SAY}'")
             return
-        values, problem = self._decode(args)
+        values, problem = decode_raw(args)
         say, problem = (None, problem) if problem else _parse(values)
         if say is None:
             self._refuse(problem or "unreadable message")
@@ -210,16 +211,6 @@ class RouterWorkflow:
         workflow.logger.info("router message refused", extra={"reason": reason})
         state = self._state
         state.refusals = [*state.refusals, RouterRefusal(at=workflow.now(), reason=bounded(reason))][-REFUSALS_KEPT:]
-
-    def _decode(self, args: Sequence[RawValue]) -> tuple[list[Any], str | None]:
-        converter = workflow.payload_converter()
-        values = []
-        for position, raw in enumerate(args, start=1):
-            try:
-                values.append(converter.from_payload(raw.payload))
-            except Exception as err:  # whatever the bytes are, the router goes on
-                return [], f"argument {position} could not be decoded: {str(err)[:200]}"
-        return values, None
 
     # --- routing ----------------------------------------------------------------------
 
@@ -438,7 +429,7 @@ class RouterWorkflow:
 
     def _card_arrived(self, args: Sequence[RawValue]) -> None:
         """A goal's memory card: held (one per goal, the newest) until answered or expired."""
-        values, problem = self._decode(args)
+        values, problem = decode_raw(args)
         offer, problem = (None, problem) if problem else _parse_offer(values)
         if offer is None:
             self._refuse(problem or "unreadable memory card")

@@ -39,6 +39,7 @@ from workflows.messages import (
     request_id_of,
     turn_problem,
 )
+from workflows.raw_values import decode_raw
 from workflows.statuses import ENDED_PHASES
 
 # Applied at the next model-turn boundary or when the goal would be idle, not at the loop's safe point.
@@ -65,7 +66,7 @@ class Inbox:
             known = f"a goal takes messages on the '{Signals.MESSAGE}' signal"
             self._refuse(None, f"unknown signal '{bounded(name)}'; {known}")
             return
-        values, problem = self._decode(args)
+        values, problem = decode_raw(args)
         if problem is None:
             message, problem = parse_arguments(values, f"'{Signals.MESSAGE}' signal")
         if problem is None:
@@ -136,17 +137,6 @@ class Inbox:
         if in_order:
             return door_problem(state, message, self._load_problem)
         return admission_problem_at_the_door(state, message, self._load_problem)
-
-    def _decode(self, args: Sequence[RawValue]) -> tuple[list[Any], str | None]:
-        converter = workflow.payload_converter()
-        values = []
-        for position, raw in enumerate(args, start=1):
-            try:
-                values.append(converter.from_payload(raw.payload))
-            except Exception as err:  # whatever the bytes are, the goal goes on
-                encoding = raw.payload.metadata.get("encoding", b"").decode(errors="replace") or "none"
-                return [], bounded(f"argument {position} could not be decoded (encoding {encoding}): {err}")
-        return values, None
 
     def _admit(self, message: UserMessage, via: str) -> InboxEntry:
         entry = InboxEntry(
