@@ -525,6 +525,10 @@ def planner_system_prompt(
             "`goal` text (its own planner plans it) and `budget_share` (0-1) of this goal's budget; its "
             "output is its report. `join: fail_fast` stops the other fail_fast subgoals when it fails. "
             "Use it only for a part worth many steps of its own.\n"
+            "- wait: wait for a time before the steps that need it run: `until` (a time with its timezone, "
+            "e.g. 2026-12-02T09:00:00Z) or `after` (a duration after its needs are done: 90s, 15m, 2h, 1d), "
+            "never both. Its output says when the goal acted and how late (exact, or late when no worker "
+            "ran then).\n"
             "`needs` lists the steps whose outputs a step receives and must wait for; steps that do not "
             "need each other run in parallel. No cycles. Step names are unique, lower-case, "
             f"matching ^[a-z][a-z0-9_-]{{0,63}}$. At most {MAX_PLANNED_STEPS} steps.",

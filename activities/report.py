@@ -90,6 +90,11 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         for step in errored:
             lines += ["", f"### {_heading(step)} ({step.status})", "", *_fenced(step.error or "")]
 
+    waits = [s for s in input.steps if s.kind == "wait" and s.status == "succeeded" and s.plan_version is None]
+    if waits:
+        # When each wait step acted and how late, as its output says it: never claimed punctual.
+        lines += ["", "## Timers", "", *(f"- {_one_line(_first_line(store, s))}" for s in waits)]
+
     if input.unfinished:
         lines += ["", "## Unfinished work", "", *(f"- {_one_line(item)}" for item in input.unfinished)]
     if input.notes:
@@ -123,6 +128,14 @@ def _output_section(store: ArtifactStore, step: StepOutcome) -> list[str]:
         f"_Truncated: showing {OUTPUT_CAP_CHARS} of {len(text)} characters; "
         f"full output in artifact `{step.output.digest}`._",
     ]
+
+
+def _first_line(store: ArtifactStore, step: StepOutcome) -> str:
+    try:
+        text = store.get_text(step.output) if step.output is not None else ""
+    except (ArtifactMissing, ArtifactCorrupt):
+        text = ""
+    return text.splitlines()[0] if text else f"wait step '{step.name}': its output is missing"
 
 
 def _fenced(text: str) -> list[str]:

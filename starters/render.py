@@ -129,10 +129,12 @@ def print_status(
     # Work of earlier plan versions that the current plan left out, after the current steps.
     for node in [*snap.nodes, *snap.earlier]:
         style = STATUS_STYLE.get(node.status, "")
+        # A wait step holds its timer as a parked node: it is waiting for its time, not for a person.
+        status = "waiting" if node.kind == "wait" and node.status == "parked" else node.status
         table.add_row(
             Text(node.name if node.plan_version is None else f"{node.name} (plan v{node.plan_version})"),
             node.kind,
-            f"[{style}]{node.status}[/{style}]" if style else node.status,
+            f"[{style}]{status}[/{style}]" if style else status,
             (node.key or "").removeprefix("node:")[:12],
             Text(ran_as(node.placements)),
             Text(printable(node_note(node))),

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workflows.timing import DURATION_FORMAT, parse_duration
 from workflows.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
@@ -157,9 +159,47 @@ class SubgoalStep(_Step):
         return self
 
 
+class WaitStep(_Step):
+    """Wait until a time (`until`) or for a while after the step becomes ready (`after`):
+    a durable timer. Its output says when the goal acted and how late (workflows/timing.py)."""
+
+    kind: Literal["wait"] = "wait"
+    until: datetime | None = Field(
+        default=None, description="Wait until this time, with its timezone (e.g. 2026-12-02T09:00:00Z)."
+    )
+    after: str | None = Field(
+        default=None,
+        max_length=40,
+        description=f"Wait this long after the step becomes ready: {DURATION_FORMAT}.",
+    )
+
+    @field_validator("until")
+    @classmethod
+    def _until_has_a_timezone(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.utcoffset() is None:
+            raise ValueError(f"'{value.isoformat()}' has no timezone: write it as e.g. 2026-12-02T09:00:00Z")
+        return value
+
+    @field_validator("after")
+    @classmethod
+    def _after_is_a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)  # its ValueError is the message
+        return value
+
+    @model_validator(mode="after")
+    def _one_time(self) -> WaitStep:
+        if (self.until is None) == (self.after is None):
+            raise ValueError(f"wait step '{self.name}' needs exactly one of `until` (a time) or `after` (a duration)")
+        return self
+
+    def delay(self) -> timedelta | None:
+        return parse_duration(self.after) if self.after is not None else None
+
+
 # Every node kind is a step type: a new kind is a new class here and a runner in
 # workflows/goal/nodes/ (the registry there checks each kind has one).
-STEP_TYPES = (LlmStep, AgentStep, ToolStep, SubgoalStep)
+STEP_TYPES = (LlmStep, AgentStep, ToolStep, SubgoalStep, WaitStep)
 PlanStep = Annotated[Union[STEP_TYPES], Field(discriminator="kind")]  # noqa: UP007 (a tuple of types)
 NodeKind = Literal[tuple(t.model_fields["kind"].default for t in STEP_TYPES)]  # type: ignore[valid-type]
 

@@ -33,6 +33,7 @@ from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
 from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
+from workflows.timing import TimerRecord
 
 SCHEMA_VERSION = 9
 
@@ -355,6 +356,10 @@ class GoalState(BaseModel):
     memory: GoalMemory = Field(
         default_factory=GoalMemory,
         description="The memory ids its steps used, revocations it was told, what it wrote (workflows/goal/memory.py).",
+    )
+    timers: list[TimerRecord] = Field(
+        default_factory=list,
+        description="The wait steps' and the park's timers it acted on: planned, acted, how late (timing.py).",
     )
 
     @field_serializer("plan_versions", mode="wrap")

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from workflows import questions
+from workflows import questions, timing
 from workflows.goal.context import GoalContext, NodeWaiting
 from workflows.goal.verify_due import note_wait_ended
 from workflows.state import Node
@@ -76,12 +76,20 @@ class Pause:
         state, pause = self._ctx.state, self._ctx.state.pause
         now = workflow.now()
         if pause.wake_at and now >= pause.wake_at:
+            self._note_timer("park wake time", pause.wake_at, "woke")
             self.resume("woke at the time set when parking")
             return
         if pause.expires_at and now >= pause.expires_at and not pause.expiry_asked:
+            self._note_timer("park expiry", pause.expires_at, "asked")
             pause.expiry_asked = True
             expiry = pause.expires_at - (pause.parked_at or pause.expires_at)
             state.questions.append(questions.park_expired(state, now, expiry))
+
+    def _note_timer(self, what: str, planned: datetime, verb: str) -> None:
+        """How late the goal acted on a park deadline (an outage delays it): kept, and said."""
+        entry = timing.judge(what, planned, workflow.now())
+        timing.record(self._ctx.state.timers, entry)
+        self._ctx.log_gate(f"{what}: {entry.text(verb)}")
 
     async def hold_while_parked(self, node: Node) -> None:
         """An agent does not start a new turn while the goal is parked (and is not judged

@@ -16,9 +16,16 @@ from workflows.goal.nodes.base import NodeDeps, NodeRunner
 from workflows.goal.nodes.llm import LlmNode
 from workflows.goal.nodes.subgoal import SubgoalNode
 from workflows.goal.nodes.tool import ToolNode
+from workflows.goal.nodes.wait import WaitNode
 from workflows.plan import NodeKind
 
-RUNNERS: dict[str, type[NodeRunner]] = {"tool": ToolNode, "llm": LlmNode, "agent": AgentNode, "subgoal": SubgoalNode}
+RUNNERS: dict[str, type[NodeRunner]] = {
+    "tool": ToolNode,
+    "llm": LlmNode,
+    "agent": AgentNode,
+    "subgoal": SubgoalNode,
+    "wait": WaitNode,
+}
 
 _missing = set(get_args(NodeKind)) - set(RUNNERS)
 if _missing:

@@ -1,0 +1,112 @@
+"""A wait node: a durable timer until the step's planned time, then a sentence saying when
+the goal acted and how late (workflows/timing.py), kept as the step's output so a later
+step's model reads it.
+
+Workflow code. The planned time is read off the plan and the node (`until`, or the node's
+start plus `after`), never off the clock of the run that waits, so a wait that crosses
+continue-as-new or a park keeps its time. While the timer runs the node is parked with a
+task of its own; the task lets go (the wait is state, the node parked with no task) when the
+goal is due to continue as new or is parked, and the scheduler runs it again in the next run
+or on resume: then it fires at once if its time has passed, marked late.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from temporalio import workflow
+
+from workflows import timing
+from workflows.contracts import Activities, ArtifactRef, ToolResult
+from workflows.device_contracts import DeviceOutput, DeviceToolResult
+from workflows.goal.context import GoalContext, NodeWaiting
+from workflows.goal.devices import LOCAL_RETRY, LOCAL_TIMEOUT
+from workflows.goal.nodes.base import NodeDeps
+from workflows.plan import WaitStep
+from workflows.state import Node
+
+# node.waiting_on while the wait is state: why it let go of its task.
+WAIT_CARRIED = "wait:carried"
+WAIT_PARKED = "wait:parked"
+# The end of a waiting node's preview once a park has held it: it survives the resume (which
+# clears waiting_on), so the wait, firing then, knows the goal was parked at its time.
+HELD_BY_PARK = "; held: the goal is parked"
+
+
+def planned_time(step: WaitStep, node: Node) -> datetime:
+    delay = step.delay()
+    if delay is None:
+        assert step.until is not None
+        return step.until
+    assert node.started_at is not None  # set when the node was dispatched; a resume keeps it
+    return node.started_at + delay
+
+
+class WaitNode:
+    def __init__(self, deps: NodeDeps) -> None:
+        self._ctx = deps.ctx
+
+    async def run(self, step: WaitStep, node: Node) -> tuple[ArtifactRef, str]:
+        ctx, state = self._ctx, self._ctx.state
+        planned = planned_time(step, node)
+        waiting = f"waiting until {planned:%Y-%m-%d %H:%M:%S} UTC"
+        if workflow.now() < planned:
+            ctx.set_status(node, "parked")
+            node.preview = waiting
+            try:
+                await workflow.wait_condition(
+                    lambda: self._lets_go(ctx) is not None,
+                    timeout=planned - workflow.now(),
+                    timeout_summary=f"wait step {step.name}: until {planned:%Y-%m-%d %H:%M:%S} UTC",
+                )
+            except TimeoutError:
+                pass
+            else:
+                self._let_go(node, waiting, self._lets_go(ctx) or WAIT_CARRIED)
+        if state.pause.mode == "parked":
+            # Its time came in the task that parked the goal: it fires on resume.
+            self._let_go(node, waiting, WAIT_PARKED)
+        parked = node.preview.endswith(HELD_BY_PARK)
+        node.waiting_on = None
+        ctx.set_status(node, "running")  # the scheduler settles only a running node
+        entry = timing.judge(f"wait step {step.name}", planned, workflow.now(), node=step.name, parked=parked)
+        timing.record(state.timers, entry)
+        node.preview = entry.text()
+        stored = await workflow.execute_local_activity(
+            Activities.STORE_DEVICE_OUTPUT,
+            DeviceOutput(
+                result=DeviceToolResult(
+                    tool="wait", ok=True, generation=0, output=f"wait step '{step.name}': {entry.text()}"
+                )
+            ),
+            result_type=ToolResult,
+            start_to_close_timeout=LOCAL_TIMEOUT,
+            retry_policy=LOCAL_RETRY,
+            summary=f"keep output · wait {step.name}",
+        )
+        assert stored.output is not None
+        return stored.output, entry.text()
+
+    def _let_go(self, node: Node, waiting: str, why: str) -> None:
+        """End the task; the wait is state (the node parked, no task) until the scheduler
+        runs it again: in the next run, or when the goal resumes."""
+        self._ctx.set_status(node, "parked")
+        node.waiting_on = why
+        node.preview = waiting + (HELD_BY_PARK if why == WAIT_PARKED else "")
+        self._ctx.wake()
+        raise NodeWaiting(f"{waiting}: the wait is state ({why})")
+
+    @staticmethod
+    def _lets_go(ctx: GoalContext) -> str | None:
+        """Why the node's task should end with its wait carried as state, or None."""
+        if ctx.state.pause.mode == "parked":
+            return WAIT_PARKED
+        info = workflow.info()
+        if info.is_continue_as_new_suggested():
+            return WAIT_CARRIED
+        if info.get_current_history_length() >= ctx.state.spec.continue_as_new_after_events:
+            return WAIT_CARRIED
+        return None
+
+
+__all__ = ["WaitNode", "planned_time"]
