@@ -579,3 +579,22 @@ def test_offline_the_router_picks_the_goal_sharing_most_words_and_else_a_new_one
     assert offline_reply(body(CHOOSE_PROMPT, asked), {}).json_value["target"] == "poster-1"
     assert offline_reply(body(CHOOSE_PROMPT, unrelated), {}).json_value["target"] == "new"
     assert offline_reply(body(ANSWER_PROMPT, "user: hi"), {}).content.startswith("[offline]")
+
+
+async def test_a_long_message_sent_again_is_the_same_message_and_another_under_its_id_is_refused(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": []})
+    poster_id, _ = goal_ids(user)
+    long_text = "poster.svg: " + "make it warmer and friendlier " * 30  # past the 500 chars the router shows
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+        first = await said(env, user, long_text, "long-1", workspace)
+        again = await said(env, user, long_text, "long-1", workspace)
+        with pytest.raises(router_client.SayRefused, match="already used for another message"):
+            await said(env, user, "poster.svg: something else", "long-1", workspace)
+        view = await router_client.view(env.client, user)
+        inbox = await inbox_of(env, poster_id)
+    assert first.status == again.status == "routed" and again.goal_id == poster_id
+    assert [m.request_id for m in view.messages] == ["long-1"]
+    assert [e.request_id for e in inbox.entries if e.request_id.startswith("router.")] == ["router.long-1"]

@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import memory_rules
     from workflows.contracts import GOAL_WORKFLOW, Activities, GoalSpec, Signals
     from workflows.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
-    from workflows.messages import Answer, Queue, Steer, bounded
+    from workflows.messages import Answer, Queue, Steer, bounded, content_digest
     from workflows.plan import describe_validation_error
     from workflows.raw_values import decode_raw
     from workflows.router_contracts import (
@@ -192,7 +192,9 @@ class RouterWorkflow:
             return problem
         state = self._state
         shown = say.text if len(say.text) <= SHOWN_CHARS else say.text[: SHOWN_CHARS - 1] + "…"
-        state.messages.append(Routing(request_id=say.request_id, text=shown, at=workflow.now()))
+        state.messages.append(
+            Routing(request_id=say.request_id, text=shown, at=workflow.now(), digest=content_digest(say))
+        )
         state.pending.append(say)
         self._trim()
         return None
@@ -201,9 +203,7 @@ class RouterWorkflow:
         known = self._find(say.request_id)
         if known is None:
             return None
-        original = next((p for p in self._state.pending if p.request_id == say.request_id), None)
-        same = original == say if original is not None else known.text == say.text[: len(known.text)].rstrip("…")
-        if same:
+        if not known.digest or known.digest == content_digest(say):  # no digest: kept by an older router
             return None
         return f"request id '{say.request_id}' was already used for another message; a retry must send the same one"
 
