@@ -666,6 +666,27 @@ async def record_memory_card_to_router(env: WorkflowEnvironment, out: Path) -> N
         save(out.with_name(f"{out.stem}-router.json"), await router.fetch_history())
 
 
+async def record_goal_wait_steps(env: WorkflowEnvironment, out: Path) -> None:
+    """Two wait steps (after, until) held across a park with a wake time: they let go of
+    their timers while parked and take them up on waking; a step after them reads both."""
+    until = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+    steps = [
+        {"name": "soon", "kind": "wait", "after": "3s"},
+        {"name": "at", "kind": "wait", "until": until.isoformat()},
+        llm("then", ["soon", "at"]),
+    ]
+    async with rig(env, STEP_REPLY) as (workspace, task_queue):
+        goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        await wait_until(handle, lambda s: statuses(s).get("soon") == "parked")
+        wake = datetime.now(UTC) + timedelta(seconds=1)
+        await submit(handle, Park(request_id="park-1", reason="a moment", until=wake))
+        await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -689,6 +710,7 @@ SCENARIOS = {
     "router-v1-routes": record_router_routes,
     "goal-v1-memory": record_goal_memory,
     "memory-v1-card-to-router": record_memory_card_to_router,
+    "goal-v1-wait-steps": record_goal_wait_steps,
 }
 
 
