@@ -16,7 +16,7 @@ import pytest
 
 from activities.models.config import ModelConfig
 from tests.builders import llm, openai_profile, spec
-from tests.helpers import local_activities, submit, wait_until
+from tests.helpers import local_activities, perdure_status, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
@@ -216,11 +216,16 @@ async def test_a_park_wake_time_missed_in_an_outage_says_how_late_it_woke(env, t
     async with worker(env, task_queue, store, server):
         back = time.monotonic()
         woke = await wait_until(handle, lambda s: not s.parked, timeout_s=30)
+        status = await perdure_status(env, handle.id)
         await handle.terminate("the test has what it needs")
     entry = next(e for e in woke.gate_log if e.startswith("park wake time: "))
     print(f"\noutage {back - stopped:.1f} s: {entry}")
     late = re.search(r"woke at [0-9:]+ UTC, (\d+) s late, late \(no worker", entry)
     assert late, entry
     assert (back - stopped) - 3 - 2 <= int(late.group(1)) <= (back - stopped) + 2, (entry, back - stopped)
-    # The wait it held goes on for its own hour.
+    # The wait it held goes on for its own hour; `perdure status` says so, and how late the park woke.
     assert node(woke, "hold").preview.startswith("waiting until"), node(woke, "hold").preview
+    row = next(line for line in status.splitlines() if "hold" in line)
+    cells = [cell.strip() for cell in row.split("│")]
+    assert cells[1:4] == ["hold", "wait", "waiting"] and cells[6].startswith("waiting until"), status
+    assert f"gate {entry}" in " ".join(status.split()), status
