@@ -22,7 +22,7 @@ from temporalio.api.enums.v1 import PendingActivityState, WorkflowExecutionStatu
 from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.watchdog_memory import load_memory, memory_path, save_memory
+from activities.watchdog_memory import load_memory, load_rules, memory_path, rules_path, save_memory
 from workflows.contracts import GOAL_WORKFLOW, ProgressSnapshot
 from workflows.goal import GoalWorkflow
 from workflows.messages import Escalate, Steer
@@ -73,7 +73,8 @@ class VisibilityActivities:
     @activity.defn(name=WatchdogActivities.RECALL)
     async def recall(self, input: RecallInput) -> RecallResult:
         memory, note = load_memory(memory_path(self._home, input.scope))
-        return RecallResult(memory=memory, note=note)
+        book, rules_note = load_rules(rules_path(self._home, input.scope))
+        return RecallResult(memory=memory, note=note, rules=book, rules_note=rules_note)
 
     @activity.defn(name=WatchdogActivities.REMEMBER)
     async def remember(self, input: RememberInput) -> RememberResult:

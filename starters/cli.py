@@ -913,6 +913,9 @@ app.command("profiles")(capabilities.profiles)
 # --- the watchdog: one schedule per task queue, created by the workers ---------------
 
 
+wd.add_commands(watchdog_app, console, err_console)
+
+
 @watchdog_app.command("status")
 def watchdog_status() -> None:
     """The schedule: interval, paused or not, last and next run."""

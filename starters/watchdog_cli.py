@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from typing import Annotated, NoReturn
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,11 +26,28 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.watchdog_memory import load_memory, memory_path
+from activities.watchdog_memory import (
+    RuleError,
+    change_rules,
+    load_memory,
+    load_rules,
+    memory_path,
+    parse_assignment,
+    parse_scope,
+    rules_path,
+)
 from runtime import settings
 from workers.watchdog_schedule import schedule_id
-from workflows.watchdog_contracts import Finding, Incident, WatchdogMemory, WatchdogResult
-from workflows.watchdog_rules import span
+from workflows.watchdog_contracts import (
+    Finding,
+    Incident,
+    RuleBook,
+    RuleChange,
+    WatchdogMemory,
+    WatchdogResult,
+    WatchdogRules,
+)
+from workflows.watchdog_rules import scope_rank, span
 
 KIND_STYLE = {
     "healthy": "green",
@@ -215,3 +234,80 @@ def print_report(console: Console, memory: WatchdogMemory, path: str, show_healt
         for rid, sent in memory.sent.items():
             table.add_row(escape(rid), escape(sent.goal_id), sent.action, _ago(sent.sent_at))
         console.print(table)
+
+
+# --- the rule book: `perdure watchdog set` and `perdure watchdog rules` ---------------
+
+
+def set_rules(assignments: list[str], scope: str | None, user: str, now: datetime) -> tuple[str, list[RuleChange]]:
+    """Validate every assignment first, then change the rule book once; RuleError on any bad one."""
+    where = parse_scope(scope)
+    if not assignments:
+        raise RuleError("nothing to set: give rule=value, e.g. stall_after_s=3600")
+    changes = [parse_assignment(a) for a in assignments]
+    _, made = change_rules(rules_path(settings.perdure_home(), settings.task_queue()), where, changes, user, now)
+    return where, made
+
+
+def _value(value: object) -> str:
+    return "default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def print_rules(console: Console, book: RuleBook, note: str | None, path: str, history: int) -> None:
+    if note:
+        console.print(f"[red]{escape(note)}[/red]")
+    defaults = WatchdogRules()
+    table = Table("rule", "default", *sorted(book.scopes, key=lambda s: (scope_rank(s), s)), title="watchdog rules")
+    scopes = sorted(book.scopes, key=lambda s: (scope_rank(s), s))
+    for rule in WatchdogRules.model_fields:
+        table.add_row(rule, _value(getattr(defaults, rule)), *[_value(book.scopes[s].get(rule, "")) for s in scopes])
+    console.print(table)
+    console.print(f"[dim]version {book.version} · {escape(path)}[/dim]")
+    if book.history:
+        changes = Table("version", "when (UTC)", "who", "for", "rule", "from", "to", title="changes")
+        for change in book.history[-history:]:
+            changes.add_row(
+                str(change.version),
+                f"{change.at:%Y-%m-%d %H:%M:%S}",
+                escape(change.user),
+                escape(change.scope),
+                change.rule,
+                _value(change.old),
+                _value(change.new),
+            )
+        console.print(changes)
+
+
+def add_commands(watchdog_app: typer.Typer, console: Console, err_console: Console) -> None:
+    """The watchdog commands that need no server (the rule book); `perdure watchdog …`."""
+
+    def refuse(err: Exception) -> NoReturn:
+        err_console.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+    @watchdog_app.command("set")
+    def watchdog_set(
+        assignments: Annotated[list[str], typer.Argument(help="rule=value … (rule=default removes a setting)")],
+        scope: Annotated[str | None, typer.Option("--for", help="tag=NAME or goal=ID (default: all goals)")] = None,
+    ) -> None:
+        """Change the watchdog's rules: kept across worker restarts, versioned, with who and when."""
+        try:
+            where, made = set_rules(assignments, scope, settings.user(), datetime.now(UTC))
+        except (RuleError, OSError) as err:
+            refuse(err)
+        if not made:
+            console.print(f"unchanged: {where} already has {', '.join(assignments)}")
+        for change in made:
+            console.print(
+                f"v{change.version} · {change.scope} · {change.rule}: {_value(change.old)} -> {_value(change.new)}"
+                f" · by {escape(change.user)}"
+            )
+
+    @watchdog_app.command("rules")
+    def watchdog_rules(
+        history: Annotated[int, typer.Option(help="Show this many latest changes.")] = 20,
+    ) -> None:
+        """The watchdog's rules per scope, and who changed what when."""
+        path = rules_path(settings.perdure_home(), settings.task_queue())
+        book, note = load_rules(path)
+        print_rules(console, book, note, str(path), history)

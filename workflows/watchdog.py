@@ -84,7 +84,7 @@ class WatchdogWorkflow:
             summary=f"scan open goals · {scope}",
         )
         state.goals = len(scan.goals)
-        assessment = rules.assess(scan.goals, memory, now, input.rules)
+        assessment = rules.assess(scan.goals, memory, now, input.rules, recalled.rules)
         state.findings = [f for f in assessment.findings if f.kind != "healthy"]
         state.phase = "intervening"
         outcomes = []

@@ -19,6 +19,7 @@ WATCHDOG_WORKFLOW = "WatchdogWorkflow"
 WATCHDOG_ID = "perdure-watchdog"
 WATCHDOG_STATE_QUERY = "state"
 MEMORY_SCHEMA_VERSION = 1
+RULES_SCHEMA_VERSION = 1
 
 
 class WatchdogActivities:
@@ -69,6 +70,18 @@ class WatchdogRules(BaseModel):
     )
     looping_rung: int = Field(
         default=3, ge=1, le=4, description="A node still running past this stall-ladder rung is looping."
+    )
+    stall_after_s: float | None = Field(
+        default=None, gt=0, description="Stalled after this long without progress; unset: the goal's own threshold."
+    )
+    judge_calls_per_day: int = Field(
+        default=50, ge=0, le=100_000, description="Model calls the watchdog may make per UTC day; 0 = rules only."
+    )
+    judge_tokens_per_day: int = Field(
+        default=200_000, ge=0, le=100_000_000, description="Model tokens the watchdog may spend per UTC day."
+    )
+    judge_profile: str | None = Field(
+        default=None, description="The model profile that judges ambiguous goals; unset: the default profile."
     )
 
 
@@ -252,9 +265,35 @@ class RecallInput(BaseModel):
     scope: str = Field(description="Whose memory: the task queue the watchdog watches.")
 
 
+class RuleChange(BaseModel):
+    """One change to the rule book: who set which rule for whom, from what to what."""
+
+    version: int
+    at: datetime
+    user: str
+    scope: str = Field(description="'all', 'tag=NAME' or 'goal=ID'.")
+    rule: str
+    old: float | int | str | None = None
+    new: float | int | str | None = None
+
+
+class RuleBook(BaseModel):
+    """The maintainers' rules: durable state of the watchdog, never rewritten by a worker
+    start. `scopes` maps 'all', 'tag=NAME' (goal ids starting with NAME) and 'goal=ID' to
+    the rules set there; a goal's rules are the schedule's defaults overlaid by all, then
+    its tags, then its own. `history` keeps every change, numbered by `version`."""
+
+    schema_version: int = RULES_SCHEMA_VERSION
+    version: int = 0
+    scopes: dict[str, dict[str, float | int | str | None]] = Field(default_factory=dict)
+    history: list[RuleChange] = Field(default_factory=list)
+
+
 class RecallResult(BaseModel):
     memory: WatchdogMemory
     note: str | None = Field(default=None, description="Why a fresh memory was used (missing, unreadable).")
+    rules: RuleBook | None = Field(default=None, description="The rule book; None in runs recorded before it.")
+    rules_note: str | None = Field(default=None, description="Why the rule book could not be read.")
 
 
 class RememberInput(BaseModel):

@@ -51,6 +51,7 @@ from workflows.watchdog_contracts import (
     Intervention,
     InterventionAction,
     InterventionOutcome,
+    RuleBook,
     RunSummary,
     SentIntervention,
     WatchdogMemory,
@@ -145,13 +146,52 @@ def observed_faults(goal: GoalObservation, now: datetime, rules: WatchdogRules) 
     return faults
 
 
-def assess(goals: list[GoalObservation], memory: WatchdogMemory, now: datetime, rules: WatchdogRules) -> Assessment:
-    """Findings for every goal, the interventions to send, and the incidents after this run."""
+def scope_applies(scope: str, goal_id: str) -> bool:
+    """'all', 'goal=ID' (that goal) or 'tag=NAME': goals carry no tags, so a tag is the
+    prefix of the ids a family of goals is started under (`nightly-…`)."""
+    kind, _, value = scope.partition("=")
+    if scope == "all":
+        return True
+    if kind == "goal":
+        return goal_id == value
+    if kind == "tag":
+        return goal_id == value or goal_id.startswith(f"{value}-")
+    return False
+
+
+def scope_rank(scope: str) -> int:
+    return {"all": 0, "tag": 1, "goal": 2}.get(scope.partition("=")[0], 3)
+
+
+def effective_rules(base: WatchdogRules, book: RuleBook | None, goal_id: str | None = None) -> WatchdogRules:
+    """The schedule's rules overlaid by the rule book: all, then tags (by name), then the goal."""
+    if book is None or not book.scopes:
+        return base
+    merged = base.model_dump()
+    for scope in sorted(book.scopes, key=lambda s: (scope_rank(s), s)):
+        if scope == "all" or (goal_id is not None and scope_applies(scope, goal_id)):
+            merged.update({k: v for k, v in book.scopes[scope].items() if k in merged})
+    return WatchdogRules.model_validate(merged)
+
+
+def assess(
+    goals: list[GoalObservation],
+    memory: WatchdogMemory,
+    now: datetime,
+    rules: WatchdogRules,
+    book: RuleBook | None = None,
+) -> Assessment:
+    """Findings for every goal, the interventions to send, and the incidents after this run.
+    `book` holds the maintainers' rules; without one, `rules` decide for every goal."""
     findings: list[Finding] = []
     interventions: list[Intervention] = []
     incidents = {i.id: i.model_copy() for i in memory.open_incidents()}
     seen_faults: set[str] = set()
+    base = rules
     for goal in sorted(goals, key=lambda g: g.goal_id):
+        rules = effective_rules(base, book, goal.goal_id)
+        if rules.stall_after_s is not None:
+            goal = goal.model_copy(update={"stall_after_s": rules.stall_after_s})
         faults = observed_faults(goal, now, rules)
         for kind, subject, detail in faults:
             key = incident_id(goal.goal_id, kind, subject)
