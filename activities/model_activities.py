@@ -28,6 +28,7 @@ from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.live_text import LiveText
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
+from activities.quota import QuotaWaitError, admit
 from workflows.contracts import (
     Activities,
     AgentTurnInput,
@@ -273,6 +274,9 @@ class ModelActivities:
             attempt.on_text = text.add if isinstance(text, LiveText) else None
             try:
                 yield attempt
+            except QuotaWaitError as wait:
+                # Not a failed attempt: nothing was sent. Earlier attempts' records go with it.
+                raise wait.application_error(attempt.details()["failed_attempts"]) from None
             except Exception as err:
                 raise attempt.failure(err) from None
 
@@ -291,6 +295,7 @@ class ModelActivities:
         self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState
     ) -> tuple[ChatResponse, Usage]:
         profile = self._profile(context.profile)
+        await admit(self.config, profile, context, sum(len(m.content or "") for m in request.messages))
         # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
         fault_point("model_call", profile.name, activity=activity.info().activity_type)
         response = await provider_for(profile).chat(request, attempt)

@@ -32,6 +32,7 @@ from bench import (  # noqa: E402
     command_sandbox,
     device_resume,
     overhead,
+    quota,
     recovery,
     recovery_command,
     replay,
@@ -55,6 +56,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     watchdog.KEY: ("<=", 60.0),  # the watchdog's default interval
     device_resume.KEY: ("<=", 2.0),
     "ui_event_latency_ms": ("<=", 300.0),
+    quota.KEY: (">=", 0.9),  # within 10 % of the limit's floor
 }
 # Figure -> the raw-Temporal baselines it is shown as a ratio of.
 BASELINES: dict[str, tuple[str, ...]] = {
@@ -84,6 +86,7 @@ BENCHMARKS = {
     "ui_events": (ui_events.KEYS, ui_events.measure),
     "rss": (rss.KEYS, rss.measure),
     "watchdog": ((watchdog.KEY,), watchdog_section),
+    "quota": (quota.KEYS, quota.measure),
     "scale": (scale.KEYS, scale.measure),
 }
 

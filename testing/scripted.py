@@ -31,7 +31,9 @@ polls are not), `handle_events()` the creates, polls, cancels and result reads o
 handles. A request with `stream: true` (chat completions or messages) gets the same reply
 as server-sent events in that API's streaming format, a word per chunk: `chunk_delay_s`
 paces the chunks (a model writing slowly), `cut_after_chunks` drops the connection after
-that many (a reply that breaks off).
+that many (a reply that breaks off). `requests_per_minute` (rate limit mode) answers a
+model request past that many in a sliding minute with a 429 and `retry-after`, in the
+API's own error body and rate-limit headers.
 """
 
 from __future__ import annotations
@@ -146,6 +148,15 @@ class Script(BaseModel):
     )
     steps: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict, description="Offline policy: step name -> tool name -> the arguments to call it with."
+    )
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Rate limit mode: a model request past this many a minute (in a sliding `rate_window_s`, "
+        "scaled) is answered 429 with Retry-After, as the real APIs answer it (`rate_limited()` counts them).",
+    )
+    rate_window_s: float = Field(
+        default=60, gt=0, le=60, description="Rate limit mode: the sliding window; a shorter one lets a test be short."
     )
 
 
@@ -709,6 +720,9 @@ class ScriptedServer(BackgroundHTTPServer):
         self._handle_log: list[dict] = []
         self._served = 0
         self.connections = 0
+        # Rate limit mode: when the requests of the last minute were accepted, and the 429s sent.
+        self._accepted: list[float] = []
+        self._limited = 0
         # The entry each handler thread answered last (for how to stream it).
         self._taken = threading.local()
 
@@ -730,6 +744,48 @@ class ScriptedServer(BackgroundHTTPServer):
             self._log = []
             self._jobs = {}
             self._handle_log = []
+            self._accepted = []
+            self._limited = 0
+
+    def rate_limited(self) -> int:
+        """How many model requests rate limit mode answered 429."""
+        with self._lock:
+            return self._limited
+
+    def _over_limit(self, flavour: Flavour, path: str, seen: SeenRequest) -> tuple[int, dict, dict[str, str]] | None:
+        """Rate limit mode: the 429 for a request past the limit (a sliding minute), else None."""
+        per_minute = self.script.requests_per_minute
+        if per_minute is None:
+            return None
+        window = self.script.rate_window_s
+        limit = max(1, int(per_minute * window / 60))
+        with self._lock:
+            now = time.monotonic()
+            self._accepted = [at for at in self._accepted if at > now - window]
+            if len(self._accepted) < limit:
+                self._accepted.append(now)
+                return None
+            self._limited += 1
+            wait = max(1, int(self._accepted[0] + window - now + 0.999))
+            self._log.append(
+                {"path": path, "flavour": flavour, "model": seen.model, "matched": None, "status": 429}
+                | {"last_message": seen.last_text[:EXCERPT_CHARS], "tools": seen.tools, "has_tools": bool(seen.tools)}
+                | {"json_mode": seen.json_mode, "arrived": now}
+            )
+        wire: Flavour = "openai" if flavour == "responses" else flavour
+        if wire == "anthropic":
+            headers = {
+                "anthropic-ratelimit-requests-limit": str(per_minute),
+                "anthropic-ratelimit-requests-remaining": "0",
+            }
+            message = f"Number of requests has exceeded your per-minute rate limit ({per_minute} requests/min)"
+        else:
+            headers = {"x-ratelimit-limit-requests": str(per_minute), "x-ratelimit-remaining-requests": "0"}
+            message = f"Rate limit reached for requests per min (RPM): Limit {per_minute}, Used {per_minute}"
+        body = error_body(wire, 429, message)
+        if wire == "openai":
+            body["error"] |= {"type": "requests", "code": "rate_limit_exceeded"}
+        return 429, body, headers | {"retry-after": str(wait)}
 
     def count_connection(self) -> None:
         with self._lock:
@@ -738,6 +794,8 @@ class ScriptedServer(BackgroundHTTPServer):
     def respond(self, flavour: Flavour, path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         """Status, JSON body and extra headers for one request; records it in the log."""
         seen = {"openai": seen_openai, "anthropic": seen_anthropic, "responses": seen_responses}[flavour](body)
+        if limited := self._over_limit(flavour, path, seen):
+            return limited
         fallback = offline_reply(body, self.script.steps) if self.script.policy == "offline" else None
         n, entry = self._take(flavour, path, seen, fallback if flavour == "openai" else None)
         if entry is None or entry.status:
@@ -821,6 +879,7 @@ class ScriptedServer(BackgroundHTTPServer):
                     "tools": seen.tools,
                     "has_tools": bool(seen.tools),
                     "json_mode": seen.json_mode,
+                    "arrived": time.monotonic(),
                 }
             )
         self._taken.entry = entry

@@ -37,6 +37,7 @@ from workers.code_version import code_version
 from workflows.contracts import TASK_QUEUE
 from workflows.device_registry import DeviceRegistryWorkflow
 from workflows.goal import GoalWorkflow
+from workflows.quota import QuotaWorkflow
 from workflows.router import RouterWorkflow
 from workflows.watchdog import WatchdogWorkflow
 
@@ -78,7 +79,14 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow, RouterWorkflow],
+        workflows=[
+            GoalWorkflow,
+            WatchdogWorkflow,
+            CapabilitiesWorkflow,
+            DeviceRegistryWorkflow,
+            RouterWorkflow,
+            QuotaWorkflow,
+        ],
         activities=[
             *models.activities(),
             tools.run_tool,

@@ -239,6 +239,9 @@ class ModelContext(BaseModel):
     guidance: list[str] = Field(default_factory=list, description="The user's steering messages, oldest first.")
     rejected: list[str] = Field(default_factory=list, description="Rejected paths and why, never to be repeated.")
     degraded: bool = Field(default=False, description="Budget past the soft gate: compact context, core tools only.")
+    quota_key: str | None = Field(
+        default=None, description="A call back at its quota slot: the reservation's key (workflows/quota.py)."
+    )
 
 
 # --- planning ---------------------------------------------------------------
@@ -548,6 +551,11 @@ class NodeView(BaseModel):
         "writing the same target (workflows/risk_order.py).",
     )
     child: str | None = Field(default=None, description="A subgoal: the id of the goal it runs as.")
+    quota: str | None = Field(
+        default=None,
+        description="Its model call waits for its resource's quota slot ('waiting for quota openai (next slot "
+        "12:01:05)'), or waited behind other goals' calls (workflows/quota.py).",
+    )
     read_at: datetime | None = Field(
         default=None, description="When it read the oldest of the files it read (its fingerprints): its staleness."
     )

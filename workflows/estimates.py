@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.state import KindStats
+from workflows.quota import waited_seconds
+from workflows.state import KindStats, Node
 
 # Samples a dimension needs before its estimate is pure data. Below this the
 # observed quantile is blended linearly with the default (weight n / 3), so one
@@ -48,6 +49,8 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
     "tool": KindDefaults(tokens_p50=0, tokens_p80=0, seconds_p50=5, seconds_p80=30),
     # A goal of its own: many steps, some of them agents.
     "subgoal": KindDefaults(tokens_p50=30_000, tokens_p80=90_000, seconds_p50=900, seconds_p80=3_600),
+    # A wait step spends nothing; its time is the plan's, not an estimate's.
+    "wait": KindDefaults(tokens_p50=0, tokens_p80=0, seconds_p50=0, seconds_p80=0),
 }
 # An unknown kind is assumed to be as heavy as an agent: over-estimating only delays it.
 FALLBACK_DEFAULTS = KIND_DEFAULTS["agent"]
@@ -64,6 +67,14 @@ class KindEstimate(BaseModel):
     seconds_p80: float
     samples: int
     from_defaults: bool
+
+
+def own_seconds(node: Node) -> float | None:
+    """A settled node's duration as a sample of its kind: the time its model calls waited
+    for quota (workflows/quota.py) is the resource's, not the node's, so it is left out."""
+    if not (node.started_at and node.finished_at):
+        return None
+    return max(0.0, (node.finished_at - node.started_at).total_seconds() - waited_seconds(node.placements))
 
 
 def quantile(values: Sequence[float], q: float) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from workflows.contracts import NodeView, ProgressSnapshot, QuestionView
 from workflows.eta import Eta
 from workflows.node_index import NodeIndex
+from workflows.quota import QUOTA_KEY
 from workflows.risk_order import ORDER_KEYS
 from workflows.state import GoalState, Node
 from workflows.statuses import IN_FLIGHT
@@ -122,15 +123,17 @@ def node_view(node: Node, plan_version: int | None = None) -> NodeView:
         key=node.key,
         preview=node.preview,
         error=node.error,
-        placements={tool: why for tool, why in node.placements.items() if tool not in ORDER_KEYS},
+        placements={tool: why for tool, why in node.placements.items() if tool not in (*ORDER_KEYS, QUOTA_KEY)},
         compactions=len(node.compactions),
         plan_version=plan_version,
         waiting_for_device=_device_waited_for(node),
         needs=list(node.needs),
         tokens=node.tokens,
         cost_usd=node.cost_usd,
-        held_back=[node.placements[key] for key in ORDER_KEYS if key in node.placements],
+        # A quota wait holds the step back too: shown where risk order's holds are (perdure status).
+        held_back=[node.placements[key] for key in (*ORDER_KEYS, QUOTA_KEY) if key in node.placements],
         child=node.child,
+        quota=node.placements.get(QUOTA_KEY),
         read_at=min((p.at for p in node.fingerprints if p.kind == "read"), default=None),
     )
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from runtime.settings import config_path
 from workflows.plan import describe_validation_error
+from workflows.quota import QuotaLimits
 
 log = structlog.get_logger(__name__)
 
@@ -106,6 +107,11 @@ class ModelProfile(BaseModel):
         "about four events to the goal's history; a reply done sooner sends none). 0: never.",
     )
     script: str | None = Field(default=None, description="Scripted profiles only: path of the script file.")
+    quota: str | None = Field(
+        default=None,
+        description="The `[quotas.NAME]` its calls draw on (profiles sharing one API key share one); "
+        "default: the quota named like the profile, if any.",
+    )
 
     @field_validator("live_every_s")
     @classmethod
@@ -124,6 +130,9 @@ class ModelProfile(BaseModel):
 
 class ModelConfig(BaseModel):
     profiles: dict[str, ModelProfile]
+    quotas: dict[str, QuotaLimits] = Field(
+        default_factory=dict, description="External resources' quotas, enforced across goals (workflows/quota.py)."
+    )
     _source: Path | None = PrivateAttr(default=None)
     _stamp: tuple[int, int] | None = PrivateAttr(default=None)
     _problem: str | None = PrivateAttr(default=None)
@@ -151,7 +160,7 @@ class ModelConfig(BaseModel):
                     log.warning("model profiles not reloaded", problem=str(err))
                 self._problem = str(err)
             else:
-                self.profiles = fresh.profiles
+                self.profiles, self.quotas = fresh.profiles, fresh.quotas
                 self._problem = None
                 log.info("model profiles reloaded", path=str(self._source), profiles=sorted(self.profiles))
             self._stamp = stamp
@@ -246,7 +255,20 @@ def load_model_config(path: Path | None = None, watch: bool = False) -> ModelCon
         raise ModelConfigInvalid(f"{path}: 'profiles' must be a table of [profiles.NAME] tables")
     for name, table in tables.items():
         profiles[name] = _profile_from_table(path, name, table, profiles.get(name))
-    return ModelConfig(profiles=profiles)
+    return ModelConfig(profiles=profiles, quotas=_quotas_from(path, data.get("quotas", {})))
+
+
+def _quotas_from(path: Path, tables: Any) -> dict[str, QuotaLimits]:
+    """`[quotas.NAME]` tables: requests_per_minute, tokens_per_minute (and spacing)."""
+    if not isinstance(tables, dict):
+        raise ModelConfigInvalid(f"{path}: 'quotas' must be a table of [quotas.NAME] tables")
+    quotas = {}
+    for name, table in tables.items():
+        try:
+            quotas[name] = QuotaLimits.model_validate(table)
+        except ValidationError as err:
+            raise ModelConfigInvalid(f"{path}: [quotas.{name}] is invalid: {describe_validation_error(err)}") from None
+    return quotas
 
 
 def _profile_from_table(path: Path, name: str, table: Any, base: ModelProfile | None) -> ModelProfile:

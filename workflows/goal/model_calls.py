@@ -11,12 +11,17 @@ worker died), that attempt's last heartbeat details, where attempts that left no
 are the ones that died with their worker. A record without usage is charged at the
 node kind's P80 estimate, marked estimated (Spend.charge_failed_attempts).
 
+A call whose resource has a quota and whose slot is later (QuotaWait, activities/quota.py)
+waits here on a durable timer, shown on its node, and runs again with its slot's key; a
+resource without a quota never takes this path, so existing histories replay unchanged.
+
 Workflow code: it schedules activities. A new model-backed activity needs only an
 input and a result type in workflows/contracts.py and a call to `ModelCalls.run`.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -27,6 +32,7 @@ from workflows.contracts import ModelContext, Usage
 from workflows.goal.context import GoalContext
 from workflows.goal.inbox import Inbox
 from workflows.goal.spend import Spend
+from workflows.quota import QUOTA_KEY, QUOTA_WAIT, slot_text, waited_seconds, waited_text
 from workflows.retries import (
     MODEL_OPTIONS,
     ModelAttempt,
@@ -42,6 +48,8 @@ class _Charged(Protocol):
 
 
 R = TypeVar("R", bound=_Charged)
+# How long before its quota slot a waiting call is scheduled again (less than activities/quota.py ADMIT_WITHIN).
+SLOT_LEAD = timedelta(seconds=0.5)
 # What a failed attempt of a call outside any node (planner, drift check) is estimated as.
 UNNODED_KIND = "llm"
 
@@ -76,9 +84,20 @@ class ModelCalls:
         its failed attempts are charged: what it means is the caller's call."""
         kind = node.kind if node is not None else UNNODED_KIND
         try:
-            result = await workflow.execute_activity(
-                activity, payload, result_type=with_attempts(result_type), summary=summary, **MODEL_OPTIONS
-            )
+            while True:
+                try:
+                    result = await workflow.execute_activity(
+                        activity, payload, result_type=with_attempts(result_type), summary=summary, **MODEL_OPTIONS
+                    )
+                    break
+                except ActivityError as err:
+                    wait = quota_wait_of(err)
+                    if wait is None:
+                        raise
+                for attempt in failed_attempts_in(wait):
+                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
+                await self._wait_for_quota(wait, node)
+                payload = with_quota_key(payload, str(wait["key"]))
         except ActivityError as err:
             # Goals recorded before failed attempts were charged keep their ledger (and the
             # budget decisions it drove) as it was.
@@ -90,6 +109,39 @@ class ModelCalls:
             self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
         self._spend.charge(result.usage, node)
         return result  # type: ignore[return-value]  # a subclass of result_type
+
+    async def _wait_for_quota(self, wait: dict, node: Node | None) -> None:
+        """Until the call's slot, on a durable timer; the node shows it meanwhile and keeps,
+        after, how long it waited and behind how many calls (what estimates leave out)."""
+        resource, at = str(wait["quota"]), datetime.fromisoformat(str(wait["at"]))
+        before = waited_seconds(node.placements) if node is not None else 0.0
+        if node is not None:
+            node.placements[QUOTA_KEY] = slot_text(resource, at)
+        started = workflow.now()
+        # Back a little early: the activity waits out the rest itself, so the request leaves
+        # at its slot instead of at the slot plus a workflow task and an activity start.
+        if at - SLOT_LEAD > started:
+            await workflow.sleep(at - SLOT_LEAD - started)
+        if node is not None:
+            waited = before + (workflow.now() - started).total_seconds()
+            node.placements[QUOTA_KEY] = waited_text(resource, waited, int(wait.get("ahead") or 0))
+
+
+def quota_wait_of(err: ActivityError) -> dict | None:
+    """The slot a call must wait for (activities/quota.py's QuotaWait), or None."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type == QUOTA_WAIT and cause.details:
+        details = cause.details[0]
+        return details if isinstance(details, dict) and {"quota", "at", "key"} <= details.keys() else None
+    return None
+
+
+def with_quota_key(payload: BaseModel, key: str) -> BaseModel:
+    """The same call, asking for the slot reserved under `key`."""
+    context = getattr(payload, "context", None)
+    if not isinstance(context, ModelContext):
+        return payload
+    return payload.model_copy(update={"context": context.model_copy(update={"quota_key": key})})
 
 
 def attempts_of_failure(err: ActivityError) -> list[ModelAttempt]:

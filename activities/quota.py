@@ -1,0 +1,120 @@
+"""A model call's admission by its resource's quota (the activity side of workflows/quota.py).
+
+Before a model activity sends a request whose profile draws on a declared quota
+(config.toml `[quotas.NAME]`, the profile's `quota` or its own name), it reserves a
+slot from that resource's QuotaWorkflow (an update, starting the workflow when there
+is none). A slot due now (within `ADMIT_WITHIN`) is taken at once; a later one ends
+the attempt with `QuotaWait`, non-retryable, carrying the slot's time and key: the
+goal shows it, sleeps on a durable timer until it (a worker restart changes nothing:
+the timer and the slot are both in history) and runs the call again with the key,
+which gets the same slot back. Waiting in the workflow rather than in the activity
+keeps the wait out of the call's attempts, its timeouts and its heartbeats.
+
+Needs a Temporal client (the worker's); in the SDK's ActivityEnvironment without one,
+or for a profile without a quota, admission is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from activities.models.config import ModelConfig, ModelProfile
+from workflows.contracts import ModelContext
+from workflows.quota import (
+    QUOTA_WAIT,
+    QUOTA_WORKFLOW,
+    RESERVE_UPDATE,
+    QuotaRequest,
+    QuotaSlot,
+    QuotaState,
+    quota_workflow_id,
+)
+
+# A slot this close is waited for in the activity: a durable timer costs more than it.
+ADMIT_WITHIN = timedelta(seconds=1)
+# How long after its slot a call may still be sent on it.
+LATE = timedelta(seconds=0.05)
+RETAKES = 3
+# One reservation in flight per resource and worker process: the server holds few updates
+# in flight per workflow (10 on the dev server) and refuses the rest, which a burst of
+# goals starting at once would meet. A reservation takes milliseconds.
+_asking: dict[tuple[int, str], asyncio.Lock] = {}
+
+
+class QuotaWaitError(Exception):
+    """The call's slot is later than ADMIT_WITHIN: the goal waits for it (see `application_error`)."""
+
+    def __init__(self, slot: QuotaSlot, key: str) -> None:
+        super().__init__(f"waiting for quota {slot.resource}")
+        self.slot, self.key = slot, key
+
+    def application_error(self, failed_attempts: list[dict[str, Any]]) -> ApplicationError:
+        return ApplicationError(
+            str(self),
+            {
+                "quota": self.slot.resource,
+                "at": self.slot.at.isoformat(),
+                "key": self.key,
+                "ahead": self.slot.ahead,
+                "failed_attempts": failed_attempts,
+            },
+            type=QUOTA_WAIT,
+            non_retryable=True,
+        )
+
+
+def estimated_tokens(profile: ModelProfile, prompt_chars: int) -> int:
+    """What a call may use of a tokens-per-minute quota: its prompt (chars / 4) and its longest reply."""
+    return prompt_chars // 4 + profile.max_output_tokens
+
+
+async def admit(config: ModelConfig, profile: ModelProfile, context: ModelContext, prompt_chars: int) -> None:
+    """Return once the call may be sent; raise QuotaWaitError when its slot is later."""
+    resource = profile.quota or profile.name
+    limits = config.quotas.get(resource)
+    if limits is None:
+        return
+    try:
+        client = activity.client()
+    except RuntimeError:
+        return
+    info = activity.info()
+    # The goal's call coming back at its slot asks with the slot's key; a retry is a new request.
+    if context.quota_key and info.attempt == 1:
+        key = context.quota_key
+    else:
+        key = f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
+    tokens = estimated_tokens(profile, prompt_chars)
+    for _ in range(RETAKES + 1):
+        request = QuotaRequest(key=key, limits=limits, tokens=tokens)
+        # One operation per update: the SDK refuses to reuse one.
+        start = WithStartWorkflowOperation(
+            QUOTA_WORKFLOW,
+            QuotaState(resource=resource),
+            id=quota_workflow_id(resource, info.task_queue),
+            task_queue=info.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        async with _asking.setdefault((id(asyncio.get_running_loop()), resource), asyncio.Lock()):
+            request.asked_at = datetime.now(UTC)
+            slot = await client.execute_update_with_start_workflow(
+                RESERVE_UPDATE, request, start_workflow_operation=start, result_type=QuotaSlot
+            )
+        wait = (slot.at - datetime.now(UTC)).total_seconds()
+        # A slot already past (the service's first start, a goal's timer that fired late on a
+        # busy worker) is stale: sent now, it would crowd the calls a minute behind it. Take
+        # the next one instead, under a key of its own.
+        if wait > -LATE.total_seconds():
+            break
+        key += "/late"
+    if wait > ADMIT_WITHIN.total_seconds():
+        raise QuotaWaitError(slot, key)
+    if wait > 0:
+        await asyncio.sleep(wait)

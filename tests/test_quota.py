@@ -1,0 +1,79 @@
+"""Quota as a shared resource (workflows/quota.py, activities/quota.py): goals calling one
+rate-limited API wait in one line for slots instead of meeting its 429s, the wait is
+shown on the step, and a waiting goal keeps its slot across a worker restart.
+
+The scaled-down `make bench` run (bench/quota.py) against the scripted server's rate
+limit mode: its window is 20 s instead of 60, so 32 calls meet the limit as the full
+run's 200 do."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from activities.models.config import ModelConfig, ModelProfile
+from bench.common import goal_spec, make_workspace, perdure_worker
+from bench.common import start_goal as start_bench_goal
+from bench.quota import PROFILE, llm_steps, run_quota
+from testing.scripted import ScriptedServer
+from tests.helpers import wait_until
+from workflows.goal import GoalWorkflow
+from workflows.quota import QuotaLimits
+
+pytestmark = pytest.mark.slow
+
+
+async def test_goals_sharing_a_quota_see_no_429_and_run_at_the_limits_pace(env, tmp_path: Path) -> None:
+    run = await run_quota(env.client, tmp_path, goals=4, calls=8, rpm=60, window_s=20)
+
+    assert run.outcomes == ["succeeded"] * 4
+    assert run.requests == 32
+    assert run.rate_limited == 0, "the server sent 429s"
+    assert run.failed_attempts == 0, "a goal saw a failed model attempt"
+    assert run.efficiency >= 0.9, f"{run.seconds:.1f} s for a {run.floor_s:.0f} s floor"
+    # The line was formed by quota: steps that waited say how long and behind how many calls.
+    assert run.waited_nodes >= 28
+    waited = re.compile(r"waited \d+\.\d s for quota bench-quota, serialized behind \d+ other calls?")
+    assert any(waited.fullmatch(w) for w in run.waits), run.waits
+
+
+async def test_without_a_declared_quota_the_same_goals_meet_429s(env, tmp_path: Path) -> None:
+    """The control: the limit binds, so the test above could fail."""
+    run = await run_quota(env.client, tmp_path, goals=2, calls=8, rpm=60, window_s=5, quota=False)
+
+    assert run.rate_limited > 0
+    assert run.failed_attempts > 0
+    assert run.waited_nodes == 0
+
+
+async def test_a_step_waiting_for_quota_shows_its_slot_and_keeps_it_across_a_worker_restart(
+    env, tmp_path: Path
+) -> None:
+    workspace = make_workspace(tmp_path / "ws", {"notes.txt": "x\n"})
+    task_queue = f"tq-quota-{time.monotonic_ns()}"
+    with ScriptedServer({"policy": "offline"}) as server:
+        profile = ModelProfile(name=PROFILE, provider="openai", model="scripted-gpt", base_url=server.openai_base_url)
+        # One request every 8 s: the goal's three calls need 16 s at least.
+        config = ModelConfig(profiles={PROFILE: profile}, quotas={PROFILE: QuotaLimits(requests_per_minute=7.5)})
+        spec = goal_spec(workspace, llm_steps(3), model_profile=PROFILE, label="quota restart")
+        async with perdure_worker(env.client, task_queue, tmp_path / "home-a", model_config=config):
+            handle = await start_bench_goal(env.client, task_queue, spec, "quota-restart")
+            snapshot = await wait_until(handle, lambda s: any(n.quota for n in s.nodes), timeout_s=20)
+        waiting = [n.quota for n in snapshot.nodes if n.quota]
+        assert all(re.fullmatch(r"waiting for quota bench-quota \(next slot \d\d:\d\d:\d\d\)", w) for w in waiting)
+        # Shown where risk order's holds are, so `perdure status` prints it.
+        assert any(w in n.held_back for n in snapshot.nodes for w in waiting)
+        async with perdure_worker(env.client, task_queue, tmp_path / "home-b", model_config=config):
+            result = await handle.result()
+            final = await handle.query(GoalWorkflow.progress)
+        sent = server.requests()
+    assert result.outcome == "succeeded"
+    assert len(sent) == 3
+    arrived = sorted(r["arrived"] for r in sent)
+    gaps = [b - a for a, b in zip(arrived, arrived[1:], strict=False)]
+    assert all(gap >= 8 * 0.98 for gap in gaps), gaps
+    # The serialization quota chose stays on the graph after the restart.
+    assert any(n.quota and n.quota.startswith("waited ") for n in final.nodes)

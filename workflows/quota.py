@@ -1,0 +1,162 @@
+"""The quota service: one long-lived QuotaWorkflow per external resource (a model
+profile or API key) that hands out slots, so every goal and every worker calling that
+resource waits in one line instead of each backing off alone.
+
+Why a workflow, and not Temporal's own limits (temporalio 1.35, the dev server of the
+`temporal` CLI this repository pins). The options, judged against what the brief needs:
+- Task-queue rate limits (`Worker(max_task_queue_activities_per_second=...)`) are per
+  queue, not per resource: each model profile would need a queue of its own and a worker
+  polling it; the limit is a per-second average, with no tokens per minute, and a call
+  held by the server just sits scheduled, so a goal cannot show "next slot 12:01:05" and
+  the watchdog and the estimates read the hold as a slow step. Fairness keys (task
+  priority) order tasks within a queue; they share capacity, they do not enforce an
+  external limit. Neither is used here, so neither was verified against the dev server.
+- A token bucket in a shared store needs a store every worker reaches, and its "next
+  allowed at" is in no goal's history.
+- This workflow: a slot is decided in an update handler from `workflow.now()`, the
+  caller's clock and the resource's cursors, so it is deterministic and durable (in this
+  workflow's history and state across continue-as-new); a goal that must wait gets the
+  slot's time back, sleeps on a durable timer until it, and shows it. Cost: one update per
+  model call of a resource with a quota (none for resources without one). Measured by
+  `make bench` (`quota_efficiency`, bench/quota.py) and tests/test_quota.py.
+
+Slots are spaced, not bursted: requests `60 / requests_per_minute` s apart (times
+`spacing`, a small margin for the jitter between a slot and its request reaching the
+provider), and a call of N estimated tokens pushes the token cursor `N * 60 /
+tokens_per_minute` s. A reservation is keyed by its caller (the goal, activity and
+attempt), so asking again with the same key (a worker that died while it waited,
+the goal's call coming back at its slot) gets the same slot, never a second one.
+
+Workflow code: deterministic; continues as new with its cursors and recent keys.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import workflow
+
+QUOTA_WORKFLOW = "PerdureQuota"
+RESERVE_UPDATE = "reserve"
+# The error type of a model call whose slot is later: the goal waits for it.
+QUOTA_WAIT = "QuotaWait"
+CONTINUE_AS_NEW_AFTER_EVENTS = 2_000
+# Keys kept for asking again: a reservation older than this is forgotten.
+KEEP_KEYS = timedelta(minutes=30)
+MAX_KEYS = 5_000
+
+
+def quota_workflow_id(resource: str, task_queue: str = "perdure") -> str:
+    """One quota workflow per resource and orchestrator queue (tests run queues of their own)."""
+    return f"perdure-quota-{resource}" if task_queue == "perdure" else f"{task_queue}-quota-{resource}"
+
+
+class QuotaLimits(BaseModel):
+    """One resource's declared quota (config.toml `[quotas.NAME]`). Concurrency is not a
+    field yet: a key the service does not enforce is refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    spacing: float = Field(
+        default=1.03,
+        ge=1.0,
+        le=2.0,
+        description="Slots are this much further apart than the limit allows: the margin for a request's "
+        "jitter between its slot and the provider.",
+    )
+
+
+class QuotaRequest(BaseModel):
+    key: str = Field(description="The caller: goal, activity and attempt. The same key gets the same slot.")
+    limits: QuotaLimits
+    tokens: int = Field(default=0, ge=0, description="The call's estimated tokens (prompt and reply).")
+    asked_at: datetime | None = Field(
+        default=None,
+        description="The caller's clock when it asked: a slot is never earlier (workflow.now() is the workflow "
+        "task's start, which may be behind the moment a free slot's request is sent).",
+    )
+
+
+class QuotaSlot(BaseModel):
+    resource: str
+    at: datetime = Field(description="When the call may start: next allowed at.")
+    ahead: int = Field(default=0, description="Reservations still waiting for their slot when this one was given.")
+
+
+class QuotaState(BaseModel):
+    resource: str
+    next_request_at: datetime | None = None
+    next_token_at: datetime | None = None
+    slots: dict[str, datetime] = Field(default_factory=dict, description="Key -> its slot, recent ones.")
+    given: int = 0
+
+
+@workflow.defn(name=QUOTA_WORKFLOW)
+class QuotaWorkflow:
+    @workflow.init
+    def __init__(self, state: QuotaState) -> None:
+        self._state = state
+
+    @workflow.run
+    async def run(self, state: QuotaState) -> None:
+        del state
+        await workflow.wait_condition(self._continue_as_new_due)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(self._state)
+
+    def _continue_as_new_due(self) -> bool:
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() >= CONTINUE_AS_NEW_AFTER_EVENTS
+
+    @workflow.update(name=RESERVE_UPDATE)
+    def reserve(self, request: QuotaRequest) -> QuotaSlot:
+        now = workflow.now()
+        state = self._state
+        ahead = sum(1 for at in state.slots.values() if at > now)
+        if request.key in state.slots:
+            return QuotaSlot(resource=state.resource, at=state.slots[request.key], ahead=ahead)
+        at = max([now, *(t for t in (request.asked_at, state.next_request_at, state.next_token_at) if t is not None)])
+        limits = request.limits
+        if limits.requests_per_minute:
+            state.next_request_at = at + timedelta(seconds=60 / limits.requests_per_minute * limits.spacing)
+        if limits.tokens_per_minute and request.tokens:
+            per_token = 60 / limits.tokens_per_minute * limits.spacing
+            state.next_token_at = at + timedelta(seconds=request.tokens * per_token)
+        state.slots[request.key] = at
+        state.given += 1
+        self._forget(now)
+        return QuotaSlot(resource=state.resource, at=at, ahead=ahead)
+
+    def _forget(self, now: datetime) -> None:
+        slots = self._state.slots
+        for key in [k for k, at in slots.items() if at < now - KEEP_KEYS]:
+            del slots[key]
+        while len(slots) > MAX_KEYS:
+            del slots[next(iter(slots))]
+
+
+# The node's placement that holds its quota wait (`Node.placements`, beside risk order's):
+# while it waits, where its slot is; once its call went, how long it waited and behind how
+# many calls (the serialization quota chose), kept on the graph across recovery.
+QUOTA_KEY = "quota"
+_WAITED = re.compile(r"^waited (?P<s>[0-9.]+) s for quota ")
+
+
+def slot_text(resource: str, at: datetime) -> str:
+    """What a step waiting for its slot shows."""
+    return f"waiting for quota {resource} (next slot {at.astimezone(UTC):%H:%M:%S})"
+
+
+def waited_text(resource: str, seconds: float, ahead: int) -> str:
+    behind = f", serialized behind {ahead} other call{'s' if ahead != 1 else ''}" if ahead else ""
+    return f"waited {seconds:.1f} s for quota {resource}{behind}"
+
+
+def waited_seconds(placements: dict[str, str]) -> float:
+    """How long a node's model calls waited for quota (0 if it never did)."""
+    match = _WAITED.match(placements.get(QUOTA_KEY, ""))
+    return float(match["s"]) if match else 0.0
