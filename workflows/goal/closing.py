@@ -100,6 +100,7 @@ class Closing:
         notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
         notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
         notes += [_compensation_note(r) for r in state.compensations]
+        notes += [f"{t.what}: {t.text()}" for t in state.timers if t.node is None]  # the park's timers
         notes += self._memory.notes()
         return notes
 
