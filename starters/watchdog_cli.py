@@ -62,6 +62,11 @@ KIND_STYLE = {
     "failing": "red",
     "unreachable": "red",
     "unresponsive": "red",
+    "spinning": "yellow",
+    "drifting": "yellow",
+    "stuck_on_person": "yellow",
+    "judged_healthy": "green",
+    "unjudged": "dim",
 }
 
 
@@ -229,6 +234,27 @@ def print_report(console: Console, memory: WatchdogMemory, path: str, show_healt
     print_incidents(console, resolved, "recently resolved")
     findings = [f for goal in memory.goals.values() for f in goal.findings]
     print_findings(console, findings, show_healthy, goals=len(memory.goals))
+    if memory.judge_note:
+        console.print(f"[yellow]rules only:[/yellow] {escape(memory.judge_note)}")
+    if memory.verdicts:
+        table = Table("goal", "episode", "verdict", "confidence", "reason", "when", title="model verdicts")
+        for verdict in list(memory.verdicts.values())[-20:]:
+            label = verdict.verdict.replace("_", " ") if verdict.verdict else "[red]malformed: no action[/red]"
+            reason = verdict.reason if verdict.verdict else verdict.malformed or ""
+            table.add_row(
+                escape(verdict.goal_id),
+                verdict.episode,
+                label,
+                f"{verdict.confidence:.0%}",
+                escape(reason),
+                _ago(verdict.at),
+            )
+        console.print(table)
+        usage = " · ".join(
+            f"{day}: {calls} call(s), {tokens} token(s)" for day, (calls, tokens) in memory.judge_usage.items()
+        )
+        if usage:
+            console.print(f"[dim]watchdog model spend {usage}[/dim]")
     if memory.sent:
         table = Table("request id", "goal", "action", "sent", title="interventions sent (open goals)")
         for rid, sent in memory.sent.items():
