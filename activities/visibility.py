@@ -26,6 +26,7 @@ from activities.watchdog_memory import load_memory, load_rules, memory_path, rul
 from workflows.contracts import GOAL_WORKFLOW, ProgressSnapshot
 from workflows.goal import GoalWorkflow
 from workflows.messages import Escalate, Steer
+from workflows.stall import fingerprint, normalise_output, novelty
 from workflows.watchdog_contracts import (
     GoalObservation,
     InterveneInput,
@@ -47,6 +48,10 @@ from workflows.watchdog_contracts import (
 SCAN_CONCURRENCY = 32
 FAILURE_CHARS = 300
 FAILED_STEPS_SHOWN = 5
+JUDGE_TEXT_CHARS = 400
+PLAN_SHOWN = 30
+CONCLUSIONS_SHOWN = 5
+INFORMATIVE = 0.2  # a finished step adding at least this share of new words moves the goal on
 _STATES = {
     PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
     PendingActivityState.PENDING_ACTIVITY_STATE_STARTED: "started",
@@ -149,11 +154,18 @@ class VisibilityActivities:
             open_questions=[f"{q.id}: {q.title}" for q in snapshot.questions],
             oldest_question_at=snapshot.oldest_question_at,
             waiting_for_devices=snapshot.waiting_for_devices,
+            waiting_on_timers=[n.name for n in snapshot.nodes if n.kind == "wait" and n.status == "parked"],
             budget=snapshot.budget,
             failed_steps=failed,
             failed_count=failed_count,
             pending=pending,
             pending_known=known,
+            goal_text=snapshot.goal[:JUDGE_TEXT_CHARS],
+            plan=[f"{n.name} ({n.kind}): {n.status}" for n in snapshot.nodes][:PLAN_SHOWN],
+            conclusions=[c[:JUDGE_TEXT_CHARS] for c in snapshot.conclusions[-CONCLUSIONS_SHOWN:]],
+            new_information=(shares := new_information(snapshot)),
+            informative_steps=sum(1 for share in shares if share >= INFORMATIVE),
+            plan_version=snapshot.plan_version,
         )
 
     @activity.defn(name=WatchdogActivities.INTERVENE)
@@ -189,6 +201,20 @@ def pending_view(pending) -> PendingActivityView:
         scheduled_at=pending.scheduled_time.ToDatetime(tzinfo=UTC) if pending.HasField("scheduled_time") else None,
         last_failure=pending.last_failure.message[:FAILURE_CHARS] if pending.HasField("last_failure") else None,
     )
+
+
+def new_information(snapshot: ProgressSnapshot) -> list[float]:
+    """Each finished step's share of new information (word 3-grams of its preview not in
+    the earlier finished steps' previews), in plan order, rounded to 2 places."""
+    seen: list[str] = []
+    shares = []
+    for node in snapshot.nodes:
+        if node.status != "succeeded":
+            continue
+        sketch = fingerprint([normalise_output(node.preview)])
+        shares.append(round(novelty(seen, sketch), 2))
+        seen.append(sketch)
+    return shares
 
 
 def failed_steps(snapshot: ProgressSnapshot) -> tuple[list[str], int]:

@@ -113,6 +113,14 @@ def test_a_goal_waiting_for_a_person_is_not_stalled_and_old_questions_are_report
     assert "q1: Confirm payment" in late.findings[0].detail and "6.0 h" in late.findings[0].detail
 
 
+def test_a_goal_whose_only_work_is_a_wait_step_waiting_for_its_time_is_not_stalled():
+    waiting = goal(running=[], waiting_on_timers=["check-at-nine"])
+    assessment, _ = run([waiting], WatchdogMemory(), at(7_200))
+    assert kinds(assessment) == ["healthy"] and assessment.interventions == []
+    busy = goal(running=["gate"], waiting_on_timers=["check-at-nine"])  # a running step stalls as before
+    assert kinds(run([busy], WatchdogMemory(), at(7_200))[0]) == ["stalled"]
+
+
 def test_the_stall_clock_restarts_when_a_wait_ends():
     waiting = goal(parked=True, phase="parked")
     _, memory = run([waiting], WatchdogMemory(), at(5000))

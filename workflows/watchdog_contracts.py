@@ -29,6 +29,10 @@ class WatchdogActivities:
     SCAN = "perdure.watchdog.scan"
     INTERVENE = "perdure.watchdog.intervene"
     REMEMBER = "perdure.watchdog.remember"
+    JUDGE = "perdure.watchdog.judge"
+
+
+JUDGE_PATCH = "watchdog-model-judgement"
 
 
 FindingKind = Literal[
@@ -44,6 +48,11 @@ FindingKind = Literal[
     "over_budget",
     "needs_human",
     "step_failed",
+    "spinning",
+    "drifting",
+    "stuck_on_person",
+    "judged_healthy",
+    "unjudged",
 ]
 IncidentKind = Literal["failing", "unreachable", "unresponsive"]
 INFRASTRUCTURE_KINDS = frozenset({"failing", "unreachable", "unresponsive"})
@@ -147,6 +156,17 @@ class GoalObservation(BaseModel):
     waiting_for_devices: dict[str, str] = Field(
         default_factory=dict, description="Node -> the offline device it waits for (a legitimate wait)."
     )
+    waiting_on_timers: list[str] = Field(
+        default_factory=list, description="Wait steps waiting for their planned time (a legitimate wait)."
+    )
+    goal_text: str = Field(default="", description="The goal (cut), for the model's judgement.")
+    plan: list[str] = Field(default_factory=list, description="'step (kind): status' of the current plan.")
+    conclusions: list[str] = Field(default_factory=list, description="Latest finished outputs, briefly.")
+    new_information: list[float] = Field(
+        default_factory=list, description="Share of new information of each finished step, in plan order."
+    )
+    informative_steps: int = Field(default=0, description="Finished steps that brought new information.")
+    plan_version: int = 0
 
 
 class ScanResult(BaseModel):
@@ -256,9 +276,38 @@ class WatchdogMemory(BaseModel):
     incidents: list[Incident] = Field(default_factory=list, description="Open first, then recently resolved.")
     goals: dict[str, GoalMemory] = Field(default_factory=dict)
     last_run: RunSummary | None = None
+    verdicts: dict[str, Verdict] = Field(default_factory=dict, description="goal/episode -> the model's verdict.")
+    judge_usage: dict[str, list[int]] = Field(
+        default_factory=dict, description="UTC day -> [model calls, tokens] the watchdog spent judging."
+    )
+    judge_note: str | None = Field(default=None, description="Why the last run judged by rules only.")
 
     def open_incidents(self) -> list[Incident]:
         return [i for i in self.incidents if i.resolved_at is None]
+
+
+class Verdict(BaseModel):
+    """The model's structured judgement of one goal in one episode, or why there is none."""
+
+    goal_id: str
+    episode: str
+    at: datetime
+    verdict: Literal["healthy", "spinning", "drifting", "stuck_on_person"] | None = None
+    reason: str = ""
+    confidence: float = 0.0
+    malformed: str | None = Field(default=None, description="Why the reply was not a verdict: no action taken.")
+    tokens: int = 0
+
+
+class JudgeInput(BaseModel):
+    goal_id: str
+    profile: str | None = None
+    prompt: str
+
+
+class JudgeResult(BaseModel):
+    raw: str
+    tokens: int = 0
 
 
 class RecallInput(BaseModel):

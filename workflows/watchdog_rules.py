@@ -36,6 +36,7 @@ failing API.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -54,6 +55,7 @@ from workflows.watchdog_contracts import (
     RuleBook,
     RunSummary,
     SentIntervention,
+    Verdict,
     WatchdogMemory,
     WatchdogRules,
 )
@@ -95,8 +97,9 @@ def incident_id(goal_id: str, kind: str, subject: str) -> str:
 
 def is_waiting(goal: GoalObservation) -> bool:
     """Parked, waiting for a person, or with nothing running but steps waiting for an
-    offline device: a legitimate reason not to progress."""
-    return goal.parked or bool(goal.open_questions) or (bool(goal.waiting_for_devices) and not goal.running)
+    offline device or for their planned time (wait steps): a legitimate reason not to progress."""
+    waits = bool(goal.waiting_for_devices) or bool(goal.waiting_on_timers)
+    return goal.parked or bool(goal.open_questions) or (waits and not goal.running)
 
 
 def wait_ended_at(goal: GoalObservation, previous: GoalMemory | None, now: datetime) -> datetime | None:
@@ -447,3 +450,124 @@ def finding_counts(findings: list[Finding]) -> dict[str, int]:
     for finding in findings:
         kinds.setdefault(finding.kind, set()).add(finding.goal_id)
     return {kind: len(goals) for kind, goals in sorted(kinds.items())}
+
+
+# --- the model's judgement of ambiguous goals -------------------------------------------
+#
+# Rules decide the clear cases; a goal the rules call healthy but whose recent steps
+# add little new information, or whose step runs long, is ambiguous and asked about
+# once per episode. An episode lasts while the goal's informative progress stays put:
+# the plan version and the count of finished steps that brought new information, so a
+# goal settling empty steps stays in one episode and costs one call, not one a tick.
+
+LOW_INFORMATION = 0.2
+RECENT_STEPS = 3
+VERDICTS_KEPT = 200
+VERDICT_KEYS = {"verdict", "reason", "confidence"}
+VERDICT_ACTIONS: dict[str, InterventionAction] = {
+    "spinning": "nudge",
+    "drifting": "nudge",
+    "stuck_on_person": "escalate",
+}
+
+
+def judge_episode(goal: GoalObservation) -> str:
+    return f"p{goal.plan_version}.i{goal.informative_steps}"
+
+
+def ambiguity(goal: GoalObservation, findings: list[Finding], now: datetime) -> str | None:
+    """Why the rules alone cannot tell whether this goal is healthy, or None."""
+    if goal.query_error is not None or any(f.kind != "healthy" for f in findings if f.goal_id == goal.goal_id):
+        return None
+    if goal.phase in ENDED_PHASES or is_waiting(goal):
+        return None
+    recent = goal.new_information[-RECENT_STEPS:]
+    if len(recent) >= RECENT_STEPS and sum(recent) / len(recent) < LOW_INFORMATION:
+        return f"its last {len(recent)} finished steps added {sum(recent) / len(recent):.0%} new information on average"
+    if goal.running and goal.last_progress_at is not None:
+        idle = (now - goal.last_progress_at).total_seconds()
+        if idle >= goal.stall_after_s / 2:
+            return f"step(s) {', '.join(goal.running)} running for {span(idle)} with nothing settled"
+    return None
+
+
+def judge_prompt(goal: GoalObservation, why: str) -> str:
+    figures = ", ".join(f"{share:.0%}" for share in goal.new_information) or "none yet"
+    lines = [
+        f"Goal {goal.goal_id}: {goal.goal_text or '(no text)'}",
+        f"Why you are asked: {why}.",
+        f"Phase {goal.phase}, {goal.percent_done}% done, plan version {goal.plan_version}.",
+        "Plan:",
+        *[f"- {step}" for step in goal.plan],
+        "Recent conclusions:",
+        *[f"- {c}" for c in goal.conclusions or ["(none)"]],
+        f"New information of each finished step, in order: {figures}.",
+        "Is this goal healthy, spinning, drifting, or stuck on a person?",
+    ]
+    return "\n".join(lines)
+
+
+def parse_verdict(goal_id: str, episode: str, raw: str, tokens: int, now: datetime) -> Verdict:
+    """Strict: one JSON object with exactly verdict, reason and confidence, valid values."""
+    base = {"goal_id": goal_id, "episode": episode, "at": now, "tokens": tokens}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return Verdict(**base, malformed=f"not JSON: {raw[:120]!r}")
+    if not isinstance(data, dict) or set(data) != VERDICT_KEYS:
+        return Verdict(**base, malformed=f"expected exactly {sorted(VERDICT_KEYS)}: {raw[:120]!r}")
+    verdict, reason, confidence = data["verdict"], data["reason"], data["confidence"]
+    if verdict not in ("healthy", "spinning", "drifting", "stuck_on_person"):
+        return Verdict(**base, malformed=f"unknown verdict {str(verdict)[:40]!r}")
+    if not isinstance(reason, str) or not reason.strip():
+        return Verdict(**base, malformed="no reason given")
+    if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
+        return Verdict(**base, malformed=f"confidence {confidence!r} is not a number from 0 to 1")
+    return Verdict(**base, verdict=verdict, reason=reason.strip()[:400], confidence=float(confidence))
+
+
+def judge_budget_left(memory: WatchdogMemory, rules: WatchdogRules, now: datetime) -> str | None:
+    """None when another call fits today's budget, else why not."""
+    calls, tokens = memory.judge_usage.get(f"{now.astimezone(UTC):%Y-%m-%d}", [0, 0])
+    if calls >= rules.judge_calls_per_day:
+        return f"the watchdog's model budget is spent: {calls} of {rules.judge_calls_per_day} calls today"
+    if tokens >= rules.judge_tokens_per_day:
+        return f"the watchdog's model budget is spent: {tokens} of {rules.judge_tokens_per_day} tokens today"
+    return None
+
+
+def verdict_step(goal_id: str, verdict: Verdict, memory: WatchdogMemory) -> tuple[Finding, Intervention | None]:
+    """The finding a verdict makes, and the message it sends (once per episode)."""
+    if verdict.verdict is None:
+        detail = f"the model's reply was malformed, no action taken: {verdict.malformed}"
+        return Finding(goal_id=goal_id, kind="unjudged", detail=detail, episode=verdict.episode), None
+    detail = f"model: {verdict.verdict.replace('_', ' ')} ({verdict.confidence:.0%}): {verdict.reason}"
+    if verdict.verdict == "healthy":
+        return Finding(goal_id=goal_id, kind="judged_healthy", detail=detail, episode=verdict.episode), None
+    finding = Finding(goal_id=goal_id, kind=verdict.verdict, detail=detail, episode=verdict.episode)
+    action = VERDICT_ACTIONS[verdict.verdict]
+    rid = request_id(goal_id, verdict.verdict, action, verdict.episode)
+    if rid in memory.sent:
+        return finding, None
+    what = verdict.verdict.replace("_", " ")
+    text = f"[watchdog] A review of this goal's recent work judged it {what}: {verdict.reason}"
+    if action == "nudge":
+        text += " Change approach, or finish the step with what you have if it is enough."
+    item = Intervention(
+        goal_id=goal_id, action=action, finding=verdict.verdict, episode=verdict.episode, request_id=rid, text=text
+    )
+    return finding, item
+
+
+def remember_verdicts(memory: WatchdogMemory, verdicts: list[Verdict], note: str | None, now: datetime) -> None:
+    """Keep the verdicts (latest VERDICTS_KEPT) and today's spend; in place, on the memory after a run."""
+    day = f"{now.astimezone(UTC):%Y-%m-%d}"
+    calls, tokens = memory.judge_usage.get(day, [0, 0])
+    for verdict in verdicts:
+        memory.verdicts[f"{verdict.goal_id}/{verdict.episode}"] = verdict
+        calls, tokens = calls + 1, tokens + verdict.tokens
+    if verdicts or day in memory.judge_usage:
+        memory.judge_usage = {day: [calls, tokens]}
+    kept = sorted(memory.verdicts.items(), key=lambda kv: (kv[1].at, kv[0]))[-VERDICTS_KEPT:]
+    memory.verdicts = dict(kept)
+    memory.judge_note = note
