@@ -10,6 +10,9 @@ file here. Holds no logic of the watchdog itself.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Annotated, NoReturn
@@ -62,6 +65,11 @@ KIND_STYLE = {
     "failing": "red",
     "unreachable": "red",
     "unresponsive": "red",
+    "spinning": "yellow",
+    "drifting": "yellow",
+    "stuck_on_person": "yellow",
+    "judged_healthy": "green",
+    "unjudged": "dim",
 }
 
 
@@ -229,6 +237,27 @@ def print_report(console: Console, memory: WatchdogMemory, path: str, show_healt
     print_incidents(console, resolved, "recently resolved")
     findings = [f for goal in memory.goals.values() for f in goal.findings]
     print_findings(console, findings, show_healthy, goals=len(memory.goals))
+    if memory.judge_note:
+        console.print(f"[yellow]rules only:[/yellow] {escape(memory.judge_note)}")
+    if memory.verdicts:
+        table = Table("goal", "episode", "verdict", "confidence", "reason", "when", title="model verdicts")
+        for verdict in list(memory.verdicts.values())[-20:]:
+            label = verdict.verdict.replace("_", " ") if verdict.verdict else "[red]malformed: no action[/red]"
+            reason = verdict.reason if verdict.verdict else verdict.malformed or ""
+            table.add_row(
+                escape(verdict.goal_id),
+                verdict.episode,
+                label,
+                f"{verdict.confidence:.0%}",
+                escape(reason),
+                _ago(verdict.at),
+            )
+        console.print(table)
+        usage = " · ".join(
+            f"{day}: {calls} call(s), {tokens} token(s)" for day, (calls, tokens) in memory.judge_usage.items()
+        )
+        if usage:
+            console.print(f"[dim]watchdog model spend {usage}[/dim]")
     if memory.sent:
         table = Table("request id", "goal", "action", "sent", title="interventions sent (open goals)")
         for rid, sent in memory.sent.items():
@@ -311,3 +340,185 @@ def add_commands(watchdog_app: typer.Typer, console: Console, err_console: Conso
         path = rules_path(settings.perdure_home(), settings.task_queue())
         book, note = load_rules(path)
         print_rules(console, book, note, str(path), history)
+
+    @watchdog_app.command("ask")
+    def watchdog_ask(
+        question: Annotated[str, typer.Argument(help="e.g. 'why is review-1 slow?'")],
+        yes: Annotated[bool, typer.Option("--yes", help="Apply what it proposes.")] = False,
+        no: Annotated[bool, typer.Option("--no", help="Never apply what it proposes.")] = False,
+        profile: Annotated[str | None, typer.Option(help="Model profile (default: the judge_profile rule).")] = None,
+    ) -> None:
+        """Ask the watchdog about goals; it reads their progress and its history, and may propose a change."""
+        from activities.models.config import load_model_config
+        from runtime.connect import connect
+
+        queue = settings.task_queue()
+        book, _ = load_rules(rules_path(settings.perdure_home(), queue))
+        chosen = profile or (book.scopes.get("all", {}).get("judge_profile")) or "default"
+        try:
+            config = load_model_config()
+            asyncio.run(
+                ask_watchdog(
+                    console, question, config, str(chosen), AskTools(queue, connect), confirmer(yes, no, console)
+                )
+            )
+        except typer.Exit:
+            raise
+        except Exception as err:  # everything printed, no traceback
+            refuse(RuntimeError(f"{type(err).__name__}: {getattr(err, 'message', None) or err}"))
+
+
+# --- `perdure watchdog ask`: a short conversation with the watchdog ---------------------
+#
+# A few turns of a text protocol rather than provider tool calls, so any profile (and the
+# scripted server's `when` substrings) can drive it: each reply is one JSON object, a
+# tool call {"tool": NAME, "goal": ID} or an answer {"answer": TEXT, "propose": {...}}.
+# A proposal is applied only once the maintainer confirms it.
+
+ASK_SYSTEM = (
+    "You are perdure's watchdog, answering a maintainer. PERDURE-WATCHDOG-ASK. Reply with one JSON object only. "
+    'To read: {"tool": "progress" | "pending" | "history" | "rules", "goal": "ID (progress, pending)"}. '
+    'To finish: {"answer": "what you found", "propose": null | {"set": "rule=value", "for": "goal=ID|tag=NAME"} '
+    '| {"nudge": "ID", "text": "message to the goal"}}.'
+)
+ASK_TURNS = 4
+TOOL_RESULT_CHARS = 3000
+
+
+class AskTools:
+    """What `ask` may read: a goal's progress and pending activities (the server), the
+    watchdog's memory (findings, incidents, verdicts) and its rule book (this machine)."""
+
+    def __init__(self, task_queue: str, connect_fn) -> None:
+        self.task_queue = task_queue
+        self._connect = connect_fn
+        self._client: Client | None = None
+
+    async def client(self) -> Client:
+        if self._client is None:
+            self._client = await self._connect()
+        return self._client
+
+    async def call(self, tool: str, goal: str | None) -> str:
+        if tool == "history":
+            memory, path = read_memory(self.task_queue)
+            if memory is None:
+                return f"no watchdog memory at {path}"
+            return memory.model_dump_json(include={"incidents", "goals", "verdicts", "sent", "judge_note"})
+        if tool == "rules":
+            return load_rules(rules_path(settings.perdure_home(), self.task_queue))[0].model_dump_json()
+        if tool in ("progress", "pending") and goal:
+            handle = (await self.client()).get_workflow_handle(goal)
+            if tool == "progress":
+                from workflows.goal import GoalWorkflow
+
+                snapshot = await handle.query(GoalWorkflow.progress)
+                return snapshot.model_dump_json(
+                    include={"phase", "running", "percent_done", "last_progress_at", "conclusions", "gate_log"}
+                )
+            from activities.visibility import pending_view
+
+            desc = await handle.describe()
+            return json.dumps(
+                [pending_view(p).model_dump(mode="json") for p in desc.raw_description.pending_activities]
+            )
+        return f"unknown tool {tool!r} (or no goal given)"
+
+
+async def ask_watchdog(
+    console: Console,
+    question: str,
+    config,
+    profile: str,
+    tools: AskTools,
+    confirm,
+    turns: int = ASK_TURNS,
+) -> dict | None:
+    """The conversation; returns the applied proposal (None when nothing was applied)."""
+    from activities.models.attempts import ModelAttemptState
+    from activities.models.providers import ChatMessage, ChatRequest, provider_for
+
+    chosen = config.resolve(profile)
+    messages = [ChatMessage(role="system", content=ASK_SYSTEM), ChatMessage(role="user", content=question)]
+    console.print(f"[bold]you[/bold]: {escape(question)}")
+    for _ in range(turns):
+        response = await provider_for(chosen).chat(
+            ChatRequest(messages=messages, json_mode=True), ModelAttemptState("watchdog ask", chosen.name)
+        )
+        messages.append(ChatMessage(role="assistant", content=response.text))
+        try:
+            reply = json.loads(response.text)
+            if not isinstance(reply, dict):
+                raise ValueError
+        except ValueError:
+            console.print(f"[red]the model's reply was not a JSON object[/red]: {escape(response.text[:300])}")
+            return None
+        if "tool" in reply:
+            tool, goal = str(reply["tool"]), reply.get("goal")
+            console.print(f"[dim]watchdog reads {escape(tool)}{f' of {escape(str(goal))}' if goal else ''}[/dim]")
+            try:
+                result = await tools.call(tool, str(goal) if goal else None)
+            except Exception as err:  # a tool that failed is told to the model, not raised
+                result = f"{type(err).__name__}: {getattr(err, 'message', None) or err}"
+            messages.append(ChatMessage(role="user", content=f"TOOL RESULT {tool}: {result[:TOOL_RESULT_CHARS]}"))
+            continue
+        console.print(f"[bold]watchdog[/bold]: {escape(str(reply.get('answer', '')))}")
+        proposal = reply.get("propose")
+        if not isinstance(proposal, dict):
+            return None
+        return await _offer(console, proposal, tools, confirm)
+    console.print(f"[yellow]no answer within {turns} turns[/yellow]")
+    return None
+
+
+async def _offer(console: Console, proposal: dict, tools: AskTools, confirm) -> dict | None:
+    if "set" in proposal:
+        scope = proposal.get("for")
+        what = f"perdure watchdog set {proposal['set']}" + (f" --for {scope}" if scope else "")
+        try:
+            where = parse_scope(scope)
+            change = parse_assignment(str(proposal["set"]))
+        except RuleError as err:
+            console.print(f"[red]proposal refused[/red]: {escape(str(err))}")
+            return None
+    elif "nudge" in proposal:
+        where, change = str(proposal["nudge"]), None
+        what = f"nudge {where}: {proposal.get('text', '')}"
+    else:
+        console.print("[red]proposal refused[/red]: neither a rule change nor a nudge")
+        return None
+    console.print(f"proposed: {escape(what)}")
+    if not confirm(what):
+        console.print("not applied")
+        return None
+    if change is not None:
+        path = rules_path(settings.perdure_home(), tools.task_queue)
+        _, made = change_rules(path, where, [change], settings.user(), datetime.now(UTC))
+        console.print(
+            "applied: " + ("; ".join(f"v{c.version} {c.scope} {c.rule}={_value(c.new)}" for c in made) or "unchanged")
+        )
+    else:
+        from workflows.goal import GoalWorkflow
+        from workflows.messages import Steer
+
+        text = str(proposal.get("text") or "[watchdog] a maintainer asks you to change approach")
+        rid = "wd-ask-" + hashlib.sha256(f"{where}\n{text}".encode()).hexdigest()[:16]
+        handle = (await tools.client()).get_workflow_handle(where)
+        await handle.signal(GoalWorkflow.message_signal, Steer(request_id=rid, text=text).model_dump(mode="json"))
+        console.print(f"applied: nudge {escape(where)} ({rid})")
+    return proposal
+
+
+def confirmer(yes: bool, no: bool, console: Console):
+    """--yes applies, --no never does; otherwise ask on a terminal and never apply without one."""
+
+    def confirm(what: str) -> bool:
+        if yes:
+            return True
+        if no or not sys.stdin.isatty():
+            if not no:
+                console.print("[dim]not a terminal and neither --yes nor --no: nothing is applied[/dim]")
+            return False
+        return typer.confirm(f"apply {what}?", default=False)
+
+    return confirm

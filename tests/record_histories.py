@@ -40,7 +40,7 @@ from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput
+from workflows.watchdog_contracts import WatchdogInput, WatchdogRules
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -97,6 +97,39 @@ async def record_watchdog_nudge(env: WorkflowEnvironment, out: Path) -> None:
         )
         result = await handle.result()
         assert result.sent, "the recorded run should nudge the stalled goal"
+        history = await handle.fetch_history()
+        await goal.terminate("recorded")
+    save(out, history)
+
+
+async def record_watchdog_judge(env: WorkflowEnvironment, out: Path) -> None:
+    """A watchdog run that finds a goal healthy by its rules but settling steps with no
+    new information, asks the model once (scripted: spinning) and nudges it."""
+    verdict = '{"verdict": "spinning", "reason": "its steps repeat step done", "confidence": 0.9}'
+    script = {
+        "replies": [
+            {"when": "PERDURE-WATCHDOG-JUDGE", "content": verdict},
+            {"when": "PERDURE-STEP", "content": "step done"},
+        ]
+    }
+    steps = [*(llm(f"s{i}") for i in range(4)), {**gate(), "needs": ["s3"]}]
+    async with rig(env, script) as (workspace, task_queue):
+        goal = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": steps})),
+            id=f"{out.stem}-goal",
+            task_queue=task_queue,
+        )
+        while "gate" not in (await goal.query(GoalWorkflow.progress)).running:
+            await asyncio.sleep(0.1)
+        handle = await env.client.start_workflow(
+            WatchdogWorkflow.run,
+            WatchdogInput(task_queue=task_queue, rules=WatchdogRules(judge_profile="test")),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        result = await handle.result()
+        assert any(f.kind == "spinning" for f in result.findings) and result.sent, result
         history = await handle.fetch_history()
         await goal.terminate("recorded")
     save(out, history)
@@ -568,13 +601,17 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
             ]:
                 message = Say(request_id=request_id, text=text, workspace=str(workspace))
                 await router_client.say(env.client, user, message, profile="test")
-            while (await env.client.get_workflow_handle(router_id(user)).describe()).run_id == router.first_execution_run_id:
+            while (
+                await env.client.get_workflow_handle(router_id(user)).describe()
+            ).run_id == router.first_execution_run_id:
                 await asyncio.sleep(0.1)  # continued as new, the question still open
             pick = Say(request_id="r5", text="pick", pick=Pick(request_id="r3", choice="rec-poster"))
             await router_client.say(env.client, user, pick, profile="test")
         (workspace / "GO").write_text("")
         await goal.result()
-        first = await env.client.get_workflow_handle(router_id(user), run_id=router.first_execution_run_id).fetch_history()
+        first = await env.client.get_workflow_handle(
+            router_id(user), run_id=router.first_execution_run_id
+        ).fetch_history()
         last = await env.client.get_workflow_handle(router_id(user)).fetch_history()
     assert first.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
     save(out.with_name(f"{out.stem}-first-run.json"), first)
@@ -690,6 +727,7 @@ async def record_goal_wait_steps(env: WorkflowEnvironment, out: Path) -> None:
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
+    "watchdog-v2-judge": record_watchdog_judge,
     "goal-v1-steered": record_goal_steered,
     "goal-v1-continue-as-new": record_goal_continue_as_new,
     "goal-v1-read-segments": record_goal_segments,

@@ -30,6 +30,7 @@ from activities.router_activities import RouterIO
 from activities.tools import ToolActivities
 from activities.verification import VerificationActivities, VerifyQuestionActivities
 from activities.visibility import VisibilityActivities
+from activities.watchdog_model import WatchdogModelActivities
 from runtime import settings
 from workers import watchdog_schedule
 from workers.capabilities import CapabilitiesActivities, CapabilitiesWorkflow
@@ -95,6 +96,7 @@ def build_worker(
             *questions.activities(),
             report.write_report,
             *watchdog.activities(),
+            *WatchdogModelActivities(model_config).activities(),
             offers.capabilities,
             *devices.activities(),
             *RouterIO(client, model_config).activities(),

@@ -19,28 +19,36 @@ lives where the artifact store lives, which workers already share.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
 
 # Pure models and rules: passed through so the sandbox does not re-import pydantic per run.
 with workflow.unsafe.imports_passed_through():
     from workflows import watchdog_rules as rules
     from workflows.watchdog_contracts import (
         INFRASTRUCTURE_KINDS,
+        JUDGE_PATCH,
         WATCHDOG_STATE_QUERY,
         WATCHDOG_WORKFLOW,
+        Assessment,
+        GoalObservation,
         InterveneInput,
         InterveneResult,
+        JudgeInput,
+        JudgeResult,
         RecallInput,
         RecallResult,
         RememberInput,
         RememberResult,
         ScanInput,
         ScanResult,
+        Verdict,
         WatchdogActivities,
         WatchdogInput,
+        WatchdogMemory,
         WatchdogResult,
         WatchdogRunState,
     )
@@ -85,6 +93,10 @@ class WatchdogWorkflow:
         )
         state.goals = len(scan.goals)
         assessment = rules.assess(scan.goals, memory, now, input.rules, recalled.rules)
+        verdicts: list[Verdict] = []
+        judge_note: str | None = None
+        if workflow.patched(JUDGE_PATCH):
+            verdicts, judge_note = await self._judge(scan.goals, assessment, memory, now, input, recalled)
         state.findings = [f for f in assessment.findings if f.kind != "healthy"]
         state.phase = "intervening"
         outcomes = []
@@ -102,9 +114,13 @@ class WatchdogWorkflow:
             outcomes = result.outcomes
         state.sent = [o.request_id for o in outcomes if o.sent]
         state.failed = [f"{o.request_id}: {o.error}" for o in outcomes if not o.sent]
+        previous = memory
         memory = rules.remember(
             memory, scan.goals, assessment, outcomes, now, workflow.info().workflow_id, scan.seconds
         )
+        if workflow.patched(JUDGE_PATCH):
+            memory.verdicts, memory.judge_usage = dict(previous.verdicts), dict(previous.judge_usage)
+            rules.remember_verdicts(memory, verdicts, judge_note, now)
         state.phase = "remembering"
         await workflow.execute_activity(
             WatchdogActivities.REMEMBER,
@@ -129,6 +145,56 @@ class WatchdogWorkflow:
         )
         workflow.set_current_details(details_markdown(scope, result))
         return result
+
+    async def _judge(
+        self,
+        goals: list[GoalObservation],
+        assessment: Assessment,
+        memory: WatchdogMemory,
+        now: datetime,
+        input: WatchdogInput,
+        recalled: RecallResult,
+    ) -> tuple[list[Verdict], str | None]:
+        """One model call per ambiguous goal and episode, within the watchdog's own budget;
+        each verdict adds its finding (replacing 'healthy') and its message to `assessment`."""
+        budget_rules = rules.effective_rules(input.rules, recalled.rules)
+        made: list[Verdict] = []
+        note = None
+        spent = memory.model_copy(deep=True)
+        for goal in sorted(goals, key=lambda g: g.goal_id):
+            why = rules.ambiguity(goal, assessment.findings, now)
+            if why is None:
+                continue
+            episode = rules.judge_episode(goal)
+            verdict = memory.verdicts.get(f"{goal.goal_id}/{episode}")
+            if verdict is None:
+                note = rules.judge_budget_left(spent, budget_rules, now)
+                if note is not None:
+                    continue  # rules only; the report says why
+                goal_rules = rules.effective_rules(input.rules, recalled.rules, goal.goal_id)
+                try:
+                    reply = await workflow.execute_activity(
+                        WatchdogActivities.JUDGE,
+                        JudgeInput(
+                            goal_id=goal.goal_id, profile=goal_rules.judge_profile, prompt=rules.judge_prompt(goal, why)
+                        ),
+                        result_type=JudgeResult,
+                        start_to_close_timeout=timedelta(minutes=2),
+                        retry_policy=RetryPolicy(maximum_attempts=2),
+                        summary=f"judge {goal.goal_id} · {episode}",
+                    )
+                except ActivityError as err:
+                    reply = JudgeResult(raw=f"(no reply: {err.cause or err})")
+                verdict = rules.parse_verdict(goal.goal_id, episode, reply.raw, reply.tokens, now)
+                made.append(verdict)
+                rules.remember_verdicts(spent, [verdict], None, now)
+            finding, item = rules.verdict_step(goal.goal_id, verdict, memory)
+            assessment.findings = [
+                f for f in assessment.findings if not (f.goal_id == goal.goal_id and f.kind == "healthy")
+            ] + [finding]
+            if item is not None:
+                assessment.interventions.append(item)
+        return made, note
 
     @workflow.query(name=WATCHDOG_STATE_QUERY)
     def state(self) -> WatchdogRunState:

@@ -1,0 +1,127 @@
+"""The watchdog's model judgement on a real server and the scripted model server: a
+goal whose steps keep settling with no new information (healthy by the rules, since
+nodes settle) is judged spinning and nudged; a clear healthy goal costs no call; a
+second run in the same episode makes no new call; a malformed verdict acts on nothing
+and the report says so; over its own budget the watchdog judges by rules only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+from typer.testing import CliRunner
+
+from starters.cli import app
+from tests.builders import gate, llm, openai_profile
+from tests.helpers import running_worker, start, statuses, wait_until
+from workflows.goal import GoalWorkflow
+from workflows.watchdog import WatchdogWorkflow
+from workflows.watchdog_contracts import WatchdogInput, WatchdogResult, WatchdogRules
+
+pytestmark = pytest.mark.slow
+
+ONE_CALL_A_DAY = WatchdogRules(judge_calls_per_day=1, judge_profile="test")
+RULES_ONLY = WatchdogRules(judge_calls_per_day=0, judge_profile="test")
+SPINNING = {"verdict": "spinning", "reason": "four steps reported 'step done' and nothing else", "confidence": 0.9}
+
+
+def script(verdict: str) -> dict:
+    return {
+        "replies": [
+            {"when": "PERDURE-WATCHDOG-JUDGE", "content": verdict},
+            {"when": "PERDURE-STEP", "content": "step done"},
+        ]
+    }
+
+
+def judge_requests(server) -> list[dict]:
+    return [r for r in server.requests() if r["last_message"].startswith("Goal ")]
+
+
+async def watchdog_run(env, task_queue: str, as_of: datetime, rules: WatchdogRules | None = None) -> WatchdogResult:
+    return await env.client.execute_workflow(
+        WatchdogWorkflow.run,
+        WatchdogInput(task_queue=task_queue, as_of=as_of, rules=rules or WatchdogRules(judge_profile="test")),
+        id=f"wd-test-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue,
+    )
+
+
+async def spinning_and_healthy(env, task_queue, workspace):
+    """A goal whose four steps settle with the same output, then waits at a gate; and one just at its gate."""
+    spinning = await start(env, task_queue, workspace, [*(llm(f"s{i}") for i in range(4)), gate(["s3"])])
+    healthy = await start(env, task_queue, workspace, [gate()])
+    shot = await wait_until(spinning, lambda s: statuses(s)["gate"] == "running")
+    await wait_until(healthy, lambda s: statuses(s)["gate"] == "running")
+    return spinning, healthy, shot.last_progress_at
+
+
+async def test_a_goal_settling_steps_without_new_information_is_judged_spinning_and_nudged_once(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted(script(json.dumps(SPINNING)))
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        spinning, healthy, t0 = await spinning_and_healthy(env, task_queue, workspace)
+        rules_only = await watchdog_run(env, task_queue, t0 + timedelta(seconds=5), RULES_ONLY)
+        assert rules_only.counts == {"healthy": 2} and rules_only.sent == [] and judge_requests(server) == []
+        first = await watchdog_run(env, task_queue, t0 + timedelta(seconds=5))
+        # Rules alone call both healthy (their nodes settle); the model, asked once, does not.
+        [asked] = judge_requests(server)
+        assert spinning.id in asked["last_message"]
+        [verdict] = [f for f in first.findings if f.goal_id == spinning.id]
+        assert verdict.kind == "spinning" and "nothing else" in verdict.detail
+        assert not [f for f in first.findings if f.goal_id == healthy.id]
+        [nudge] = first.sent
+        assert nudge.startswith(f"wd-{spinning.id}-spinning-nudge-")
+        # The same episode: no new call, no new message.
+        second = await watchdog_run(env, task_queue, t0 + timedelta(seconds=65))
+        assert len(judge_requests(server)) == 1 and second.sent == []
+        assert [f.kind for f in second.findings if f.goal_id == spinning.id] == ["spinning"]
+        inbox = await spinning.query(GoalWorkflow.inbox)
+        assert [(e.request_id, e.kind) for e in inbox.entries if e.request_id.startswith("wd-")] == [(nudge, "steer")]
+        home = store.root.parent
+        report = CliRunner().invoke(
+            app,
+            ["watchdog", "report"],
+            env={"PERDURE_HOME": str(home), "PERDURE_TASK_QUEUE": task_queue, "COLUMNS": "250"},
+        )
+        assert report.exit_code == 0, report.output
+        assert "model verdicts" in report.output and "spinning" in report.output and "90%" in report.output
+        print(report.output)
+        for handle in (spinning, healthy):
+            await handle.terminate("test over")
+
+
+async def test_a_malformed_verdict_acts_on_nothing_and_over_budget_is_rules_only(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted(script('{"verdict": "spinning", "reason": "loops"}'))
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        spinning, healthy, t0 = await spinning_and_healthy(env, task_queue, workspace)
+        broke = await watchdog_run(env, task_queue, t0 + timedelta(seconds=5), ONE_CALL_A_DAY)
+        [finding] = [f for f in broke.findings if f.goal_id == spinning.id]
+        assert finding.kind == "unjudged" and "malformed, no action taken" in finding.detail
+        assert broke.sent == [] and len(judge_requests(server)) == 1
+        report = CliRunner().invoke(
+            app,
+            ["watchdog", "report"],
+            env={"PERDURE_HOME": str(store.root.parent), "PERDURE_TASK_QUEUE": task_queue, "COLUMNS": "250"},
+        )
+        assert "malformed" in report.output and "no action" in report.output, report.output
+        # A new episode (one more informative step would start it) is simulated by forgetting
+        # the verdict: the budget of one call a day is spent, so it is rules only and said so.
+        from activities.watchdog_memory import load_memory, memory_path, save_memory
+
+        path = memory_path(store.root.parent, task_queue)
+        memory, _ = load_memory(path)
+        memory.verdicts = {}
+        save_memory(path, memory)
+        again = await watchdog_run(env, task_queue, t0 + timedelta(seconds=10), ONE_CALL_A_DAY)
+        assert len(judge_requests(server)) == 1 and again.sent == []
+        memory, _ = load_memory(path)
+        assert memory.judge_note == "the watchdog's model budget is spent: 1 of 1 calls today"
+        for handle in (spinning, healthy):
+            await handle.terminate("test over")
