@@ -155,6 +155,7 @@ class VisibilityActivities:
             oldest_question_at=snapshot.oldest_question_at,
             waiting_for_devices=snapshot.waiting_for_devices,
             waiting_on_timers=[n.name for n in snapshot.nodes if n.kind == "wait" and n.status == "parked"],
+            waiting_for_quota=[n.name for n in snapshot.nodes if (n.quota or "").startswith("waiting for quota")],
             budget=snapshot.budget,
             failed_steps=failed,
             failed_count=failed_count,

@@ -121,6 +121,13 @@ def test_a_goal_whose_only_work_is_a_wait_step_waiting_for_its_time_is_not_stall
     assert kinds(run([busy], WatchdogMemory(), at(7_200))[0]) == ["stalled"]
 
 
+def test_a_goal_whose_running_steps_only_wait_for_a_quota_slot_is_not_stalled():
+    waiting = goal(running=["summarise"], waiting_for_quota=["summarise"])
+    assert kinds(run([waiting], WatchdogMemory(), at(7_200))[0]) == ["healthy"]
+    other = goal(running=["summarise", "gate"], waiting_for_quota=["summarise"])  # gate itself may be stuck
+    assert kinds(run([other], WatchdogMemory(), at(7_200))[0]) == ["stalled"]
+
+
 def test_the_stall_clock_restarts_when_a_wait_ends():
     waiting = goal(parked=True, phase="parked")
     _, memory = run([waiting], WatchdogMemory(), at(5000))

@@ -51,8 +51,6 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
     "subgoal": KindDefaults(tokens_p50=30_000, tokens_p80=90_000, seconds_p50=900, seconds_p80=3_600),
     # A wait step spends nothing; its time is the plan's, not an estimate's.
     "wait": KindDefaults(tokens_p50=0, tokens_p80=0, seconds_p50=0, seconds_p80=0),
-    # A wait step spends nothing; its time is the plan's, not an estimate's.
-    "wait": KindDefaults(tokens_p50=0, tokens_p80=0, seconds_p50=0, seconds_p80=0),
 }
 # An unknown kind is assumed to be as heavy as an agent: over-estimating only delays it.
 FALLBACK_DEFAULTS = KIND_DEFAULTS["agent"]

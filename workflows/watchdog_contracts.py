@@ -159,6 +159,9 @@ class GoalObservation(BaseModel):
     waiting_on_timers: list[str] = Field(
         default_factory=list, description="Wait steps waiting for their planned time (a legitimate wait)."
     )
+    waiting_for_quota: list[str] = Field(
+        default_factory=list, description="Steps whose model call waits for a quota slot (a legitimate wait)."
+    )
     goal_text: str = Field(default="", description="The goal (cut), for the model's judgement.")
     plan: list[str] = Field(default_factory=list, description="'step (kind): status' of the current plan.")
     conclusions: list[str] = Field(default_factory=list, description="Latest finished outputs, briefly.")

@@ -97,9 +97,12 @@ def incident_id(goal_id: str, kind: str, subject: str) -> str:
 
 def is_waiting(goal: GoalObservation) -> bool:
     """Parked, waiting for a person, or with nothing running but steps waiting for an
-    offline device or for their planned time (wait steps): a legitimate reason not to progress."""
+    offline device or for their planned time (wait steps), or only steps waiting for a
+    quota slot: a legitimate reason not to progress."""
     waits = bool(goal.waiting_for_devices) or bool(goal.waiting_on_timers)
-    return goal.parked or bool(goal.open_questions) or (waits and not goal.running)
+    # A step waiting for its quota slot shows as running; only its slot can move it on.
+    quota = bool(goal.waiting_for_quota) and set(goal.running) <= set(goal.waiting_for_quota)
+    return goal.parked or bool(goal.open_questions) or (waits and not goal.running) or quota
 
 
 def wait_ended_at(goal: GoalObservation, previous: GoalMemory | None, now: datetime) -> datetime | None:

@@ -19,7 +19,7 @@ from temporalio import workflow
 from workflows import budget
 from workflows.contracts import Budget, Usage
 from workflows.density import fair_share_limit, verdict_for_step
-from workflows.estimates import KindEstimate, estimate_kind
+from workflows.estimates import KindEstimate, estimate_kind, own_seconds
 from workflows.goal.context import GoalContext
 from workflows.goal.pause import Pause
 from workflows.plan import PlanStep, SubgoalStep
@@ -220,8 +220,9 @@ class Spend:
         """A settled node's duration, cost and tokens join its kind's samples (for estimates)."""
         stats = self._ctx.state.ledger.by_kind.setdefault(node.kind, KindStats())
         stats.runs += 1
-        if node.started_at and node.finished_at:
-            stats.seconds = (stats.seconds + [(node.finished_at - node.started_at).total_seconds()])[-LEDGER_SAMPLES:]
+        seconds = own_seconds(node)  # a wait for quota is the resource's time, not the node's
+        if seconds is not None:
+            stats.seconds = (stats.seconds + [seconds])[-LEDGER_SAMPLES:]
         stats.costs_usd = (stats.costs_usd + [node.cost_usd])[-LEDGER_SAMPLES:]
         stats.tokens = (stats.tokens + [node.tokens])[-LEDGER_SAMPLES:]
 
