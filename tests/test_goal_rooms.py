@@ -30,7 +30,7 @@ def test_every_message_kind_is_a_steering_verb_or_applied_at_a_later_boundary():
 
 def test_every_node_kind_has_a_runner_and_a_default_estimate():
     kinds = set(get_args(NodeKind))
-    assert kinds == {"tool", "llm", "agent", "subgoal"}
+    assert kinds == {"tool", "llm", "agent", "subgoal", "wait"}
     assert set(RUNNERS) == kinds
     assert kinds <= set(KIND_DEFAULTS)
 
