@@ -26,7 +26,7 @@ from workflows.state import GoalInput
 from workflows.timing import judge, lateness_text
 
 STEP_REPLY = {"policy": "offline", "replies": [{"when": "step: ", "content": "done"}]}
-LATE = re.compile(r"checked at [0-9:]+ UTC, ((?:\d+ (?:d|h|min|s) ?)+) late, late")
+LATE = re.compile(r"checked at (?:\d{4}-\d{2}-\d{2} )?[0-9:]+ UTC, ((?:\d+ (?:d|h|min|s) ?)+) late, late")
 UNIT_S = {"d": 86_400, "h": 3_600, "min": 60, "s": 1}
 
 
