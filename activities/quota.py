@@ -8,7 +8,9 @@ the attempt with `QuotaWait`, non-retryable, carrying the slot's time and key: t
 goal shows it, sleeps on a durable timer until it (a worker restart changes nothing:
 the timer and the slot are both in history) and runs the call again with the key,
 which gets the same slot back. Waiting in the workflow rather than in the activity
-keeps the wait out of the call's attempts, its timeouts and its heartbeats.
+keeps the wait out of the call's attempts, its timeouts and its heartbeats. A call that
+comes back too late for its slot (a loaded worker) takes the next free one and waits for
+it here, up to `RETAKE_WITHIN`, so lateness costs one slot, never a second trip.
 
 Needs a Temporal client (the worker's); in the SDK's ActivityEnvironment without one,
 or for a profile without a quota, admission is a no-op.
@@ -23,7 +25,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.client import WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.models.config import ModelConfig, ModelProfile
 from workflows.contracts import ModelContext
@@ -37,10 +39,16 @@ from workflows.quota import (
     quota_workflow_id,
 )
 
-# A slot this close is waited for in the activity: a durable timer costs more than it.
-ADMIT_WITHIN = timedelta(seconds=1)
-# How long after its slot a call may still be sent on it.
-LATE = timedelta(seconds=0.05)
+# A slot this close is waited for in the activity: a durable timer costs more than it, and
+# the goal's call comes back this early (workflows/goal/model_calls.py SLOT_LEAD).
+ADMIT_WITHIN = timedelta(seconds=3)
+# How long after its slot a call may still be sent on it. Spaced slots leave the limit a
+# margin (QuotaLimits.spacing, 3 %: 1.8 s of a 60 s window); a call this late stays inside it.
+LATE = timedelta(seconds=0.25)
+# A call that lost its slot (back too late) waits for its new one here, up to this long,
+# instead of through the goal again: a second trip could come back late as well, and each
+# lost slot lengthens everyone's line (the cascade a loaded test run showed).
+RETAKE_WITHIN = timedelta(seconds=30)
 RETAKES = 3
 # One reservation in flight per resource and worker process: the server holds few updates
 # in flight per workflow (10 on the dev server) and refuses the rest, which a burst of
@@ -67,6 +75,8 @@ class QuotaWaitError(Exception):
             },
             type=QUOTA_WAIT,
             non_retryable=True,
+            # An expected outcome, not a failure: the worker logs no traceback for it.
+            category=ApplicationErrorCategory.BENIGN,
         )
 
 
@@ -114,7 +124,8 @@ async def admit(config: ModelConfig, profile: ModelProfile, context: ModelContex
         if wait > -LATE.total_seconds():
             break
         key += "/late"
-    if wait > ADMIT_WITHIN.total_seconds():
+    retaken = key.endswith("/late")
+    if wait > (RETAKE_WITHIN if retaken else ADMIT_WITHIN).total_seconds():
         raise QuotaWaitError(slot, key)
     if wait > 0:
         await asyncio.sleep(wait)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporalio.client import Client
@@ -27,7 +27,7 @@ from bench.common import Section, goal_spec, make_workspace, new_id, parse_optio
 from bench.common import start_goal as start_bench_goal
 from testing.scripted import ScriptedServer
 from workflows.goal import GoalWorkflow
-from workflows.quota import QuotaLimits
+from workflows.quota import STATE_QUERY, QuotaLimits, QuotaState, quota_workflow_id
 
 KEY = "quota_efficiency"
 KEYS = (KEY,)
@@ -45,6 +45,13 @@ class QuotaRun:
     waited_nodes: int
     waits: list[str]
     span_s: float = 0.0
+    # The quota service's reservation keys: a key ending in "/late" is a slot retaken by a
+    # call that came back too late for its own (activities/quota.py).
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def retaken(self) -> int:
+        return sum(1 for key in self.keys if key.endswith("/late"))
 
     @property
     def efficiency(self) -> float:
@@ -90,6 +97,7 @@ async def run_quota(
             results = await asyncio.gather(*(h.result() for h in handles))
             seconds = time.perf_counter() - started
             snapshots = await asyncio.gather(*(h.query(GoalWorkflow.progress) for h in handles))
+            keys = await quota_keys(client, task_queue) if quota else []
         model_requests = [r for r in server.requests() if r["status"] != 429]
         arrived = [r["arrived"] for r in model_requests]
         return QuotaRun(
@@ -102,7 +110,15 @@ async def run_quota(
             waited_nodes=sum(1 for s in snapshots for n in s.nodes if n.quota),
             waits=[n.quota for s in snapshots for n in s.nodes if n.quota],
             span_s=max(arrived) - min(arrived) if arrived else 0.0,
+            keys=keys,
         )
+
+
+async def quota_keys(client: Client, task_queue: str) -> list[str]:
+    """The reservations the profile's quota service holds (the recent ones: all of a short run)."""
+    handle = client.get_workflow_handle(quota_workflow_id(PROFILE, task_queue))
+    state = await handle.query(STATE_QUERY, result_type=QuotaState)
+    return list(state.slots)
 
 
 async def measure(
@@ -116,7 +132,8 @@ async def measure(
         f"{run.seconds:.1f} s against a floor of {run.floor_s:.0f} s -> efficiency {run.efficiency:.3f} "
         f"(server-side pacing, first to last request: {run.pacing:.3f})",
         f"  429s the server sent: {run.rate_limited}; failed model attempts the goals saw: {run.failed_attempts}; "
-        f"model requests answered: {run.requests}; steps that waited for quota: {run.waited_nodes}",
+        f"model requests answered: {run.requests}; steps that waited for quota: {run.waited_nodes}; "
+        f"slots lost by calls back too late: {run.retaken}",
     ]
     extra = {
         "quota_run_s": round(run.seconds, 1),

@@ -40,6 +40,7 @@ from temporalio import workflow
 
 QUOTA_WORKFLOW = "PerdureQuota"
 RESERVE_UPDATE = "reserve"
+STATE_QUERY = "state"
 # The error type of a model call whose slot is later: the goal waits for it.
 QUOTA_WAIT = "QuotaWait"
 CONTINUE_AS_NEW_AFTER_EVENTS = 2_000
@@ -111,6 +112,11 @@ class QuotaWorkflow:
     def _continue_as_new_due(self) -> bool:
         info = workflow.info()
         return info.is_continue_as_new_suggested() or info.get_current_history_length() >= CONTINUE_AS_NEW_AFTER_EVENTS
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> QuotaState:
+        """The cursors and the recent reservations (their keys and slots)."""
+        return self._state
 
     @workflow.update(name=RESERVE_UPDATE)
     def reserve(self, request: QuotaRequest) -> QuotaSlot:

@@ -48,8 +48,11 @@ class _Charged(Protocol):
 
 
 R = TypeVar("R", bound=_Charged)
-# How long before its quota slot a waiting call is scheduled again (less than activities/quota.py ADMIT_WITHIN).
-SLOT_LEAD = timedelta(seconds=0.5)
+# How long before its quota slot a waiting call is scheduled again (less than activities/quota.py
+# ADMIT_WITHIN): what a timer, a workflow task and an activity start may take on a loaded worker.
+# A call back later than its slot loses it (activities/quota.py LATE); 0.5 s was too little on
+# 2 loaded cores (a suite run saw most calls retake their slots, and the line grow fourfold).
+SLOT_LEAD = timedelta(seconds=2)
 # What a failed attempt of a call outside any node (planner, drift check) is estimated as.
 UNNODED_KIND = "llm"
 
