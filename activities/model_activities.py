@@ -28,7 +28,7 @@ from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.live_text import LiveText
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
-from activities.quota import QuotaWaitError, admit
+from activities.quota import QuotaWaitError, admitted
 from workflows.contracts import (
     Activities,
     AgentTurnInput,
@@ -295,10 +295,11 @@ class ModelActivities:
         self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState
     ) -> tuple[ChatResponse, Usage]:
         profile = self._profile(context.profile)
-        await admit(self.config, profile, context, sum(len(m.content or "") for m in request.messages))
-        # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
-        fault_point("model_call", profile.name, activity=activity.info().activity_type)
-        response = await provider_for(profile).chat(request, attempt)
+        prompt_chars = sum(len(m.content or "") for m in request.messages)
+        async with admitted(self.config, profile, context, prompt_chars, on_wait=attempt.set_status):
+            # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
+            fault_point("model_call", profile.name, activity=activity.info().activity_type)
+            response = await provider_for(profile).chat(request, attempt)
         usage = Usage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,

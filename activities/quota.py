@@ -19,11 +19,13 @@ or for a profile without a quota, admission is a no-op.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import WithStartWorkflowOperation
+from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -32,7 +34,9 @@ from workflows.contracts import ModelContext
 from workflows.quota import (
     QUOTA_WAIT,
     QUOTA_WORKFLOW,
+    RELEASE_SIGNAL,
     RESERVE_UPDATE,
+    QuotaLimits,
     QuotaRequest,
     QuotaSlot,
     QuotaState,
@@ -85,15 +89,26 @@ def estimated_tokens(profile: ModelProfile, prompt_chars: int) -> int:
     return prompt_chars // 4 + profile.max_output_tokens
 
 
-async def admit(config: ModelConfig, profile: ModelProfile, context: ModelContext, prompt_chars: int) -> None:
-    """Return once the call may be sent; raise QuotaWaitError when its slot is later."""
+@asynccontextmanager
+async def admitted(
+    config: ModelConfig,
+    profile: ModelProfile,
+    context: ModelContext,
+    prompt_chars: int,
+    on_wait: Callable[[str], None] | None = None,
+) -> AsyncIterator[None]:
+    """Enter once the call may be sent, holding its slot (and its concurrency place, when the
+    resource limits concurrency, released as the block ends however it ends); raise
+    QuotaWaitError when its slot is later, which keeps slot and place for the key's return.
+    `on_wait` is told what a call waiting for a concurrency place waits for."""
     resource = profile.quota or profile.name
     limits = config.quotas.get(resource)
-    if limits is None:
-        return
     try:
-        client = activity.client()
+        client = activity.client() if limits is not None else None
     except RuntimeError:
+        client = None
+    if limits is None or client is None:
+        yield
         return
     info = activity.info()
     # The goal's call coming back at its slot asks with the slot's key; a retry is a new request.
@@ -101,31 +116,60 @@ async def admit(config: ModelConfig, profile: ModelProfile, context: ModelContex
         key = context.quota_key
     else:
         key = f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
-    tokens = estimated_tokens(profile, prompt_chars)
+    ask = _Asker(client, resource, limits, estimated_tokens(profile, prompt_chars), info.task_queue)
     for _ in range(RETAKES + 1):
-        request = QuotaRequest(key=key, limits=limits, tokens=tokens)
-        # One operation per update: the SDK refuses to reuse one.
-        start = WithStartWorkflowOperation(
-            QUOTA_WORKFLOW,
-            QuotaState(resource=resource),
-            id=quota_workflow_id(resource, info.task_queue),
-            task_queue=info.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        async with _asking.setdefault((id(asyncio.get_running_loop()), resource), asyncio.Lock()):
-            request.asked_at = datetime.now(UTC)
-            slot = await client.execute_update_with_start_workflow(
-                RESERVE_UPDATE, request, start_workflow_operation=start, result_type=QuotaSlot
-            )
+        slot = await ask(key)
+        while slot.queued:
+            if on_wait is not None:
+                on_wait(f"waiting for quota {resource} ({slot.in_flight} calls in flight, {slot.ahead} ahead)")
+            await asyncio.sleep(max((slot.at - datetime.now(UTC)).total_seconds(), 0.0))
+            slot = await ask(key)
         wait = (slot.at - datetime.now(UTC)).total_seconds()
         # A slot already past (the service's first start, a goal's timer that fired late on a
         # busy worker) is stale: sent now, it would crowd the calls a minute behind it. Take
-        # the next one instead, under a key of its own.
+        # the next one instead, under a key of its own (the service frees the old key's place).
         if wait > -LATE.total_seconds():
             break
         key += "/late"
     retaken = key.endswith("/late")
     if wait > (RETAKE_WITHIN if retaken else ADMIT_WITHIN).total_seconds():
         raise QuotaWaitError(slot, key)
-    if wait > 0:
-        await asyncio.sleep(wait)
+    try:
+        if wait > 0:
+            await asyncio.sleep(wait)
+        yield
+    finally:
+        if limits.concurrency:
+            await ask.release(key)
+
+
+class _Asker:
+    """Reservations of one call at one resource's QuotaWorkflow (started when there is none)."""
+
+    def __init__(self, client: Client, resource: str, limits: QuotaLimits, tokens: int, task_queue: str) -> None:
+        self.client, self.resource, self.limits, self.tokens = client, resource, limits, tokens
+        self.task_queue = task_queue
+        self.workflow_id = quota_workflow_id(resource, task_queue)
+
+    async def __call__(self, key: str) -> QuotaSlot:
+        request = QuotaRequest(key=key, limits=self.limits, tokens=self.tokens)
+        # One operation per update: the SDK refuses to reuse one.
+        start = WithStartWorkflowOperation(
+            QUOTA_WORKFLOW,
+            QuotaState(resource=self.resource),
+            id=self.workflow_id,
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        async with _asking.setdefault((id(asyncio.get_running_loop()), self.resource), asyncio.Lock()):
+            request.asked_at = datetime.now(UTC)
+            return await self.client.execute_update_with_start_workflow(
+                RESERVE_UPDATE, request, start_workflow_operation=start, result_type=QuotaSlot
+            )
+
+    async def release(self, key: str) -> None:
+        """Free the call's concurrency place; if the service cannot be told, the lease lapses."""
+        try:
+            await self.client.get_workflow_handle(self.workflow_id).signal(RELEASE_SIGNAL, key)
+        except Exception as err:  # noqa: BLE001 - the place lapses after hold_s instead
+            activity.logger.warning("quota place not released", extra={"quota": self.resource, "error": str(err)[:200]})

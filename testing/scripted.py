@@ -723,6 +723,9 @@ class ScriptedServer(BackgroundHTTPServer):
         # Rate limit mode: when the requests of the last minute were accepted, and the 429s sent.
         self._accepted: list[float] = []
         self._limited = 0
+        # Replies waiting out their delay_s now, and the most there ever were at once.
+        self._in_flight = 0
+        self.max_in_flight = 0
         # The entry each handler thread answered last (for how to stream it).
         self._taken = threading.local()
 
@@ -885,7 +888,12 @@ class ScriptedServer(BackgroundHTTPServer):
         self._taken.entry = entry
         if entry is not None and entry.delay_s:
             # Outside the lock, after logging: the request is visible as arrived while the reply waits.
+            with self._lock:
+                self._in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self._in_flight)
             time.sleep(entry.delay_s)
+            with self._lock:
+                self._in_flight -= 1
         return n, entry
 
     def _error(

@@ -8,14 +8,10 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
-from workers.capabilities import CapabilitiesWorkflow
-from workflows.device_registry import DeviceRegistryWorkflow
-from workflows.goal import GoalWorkflow
-from workflows.router import RouterWorkflow
-from workflows.watchdog import WatchdogWorkflow
+from workers.orchestrator import ORCHESTRATOR_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-WORKFLOWS = [GoalWorkflow, WatchdogWorkflow, CapabilitiesWorkflow, DeviceRegistryWorkflow, RouterWorkflow]
+WORKFLOWS = ORCHESTRATOR_WORKFLOWS
 
 
 def load(path: Path) -> WorkflowHistory:

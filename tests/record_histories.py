@@ -724,6 +724,53 @@ async def record_goal_wait_steps(env: WorkflowEnvironment, out: Path) -> None:
         save(out, await handle.fetch_history())
 
 
+async def _reserve(env: WorkflowEnvironment, task_queue: str, key: str, limits) -> None:
+    from temporalio.client import WithStartWorkflowOperation
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from workflows.quota import QUOTA_WORKFLOW, RESERVE_UPDATE, QuotaRequest, QuotaSlot, QuotaState, quota_workflow_id
+
+    start = WithStartWorkflowOperation(
+        QUOTA_WORKFLOW,
+        QuotaState(resource="api"),
+        id=quota_workflow_id("api", task_queue),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    await env.client.execute_update_with_start_workflow(
+        RESERVE_UPDATE,
+        QuotaRequest(key=key, limits=limits, tokens=500),
+        start_workflow_operation=start,
+        result_type=QuotaSlot,
+    )
+
+
+async def record_quota_slots(env: WorkflowEnvironment, out: Path) -> None:
+    """A resource's quota service handing out spaced slots by requests and tokens, one key
+    asking twice (the same slot)."""
+    from workflows.quota import QuotaLimits, quota_workflow_id
+
+    limits = QuotaLimits(requests_per_minute=120, tokens_per_minute=60_000)
+    async with rig(env) as (_, task_queue):
+        for key in ("g1/1/1", "g2/1/1", "g1/1/1", "g3/2/1"):
+            await _reserve(env, task_queue, key, limits)
+        save(out, await env.client.get_workflow_handle(quota_workflow_id("api", task_queue)).fetch_history())
+
+
+async def record_quota_places(env: WorkflowEnvironment, out: Path) -> None:
+    """Concurrency places: two held, a third caller queued, a release, the queued one admitted."""
+    from workflows.quota import RELEASE_SIGNAL, QuotaLimits, quota_workflow_id
+
+    limits = QuotaLimits(concurrency=2, requests_per_minute=600)
+    async with rig(env) as (_, task_queue):
+        handle = env.client.get_workflow_handle(quota_workflow_id("api", task_queue))
+        for key in ("g1/1/1", "g2/1/1", "g3/1/1"):
+            await _reserve(env, task_queue, key, limits)
+        await handle.signal(RELEASE_SIGNAL, "g1/1/1")
+        await _reserve(env, task_queue, "g3/1/1", limits)
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -749,6 +796,8 @@ SCENARIOS = {
     "goal-v1-memory": record_goal_memory,
     "memory-v1-card-to-router": record_memory_card_to_router,
     "goal-v1-wait-steps": record_goal_wait_steps,
+    "quota-v1-slots": record_quota_slots,
+    "quota-v2-places": record_quota_places,
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,16 @@ def start_activities_late(monkeypatch: pytest.MonkeyPatch, seconds: float) -> No
     slot (the goal's timer fired, the activity scheduled again) reaches admission this late."""
     import activities.model_activities as model_activities
 
-    admit = model_activities.admit
+    admitted = model_activities.admitted
 
-    async def late_admit(config, profile, context, prompt_chars):  # noqa: ANN001, ANN202 - admit's own
+    @asynccontextmanager
+    async def late_admitted(config, profile, context, prompt_chars, on_wait=None):  # noqa: ANN001, ANN202
         if context.quota_key:
             await asyncio.sleep(seconds)
-        return await admit(config, profile, context, prompt_chars)
+        async with admitted(config, profile, context, prompt_chars, on_wait):
+            yield
 
-    monkeypatch.setattr(model_activities, "admit", late_admit)
+    monkeypatch.setattr(model_activities, "admitted", late_admitted)
 
 
 async def test_a_call_back_within_its_lead_keeps_its_slot(env, tmp_path: Path, monkeypatch) -> None:
@@ -125,3 +128,40 @@ async def test_a_step_waiting_for_quota_shows_its_slot_and_keeps_it_across_a_wor
     assert all(gap >= 8 * 0.98 for gap in gaps), gaps
     # The serialization quota chose stays on the graph after the restart.
     assert any(n.quota and n.quota.startswith("waited ") for n in final.nodes)
+
+
+async def concurrent_calls(env, tmp_path: Path, concurrency: int | None) -> tuple[ScriptedServer, list[str]]:
+    """3 goals of 4 model calls each, every reply taking 1 s; with `concurrency`, the profile's
+    quota allows that many calls in flight. Returns the server and the goals' outcomes."""
+    workspace = make_workspace(tmp_path / "ws", {"notes.txt": "x\n"})
+    task_queue = f"tq-quota-c-{time.monotonic_ns()}"
+    script = {"policy": "offline", "replies": [{"when": "Say one line", "content": "one line", "delay_s": 1.0}]}
+    with ScriptedServer(script) as server:
+        profile = ModelProfile(name=PROFILE, provider="openai", model="scripted-gpt", base_url=server.openai_base_url)
+        quotas = {PROFILE: QuotaLimits(concurrency=concurrency)} if concurrency else {}
+        config = ModelConfig(profiles={PROFILE: profile}, quotas=quotas)
+        spec = goal_spec(workspace, llm_steps(4), model_profile=PROFILE, label="quota concurrency")
+        async with perdure_worker(env.client, task_queue, tmp_path / "home", model_config=config):
+            handles = await asyncio.gather(
+                *(start_bench_goal(env.client, task_queue, spec, "q-conc") for _ in range(3))
+            )
+            results = await asyncio.gather(*(h.result() for h in handles))
+            snapshots = await asyncio.gather(*(h.query(GoalWorkflow.progress) for h in handles))
+    assert sum(s.failed_attempts for s in snapshots) == 0
+    return server, [r.outcome for r in results]
+
+
+async def test_a_concurrency_quota_keeps_at_most_that_many_calls_in_flight_across_goals(env, tmp_path: Path) -> None:
+    server, outcomes = await concurrent_calls(env, tmp_path, concurrency=2)
+
+    assert outcomes == ["succeeded"] * 3
+    assert len([r for r in server.requests() if r["matched"] == 0]) == 12
+    assert server.max_in_flight == 2
+
+
+async def test_without_a_concurrency_quota_the_same_goals_overlap_more_calls(env, tmp_path: Path) -> None:
+    """The control: the goals do run calls side by side, so the test above could fail."""
+    server, outcomes = await concurrent_calls(env, tmp_path, concurrency=None)
+
+    assert outcomes == ["succeeded"] * 3
+    assert server.max_in_flight > 2

@@ -27,7 +27,7 @@ def test_a_quotas_table_declares_a_resource_that_profiles_draw_on(tmp_path):
 
 def test_a_quota_key_that_is_not_enforced_is_refused_not_ignored(tmp_path):
     path = tmp_path / "config.toml"
-    path.write_text("[quotas.openai]\nconcurrency = 4\n")
+    path.write_text("[quotas.openai]\nburst = 4\n")
     with pytest.raises(ModelConfigInvalid, match=r"\[quotas.openai\] is invalid"):
         load_model_config(path)
 

@@ -52,6 +52,17 @@ log = structlog.get_logger(__name__)
 STICKY_TIMEOUT = timedelta(seconds=3)
 
 
+# Every workflow type the orchestrator's queue runs (tests/goldens.py replays them all).
+ORCHESTRATOR_WORKFLOWS = [
+    GoalWorkflow,
+    WatchdogWorkflow,
+    CapabilitiesWorkflow,
+    DeviceRegistryWorkflow,
+    RouterWorkflow,
+    QuotaWorkflow,
+]
+
+
 def build_worker(
     client: Client,
     *,
@@ -80,14 +91,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[
-            GoalWorkflow,
-            WatchdogWorkflow,
-            CapabilitiesWorkflow,
-            DeviceRegistryWorkflow,
-            RouterWorkflow,
-            QuotaWorkflow,
-        ],
+        workflows=ORCHESTRATOR_WORKFLOWS,
         activities=[
             *models.activities(),
             tools.run_tool,

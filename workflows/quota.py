@@ -20,6 +20,13 @@ Why a workflow, and not Temporal's own limits (temporalio 1.35, the dev server o
   model call of a resource with a quota (none for resources without one). Measured by
   `make bench` (`quota_efficiency`, bench/quota.py) and tests/test_quota.py.
 
+Concurrency (calls in flight at once) is a lease: a call given its slot holds one of the
+resource's places until its activity signals `release` (or `hold_s` passes: its worker
+died). With every place held, the caller is told its place in the line and when to ask
+again (half a call's average time, 0.25-2 s), and asks from its activity; first come,
+first served. A waiting call holds no update open: the server keeps few in flight per
+workflow (10 on the dev server), fewer than the calls that may wait.
+
 Slots are spaced, not bursted: requests `60 / requests_per_minute` s apart (times
 `spacing`, a small margin for the jitter between a slot and its request reaching the
 provider), and a call of N estimated tokens pushes the token cursor `N * 60 /
@@ -40,6 +47,7 @@ from temporalio import workflow
 
 QUOTA_WORKFLOW = "PerdureQuota"
 RESERVE_UPDATE = "reserve"
+RELEASE_SIGNAL = "release"
 STATE_QUERY = "state"
 # The error type of a model call whose slot is later: the goal waits for it.
 QUOTA_WAIT = "QuotaWait"
@@ -47,6 +55,11 @@ CONTINUE_AS_NEW_AFTER_EVENTS = 2_000
 # Keys kept for asking again: a reservation older than this is forgotten.
 KEEP_KEYS = timedelta(minutes=30)
 MAX_KEYS = 5_000
+# Concurrency: a call waiting for a place asks again this often (half a call's average
+# time, within these bounds); one that stopped asking this long ago lost its place.
+POLL_MIN = timedelta(seconds=0.25)
+POLL_MAX = timedelta(seconds=2)
+WAITING_FORGOTTEN = timedelta(seconds=15)
 
 
 def quota_workflow_id(resource: str, task_queue: str = "perdure") -> str:
@@ -55,13 +68,22 @@ def quota_workflow_id(resource: str, task_queue: str = "perdure") -> str:
 
 
 class QuotaLimits(BaseModel):
-    """One resource's declared quota (config.toml `[quotas.NAME]`). Concurrency is not a
-    field yet: a key the service does not enforce is refused rather than ignored."""
+    """One resource's declared quota (config.toml `[quotas.NAME]`); a key the service does
+    not enforce is refused rather than ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)
+    concurrency: int | None = Field(
+        default=None, ge=1, description="Calls in flight at once, across goals and workers."
+    )
+    hold_s: float = Field(
+        default=360,
+        gt=0,
+        description="A call's lease on a concurrency place lapses after this long when its release never "
+        "comes (its worker died mid-call): longer than the call's own timeout.",
+    )
     spacing: float = Field(
         default=1.03,
         ge=1.0,
@@ -86,6 +108,12 @@ class QuotaSlot(BaseModel):
     resource: str
     at: datetime = Field(description="When the call may start: next allowed at.")
     ahead: int = Field(default=0, description="Reservations still waiting for their slot when this one was given.")
+    queued: bool = Field(
+        default=False,
+        description="No concurrency place is free: no slot was given; ask again at `at` with the same key, "
+        "which keeps its place in the line (`ahead` calls before it).",
+    )
+    in_flight: int = Field(default=0, description="Calls holding a concurrency place when this was answered.")
 
 
 class QuotaState(BaseModel):
@@ -94,6 +122,13 @@ class QuotaState(BaseModel):
     next_token_at: datetime | None = None
     slots: dict[str, datetime] = Field(default_factory=dict, description="Key -> its slot, recent ones.")
     given: int = 0
+    leases: dict[str, datetime] = Field(
+        default_factory=dict, description="Concurrency: key of a call in flight -> when its lease lapses."
+    )
+    waiting: dict[str, datetime] = Field(
+        default_factory=dict, description="Concurrency: keys waiting for a place, first come first -> last asked."
+    )
+    call_s: float = Field(default=2.0, description="Concurrency: how long a call holds its place, on average.")
 
 
 @workflow.defn(name=QUOTA_WORKFLOW)
@@ -125,8 +160,17 @@ class QuotaWorkflow:
         ahead = sum(1 for at in state.slots.values() if at > now)
         if request.key in state.slots:
             return QuotaSlot(resource=state.resource, at=state.slots[request.key], ahead=ahead)
-        at = max([now, *(t for t in (request.asked_at, state.next_request_at, state.next_token_at) if t is not None)])
         limits = request.limits
+        if request.key.endswith("/late"):
+            # Its caller came back too late for the slot it held: the place goes with the new key.
+            state.leases.pop(request.key.removesuffix("/late"), None)
+        if limits.concurrency:
+            queued = self._queue(request.key, limits.concurrency, now)
+            if queued is not None:
+                return queued
+        at = max([now, *(t for t in (request.asked_at, state.next_request_at, state.next_token_at) if t is not None)])
+        if limits.concurrency:
+            state.leases[request.key] = at + timedelta(seconds=limits.hold_s)
         if limits.requests_per_minute:
             state.next_request_at = at + timedelta(seconds=60 / limits.requests_per_minute * limits.spacing)
         if limits.tokens_per_minute and request.tokens:
@@ -136,6 +180,38 @@ class QuotaWorkflow:
         state.given += 1
         self._forget(now)
         return QuotaSlot(resource=state.resource, at=at, ahead=ahead)
+
+    @workflow.signal(name=RELEASE_SIGNAL)
+    def release(self, key: str) -> None:
+        """A call that held a concurrency place ended (answered, failed or cancelled)."""
+        state = self._state
+        if state.leases.pop(key, None) is not None and key in state.slots:
+            held = (workflow.now() - state.slots[key]).total_seconds()
+            state.call_s = 0.8 * state.call_s + 0.2 * max(held, 0.0)
+
+    def _queue(self, key: str, concurrency: int, now: datetime) -> QuotaSlot | None:
+        """None when `key` may take a concurrency place now; else its place in the line. First
+        come, first served: a place goes to the longest waiting key still asking."""
+        state = self._state
+        for lapsed in [k for k, until in state.leases.items() if until <= now]:
+            del state.leases[lapsed]
+        for gone in [k for k, seen in state.waiting.items() if seen < now - WAITING_FORGOTTEN]:
+            del state.waiting[gone]
+        line = list(state.waiting)
+        place = line.index(key) if key in state.waiting else len(line)
+        free = concurrency - len(state.leases)
+        if place < free:
+            state.waiting.pop(key, None)
+            return None
+        state.waiting[key] = now
+        again = min(max(state.call_s / 2, POLL_MIN.total_seconds()), POLL_MAX.total_seconds())
+        return QuotaSlot(
+            resource=state.resource,
+            at=now + timedelta(seconds=again),
+            ahead=place,
+            queued=True,
+            in_flight=len(state.leases),
+        )
 
     def _forget(self, now: datetime) -> None:
         slots = self._state.slots

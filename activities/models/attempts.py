@@ -80,6 +80,10 @@ class ModelAttemptState:
         except (KeyError, ValueError):
             return None
 
+    def set_status(self, status: str) -> None:
+        """What the attempt waits for now (its heartbeat says it)."""
+        self.status = status
+
     def details(self, own: ModelAttempt | None = None) -> dict[str, Any]:
         """What a person needs to see, and what the next attempt needs to resume."""
         failed = [*self.failed, own] if own else self.failed
