@@ -8,7 +8,7 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
-from workers.orchestrator import ORCHESTRATOR_WORKFLOWS
+from workflows.registry import ORCHESTRATOR_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 WORKFLOWS = ORCHESTRATOR_WORKFLOWS

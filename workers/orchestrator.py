@@ -33,14 +33,10 @@ from activities.visibility import VisibilityActivities
 from activities.watchdog_model import WatchdogModelActivities
 from runtime import settings
 from workers import watchdog_schedule
-from workers.capabilities import CapabilitiesActivities, CapabilitiesWorkflow
+from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
 from workflows.contracts import TASK_QUEUE
-from workflows.device_registry import DeviceRegistryWorkflow
-from workflows.goal import GoalWorkflow
-from workflows.quota import QuotaWorkflow
-from workflows.router import RouterWorkflow
-from workflows.watchdog import WatchdogWorkflow
+from workflows.registry import ORCHESTRATOR_WORKFLOWS
 
 log = structlog.get_logger(__name__)
 
@@ -50,17 +46,6 @@ log = structlog.get_logger(__name__)
 # part of recovering from a killed worker; a few seconds is still far longer than
 # a healthy worker takes to pick up a task, so cached runs are not given up early.
 STICKY_TIMEOUT = timedelta(seconds=3)
-
-
-# Every workflow type the orchestrator's queue runs (tests/goldens.py replays them all).
-ORCHESTRATOR_WORKFLOWS = [
-    GoalWorkflow,
-    WatchdogWorkflow,
-    CapabilitiesWorkflow,
-    DeviceRegistryWorkflow,
-    RouterWorkflow,
-    QuotaWorkflow,
-]
 
 
 def build_worker(
