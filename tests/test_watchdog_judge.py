@@ -125,3 +125,31 @@ async def test_a_malformed_verdict_acts_on_nothing_and_over_budget_is_rules_only
         assert memory.judge_note == "the watchdog's model budget is spent: 1 of 1 calls today"
         for handle in (spinning, healthy):
             await handle.terminate("test over")
+
+
+DRIFTING = {"verdict": "drifting", "reason": "three styling steps on a database migration", "confidence": 0.8}
+OFF_TOPIC = ["The logo colours match the brand guide.", "Fonts load in 40 ms.", "A favicon was added to the site."]
+
+
+async def test_a_goal_whose_conclusions_share_no_term_with_its_text_is_asked_about_and_nudged_for_drift(
+    env, task_queue, store, workspace, scripted
+):
+    """Each step brings new information (not spinning) and nothing runs long, so only the
+    drift trigger can ask: the rules alone call the goal healthy, the model calls it drifting."""
+    replies = [{"when": "PERDURE-WATCHDOG-JUDGE", "content": json.dumps(DRIFTING)}]
+    replies += [{"when": f"Do s{i}.", "content": text} for i, text in enumerate(OFF_TOPIC)]
+    server = scripted({"replies": replies})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        steps = [*(llm(f"s{i}") for i in range(3)), gate(["s2"])]
+        goal = await start(env, task_queue, workspace, steps, goal="Migrate the billing service to PostgreSQL")
+        shot = await wait_until(goal, lambda s: statuses(s)["gate"] == "running")
+        rules_only = await watchdog_run(env, task_queue, shot.last_progress_at + timedelta(seconds=5), RULES_ONLY)
+        assert rules_only.counts == {"healthy": 1}
+        judged = await watchdog_run(env, task_queue, shot.last_progress_at + timedelta(seconds=5))
+        [asked] = judge_requests(server)
+        assert "share no term with the goal" in asked["last_message"]
+        [finding] = [f for f in judged.findings if f.goal_id == goal.id]
+        assert finding.kind == "drifting" and "styling steps" in finding.detail
+        [nudge] = judged.sent
+        assert nudge.startswith(f"wd-{goal.id}-drifting-nudge-")
+        await goal.terminate("test over")

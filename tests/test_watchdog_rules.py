@@ -20,7 +20,16 @@ from workflows.watchdog_contracts import (
     WatchdogMemory,
     WatchdogRules,
 )
-from workflows.watchdog_rules import assess, episode_of, remember, request_id
+from workflows.watchdog_rules import (
+    ambiguity,
+    assess,
+    episode_of,
+    off_goal,
+    parse_verdict,
+    remember,
+    request_id,
+    verdict_step,
+)
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 RULES = WatchdogRules()
@@ -341,3 +350,57 @@ def test_runs_never_message_parked_goals_never_repeat_and_escalate_only_after_a_
 @given(st.lists(observations("g1"), min_size=1, max_size=1), moments)
 def test_assessment_is_deterministic(goals, now):
     assert assess(goals, WatchdogMemory(), now, RULES) == assess(goals, WatchdogMemory(), now, RULES)
+
+
+# --- when the model is asked, and what its verdicts do ---------------------------------
+
+
+def kinds_of(findings) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def test_a_step_running_past_half_its_stall_threshold_is_ambiguous_before_it_is_a_stall():
+    """A long agent step: the rules cannot tell productive from stuck, so the model is asked
+    at half the threshold; before that, and once it is a stall, the rules decide alone."""
+    long_step = goal(running=["review"], stall_after_s=600)
+    healthy = assess([long_step], WatchdogMemory(), at(200), RULES).findings
+    assert ambiguity(long_step, healthy, at(200)) is None
+    later = assess([long_step], WatchdogMemory(), at(320), RULES).findings
+    assert kinds_of(later) == ["healthy"]
+    assert ambiguity(long_step, later, at(320)) == "step(s) review running for 5 min with nothing settled"
+    stalled = assess([long_step], WatchdogMemory(), at(700), RULES).findings
+    assert "stalled" in kinds_of(stalled) and ambiguity(long_step, stalled, at(700)) is None
+
+
+def test_conclusions_sharing_no_term_with_the_goal_are_ambiguous_for_drift():
+    text = "Migrate the billing service from MySQL to PostgreSQL"
+    drifted = goal(
+        goal_text=text,
+        conclusions=["s1: the logo colours are fine", "s2: fonts load fast", "s3: favicon added"],
+    )
+    on_topic = goal(
+        goal_text=text,
+        conclusions=["s1: the logo colours are fine", "s2: the billing schema has 14 tables", "s3: favicon added"],
+    )
+    few = goal(goal_text=text, conclusions=["s1: fonts load fast"])
+    assert off_goal(drifted, []) == "its last 3 conclusions share no term with the goal"
+    assert off_goal(on_topic, []) is None and off_goal(few, []) is None
+    # A goal the rules already flag, or one waiting for a person, is not asked about.
+    assert off_goal(drifted.model_copy(update={"open_questions": ["q1: approve?"]}), []) is None
+
+
+def test_a_drifting_verdict_nudges_and_a_stuck_on_person_verdict_escalates_once_per_episode():
+    memory = WatchdogMemory()
+    drifting = parse_verdict(
+        "g1", "p1.i3", '{"verdict": "drifting", "reason": "styling, not billing", "confidence": 0.8}', 40, at(0)
+    )
+    finding, nudge = verdict_step("g1", drifting, memory)
+    assert finding.kind == "drifting" and "model: drifting (80%): styling, not billing" == finding.detail
+    assert nudge is not None and nudge.action == "nudge" and "Change approach" in nudge.text
+    stuck = parse_verdict(
+        "g1", "p1.i3", '{"verdict": "stuck_on_person", "reason": "waits for a key", "confidence": 0.7}', 40, at(0)
+    )
+    finding, escalation = verdict_step("g1", stuck, memory)
+    assert finding.kind == "stuck_on_person" and escalation is not None and escalation.action == "escalate"
+    memory.sent[escalation.request_id] = at(0)
+    assert verdict_step("g1", stuck, memory)[1] is None

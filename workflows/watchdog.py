@@ -29,6 +29,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows import watchdog_rules as rules
     from workflows.watchdog_contracts import (
+        DRIFT_TRIGGER_PATCH,
         INFRASTRUCTURE_KINDS,
         JUDGE_PATCH,
         WATCHDOG_STATE_QUERY,
@@ -163,6 +164,10 @@ class WatchdogWorkflow:
         spent = memory.model_copy(deep=True)
         for goal in sorted(goals, key=lambda g: g.goal_id):
             why = rules.ambiguity(goal, assessment.findings, now)
+            if why is None:
+                # Asked since the drift trigger came (patched: an older run did not ask).
+                drift = rules.off_goal(goal, assessment.findings)
+                why = drift if drift is not None and workflow.patched(DRIFT_TRIGGER_PATCH) else None
             if why is None:
                 continue
             episode = rules.judge_episode(goal)

@@ -33,6 +33,8 @@ class WatchdogActivities:
 
 
 JUDGE_PATCH = "watchdog-model-judgement"
+# The watchdog asks the model about a goal whose recent conclusions share no term with its text.
+DRIFT_TRIGGER_PATCH = "watchdog-drift-trigger"
 
 
 FindingKind = Literal[

@@ -474,15 +474,28 @@ VERDICT_ACTIONS: dict[str, InterventionAction] = {
 }
 
 
+_TERM = re.compile(r"[a-z][a-z0-9_-]{3,}")
+_COMMON = frozenset(
+    "that this with from have were what when which into about after before them then than some more most "
+    "also only just make made does done each their there these those would could should goal step steps "
+    "output result results found none".split()
+)
+
+
 def judge_episode(goal: GoalObservation) -> str:
     return f"p{goal.plan_version}.i{goal.informative_steps}"
 
 
+def judgeable(goal: GoalObservation, findings: list[Finding]) -> bool:
+    """Healthy by the rules, running and not waiting: what a model may be asked about."""
+    if goal.query_error is not None or any(f.kind != "healthy" for f in findings if f.goal_id == goal.goal_id):
+        return False
+    return goal.phase not in ENDED_PHASES and not is_waiting(goal)
+
+
 def ambiguity(goal: GoalObservation, findings: list[Finding], now: datetime) -> str | None:
     """Why the rules alone cannot tell whether this goal is healthy, or None."""
-    if goal.query_error is not None or any(f.kind != "healthy" for f in findings if f.goal_id == goal.goal_id):
-        return None
-    if goal.phase in ENDED_PHASES or is_waiting(goal):
+    if not judgeable(goal, findings):
         return None
     recent = goal.new_information[-RECENT_STEPS:]
     if len(recent) >= RECENT_STEPS and sum(recent) / len(recent) < LOW_INFORMATION:
@@ -492,6 +505,24 @@ def ambiguity(goal: GoalObservation, findings: list[Finding], now: datetime) -> 
         if idle >= goal.stall_after_s / 2:
             return f"step(s) {', '.join(goal.running)} running for {span(idle)} with nothing settled"
     return None
+
+
+def terms(text: str) -> set[str]:
+    """The words of a text that can tie a step to its goal (four letters or more, not filler)."""
+    return {word for word in _TERM.findall(text.lower()) if word not in _COMMON}
+
+
+def off_goal(goal: GoalObservation, findings: list[Finding]) -> str | None:
+    """Ambiguous for drift: the last RECENT_STEPS conclusions share no term with the goal's
+    text (finished steps that do not map to the goal), or None. Cheap and blunt on purpose:
+    it only decides whether to ask the model, which judges."""
+    recent = goal.conclusions[-RECENT_STEPS:]
+    wanted = terms(goal.goal_text)
+    if len(recent) < RECENT_STEPS or not wanted or not judgeable(goal, findings):
+        return None
+    if any(wanted & terms(conclusion) for conclusion in recent):
+        return None
+    return f"its last {len(recent)} conclusions share no term with the goal"
 
 
 def judge_prompt(goal: GoalObservation, why: str) -> str:
