@@ -483,7 +483,11 @@ async def _offer(console: Console, proposal: dict, tools: AskTools, confirm) -> 
             return None
     elif "nudge" in proposal:
         where, change = str(proposal["nudge"]), None
-        what = f"nudge {where}: {proposal.get('text', '')}"
+        refused = await _nudge_refused(where, proposal, tools)
+        if refused is not None:
+            console.print(f"[red]proposal refused[/red]: {escape(refused)}")
+            return None
+        what = f"nudge {where}: {_nudge_text(proposal)}"
     else:
         console.print("[red]proposal refused[/red]: neither a rule change nor a nudge")
         return None
@@ -501,12 +505,41 @@ async def _offer(console: Console, proposal: dict, tools: AskTools, confirm) -> 
         from workflows.goal import GoalWorkflow
         from workflows.messages import Steer
 
-        text = str(proposal.get("text") or "[watchdog] a maintainer asks you to change approach")
+        text = _nudge_text(proposal)
         rid = "wd-ask-" + hashlib.sha256(f"{where}\n{text}".encode()).hexdigest()[:16]
         handle = (await tools.client()).get_workflow_handle(where)
+        inbox = await handle.query(GoalWorkflow.inbox)
+        if any(entry.request_id == rid for entry in inbox.entries):
+            console.print(f"already delivered: nudge {escape(where)} ({rid}); nothing sent again")
+            return proposal
         await handle.signal(GoalWorkflow.message_signal, Steer(request_id=rid, text=text).model_dump(mode="json"))
         console.print(f"applied: nudge {escape(where)} ({rid})")
     return proposal
+
+
+def _nudge_text(proposal: dict) -> str:
+    """The steer a nudge proposal sends: its text, or the default one (shown before it is confirmed)."""
+    return str(proposal.get("text") or "[watchdog] a maintainer asks you to change approach")
+
+
+async def _nudge_refused(goal_id: str, proposal: dict, tools: AskTools) -> str | None:
+    """Why a nudge cannot be sent (checked before the maintainer is asked), or None."""
+    from workflows.contracts import GOAL_WORKFLOW
+    from workflows.messages import Steer
+
+    try:
+        Steer(request_id="wd-ask-check", text=_nudge_text(proposal))
+    except ValueError as err:
+        return f"the nudge's text is not a message a goal takes: {str(err).splitlines()[-1][:200]}"
+    try:
+        desc = await (await tools.client()).get_workflow_handle(goal_id).describe()
+    except RPCError as err:
+        return f"no goal {goal_id!r}: {err.message}"
+    if desc.workflow_type != GOAL_WORKFLOW:
+        return f"{goal_id!r} is a {desc.workflow_type} workflow, not a goal"
+    if desc.status is not None and desc.status.name != "RUNNING":
+        return f"goal {goal_id!r} is {desc.status.name.lower()}: it takes no messages"
+    return None
 
 
 def confirmer(yes: bool, no: bool, console: Console):
