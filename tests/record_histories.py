@@ -771,6 +771,29 @@ async def record_quota_places(env: WorkflowEnvironment, out: Path) -> None:
         save(out, await handle.fetch_history())
 
 
+async def record_goal_late_wait_cause(env: WorkflowEnvironment, out: Path) -> None:
+    """A wait step whose timer fires while no worker runs: the step, acting when a worker is
+    back, reads off history that the timer fired on time and no worker took the goal."""
+    steps = [{"name": "soon", "kind": "wait", "after": "2s"}, llm("then", ["soon"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ArtifactStore(Path(tmp) / "artifacts")
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        with ScriptedServer(STEP_REPLY) as server:
+            config = ModelConfig(profiles={"test": openai_profile(server)})
+            goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0)
+            async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+                handle = await env.client.start_workflow(
+                    GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+                )
+                await wait_until(handle, lambda s: statuses(s).get("soon") == "parked")
+            await asyncio.sleep(9)  # no worker: the timer fires with nobody to act on it
+            async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+                await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -798,6 +821,7 @@ SCENARIOS = {
     "goal-v1-wait-steps": record_goal_wait_steps,
     "quota-v1-slots": record_quota_slots,
     "quota-v2-places": record_quota_places,
+    "goal-v2-late-wait-cause": record_goal_late_wait_cause,
 }
 
 

@@ -23,7 +23,7 @@ from workflows.goal import GoalWorkflow
 from workflows.messages import Answer, Park
 from workflows.plan import parse_plan
 from workflows.state import GoalInput
-from workflows.timing import judge, lateness_text
+from workflows.timing import TimerEvents, judge, late_cause, lateness_text
 
 STEP_REPLY = {"policy": "offline", "replies": [{"when": "step: ", "content": "done"}]}
 LATE = re.compile(r"checked at (?:\d{4}-\d{2}-\d{2} )?[0-9:]+ UTC, ((?:\d+ (?:d|h|min|s) ?)+) late, late")
@@ -98,6 +98,26 @@ def test_lateness_under_the_threshold_is_exact_and_a_park_is_late_whatever_the_g
     assert "2 h 10 min late, late (no worker ran the goal then, or the server was down)" in outage.text()
     assert judge("w", planned, planned + timedelta(seconds=1), parked=True).timing == "late"
     assert lateness_text(0.4) == "on time" and lateness_text(90_000) == "1 d 1 h late"
+
+
+def test_a_late_timers_history_says_whether_the_server_or_the_worker_was_missing():
+    planned = datetime(2026, 12, 2, 9, tzinfo=UTC)
+    server_down = TimerEvents(
+        fired_at=planned + timedelta(minutes=3), taken_at=planned + timedelta(minutes=3, seconds=1)
+    )
+    assert late_cause(planned, server_down) == (
+        "the server fired the timer at 09:03:00 UTC, 3 min late: it was down or behind"
+    )
+    no_worker = TimerEvents(fired_at=planned + timedelta(seconds=1), taken_at=planned + timedelta(minutes=2))
+    assert late_cause(planned, no_worker) == "the timer fired on time; no worker took the goal until 09:02:00 UTC"
+    # Neither gap is large (the lateness was elsewhere), or no such timer: history does not tell.
+    assert late_cause(planned, TimerEvents(fired_at=planned, taken_at=planned + timedelta(seconds=1))) is None
+    assert late_cause(planned, TimerEvents()) is None
+    told = judge("w", planned, planned + timedelta(minutes=2), cause=late_cause(planned, no_worker))
+    assert "2 min late, late (the timer fired on time; no worker took the goal until 09:02:00 UTC)" in told.text()
+    # A cause never makes an exact timer late, nor a parked one anything but parked.
+    assert judge("w", planned, planned + timedelta(seconds=1), cause="x").cause is None
+    assert judge("w", planned, planned + timedelta(hours=1), parked=True, cause="x").cause == "the goal was parked"
 
 
 # --- time-skipped ----------------------------------------------------------------------
@@ -197,6 +217,8 @@ async def test_waits_missed_in_an_outage_fire_once_each_in_order_saying_how_late
     # the outage's first 5 s), the earlier one by 2 s more.
     assert outage - 5 - 2 <= seconds_late(second) <= outage + 2, (second, outage)
     assert seconds_late(first) - seconds_late(second) in (1, 2, 3), (first, second)
+    # Read off the goal's history: the server fired both on time; no worker took them.
+    assert all("(the timer fired on time; no worker took the goal until " in p for p in (first, second))
     history = await handle.fetch_history()
     kept = [summary for _, _, summary, _ in local_activities(history) if summary.startswith("keep output · wait")]
     assert kept == ["keep output · wait first", "keep output · wait second"], kept

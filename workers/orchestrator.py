@@ -27,6 +27,7 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
 from activities.report import ReportActivities
 from activities.router_activities import RouterIO
+from activities.timer_history import TimingActivities
 from activities.tools import ToolActivities
 from activities.verification import VerificationActivities, VerifyQuestionActivities
 from activities.visibility import VisibilityActivities
@@ -82,6 +83,7 @@ def build_worker(
             tools.run_tool,
             tools.prepare_effect,
             verification.verify_nodes,
+            *TimingActivities(store).activities(),
             *questions.activities(),
             report.write_report,
             *watchdog.activities(),

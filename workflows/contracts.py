@@ -43,6 +43,8 @@ class Activities:
     MEMORY_RECORD = "perdure.memory.record"
     MEMORY_REVOCATIONS = "perdure.memory.revocations"
     MEMORY_PROMOTE = "perdure.memory.promote"
+    # A wait step's output, with how late it acted and why (activities/timer_history.py).
+    WAIT_OUTPUT = "perdure.timing.wait_output"
 
 
 class Queries:

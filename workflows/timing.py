@@ -59,16 +59,52 @@ class TimerRecord(BaseModel):
         )
 
 
+class TimerEvents(BaseModel):
+    """What the goal's history says of one timer: when the server fired it, and when a
+    worker took the workflow task that acted on it (activities/timer_history.py)."""
+
+    fired_at: datetime | None = None
+    taken_at: datetime | None = None
+
+
+UNKNOWN_CAUSE = "no worker ran the goal then, or the server was down"
+
+
+def late_cause(planned: datetime, events: TimerEvents) -> str | None:
+    """Why a timer was acted on late, read off its history: the server fired it late (it was
+    down, or behind), or it fired on time and no worker took the goal. None when the history
+    does not tell (no such timer, e.g. its time had passed before the wait began)."""
+    if events.fired_at is None:
+        return None
+    fired_late = events.fired_at - planned
+    if fired_late >= EXACT_WITHIN:
+        late = lateness_text(fired_late.total_seconds())
+        return f"the server fired the timer at {events.fired_at:%H:%M:%S} UTC, {late}: it was down or behind"
+    if events.taken_at is not None and events.taken_at - events.fired_at >= EXACT_WITHIN:
+        return f"the timer fired on time; no worker took the goal until {events.taken_at:%H:%M:%S} UTC"
+    return None
+
+
 def judge(
-    what: str, planned: datetime, acted: datetime, *, node: str | None = None, parked: bool = False
+    what: str,
+    planned: datetime,
+    acted: datetime,
+    *,
+    node: str | None = None,
+    parked: bool = False,
+    cause: str | None = None,
 ) -> TimerRecord:
     """The record of acting at `acted` on a timer planned for `planned`. `parked`: the goal
-    was parked when the time came, so it acted only on resume."""
+    was parked when the time came, so it acted only on resume. `cause`: why it was late, when
+    the goal's history told (late_cause)."""
     late = max(acted - planned, timedelta(0))
     exact = late < EXACT_WITHIN and not parked
-    cause = None
-    if not exact:
-        cause = "the goal was parked" if parked else "no worker ran the goal then, or the server was down"
+    if exact:
+        cause = None
+    elif parked:
+        cause = "the goal was parked"
+    else:
+        cause = cause or UNKNOWN_CAUSE
     return TimerRecord(
         what=what,
         node=node,

@@ -12,6 +12,7 @@ or on resume: then it fires at once if its time has passed, marked late.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 from temporalio import workflow
@@ -24,6 +25,7 @@ from workflows.goal.devices import LOCAL_RETRY, LOCAL_TIMEOUT
 from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import WaitStep
 from workflows.state import Node
+from workflows.wait_contracts import WaitOutput, WaitOutputInput
 
 # node.waiting_on while the wait is state: why it let go of its task.
 WAIT_CARRIED = "wait:carried"
@@ -42,9 +44,19 @@ def planned_time(step: WaitStep, node: Node) -> datetime:
     return node.started_at + delay
 
 
+# A late wait step reads from history whether the server or the worker was missing.
+LATE_CAUSE_PATCH = "timer-late-cause"
+
+
+def timer_summary(name: str, planned: datetime) -> str:
+    """The summary of a wait step's timer: what history shows, and how its events are found."""
+    return f"wait step {name}: until {planned:%Y-%m-%d %H:%M:%S} UTC"
+
+
 class WaitNode:
     def __init__(self, deps: NodeDeps) -> None:
         self._ctx = deps.ctx
+        self._keeping = asyncio.Lock()
 
     async def run(self, step: WaitStep, node: Node) -> tuple[ArtifactRef, str]:
         ctx, state = self._ctx, self._ctx.state
@@ -57,7 +69,7 @@ class WaitNode:
                 await workflow.wait_condition(
                     lambda: self._lets_go(ctx) is not None,
                     timeout=planned - workflow.now(),
-                    timeout_summary=f"wait step {step.name}: until {planned:%Y-%m-%d %H:%M:%S} UTC",
+                    timeout_summary=timer_summary(step.name, planned),
                 )
             except TimeoutError:
                 pass
@@ -69,9 +81,42 @@ class WaitNode:
         parked = node.preview.endswith(HELD_BY_PARK)
         node.waiting_on = None
         ctx.set_status(node, "running")  # the scheduler settles only a running node
-        entry = timing.judge(f"wait step {step.name}", planned, workflow.now(), node=step.name, parked=parked)
+        if workflow.patched(LATE_CAUSE_PATCH):
+            # One at a time: steps acting together (after an outage) keep their order, and their
+            # local activities, which read history for a while, never resolve out of order.
+            async with self._keeping:
+                entry, output = await self._kept_with_cause(step, planned, parked)
+        else:
+            entry, output = await self._kept(step, planned, parked)
         timing.record(state.timers, entry)
         node.preview = entry.text()
+        return output, entry.text()
+
+    async def _kept_with_cause(
+        self, step: WaitStep, planned: datetime, parked: bool
+    ) -> tuple[timing.TimerRecord, ArtifactRef]:
+        """Judged and kept by one local activity, which reads why a late timer was late off
+        the goal's history (whether the server or the worker was missing)."""
+        out = await workflow.execute_local_activity(
+            Activities.WAIT_OUTPUT,
+            WaitOutputInput(
+                name=step.name,
+                planned=planned,
+                acted=workflow.now(),
+                parked=parked,
+                summary=timer_summary(step.name, planned),
+            ),
+            result_type=WaitOutput,
+            start_to_close_timeout=LOCAL_TIMEOUT,
+            retry_policy=LOCAL_RETRY,
+            summary=f"keep output · wait {step.name}",
+        )
+        assert out.stored.output is not None
+        return out.record, out.stored.output
+
+    async def _kept(self, step: WaitStep, planned: datetime, parked: bool) -> tuple[timing.TimerRecord, ArtifactRef]:
+        """Goals started before the patch: judged here, the cause unknown, kept by the device store."""
+        entry = timing.judge(f"wait step {step.name}", planned, workflow.now(), node=step.name, parked=parked)
         stored = await workflow.execute_local_activity(
             Activities.STORE_DEVICE_OUTPUT,
             DeviceOutput(
@@ -85,7 +130,7 @@ class WaitNode:
             summary=f"keep output · wait {step.name}",
         )
         assert stored.output is not None
-        return stored.output, entry.text()
+        return entry, stored.output
 
     def _let_go(self, node: Node, waiting: str, why: str) -> None:
         """End the task; the wait is state (the node parked, no task) until the scheduler
