@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -25,7 +26,9 @@ from workflows.quota import (
 ONE_PLACE = QuotaLimits(concurrency=1, hold_s=3)
 
 
-async def ask(client: Client, workflow_id: str, task_queue: str, key: str, limits: QuotaLimits) -> QuotaSlot:
+async def ask(
+    client: Client, workflow_id: str, task_queue: str, key: str, limits: QuotaLimits, tokens: int = 0
+) -> QuotaSlot:
     start = WithStartWorkflowOperation(
         QUOTA_WORKFLOW,
         QuotaState(resource="r"),
@@ -33,7 +36,7 @@ async def ask(client: Client, workflow_id: str, task_queue: str, key: str, limit
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    request = QuotaRequest(key=key, limits=limits)
+    request = QuotaRequest(key=key, limits=limits, tokens=tokens)
     return await client.execute_update_with_start_workflow(
         RESERVE_UPDATE, request, start_workflow_operation=start, result_type=QuotaSlot
     )
@@ -86,3 +89,16 @@ async def test_a_caller_that_stopped_asking_loses_its_place_in_the_line(env, mon
         assert (await ask(env.client, wid, tq, "gone", ONE_PLACE)).ahead == 0
         await asyncio.sleep(1.5)
         assert (await ask(env.client, wid, tq, "later", ONE_PLACE)).ahead == 0
+
+
+async def test_a_tokens_per_minute_quota_spaces_calls_by_the_tokens_they_may_use(env) -> None:
+    """6,000 tokens a minute: a call of 1,000 estimated tokens holds the line for 10 s (times
+    the spacing margin), whatever the requests-per-minute allow."""
+    limits = QuotaLimits(tokens_per_minute=6_000, spacing=1.0)
+    worker, wid, tq = service(env)
+    async with worker:
+        first = await ask(env.client, wid, tq, "a", limits, tokens=1_000)
+        second = await ask(env.client, wid, tq, "b", limits, tokens=250)
+        third = await ask(env.client, wid, tq, "c", limits, tokens=0)
+    assert (second.at - first.at).total_seconds() == pytest.approx(10, abs=0.5)
+    assert (third.at - second.at).total_seconds() == pytest.approx(2.5, abs=0.5)
