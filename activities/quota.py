@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
@@ -54,6 +55,8 @@ LATE = timedelta(seconds=0.25)
 # lost slot lengthens everyone's line (the cascade a loaded test run showed).
 RETAKE_WITHIN = timedelta(seconds=30)
 RETAKES = 3
+# An HTTP request waits this long for its host's slot, in its activity.
+HOST_WAIT_WITHIN = timedelta(seconds=60)
 # One reservation in flight per resource and worker process: the server holds few updates
 # in flight per workflow (10 on the dev server) and refuses the rest, which a burst of
 # goals starting at once would meet. A reservation takes milliseconds.
@@ -97,12 +100,42 @@ async def admitted(
     prompt_chars: int,
     on_wait: Callable[[str], None] | None = None,
 ) -> AsyncIterator[None]:
-    """Enter once the call may be sent, holding its slot (and its concurrency place, when the
-    resource limits concurrency, released as the block ends however it ends); raise
+    """Enter once the model call may be sent, holding its slot (and its concurrency place,
+    when the resource limits concurrency, released as the block ends however it ends); raise
     QuotaWaitError when its slot is later, which keeps slot and place for the key's return.
     `on_wait` is told what a call waiting for a concurrency place waits for."""
     resource = profile.quota or profile.name
-    limits = config.quotas.get(resource)
+    info = activity.info()
+    # The goal's call coming back at its slot asks with the slot's key; a retry is a new request.
+    key = context.quota_key if context.quota_key and info.attempt == 1 else None
+    tokens = estimated_tokens(profile, prompt_chars)
+    async with _admission(config.quotas.get(resource), resource, key, tokens, on_wait, in_activity=False):
+        yield
+
+
+@asynccontextmanager
+async def host_admitted(quotas: dict[str, QuotaLimits], url: str) -> AsyncIterator[None]:
+    """An HTTP request to a host with a declared quota (`[quotas."HOST"]`), admitted the same
+    way, waiting for its slot in the activity (a read has no goal-side wait): a slot further
+    than HOST_WAIT_WITHIN away is refused with QuotaTooFar, which the tool reports."""
+    host = urlsplit(url).hostname or ""
+    async with _admission(quotas.get(host), host, None, 0, None, in_activity=True):
+        yield
+
+
+class QuotaTooFar(Exception):
+    """A request's slot is further away than its activity may wait."""
+
+
+@asynccontextmanager
+async def _admission(
+    limits: QuotaLimits | None,
+    resource: str,
+    key: str | None,
+    tokens: int,
+    on_wait: Callable[[str], None] | None,
+    in_activity: bool,
+) -> AsyncIterator[None]:
     try:
         client = activity.client() if limits is not None else None
     except RuntimeError:
@@ -111,12 +144,8 @@ async def admitted(
         yield
         return
     info = activity.info()
-    # The goal's call coming back at its slot asks with the slot's key; a retry is a new request.
-    if context.quota_key and info.attempt == 1:
-        key = context.quota_key
-    else:
-        key = f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
-    ask = _Asker(client, resource, limits, estimated_tokens(profile, prompt_chars), info.task_queue)
+    key = key or f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
+    ask = _Asker(client, resource, limits, tokens, info.task_queue)
     for _ in range(RETAKES + 1):
         slot = await ask(key)
         while slot.queued:
@@ -131,8 +160,13 @@ async def admitted(
         if wait > -LATE.total_seconds():
             break
         key += "/late"
-    retaken = key.endswith("/late")
-    if wait > (RETAKE_WITHIN if retaken else ADMIT_WITHIN).total_seconds():
+    if in_activity:
+        if wait > HOST_WAIT_WITHIN.total_seconds():
+            raise QuotaTooFar(
+                f"quota {resource}: the next slot is {wait:.0f} s away (at {slot.at:%H:%M:%S} UTC), longer than "
+                f"a read waits ({HOST_WAIT_WITHIN.total_seconds():.0f} s); try again later"
+            )
+    elif wait > (RETAKE_WITHIN if key.endswith("/late") else ADMIT_WITHIN).total_seconds():
         raise QuotaWaitError(slot, key)
     try:
         if wait > 0:

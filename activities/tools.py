@@ -52,6 +52,7 @@ from activities.effect_tools import EFFECT_TOOLS, EffectTool, run_effect
 from activities.faults import fault_point
 from activities.fingerprints import fingerprints_of
 from activities.heartbeat import Heartbeat
+from activities.quota import QuotaTooFar, host_admitted
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from activities.workspace_versions import (
@@ -68,6 +69,7 @@ from workflows.canonical import canonical_json, digest_of
 from workflows.contracts import Activities, ArtifactRef, Fingerprint, PreparedEffect, ToolInput, ToolResult
 from workflows.effects import compensation_for, decide_command_retry, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
+from workflows.quota import QuotaLimits
 from workflows.tool_specs import (
     COMMAND_TOOLS,
     TOOL_SPECS,
@@ -431,8 +433,10 @@ class _BadArguments(Exception):
 class ToolActivities:
     """Worker-side tool runner. Register `ToolActivities(store).run_tool` with the worker."""
 
-    def __init__(self, store: ArtifactStore) -> None:
+    def __init__(self, store: ArtifactStore, quotas: Callable[[], dict[str, QuotaLimits]] | None = None) -> None:
         self.store = store
+        # The declared quotas (config.toml, reloaded): http_get draws on its host's.
+        self._quotas = quotas or dict
         self.versions = WorkspaceVersions(store)
         self.functions: dict[str, ToolFunction | EffectTool] = {
             **TOOL_FUNCTIONS,
@@ -496,7 +500,13 @@ class ToolActivities:
             if isinstance(implementation, EffectTool):
                 return await run_effect(implementation, spec, input, args, self.store, beat)
             try:
-                text = await implementation(root, args)
+                if isinstance(args, HttpGetArgs):
+                    async with host_admitted(self._quotas(), args.url):
+                        text = await implementation(root, args)
+                else:
+                    text = await implementation(root, args)
+            except QuotaTooFar as err:
+                return failed(str(err))
             except ToolError as err:
                 activity.logger.info("tool failed", extra={"tool": input.tool, "error": err.message})
                 return failed(err.message, err.output)

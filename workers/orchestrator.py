@@ -62,7 +62,7 @@ def build_worker(
     model_config = model_config or load_model_config(watch=True)
     models = ModelActivities(model_config, store)
     offers = CapabilitiesActivities(model_config)
-    tools = ToolActivities(store)
+    tools = ToolActivities(store, quotas=lambda: model_config.quotas)
     verification = VerificationActivities(store)
     questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
