@@ -8,7 +8,7 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
-from workflows.registry import ORCHESTRATOR_WORKFLOWS
+from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 WORKFLOWS = ORCHESTRATOR_WORKFLOWS

@@ -299,8 +299,8 @@ class HeldWrites(ToolActivities):
 
     made: list[HeldWrites] = []
 
-    def __init__(self, store: ArtifactStore) -> None:
-        super().__init__(store)
+    def __init__(self, store: ArtifactStore, **options) -> None:
+        super().__init__(store, **options)
         self.waiting, self.release = threading.Event(), threading.Event()
         self.finished = threading.Event()
         real = self.functions["write_file"]

@@ -12,6 +12,7 @@ artifact store, so any number of these can poll the `perdure` task queue.
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 
 import structlog
@@ -36,8 +37,8 @@ from runtime import settings
 from workers import watchdog_schedule
 from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
+from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 from workflows.contracts import TASK_QUEUE
-from workflows.registry import ORCHESTRATOR_WORKFLOWS
 
 log = structlog.get_logger(__name__)
 
@@ -101,7 +102,7 @@ def configure_logging(level: str = "INFO") -> None:
     """One console format for structlog and for stdlib records (the SDK's activity and
     workflow loggers): the event, then its structured fields (`extra=`) as key=value."""
     shared = [structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso")]
-    handler = logging.StreamHandler()
+    handler = _CurrentStderr()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_sdk_context],
@@ -116,6 +117,20 @@ def configure_logging(level: str = "INFO") -> None:
         processors=[*shared, structlog.dev.ConsoleRenderer(colors=False)],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
     )
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record, not as it was when logging was set up:
+    whoever swapped it since (a test runner capturing a command's output, then closing
+    it) gets the records, and nothing writes to a closed stream."""
+
+    @property
+    def stream(self):  # noqa: ANN201 - logging.StreamHandler's attribute
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # noqa: ANN001 - StreamHandler.__init__ sets it
+        pass
 
 
 def _drop_sdk_context(_logger, _method: str, event: dict) -> dict:

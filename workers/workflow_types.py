@@ -1,6 +1,7 @@
 """Every workflow type the orchestrator's queue runs: the worker registers these
 (workers/orchestrator.py) and the replay tests replay golden histories of each
-(tests/goldens.py). Imports workflow modules only, so a workflow sandbox may import it."""
+(tests/goldens.py). Imports workflow modules only (no activities), so a module a
+workflow sandbox imports may import it."""
 
 from __future__ import annotations
 
