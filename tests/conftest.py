@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,6 +18,7 @@ from typing import TypeVar
 
 import pytest
 import pytest_asyncio
+import structlog
 import uvicorn
 from hypothesis import settings
 from temporalio.testing import WorkflowEnvironment
@@ -51,6 +53,20 @@ def payload_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         patch.setenv(converter.STORE_ENV, f"disk:{directory}")
         patch.delenv(converter.THRESHOLD_ENV, raising=False)
         yield directory
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was() -> Iterator[None]:
+    """A command run in-process (`perdure device` under CliRunner) sets up the worker's
+    logging for the whole process; later tests' commands would print its records (httpx's
+    INFO lines) into their output. Put it back after each test."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    if root.handlers != handlers or root.level != level:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        structlog.reset_defaults()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -60,7 +61,8 @@ async def ask(env, tmp_path, task_queue: str, server, goal_id: str, *flags: str)
     result = await asyncio.to_thread(CliRunner().invoke, app, args, env=cli_env)
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output, result.output
-    return result
+    # Rich wraps to the console's width, which an earlier test's console may have fixed.
+    return SimpleNamespace(output=" ".join(result.output.split()))
 
 
 def tool_result(request: dict, tool: str):
