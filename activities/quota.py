@@ -162,6 +162,8 @@ async def _admission(
         key += "/late"
     if in_activity:
         if wait > HOST_WAIT_WITHIN.total_seconds():
+            if limits.concurrency:
+                await ask.release(key)  # nothing goes to the goal to come back for it
             raise QuotaTooFar(
                 f"quota {resource}: the next slot is {wait:.0f} s away (at {slot.at:%H:%M:%S} UTC), longer than "
                 f"a read waits ({HOST_WAIT_WITHIN.total_seconds():.0f} s); try again later"
