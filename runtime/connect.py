@@ -19,6 +19,7 @@ from temporalio.envconfig import ClientConnectConfig
 from runtime import settings
 from runtime.plugin import PerdurePlugin
 from runtime.settings import TemporalConfigError
+from runtime.telemetry import tracing_plugins
 
 
 class ServerUnavailable(RuntimeError):
@@ -47,7 +48,8 @@ async def connect(address: str | None = None, namespace: str | None = None, *, p
     """`payload_store=False` for a device daemon: its payloads stay inline (runtime/converter.py)."""
     config = connect_config(address, namespace)
     try:
-        return await Client.connect(**config, plugins=[PerdurePlugin(payload_store=payload_store)])
+        plugins = [PerdurePlugin(payload_store=payload_store), *tracing_plugins()]
+        return await Client.connect(**config, plugins=plugins)
     except RuntimeError as err:
         raise ServerUnavailable(
             f"cannot reach Temporal at {config['target_host']} ({err}). Start the embedded server with "

@@ -1,0 +1,75 @@
+"""OpenTelemetry traces (runtime/telemetry.py): off by default; on, a goal started by a
+traced client is one trace from the start call through its workflow and activities, and
+replaying its history adds no span."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
+from temporalio.worker import Replayer
+
+from activities.models.config import ModelConfig
+from runtime import telemetry
+from runtime.plugin import PerdurePlugin
+from tests.builders import STEP_REPLY, llm, openai_profile, spec
+from tests.goldens import WORKFLOWS
+from workers.orchestrator import build_worker
+from workflows.goal import GoalWorkflow
+from workflows.state import GoalInput
+
+EXPORTED = InMemorySpanExporter()
+
+
+def test_tracing_is_off_unless_the_standard_variable_asks(monkeypatch):
+    monkeypatch.delenv(telemetry.EXPORTER_ENV, raising=False)
+    assert telemetry.tracing_plugins() == []
+    monkeypatch.setenv(telemetry.EXPORTER_ENV, "none")
+    assert telemetry.tracing_plugins() == []
+    monkeypatch.setenv(telemetry.EXPORTER_ENV, "zipkin")
+    with pytest.raises(telemetry.TelemetryConfigError, match="'zipkin': perdure exports traces to 'otlp', 'console'"):
+        telemetry.tracing_plugins()
+
+
+async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span(
+    env, task_queue, store, workspace, scripted
+):
+    telemetry.install(EXPORTED, batch=False)
+    client = Client(
+        **{**env.client.config(), "plugins": [PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)]}
+    )
+    config = ModelConfig(profiles={"test": openai_profile(scripted(STEP_REPLY))})
+    goal_spec = spec(workspace, plan={"steps": [llm("one"), llm("two", ["one"])]}, drift_every=0)
+    EXPORTED.clear()
+    async with build_worker(client, task_queue=task_queue, store=store, model_config=config):
+        handle = await client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=f"otel-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+        )
+        result = await handle.result()
+    assert result.outcome == "succeeded"
+    spans = EXPORTED.get_finished_spans()
+    names = [s.name for s in spans]
+    assert "StartWorkflow:GoalWorkflow" in names and "RunWorkflow:GoalWorkflow" in names, names
+    assert names.count("RunActivity:perdure.model.generate") == 2, names
+    # One trace: the start call's, which the workflow and every activity continue.
+    start = next(s for s in spans if s.name == "StartWorkflow:GoalWorkflow")
+    goal_spans = [s for s in spans if "GoalWorkflow" in s.name or "Activity:" in s.name]
+    assert {s.context.trace_id for s in goal_spans} == {start.context.trace_id}, names
+    before = len(spans)
+    history = await handle.fetch_history()
+    replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)])
+    await replayer.replay_workflow(history)
+    assert len(EXPORTED.get_finished_spans()) == before, [s.name for s in EXPORTED.get_finished_spans()[before:]]
+
+
+def test_an_unknown_exporter_is_a_one_line_error_of_any_command(monkeypatch):
+    from typer.testing import CliRunner
+
+    from starters.cli import app
+
+    result = CliRunner().invoke(app, ["status", "some-goal"], env={telemetry.EXPORTER_ENV: "zipkin", "COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "error: OTEL_TRACES_EXPORTER='zipkin'" in result.output and "Traceback" not in result.output
