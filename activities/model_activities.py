@@ -29,6 +29,7 @@ from activities.models.config import ModelConfig, ModelProfile, UnknownModelProf
 from activities.models.live_text import LiveText
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from activities.quota import QuotaWaitError, admitted
+from activities.spans import model_call_span
 from workflows.contracts import (
     Activities,
     AgentTurnInput,
@@ -299,7 +300,9 @@ class ModelActivities:
         async with admitted(self.config, profile, context, prompt_chars, on_wait=attempt.set_status):
             # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
             fault_point("model_call", profile.name, activity=activity.info().activity_type)
-            response = await provider_for(profile).chat(request, attempt)
+            with model_call_span(profile) as span:
+                response = await provider_for(profile).chat(request, attempt)
+                span.usage(response, profile.cost_usd(response.input_tokens, response.output_tokens))
         usage = Usage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,

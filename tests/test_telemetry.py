@@ -58,6 +58,14 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
     start = next(s for s in spans if s.name == "StartWorkflow:GoalWorkflow")
     goal_spans = [s for s in spans if "GoalWorkflow" in s.name or "Activity:" in s.name]
     assert {s.context.trace_id for s in goal_spans} == {start.context.trace_id}, names
+    # Each model call is a GenAI span inside its activity's, with usage and no prompt or reply.
+    calls = [s for s in spans if s.name.startswith("chat ")]
+    runs = {s.context.span_id for s in spans if s.name == "RunActivity:perdure.model.generate"}
+    assert len(calls) == 2 and all(c.parent is not None and c.parent.span_id in runs for c in calls), names
+    call = dict(calls[0].attributes)
+    assert call["gen_ai.operation.name"] == "chat" and call["gen_ai.system"] == "openai"
+    assert call["gen_ai.usage.input_tokens"] > 0 and call["gen_ai.usage.output_tokens"] > 0, call
+    assert not any("step done" in str(v) for v in call.values()), call
     before = len(spans)
     history = await handle.fetch_history()
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)])

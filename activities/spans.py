@@ -1,0 +1,59 @@
+"""Spans of what activities call out to, with the OpenTelemetry GenAI conventions for model
+calls (runtime/telemetry.py turns tracing on; without it these cost a no-op tracer).
+
+A model call's span says the provider, the model asked and answered, the tokens and the
+cost, never the prompt or the reply (which may hold secrets); an error is recorded by its
+type only, for the same reason. It is a child of the SDK's RunActivity span, so it sits
+in the goal's trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from activities.models.config import ModelProfile
+
+_TRACER = trace.get_tracer("perdure.models")
+
+
+class ModelCallSpan:
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def usage(self, response, cost_usd: float) -> None:  # noqa: ANN001 - a providers.ChatResponse
+        self._span.set_attributes(
+            {
+                "gen_ai.response.model": response.model,
+                "gen_ai.usage.input_tokens": response.input_tokens,
+                "gen_ai.usage.output_tokens": response.output_tokens,
+                "perdure.cost_usd": cost_usd,
+                "perdure.usage_estimated": response.usage_estimated,
+            }
+        )
+
+
+@contextmanager
+def model_call_span(profile: ModelProfile) -> Iterator[ModelCallSpan]:
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.system": profile.provider,
+        "gen_ai.request.model": profile.model,
+        "perdure.profile": profile.name,
+    }
+    with _TRACER.start_as_current_span(
+        f"chat {profile.model}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield ModelCallSpan(span)
+        except BaseException as err:
+            span.set_status(Status(StatusCode.ERROR, type(err).__name__))
+            span.set_attribute("error.type", type(err).__name__)
+            raise
