@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -114,6 +115,8 @@ async def run_effect(
     effect = effect_of(input.tool, args, input.workspace)
     assert effect is not None, f"{input.tool} has no effect description"
     key = effect_key(input.goal_id, *effect)
+    # On the tool call's span (activities/spans.py), when tracing is on.
+    trace.get_current_span().set_attribute("perdure.effect_key", key)
     call = EffectCall(goal_id=input.goal_id, tool=input.tool, workspace=Path(input.workspace), key=key, store=store)
     outcome = _Outcome(spec, input, key, impl.target(args), compensation_for(input.tool, key, args))
 

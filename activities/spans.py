@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from activities.models.config import ModelProfile
 
-_TRACER = trace.get_tracer("perdure.models")
+_TRACER = trace.get_tracer("perdure")
 
 
 class ModelCallSpan:
@@ -53,6 +53,28 @@ def model_call_span(profile: ModelProfile) -> Iterator[ModelCallSpan]:
     ) as span:
         try:
             yield ModelCallSpan(span)
+        except BaseException as err:
+            span.set_status(Status(StatusCode.ERROR, type(err).__name__))
+            span.set_attribute("error.type", type(err).__name__)
+            raise
+
+
+@contextmanager
+def tool_call_span(spec, effect_key: str | None = None) -> Iterator[trace.Span]:  # noqa: ANN001 - a ToolSpec
+    """A tool call: its name, risk class, replay policy and effect key; never its arguments
+    or output (a command line or a file may hold a secret). Errors by type only."""
+    attributes = {"perdure.tool": spec.name, "perdure.risk": spec.risk, "perdure.replay": spec.replay}
+    if effect_key:
+        attributes["perdure.effect_key"] = effect_key
+    with _TRACER.start_as_current_span(
+        f"tool {spec.name}",
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
         except BaseException as err:
             span.set_status(Status(StatusCode.ERROR, type(err).__name__))
             span.set_attribute("error.type", type(err).__name__)

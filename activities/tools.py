@@ -53,6 +53,7 @@ from activities.faults import fault_point
 from activities.fingerprints import fingerprints_of
 from activities.heartbeat import Heartbeat
 from activities.quota import QuotaTooFar, host_admitted
+from activities.spans import tool_call_span
 from activities.tool_errors import ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from activities.workspace_versions import (
@@ -498,13 +499,16 @@ class ToolActivities:
             )
         async with Heartbeat() as beat:
             if isinstance(implementation, EffectTool):
-                return await run_effect(implementation, spec, input, args, self.store, beat)
+                with tool_call_span(spec):
+                    return await run_effect(implementation, spec, input, args, self.store, beat)
             try:
-                if isinstance(args, HttpGetArgs):
-                    async with host_admitted(self._quotas(), args.url):
+                with tool_call_span(spec) as span:
+                    if isinstance(args, HttpGetArgs):
+                        async with host_admitted(self._quotas(), args.url):
+                            text = await implementation(root, args)
+                    else:
                         text = await implementation(root, args)
-                else:
-                    text = await implementation(root, args)
+                    span.set_attribute("perdure.output_chars", len(text))
             except QuotaTooFar as err:
                 return failed(str(err))
             except ToolError as err:

@@ -42,7 +42,13 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
         **{**env.client.config(), "plugins": [PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)]}
     )
     config = ModelConfig(profiles={"test": openai_profile(scripted(STEP_REPLY))})
-    goal_spec = spec(workspace, plan={"steps": [llm("one"), llm("two", ["one"])]}, drift_every=0)
+    write = {
+        "name": "note",
+        "kind": "tool",
+        "tool": "write_file",
+        "args": {"path": "out.md", "content": "SECRET-ish\n"},
+    }
+    goal_spec = spec(workspace, plan={"steps": [llm("one"), llm("two", ["one"]), write]}, drift_every=0)
     EXPORTED.clear()
     async with build_worker(client, task_queue=task_queue, store=store, model_config=config):
         handle = await client.start_workflow(
@@ -66,6 +72,11 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
     assert call["gen_ai.operation.name"] == "chat" and call["gen_ai.system"] == "openai"
     assert call["gen_ai.usage.input_tokens"] > 0 and call["gen_ai.usage.output_tokens"] > 0, call
     assert not any("step done" in str(v) for v in call.values()), call
+    # A tool call is a span with its name, risk and replay policy; never its arguments.
+    [tool] = [s for s in spans if s.name == "tool write_file"]
+    assert tool.attributes["perdure.risk"] and tool.attributes["perdure.replay"], dict(tool.attributes)
+    assert not any("SECRET" in str(v) for v in tool.attributes.values()), dict(tool.attributes)
+    assert tool.context.trace_id == start.context.trace_id
     before = len(spans)
     history = await handle.fetch_history()
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)])
