@@ -44,34 +44,25 @@ def model_call_span(profile: ModelProfile) -> Iterator[ModelCallSpan]:
         "gen_ai.request.model": profile.model,
         "perdure.profile": profile.name,
     }
-    with _TRACER.start_as_current_span(
-        f"chat {profile.model}",
-        kind=SpanKind.CLIENT,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield ModelCallSpan(span)
-        except BaseException as err:
-            span.set_status(Status(StatusCode.ERROR, type(err).__name__))
-            span.set_attribute("error.type", type(err).__name__)
-            raise
+    with _span(f"chat {profile.model}", SpanKind.CLIENT, attributes) as span:
+        yield ModelCallSpan(span)
 
 
 @contextmanager
-def tool_call_span(spec, effect_key: str | None = None) -> Iterator[trace.Span]:  # noqa: ANN001 - a ToolSpec
-    """A tool call: its name, risk class, replay policy and effect key; never its arguments
-    or output (a command line or a file may hold a secret). Errors by type only."""
+def tool_call_span(spec) -> Iterator[trace.Span]:  # noqa: ANN001 - a ToolSpec
+    """A tool call: its name, risk class and replay policy (run_effect adds an effect's key);
+    never its arguments or output (a command line or a file may hold a secret)."""
     attributes = {"perdure.tool": spec.name, "perdure.risk": spec.risk, "perdure.replay": spec.replay}
-    if effect_key:
-        attributes["perdure.effect_key"] = effect_key
+    with _span(f"tool {spec.name}", SpanKind.INTERNAL, attributes) as span:
+        yield span
+
+
+@contextmanager
+def _span(name: str, kind: SpanKind, attributes: dict) -> Iterator[trace.Span]:
+    """A span whose error is recorded by its type only: an exception's message may quote
+    what went in or came out."""
     with _TRACER.start_as_current_span(
-        f"tool {spec.name}",
-        kind=SpanKind.INTERNAL,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
+        name, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as span:
         try:
             yield span
