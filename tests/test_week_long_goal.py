@@ -102,7 +102,9 @@ async def test_a_week_long_goal_with_changes_parks_and_a_new_worker_finishes_cor
     }
     print(f"\nweek-long goal: {figures}")
     assert result.outcome == "succeeded", result.excerpt
-    assert len(runs) >= 3 and max(events) < 10_000
+    # It continued as new (120-event runs; 275 events in all come as 2 runs or 3 depending on
+    # how a loaded machine batches workflow tasks: [124, 124, 39] alone, [148, 127] in a full run).
+    assert len(runs) >= 2 and max(events) < 10_000
     assert figures["days"] >= 7
     wrap = [r["last_message"] for r in server.requests() if r["last_message"].startswith("step: wrap\n")]
     assert wrap and "edited while parked" in wrap[-1]  # the read was re-verified after park 1, and re-run
