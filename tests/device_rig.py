@@ -33,7 +33,11 @@ class InProcessDevice:
 
     def __init__(self, env, task_queue: str, name: str, root: Path, **announced) -> None:
         self.env, self.task_queue, self.name, self.root = env, task_queue, name, root
-        self.announced = {"tools": list(DEVICE_TOOLS), "lease_s": 1.0, **announced}
+        # A 1 s lease lapsed on a loaded 2-core machine (the lease activity not picked up or
+        # heartbeated within it): the device went offline and the goal waited for it for good
+        # (test_ui_page's question never appeared). Nothing here dies without stopping, so a
+        # longer lease costs no test any time.
+        self.announced = {"tools": list(DEVICE_TOOLS), "lease_s": 5.0, **announced}
         self.state = DeviceSessionState(name=name)
         self.worker: Worker | None = None
         self._run: asyncio.Task | None = None
