@@ -67,7 +67,17 @@ from activities.workspace_versions import (
 )
 from runtime.files import write_atomically
 from workflows.canonical import canonical_json, digest_of
-from workflows.contracts import Activities, ArtifactRef, Fingerprint, PreparedEffect, ToolInput, ToolResult
+from workflows.contracts import (
+    Activities,
+    ArtifactRef,
+    Fingerprint,
+    PreparedEffect,
+    ToolBatchEntry,
+    ToolBatchInput,
+    ToolBatchResult,
+    ToolInput,
+    ToolResult,
+)
 from workflows.effects import compensation_for, decide_command_retry, effect_key_for
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.quota import QuotaLimits
@@ -443,6 +453,22 @@ class ToolActivities:
             **TOOL_FUNCTIONS,
             "read_artifact": functools.partial(read_artifact, store),
         }
+
+    @activity.defn(name=Activities.RUN_TOOLS)
+    async def run_tools(self, input: ToolBatchInput) -> ToolBatchResult:
+        """Replay-safe calls a goal made together (workflows/goal/read_batch.py), side by side.
+        A call that raises is answered with its error, not raised: the goal runs that one
+        alone with its own retries, and the others' results stand."""
+
+        async def one(call: ToolInput, summary: str) -> ToolBatchEntry:
+            try:
+                return ToolBatchEntry(call=summary, result=await self.run_tool(call))
+            except Exception as err:  # noqa: BLE001 - the goal re-runs this call alone
+                return ToolBatchEntry(call=summary, error=f"{type(err).__name__}: {err}"[:2000])
+
+        summaries = [*input.summaries, *[""] * (len(input.calls) - len(input.summaries))]
+        entries = await asyncio.gather(*(one(call, summary) for call, summary in zip(input.calls, summaries)))
+        return ToolBatchResult(entries=list(entries))
 
     @activity.defn(name=Activities.RUN_TOOL)
     async def run_tool(self, input: ToolInput) -> ToolResult:

@@ -35,7 +35,7 @@ from starters import cli
 from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from tests.builders import scripted_profile, spec
 from workers.orchestrator import build_worker
-from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
+from workflows.contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot, ToolBatchResult
 from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
 from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
@@ -230,9 +230,12 @@ def largest_event_bytes(history: WorkflowHistory) -> int:
     return max(e.ByteSize() for e in history.events)
 
 
-def local_activities(history: WorkflowHistory) -> list[tuple[int, str, str, int]]:
+def local_activities(history: WorkflowHistory, batches: bool = False) -> list[tuple[int, str, str, int]]:
     """(event id, activity type, summary, completing workflow task's event id) for every
-    local activity, which history records as a marker when its workflow task completes."""
+    local activity, which history records as a marker when its workflow task completes.
+    Reads run together in one batch (workflows/goal/read_batch.py) are listed one row per
+    call, each with its own summary and the batch's marker, as perdure.tool.run would be;
+    `batches=True` lists each batch as the one local activity it is."""
     found = []
     for event in history.events:
         if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
@@ -241,8 +244,23 @@ def local_activities(history: WorkflowHistory) -> list[tuple[int, str, str, int]
         if attrs.marker_name != LOCAL_ACTIVITY_MARKER:
             continue
         data = json.loads(attrs.details["data"].payloads[0].data)
-        found.append((event.event_id, data["activity_type"], _summary(event), attrs.workflow_task_completed_event_id))
+        task = attrs.workflow_task_completed_event_id
+        if data["activity_type"] == Activities.RUN_TOOLS and not batches:
+            for call in _batch_calls(attrs):
+                found.append((event.event_id, Activities.RUN_TOOL, call, task))
+            continue
+        found.append((event.event_id, data["activity_type"], _summary(event), task))
     return found
+
+
+def _batch_calls(marker_attrs) -> list[str]:
+    """The summaries of the calls a batch's marker answered (its result echoes them)."""
+    if "result" not in marker_attrs.details:
+        return []  # the batch failed as a whole: each call ran again alone
+    result = default_converter().payload_converter.from_payloads(
+        list(marker_attrs.details["result"].payloads), [ToolBatchResult]
+    )[0]
+    return [entry.call for entry in result.entries if entry.result is not None]
 
 
 def tool_timeline(history: WorkflowHistory) -> list[tuple[str, str]]:

@@ -175,19 +175,14 @@ async def record_goal_continue_as_new(env: WorkflowEnvironment, out: Path) -> No
     save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
-async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
-    """Read segments: tool reads as local activities, and an agent turn asking for two reads at once."""
-    plan = {
-        "steps": [
-            {"name": "inventory", "kind": "tool", "tool": "list_dir", "args": {"path": "notes"}},
-            {
-                "name": "digest",
-                "kind": "agent",
-                "needs": ["inventory"],
-                "tools": ["read_file", "write_file"],
-                "prompt": "AGENT-DIGEST: read both notes, then write DIGEST.md.",
-            },
-        ]
+def digest_agent(needs: list[str]) -> tuple[dict, dict]:
+    """An agent step asking for two reads at once, then a write, and the script it follows."""
+    step = {
+        "name": "digest",
+        "kind": "agent",
+        "needs": needs,
+        "tools": ["read_file", "write_file"],
+        "prompt": "AGENT-DIGEST: read both notes, then write DIGEST.md.",
     }
     reads = [{"name": "read_file", "arguments": {"path": f"notes/{n}.md"}} for n in ("ideas", "todo")]
     write = {"name": "write_file", "arguments": {"path": "DIGEST.md", "content": "cache, pin, fix, retry\n"}}
@@ -198,6 +193,11 @@ async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
             {"when": "AGENT-DIGEST", "times": 1, "content": "DIGEST.md written."},
         ]
     }
+    return step, script
+
+
+async def record_plan_goal(env: WorkflowEnvironment, out: Path, plan: dict, script: dict) -> None:
+    """A plan-file goal over the notes workspace, run to success, its history saved."""
     async with rig(env, script) as (workspace, task_queue):
         write_notes(workspace)
         handle = await env.client.start_workflow(
@@ -209,6 +209,25 @@ async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
         result = await handle.result()
         assert result.outcome == "succeeded", result.excerpt
         save(out, await handle.fetch_history())
+
+
+async def record_goal_segments(env: WorkflowEnvironment, out: Path) -> None:
+    """Read segments: tool reads as local activities, and an agent turn asking for two reads at once."""
+    agent, script = digest_agent(["inventory"])
+    plan = {"steps": [{"name": "inventory", "kind": "tool", "tool": "list_dir", "args": {"path": "notes"}}, agent]}
+    await record_plan_goal(env, out, plan, script)
+
+
+async def record_goal_read_batches(env: WorkflowEnvironment, out: Path) -> None:
+    """Reads ready together run as one local activity (workflows/goal/read_batch.py), and
+    an agent turn's two reads at once as another."""
+    reads = [
+        {"name": f"read-{n}", "kind": "tool", "tool": "read_file", "args": {"path": f"notes/{n}.md"}}
+        for n in ("ideas", "todo")
+    ]
+    inventory = {"name": "inventory", "kind": "tool", "tool": "list_dir", "args": {"path": "notes"}}
+    agent, script = digest_agent(["read-ideas", "read-todo", "inventory"])
+    await record_plan_goal(env, out, {"steps": [*reads, inventory, agent]}, script)
 
 
 async def record_goal_read_error(env: WorkflowEnvironment, out: Path) -> None:
@@ -822,6 +841,7 @@ SCENARIOS = {
     "quota-v1-slots": record_quota_slots,
     "quota-v2-places": record_quota_places,
     "goal-v2-late-wait-cause": record_goal_late_wait_cause,
+    "goal-v2-read-batches": record_goal_read_batches,
 }
 
 

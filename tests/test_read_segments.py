@@ -162,3 +162,50 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
     assert len(per_task) >= 2 and max(per_task.values()) <= SEGMENT_MAX_CALLS
     timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
     assert len(timers) == len(per_task) - 1  # one break between consecutive segments
+
+
+async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, store, workspace, scripted):
+    (workspace / "pages").mkdir()
+    steps = []
+    for i in range(12):
+        (workspace / f"pages/{i}.md").write_text(f"page {i}\n")
+        steps.append({"name": f"read-{i:02d}", "kind": "tool", "tool": "read_file", "args": {"path": f"pages/{i}.md"}})
+    steps.append({"name": "last", "kind": "tool", "tool": "list_dir", "args": {"path": "pages"}, "needs": ["read-11"]})
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(
+            env, task_queue, spec(workspace, plan={"steps": steps}, allowed_tools=["read_file", "list_dir"], drift_every=0)
+        )
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
+    history = await handle.fetch_history()
+    markers = local_activities(history, batches=True)
+    batches = [m for m in markers if m[1] == "perdure.tool.run_batch"]
+    assert len(batches) == 1 and batches[0][2].startswith("12 reads at once · read-00, read-01"), markers
+    # The step after them, alone in its activation, is a plain local activity.
+    assert [step_of(s) for _, kind, s, _ in markers if kind == "perdure.tool.run"] == ["last"]
+    calls = {step_of(s): event for event, _, s, _ in local_activities(history)}
+    assert set(calls) == {f"read-{i:02d}" for i in range(12)} | {"last"}
+    for i in range(12):
+        node = next(n for n in snapshot.nodes if n.name == f"read-{i:02d}")
+        assert node.status == "succeeded" and f"page {i}" in node.preview, node
+
+
+async def test_a_read_that_raises_in_a_batch_runs_again_alone_and_fails_as_it_would_without_one(
+    env, task_queue, store, tmp_path, scripted
+):
+    gone = tmp_path / "no-such-workspace"  # every read raises WorkspaceMissing (non-retryable)
+    steps = [{"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": f"{i}.md"}} for i in range(3)]
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(
+            env, task_queue, spec(gone, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+        )
+        snapshot = await handle.query(GoalWorkflow.progress)
+    errors = {n.name: n.error for n in snapshot.nodes}
+    assert all("WorkspaceMissing" in (errors[f"read-{i}"] or "") for i in range(3)), errors
+    markers = local_activities(await handle.fetch_history(), batches=True)
+    kinds = Counter(kind for _, kind, _, _ in markers)
+    # The batch answered each call with its error; each then ran alone with its own policy.
+    assert kinds["perdure.tool.run_batch"] == 1 and kinds["perdure.tool.run"] >= 3, markers
+    assert result.outcome != "succeeded"

@@ -82,6 +82,7 @@ def build_worker(
         activities=[
             *models.activities(),
             tools.run_tool,
+            tools.run_tools,
             tools.prepare_effect,
             verification.verify_nodes,
             *TimingActivities(store).activities(),

@@ -29,6 +29,8 @@ class Activities:
     GENERATE = "perdure.model.generate"
     AGENT_TURN = "perdure.model.agent_turn"
     RUN_TOOL = "perdure.tool.run"
+    # Reads ready together, as one local activity (workflows/goal/read_batch.py).
+    RUN_TOOLS = "perdure.tool.run_batch"
     VERIFY_NODES = "perdure.verify.nodes"
     # A step's `verify: {question}`, asked of a model (workflows/verify_contracts.py).
     VERIFY_QUESTION = "perdure.model.verify_question"
@@ -454,6 +456,28 @@ class ToolInput(BaseModel):
         "needs, last read or wrote it (None: it did not exist); a file not named was never seen. None: no "
         "version context (a device's call), so only the call's own base_version is checked.",
     )
+
+
+class ToolBatchInput(BaseModel):
+    """Replay-safe calls a goal made in one workflow activation, run by one local activity."""
+
+    calls: list[ToolInput] = Field(min_length=1)
+    summaries: list[str] = Field(default_factory=list, description="Each call's summary, echoed in its entry.")
+
+
+class ToolBatchEntry(BaseModel):
+    """One call's outcome in a batch: its result, or the error it raised (the goal then runs
+    that call alone, as it would have without the batch, so errors keep their retries).
+    `call` is the call's summary ("tool read_file · STEP · KEY"), so the history says which
+    step each result is for."""
+
+    call: str = ""
+    result: ToolResult | None = None
+    error: str | None = None
+
+
+class ToolBatchResult(BaseModel):
+    entries: list[ToolBatchEntry]
 
 
 class PreparedEffect(BaseModel):

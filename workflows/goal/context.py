@@ -80,6 +80,8 @@ SUBGOAL_SLICES_PATCH = "subgoal-budget-slices"
 # A command step's changes to files the goal read are looked at and kept as its own
 # (workflows/goal/nodes/tool.py), so a later check does not take them for an edit from outside.
 OWN_CHANGES_PATCH = "own-changes-around-commands"
+# Reads made in one activation run as one local activity (workflows/goal/read_batch.py).
+READ_BATCHES_PATCH = "read-batches"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -158,6 +160,8 @@ class GoalContext:
         self.verifies_on_new_code = self._patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = self._patched(SUBGOAL_SLICES_PATCH)
         self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
+        # Read by the tool runner from the state's patches (it has no context).
+        self._patched(READ_BATCHES_PATCH)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the

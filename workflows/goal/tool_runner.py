@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
+from workflows.goal.read_batch import ReadBatcher
 from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
 from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES
@@ -59,6 +60,7 @@ class ToolRunner:
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
         self._segment_break: asyncio.Task | None = None
+        self._batches = ReadBatcher(state)
 
     def segments_enabled(self) -> bool:
         """Goals recorded before read segments existed replay their reads as activities."""
@@ -90,14 +92,20 @@ class ToolRunner:
                 # Part of a read segment: the result is written to history with the next
                 # workflow task; a crash before then re-runs the (free) read.
                 await self._segment_room()
-                result = await workflow.execute_local_activity(
-                    Activities.RUN_TOOL,
-                    self._fenced(tool_input, node),
-                    result_type=ToolResult,
-                    start_to_close_timeout=tool_timeout(tool_input),
-                    retry_policy=retry,
-                    summary=summary,
-                )
+                fenced = self._fenced(tool_input, node)
+                result = None
+                if self._batches.enabled():
+                    # With the other reads of this activation, as one local activity.
+                    result = await self._batches.run(fenced, summary, tool_timeout(tool_input))
+                if result is None:
+                    result = await workflow.execute_local_activity(
+                        Activities.RUN_TOOL,
+                        fenced,
+                        result_type=ToolResult,
+                        start_to_close_timeout=tool_timeout(tool_input),
+                        retry_policy=retry,
+                        summary=summary,
+                    )
             else:
                 result = await workflow.execute_activity(
                     Activities.RUN_TOOL,
