@@ -466,8 +466,8 @@ class ToolActivities:
             except Exception as err:  # noqa: BLE001 - the goal re-runs this call alone
                 return ToolBatchEntry(call=summary, error=f"{type(err).__name__}: {err}"[:2000])
 
-        summaries = [*input.summaries, *[""] * (len(input.calls) - len(input.summaries))]
-        entries = await asyncio.gather(*(one(call, summary) for call, summary in zip(input.calls, summaries)))
+        summaries = input.summaries + [""] * (len(input.calls) - len(input.summaries))
+        entries = await asyncio.gather(*(one(call, summaries[i]) for i, call in enumerate(input.calls)))
         return ToolBatchResult(entries=list(entries))
 
     @activity.defn(name=Activities.RUN_TOOL)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 
+from activities.workspace_versions import WorkspaceVersions
 from testing.fakes import LedgerAPI
 from tests.builders import openai_profile, spec
 from tests.helpers import local_activities, run_goal, running_worker, scheduled_activities, tool_timeline
@@ -174,7 +175,9 @@ async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, s
     server = scripted({"replies": []})
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle, result = await run_goal(
-            env, task_queue, spec(workspace, plan={"steps": steps}, allowed_tools=["read_file", "list_dir"], drift_every=0)
+            env,
+            task_queue,
+            spec(workspace, plan={"steps": steps}, allowed_tools=["read_file", "list_dir"], drift_every=0),
         )
         snapshot = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "succeeded", result.excerpt
@@ -189,6 +192,9 @@ async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, s
     for i in range(12):
         node = next(n for n in snapshot.nodes if n.name == f"read-{i:02d}")
         assert node.status == "succeeded" and f"page {i}" in node.preview, node
+    # A plan step's one read fences nothing (its node never writes): no fence record was written.
+    chain = history.events[0].workflow_execution_started_event_attributes.first_execution_run_id
+    assert WorkspaceVersions(store).fence_of(handle.id, chain, "read-00") == {}
 
 
 async def test_a_read_that_raises_in_a_batch_runs_again_alone_and_fails_as_it_would_without_one(

@@ -143,6 +143,12 @@ class ToolRunner:
         scheduled, so a call made again in a later task (its worker lost) has a newer token."""
         if node is None:
             return tool_input
+        spec = TOOL_SPECS.get(tool_input.tool)
+        if node.kind == "tool" and spec is not None and spec.risk == "read":
+            # A plan step's one call, a read: nothing of its node writes, so there is nothing
+            # for its token to fence, and presenting one costs a locked write of the node's
+            # fence record per read (most of a small read's time in the activity).
+            return tool_input
         info = workflow.info()
         fence = WorkspaceFence(
             chain=info.first_execution_run_id, node=node.name, run=node.runs, task=info.get_current_history_length()
