@@ -266,11 +266,13 @@ def _batch_calls(marker_attrs) -> list[str]:
 def tool_timeline(history: WorkflowHistory) -> list[tuple[str, str]]:
     """("local" | "activity", summary) for every tool call, in history order."""
     timeline = []
-    local = {event_id: summary for event_id, _, summary, _ in local_activities(history)}
+    local: dict[int, list[str]] = {}
+    for event_id, _, summary, _ in local_activities(history):
+        local.setdefault(event_id, []).append(summary)  # a batch's calls share its marker
     scheduled = {event_id: summary for event_id, _, summary in scheduled_activities(history)}
     for event in history.events:
-        if event.event_id in local and local[event.event_id].startswith("tool "):
-            timeline.append(("local", local[event.event_id]))
+        if event.event_id in local:
+            timeline.extend(("local", summary) for summary in local[event.event_id] if summary.startswith("tool "))
         elif event.event_id in scheduled and scheduled[event.event_id].startswith("tool "):
             timeline.append(("activity", scheduled[event.event_id]))
     return timeline

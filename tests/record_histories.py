@@ -230,6 +230,21 @@ async def record_goal_read_batches(env: WorkflowEnvironment, out: Path) -> None:
     await record_plan_goal(env, out, {"steps": [*reads, inventory, agent]}, script)
 
 
+async def record_goal_read_ahead(env: WorkflowEnvironment, out: Path) -> None:
+    """A chain of reads run ahead of its steps in one batch, a write that ends it, and the
+    chain after the write in a batch of its own."""
+
+    def read(name: str, path: str, needs: list[str]) -> dict:
+        return {"name": name, "kind": "tool", "tool": "read_file", "args": {"path": path}, "needs": needs}
+
+    write = {"name": "mark", "kind": "tool", "tool": "write_file", "needs": ["read-3"]}
+    write["args"] = {"path": "MARK.md", "content": "read\n"}
+    steps = [read("read-1", "notes/ideas.md", []), read("read-2", "notes/todo.md", ["read-1"])]
+    steps += [read("read-3", "notes/ideas.md", ["read-2"]), write]
+    steps += [read("after-1", "MARK.md", ["mark"]), read("after-2", "notes/todo.md", ["after-1"])]
+    await record_plan_goal(env, out, {"steps": steps}, {"replies": []})
+
+
 async def record_goal_read_error(env: WorkflowEnvironment, out: Path) -> None:
     """A read in a workspace the worker does not have (a local activity that fails for
     good) next to an llm step; aborted once that step is done, if it is still running.
@@ -842,6 +857,7 @@ SCENARIOS = {
     "quota-v2-places": record_quota_places,
     "goal-v2-late-wait-cause": record_goal_late_wait_cause,
     "goal-v2-read-batches": record_goal_read_batches,
+    "goal-v2-read-ahead": record_goal_read_ahead,
 }
 
 

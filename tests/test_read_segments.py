@@ -184,9 +184,11 @@ async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, s
     history = await handle.fetch_history()
     markers = local_activities(history, batches=True)
     batches = [m for m in markers if m[1] == "perdure.tool.run_batch"]
-    assert len(batches) == 1 and batches[0][2].startswith("12 reads at once · read-00, read-01"), markers
-    # The step after them, alone in its activation, is a plain local activity.
-    assert [step_of(s) for _, kind, s, _ in markers if kind == "perdure.tool.run"] == ["last"]
+    # The step they make ready is read ahead in the same batch (a read, its arguments fixed).
+    assert [s for _, _, s, _ in batches] == [
+        "12 reads at once · read-00, read-01, read-02, read-03, read-04, read-05 +6 · 1 read ahead"
+    ], markers
+    assert [kind for _, kind, _, _ in markers if kind == "perdure.tool.run"] == []
     calls = {step_of(s): event for event, _, s, _ in local_activities(history)}
     assert set(calls) == {f"read-{i:02d}" for i in range(12)} | {"last"}
     for i in range(12):
@@ -215,3 +217,28 @@ async def test_a_read_that_raises_in_a_batch_runs_again_alone_and_fails_as_it_wo
     # The batch answered each call with its error; each then ran alone with its own policy.
     assert kinds["perdure.tool.run_batch"] == 1 and kinds["perdure.tool.run"] >= 3, markers
     assert result.outcome != "succeeded"
+
+
+async def test_a_chain_of_reads_runs_ahead_in_one_batch_and_each_step_keeps_its_own_result(
+    env, task_queue, store, workspace, scripted
+):
+    write_pages(workspace)
+    chain = [
+        {"name": f"read-{i:02d}", "kind": "tool", "tool": "read_file", "args": {"path": f"pages/{i:02d}.md"}}
+        for i in range(1, 21)
+    ]
+    for before, step in zip(chain, chain[1:], strict=False):
+        step["needs"] = [before["name"]]
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(
+            env, task_queue, spec(workspace, plan={"steps": chain}, allowed_tools=["read_file"], drift_every=0)
+        )
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
+    markers = local_activities(await handle.fetch_history(), batches=True)
+    # The first read and the 19 it makes ready, one after another, in one local activity.
+    assert [s for _, _, s, _ in markers] == ["read read-01 · 19 read ahead"], markers
+    for i in range(1, 21):
+        node = next(n for n in snapshot.nodes if n.name == f"read-{i:02d}")
+        assert node.status == "succeeded" and node.preview.startswith(f"page {i}"), node

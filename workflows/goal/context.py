@@ -82,6 +82,8 @@ SUBGOAL_SLICES_PATCH = "subgoal-budget-slices"
 OWN_CHANGES_PATCH = "own-changes-around-commands"
 # Reads made in one activation run as one local activity (workflows/goal/read_batch.py).
 READ_BATCHES_PATCH = "read-batches"
+# A batch also runs the read steps its reads make ready, in a chain (workflows/goal/read_batch.py).
+READ_AHEAD_PATCH = "read-ahead"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -162,6 +164,7 @@ class GoalContext:
         self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
+        self._patched(READ_AHEAD_PATCH)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the

@@ -1,4 +1,4 @@
-"""Reads ready together run as one local activity.
+"""Reads run together as one local activity, and a chain of reads ahead of its steps.
 
 A read segment's calls (workflows/segments.py) are replay-safe, so where they run is
 free to choose. Each local activity costs the worker a round trip between the SDK's
@@ -6,16 +6,23 @@ core and Python, a workflow activation and its payload conversions: a few
 milliseconds, far more than reading a small file. So the calls that nodes make in one
 workflow activation (steps ready together, an agent turn's reads) are collected and
 sent as ONE local activity (`perdure.tool.run_batch`), which runs them and returns
-every result; each caller then goes on with its own result as before. The seeds'
-rule is unchanged: only replay-safe calls are batched, and any side effect still ends
-the segment with its own checkpoint.
+every result; each caller then goes on with its own result as before.
+
+The same batch also runs *ahead*: the pending read steps that its reads make ready
+(a chain of dependent reads, step after step), up to the segment's room. Their
+results wait in the goal until the step is dispatched by the scheduler as usual,
+gates, keys and all, and are taken instead of a call of its own. A result read ahead
+is used only in the workflow task that read it and only if no other kind of call
+started meanwhile, so nothing a write could have changed is served. The seeds' rule
+is unchanged: only replay-safe reads are batched or read ahead, and any side effect
+still ends the segment with its own checkpoint.
 
 When the activation's other work is done is known by a wait condition: the SDK
 checks conditions only once every ready coroutine has run, so by then every node
 started in this activation has made its call. A call that raised in the batch (not
 a tool error, which is data) is run again alone by its caller, with the retry policy
 it has without a batch: errors keep their meaning and their retries. Goals recorded
-before this existed never batch (patch `read-batches`).
+before these existed never batch (patch `read-batches`) or read ahead (`read-ahead`).
 
 Workflow code.
 """
@@ -23,16 +30,21 @@ Workflow code.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from workflows import segments
+from workflows.canonical import canonical_json
 from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
-from workflows.goal.context import READ_BATCHES_PATCH
+from workflows.goal.context import READ_AHEAD_PATCH, READ_BATCHES_PATCH
+from workflows.plan import Plan, ToolStep
 from workflows.retries import TOOL_RETRY
-from workflows.state import GoalState
+from workflows.state import GoalState, Node
+from workflows.tool_specs import TOOL_SPECS
 
 SUMMARY_NAMES = 6
 
@@ -42,14 +54,22 @@ class _Call:
     tool_input: ToolInput
     summary: str
     timeout: timedelta
-    answer: asyncio.Future = field(repr=False)
+    node: str | None = None
+    answer: asyncio.Future | None = field(default=None, repr=False)  # None: a step read ahead
+    twins: list[str] = field(default_factory=list)  # steps read ahead with the same call and needs
 
 
 class ReadBatcher:
-    def __init__(self, state: GoalState) -> None:
+    def __init__(self, state: GoalState, room: Callable[[], int], count: Callable[[int], None]) -> None:
+        """`room()`: calls the current segment still takes; `count(n)`: n more were made."""
         self._state = state
+        self._room = room
+        self._count = count
         self._open: list[_Call] | None = None
         self._flushes: set[asyncio.Task] = set()
+        # Step -> (history length when read, call key, result) of reads made ahead of their step.
+        self._ahead: dict[str, tuple[int, str, ToolResult]] = {}
+        self._dependents: tuple[Plan, dict[str, list[ToolStep]]] | None = None
 
     def enabled(self) -> bool:
         """Decided as each run starts (GoalContext.decide_patches, patch `read-batches`), never
@@ -57,7 +77,27 @@ class ReadBatcher:
         marker would be met by replay before the code asks for it."""
         return READ_BATCHES_PATCH in self._state.patches
 
-    async def run(self, tool_input: ToolInput, summary: str, timeout: timedelta) -> ToolResult | None:
+    def read_ahead(self, node: Node | None, tool_input: ToolInput) -> ToolResult | None:
+        """The result a batch read ahead for this node's call, if it still stands."""
+        if node is None or not self._ahead:
+            return None
+        kept = self._ahead.pop(node.name, None)
+        if kept is None:
+            return None
+        at, key, result = kept
+        if at != workflow.info().get_current_history_length() or key != _call_key(tool_input):
+            return None
+        return result
+
+    def forget_ahead(self, tool: str | None = None) -> None:
+        """Another kind of call than a read starts (a write, a command, a device's call):
+        what was read ahead may no longer be what its step would read."""
+        if tool is None or _risk(tool) != "read":
+            self._ahead.clear()
+
+    async def run(
+        self, tool_input: ToolInput, summary: str, timeout: timedelta, node: Node | None
+    ) -> ToolResult | None:
         """The call's result from this activation's batch; None when the caller should run
         it alone (it was the only call, or it raised in the batch)."""
         if self._open is None:
@@ -65,41 +105,127 @@ class ReadBatcher:
             flush = asyncio.create_task(self._flush(self._open))
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
-        call = _Call(tool_input, summary, timeout, asyncio.get_running_loop().create_future())
-        self._open.append(call)
-        return await call.answer
+        answer = asyncio.get_running_loop().create_future()
+        self._open.append(_Call(tool_input, summary, timeout, node.name if node else None, answer))
+        return await answer
 
     async def _flush(self, calls: list[_Call]) -> None:
         # Resolved once every coroutine made ready in this activation has run: the nodes
         # started with this one have all made their calls by then.
         await workflow.wait_condition(lambda: True)
         self._open = None
-        waiting = [c for c in calls if not c.answer.done()]  # a cancelled node's call is dropped
-        if len(waiting) < 2:
+        waiting = [c for c in calls if c.answer is not None and not c.answer.done()]  # a cancelled node's is dropped
+        # Only a batch of reads reads ahead: a write beside them could change what is read.
+        only_reads = all(_risk(c.tool_input.tool) == "read" for c in waiting)
+        ahead = self._reads_ahead(waiting) if waiting and only_reads and READ_AHEAD_PATCH in self._state.patches else []
+        if len(waiting) + len(ahead) < 2:
             for call in waiting:
                 call.answer.set_result(None)
             return
+        batch = waiting + ahead
         try:
-            batch = await workflow.execute_local_activity(
+            answered = await workflow.execute_local_activity(
                 Activities.RUN_TOOLS,
-                ToolBatchInput(calls=[c.tool_input for c in waiting], summaries=[c.summary for c in waiting]),
+                ToolBatchInput(calls=[c.tool_input for c in batch], summaries=[c.summary for c in batch]),
                 result_type=ToolBatchResult,
                 # The activity runs the calls side by side: the slowest one's limit bounds it.
-                start_to_close_timeout=max(c.timeout for c in waiting),
+                start_to_close_timeout=max(c.timeout for c in batch),
                 retry_policy=TOOL_RETRY,
-                summary=_summary(waiting),
+                summary=_summary(waiting, len(ahead)),
             )
-            entries = batch.entries
+            entries = answered.entries
         except ActivityError:
             entries = []  # out of attempts as a whole: each call runs alone, with its own retries
-        for index, call in enumerate(waiting):
-            entry = entries[index] if index < len(entries) else None
-            if not call.answer.done():
-                call.answer.set_result(entry.result if entry is not None else None)
+        at = workflow.info().get_current_history_length()
+        for index, call in enumerate(batch):
+            result = entries[index].result if index < len(entries) else None
+            if call.answer is None:
+                if result is not None and result.ok and call.node is not None:
+                    for name in (call.node, *call.twins):
+                        self._ahead[name] = (at, _call_key(call.tool_input), result)
+            elif not call.answer.done():
+                call.answer.set_result(result)
+
+    def _reads_ahead(self, waiting: list[_Call]) -> list[_Call]:
+        """The pending read steps this batch's calls make ready, breadth first, within the
+        segment's room (they count in it: a crash before the task ends re-runs them too)."""
+        room = self._room() - len(waiting)
+        if room <= 0:
+            return []
+        state = self._state
+        assert state.plan is not None
+        dependents = self._dependents_of(state.plan)
+        have = {c.node for c in waiting if c.node is not None}
+        goal_id, workspace = waiting[0].tool_input.goal_id, state.spec.workspace
+        local_up_to_s = state.spec.local_activities_up_to_s
+        ahead: list[_Call] = []
+        # Steps with the same call and needs get the same node key: one read serves them all
+        # (the scheduler runs such twins once, and so does reading ahead).
+        by_work: dict[tuple[str, tuple[str, ...]], _Call] = {}
+        frontier = list(have)
+        while frontier and len(ahead) < room:
+            name = frontier.pop(0)
+            for step in dependents.get(name, ()):
+                node = state.nodes.get(step.name)
+                if len(ahead) >= room or step.name in have or node is None or node.status != "pending":
+                    continue
+                if not all(n in have or state.nodes[n].status == "succeeded" for n in step.needs):
+                    continue
+                if not readable_ahead(step, local_up_to_s):
+                    continue
+                have.add(step.name)
+                frontier.append(step.name)
+                call = ToolInput(goal_id=goal_id, node_key="", tool=step.tool, workspace=workspace, args=step.args)
+                work = (_call_key(call), tuple(sorted(step.needs)))
+                if work in by_work:
+                    by_work[work].twins.append(step.name)
+                    continue
+                spec = TOOL_SPECS[step.tool]
+                summary = f"tool {step.tool} · {step.name} · read ahead"
+                by_work[work] = _Call(call, summary, timedelta(seconds=spec.start_to_close_s), step.name)
+                ahead.append(by_work[work])
+        self._count(len(ahead))
+        return ahead
+
+    def _dependents_of(self, plan: Plan) -> dict[str, list[ToolStep]]:
+        """Step -> the tool steps that need it, built once per plan object."""
+        if self._dependents is None or self._dependents[0] is not plan:
+            index: dict[str, list[ToolStep]] = {}
+            for step in plan.steps:
+                if isinstance(step, ToolStep):
+                    for need in step.needs:
+                        index.setdefault(need, []).append(step)
+            self._dependents = (plan, index)
+        return self._dependents[1]
 
 
-def _summary(calls: list[_Call]) -> str:
+def readable_ahead(step: ToolStep, local_up_to_s: float) -> bool:
+    """A step whose one call may run before the scheduler dispatches it: a read on the
+    workers (no device), placed in a read segment, with fixed arguments (no template on
+    the outputs it needs) and nothing around it (no checks, no network, no replay rule)."""
+    spec = TOOL_SPECS.get(step.tool)
+    if spec is None or spec.risk != "read" or step.device is not None or step.verify is not None:
+        return False
+    if step.network or step.replay is not None or step.wrap_up:
+        return False
+    if not segments.place_tool(step.tool, local_up_to_s).local:
+        return False
+    return "{{" not in canonical_json(step.args)
+
+
+def _risk(tool: str) -> str | None:
+    spec = TOOL_SPECS.get(tool)
+    return spec.risk if spec is not None else None
+
+
+def _call_key(tool_input: ToolInput) -> str:
+    return f"{tool_input.tool}\0{canonical_json(tool_input.args or {})}"
+
+
+def _summary(calls: list[_Call], ahead: int) -> str:
     # A call's summary is "tool TOOL · STEP · KEY": the steps name the batch.
     names = [(c.summary.split(" · ") + [""])[1] or c.summary for c in calls[:SUMMARY_NAMES]]
     more = f" +{len(calls) - SUMMARY_NAMES}" if len(calls) > SUMMARY_NAMES else ""
-    return f"{len(calls)} reads at once · {', '.join(names)}{more}"[:200]
+    also = f" · {ahead} read ahead" if ahead else ""
+    head = f"read {names[0]}" if len(calls) == 1 else f"{len(calls)} reads at once · {', '.join(names)}{more}"
+    return f"{head}{also}"[:200]

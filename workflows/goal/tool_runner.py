@@ -60,7 +60,7 @@ class ToolRunner:
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
         self._segment_break: asyncio.Task | None = None
-        self._batches = ReadBatcher(state)
+        self._batches = ReadBatcher(state, self._segment_room_left, self._count_segment_calls)
 
     def segments_enabled(self) -> bool:
         """Goals recorded before read segments existed replay their reads as activities."""
@@ -78,6 +78,7 @@ class ToolRunner:
     async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
         if device is not None and node is not None:
+            self._batches.forget_ahead()
             # Resolved and approved by the effect guard; it runs there, or waits for it.
             result = await self._devices.call(tool_input, summary, node, device)
             self._state.ledger.tool_calls += 1
@@ -91,12 +92,14 @@ class ToolRunner:
             if placement.local:
                 # Part of a read segment: the result is written to history with the next
                 # workflow task; a crash before then re-runs the (free) read.
-                await self._segment_room()
-                fenced = self._fenced(tool_input, node)
-                result = None
-                if self._batches.enabled():
+                result = self._batches.read_ahead(node, tool_input)
+                self._batches.forget_ahead(tool_input.tool)  # a local write voids what was read ahead
+                if result is None:
+                    await self._segment_room()
+                    fenced = self._fenced(tool_input, node)
+                if result is None and self._batches.enabled():
                     # With the other reads of this activation, as one local activity.
-                    result = await self._batches.run(fenced, summary, tool_timeout(tool_input))
+                    result = await self._batches.run(fenced, summary, tool_timeout(tool_input), node)
                 if result is None:
                     result = await workflow.execute_local_activity(
                         Activities.RUN_TOOL,
@@ -107,6 +110,7 @@ class ToolRunner:
                         summary=summary,
                     )
             else:
+                self._batches.forget_ahead()
                 result = await workflow.execute_activity(
                     Activities.RUN_TOOL,
                     self._fenced(tool_input, node),
@@ -157,6 +161,18 @@ class ToolRunner:
         if tool_input.tool in VERSIONED_WRITES:
             update["based_on"] = versions_seen(self._state, node, tool_input)
         return tool_input.model_copy(update=update)
+
+    def _segment_room_left(self) -> int:
+        """Local calls the current workflow task's segment still takes before its break (only
+        runs with `read-ahead` ask, and they have the cap: no patch is asked here, late in a task)."""
+        started, calls = self._segment
+        return SEGMENT_MAX_CALLS - (calls if workflow.info().get_current_history_length() == started else 0)
+
+    def _count_segment_calls(self, calls: int) -> None:
+        """`calls` more made in the current task's segment (steps read ahead by a batch)."""
+        started, made = self._segment
+        length = workflow.info().get_current_history_length()
+        self._segment = (length, (made if length == started else 0) + calls)
 
     async def _segment_room(self) -> None:
         """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
