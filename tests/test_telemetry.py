@@ -71,6 +71,7 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
     call = dict(calls[0].attributes)
     assert call["gen_ai.operation.name"] == "chat" and call["gen_ai.system"] == "openai"
     assert call["gen_ai.usage.input_tokens"] > 0 and call["gen_ai.usage.output_tokens"] > 0, call
+    assert call["gen_ai.response.finish_reasons"] == ("stop",), call
     assert not any("step done" in str(v) for v in call.values()), call
     # A tool call is a span with its name, risk and replay policy; never its arguments.
     [tool] = [s for s in spans if s.name == "tool write_file"]
