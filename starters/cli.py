@@ -703,7 +703,7 @@ def worker() -> None:
     configure_logging()
 
     async def _worker() -> None:
-        await run_orchestrator(await connect())
+        await run_orchestrator(await connect(worker=True))
 
     try:
         run(_worker)
@@ -767,7 +767,7 @@ def device(
         )
 
     async def _device() -> None:
-        client = await connect_client(payload_store=False)
+        client = await connect_client(payload_store=False, worker=True)
         await run_device(
             client,
             name=config.name,
