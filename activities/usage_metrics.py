@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from workflows.contracts import Usage
+from activities.models.config import ModelProfile
 from workflows.metrics import MODEL_COST, MODEL_TOKENS, PerdureMeter
 
 
-def count_usage(profile: str, usage: Usage) -> None:
+def count_reply(profile: ModelProfile, input_tokens: int, output_tokens: int) -> None:
+    """One reply of `profile`'s model, priced by the profile."""
     meter = PerdureMeter(activity.metric_meter())
-    meter.add(MODEL_TOKENS, usage.input_tokens, profile=profile, token_type="input")
-    meter.add(MODEL_TOKENS, usage.output_tokens, profile=profile, token_type="output")
-    meter.record(MODEL_COST, usage.cost_usd, profile=profile)
+    meter.add(MODEL_TOKENS, input_tokens, profile=profile.name, token_type="input")
+    meter.add(MODEL_TOKENS, output_tokens, profile=profile.name, token_type="output")
+    meter.record(MODEL_COST, profile.cost_usd(input_tokens, output_tokens), profile=profile.name)

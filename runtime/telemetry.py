@@ -2,8 +2,9 @@
 
 Traces: `OTEL_TRACES_EXPORTER` (the OpenTelemetry SDK's own variable) chooses: unset or
 `none` (the default), no tracing and no cost; `otlp`, spans to the OTLP endpoint of
-`OTEL_EXPORTER_OTLP_ENDPOINT` (needs `opentelemetry-exporter-otlp`); `console`, spans
-printed. `OTEL_SERVICE_NAME` names the service (default `perdure`).
+`OTEL_EXPORTER_OTLP_ENDPOINT`, over gRPC (needs `opentelemetry-exporter-otlp-proto-grpc`)
+or, when `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` is `http/protobuf`, over HTTP (its
+exporter is a dependency); `console`, spans printed. `OTEL_SERVICE_NAME` names the service (default `perdure`).
 
 When on, every client `runtime/connect.py` makes carries the SDK's `OpenTelemetryPlugin`
 (temporalio.contrib.opentelemetry), and workers built on it inherit it: the CLI call that
@@ -81,7 +82,7 @@ def tracing_plugins() -> list[SimplePlugin]:
     from temporalio.contrib.opentelemetry import OpenTelemetryPlugin, ReplaySafeTracerProvider
 
     if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
-        install(_exporter(choice))
+        install(span_exporter(choice))
     return [OpenTelemetryPlugin(add_temporal_spans=True)]
 
 
@@ -101,17 +102,27 @@ def _service_name() -> str:
     return os.environ.get("OTEL_SERVICE_NAME") or "perdure"
 
 
-def _exporter(choice: str) -> SpanExporter:
+def span_exporter(choice: str) -> SpanExporter:
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
     if choice == "otlp":
+        protocol = _otlp_env("PROTOCOL", "TRACES") or "grpc"
+        if protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+            return HttpSpanExporter()
+        if protocol != "grpc":
+            raise TelemetryConfigError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: perdure sends traces over 'grpc' or 'http/protobuf'"
+            )
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError:
             raise TelemetryConfigError(
-                f"{EXPORTER_ENV}=otlp needs the OTLP exporter: pip install opentelemetry-exporter-otlp"
+                f"{EXPORTER_ENV}=otlp over gRPC needs its exporter: pip install opentelemetry-exporter-otlp-proto-grpc "
+                "(or set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
             ) from None
         return OTLPSpanExporter()
     raise AssertionError(choice)  # tracing_plugins refused it
@@ -185,9 +196,9 @@ def _otlp_config() -> OpenTelemetryConfig:
     )
 
 
-def _otlp_env(name: str) -> str | None:
-    """OTEL_EXPORTER_OTLP_METRICS_<name>, else the shared OTEL_EXPORTER_OTLP_<name>."""
-    return os.environ.get(f"OTEL_EXPORTER_OTLP_METRICS_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+def _otlp_env(name: str, signal: str = "METRICS") -> str | None:
+    """OTEL_EXPORTER_OTLP_<signal>_<name>, else the shared OTEL_EXPORTER_OTLP_<name>."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
 
 
 def _headers(text: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ counts are what it did, a replayed history adds nothing, and the watchdog's scan
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from datetime import timedelta
@@ -22,6 +23,7 @@ from runtime import telemetry
 from runtime.connect import connect
 from runtime.plugin import PerdurePlugin
 from starters.cli import app
+from testing.otlp import OtlpReceiver
 from tests.builders import gate, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
 from tests.helpers import free_ports, new_goal_id, statuses, wait_until
@@ -245,6 +247,36 @@ async def test_the_watchdog_s_scan_is_gauges_of_open_goals_and_waiting_questions
     assert gauges[("perdure_questions_waiting", None)] == 1, gauges
     age = (as_of - asked.questions[0].asked_at).total_seconds()
     assert gauges[("perdure_question_oldest_age_seconds", None)] == pytest.approx(age), gauges
+
+
+async def test_otlp_over_http_pushes_a_goal_s_metrics_to_the_collector(
+    env, task_queue, store, workspace, scripted, otel_env
+):
+    with OtlpReceiver() as collector:
+        otel_env.setenv(telemetry.METRICS_ENV, "otlp")
+        otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.base_url)
+        otel_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        otel_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=ops")
+        otel_env.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        client = await connect(env.client.service_client.config.target_host, worker=True)
+        config = ModelConfig(profiles={"test": openai_profile(scripted(SCRIPT))})
+        goal_spec = spec(workspace, plan={"steps": [llm("one")]}, drift_every=0)
+        async with build_worker(client, task_queue=task_queue, store=store, model_config=config):
+            handle = await client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=new_goal_id("otlp"), task_queue=task_queue
+            )
+            await handle.result()
+            wanted = {
+                "perdure_nodes_settled",
+                "perdure_model_tokens",
+                "perdure_goals_ended",
+                "temporal_workflow_completed",
+            }
+            deadline = asyncio.get_running_loop().time() + 10
+            while not wanted <= collector.metric_names():
+                assert asyncio.get_running_loop().time() < deadline, sorted(collector.metric_names())
+                await asyncio.sleep(0.1)
+        assert all(headers.get("x-team") == "ops" for _, headers, _ in collector.exports)
 
 
 # --- the worker process ----------------------------------------------------------------

@@ -93,3 +93,23 @@ def test_an_unknown_exporter_is_a_one_line_error_of_any_command(monkeypatch):
     result = CliRunner().invoke(app, ["status", "some-goal"], env={telemetry.EXPORTER_ENV: "zipkin", "COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert "error: OTEL_TRACES_EXPORTER='zipkin'" in result.output and "Traceback" not in result.output
+
+
+def test_otlp_over_http_sends_spans_to_the_collector_s_traces_path(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from testing.otlp import OtlpReceiver
+
+    with OtlpReceiver() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.base_url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(telemetry.span_exporter("otlp")))
+        with provider.get_tracer("test").start_as_current_span("chat scripted"):
+            pass
+        provider.shutdown()
+        assert collector.span_names() == ["chat scripted"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(telemetry.TelemetryConfigError, match="'http/json': perdure sends traces over 'grpc'"):
+        telemetry.span_exporter("otlp")
