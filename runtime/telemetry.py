@@ -146,6 +146,8 @@ def metrics_config(*, serve: bool) -> MetricsConfig | None:
             return None
         host = os.environ.get(PROMETHEUS_HOST_ENV) or PROMETHEUS_HOST
         port = _number(PROMETHEUS_PORT_ENV, PROMETHEUS_PORT)
+        if port > 65535:
+            raise TelemetryConfigError(f"{PROMETHEUS_PORT_ENV}={port}: a port is at most 65535")
         return PrometheusConfig(bind_address=f"{host}:{port}", histogram_bucket_overrides=HISTOGRAM_BUCKETS)
     return _otlp_config()
 
@@ -164,7 +166,8 @@ def metrics_runtime(*, serve: bool) -> Runtime | None:
             _runtimes[key] = Runtime(telemetry=telemetry)
         except ValueError as err:  # the SDK's words for an endpoint it cannot bind
             where = getattr(config, "bind_address", "")
-            log.warning(f"metrics are not exported: {err} ({where}); set {PROMETHEUS_PORT_ENV} to a free port")
+            advice = f"give each worker of a host its own {PROMETHEUS_PORT_ENV}"
+            log.warning(f"metrics are not exported: {err} (at {where}); {advice}")
             return None
     return _runtimes[key]
 

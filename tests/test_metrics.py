@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,14 +25,15 @@ from runtime.connect import connect
 from runtime.plugin import PerdurePlugin
 from starters.cli import app
 from testing.otlp import OtlpReceiver
-from tests.builders import gate, llm, openai_profile, spec
+from tests.builders import agent, gate, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
-from tests.helpers import free_ports, new_goal_id, statuses, wait_until
+from tests.helpers import free_ports, new_goal_id, statuses, submit, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
 from workers.orchestrator import build_worker
 from workflows import metrics
-from workflows.contracts import GOAL_WORKFLOW
+from workflows.contracts import GOAL_WORKFLOW, Budget
 from workflows.goal import GoalWorkflow
+from workflows.messages import Answer
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WatchdogInput
@@ -99,6 +101,9 @@ def test_prometheus_is_served_by_workers_only_on_the_spec_s_default_address(otel
     otel_env.setenv(telemetry.PROMETHEUS_HOST_ENV, "127.0.0.1")
     otel_env.setenv(telemetry.PROMETHEUS_PORT_ENV, "9999")
     assert telemetry.metrics_config(serve=True).bind_address == "127.0.0.1:9999"
+    otel_env.setenv(telemetry.PROMETHEUS_PORT_ENV, "70000")
+    with pytest.raises(telemetry.TelemetryConfigError, match="OTEL_EXPORTER_PROMETHEUS_PORT=70000: a port is at most"):
+        telemetry.metrics_config(serve=True)
     otel_env.setenv(telemetry.PROMETHEUS_PORT_ENV, "ninety")
     with pytest.raises(telemetry.TelemetryConfigError, match="OTEL_EXPORTER_PROMETHEUS_PORT='ninety'"):
         telemetry.metrics_config(serve=True)
@@ -197,6 +202,67 @@ async def test_replaying_a_goal_s_history_adds_no_perdure_metric(env, task_queue
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()], runtime=runtime)
     await replayer.replay_workflow(await handle.fetch_history())
     assert [u for u in buffered(buffer) if u[0].startswith("perdure_")] == []
+
+
+async def buffered_worker(env, task_queue, store, server):
+    """A client whose runtime keeps its metrics in a buffer, and a worker on it."""
+    buffer = MetricBuffer(10_000)
+    client = await Client.connect(
+        env.client.service_client.config.target_host,
+        runtime=Runtime(telemetry=TelemetryConfig(metrics=buffer)),
+        plugins=[PerdurePlugin()],
+    )
+    config = ModelConfig(profiles={"test": openai_profile(server)})
+    return buffer, client, build_worker(client, task_queue=task_queue, store=store, model_config=config)
+
+
+async def test_gate_decisions_and_settled_nodes_agree_with_the_goal_s_own_progress(
+    env, task_queue, store, workspace, scripted
+):
+    usage = {"input_tokens": 500, "output_tokens": 500}
+    server = scripted({"replies": [{"when": "PERDURE-STEP", "content": "done", "usage": usage}]})
+    buffer, client, worker = await buffered_worker(env, task_queue, store, server)
+    steps = [llm(f"n{i}") for i in range(8)]
+    goal_spec = spec(workspace, plan={"steps": steps}, budget=Budget(max_tokens=6_000), drift_every=0)
+    async with worker:
+        handle = await client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=new_goal_id("gates"), task_queue=task_queue
+        )
+        assert (await handle.result()).outcome == "partial"
+        snapshot = await handle.query(GoalWorkflow.progress)
+    recorded = buffered(buffer)
+    seen = Counter(n.status for n in snapshot.nodes)
+    assert seen == {"succeeded": 6, "abandoned": 2}, (seen, [n.error for n in snapshot.nodes])
+    for status, count in seen.items():
+        assert total(recorded, "perdure_nodes_settled", kind="llm", outcome=status) == count, (status, recorded)
+    # Each step the hard gate refused is one decision...
+    refused = [n for n in snapshot.nodes if (n.error or "").startswith("not started: tokens at 100%")]
+    assert len(refused) == 2, [n.error for n in snapshot.nodes]
+    assert total(recorded, "perdure_budget_gate_decisions", decision="wrap_up_only") == 2, recorded
+    # And each step sent past the soft gate, as the gate log says.
+    degraded = [entry for entry in snapshot.gate_log if "runs degraded" in entry]
+    assert degraded and total(recorded, "perdure_budget_gate_decisions", decision="degraded") == len(degraded)
+    assert total(recorded, "perdure_budget_gate_decisions") == 2 + len(degraded), recorded
+    assert total(recorded, "perdure_goals_ended", outcome="partial") == 1
+
+
+async def test_each_stall_rung_fired_is_counted(env, task_queue, store, workspace, scripted):
+    (workspace / "same.txt").write_text("the same answer every time")
+    loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
+    server = scripted({"replies": [{"when": "PERDURE-AGENT", "tool_calls": [loop]}]})
+    buffer, client, worker = await buffered_worker(env, task_queue, store, server)
+    hunt = agent("hunt", "Find it.", ["read_file"], max_turns=20)
+    goal_spec = spec(workspace, plan={"steps": [hunt]}, drift_every=0)
+    async with worker:
+        handle = await client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=new_goal_id("stall"), task_queue=task_queue
+        )
+        snapshot = await wait_until(handle, lambda s: s.questions)
+        await submit(handle, Answer(request_id="x1", question_id=snapshot.questions[0].id, choice="abandon"))
+        await handle.result()
+    recorded = buffered(buffer)
+    rungs = {labels["rung"]: v for n, labels, v in recorded if n == "perdure_stall_rungs"}
+    assert rungs == {"remind": 1, "switch_tool": 1, "ask_human": 1}, recorded
 
 
 async def test_the_watchdog_s_scan_is_gauges_of_open_goals_and_waiting_questions(
