@@ -30,6 +30,7 @@ from activities.models.live_text import LiveText
 from activities.models.providers import ChatMessage, ChatRequest, ChatResponse, ChatTool, provider_for
 from activities.quota import QuotaWaitError, admitted
 from activities.spans import model_call_span
+from activities.usage_metrics import count_reply
 from workflows.contracts import (
     Activities,
     AgentTurnInput,
@@ -311,6 +312,7 @@ class ModelActivities:
         )
         # From here on the reply is paid for: an error after this point is charged this.
         attempt.usage = usage
+        count_reply(profile, usage.input_tokens, usage.output_tokens)
         activity.logger.info(
             "model call",
             extra={

@@ -21,6 +21,7 @@ from activities.heartbeat import Heartbeat
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
+from activities.usage_metrics import count_reply
 from workflows import search_attributes as sa
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries
 from workflows.router_contracts import (
@@ -169,5 +170,6 @@ class RouterIO:
                 response = await provider_for(profile).chat(request, attempt)
             except Exception as err:
                 raise attempt.failure(err) from None
+        count_reply(profile, response.input_tokens, response.output_tokens)
         tokens = response.input_tokens + response.output_tokens
         return response.text, tokens, profile.cost_usd(response.input_tokens, response.output_tokens)

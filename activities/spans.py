@@ -1,10 +1,10 @@
 """Spans of what activities call out to, with the OpenTelemetry GenAI conventions for model
 calls (runtime/telemetry.py turns tracing on; without it these cost a no-op tracer).
 
-A model call's span says the provider, the model asked and answered, the tokens and the
-cost, never the prompt or the reply (which may hold secrets); an error is recorded by its
-type only, for the same reason. It is a child of the SDK's RunActivity span, so it sits
-in the goal's trace.
+A model call's span says the provider, the model asked and answered, why the model stopped
+(`gen_ai.response.finish_reasons`), the tokens and the cost, never the prompt or the reply
+(which may hold secrets); an error is recorded by its type only, for the same reason. It
+is a child of the SDK's RunActivity span, so it sits in the goal's trace.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ class ModelCallSpan:
                 "perdure.usage_estimated": response.usage_estimated,
             }
         )
+        if response.finish_reasons:  # a provider that gave none: no attribute rather than an empty one
+            self._span.set_attribute("gen_ai.response.finish_reasons", response.finish_reasons)
 
 
 @contextmanager

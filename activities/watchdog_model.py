@@ -12,6 +12,7 @@ from activities.heartbeat import Heartbeat
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
+from activities.usage_metrics import count_reply
 from workflows.watchdog_contracts import JudgeInput, JudgeResult, WatchdogActivities
 
 SYSTEM = (
@@ -43,4 +44,5 @@ class WatchdogModelActivities:
                 response = await provider_for(profile).chat(request, attempt)
             except Exception as err:
                 raise attempt.failure(err) from None
+        count_reply(profile, response.input_tokens, response.output_tokens)
         return JudgeResult(raw=response.text[:4000], tokens=response.input_tokens + response.output_tokens)

@@ -19,7 +19,7 @@ from temporalio.envconfig import ClientConnectConfig
 from runtime import settings
 from runtime.plugin import PerdurePlugin
 from runtime.settings import TemporalConfigError
-from runtime.telemetry import tracing_plugins
+from runtime.telemetry import metrics_runtime, tracing_plugins
 
 
 class ServerUnavailable(RuntimeError):
@@ -44,12 +44,17 @@ def connect_config(address: str | None = None, namespace: str | None = None) -> 
     return config
 
 
-async def connect(address: str | None = None, namespace: str | None = None, *, payload_store: bool = True) -> Client:
-    """`payload_store=False` for a device daemon: its payloads stay inline (runtime/converter.py)."""
+async def connect(
+    address: str | None = None, namespace: str | None = None, *, payload_store: bool = True, worker: bool = False
+) -> Client:
+    """`payload_store=False` for a device daemon: its payloads stay inline (runtime/converter.py).
+    `worker=True` for a worker's client: it serves Prometheus metrics when they are asked for
+    (runtime/telemetry.py); a command's client never takes the port."""
     config = connect_config(address, namespace)
+    runtime = metrics_runtime(serve=worker)
     try:
         plugins = [PerdurePlugin(payload_store=payload_store), *tracing_plugins()]
-        return await Client.connect(**config, plugins=plugins)
+        return await Client.connect(**config, plugins=plugins, runtime=runtime)
     except RuntimeError as err:
         raise ServerUnavailable(
             f"cannot reach Temporal at {config['target_host']} ({err}). Start the embedded server with "

@@ -696,14 +696,15 @@ def worker() -> None:
     It reads PERDURE_TEMPORAL (server address; else TEMPORAL_ADDRESS or a Temporal profile),
     PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_CONFIG (model profiles, default
     PERDURE_HOME/config.toml), PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI,
-    PERDURE_PAYLOAD_KEYS or PERDURE_PAYLOAD_KEY_FILE (payload encryption) and the model
-    providers' keys the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY)."""
+    PERDURE_PAYLOAD_KEYS or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model
+    providers' keys the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
+    OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
     from workers.orchestrator import configure_logging, run_orchestrator
 
     configure_logging()
 
     async def _worker() -> None:
-        await run_orchestrator(await connect())
+        await run_orchestrator(await connect(worker=True))
 
     try:
         run(_worker)
@@ -767,7 +768,7 @@ def device(
         )
 
     async def _device() -> None:
-        client = await connect_client(payload_store=False)
+        client = await connect_client(payload_store=False, worker=True)
         await run_device(
             client,
             name=config.name,

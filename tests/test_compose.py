@@ -322,3 +322,76 @@ def test_the_device_service_runs_a_device_on_its_own_root_with_the_keys_and_noth
     assert "PERDURE_PAYLOAD_KEYS" in variables and "PERDURE_PAYLOAD_STORE" not in variables
     assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(variables)  # model keys stay on the workers
     assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(device["security_opt"])
+
+
+# ------------------------------------------------------------------ observability
+
+TELEMETRY_SENDERS = ("worker", "cli", "device")
+
+
+def collector_config() -> dict[str, Any]:
+    mounts = dict(volume.split(":")[:2] for volume in SERVICES["otel-collector"]["volumes"])
+    command = " ".join(SERVICES["otel-collector"]["command"])
+    path = re.search(r"--config=(\S+)", command).group(1)
+    source = next(source for source, target in mounts.items() if target == path)
+    return yaml.safe_load((ROOT / source).read_text())
+
+
+def published(service: str) -> set[int]:
+    """Container ports published on the host ("[ip:]host:container")."""
+    return {int(str(port).rsplit(":", 1)[1]) for port in SERVICES[service].get("ports", [])}
+
+
+def compose_default(value: str) -> str:
+    """What `${NAME:-default}` gives when the shell does not set NAME."""
+    match = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+    return match.group(1) if match else value
+
+
+def test_the_collector_receives_otlp_and_sends_traces_to_jaeger_and_serves_metrics() -> None:
+    assert SERVICES["otel-collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
+    assert SERVICES["jaeger"]["image"].startswith("jaegertracing/all-in-one:")
+    assert env("jaeger")["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert 16686 in published("jaeger")  # Jaeger's UI
+    config = collector_config()
+    protocols = config["receivers"]["otlp"]["protocols"]
+    assert protocols["http"]["endpoint"] == "0.0.0.0:4318" and protocols["grpc"]["endpoint"] == "0.0.0.0:4317"
+    pipelines = config["service"]["pipelines"]
+    for pipeline in pipelines.values():
+        assert pipeline["receivers"] == ["otlp"]
+        assert set(pipeline["exporters"]) <= set(config["exporters"])
+        assert set(pipeline.get("processors", [])) <= set(config.get("processors", {}))
+    [traces_to] = pipelines["traces"]["exporters"]
+    assert traces_to.split("/")[0] == "otlp"
+    host, port = config["exporters"][traces_to]["endpoint"].split(":")
+    assert host == "jaeger" and host in SERVICES and port == "4317"
+    assert pipelines["metrics"]["exporters"] == ["prometheus"]
+    metrics_port = int(config["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1])
+    assert metrics_port in published("otel-collector") and {4317, 4318} <= published("otel-collector")
+    # Published on the host's loopback only: the Collector takes whatever it is sent.
+    assert all(str(port).startswith("127.0.0.1:") for port in SERVICES["otel-collector"]["ports"])
+
+
+@pytest.mark.parametrize("service", TELEMETRY_SENDERS)
+def test_perdure_s_processes_send_traces_and_metrics_to_the_collector(
+    service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from runtime import telemetry
+
+    assert depends(service)["otel-collector"]["condition"] == "service_started"
+    variables = {key: value for key, value in env(service).items() if key.startswith("OTEL_")}
+    assert compose_default(variables["OTEL_TRACES_EXPORTER"]) == "otlp"
+    assert compose_default(variables["OTEL_METRICS_EXPORTER"]) == "otlp"
+    assert variables["OTEL_SERVICE_NAME"].startswith("perdure")
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    for key, value in variables.items():
+        monkeypatch.setenv(key, compose_default(value))
+    # What perdure makes of them: both signals go to the Collector's HTTP receiver.
+    metrics = telemetry.metrics_config(serve=True)
+    assert (metrics.url, metrics.http) == ("http://otel-collector:4318/v1/metrics", True)
+    exporter = telemetry.span_exporter("otlp")
+    assert isinstance(exporter, OTLPSpanExporter) and exporter._endpoint == "http://otel-collector:4318/v1/traces"

@@ -37,6 +37,7 @@ SCRIPT = {
         {"when_last": "forbidden", "status": 403, "body": f"key {SECRET} may not do this"},
         {"when_last": "use a tool", "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]},
         {"when_last": "hello", "content": "hi", "usage": {"input_tokens": 12, "output_tokens": 3}},
+        {"when_last": "cut short", "content": "a reply cut at", "background_status": "incomplete"},
     ]
 }
 
@@ -63,9 +64,14 @@ def openai_profile(base_url: str, **extra) -> ModelProfile:
     )
 
 
-def anthropic_profile(base_url: str) -> ModelProfile:
+def anthropic_profile(base_url: str, **extra) -> ModelProfile:
     return ModelProfile(
-        name="test-claude", provider="anthropic", model="claude-test", base_url=base_url, api_key_env="PERDURE_TEST_KEY"
+        name="test-claude",
+        provider="anthropic",
+        model="claude-test",
+        base_url=base_url,
+        api_key_env="PERDURE_TEST_KEY",
+        **extra,
     )
 
 
@@ -161,6 +167,39 @@ async def test_anthropic_reply_normalised(server):
         3,
         "claude-test",
     )
+
+
+MODES = {
+    "sync": {"stream": False},
+    "streamed": {"stream": True},
+    "background": {"mode": "background", "poll_interval_s": 0.05},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("flavour", "reply", "tool_call"),
+    [
+        ("openai", ["stop"], ["tool_calls"]),
+        ("anthropic", ["end_turn"], ["tool_use"]),
+    ],
+)
+async def test_the_finish_reason_is_read_off_each_provider_and_mode(server, flavour, reply, tool_call, mode):
+    if flavour == "openai":
+        provider = provider_for(openai_profile(server.openai_base_url, **MODES[mode]))
+    else:
+        provider = provider_for(anthropic_profile(server.base_url, **MODES[mode]))
+    if flavour == "openai" and mode == "background":
+        # The Responses API has no finish reason: its status is what says how it ended.
+        reply = tool_call = ["completed"]
+    assert (await provider.chat(ask("hello"))).finish_reasons == reply
+    assert (await provider.chat(ask("use a tool"))).finish_reasons == tool_call
+
+
+async def test_a_background_response_cut_at_its_limit_says_so(server):
+    provider = provider_for(openai_profile(server.openai_base_url, **MODES["background"]))
+    response = await provider.chat(ask("cut short"))
+    assert (response.text, response.finish_reasons) == ("a reply cut at", ["max_output_tokens"])
 
 
 async def test_tools_and_json_mode_reach_the_wire(server):

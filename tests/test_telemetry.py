@@ -71,6 +71,7 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
     call = dict(calls[0].attributes)
     assert call["gen_ai.operation.name"] == "chat" and call["gen_ai.system"] == "openai"
     assert call["gen_ai.usage.input_tokens"] > 0 and call["gen_ai.usage.output_tokens"] > 0, call
+    assert call["gen_ai.response.finish_reasons"] == ("stop",), call
     assert not any("step done" in str(v) for v in call.values()), call
     # A tool call is a span with its name, risk and replay policy; never its arguments.
     [tool] = [s for s in spans if s.name == "tool write_file"]
@@ -92,3 +93,23 @@ def test_an_unknown_exporter_is_a_one_line_error_of_any_command(monkeypatch):
     result = CliRunner().invoke(app, ["status", "some-goal"], env={telemetry.EXPORTER_ENV: "zipkin", "COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert "error: OTEL_TRACES_EXPORTER='zipkin'" in result.output and "Traceback" not in result.output
+
+
+def test_otlp_over_http_sends_spans_to_the_collector_s_traces_path(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from testing.otlp import OtlpReceiver
+
+    with OtlpReceiver() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.base_url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(telemetry.span_exporter("otlp")))
+        with provider.get_tracer("test").start_as_current_span("chat scripted"):
+            pass
+        provider.shutdown()
+        assert collector.span_names() == ["chat scripted"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(telemetry.TelemetryConfigError, match="'http/json': perdure sends traces over 'grpc'"):
+        telemetry.span_exporter("otlp")

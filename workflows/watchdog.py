@@ -20,6 +20,7 @@ lives where the artifact store lives, which workers already share.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import get_args
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -27,7 +28,9 @@ from temporalio.exceptions import ActivityError
 
 # Pure models and rules: passed through so the sandbox does not re-import pydantic per run.
 with workflow.unsafe.imports_passed_through():
+    from workflows import metrics
     from workflows import watchdog_rules as rules
+    from workflows.statuses import Phase
     from workflows.watchdog_contracts import (
         DRIFT_TRIGGER_PATCH,
         INFRASTRUCTURE_KINDS,
@@ -35,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         WATCHDOG_STATE_QUERY,
         WATCHDOG_WORKFLOW,
         Assessment,
+        Finding,
         GoalObservation,
         InterveneInput,
         InterveneResult,
@@ -99,6 +103,7 @@ class WatchdogWorkflow:
         if workflow.patched(JUDGE_PATCH):
             verdicts, judge_note = await self._judge(scan.goals, assessment, memory, now, input, recalled)
         state.findings = [f for f in assessment.findings if f.kind != "healthy"]
+        record_scan(metrics.PerdureMeter(workflow.metric_meter()), scan.goals, state.findings, now)
         state.phase = "intervening"
         outcomes = []
         if assessment.interventions:
@@ -204,6 +209,22 @@ class WatchdogWorkflow:
     @workflow.query(name=WATCHDOG_STATE_QUERY)
     def state(self) -> WatchdogRunState:
         return self._state
+
+
+def record_scan(
+    meter: metrics.PerdureMeter, goals: list[GoalObservation], findings: list[Finding], now: datetime
+) -> None:
+    """The scan as metrics (workflows/metrics.py): its findings, and gauges of the open goals
+    by phase and of the questions waiting for people. Every phase is set, to 0 when no goal
+    is in it, so a phase the goals have left does not keep its last count."""
+    for finding in findings:
+        meter.add(metrics.WATCHDOG_FINDINGS, 1, finding=finding.kind)
+    phases = [goal.phase or "unknown" for goal in goals]  # unknown: the goal did not answer its query
+    for phase in (*get_args(Phase), "unknown"):
+        meter.set(metrics.GOALS_OPEN, phases.count(phase), phase=phase)
+    meter.set(metrics.QUESTIONS_WAITING, sum(len(goal.open_questions) for goal in goals))
+    asked = [goal.oldest_question_at for goal in goals if goal.open_questions and goal.oldest_question_at]
+    meter.set(metrics.OLDEST_QUESTION_AGE, max(((now - at).total_seconds() for at in asked), default=0.0))
 
 
 def details_markdown(scope: str, result: WatchdogResult) -> str:

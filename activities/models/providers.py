@@ -85,6 +85,12 @@ class ChatResponse(BaseModel):
     output_tokens: int
     model: str
     usage_estimated: bool = Field(default=False, description="The provider reported no usage: chars / 4.")
+    finish_reasons: list[str] = Field(
+        default_factory=list,
+        description="Why the model stopped, in the provider's words: chat completions' finish_reason "
+        "(stop, length, tool_calls), Anthropic's stop_reason (end_turn, max_tokens, tool_use), a background "
+        "response's status or its incomplete reason (completed, max_output_tokens).",
+    )
 
 
 class ChatProvider(Protocol):
@@ -178,6 +184,7 @@ class OpenAIProvider(SdkProvider):
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
             model=completion.model or self.profile.model,
+            finish_reasons=[c.finish_reason for c in completion.choices if c.finish_reason],
         )
 
     async def _streamed(self, client: Any, params: dict[str, Any], attempt: ModelAttemptState) -> ChatResponse:
@@ -185,6 +192,8 @@ class OpenAIProvider(SdkProvider):
         the usage comes in the last chunk (`include_usage`)."""
         texts: list[str] = []
         calls: dict[int, dict[str, str]] = {}
+        # Choice index -> its finish_reason, sent in the choice's last chunk.
+        finished: dict[int, str] = {}
         usage, model, choices = None, None, False
 
         async def read() -> None:
@@ -201,6 +210,8 @@ class OpenAIProvider(SdkProvider):
                 usage = chunk.usage or usage
                 for choice in chunk.choices:
                     choices = True
+                    if choice.finish_reason:
+                        finished[choice.index] = choice.finish_reason
                     delta = choice.delta
                     if delta.content:
                         texts.append(delta.content)
@@ -216,6 +227,7 @@ class OpenAIProvider(SdkProvider):
         if not choices:
             raise self._no_choices(usage)
         text, tool_calls = "".join(texts), [ChatToolCall(**calls[i]) for i in sorted(calls)]
+        finish_reasons = [finished[i] for i in sorted(finished)]
         if usage is None:
             # A compatible server that ignores include_usage: never charge a reply as free.
             sent = "".join(str(m.get("content") or "") for m in params["messages"])
@@ -228,6 +240,7 @@ class OpenAIProvider(SdkProvider):
                 output_tokens=estimate_tokens(written),
                 model=model or self.profile.model,
                 usage_estimated=True,
+                finish_reasons=finish_reasons,
             )
         return ChatResponse(
             text=text,
@@ -235,6 +248,7 @@ class OpenAIProvider(SdkProvider):
             input_tokens=usage.prompt_tokens,
             output_tokens=usage.completion_tokens,
             model=model or self.profile.model,
+            finish_reasons=finish_reasons,
         )
 
     def _no_choices(self, usage: Any) -> ModelError:
@@ -318,6 +332,8 @@ class OpenAIProvider(SdkProvider):
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             model=response.model or self.profile.model,
+            # The Responses API has no finish reason: its status says it, or why it stopped short.
+            finish_reasons=[incomplete if cut_at_limit else response.status],
         )
 
     def _usage(self, input_tokens: int, output_tokens: int) -> Usage:
@@ -586,6 +602,7 @@ class AnthropicProvider(SdkProvider):
             input_tokens=input_tokens,
             output_tokens=usage.output_tokens,
             model=message.model or self.profile.model,
+            finish_reasons=[message.stop_reason] if message.stop_reason else [],
         )
 
 

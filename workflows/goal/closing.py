@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from temporalio import workflow
 
-from workflows import graph
+from workflows import graph, metrics
 from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from workflows.goal.context import GoalContext
 from workflows.goal.memory import GoalMemoryRoom
@@ -74,6 +74,7 @@ class Closing:
         )
         state.phase = "failed" if state.failure else "finished"
         self._publish()
+        self._ctx.metrics.add(metrics.GOALS_ENDED, 1, outcome=outcome)
         return state.result
 
     def _close_questions(self, outcome: Outcome) -> None:

@@ -14,13 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
+from temporalio.common import MetricMeter
 
+from workflows import metrics
 from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
-from workflows.statuses import RAN, STARTED, NodeStatus
+from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
 
 # workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
 # asked later, after a local activity in the same workflow task, replay meets the
@@ -139,6 +141,9 @@ class GoalContext:
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
         self.on_receipt: Callable[[Any], None] | None = None
+        # The goal's perdure_* metrics (workflows/metrics.py): the SDK's replay-safe meter, or
+        # none where a room is exercised outside a workflow.
+        self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
 
     def decide_patches(self) -> None:
         """Which of the goal's behaviour changes this run has: called first in every run."""
@@ -259,7 +264,10 @@ class GoalContext:
         return self._index
 
     def set_status(self, node: Node, status: NodeStatus) -> None:
+        settles = status in TERMINAL and node.status != status
         self.index().set_status(node, status)
+        if settles:
+            self.metrics.add(metrics.NODES_SETTLED, 1, kind=node.kind, outcome=status)
         if self.on_status is not None:
             self.on_status(node)
 

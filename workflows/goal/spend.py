@@ -16,7 +16,7 @@ from typing import Literal
 
 from temporalio import workflow
 
-from workflows import budget
+from workflows import budget, metrics
 from workflows.contracts import Budget, Usage
 from workflows.density import fair_share_limit, verdict_for_step
 from workflows.estimates import KindEstimate, estimate_kind, own_seconds
@@ -68,14 +68,17 @@ class Spend:
         if decision.action in ("skip", "wrap_up_only", "emergency_stop"):
             if self._ctx.index().any(IN_FLIGHT):
                 return Admission("wait")
+            self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision=decision.action)
             return Admission("stop", f"not started: {decision.reason}")
         if step.needs and state.spec.budget.max_cost_usd and not step.wrap_up:
             limit = fair_share_limit(state.spec.budget.max_cost_usd, len(state.nodes))
             verdict = verdict_for_step(step.name, state.nodes, limit)
             if verdict.action != "ok":
+                self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="density")
                 return Admission("stop", f"not started: branch {verdict.branch} {verdict.reason}")
         node.degraded = decision.action == "degraded"
         if node.degraded:
+            self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="degraded")
             self._ctx.log_gate(f"{step.name}: runs degraded ({decision.reason})")
         return Admission("run")
 
@@ -238,6 +241,7 @@ class Spend:
             return  # only wrap-up steps run: they may go past the budget, by design
         decision = budget.emergency_check(state.spec.budget, self.actual_use(), at_limit=at_limit)
         if decision is not None:
+            self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="emergency_stop")
             self._ctx.log_gate(f"emergency stop: {decision.reason}")
             self._pause.abort(f"emergency stop: {decision.reason}", rollback=False, emergency=True)
             self._ctx.wake()

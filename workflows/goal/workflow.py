@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows import metrics
     from workflows.contracts import (
         GOAL_WORKFLOW,
         GoalResult,
@@ -130,6 +131,8 @@ class GoalWorkflow:
             return await self._refuse_to_resume()
         if input.state is not None:
             note_wait_ended(state, state.last_progress_at, "continued as new")
+        else:
+            self._ctx.metrics.add(metrics.GOALS_STARTED, 1)
         if self._ctx.budgets_by_time_and_wrap_up:
             self._spend.start_counting_active_time()
             self._clock = asyncio.create_task(self._budget_clock())

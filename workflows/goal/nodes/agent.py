@@ -13,7 +13,7 @@ import asyncio
 
 from temporalio import workflow
 
-from workflows import questions, segments, stall
+from workflows import metrics, questions, segments, stall
 from workflows.contracts import (
     Activities,
     AgentTurnInput,
@@ -166,6 +166,7 @@ class AgentNode:
             if action is None:
                 return []
             self._ctx.log_gate(f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})")
+            self._ctx.metrics.add(metrics.STALL_RUNGS, 1, rung=action.kind)
             if action.kind == "remind":
                 return [stall.remind_message(action.tried, threshold)]
             if action.kind == "switch_tool":
