@@ -124,11 +124,7 @@ _FINISHED = "workflow execution already completed"
 
 async def _finished_text(goal_id: str) -> str:
     client = await connect()
-    return await finished_text(client, await goals.describe(client, goal_id))
-
-
-async def finished_text(client: Any, desc: Any) -> str:
-    return f"goal {desc.id} has finished (outcome {await goals.outcome(client, desc)}); see `perdure result {desc.id}`"
+    return await goals.finished_text(client, await goals.describe(client, goal_id))
 
 
 @app.command()
@@ -422,27 +418,21 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
 
     async def _go() -> None:
         client = await connect()
-        desc = await goals.describe(client, goal_id)
-        if not goals.is_open(desc):
-            raise UserError(f"{await finished_text(client, desc)}; it takes no more messages")
-        failure = await goals.workflow_task_failure(client, desc)
-        if failure is not None:
-            # The server takes no update while the goal's workflow task fails; a signal is
-            # still stored, and applied in its turn once a worker can run the goal again.
-            await steering.send_by_signal(client, goal_id, message)
+        try:
+            delivery = await steering.deliver(client, goal_id, message)
+        except steering.MessageRejected as err:
+            err_console.print(f"[red]rejected:[/red] {escape(str(err))}")
+            raise typer.Exit(2) from None
+        if delivery.stuck is not None:
             err_console.print(f"[red]goal {goal_id} is stuck:[/red] its workflow task fails, the worker said:")
-            err_console.print(f"  {escape(failure)}")
+            err_console.print(f"  {escape(delivery.stuck)}")
             err_console.print(
                 f"{message.kind} stored by the server (request id {rid}); it is applied once a worker can run "
                 "the goal again."
             )
             err_console.print(escape(render.stuck_advice(goal_id)))
             raise typer.Exit(1)
-        try:
-            receipt = await steering.send(client, goal_id, message)
-        except steering.MessageRejected as err:
-            err_console.print(f"[red]rejected:[/red] {escape(str(err))}")
-            raise typer.Exit(2) from None
+        receipt = delivery.receipt
         if receipt is None:
             console.print(
                 f"{message.kind} accepted by the server (request id {rid}); no worker answered yet, so the goal "
