@@ -845,6 +845,44 @@ def ui(
         raise typer.Exit(1) from None
 
 
+@app.command()
+def mcp(
+    http: Annotated[
+        int | None, typer.Option("--http", metavar="PORT", help="Serve streamable HTTP on this port (at /mcp).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on with --http (loopback unless you mean it).")] = (
+        "127.0.0.1"
+    ),
+) -> None:
+    """Serve perdure to MCP clients: start goals, steer and answer them, read progress and reports.
+    Over stdio by default (the client starts `perdure mcp`); with --http PORT, over streamable HTTP."""
+    from starters.mcp_server import build_server
+
+    server = build_server()
+    if http is None:
+        # stdout is the protocol's channel: nothing else may print there.
+        asyncio.run(server.run_stdio_async())
+        return
+    import socket
+
+    import uvicorn
+
+    try:
+        # Bound here, not by uvicorn: a port in use is then this command's one-line error.
+        sock = socket.create_server((host, http))
+    except (OSError, OverflowError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        err_console.print(f"[red]error:[/red] cannot listen on {host}:{http}: {escape(reason)}")
+        raise typer.Exit(1) from None
+    # The SDK guards a loopback host against DNS rebinding (Host and Origin checked).
+    app = server.streamable_http_app(host=host)
+    console.print(f"perdure mcp on http://{host}:{http}/mcp (streamable HTTP)")
+    try:
+        asyncio.run(uvicorn.Server(uvicorn.Config(app, log_level="warning")).serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass
+
+
 @app.command("codec-server")
 def codec_server(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8081,
