@@ -9,7 +9,6 @@ Client-side only; holds no state.
 
 from __future__ import annotations
 
-import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,11 @@ class StartRequest(BaseModel):
         default=None, min_length=1, max_length=20_000, description="What the goal should achieve, in words."
     )
     plan: dict[str, Any] | None = Field(default=None, description="A plan file's content: steps, goal, premises...")
-    id: str | None = Field(default=None, description="The goal id (default: made from the goal, or the request id).")
+    id: str | None = Field(default=None, description="The goal id (default: made from the request id, or the goal).")
     request_id: str | None = Field(
-        default=None, pattern=REQUEST_ID, description="Without an id: the same request id names the same goal."
+        default=None,
+        pattern=REQUEST_ID,
+        description="Without an id: the same request id names the same goal, so a repeated start is a retry.",
     )
     workspace: str = Field(default=".", min_length=1, max_length=4096, description="On the workers' machine.")
     profile: str = Field(default="default", min_length=1, max_length=200, description="The model profile's name.")
@@ -96,9 +97,13 @@ def start_spec(body: StartRequest) -> tuple[GoalSpec, str]:
         allow_network=body.allow_network,
         **settings_in_plan,
     )
-    goal_id = body.id or render.new_goal_id(goal)
-    if body.id is None and body.request_id:
-        # A retried request (the page, a script, an agent) names the same goal: the start is then a retry.
-        goal_id = goal_id.rsplit("-", 1)[0] + "-" + hashlib.sha256(body.request_id.encode()).hexdigest()[:6]
+    if body.id is not None:
+        goal_id = body.id
+    elif body.request_id:
+        # A retried request (a script, an agent) names the same goal: the start is then a
+        # retry, and other content under the same request id meets that goal and is refused.
+        goal_id = render.request_goal_id(body.request_id)
+    else:
+        goal_id = render.new_goal_id(goal)
     goals.check_goal_id(goal_id)
     return spec, goal_id

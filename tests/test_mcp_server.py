@@ -168,7 +168,7 @@ async def test_a_retried_start_is_one_goal_and_a_retried_steer_one_inbox_row(
             first = await call(client, "start_goal", **start)
             again = await call(client, "start_goal", **start)
             goal_id = first["goal_id"]
-            other_spec = await refusal(client, "start_goal", **{**start, "goal": "something else", "id": goal_id})
+            other_goal = await refusal(client, "start_goal", **{**start, "goal": "something else"})
             unnamed = await call(client, "start_goal", goal="wait for GO", plan={"steps": [gate()]},
                                  workspace=str(workspace))  # fmt: skip
             unnamed_again = await call(client, "start_goal", goal="wait for GO", plan={"steps": [gate()]},
@@ -185,7 +185,8 @@ async def test_a_retried_start_is_one_goal_and_a_retried_steer_one_inbox_row(
                 await env.client.get_workflow_handle(gid).result()
     assert first["started"] is True and again["started"] is False and again["goal_id"] == goal_id
     assert "already running with this spec" in again["text"]
-    assert "already running with a different spec" in other_spec
+    # The same request id with other content names the same goal, and is refused, as a message would be.
+    assert f"goal {goal_id} is already running with a different spec" in other_goal
     # No request id given: the server made one, said so, and retrying with it names the same goal.
     assert unnamed["request_id_made"] is True and unnamed["request_id"].startswith("mcp-")
     assert unnamed_again["goal_id"] == unnamed["goal_id"] and unnamed_again["started"] is False
