@@ -854,7 +854,8 @@ def mcp(
         "127.0.0.1"
     ),
 ) -> None:
-    """Serve perdure to MCP clients: start goals, steer and answer them, read progress and reports.
+    """Serve perdure to MCP clients (agents, IDEs): start, steer and answer goals, read progress and reports.
+
     Over stdio by default (the client starts `perdure mcp`); with --http PORT, over streamable HTTP."""
     from starters.mcp_server import build_server
 

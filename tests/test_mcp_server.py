@@ -199,11 +199,17 @@ async def test_a_retried_start_is_one_goal_and_a_retried_steer_one_inbox_row(
 
 
 @pytest.mark.process
-async def test_bad_arguments_and_unknown_goals_are_tool_errors_saying_what_was_wrong(
+async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_saying_what_was_wrong(
     env, task_queue, store, workspace, tmp_path
 ):
     async with running_worker(env, task_queue, store), stdio_server(env, tmp_path, task_queue) as client:
+        waiting = await call(client, "start_goal", goal="wait", plan={"steps": [gate()]}, workspace=str(workspace))
+        goal_id = waiting["goal_id"]
+        await status_until(client, goal_id, lambda s: "gate" in s["running"])
         said = {
+            "not parked": await refusal(client, "resume", goal_id=goal_id),
+            "still running": await refusal(client, "goal_report", goal_id=goal_id),
+            "unknown step": await refusal(client, "rewind", goal_id=goal_id, node="nope", why="wrong"),
             "wrong type": await refusal(client, "steer", goal_id="g-1", text=5),
             "missing": await refusal(client, "steer", goal_id="g-1"),
             "huge text": await refusal(client, "steer", goal_id="g-1", text="x" * 9_000),
@@ -220,8 +226,15 @@ async def test_bad_arguments_and_unknown_goals_are_tool_errors_saying_what_was_w
         }
         with pytest.raises(MCPError) as unknown_resource:
             await client.read_resource("perdure://goals/no-such-goal/report")
+        await call(client, "abort", goal_id=goal_id)
+        await env.client.get_workflow_handle(goal_id).result()
+        said["ended"] = await refusal(client, "steer", goal_id=goal_id, text="still there?")
         still_serving = await client.list_tools()
     expected = {
+        "not parked": "rejected: the goal is not parked (request id mcp-",
+        "still running": "the goal is still running; its report is written when it ends",
+        "unknown step": "rejected: unknown step 'nope' (steps: gate)",
+        "ended": f"goal {goal_id} has finished (outcome aborted); see `perdure result {goal_id}`; it takes no more",
         "wrong type": "text: Input should be a valid string",
         "missing": "text: Field required",
         "huge text": "text: String should have at most 8000 characters",
@@ -300,3 +313,18 @@ async def test_list_tools_shows_every_verb_with_its_schema_and_the_resources_as_
     assert tools["abort"].annotations.destructive_hint is True
     assert set(templates) == {"perdure://goals/{goal_id}/progress", "perdure://goals/{goal_id}/report"}
     assert templates["perdure://goals/{goal_id}/report"].mime_type == "text/markdown"
+
+
+@pytest.mark.process
+def test_perdure_mcp_on_a_port_in_use_is_a_one_line_error(env, tmp_path, task_queue):
+    import socket
+
+    from tests.subprocess_rig import perdure
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = perdure("mcp", "--http", str(port), env=user_env(env, tmp_path, task_queue), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
