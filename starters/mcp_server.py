@@ -202,9 +202,19 @@ def _tool_taking(model: type[BaseModel]) -> Callable[[Callable[[Any], Awaitable[
 
 class PerdureMCP(MCPServer):
     """The SDK's server, with arguments that fail their schema refused in one line per
-    problem (`field: what is wrong`) instead of pydantic's report with its links."""
+    problem (`field: what is wrong`) instead of pydantic's report with its links, and
+    arguments a tool does not take refused rather than dropped: `approve` with
+    `"approve": false` for `"approved": false` would otherwise approve."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        tool = next((t for t in await self.list_tools() if t.name == name), None)
+        takes = tool.input_schema.get("properties", {}) if tool is not None else {}
+        unknown = sorted(set(arguments) - set(takes))
+        if tool is not None and unknown:
+            raise ToolError(
+                f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"it takes: {', '.join(takes)}"
+            )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as err:

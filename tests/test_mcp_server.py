@@ -28,7 +28,7 @@ from starters.mcp_server import build_server
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
 from tests.helpers import free_ports, running_worker
-from tests.subprocess_rig import PERDURE, user_env
+from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, user_env
 
 VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "narrow", "rewind", "abort"}
 READS = {"goal_status", "goal_inbox", "goal_report"}
@@ -223,6 +223,7 @@ async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_
             "unknown goal steer": await refusal(client, "steer", goal_id="no-such-goal", text="hello"),
             "unknown goal report": await refusal(client, "goal_report", goal_id="no-such-goal"),
             "unknown tool": await refusal(client, "dance", goal_id="g-1"),
+            "unknown argument": await refusal(client, "approve", goal_id=goal_id, question_id="q1", approve=False),
         }
         with pytest.raises(MCPError) as unknown_resource:
             await client.read_resource("perdure://goals/no-such-goal/report")
@@ -248,6 +249,7 @@ async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_
         "unknown goal steer": "no goal with id 'no-such-goal'",
         "unknown goal report": "no goal with id 'no-such-goal'",
         "unknown tool": "Unknown tool: dance",
+        "unknown argument": "approve: unknown argument 'approve'; it takes: goal_id, question_id, approved, text,",
     }
     for case, words in expected.items():
         assert words in said[case], (case, said[case])
@@ -275,16 +277,24 @@ async def test_with_no_worker_a_start_warns_and_a_message_is_admitted_by_signal(
 
 
 @pytest.mark.process
-async def test_with_temporal_unreachable_every_call_says_so_and_the_server_keeps_serving(env, tmp_path, task_queue):
-    (closed_port,) = free_ports(1)
+async def test_with_temporal_unreachable_every_call_says_so_and_the_server_connects_once_it_is_up(
+    env, tmp_path, task_queue
+):
+    closed_port, ui_port = free_ports(2)
     unreachable = {"PERDURE_TEMPORAL": f"127.0.0.1:{closed_port}"}
     async with stdio_server(env, tmp_path, task_queue, **unreachable) as client:
         listed = await client.list_tools()
         first = await refusal(client, "goal_status", goal_id="g-1")
         second = await refusal(client, "steer", goal_id="g-1", text="hello")
+        server = await asyncio.to_thread(spawn_raw_server, closed_port, ui_port)
+        try:
+            after = await refusal(client, "goal_status", goal_id="g-1")
+        finally:
+            kill_raw(server)
     assert {t.name for t in listed.tools} == VERBS | READS
     for text in (first, second):
         assert f"cannot reach Temporal at 127.0.0.1:{closed_port}" in text and "Traceback" not in text
+    assert "no goal with id 'g-1'" in after  # Temporal answered: the same server process connected
 
 
 async def test_list_tools_shows_every_verb_with_its_schema_and_the_resources_as_templates():
