@@ -101,25 +101,33 @@ def start_problems(spec: GoalSpec, offer: CapabilitiesResult) -> list[str]:
 
 async def check_start(client: Client, spec: GoalSpec) -> None:
     """Refuse (ValueError) a goal naming a profile or tool the worker lacks; warn when no worker answers."""
+    for warning in await start_warnings(client, spec):
+        err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
+async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
+    """What could not be checked (no worker answered, the devices unread); ValueError when
+    the goal names a profile, tool or device the worker lacks."""
     try:
         offer = await ask_worker(client)
     except NoWorkerAnswered as err:
-        err_console.print(
-            f"[yellow]warning:[/yellow] {escape(str(err))}, so --profile and the tools were not checked. "
+        return [
+            f"{err}, so the profile and the tools were not checked. "
             "The goal is stored and waits for a worker (`perdure worker`)."
-        )
-        return
+        ]
+    warnings = []
     problems = start_problems(spec, offer)
     if spec.plan is not None and devices_named(spec.plan):
         try:
             devices = await known_devices(client)
         except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError, TimeoutError) as err:
             # The goal checks its plan's devices itself; this check only says it sooner.
-            err_console.print(f"[yellow]warning:[/yellow] the devices were not checked: {escape(str(err))}")
+            warnings.append(f"the devices were not checked: {err}")
         else:
             problems += check_plan(spec.plan, spec.allowed_tools, devices)
     if problems:
         raise ValueError("the goal was not started: " + "; ".join(problems))
+    return warnings
 
 
 async def known_devices(client: Client) -> dict[str, list[str]]:

@@ -124,11 +124,7 @@ _FINISHED = "workflow execution already completed"
 
 async def _finished_text(goal_id: str) -> str:
     client = await connect()
-    return await finished_text(client, await goals.describe(client, goal_id))
-
-
-async def finished_text(client: Any, desc: Any) -> str:
-    return f"goal {desc.id} has finished (outcome {await goals.outcome(client, desc)}); see `perdure result {desc.id}`"
+    return await goals.finished_text(client, await goals.describe(client, goal_id))
 
 
 @app.command()
@@ -422,27 +418,21 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
 
     async def _go() -> None:
         client = await connect()
-        desc = await goals.describe(client, goal_id)
-        if not goals.is_open(desc):
-            raise UserError(f"{await finished_text(client, desc)}; it takes no more messages")
-        failure = await goals.workflow_task_failure(client, desc)
-        if failure is not None:
-            # The server takes no update while the goal's workflow task fails; a signal is
-            # still stored, and applied in its turn once a worker can run the goal again.
-            await steering.send_by_signal(client, goal_id, message)
+        try:
+            delivery = await steering.deliver(client, goal_id, message)
+        except steering.MessageRejected as err:
+            err_console.print(f"[red]rejected:[/red] {escape(str(err))}")
+            raise typer.Exit(2) from None
+        if delivery.stuck is not None:
             err_console.print(f"[red]goal {goal_id} is stuck:[/red] its workflow task fails, the worker said:")
-            err_console.print(f"  {escape(failure)}")
+            err_console.print(f"  {escape(delivery.stuck)}")
             err_console.print(
                 f"{message.kind} stored by the server (request id {rid}); it is applied once a worker can run "
                 "the goal again."
             )
             err_console.print(escape(render.stuck_advice(goal_id)))
             raise typer.Exit(1)
-        try:
-            receipt = await steering.send(client, goal_id, message)
-        except steering.MessageRejected as err:
-            err_console.print(f"[red]rejected:[/red] {escape(str(err))}")
-            raise typer.Exit(2) from None
+        receipt = delivery.receipt
         if receipt is None:
             console.print(
                 f"{message.kind} accepted by the server (request id {rid}); no worker answered yet, so the goal "
@@ -854,6 +844,45 @@ def ui(
         reason = getattr(err, "strerror", None) or str(err)
         err_console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {escape(reason)}")
         raise typer.Exit(1) from None
+
+
+@app.command()
+def mcp(
+    http: Annotated[
+        int | None, typer.Option("--http", metavar="PORT", help="Serve streamable HTTP on this port (at /mcp).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on with --http (loopback unless you mean it).")] = (
+        "127.0.0.1"
+    ),
+) -> None:
+    """Serve perdure to MCP clients (agents, IDEs): start, steer and answer goals, read progress and reports.
+
+    Over stdio by default (the client starts `perdure mcp`); with --http PORT, over streamable HTTP."""
+    from starters.mcp_server import build_server
+
+    server = build_server()
+    if http is None:
+        # stdout is the protocol's channel: nothing else may print there.
+        asyncio.run(server.run_stdio_async())
+        return
+    import socket
+
+    import uvicorn
+
+    try:
+        # Bound here, not by uvicorn: a port in use is then this command's one-line error.
+        sock = socket.create_server((host, http))
+    except (OSError, OverflowError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        err_console.print(f"[red]error:[/red] cannot listen on {host}:{http}: {escape(reason)}")
+        raise typer.Exit(1) from None
+    # The SDK guards a loopback host against DNS rebinding (Host and Origin checked).
+    app = server.streamable_http_app(host=host)
+    console.print(f"perdure mcp on http://{host}:{http}/mcp (streamable HTTP)")
+    try:
+        asyncio.run(uvicorn.Server(uvicorn.Config(app, log_level="warning")).serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command("codec-server")

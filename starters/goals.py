@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
@@ -457,6 +457,43 @@ def _ending(cause: BaseException | None) -> str:
     if isinstance(cause, CancelledError):
         return "cancelled"
     return f"failed: {cause}" if cause is not None else "failed"
+
+
+class StillRunning(Exception):
+    """The goal has not ended: its report is written when it does."""
+
+
+class ResultUnreadable(Exception):
+    """The goal's result is in a payload store this machine does not see, or encrypted with a key it lacks."""
+
+
+class ClosedReport(BaseModel):
+    """A closed goal's report (markdown) and how it ended: what `perdure result` shows."""
+
+    goal_id: str
+    outcome: str
+    failure: str | None = None
+    unfinished: list[str] = Field(default_factory=list)
+    report: str
+
+
+async def closed_report(client: Client, goal_id: str) -> ClosedReport:
+    """The report of a goal that has ended; GoalNotFound, StillRunning, EndedWithoutResult
+    (terminated, timed out: no report) or ResultUnreadable says why there is none."""
+    desc = await describe(client, goal_id)
+    if is_open(desc):
+        raise StillRunning("the goal is still running; its report is written when it ends")
+    try:
+        ended = await result(client, goal_id, desc.run_id)
+    except (RPCError, LookupError, ValueError) as err:
+        raise ResultUnreadable(f"the goal's result cannot be read here: {err}") from None
+    return ClosedReport(
+        goal_id=goal_id,
+        outcome=ended.outcome,
+        failure=ended.failure,
+        unfinished=ended.unfinished,
+        report=read_report(ended),
+    )
 
 
 def read_report(goal_result: GoalResult) -> str:

@@ -6,6 +6,7 @@ Presentation only; every fact comes from the server or the goal's query.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import uuid
 from datetime import UTC, datetime
@@ -56,8 +57,17 @@ def printable(text: str) -> str:
 
 
 def new_goal_id(goal: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", goal.lower()).strip("-")[:32].rstrip("-") or "goal"
-    return f"goal-{slug}-{uuid.uuid4().hex[:6]}"
+    return f"goal-{_slug(goal)}-{uuid.uuid4().hex[:6]}"
+
+
+def request_goal_id(request_id: str) -> str:
+    """The goal id a start with this request id names, whatever else it carries: a retry
+    finds its goal, and other content under the same request id finds it too (and is refused)."""
+    return f"goal-{_slug(request_id)}-{hashlib.sha256(request_id.encode()).hexdigest()[:6]}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:32].rstrip("-") or "goal"
 
 
 def status_name(desc) -> str:

@@ -8,6 +8,7 @@ either way the goal judges it in the order it was sent.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
@@ -15,6 +16,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from starters import capabilities, goals
 from workflows.contracts import Signals, Updates
 from workflows.goal import GoalWorkflow
 from workflows.messages import InboxView, Receipt
@@ -26,8 +28,41 @@ class MessageRejected(ValueError):
     """The goal refused the message; the text says why."""
 
 
-def new_request_id() -> str:
-    return f"cli-{uuid.uuid4().hex[:12]}"
+class GoalEnded(ValueError):
+    """The goal has ended; it takes no more messages (the text says how it ended)."""
+
+
+def new_request_id(prefix: str = "cli") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a message got in: the goal's receipt when a worker judged it at once, else None:
+    the server stored it by signal, and the goal judges it in the order it was sent once a
+    worker runs it. `stuck` is why a worker cannot (its workflow task fails), when so."""
+
+    receipt: Receipt | None
+    stuck: str | None = None
+
+
+async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
+    """Send a message to a goal that exists and is open, as every client does (the CLI, the
+    MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
+    desc = await goals.describe(client, goal_id)
+    if not goals.is_open(desc):
+        raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
+    failure = await goals.workflow_task_failure(client, desc)
+    if failure is not None:
+        # The server takes no update while the goal's workflow task fails; a signal is
+        # still stored, and applied in its turn once a worker can run the goal again.
+        await send_by_signal(client, goal_id, message)
+        return Delivery(None, stuck=failure)
+    if not await capabilities.has_pollers(client, desc.task_queue):
+        # No worker polls the goal's queue: an update would only wait out its timeout first.
+        await send_by_signal(client, goal_id, message)
+        return Delivery(None)
+    return Delivery(await send(client, goal_id, message))
 
 
 async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:

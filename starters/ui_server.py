@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -61,13 +60,13 @@ from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import settings
-from starters import capabilities, goals, render, router_client, steering
+from starters import capabilities, goals, router_client, steering
+from starters.start_requests import StartRequest, start_spec
 from workflows import search_attributes as sa
 from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC
-from workflows.messages import REQUEST_ID, parse_message
+from workflows.messages import parse_message
 from workflows.plan import describe_validation_error
 from workflows.router_contracts import Say
-from workflows.tool_specs import DEFAULT_TOOLS
 
 READ_EVERY = timedelta(milliseconds=100)
 # Idle reads between looks at whether the goal has closed (a goal that ended without an
@@ -99,80 +98,6 @@ def _rpc_error(err: RPCError) -> JSONResponse:
     if err.status == RPCStatusCode.NOT_FOUND:
         return _error(404, "no such goal")
     return _error(502, f"Temporal: {err.message}")
-
-
-class StartRequest(BaseModel):
-    """POST /api/goals: what `perdure start` takes, by the same names where they fit."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    goal: str | None = Field(default=None, min_length=1, max_length=20_000)
-    plan: dict[str, Any] | None = Field(default=None, description="A plan file's content: steps, goal, premises...")
-    id: str | None = Field(default=None, description="The goal id (default: made from the goal, or the request id).")
-    request_id: str | None = Field(
-        default=None, pattern=REQUEST_ID, description="Without an id: the same request id names the same goal."
-    )
-    workspace: str = Field(default=".", min_length=1, max_length=4096, description="On the workers' machine.")
-    profile: str = Field(default="default", min_length=1, max_length=200)
-    tools: list[str] | None = Field(default=None, max_length=100)
-    constraints: list[str] = Field(default_factory=list, max_length=100)
-    premises: dict[str, str] = Field(default_factory=dict, max_length=100)
-    max_tokens: int | None = Field(default=None, gt=0)
-    max_cost: float | None = Field(default=None, gt=0)
-    max_wall: int | None = Field(default=None, gt=0)
-    deadline: datetime | None = Field(default=None, description="ISO 8601; local time unless it has an offset.")
-    allow_network: bool = False
-    replace: bool = False
-
-
-def _start_spec(body: StartRequest) -> tuple[Any, str]:
-    """The spec and goal id `perdure start` would build from the same options; ValueError
-    (BadPlanFile, StartRefused are ValueErrors too) says what is wrong."""
-    allowed = body.tools or list(DEFAULT_TOOLS)
-    goal, constraints, premises = body.goal, list(body.constraints), dict(body.premises)
-    plan, settings_in_plan = None, {}
-    if body.plan is not None:
-        plan, extras = goals.plan_from_mapping(body.plan, body.tools, where="plan")
-        if not body.tools:
-            allowed = sorted(set(allowed) | set(goals.plan_tools(plan)))
-        goal = goal or extras.get("goal")
-        constraints = constraints or list(extras.get("constraints") or [])
-        premises = {**(extras.get("premises") or {}), **premises}
-        settings_in_plan = {k: extras[k] for k in goals.SPEC_FIELDS_IN_PLAN if k in extras}
-    if not goal:
-        raise ValueError("give the goal text (\"goal\"), or a plan with a 'goal' field")
-    try:
-        workspace = Path(body.workspace).expanduser().resolve()
-    except RuntimeError as err:  # "~someone" this machine has no home for, a symlink loop
-        raise ValueError(f"workspace {body.workspace!r}: {err}") from None
-    deadline = body.deadline
-    if deadline is not None:
-        deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
-        if deadline <= datetime.now(UTC):
-            raise ValueError(f"deadline {deadline.isoformat()} is in the past")
-    spec = goals.build_spec(
-        goal=goal,
-        plan=plan,
-        constraints=constraints,
-        budget={
-            "max_tokens": body.max_tokens,
-            "max_cost_usd": body.max_cost,
-            "max_wall_seconds": body.max_wall,
-            "deadline": deadline,
-        },
-        model_profile=body.profile,
-        allowed_tools=allowed,
-        workspace=str(workspace),
-        premises=premises,
-        allow_network=body.allow_network,
-        **settings_in_plan,
-    )
-    goal_id = body.id or render.new_goal_id(goal)
-    if body.id is None and body.request_id:
-        # A retried request (the page, a script) names the same goal: the start is then a retry.
-        goal_id = goal_id.rsplit("-", 1)[0] + "-" + hashlib.sha256(body.request_id.encode()).hexdigest()[:6]
-    goals.check_goal_id(goal_id)
-    return spec, goal_id
 
 
 def _waiting_on_a_person(execution: Any) -> str | None:
@@ -272,7 +197,7 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         except ValidationError as err:
             return _error(400, describe_validation_error(err, root="(start)"))
         try:
-            spec, goal_id = _start_spec(body)
+            spec, goal_id = start_spec(body)
         except ValueError as err:
             return _error(400, str(err))
         try:
@@ -299,31 +224,19 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         return await _queried(steering.inbox(client, request.path_params["goal_id"]))
 
     async def report(request: Request) -> JSONResponse:
-        goal_id = request.path_params["goal_id"]
         try:
-            desc = await goals.describe(client, goal_id)
+            found = await goals.closed_report(client, request.path_params["goal_id"])
         except goals.GoalNotFound:
             return _error(404, "no such goal")
-        except RPCError as err:
-            return _rpc_error(err)
-        if goals.is_open(desc):
-            return _error(409, "the goal is still running; its report is written when it ends")
-        try:
-            result = await goals.result(client, goal_id, desc.run_id)
+        except goals.StillRunning as err:
+            return _error(409, str(err))
         except goals.EndedWithoutResult as ended:
             return _error(404, f"the goal ended without a report: {ended}")
-        except (RPCError, LookupError, ValueError) as err:
-            # Its result in a payload store this machine does not see, or encrypted with a key it lacks.
-            return _error(502, f"the goal's result cannot be read here: {err}")
-        return JSONResponse(
-            {
-                "goal_id": goal_id,
-                "outcome": result.outcome,
-                "failure": result.failure,
-                "unfinished": result.unfinished,
-                "report": goals.read_report(result),
-            }
-        )
+        except goals.ResultUnreadable as err:
+            return _error(502, str(err))
+        except RPCError as err:
+            return _rpc_error(err)
+        return JSONResponse(found.model_dump(mode="json"))
 
     async def send(request: Request) -> JSONResponse:
         goal_id = request.path_params["goal_id"]

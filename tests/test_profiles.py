@@ -141,6 +141,6 @@ def test_start_with_no_worker_warns_and_starts_the_goal(env, tmp_path, task_queu
                       env=user_env(env, tmp_path, task_queue), timeout=60)  # fmt: skip
     assert started.returncode == 0, started.stderr
     said = " ".join(started.stderr.split())
-    assert f"no worker polls task queue '{task_queue}', so --profile and the tools were not checked" in said
+    assert f"no worker polls task queue '{task_queue}', so the profile and the tools were not checked" in said
     assert "goal no-worker-1 started" in started.stdout
     assert goal_exists(env, "no-worker-1", terminate=True)
