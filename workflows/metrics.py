@@ -115,6 +115,9 @@ class PerdureMeter:
     def __init__(self, meter: MetricMeter) -> None:
         self._meter = meter
         self._made: dict[str, object] = {}
+        # (metric, labels) -> its labelled instrument: a node settling is counted without
+        # building its attribute set again.
+        self._labelled_made: dict[tuple[str, tuple[tuple[str, str], ...]], object] = {}
 
     def add(self, metric: Metric, value: int, **labels: str) -> None:
         assert metric.kind == "counter", metric.name
@@ -129,6 +132,13 @@ class PerdureMeter:
         self._labelled(metric, labels).set(value)
 
     def _labelled(self, metric: Metric, labels: dict[str, str]):  # noqa: ANN202 - a Temporal metric instrument
+        key = (metric.name, tuple(sorted(labels.items())))
+        labelled = self._labelled_made.get(key)
+        if labelled is None:
+            labelled = self._labelled_made[key] = self._make(metric, labels)
+        return labelled
+
+    def _make(self, metric: Metric, labels: dict[str, str]):  # noqa: ANN202 - a Temporal metric instrument
         assert set(labels) == set(metric.labels), (metric.name, sorted(labels))
         instrument = self._made.get(metric.name)
         if instrument is None:
