@@ -6,6 +6,8 @@ a read segment costs only re-running the (free) reads.
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,11 +16,14 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from activities.workspace_versions import WorkspaceVersions
+from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI
 from tests.builders import openai_profile, spec
-from tests.helpers import local_activities, run_goal, running_worker, scheduled_activities, tool_timeline
+from tests.helpers import local_activities, new_goal_id, run_goal, running_worker, scheduled_activities, tool_timeline
 from workflows.goal import GoalWorkflow
+from workflows.goal.read_batch import BATCH_MAX_CALLS
 from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
+from workflows.state import GoalInput
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
 
@@ -158,11 +163,56 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
         )
     assert result.outcome == "succeeded", result.excerpt
     history = await handle.fetch_history()
-    per_task = Counter(task for _, _, s, task in local_activities(history) if s.startswith("tool "))
-    assert sum(per_task.values()) == SEGMENT_MAX_CALLS + 50
-    assert len(per_task) >= 2 and max(per_task.values()) <= SEGMENT_MAX_CALLS
-    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    assert len(timers) == len(per_task) - 1  # one break between consecutive segments
+    per_batch = Counter(event for event, _, s, _ in local_activities(history) if s.startswith("tool "))
+    # 150 reads ready together: two local activities of at most 100 calls, side by side. No
+    # timer breaks the task (the server fires a 1 ms one about a second later): the SDK's
+    # workflow task heartbeat bounds it by time (the next test).
+    assert sorted(per_batch.values()) == [50, BATCH_MAX_CALLS], per_batch
+    assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+
+
+async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_task_heartbeat(
+    env, task_queue, store, workspace, scripted
+):
+    """Three slow reads one after another (each a FIFO whose writer waits 1.4 s) in one read
+    segment: longer than most of the goal's 4 s workflow task timeout, so the SDK ends the
+    task with what has run and goes on in a new one, with no timer and no timeout."""
+    steps, previous = [], []
+    for i in range(1, 4):
+        os.mkfifo(workspace / f"slow-{i}")
+        # A `verify` spec keeps a step out of read-ahead: one read, one local activity, in turn.
+        step = {"name": f"slow-{i}", "kind": "tool", "tool": "read_file", "args": {"path": f"slow-{i}"}}
+        steps.append({**step, "needs": previous, "verify": {"depth": "trust"}})
+        previous = [f"slow-{i}"]
+
+    def write_late() -> None:
+        for i in range(1, 4):
+            with open(workspace / f"slow-{i}", "w") as fifo:  # blocks until the read opens it
+                time.sleep(1.4)
+                fifo.write(f"slow {i}\n")
+
+    writer = threading.Thread(target=write_late, daemon=True)
+    writer.start()
+    server = scripted({"replies": []})
+    goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        # With the workflow task timeout `perdure start` gives a goal (the SDK's default is 10 s).
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=goal),
+            id=new_goal_id(),
+            task_queue=task_queue,
+            task_timeout=GOAL_TASK_TIMEOUT,
+        )
+        result = await handle.result()
+    writer.join(timeout=10)
+    assert result.outcome == "succeeded", result.excerpt
+    history = await handle.fetch_history()
+    committed_in = {step_of(s): task for _, _, s, task in local_activities(history)}
+    assert len(set(committed_in.values())) >= 2, committed_in  # the segment was committed in two tasks or more
+    kinds = {e.event_type for e in history.events}
+    assert EventType.EVENT_TYPE_TIMER_STARTED not in kinds
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT not in kinds
 
 
 async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, store, workspace, scripted):

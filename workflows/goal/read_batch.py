@@ -30,7 +30,6 @@ Workflow code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -47,6 +46,8 @@ from workflows.state import GoalState, Node
 from workflows.tool_specs import TOOL_SPECS
 
 SUMMARY_NAMES = 6
+# Calls in one local activity at most; more made together run as several side by side.
+BATCH_MAX_CALLS = 100
 
 
 @dataclass
@@ -60,11 +61,8 @@ class _Call:
 
 
 class ReadBatcher:
-    def __init__(self, state: GoalState, room: Callable[[], int], count: Callable[[int], None]) -> None:
-        """`room()`: calls the current segment still takes; `count(n)`: n more were made."""
+    def __init__(self, state: GoalState) -> None:
         self._state = state
-        self._room = room
-        self._count = count
         self._open: list[_Call] | None = None
         self._flushes: set[asyncio.Task] = set()
         # Step -> (history length when read, call key, result) of reads made ahead of their step.
@@ -123,22 +121,13 @@ class ReadBatcher:
                 call.answer.set_result(None)
             return
         batch = waiting + ahead
-        try:
-            answered = await workflow.execute_local_activity(
-                Activities.RUN_TOOLS,
-                ToolBatchInput(calls=[c.tool_input for c in batch], summaries=[c.summary for c in batch]),
-                result_type=ToolBatchResult,
-                # The activity runs the calls side by side: the slowest one's limit bounds it.
-                start_to_close_timeout=max(c.timeout for c in batch),
-                retry_policy=TOOL_RETRY,
-                summary=_summary(waiting, len(ahead)),
-            )
-            entries = answered.entries
-        except ActivityError:
-            entries = []  # out of attempts as a whole: each call runs alone, with its own retries
+        chunks = [batch[i : i + BATCH_MAX_CALLS] for i in range(0, len(batch), BATCH_MAX_CALLS)]
+        answers = await asyncio.gather(*(self._run_batch(chunk) for chunk in chunks))
+        entries = [entry for answer in answers for entry in answer]
         at = workflow.info().get_current_history_length()
         for index, call in enumerate(batch):
-            result = entries[index].result if index < len(entries) else None
+            entry = entries[index] if index < len(entries) else None
+            result = entry.result if entry is not None else None
             if call.answer is None:
                 if result is not None and result.ok and call.node is not None:
                     for name in (call.node, *call.twins):
@@ -146,10 +135,27 @@ class ReadBatcher:
             elif not call.answer.done():
                 call.answer.set_result(result)
 
+    async def _run_batch(self, chunk: list[_Call]) -> list:
+        """One local activity's answers, one per call; answers missing (the batch failed as a
+        whole) mean each of its calls runs alone, with its own retries."""
+        try:
+            answered = await workflow.execute_local_activity(
+                Activities.RUN_TOOLS,
+                ToolBatchInput(calls=[c.tool_input for c in chunk], summaries=[c.summary for c in chunk]),
+                result_type=ToolBatchResult,
+                # The activity runs the calls side by side: the slowest one's limit bounds it.
+                start_to_close_timeout=max(c.timeout for c in chunk),
+                retry_policy=TOOL_RETRY,
+                summary=_summary(chunk),
+            )
+        except ActivityError:
+            return [None] * len(chunk)
+        return [entry for entry in answered.entries]
+
     def _reads_ahead(self, waiting: list[_Call]) -> list[_Call]:
-        """The pending read steps this batch's calls make ready, breadth first, within the
-        segment's room (they count in it: a crash before the task ends re-runs them too)."""
-        room = self._room() - len(waiting)
+        """The pending read steps this batch's calls make ready, breadth first, up to what
+        fills its last local activity."""
+        room = BATCH_MAX_CALLS - len(waiting) % BATCH_MAX_CALLS if len(waiting) % BATCH_MAX_CALLS else 0
         if room <= 0:
             return []
         state = self._state
@@ -184,7 +190,6 @@ class ReadBatcher:
                 summary = f"tool {step.tool} · {step.name} · read ahead"
                 by_work[work] = _Call(call, summary, timedelta(seconds=spec.start_to_close_s), step.name)
                 ahead.append(by_work[work])
-        self._count(len(ahead))
         return ahead
 
     def _dependents_of(self, plan: Plan) -> dict[str, list[ToolStep]]:
@@ -222,7 +227,10 @@ def _call_key(tool_input: ToolInput) -> str:
     return f"{tool_input.tool}\0{canonical_json(tool_input.args or {})}"
 
 
-def _summary(calls: list[_Call], ahead: int) -> str:
+def _summary(chunk: list[_Call]) -> str:
+    """`read STEP`, or `N reads at once · STEP, STEP…`, and how many steps were read ahead."""
+    calls = [c for c in chunk if c.answer is not None] or chunk[:1]
+    ahead = sum(c.answer is None for c in chunk) - (0 if calls[0].answer is not None else 1)
     # A call's summary is "tool TOOL · STEP · KEY": the steps name the batch.
     names = [(c.summary.split(" · ") + [""])[1] or c.summary for c in calls[:SUMMARY_NAMES]]
     more = f" +{len(calls) - SUMMARY_NAMES}" if len(calls) > SUMMARY_NAMES else ""

@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
+from workflows.goal.context import READ_AHEAD_PATCH
 from workflows.goal.read_batch import ReadBatcher
 from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
@@ -60,7 +61,7 @@ class ToolRunner:
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
         self._segment_break: asyncio.Task | None = None
-        self._batches = ReadBatcher(state, self._segment_room_left, self._count_segment_calls)
+        self._batches = ReadBatcher(state)
 
     def segments_enabled(self) -> bool:
         """Goals recorded before read segments existed replay their reads as activities."""
@@ -162,22 +163,18 @@ class ToolRunner:
             update["based_on"] = versions_seen(self._state, node, tool_input)
         return tool_input.model_copy(update=update)
 
-    def _segment_room_left(self) -> int:
-        """Local calls the current workflow task's segment still takes before its break (only
-        runs with `read-ahead` ask, and they have the cap: no patch is asked here, late in a task)."""
-        started, calls = self._segment
-        return SEGMENT_MAX_CALLS - (calls if workflow.info().get_current_history_length() == started else 0)
-
-    def _count_segment_calls(self, calls: int) -> None:
-        """`calls` more made in the current task's segment (steps read ahead by a batch)."""
-        started, made = self._segment
-        length = workflow.info().get_current_history_length()
-        self._segment = (length, (made if length == started else 0) + calls)
-
     async def _segment_room(self) -> None:
         """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
         for a short timer, which ends the task once the calls in flight are done. Every
-        caller waiting meanwhile shares the one timer."""
+        caller waiting meanwhile shares the one timer.
+
+        Runs with `read-ahead` take no break: the server fires even a 1 ms timer about a
+        second later (measured on the dev server), a second per 100 reads. Their calls go
+        in local activities of at most BATCH_MAX_CALLS (read_batch.py), and the workflow
+        task is ended by the SDK's own heartbeat once its local activities have run for
+        most of the task timeout, which bounds what a crash re-runs by time instead."""
+        if READ_AHEAD_PATCH in self._state.patches:
+            return
         while True:
             started, calls = self._segment
             length = workflow.info().get_current_history_length()
