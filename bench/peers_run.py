@@ -1,0 +1,561 @@
+"""perdure beside its peers in one run (`make bench-peers`): LangGraph with its SQLite
+checkpointer and DBOS on SQLite, against perdure on one dev server, on the same two tests.
+
+- steps: N sequential steps, each reading its own 2-byte file (perdure has no step
+  that does nothing; a read step is its cheapest, what `read_step_ms` reports). perdure
+  runs them as a goal of read steps and as a raw Temporal workflow of local
+  activities (bench/raw.py); each peer as its own durable steps (bench/peers/). Per
+  step is the slope between a small and an N-step run (medians of the repeats), so
+  each one's fixed cost (process, start, result) cancels out: the same for all.
+- crash: a 100-step run whose step 39 reads a FIFO the harness holds open, so the
+  step blocks; the harness SIGKILLs the process running it, then serves the FIFO.
+  A peer is started again in place (its database says what is left); perdure's goal
+  is resumed by a standby `perdure worker` already polling (testing/crash.py). The
+  ledger is the kernel's: every close of a step's file (inotify), so a step that ran
+  twice is counted twice whoever ran it. Reported: steps re-run, seconds from the
+  kill until step 39 opens its FIFO again, and until the run has finished.
+
+The peers run as subprocesses of bench/peers/.venv (the Makefile builds it from
+bench/peers/requirements.txt), never inside perdure's venv. Figures go to
+bench/peers_results.json with perdure's ratio to each peer.
+
+    .venv/bin/python -m bench.peers_run [--n 300] [--small 30] [--repeats 3] [--crash-n 100] [--block-at 39]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inotify_simple import INotify, flags
+from rich.console import Console
+from rich.table import Table
+from temporalio.client import Client
+
+from bench.common import (
+    ROOT,
+    chain_steps,
+    goal_spec,
+    median,
+    new_id,
+    on_own_server,
+    parse_options,
+    perdure_worker,
+    raw_worker,
+    slope_ms,
+    start_goal,
+)
+from bench.overhead import run_perdure, run_raw
+from bench.recovery import open_writer, reader_of, serve_fifo, wait_polling
+from testing.crash import CrashRig
+
+PEERS_DIR = ROOT / "bench" / "peers"
+PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"
+RESULTS = ROOT / "bench" / "peers_results.json"
+# Peer -> how the table names it.
+PEERS = {"langgraph": "LangGraph, SqliteSaver (sync)", "dbos": "DBOS on SQLite"}
+
+
+def step_name(index: int) -> str:
+    """The file step `index` reads, in every system (bench/peers/peer_common.py's step_file)."""
+    return f"s{index:05d}"
+
+
+def step_workspace(root: Path, count: int, blocking: int | None = None) -> Path:
+    """One 2-byte file per step; the blocking step's is a FIFO instead."""
+    root.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        path = root / step_name(index)
+        if index == blocking:
+            os.mkfifo(path)
+        else:
+            path.write_bytes(b"x\n")
+    return root
+
+
+# --- arithmetic ------------------------------------------------------------------
+
+
+def parse_runs(text: str) -> dict[int, list[float]]:
+    """A peer's `steps` output (one JSON object per line) as seconds per run, by size."""
+    runs: dict[int, list[float]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            run = json.loads(line)
+            size, seconds = int(run["n"]), float(run["seconds"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"not a peer's run line: {line[:200]!r} ({err})") from None
+        runs.setdefault(size, []).append(seconds)
+    return runs
+
+
+def per_step_ms(runs: dict[int, list[float]], small: int, large: int) -> float:
+    """The slope between the medians of the small and the large runs."""
+    missing = [size for size in (small, large) if not runs.get(size)]
+    if missing:
+        raise ValueError(f"no run of {missing[0]} steps (runs of {sorted(runs)})")
+    return slope_ms((small, median(runs[small])), (large, median(runs[large])))
+
+
+def step_index(name: str) -> int | None:
+    if len(name) == 6 and name.startswith("s") and name[1:].isdigit():
+        return int(name[1:])
+    return None
+
+
+def runs_per_step(closes: Counter[int], steps_run: int) -> int:
+    """How many times one uninterrupted step closes its file (a perdure read step reads it,
+    then digests it for its fingerprint: two), from a run of `steps_run` steps."""
+    total = sum(closes.values())
+    if steps_run < 1 or total < steps_run or total % steps_run:
+        raise ValueError(f"{total} closes of step files over {steps_run} uninterrupted steps")
+    return total // steps_run
+
+
+def reruns(closes: Counter[int], per_step: int, gate: int) -> list[int]:
+    """Each step once for every time it ran beyond the first, in step order. A step's
+    closes make one run per `per_step`; the gate's FIFO is read once a run by everyone (a
+    fingerprint digests regular files only), and its killed read counts as a run."""
+    runs = {index: count if index == gate else -(-count // per_step) for index, count in closes.items()}
+    return [index for index in sorted(runs) for _ in range(runs[index] - 1)]
+
+
+def ratio(perdure: float | None, peer: float | None) -> float | None:
+    return round(perdure / peer, 2) if perdure is not None and peer else None
+
+
+class Ledger:
+    """Which steps ran, counted from outside by the kernel: every close of a step's file
+    opened for reading (a killed process's open file is closed too). The harness opens
+    the FIFO only for writing, so its own closes are not counted."""
+
+    def __init__(self, workspace: Path) -> None:
+        self._inotify = INotify()
+        # Opens are watched too, only so that two closes in a row are never two identical
+        # events in the queue, which the kernel would merge into one.
+        self._inotify.add_watch(str(workspace), flags.OPEN | flags.CLOSE_NOWRITE)
+        self._names: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ledger", daemon=True)
+
+    def __enter__(self) -> Ledger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._inotify.close()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            events = self._inotify.read(timeout=50)
+            self._names += [event.name for event in events if event.mask & flags.CLOSE_NOWRITE]
+
+    def closes(self) -> Counter[int]:
+        indexes = (step_index(name) for name in list(self._names))
+        return Counter(index for index in indexes if index is not None)
+
+
+# --- the crash test --------------------------------------------------------------
+
+
+@dataclass
+class Crash:
+    resume_s: float | None  # kill -> step's FIFO opened again; None: never
+    done_s: float | None  # kill -> the run's result; None: not within the wait
+    rerun: list[int]
+    ran: int  # distinct steps the ledger saw
+    how: str
+
+    def describe(self, block_at: int) -> str:
+        again = f"{self.resume_s:.2f} s" if self.resume_s is not None else "never"
+        done = f"{self.done_s:.2f} s" if self.done_s is not None else "not finished"
+        shown = ", ".join(map(str, self.rerun[:12])) + (" ..." if len(self.rerun) > 12 else "")
+        return (
+            f"{self.how}: step {block_at} again after {again}, done after {done}; "
+            f"{len(self.rerun)} step(s) re-run ({shown or 'none'}); {self.ran} distinct steps ran"
+        )
+
+
+async def settle(ledger: Ledger, quiet_s: float = 0.5, most_s: float = 10) -> Counter[int]:
+    """The ledger once no close has come in for `quiet_s`: the kernel reports a close a
+    moment after it, and the watching thread shares a busy machine."""
+    deadline = time.monotonic() + most_s
+    seen = sum(ledger.closes().values())
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        now = sum(ledger.closes().values())
+        if now != seen:
+            seen, quiet_since = now, time.monotonic()
+    return ledger.closes()
+
+
+@dataclass
+class CrashRun:
+    """One crash test's setting: the run's size, the step that blocks, the ledger's
+    closes per uninterrupted step of this system, how long to wait for the end."""
+
+    count: int
+    block_at: int
+    per_step: int
+    wait_s: float
+
+
+async def resumed(kill, finished, gate: Path, ledger: Ledger, run: CrashRun, how: str) -> Crash:
+    """SIGKILL (`await kill()`, which returns once the process is dead, with the kill's time)
+    while the gate's step blocks, serve the gate to whoever reads it next, and wait for
+    `finished()`; both are timed from the kill."""
+    killed_at = await kill()
+    first: asyncio.Future = asyncio.get_running_loop().create_future()
+    served = asyncio.create_task(serve_fifo(gate, first))
+    try:
+        done_s = None
+        try:
+            await asyncio.wait_for(finished(), run.wait_s)
+            done_s = time.time() - killed_at
+        except TimeoutError:
+            pass
+        resume_s = first.result() - killed_at if first.done() else None
+    finally:
+        served.cancel()
+    closes = await settle(ledger)
+    return Crash(resume_s, done_s, reruns(closes, run.per_step, run.block_at), len(closes), how)
+
+
+async def crash_perdure(client: Client, root: Path, run: CrashRun) -> Crash:
+    workspace = step_workspace(root / "ws", run.count, blocking=run.block_at)
+    gate = workspace / step_name(run.block_at)
+    rig = CrashRig(client=client, root=root)
+    try:
+        with Ledger(workspace) as ledger:
+            rig.start_worker()
+            rig.start_worker()
+            await wait_polling(rig)
+            steps = chain_steps("read_file", [{"path": step_name(i)} for i in range(run.count)])
+            spec = goal_spec(workspace, steps, allowed_tools=["read_file"], label=f"peers crash, {run.count} reads")
+            handle = await start_goal(client, rig.task_queue, spec, "bench-peers-crash")
+            # Held open without a write: the step now waits inside its read.
+            held = await open_writer(gate, timeout_s=60)
+            victim = await reader_of(rig, gate)
+
+            async def kill() -> float:
+                victim.kill()
+                killed_at = time.time()
+                os.close(held)
+                return killed_at
+
+            async def finished() -> None:
+                result = await handle.result()
+                if result.outcome != "succeeded":
+                    raise RuntimeError(f"the crash goal ended {result.outcome}: {result.unfinished[:3]}")
+
+            return await resumed(kill, finished, gate, ledger, run, "perdure, standby worker")
+    finally:
+        rig.close()
+
+
+class PeerFailed(RuntimeError):
+    pass
+
+
+async def start_peer(peer: str, mode: str, db: Path, workspace: Path, log: Path, *options: str):
+    with open(log, "ab") as err:
+        return await asyncio.create_subprocess_exec(
+            str(PEER_PYTHON),
+            str(PEERS_DIR / f"{peer}_peer.py"),
+            mode,
+            "--db",
+            str(db),
+            "--workspace",
+            str(workspace),
+            *options,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+
+
+async def peer_output(proc, peer: str, log: Path) -> str:
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise PeerFailed(f"{peer} exited with {proc.returncode}:\n{tail}")
+    return out.decode()
+
+
+async def crash_peer(peer: str, root: Path, run: CrashRun) -> Crash:
+    workspace = step_workspace(root / "ws", run.count, blocking=run.block_at)
+    gate = workspace / step_name(run.block_at)
+    db, log = root / f"{peer}.db", root / f"{peer}.log"
+    options = ("--n", str(run.count))
+    with Ledger(workspace) as ledger:
+        victim = await start_peer(peer, "crash", db, workspace, log, *options)
+        try:
+            held = await open_writer(gate, timeout_s=60)
+        except RuntimeError as err:
+            victim.kill()
+            await victim.wait()
+            raise PeerFailed(
+                f"{peer} never reached step {run.block_at}:\n{log.read_text(errors='replace')[-1500:]}"
+            ) from err
+        again: list = []
+
+        async def kill() -> float:
+            victim.send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            # Dead before the gate is served: its own read must not take the first serving.
+            await victim.wait()
+            os.close(held)
+            return killed_at
+
+        async def finished() -> None:
+            again.append(await start_peer(peer, "crash", db, workspace, log, *options))
+            out = await peer_output(again[0], peer, log)
+            if '"resumed": true' not in out:
+                raise PeerFailed(f"{peer} started the run anew instead of resuming it: {out.strip()}")
+
+        try:
+            return await resumed(kill, finished, gate, ledger, run, f"{PEERS[peer]}, restarted in place")
+        finally:
+            for proc in [victim, *again]:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+
+# --- the steps test --------------------------------------------------------------
+
+
+@dataclass
+class Steps:
+    ms: float  # per step, the slope
+    per_step: int  # closes of step files per step (the crash test's ledger divides by it)
+
+
+def steps_run(small: int, large: int, repeats: int) -> int:
+    """Steps one system runs in the steps test: a 3-step warm-up, then every size, repeated."""
+    return 3 + repeats * (small + large)
+
+
+async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int) -> Steps:
+    workspace = step_workspace(root / "ws", large)
+    log = root / f"{peer}-steps.log"
+    options = ("--sizes", f"{small},{large}", "--repeats", str(repeats))
+    with Ledger(workspace) as ledger:
+        proc = await start_peer(peer, "steps", root / f"{peer}-steps.db", workspace, log, *options)
+        runs = parse_runs(await peer_output(proc, peer, log))
+        closes = await settle(ledger)
+    return Steps(per_step_ms(runs, small, large), runs_per_step(closes, steps_run(small, large, repeats)))
+
+
+async def steps_perdure(root: Path, client: Client, small: int, large: int, repeats: int) -> tuple[Steps, float]:
+    """A goal of read steps (with its ledger), and the raw local activities' ms per step;
+    each warmed up first. The raw workflow reads a workspace of its own, unwatched."""
+    workspace, raw_workspace = step_workspace(root / "ws", large), step_workspace(root / "raw-ws", large)
+    tq_goal, tq_raw = new_id("bench-peers"), new_id("bench-peers-raw")
+    goal: dict[int, list[float]] = {}
+    raw: dict[int, list[float]] = {}
+
+    def args(size: int) -> list[dict]:
+        return [{"path": step_name(i)} for i in range(size)]
+
+    async def goal_run(size: int) -> float:
+        seconds, _ = await run_perdure(client, tq_goal, workspace, chain_steps("read_file", args(size)), ["read_file"])
+        return seconds
+
+    async with perdure_worker(client, tq_goal, root), raw_worker(client, tq_raw, root):
+        with Ledger(workspace) as ledger:
+            await goal_run(3)
+            await run_raw(client, tq_raw, raw_workspace, "read_file", args(3), "local")
+            for _ in range(repeats):
+                for size in (small, large):
+                    goal.setdefault(size, []).append(await goal_run(size))
+                    seconds = await run_raw(client, tq_raw, raw_workspace, "read_file", args(size), "local")
+                    raw.setdefault(size, []).append(seconds)
+            closes = await settle(ledger)
+    per_step = runs_per_step(closes, steps_run(small, large, repeats))
+    return Steps(per_step_ms(goal, small, large), per_step), per_step_ms(raw, small, large)
+
+
+# --- the run ---------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    name: str
+    steps: Steps | None = None
+    crash: Crash | None = None
+    failures: list[str] = field(default_factory=list)
+    raw_ms: float | None = None  # only the raw Temporal row, which has no ledger
+
+    @property
+    def step_ms(self) -> float | None:
+        return self.steps.ms if self.steps else self.raw_ms
+
+
+def figures(rows: dict[str, Row]) -> dict[str, float | int]:
+    """The results file: each system's figures (perdure's, then `peer_<name>_...`) and
+    perdure's ratio to each peer (perdure ÷ peer: below 1, perdure is faster)."""
+    out: dict[str, float | int] = {}
+    perdure, raw = rows["perdure"], rows["raw"]
+    if raw.step_ms is not None:
+        out["raw_local_activity_ms"] = round(raw.step_ms, 3)
+    for key, prefix in {"perdure": "perdure_", **{peer: f"peer_{peer}_" for peer in PEERS}}.items():
+        row = rows[key]
+        if row.step_ms is not None:
+            out[prefix + ("read_step_ms" if key == "perdure" else "step_ms")] = round(row.step_ms, 3)
+        if row.crash is not None:
+            out[f"{prefix}rerun_steps"] = len(row.crash.rerun)
+            for name, value in (("recovery_s", row.crash.resume_s), ("done_after_kill_s", row.crash.done_s)):
+                if value is not None:
+                    out[prefix + name] = round(value, 2)
+    for peer in PEERS:
+        row = rows[peer]
+        step = ratio(perdure.step_ms, row.step_ms)
+        resume = ratio(perdure.crash.resume_s if perdure.crash else None, row.crash.resume_s if row.crash else None)
+        if step is not None:
+            out[f"perdure_step_ratio_to_{peer}"] = step
+        if resume is not None:
+            out[f"perdure_recovery_ratio_to_{peer}"] = resume
+    return out
+
+
+def table(rows: dict[str, Row], block_at: int) -> Table:
+    perdure = rows["perdure"]
+    result = Table(title="perdure beside its peers (ratio = perdure ÷ the row; below 1: perdure faster)")
+    for column in (
+        "system",
+        "ms per step",
+        "steps re-run",
+        f"s to step {block_at} again",
+        "s to done",
+        "ratio ms/step",
+        "ratio resume",
+    ):
+        result.add_column(column, justify="left" if column == "system" else "right")
+
+    def shown(value: float | None, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    for key, row in rows.items():
+        crash = row.crash
+        resume = (
+            None
+            if key == "perdure" or not crash or not perdure.crash
+            else ratio(perdure.crash.resume_s, crash.resume_s)
+        )
+        step = None if key == "perdure" else ratio(perdure.step_ms, row.step_ms)
+        result.add_row(
+            row.name,
+            shown(row.step_ms),
+            "—" if crash is None else str(len(crash.rerun)),
+            shown(crash.resume_s if crash else None),
+            shown(crash.done_s if crash else None),
+            shown(step),
+            shown(resume),
+        )
+    return result
+
+
+async def run(client: Client, work: Path, n: int, small: int, repeats: int, crash_n: int, block_at: int, wait_s: float):
+    rows = {
+        "perdure": Row("perdure goal, read steps"),
+        "raw": Row("raw Temporal, local activities"),
+        **{peer: Row(name) for peer, name in PEERS.items()},
+    }
+    systems = ["perdure", *PEERS]
+
+    async def attempt(key: str, what: str, action) -> None:
+        started = time.monotonic()
+        try:
+            await action()
+            print(f"  {rows[key].name}: {what} done ({time.monotonic() - started:.0f} s)", flush=True)
+        except (PeerFailed, RuntimeError, ValueError, OSError) as err:
+            rows[key].failures.append(f"{what}: {err}")
+            print(f"  {rows[key].name}: {what} FAILED: {err}", flush=True)
+
+    async def steps(key: str) -> None:
+        root = work / f"{key}-steps"
+        if key == "perdure":
+            rows[key].steps, rows["raw"].raw_ms = await steps_perdure(root, client, small, n, repeats)
+        else:
+            rows[key].steps = await steps_peer(key, root, small, n, repeats)
+
+    async def crash(key: str) -> None:
+        calibrated = rows[key].steps
+        if calibrated is None:
+            raise RuntimeError("not run: the ledger's closes per step come from the steps test, which failed")
+        setting = CrashRun(crash_n, block_at, calibrated.per_step, wait_s)
+        root = work / f"{key}-crash"
+        rows[key].crash = await (
+            crash_perdure(client, root, setting) if key == "perdure" else crash_peer(key, root, setting)
+        )
+
+    print(f"steps: {small} and {n} sequential read steps, {repeats} repeats each", flush=True)
+    for key in systems:
+        await attempt(key, "steps", lambda key=key: steps(key))
+    print(f"crash: SIGKILL while step {block_at} of {crash_n} runs, then resume", flush=True)
+    for key in systems:
+        await attempt(key, "crash", lambda key=key: crash(key))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(__doc__, argv, n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0)
+    problem = refusal(options)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+    started = time.monotonic()
+    rows: dict[str, Row] = on_own_server(run, options)
+    console = Console(width=130)
+    console.print(table(rows, options["block_at"]))
+    for row in rows.values():
+        if row.crash is not None:
+            print("  " + row.crash.describe(options["block_at"]))
+    results = {
+        **figures(rows),
+        "n": options["n"],
+        "small": options["small"],
+        "crash_n": options["crash_n"],
+        "block_at": options["block_at"],
+    }
+    RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)} ({time.monotonic() - started:.0f} s in all)")
+    failed = [f"{row.name}: {failure}" for row in rows.values() for failure in row.failures]
+    for line in failed:
+        print(f"not measured: {line.splitlines()[0]}")
+    return 1 if failed else 0
+
+
+def refusal(options: dict) -> str | None:
+    """Why these options cannot run, or None."""
+    if not PEER_PYTHON.exists():
+        return f"{PEER_PYTHON.relative_to(ROOT)} does not exist: `make bench-peers` creates it"
+    if not 1 <= options["small"] < options["n"]:
+        return f"--small ({options['small']}) must be at least 1 and below --n ({options['n']})"
+    if not 0 <= options["block_at"] < options["crash_n"]:
+        return f"--block-at ({options['block_at']}) must be a step of the crash run (0 to {options['crash_n'] - 1})"
+    if options["repeats"] < 1 or options["wait_s"] <= 0:
+        return "--repeats and --wait-s must be positive"
+    return None
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # The SDK's native runtime can crash at interpreter exit (sdk-python #300).
+    os._exit(code)
