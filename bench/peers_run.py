@@ -344,9 +344,12 @@ class Steps:
     per_step: int  # closes of step files per step (the crash test's ledger divides by it)
 
 
+WARM_UP = 3  # steps of the untimed first run, in every system (peer_common.py's too)
+
+
 def steps_run(small: int, large: int, repeats: int) -> int:
-    """Steps one system runs in the steps test: a 3-step warm-up, then every size, repeated."""
-    return 3 + repeats * (small + large)
+    """Steps a peer runs in the steps test: the warm-up, then every size, repeated."""
+    return WARM_UP + repeats * (small + large)
 
 
 async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int) -> Steps:
@@ -361,8 +364,10 @@ async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int
 
 
 async def steps_perdure(root: Path, client: Client, small: int, large: int, repeats: int) -> tuple[Steps, float]:
-    """A goal of read steps (with its ledger), and the raw local activities' ms per step;
-    each warmed up first. The raw workflow reads a workspace of its own, unwatched."""
+    """A goal of read steps and the raw local activities' ms per step, each warmed up
+    first. Only the goal's warm-up is watched by the ledger: its thread would share the
+    in-process worker's interpreter lock during the timed runs (a peer's runs are in
+    another process). The raw workflow reads a workspace of its own."""
     workspace, raw_workspace = step_workspace(root / "ws", large), step_workspace(root / "raw-ws", large)
     tq_goal, tq_raw = new_id("bench-peers"), new_id("bench-peers-raw")
     goal: dict[int, list[float]] = {}
@@ -377,15 +382,15 @@ async def steps_perdure(root: Path, client: Client, small: int, large: int, repe
 
     async with perdure_worker(client, tq_goal, root), raw_worker(client, tq_raw, root):
         with Ledger(workspace) as ledger:
-            await goal_run(3)
-            await run_raw(client, tq_raw, raw_workspace, "read_file", args(3), "local")
-            for _ in range(repeats):
-                for size in (small, large):
-                    goal.setdefault(size, []).append(await goal_run(size))
-                    seconds = await run_raw(client, tq_raw, raw_workspace, "read_file", args(size), "local")
-                    raw.setdefault(size, []).append(seconds)
+            await goal_run(WARM_UP)
             closes = await settle(ledger)
-    per_step = runs_per_step(closes, steps_run(small, large, repeats))
+        await run_raw(client, tq_raw, raw_workspace, "read_file", args(WARM_UP), "local")
+        for _ in range(repeats):
+            for size in (small, large):
+                goal.setdefault(size, []).append(await goal_run(size))
+                seconds = await run_raw(client, tq_raw, raw_workspace, "read_file", args(size), "local")
+                raw.setdefault(size, []).append(seconds)
+    per_step = runs_per_step(closes, WARM_UP)
     return Steps(per_step_ms(goal, small, large), per_step), per_step_ms(raw, small, large)
 
 
@@ -523,9 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, Row] = on_own_server(run, options)
     console = Console(width=130)
     console.print(table(rows, options["block_at"]))
-    for row in rows.values():
-        if row.crash is not None:
-            print("  " + row.crash.describe(options["block_at"]))
+    for line in method(rows, options):
+        print(line)
     results = {
         **figures(rows),
         "n": options["n"],
@@ -539,6 +543,22 @@ def main(argv: list[str] | None = None) -> int:
     for line in failed:
         print(f"not measured: {line.splitlines()[0]}")
     return 1 if failed else 0
+
+
+def method(rows: dict[str, Row], options: dict) -> list[str]:
+    """How to read the table, with what each crash run did."""
+    per_step = {row.name: row.steps.per_step for row in rows.values() if row.steps}
+    lines = [
+        f"ms per step: slope between {options['small']} and {options['n']} steps, medians of {options['repeats']} "
+        "runs each (perdure timed at its client, start to result; a peer in its own process, run to result)",
+        "steps re-run: each step's runs counted by the kernel's closes of its file (closes per uninterrupted "
+        f"step: {'; '.join(f'{name}: {count}' for name, count in per_step.items())}), the killed step included",
+        f"s to step {options['block_at']} again: from the SIGKILL until a process opens that step's FIFO again; "
+        "s to done: until the run's result. perdure resumes on a standby worker already polling; "
+        "each peer is started again in place",
+    ]
+    lines += ["  " + row.crash.describe(options["block_at"]) for row in rows.values() if row.crash]
+    return lines
 
 
 def refusal(options: dict) -> str | None:
