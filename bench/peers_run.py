@@ -62,6 +62,8 @@ PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"
 RESULTS = ROOT / "bench" / "peers_results.json"
 # Peer -> how the table names it.
 PEERS = {"langgraph": "LangGraph, SqliteSaver (sync)", "dbos": "DBOS on SQLite"}
+# The row of perdure's crash test resumed by a restarted worker instead of a standby.
+RESTART = "perdure_restart"
 
 
 def step_name(index: int) -> str:
@@ -234,14 +236,16 @@ async def resumed(kill, finished, gate: Path, ledger: Ledger, run: CrashRun, how
     return Crash(resume_s, done_s, reruns(closes, run.per_step, run.block_at), len(closes), how)
 
 
-async def crash_perdure(client: Client, root: Path, run: CrashRun) -> Crash:
+async def crash_perdure(client: Client, root: Path, run: CrashRun, standby: bool = True) -> Crash:
+    """The goal on two workers, resumed by the one not killed (`standby`); or on one
+    worker, resumed by a new `perdure worker` started right after the kill, as a peer is."""
     workspace = step_workspace(root / "ws", run.count, blocking=run.block_at)
     gate = workspace / step_name(run.block_at)
     rig = CrashRig(client=client, root=root)
     try:
         with Ledger(workspace) as ledger:
-            rig.start_worker()
-            rig.start_worker()
+            for _ in range(2 if standby else 1):
+                rig.start_worker()
             await wait_polling(rig)
             steps = chain_steps("read_file", [{"path": step_name(i)} for i in range(run.count)])
             spec = goal_spec(workspace, steps, allowed_tools=["read_file"], label=f"peers crash, {run.count} reads")
@@ -254,6 +258,8 @@ async def crash_perdure(client: Client, root: Path, run: CrashRun) -> Crash:
                 victim.kill()
                 killed_at = time.time()
                 os.close(held)
+                if not standby:
+                    rig.start_worker()
                 return killed_at
 
             async def finished() -> None:
@@ -261,7 +267,8 @@ async def crash_perdure(client: Client, root: Path, run: CrashRun) -> Crash:
                 if result.outcome != "succeeded":
                     raise RuntimeError(f"the crash goal ended {result.outcome}: {result.unfinished[:3]}")
 
-            return await resumed(kill, finished, gate, ledger, run, "perdure, standby worker")
+            how = "perdure, standby worker" if standby else "perdure, worker restarted in place"
+            return await resumed(kill, finished, gate, ledger, run, how)
     finally:
         rig.close()
 
@@ -417,7 +424,11 @@ def figures(rows: dict[str, Row]) -> dict[str, float | int]:
     perdure, raw = rows["perdure"], rows["raw"]
     if raw.step_ms is not None:
         out["raw_local_activity_ms"] = round(raw.step_ms, 3)
-    for key, prefix in {"perdure": "perdure_", **{peer: f"peer_{peer}_" for peer in PEERS}}.items():
+    for key, prefix in {
+        "perdure": "perdure_",
+        **{peer: f"peer_{peer}_" for peer in PEERS},
+        RESTART: "perdure_restart_",
+    }.items():
         row = rows[key]
         if row.step_ms is not None:
             out[prefix + ("read_step_ms" if key == "perdure" else "step_ms")] = round(row.step_ms, 3)
@@ -429,12 +440,17 @@ def figures(rows: dict[str, Row]) -> dict[str, float | int]:
     for peer in PEERS:
         row = rows[peer]
         step = ratio(perdure.step_ms, row.step_ms)
-        resume = ratio(perdure.crash.resume_s if perdure.crash else None, row.crash.resume_s if row.crash else None)
         if step is not None:
             out[f"perdure_step_ratio_to_{peer}"] = step
-        if resume is not None:
-            out[f"perdure_recovery_ratio_to_{peer}"] = resume
+        for key, prefix in (("perdure", "perdure_"), (RESTART, "perdure_restart_")):
+            resume = ratio(resume_s(rows[key]), resume_s(row))
+            if resume is not None:
+                out[f"{prefix}recovery_ratio_to_{peer}"] = resume
     return out
+
+
+def resume_s(row: Row) -> float | None:
+    return row.crash.resume_s if row.crash else None
 
 
 def table(rows: dict[str, Row], block_at: int) -> Table:
@@ -456,12 +472,9 @@ def table(rows: dict[str, Row], block_at: int) -> Table:
 
     for key, row in rows.items():
         crash = row.crash
-        resume = (
-            None
-            if key == "perdure" or not crash or not perdure.crash
-            else ratio(perdure.crash.resume_s, crash.resume_s)
-        )
-        step = None if key == "perdure" else ratio(perdure.step_ms, row.step_ms)
+        ours = key in ("perdure", RESTART)
+        resume = None if ours else ratio(resume_s(perdure), resume_s(row))
+        step = None if ours else ratio(perdure.step_ms, row.step_ms)
         result.add_row(
             row.name,
             shown(row.step_ms),
@@ -477,6 +490,7 @@ def table(rows: dict[str, Row], block_at: int) -> Table:
 async def run(client: Client, work: Path, n: int, small: int, repeats: int, crash_n: int, block_at: int, wait_s: float):
     rows = {
         "perdure": Row("perdure goal, read steps"),
+        RESTART: Row("  the same, worker restarted"),
         "raw": Row("raw Temporal, local activities"),
         **{peer: Row(name) for peer, name in PEERS.items()},
     }
@@ -499,20 +513,21 @@ async def run(client: Client, work: Path, n: int, small: int, repeats: int, cras
             rows[key].steps = await steps_peer(key, root, small, n, repeats)
 
     async def crash(key: str) -> None:
-        calibrated = rows[key].steps
+        calibrated = rows["perdure" if key == RESTART else key].steps
         if calibrated is None:
             raise RuntimeError("not run: the ledger's closes per step come from the steps test, which failed")
         setting = CrashRun(crash_n, block_at, calibrated.per_step, wait_s)
         root = work / f"{key}-crash"
-        rows[key].crash = await (
-            crash_perdure(client, root, setting) if key == "perdure" else crash_peer(key, root, setting)
-        )
+        if key in PEERS:
+            rows[key].crash = await crash_peer(key, root, setting)
+        else:
+            rows[key].crash = await crash_perdure(client, root, setting, standby=key == "perdure")
 
     print(f"steps: {small} and {n} sequential read steps, {repeats} repeats each", flush=True)
     for key in systems:
         await attempt(key, "steps", lambda key=key: steps(key))
     print(f"crash: SIGKILL while step {block_at} of {crash_n} runs, then resume", flush=True)
-    for key in systems:
+    for key in ["perdure", RESTART, *PEERS]:
         await attempt(key, "crash", lambda key=key: crash(key))
     return rows
 
@@ -554,8 +569,8 @@ def method(rows: dict[str, Row], options: dict) -> list[str]:
         "steps re-run: each step's runs counted by the kernel's closes of its file (closes per uninterrupted "
         f"step: {'; '.join(f'{name}: {count}' for name, count in per_step.items())}), the killed step included",
         f"s to step {options['block_at']} again: from the SIGKILL until a process opens that step's FIFO again; "
-        "s to done: until the run's result. perdure resumes on a standby worker already polling; "
-        "each peer is started again in place",
+        "s to done: until the run's result. perdure resumes on a standby worker already polling (ratios), "
+        "or on a worker started right after the kill; each peer is started again in place",
     ]
     lines += ["  " + row.crash.describe(options["block_at"]) for row in rows.values() if row.crash]
     return lines

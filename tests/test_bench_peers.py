@@ -13,6 +13,7 @@ import pytest
 
 from bench import peers_run
 from bench.peers_run import (
+    RESTART,
     Crash,
     Ledger,
     Row,
@@ -72,6 +73,7 @@ def crashed(resume_s: float | None, done_s: float | None, rerun: list[int]) -> C
 def test_figures_give_perdures_ratio_to_each_peer_and_leave_out_what_was_not_measured():
     rows = {
         "perdure": Row("perdure", steps=Steps(ms=3.0, per_step=2), crash=crashed(4.0, 5.0, [0, 1, 39])),
+        RESTART: Row("perdure, restarted worker", crash=crashed(8.0, 9.0, [0, 39])),
         "raw": Row("raw", raw_ms=6.0),
         "langgraph": Row("lg", steps=Steps(ms=1.5, per_step=1), crash=crashed(2.0, 3.0, [39])),
         "dbos": Row("dbos", steps=Steps(ms=2.0, per_step=1), crash=crashed(None, None, [39])),
@@ -80,9 +82,12 @@ def test_figures_give_perdures_ratio_to_each_peer_and_leave_out_what_was_not_mea
     assert out["perdure_read_step_ms"] == 3.0 and out["raw_local_activity_ms"] == 6.0
     assert out["perdure_step_ratio_to_langgraph"] == 2.0 and out["perdure_step_ratio_to_dbos"] == 1.5
     assert out["perdure_recovery_ratio_to_langgraph"] == 2.0
+    assert out["perdure_restart_recovery_s"] == 8.0 and out["perdure_restart_recovery_ratio_to_langgraph"] == 4.0
     assert out["perdure_rerun_steps"] == 3 and out["peer_dbos_rerun_steps"] == 1
     # DBOS never resumed in this made-up run: no recovery figure, no ratio to it.
-    assert "peer_dbos_recovery_s" not in out and "perdure_recovery_ratio_to_dbos" not in out
+    assert "peer_dbos_recovery_s" not in out and not any(
+        key.endswith("ratio_to_dbos") and "recovery" in key for key in out
+    )
     rows["langgraph"] = Row("lg")
     assert not any("langgraph" in key for key in figures(rows))
 
