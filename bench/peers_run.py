@@ -1,5 +1,7 @@
-"""perdure beside its peers in one run (`make bench-peers`): LangGraph with its SQLite
-checkpointer and DBOS on SQLite, against perdure on one dev server, on the same two tests.
+"""perdure beside LangGraph and DBOS on the same steps and the same crash (`make bench-peers`).
+
+LangGraph with its SQLite checkpointer and DBOS on SQLite, against perdure on one dev
+server, on the same two tests:
 
 - steps: N sequential steps, each reading its own 2-byte file (perdure has no step
   that does nothing; a read step is its cheapest, what `read_step_ms` reports). perdure
@@ -10,7 +12,8 @@ checkpointer and DBOS on SQLite, against perdure on one dev server, on the same 
 - crash: a 100-step run whose step 39 reads a FIFO the harness holds open, so the
   step blocks; the harness SIGKILLs the process running it, then serves the FIFO.
   A peer is started again in place (its database says what is left); perdure's goal
-  is resumed by a standby `perdure worker` already polling (testing/crash.py). The
+  is resumed by a standby `perdure worker` already polling (testing/crash.py), and in
+  a second run by a worker started right after the kill, as a peer is. The
   ledger is the kernel's: every close of a step's file (inotify), so a step that ran
   twice is counted twice whoever ran it. Reported: steps re-run, seconds from the
   kill until step 39 opens its FIFO again, and until the run has finished.
