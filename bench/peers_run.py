@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, Row] = on_own_server(run, options)
     console = Console(width=130)
     console.print(table(rows, options["block_at"]))
-    for line in method(rows, options):
+    for line in method(rows, options) + targets(rows):
         print(line)
     results = {
         **figures(rows),
@@ -561,6 +561,29 @@ def main(argv: list[str] | None = None) -> int:
     for line in failed:
         print(f"not measured: {line.splitlines()[0]}")
     return 1 if failed else 0
+
+
+# perdure's targets beside its peers (issue 24): a bound of its own, and below a peer's figure.
+STEP_TARGET_MS, STEP_PEER = 1.0, "langgraph"
+RECOVERY_TARGET_S, RECOVERY_PEER = 2.5, "dbos"
+
+
+def targets(rows: dict[str, Row]) -> list[str]:
+    """Each target judged on this run's figures, or said to be unmeasured."""
+    perdure = rows["perdure"]
+    judged = (
+        ("read step", "ms", perdure.step_ms, STEP_TARGET_MS, STEP_PEER, rows[STEP_PEER].step_ms),
+        ("recovery", "s", resume_s(perdure), RECOVERY_TARGET_S, RECOVERY_PEER, resume_s(rows[RECOVERY_PEER])),
+    )
+    lines = []
+    for what, unit, ours, bound, peer, theirs in judged:
+        goal = f"perdure's {what} ≤ {bound:g} {unit} and below {PEERS[peer]}'s"
+        if ours is None or theirs is None:
+            lines.append(f"target: {goal}: not measured this run")
+            continue
+        met = ours <= bound and ours < theirs
+        lines.append(f"target: {goal}: {'met' if met else 'MISSED'} ({ours:.2f} against {theirs:.2f} {unit})")
+    return lines
 
 
 def method(rows: dict[str, Row], options: dict) -> list[str]:

@@ -26,6 +26,7 @@ from bench.peers_run import (
     runs_per_step,
     step_name,
     step_workspace,
+    targets,
 )
 
 
@@ -143,3 +144,19 @@ def test_options_that_cannot_run_are_refused_with_what_is_wrong(tmp_path, monkey
     assert "--repeats" in refusal({**good, "repeats": 0})
     monkeypatch.setattr(peers_run, "PEER_PYTHON", peers_run.ROOT / "bench" / "peers" / "no-venv" / "python")
     assert "make bench-peers" in refusal(good)
+
+
+def test_targets_need_perdure_under_its_bound_and_under_the_peer():
+    def rows(step_ms: float, lg_ms: float, resume: float | None, dbos_resume: float) -> dict[str, Row]:
+        return {
+            "perdure": Row("perdure", steps=Steps(ms=step_ms, per_step=2), crash=crashed(resume, 9.0, [39])),
+            "langgraph": Row("lg", steps=Steps(ms=lg_ms, per_step=1)),
+            "dbos": Row("dbos", crash=crashed(dbos_resume, 9.0, [39])),
+        }
+
+    step, recovery = targets(rows(0.9, 1.2, 2.0, 3.4))
+    assert "met (0.90 against 1.20 ms)" in step and "met (2.00 against 3.40 s)" in recovery
+    # Under the bound but not under the peer, and the other way round.
+    step, recovery = targets(rows(0.9, 0.8, 3.0, 3.4))
+    assert "MISSED" in step and "MISSED" in recovery
+    assert "not measured" in targets(rows(0.9, 1.2, None, 3.4))[1]
