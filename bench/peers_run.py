@@ -135,6 +135,22 @@ def reruns(closes: Counter[int], per_step: int, gate: int) -> list[int]:
     return [index for index in sorted(runs) for _ in range(runs[index] - 1)]
 
 
+def spans(steps: list[int]) -> str:
+    """Steps as runs of consecutive numbers: [0, 1, 2, 5, 5] -> "0-2, 5 (2 times)"."""
+    counts = Counter(steps)
+    parts: list[list[int]] = []
+    for index in sorted(counts):
+        last = parts[-1] if parts else None
+        if last and index == last[1] + 1 and counts[index] == counts[last[0]]:
+            last[1] = index
+        else:
+            parts.append([index, index])
+    return ", ".join(
+        (f"{lo}" if lo == hi else f"{lo}-{hi}") + (f" ({counts[lo]} times)" if counts[lo] > 1 else "")
+        for lo, hi in parts
+    )
+
+
 def ratio(perdure: float | None, peer: float | None) -> float | None:
     return round(perdure / peer, 2) if perdure is not None and peer else None
 
@@ -186,7 +202,7 @@ class Crash:
     def describe(self, block_at: int) -> str:
         again = f"{self.resume_s:.2f} s" if self.resume_s is not None else "never"
         done = f"{self.done_s:.2f} s" if self.done_s is not None else "not finished"
-        shown = ", ".join(map(str, self.rerun[:12])) + (" ..." if len(self.rerun) > 12 else "")
+        shown = spans(self.rerun)
         return (
             f"{self.how}: step {block_at} again after {again}, done after {done}; "
             f"{len(self.rerun)} step(s) re-run ({shown or 'none'}); {self.ran} distinct steps ran"

@@ -24,6 +24,7 @@ from bench.peers_run import (
     refusal,
     reruns,
     runs_per_step,
+    spans,
     step_name,
     step_workspace,
     targets,
@@ -65,6 +66,13 @@ def test_reruns_count_whole_runs_of_each_step_and_every_read_of_the_gate():
     # A peer: one close a run, only the gate again.
     assert reruns(Counter({0: 1, 1: 1, 2: 2, 3: 1}), per_step=1, gate=2) == [2]
     assert reruns(Counter(), per_step=1, gate=2) == []
+
+
+def test_rerun_steps_are_shown_as_runs_of_consecutive_steps():
+    assert spans(list(range(42))) == "0-41"
+    assert spans([0, 1, 2, 39, 40, 41]) == "0-2, 39-41"
+    assert spans([0, 1, 2, 5, 5, 7]) == "0-2, 5 (2 times), 7"
+    assert spans([]) == ""
 
 
 def crashed(resume_s: float | None, done_s: float | None, rerun: list[int]) -> Crash:
