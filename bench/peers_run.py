@@ -23,6 +23,7 @@ bench/peers/requirements.txt), never inside perdure's venv. Figures go to
 bench/peers_results.json with perdure's ratio to each peer.
 
     .venv/bin/python -m bench.peers_run [--n 300] [--small 30] [--repeats 3] [--crash-n 100] [--block-at 39]
+                                        [--peer-db-dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -321,10 +324,10 @@ async def peer_output(proc, peer: str, log: Path) -> str:
     return out.decode()
 
 
-async def crash_peer(peer: str, root: Path, run: CrashRun) -> Crash:
+async def crash_peer(peer: str, root: Path, run: CrashRun, dbs: Path) -> Crash:
     workspace = step_workspace(root / "ws", run.count, blocking=run.block_at)
     gate = workspace / step_name(run.block_at)
-    db, log = root / f"{peer}.db", root / f"{peer}.log"
+    db, log = dbs / f"{peer}-crash.db", root / f"{peer}.log"
     options = ("--n", str(run.count))
     with Ledger(workspace) as ledger:
         victim = await start_peer(peer, "crash", db, workspace, log, *options)
@@ -378,12 +381,12 @@ def steps_run(small: int, large: int, repeats: int) -> int:
     return WARM_UP + repeats * (small + large)
 
 
-async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int) -> Steps:
+async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int, dbs: Path) -> Steps:
     workspace = step_workspace(root / "ws", large)
     log = root / f"{peer}-steps.log"
     options = ("--sizes", f"{small},{large}", "--repeats", str(repeats))
     with Ledger(workspace) as ledger:
-        proc = await start_peer(peer, "steps", root / f"{peer}-steps.db", workspace, log, *options)
+        proc = await start_peer(peer, "steps", dbs / f"{peer}-steps.db", workspace, log, *options)
         runs = parse_runs(await peer_output(proc, peer, log))
         closes = await settle(ledger)
     return Steps(per_step_ms(runs, small, large), runs_per_step(closes, steps_run(small, large, repeats)))
@@ -506,7 +509,27 @@ def table(rows: dict[str, Row], block_at: int) -> Table:
     return result
 
 
-async def run(client: Client, work: Path, n: int, small: int, repeats: int, crash_n: int, block_at: int, wait_s: float):
+async def run(client: Client, work: Path, peer_db_dir: str, **settings) -> dict[str, Row]:
+    # The peers' SQLite files: in the scratch directory (on disk), or where asked (/dev/shm
+    # keeps them in memory, as the dev server keeps its history here).
+    dbs = Path(tempfile.mkdtemp(prefix="perdure-peers-", dir=peer_db_dir or work))
+    try:
+        return await run_all(client, work, dbs, **settings)
+    finally:
+        shutil.rmtree(dbs, ignore_errors=True)
+
+
+async def run_all(
+    client: Client,
+    work: Path,
+    dbs: Path,
+    n: int,
+    small: int,
+    repeats: int,
+    crash_n: int,
+    block_at: int,
+    wait_s: float,
+) -> dict[str, Row]:
     rows = {
         "perdure": Row("perdure goal, read steps"),
         RESTART: Row("  the same, worker restarted"),
@@ -529,7 +552,7 @@ async def run(client: Client, work: Path, n: int, small: int, repeats: int, cras
         if key == "perdure":
             rows[key].steps, rows["raw"].raw_ms = await steps_perdure(root, client, small, n, repeats)
         else:
-            rows[key].steps = await steps_peer(key, root, small, n, repeats)
+            rows[key].steps = await steps_peer(key, root, small, n, repeats, dbs)
 
     async def crash(key: str) -> None:
         calibrated = rows["perdure" if key == RESTART else key].steps
@@ -538,7 +561,7 @@ async def run(client: Client, work: Path, n: int, small: int, repeats: int, cras
         setting = CrashRun(crash_n, block_at, calibrated.per_step, wait_s)
         root = work / f"{key}-crash"
         if key in PEERS:
-            rows[key].crash = await crash_peer(key, root, setting)
+            rows[key].crash = await crash_peer(key, root, setting, dbs)
         else:
             rows[key].crash = await crash_perdure(client, root, setting, standby=key == "perdure")
 
@@ -552,7 +575,9 @@ async def run(client: Client, work: Path, n: int, small: int, repeats: int, cras
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_options(__doc__, argv, n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0)
+    options = parse_options(
+        __doc__, argv, n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0, peer_db_dir=""
+    )
     problem = refusal(options)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -626,6 +651,8 @@ def refusal(options: dict) -> str | None:
         return f"--small ({options['small']}) must be at least 1 and below --n ({options['n']})"
     if not 0 <= options["block_at"] < options["crash_n"]:
         return f"--block-at ({options['block_at']}) must be a step of the crash run (0 to {options['crash_n'] - 1})"
+    if options["peer_db_dir"] and not Path(options["peer_db_dir"]).is_dir():
+        return f"--peer-db-dir ({options['peer_db_dir']}) is not a directory"
     if options["repeats"] < 1 or options["wait_s"] <= 0:
         return "--repeats and --wait-s must be positive"
     return None

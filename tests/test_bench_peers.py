@@ -143,13 +143,15 @@ def test_a_step_killed_inside_its_read_is_on_the_ledger(tmp_path):
 
 
 def test_options_that_cannot_run_are_refused_with_what_is_wrong(tmp_path, monkeypatch):
-    good = dict(n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0)
+    good = dict(n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0, peer_db_dir="")
     monkeypatch.setattr(peers_run, "PEER_PYTHON", tmp_path / "python")
     (tmp_path / "python").touch()
     assert refusal(good) is None
     assert "--small (300)" in refusal({**good, "small": 300})
     assert "--block-at (100)" in refusal({**good, "block_at": 100})
     assert "--repeats" in refusal({**good, "repeats": 0})
+    assert refusal({**good, "peer_db_dir": str(tmp_path)}) is None
+    assert "is not a directory" in refusal({**good, "peer_db_dir": str(tmp_path / "python")})
     monkeypatch.setattr(peers_run, "PEER_PYTHON", peers_run.ROOT / "bench" / "peers" / "no-venv" / "python")
     assert "make bench-peers" in refusal(good)
 
