@@ -9,7 +9,7 @@ BASE_STAMP := $(VENV)/.installed-base
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install system-packages demo demo-crash test test-fast soak bench server-start server-stop histories clean distclean
+.PHONY: install system-packages demo demo-crash test test-fast soak bench bench-peers server-start server-stop histories clean distclean
 
 install: $(STAMP) system-packages
 
@@ -113,6 +113,20 @@ bench: $(STAMP) system-packages
 	@test -f bench/run.py || { echo "error: bench/run.py does not exist yet" >&2; exit 1; }
 	$(BIN)/python bench/run.py
 
+# perdure beside LangGraph (SQLite checkpointer) and DBOS (on SQLite) in one run, not part
+# of `make test` (options: PEERS_ARGS="--n 100 --repeats 1"). The peers live in their own venv, bench/peers/.venv, redone when their
+# pinned requirements change: their dependencies never reach perdure's venv.
+PEERS := bench/peers
+PEERS_STAMP := $(PEERS)/.venv/.installed
+PEERS_ARGS ?=
+$(PEERS_STAMP): $(PEERS)/requirements.txt
+	@test -x $(PEERS)/.venv/bin/python || $(BIN)/python -m venv $(PEERS)/.venv
+	$(PEERS)/.venv/bin/python -m pip install -q -r $(PEERS)/requirements.txt
+	@touch $@
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench.peers_run $(PEERS_ARGS)
+
 server-start: $(STAMP)
 	$(BIN)/perdure server start
 
@@ -125,7 +139,7 @@ histories: $(STAMP) system-packages
 # Never touches temporal-dev/data: that is the dev server's database (your goals).
 clean:
 	rm -rf build dist .pytest_cache .hypothesis *.egg-info bench/out
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	find . \( -path ./$(VENV) -o -path ./$(PEERS)/.venv \) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PEERS)/.venv

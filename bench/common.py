@@ -236,20 +236,26 @@ def parse_options(doc: str, argv: list[str] | None, **defaults: int | float | st
     return vars(parser.parse_args(argv))
 
 
-def run_standalone(measure, argv_options: dict) -> dict:
-    """Run one benchmark module on its own dev server (`python -m bench.<module>`)."""
+def on_own_server(measure, options: dict):
+    """`await measure(client, workdir, **options)` on a dev server of its own, with a
+    scratch PERDURE_HOME; what it returns."""
     import tempfile
 
-    async def _main() -> Section:
+    async def _main():
         with tempfile.TemporaryDirectory(prefix="perdure-bench-") as tmp:
             use_home(Path(tmp) / "home")
             env = await start_server()
             try:
-                return await measure(env.client, Path(tmp), **argv_options)
+                return await measure(env.client, Path(tmp), **options)
             finally:
                 await env.shutdown()
 
-    section = asyncio.run(_main())
+    return asyncio.run(_main())
+
+
+def run_standalone(measure, argv_options: dict) -> dict:
+    """Run one benchmark module on its own dev server (`python -m bench.<module>`)."""
+    section: Section = on_own_server(measure, argv_options)
     for line in section.notes:
         print(line, flush=True)
     for key, value in {**section.figures, **section.extra}.items():

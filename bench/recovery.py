@@ -193,14 +193,14 @@ async def read_segment(client: Client, root: Path, wait_s: float) -> Recovery:
         spec = goal_spec(workspace, steps, allowed_tools=["read_file"])
         handle = await start_goal(client, rig.task_queue, spec, "bench-recovery-read")
         # Open the writer end without writing: the reader then waits inside its read.
-        held = await _open_writer(gate, timeout_s=60)
-        victim = await _reader_of(rig, gate)
+        held = await open_writer(gate, timeout_s=60)
+        victim = await reader_of(rig, gate)
         standby = next(w for w in rig.workers if w is not victim)
         victim.kill()
         killed_at = time.time()
         os.close(held)
         first: asyncio.Future = asyncio.get_running_loop().create_future()
-        served = asyncio.create_task(_serve_fifo(gate, first))
+        served = asyncio.create_task(serve_fifo(gate, first))
         try:
             seconds, how = await wait_resumed(handle, identity(standby), killed_at, wait_s)
             try:
@@ -219,7 +219,7 @@ async def read_segment(client: Client, root: Path, wait_s: float) -> Recovery:
         rig.close()
 
 
-async def _open_writer(fifo: Path, timeout_s: float) -> int:
+async def open_writer(fifo: Path, timeout_s: float) -> int:
     """Open the FIFO for writing once a reader has it open (ENXIO until then)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -232,10 +232,10 @@ async def _open_writer(fifo: Path, timeout_s: float) -> int:
     raise RuntimeError(f"nobody opened {fifo} for reading in {timeout_s:g} s")
 
 
-async def _serve_fifo(fifo: Path, first: asyncio.Future) -> None:
+async def serve_fifo(fifo: Path, first: asyncio.Future) -> None:
     """Give every later reader its content; `first` gets the time the first one opened it."""
     while True:
-        fd = await _open_writer(fifo, timeout_s=3600)
+        fd = await open_writer(fifo, timeout_s=3600)
         if not first.done():
             first.set_result(time.time())
         os.write(fd, b"gate open\n")
@@ -243,7 +243,7 @@ async def _serve_fifo(fifo: Path, first: asyncio.Future) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _reader_of(rig: CrashRig, fifo: Path, timeout_s: float = 5) -> WorkerProcess:
+async def reader_of(rig: CrashRig, fifo: Path, timeout_s: float = 5) -> WorkerProcess:
     # The reader's open() returns as the writer opens, so its descriptor may show a moment later.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,0 +1,172 @@
+"""The arithmetic, parsing and ledger behind `make bench-peers` (bench/peers_run.py).
+The peers themselves (bench/peers/.venv) are not run by `make test`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from bench import peers_run
+from bench.peers_run import (
+    RESTART,
+    Crash,
+    Ledger,
+    Row,
+    Steps,
+    figures,
+    parse_runs,
+    per_step_ms,
+    refusal,
+    reruns,
+    runs_per_step,
+    spans,
+    step_name,
+    step_workspace,
+    targets,
+)
+
+
+def test_a_peers_run_lines_are_grouped_by_size_and_anything_else_is_refused_by_its_line():
+    text = '{"n": 30, "seconds": 0.1}\n\n{"n": 300, "seconds": 1.0}\n{"n": 30, "seconds": 0.2}\n'
+    assert parse_runs(text) == {30: [0.1, 0.2], 300: [1.0]}
+    with pytest.raises(ValueError, match="Traceback"):
+        parse_runs('{"n": 30, "seconds": 0.1}\nTraceback (most recent call last):\n')
+    with pytest.raises(ValueError, match="seconds"):
+        parse_runs('{"n": 30}\n')
+
+
+def test_per_step_is_the_slope_between_the_medians_so_one_slow_repeat_does_not_count():
+    # 0.5 s fixed + 2 ms a step; the third small run was disturbed.
+    runs = {30: [0.56, 0.56, 9.0], 300: [1.1, 1.1, 1.1]}
+    assert per_step_ms(runs, 30, 300) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no run of 300 steps"):
+        per_step_ms({30: [0.5]}, 30, 300)
+
+
+def test_closes_per_step_come_from_an_uninterrupted_run_and_must_divide_evenly():
+    # A perdure read step opens its file twice (the read, then its fingerprint).
+    assert runs_per_step(Counter({0: 6, 1: 6, 2: 6}), 9) == 2
+    assert runs_per_step(Counter({0: 3, 1: 3, 2: 3}), 9) == 1
+    with pytest.raises(ValueError, match="7 closes"):
+        runs_per_step(Counter({0: 4, 1: 3}), 4)
+    with pytest.raises(ValueError):
+        runs_per_step(Counter(), 3)
+
+
+def test_reruns_count_whole_runs_of_each_step_and_every_read_of_the_gate():
+    # Two closes a run: steps 0 and 1 ran twice, step 3 once; the gate (2) was read by
+    # the killed process and again (a FIFO is not fingerprinted: one close a read).
+    closes = Counter({0: 4, 1: 4, 2: 2, 3: 2})
+    assert reruns(closes, per_step=2, gate=2) == [0, 1, 2]
+    # A peer: one close a run, only the gate again.
+    assert reruns(Counter({0: 1, 1: 1, 2: 2, 3: 1}), per_step=1, gate=2) == [2]
+    assert reruns(Counter(), per_step=1, gate=2) == []
+
+
+def test_rerun_steps_are_shown_as_runs_of_consecutive_steps():
+    assert spans(list(range(42))) == "0-41"
+    assert spans([0, 1, 2, 39, 40, 41]) == "0-2, 39-41"
+    assert spans([0, 1, 2, 5, 5, 7]) == "0-2, 5 (2 times), 7"
+    assert spans([]) == ""
+
+
+def crashed(resume_s: float | None, done_s: float | None, rerun: list[int]) -> Crash:
+    return Crash(resume_s, done_s, rerun, ran=100, how="test")
+
+
+def test_figures_give_perdures_ratio_to_each_peer_and_leave_out_what_was_not_measured():
+    rows = {
+        "perdure": Row("perdure", steps=Steps(ms=3.0, per_step=2), crash=crashed(4.0, 5.0, [0, 1, 39])),
+        RESTART: Row("perdure, restarted worker", crash=crashed(8.0, 9.0, [0, 39])),
+        "raw": Row("raw", raw_ms=6.0),
+        "langgraph": Row("lg", steps=Steps(ms=1.5, per_step=1), crash=crashed(2.0, 3.0, [39])),
+        "dbos": Row("dbos", steps=Steps(ms=2.0, per_step=1), crash=crashed(None, None, [39])),
+    }
+    out = figures(rows)
+    assert out["perdure_read_step_ms"] == 3.0 and out["raw_local_activity_ms"] == 6.0
+    assert out["perdure_step_ratio_to_langgraph"] == 2.0 and out["perdure_step_ratio_to_dbos"] == 1.5
+    assert out["perdure_recovery_ratio_to_langgraph"] == 2.0
+    assert out["perdure_restart_recovery_s"] == 8.0 and out["perdure_restart_recovery_ratio_to_langgraph"] == 4.0
+    assert out["perdure_rerun_steps"] == 3 and out["peer_dbos_rerun_steps"] == 1
+    # DBOS never resumed in this made-up run: no recovery figure, no ratio to it.
+    assert "peer_dbos_recovery_s" not in out and not any(
+        key.endswith("ratio_to_dbos") and "recovery" in key for key in out
+    )
+    rows["langgraph"] = Row("lg")
+    assert not any("langgraph" in key for key in figures(rows))
+
+
+def test_the_ledger_counts_each_read_of_a_step_file_even_back_to_back_and_not_the_harness_writes(tmp_path):
+    workspace = step_workspace(tmp_path / "ws", 3, blocking=2)
+    assert os.path.isfile(workspace / step_name(0)) and not os.path.isfile(workspace / step_name(2))
+    with Ledger(workspace) as ledger:
+        # A perdure read step reads its file twice in a row: identical close events
+        # queued back to back would be merged into one by the kernel.
+        for index in [0] * 200 + [1]:
+            (workspace / step_name(index)).read_bytes()
+        (workspace / step_name(1)).write_bytes(b"y\n")
+        (workspace / "notes.txt").write_text("not a step")
+        (workspace / "notes.txt").read_text()
+        deadline = time.monotonic() + 5
+        while sum(ledger.closes().values()) < 201 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert ledger.closes() == Counter({0: 200, 1: 1})
+
+
+@pytest.mark.process
+def test_a_step_killed_inside_its_read_is_on_the_ledger(tmp_path):
+    """The crash test counts the killed process's read of the gate: the kernel closes its file."""
+    workspace = step_workspace(tmp_path / "ws", 1, blocking=0)
+    gate = workspace / step_name(0)
+    with Ledger(workspace) as ledger:
+        reader = subprocess.Popen([sys.executable, "-c", f"open({str(gate)!r}, 'rb').read()"])
+        deadline = time.monotonic() + 10
+        held = None
+        while held is None and time.monotonic() < deadline:
+            try:
+                held = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.01)
+        assert held is not None, "the reader never opened the gate"
+        reader.kill()
+        reader.wait(timeout=10)
+        os.close(held)
+        while not ledger.closes() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ledger.closes() == Counter({0: 1})
+
+
+def test_options_that_cannot_run_are_refused_with_what_is_wrong(tmp_path, monkeypatch):
+    good = dict(n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0, peer_db_dir="")
+    monkeypatch.setattr(peers_run, "PEER_PYTHON", tmp_path / "python")
+    (tmp_path / "python").touch()
+    assert refusal(good) is None
+    assert "--small (300)" in refusal({**good, "small": 300})
+    assert "--block-at (100)" in refusal({**good, "block_at": 100})
+    assert "--repeats" in refusal({**good, "repeats": 0})
+    assert refusal({**good, "peer_db_dir": str(tmp_path)}) is None
+    assert "is not a directory" in refusal({**good, "peer_db_dir": str(tmp_path / "python")})
+    monkeypatch.setattr(peers_run, "PEER_PYTHON", peers_run.ROOT / "bench" / "peers" / "no-venv" / "python")
+    assert "make bench-peers" in refusal(good)
+
+
+def test_targets_need_perdure_under_its_bound_and_under_the_peer():
+    def rows(step_ms: float, lg_ms: float, resume: float | None, dbos_resume: float) -> dict[str, Row]:
+        return {
+            "perdure": Row("perdure", steps=Steps(ms=step_ms, per_step=2), crash=crashed(resume, 9.0, [39])),
+            "langgraph": Row("lg", steps=Steps(ms=lg_ms, per_step=1)),
+            "dbos": Row("dbos", crash=crashed(dbos_resume, 9.0, [39])),
+        }
+
+    step, recovery = targets(rows(0.9, 1.2, 2.0, 3.4))
+    assert "met (0.90 against 1.20 ms)" in step and "met (2.00 against 3.40 s)" in recovery
+    # Under the bound but not under the peer, and the other way round.
+    step, recovery = targets(rows(0.9, 0.8, 3.0, 3.4))
+    assert "MISSED" in step and "MISSED" in recovery
+    assert "not measured" in targets(rows(0.9, 1.2, None, 3.4))[1]
