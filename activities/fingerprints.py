@@ -54,9 +54,12 @@ def digest_of_source(root: Path, source: str) -> str | None:
     return None
 
 
-def fingerprints_of(tool: str, root: Path, args: ToolArgs, output: str = "") -> list[Fingerprint]:
+def fingerprints_of(
+    tool: str, root: Path, args: ToolArgs, output: str = "", digest: str | None = None
+) -> list[Fingerprint]:
     """What a successful call of `tool` read or wrote, digested now (just after the call);
-    `output`: the text it returned (what an http_get fingerprint digests)."""
+    `output`: the text it returned (what an http_get fingerprint digests); `digest`: the
+    version the call itself read or wrote, when it knows it (the file is not opened again)."""
     if isinstance(args, HttpGetArgs) and tool == "http_get":
         digest = url_digest(output, args.max_bytes)
         return [Fingerprint(kind="read", source=URL_PREFIX + args.url, digest=digest, at=datetime.now(UTC))]
@@ -68,7 +71,8 @@ def fingerprints_of(tool: str, root: Path, args: ToolArgs, output: str = "") -> 
         kind, source = "wrote", f"file:{args.path}"
     else:
         return []
-    return [Fingerprint(kind=kind, source=source, digest=digest_of_source(root, source), at=datetime.now(UTC))]
+    digest = digest or digest_of_source(root, source)
+    return [Fingerprint(kind=kind, source=source, digest=digest, at=datetime.now(UTC))]
 
 
 def url_digest(text: str, max_bytes: int = DEFAULT_HTTP_CAP) -> str:

@@ -542,7 +542,12 @@ class ToolActivities:
                 return failed(err.message, err.output)
             fault_point("tool_done", input.tool)
         ref = self.store.put_text(text)
-        fingerprints = await asyncio.to_thread(fingerprints_of, input.tool, root, args, text)
+        seen = file_call.seen.digest if file_call is not None and file_call.seen is not None else None
+        if seen is not None:
+            # The version the call read or wrote, digested from its own open: no second one.
+            fingerprints = fingerprints_of(input.tool, root, args, text, digest=seen)
+        else:
+            fingerprints = await asyncio.to_thread(fingerprints_of, input.tool, root, args, text)
         return ToolResult(
             call_id=input.call_id,
             tool=input.tool,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities import fingerprints
 from activities.artifacts import ArtifactStore
 from activities.sandbox import command_env
 from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
@@ -54,6 +56,20 @@ async def test_read_file_returns_text_and_risk(store: ArtifactStore, ws: Path) -
     assert result.tool == "read_file" and result.risk == "read" and result.call_id == "c7"
     assert output_of(store, result) == "alpha\n"
     assert result.preview == "alpha"
+
+
+async def test_a_read_is_fingerprinted_from_its_own_open_without_reading_the_file_again(
+    store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def opened_again(*_args: object) -> str:
+        raise AssertionError("the file was opened again to digest it")
+
+    monkeypatch.setattr(fingerprints, "digest_of_source", opened_again)
+    result = await run(store, ws, "read_file", {"path": "docs/a.md"})
+    assert result.ok, result
+    assert [(p.source, p.digest) for p in result.fingerprints] == [
+        ("file:docs/a.md", "sha256:" + hashlib.sha256(b"alpha\n").hexdigest())
+    ]
 
 
 async def test_read_file_truncates_and_says_so(store: ArtifactStore, ws: Path) -> None:
