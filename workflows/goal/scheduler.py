@@ -85,8 +85,7 @@ class Scheduler:
         state = self._ctx.state
         for step in self._ctx.plan().steps:
             if step.name not in state.nodes:
-                # Not validated again: the plan was (a 10,000-step plan's nodes are made at once).
-                state.nodes[step.name] = Node.model_construct(name=step.name, kind=step.kind, needs=list(step.needs))
+                state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
 
     def adopt_carried_twins(self) -> None:
         """As a run starts: a twin carried from the last run still shares its owner's
