@@ -6,6 +6,7 @@ a read segment costs only re-running the (free) reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -19,10 +20,19 @@ from activities.workspace_versions import WorkspaceVersions
 from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI
 from tests.builders import openai_profile, spec
-from tests.helpers import local_activities, new_goal_id, run_goal, running_worker, scheduled_activities, tool_timeline
+from tests.helpers import (
+    local_activities,
+    new_goal_id,
+    run_goal,
+    running_worker,
+    scheduled_activities,
+    submit,
+    tool_timeline,
+)
 from workflows.goal import GoalWorkflow
 from workflows.goal.read_batch import BATCH_MAX_CALLS
 from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
+from workflows.messages import Abort
 from workflows.state import GoalInput
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
@@ -292,3 +302,35 @@ async def test_a_chain_of_reads_runs_ahead_in_one_batch_and_each_step_keeps_its_
     for i in range(1, 21):
         node = next(n for n in snapshot.nodes if n.name == f"read-{i:02d}")
         assert node.status == "succeeded" and node.preview.startswith(f"page {i}"), node
+
+
+async def test_an_abort_while_a_batch_of_reads_is_blocked_ends_the_goal_and_keeps_what_was_read(
+    env, task_queue, store, workspace, scripted
+):
+    """A chain read ahead in one batch, one read of which blocks (a FIFO nobody writes yet):
+    an abort ends the goal at once; the steps that never got their result are unfinished,
+    none is reported succeeded without an output."""
+    write_pages(workspace)
+    os.mkfifo(workspace / "stuck")
+    steps = [{"name": "first", "kind": "tool", "tool": "read_file", "args": {"path": "pages/01.md"}}]
+    steps.append({"name": "stuck", "kind": "tool", "tool": "read_file", "args": {"path": "stuck"}, "needs": ["first"]})
+    steps.append({"name": "after", "kind": "tool", "tool": "read_file", "args": {"path": "pages/02.md"}})
+    steps[-1]["needs"] = ["stuck"]
+    server = scripted({"replies": []})
+    try:
+        async with running_worker(env, task_queue, store, openai_profile(server)):
+            goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal), id=new_goal_id(), task_queue=task_queue
+            )
+            await wait_for_running(handle, "first")  # the batch (first + stuck, after read ahead) is blocked
+            await asyncio.sleep(0.5)
+            await submit(handle, Abort(request_id="ab-1", reason="taking too long"))
+            result = await asyncio.wait_for(handle.result(), timeout=20)
+    finally:
+        with contextlib.suppress(OSError):  # let the blocked read end (ENXIO: nobody reads it any more)
+            os.close(os.open(workspace / "stuck", os.O_WRONLY | os.O_NONBLOCK))
+    assert result.outcome == "aborted", result.excerpt
+    unfinished = {line.split(":")[0] for line in result.unfinished}
+    assert {"first", "stuck", "after"} <= unfinished, result.unfinished
+    assert not result.outputs, result.outputs  # nothing is reported as read
