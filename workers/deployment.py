@@ -1,0 +1,200 @@
+"""Temporal Worker Deployments for the orchestrator's workers: which version a worker
+is (the deployment from PERDURE_DEPLOYMENT, the build id from workers/code_version.py or
+the caller), making a version current, and reading which goals run on which version.
+
+Every workflow a versioned worker runs is pinned: its run stays on the version that
+started it, so a new release never replays an old run on changed code. The long-lived
+workflows move at continue-as-new (they ask for AUTO_UPGRADE there, and the goal starts
+a new run soon after the current version changes): a goal that runs for weeks reaches
+new code at its next run boundary. Old workers keep draining the runs pinned to them.
+
+Owns the server calls; no printing (starters/deploy_cli.py renders) and no workflow code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from temporalio.api.deployment.v1 import WorkerDeploymentInfo
+from temporalio.api.enums.v1 import WorkerDeploymentVersionStatus
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentRequest,
+    SetWorkerDeploymentCurrentVersionRequest,
+)
+from temporalio.client import Client, WorkflowExecutionDescription
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import WorkerDeploymentConfig
+
+from runtime import settings
+from workers.code_version import code_version
+from workflows.contracts import GOAL_WORKFLOW
+
+# The system search attribute visibility keeps a run's version in, as `<deployment>:<build id>`.
+VERSION_ATTRIBUTE = "TemporalWorkerDeploymentVersion"
+UNVERSIONED = "unversioned"
+# A worker's version is known to the server once its pollers reach it (~0.4 s here).
+VISIBLE_WITHIN_S = 30.0
+
+
+class DeploymentError(ValueError):
+    """A deployment or version that cannot be used as asked; the message says why."""
+
+
+def worker_version(build_id: str | None = None, deployment: str | None = None) -> WorkerDeploymentVersion:
+    """This worker's version: `build_id`, else a digest of perdure's own code."""
+    deployment = deployment or settings.deployment_name()
+    build_id = code_version() if build_id is None else build_id
+    # Temporal spells a version `<deployment>.<build id>`: a dot in the name would be ambiguous.
+    if not deployment or "." in deployment:
+        raise DeploymentError(f"deployment name {deployment!r} must be non-empty and have no '.'")
+    if not build_id.strip() or len(build_id) > 255:
+        raise DeploymentError(f"build id {build_id!r} must be 1 to 255 characters")
+    return WorkerDeploymentVersion(deployment_name=deployment, build_id=build_id)
+
+
+def deployment_config(version: WorkerDeploymentVersion) -> WorkerDeploymentConfig:
+    """A worker of this version whose workflows stay on it (pinned) unless a run boundary
+    asks to move (continue-as-new with AUTO_UPGRADE)."""
+    return WorkerDeploymentConfig(
+        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
+
+
+@dataclass
+class VersionRow:
+    build_id: str
+    status: str  # current, ramping, draining, drained, inactive
+    goals: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeploymentStatus:
+    name: str
+    current: str | None  # build id, None when no version is current (unversioned workers get the work)
+    versions: list[VersionRow]
+    unversioned_goals: list[str]
+
+
+def _status_word(status: int) -> str:
+    name = WorkerDeploymentVersionStatus.Name(status)
+    return name.removeprefix("WORKER_DEPLOYMENT_VERSION_STATUS_").lower()
+
+
+async def describe(client: Client, name: str) -> WorkerDeploymentInfo | None:
+    """The deployment as the server holds it, None when no worker of it has polled yet."""
+    info, _ = await _describe(client, name)
+    return info
+
+
+async def _describe(client: Client, name: str) -> tuple[WorkerDeploymentInfo | None, bytes]:
+    try:
+        response = await client.workflow_service.describe_worker_deployment(
+            DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
+        )
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None, b""
+        raise
+    return response.worker_deployment_info, response.conflict_token
+
+
+def _current_build(info: WorkerDeploymentInfo | None) -> str | None:
+    if info is None or not info.routing_config.HasField("current_deployment_version"):
+        return None
+    return info.routing_config.current_deployment_version.build_id or None
+
+
+def _version_status(info: WorkerDeploymentInfo | None, build_id: str) -> str | None:
+    for summary in info.version_summaries if info else []:
+        if summary.deployment_version.build_id == build_id:
+            return _status_word(summary.status)
+    return None
+
+
+async def promote(
+    client: Client, version: WorkerDeploymentVersion, *, only_if_new: bool = False, wait_s: float = VISIBLE_WITHIN_S
+) -> str:
+    """Make `version` the deployment's current version: new workflows and runs that continue
+    as new go to its workers. With `only_if_new`, a version that was current before (an old
+    worker restarted to drain its pinned runs) is left as it is. Waits up to `wait_s` for a
+    worker of the version to have polled. Returns what happened, in a few words."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        info, token = await _describe(client, version.deployment_name)
+        status = _version_status(info, version.build_id)
+        if status is not None:
+            break
+        if time.monotonic() > deadline:
+            raise DeploymentError(
+                f"no worker of build {version.build_id} has polled deployment {version.deployment_name!r}; "
+                "start one (`perdure worker --build-id ...`) before making it current"
+            )
+        await asyncio.sleep(0.2)
+    if status == "current":
+        return "already current"
+    if only_if_new and status != "inactive":
+        return f"left as it is: it was current before ({_current_build(info) or UNVERSIONED} is current)"
+    await client.workflow_service.set_worker_deployment_current_version(
+        SetWorkerDeploymentCurrentVersionRequest(
+            namespace=client.namespace,
+            deployment_name=version.deployment_name,
+            build_id=version.build_id,
+            conflict_token=token,
+            identity=client.identity,
+        )
+    )
+    return "made current"
+
+
+def pinned_build(desc: WorkflowExecutionDescription) -> str | None:
+    """The build id a run is pinned to, None when it is not pinned (unversioned, or not yet started by a worker)."""
+    versioning = desc.raw_description.workflow_execution_info.versioning_info
+    if versioning.HasField("versioning_override") and versioning.versioning_override.HasField("pinned"):
+        return versioning.versioning_override.pinned.version.build_id or None
+    if versioning.behavior != VersioningBehavior.PINNED or not versioning.HasField("deployment_version"):
+        return None
+    return versioning.deployment_version.build_id or None
+
+
+@dataclass
+class Pinning:
+    deployment: str
+    build_id: str  # the version the run is pinned to
+    current: str | None  # the deployment's current version
+
+
+async def pinning(client: Client, desc: WorkflowExecutionDescription) -> Pinning | None:
+    """Which version an open run is pinned to and which is current; None when it is not pinned."""
+    build = pinned_build(desc)
+    if build is None:
+        return None
+    name = desc.raw_description.workflow_execution_info.versioning_info.deployment_version.deployment_name
+    name = name or settings.deployment_name()
+    return Pinning(name, build, _current_build(await describe(client, name)))
+
+
+async def status(client: Client, name: str | None = None, limit: int = 1000) -> DeploymentStatus:
+    """The deployment's versions, each with the open goals whose current run is on it
+    (visibility's system attribute; a run no worker has taken yet is listed as unversioned)."""
+    name = name or settings.deployment_name()
+    info = await describe(client, name)
+    by_build: dict[str, list[str]] = defaultdict(list)
+    query = f"WorkflowType = '{GOAL_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    async for wf in client.list_workflows(query, limit=limit):
+        values = wf.search_attributes.get(VERSION_ATTRIBUTE) or []
+        deployment, _, build = str(values[0]).partition(":") if values else ("", "", "")
+        by_build[build if deployment == name else UNVERSIONED].append(wf.id)
+    rows = [
+        VersionRow(
+            s.deployment_version.build_id,
+            _status_word(s.status),
+            sorted(by_build.pop(s.deployment_version.build_id, [])),
+        )
+        for s in (info.version_summaries if info else [])
+    ]
+    rows += [VersionRow(build, "unknown", sorted(ids)) for build, ids in by_build.items() if build != UNVERSIONED]
+    return DeploymentStatus(name, _current_build(info), rows, sorted(by_build.get(UNVERSIONED, [])))
