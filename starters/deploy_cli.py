@@ -66,3 +66,24 @@ def promote(
         cli.console.print(f"{escape(version.deployment_name)} {escape(build_id)}: {outcome}")
 
     cli.run(_promote)
+
+
+@app.command("move")
+def move(
+    goal_id: str,
+    to: Annotated[str | None, typer.Option("--to", help="The build to move it to (default: the current one).")] = None,
+) -> None:
+    """Move a goal to another build now, not at its next run boundary (its old workers are gone).
+
+    The new build replays the goal's current run on its code: safe when that code
+    replays the run's history (the golden histories test this; see the README,
+    "Changing workflow code safely")."""
+    from starters import cli, goals
+
+    async def _move() -> None:
+        client = await connect()
+        await goals.describe(client, goal_id)
+        outcome = await deployment.move(client, goal_id, to)
+        cli.console.print(f"goal {escape(goal_id)}: {escape(outcome)}")
+
+    cli.run(_move, goal_id)

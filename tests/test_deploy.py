@@ -158,3 +158,34 @@ async def test_a_worker_of_build_b_alone_never_takes_a_task_of_a_run_pinned_to_a
                 (workspace / "GO2").write_text("")
                 result = await handle.result()
     assert result.outcome == "succeeded", result.excerpt
+
+
+async def test_deploy_move_sends_a_run_whose_build_is_gone_to_the_current_build(
+    env, task_queue, workspace, tmp_path, variables
+):
+    async with asyncio.timeout(120):
+        with worker_process(variables, tmp_path / "a.log", "--build-id", "A") as worker_a:
+            wait_for_log(tmp_path / "a.log", "version made current")
+            last = second_gate()
+            last["args"]["replay"] = "safe"  # cut off by the kill, it runs again (not uncertain)
+            handle = await start(env, task_queue, workspace, [gate(), last], allowed_tools=TOOLS)
+            await wait_until(handle, lambda s: "gate" in s.running)
+            (workspace / "GO").write_text("")
+            await wait_until(handle, lambda s: "gate-2" in s.running)
+            os.kill(worker_a.pid, signal.SIGKILL)
+            worker_a.wait(10)
+        run_id = (await handle.describe()).run_id
+        with worker_process(variables, tmp_path / "b.log", "--build-id", "B"):
+            wait_for_log(tmp_path / "b.log", "version made current")
+            unknown = perdure("deploy", "move", handle.id, "--to", "C", env=variables, timeout=60)
+            assert unknown.returncode == 2 and "has no build 'C'" in unknown.stderr, unknown.stderr
+            moved = perdure("deploy", "move", handle.id, env=variables, timeout=60)
+            assert moved.returncode == 0, moved.stderr
+            assert f"goal {handle.id}: goes to build B at its next workflow task" in moved.stdout
+            # Its in-flight gate-2 died with A: the run's next task (a timeout, a retry) is B's.
+            (workspace / "GO2").write_text("")
+            result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    builds = await task_builds(env, handle.id, run_id)
+    # The same run: its tasks ran on A, then (all of the rest) on B once moved.
+    assert set(builds) == {"A", "B"} and builds == sorted(builds), builds

@@ -18,14 +18,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from google.protobuf.field_mask_pb2 import FieldMask
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.deployment.v1 import WorkerDeploymentInfo
 from temporalio.api.enums.v1 import WorkerDeploymentVersionStatus
+from temporalio.api.workflow.v1 import WorkflowExecutionOptions
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentRequest,
     SetWorkerDeploymentCurrentVersionRequest,
+    UpdateWorkflowExecutionOptionsRequest,
 )
 from temporalio.client import Client, WorkflowExecutionDescription
-from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+from temporalio.common import OneTimeVersioningOverride, VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkerDeploymentConfig
 
@@ -175,6 +179,37 @@ async def pinning(client: Client, desc: WorkflowExecutionDescription) -> Pinning
     name = desc.raw_description.workflow_execution_info.versioning_info.deployment_version.deployment_name
     name = name or settings.deployment_name()
     return Pinning(name, build, _current_build(await describe(client, name)))
+
+
+async def move(client: Client, goal_id: str, build_id: str | None = None) -> str:
+    """Move an open goal's current run to `build_id` (default: the current version) now,
+    instead of at its next run boundary: the run's next workflow task goes to a worker of
+    that build, which replays the run's history on its code, and the run is pinned there
+    from then on. For runs whose old workers are gone. Returns what happened, in a few words."""
+    desc = await client.get_workflow_handle(goal_id).describe()
+    pinned = await pinning(client, desc)
+    if pinned is None:
+        raise DeploymentError(f"goal {goal_id} is not pinned to a version: it runs on any worker of its queue")
+    target = build_id or pinned.current
+    if target is None:
+        raise DeploymentError(f"deployment {pinned.deployment!r} has no current version to move goal {goal_id} to")
+    if _version_status(await describe(client, pinned.deployment), target) is None:
+        raise DeploymentError(f"deployment {pinned.deployment!r} has no build {target!r} (see `perdure deploy status`)")
+    if target == pinned.build_id:
+        return f"already on build {target}"
+    override = OneTimeVersioningOverride(WorkerDeploymentVersion(pinned.deployment, target))
+    await client.workflow_service.update_workflow_execution_options(
+        UpdateWorkflowExecutionOptionsRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=goal_id, run_id=desc.run_id),
+            # One time: the first task on `target` ends the override, and the worker's own
+            # behaviour (pinned) keeps the run there; a later version still takes it at CAN.
+            workflow_execution_options=WorkflowExecutionOptions(versioning_override=override._to_proto()),
+            update_mask=FieldMask(paths=["versioning_override"]),
+            identity=client.identity,
+        )
+    )
+    return f"goes to build {target} at its next workflow task"
 
 
 async def status(client: Client, name: str | None = None, limit: int = 1000) -> DeploymentStatus:
