@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from typer.testing import CliRunner
 
+from starters.cli import app
 from tests.builders import gate
-from tests.helpers import start, statuses, wait_until
+from tests.helpers import free_ports, start, statuses, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
-
-pytestmark = pytest.mark.process
 
 TOOLS = ["run_command", "read_file"]
 
@@ -75,6 +75,7 @@ async def last_event_type(env, goal_id: str, run_id: str) -> int:
     return history.events[-1].event_type
 
 
+@pytest.mark.process
 async def test_a_goal_started_on_build_a_finishes_its_run_on_a_and_continues_on_b(
     env, task_queue, workspace, tmp_path, variables
 ):
@@ -115,6 +116,7 @@ async def test_a_goal_started_on_build_a_finishes_its_run_on_a_and_continues_on_
     assert second and set(second) == {"B"}, second
 
 
+@pytest.mark.process
 # Waits on purpose: long enough for a worker of B to have taken the task, were it to.
 @pytest.mark.slow
 async def test_a_worker_of_build_b_alone_never_takes_a_task_of_a_run_pinned_to_a(
@@ -160,6 +162,7 @@ async def test_a_worker_of_build_b_alone_never_takes_a_task_of_a_run_pinned_to_a
     assert result.outcome == "succeeded", result.excerpt
 
 
+@pytest.mark.process
 async def test_deploy_move_sends_a_run_whose_build_is_gone_to_the_current_build(
     env, task_queue, workspace, tmp_path, variables
 ):
@@ -189,3 +192,37 @@ async def test_deploy_move_sends_a_run_whose_build_is_gone_to_the_current_build(
     builds = await task_builds(env, handle.id, run_id)
     # The same run: its tasks ran on A, then (all of the rest) on B once moved.
     assert set(builds) == {"A", "B"} and builds == sorted(builds), builds
+
+
+def cli(variables: dict[str, str], *args: str):
+    """`perdure ARGS` run in this process (the edges need no worker)."""
+    return CliRunner().invoke(app, list(args), env=variables)
+
+
+def test_deploy_commands_refuse_what_they_cannot_do_in_one_line(env, tmp_path, task_queue, variables):
+    status = cli(variables, "deploy", "status")
+    assert status.exit_code == 0
+    assert "no versioned worker has polled this server yet" in status.output
+    unknown = cli(variables, "deploy", "promote", "nope")
+    assert unknown.exit_code == 2 and "no worker of build nope has polled deployment" in unknown.output
+    assert cli(variables, "deploy", "promote").exit_code == 2  # no build named
+    dotted = cli({**variables, "PERDURE_DEPLOYMENT": "a.b"}, "deploy", "promote", "x")
+    assert dotted.exit_code == 2 and "must be non-empty and have no '.'" in dotted.output
+    missing = cli(variables, "deploy", "move", "no-such-goal")
+    assert missing.exit_code == 2 and "no goal with id 'no-such-goal'" in missing.output
+    both = cli(variables, "worker", "--unversioned", "--build-id", "A")
+    assert both.exit_code == 2 and "--unversioned takes no --build-id" in both.output
+    empty = cli(variables, "worker", "--build-id", " ")
+    assert empty.exit_code == 2 and "must be 1 to 255 characters" in empty.output
+    (port,) = free_ports(1)
+    down = cli({**variables, "PERDURE_TEMPORAL": f"127.0.0.1:{port}"}, "deploy", "status")
+    assert down.exit_code == 2 and "Traceback" not in down.output, down.output
+    for result in (status, unknown, dotted, missing, both, empty):
+        assert "Traceback" not in result.output
+
+
+async def test_deploy_move_refuses_a_goal_no_versioned_worker_has_taken(env, task_queue, workspace, variables):
+    handle = await start(env, task_queue, workspace, [gate()], allowed_tools=TOOLS)
+    moved = await asyncio.to_thread(cli, variables, "deploy", "move", handle.id)
+    assert moved.exit_code == 2 and f"goal {handle.id} is not pinned to a version" in moved.output, moved.output
+    await handle.terminate("test over")
