@@ -17,10 +17,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from typer.testing import CliRunner
 
+from activities.models.config import ModelConfig
 from starters.cli import app
 from tests.builders import gate
 from tests.helpers import free_ports, start, statuses, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
+from workers import deployment
+from workers.orchestrator import build_worker
 
 TOOLS = ["run_command", "read_file"]
 
@@ -226,3 +229,18 @@ async def test_deploy_move_refuses_a_goal_no_versioned_worker_has_taken(env, tas
     moved = await asyncio.to_thread(cli, variables, "deploy", "move", handle.id)
     assert moved.exit_code == 2 and f"goal {handle.id} is not pinned to a version" in moved.output, moved.output
     await handle.terminate("test over")
+
+
+async def test_workers_of_one_build_promoting_it_together_all_see_it_current(env, task_queue, store):
+    """Compose starts its worker replicas together, and each promotes their build: the
+    server refuses all but one request at a time (RESOURCE_EXHAUSTED), the others retry."""
+    version = deployment.worker_version("A", deployment=f"dep-{uuid.uuid4().hex[:8]}")
+    config = deployment.deployment_config(version)
+    worker = build_worker(
+        env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={}), deployment_config=config
+    )
+    async with worker:
+        outcomes = await asyncio.gather(*(deployment.promote(env.client, version, only_if_new=True) for _ in range(4)))
+        found = await deployment.status(env.client, version.deployment_name)
+    assert set(outcomes) <= {"made current", "already current"}, outcomes
+    assert found.current == "A"

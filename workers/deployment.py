@@ -42,6 +42,8 @@ VERSION_ATTRIBUTE = "TemporalWorkerDeploymentVersion"
 UNVERSIONED = "unversioned"
 # A worker's version is known to the server once its pollers reach it (~0.4 s here).
 VISIBLE_WITHIN_S = 30.0
+# What the server answers a change to a deployment while another is under way.
+_BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.ABORTED)
 
 
 class DeploymentError(ValueError):
@@ -128,16 +130,31 @@ async def promote(
     worker of the version to have polled. Returns what happened, in a few words."""
     deadline = time.monotonic() + wait_s
     while True:
-        info, token = await _describe(client, version.deployment_name)
-        status = _version_status(info, version.build_id)
-        if status is not None:
-            break
+        try:
+            outcome = await _promote_once(client, version, only_if_new)
+        except RPCError as err:
+            # Workers of one build starting together (compose replicas) all promote it: the
+            # server takes one request to a deployment at a time and refuses the others as
+            # too many or conflicting. Look again: it is then current, or this one retries.
+            if err.status not in _BUSY or time.monotonic() > deadline:
+                raise
+            outcome = None
+        if outcome is not None:
+            return outcome
         if time.monotonic() > deadline:
             raise DeploymentError(
                 f"no worker of build {version.build_id} has polled deployment {version.deployment_name!r}; "
                 "start one (`perdure worker --build-id ...`) before making it current"
             )
         await asyncio.sleep(0.2)
+
+
+async def _promote_once(client: Client, version: WorkerDeploymentVersion, only_if_new: bool) -> str | None:
+    """One look and, if due, one change; None when the server does not know the version yet."""
+    info, token = await _describe(client, version.deployment_name)
+    status = _version_status(info, version.build_id)
+    if status is None:
+        return None
     if status == "current":
         return "already current"
     if only_if_new and status != "inactive":
