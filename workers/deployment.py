@@ -29,7 +29,12 @@ from temporalio.api.workflowservice.v1 import (
     UpdateWorkflowExecutionOptionsRequest,
 )
 from temporalio.client import Client, WorkflowExecutionDescription
-from temporalio.common import OneTimeVersioningOverride, VersioningBehavior, WorkerDeploymentVersion
+from temporalio.common import (
+    OneTimeVersioningOverride,
+    SearchAttributeKey,
+    VersioningBehavior,
+    WorkerDeploymentVersion,
+)
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkerDeploymentConfig
 
@@ -38,7 +43,7 @@ from workers.code_version import code_version
 from workflows.contracts import GOAL_WORKFLOW
 
 # The system search attribute visibility keeps a run's version in, as `<deployment>:<build id>`.
-VERSION_ATTRIBUTE = "TemporalWorkerDeploymentVersion"
+VERSION_KEY = SearchAttributeKey.for_keyword("TemporalWorkerDeploymentVersion")
 UNVERSIONED = "unversioned"
 # A worker's version is known to the server once its pollers reach it (~0.4 s here).
 VISIBLE_WITHIN_S = 30.0
@@ -237,8 +242,7 @@ async def status(client: Client, name: str | None = None, limit: int = 1000) -> 
     by_build: dict[str, list[str]] = defaultdict(list)
     query = f"WorkflowType = '{GOAL_WORKFLOW}' AND ExecutionStatus = 'Running'"
     async for wf in client.list_workflows(query, limit=limit):
-        values = wf.search_attributes.get(VERSION_ATTRIBUTE) or []
-        deployment, _, build = str(values[0]).partition(":") if values else ("", "", "")
+        deployment, _, build = (wf.typed_search_attributes.get(VERSION_KEY) or "").partition(":")
         by_build[build if deployment == name else UNVERSIONED].append(wf.id)
     rows = [
         VersionRow(
