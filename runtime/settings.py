@@ -4,6 +4,7 @@ PERDURE_HOME        state on this machine (artifacts), default ~/.perdure
 PERDURE_TEMPORAL    Temporal frontend address (overrides the Temporal profile's)
 PERDURE_NAMESPACE   Temporal namespace (overrides the Temporal profile's)
 PERDURE_TASK_QUEUE  task queue of the orchestrator workers, default "perdure"
+PERDURE_DEPLOYMENT  Temporal Worker Deployment the orchestrator workers belong to, default "perdure"
 PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
@@ -41,6 +42,8 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_PROFILE = "default"
 CONFIG_FILE_ENV = "TEMPORAL_CONFIG_FILE"
 PROFILE_ENV = "TEMPORAL_PROFILE"
+# No "." in it: Temporal writes a version as `<deployment>.<build id>`.
+DEFAULT_DEPLOYMENT = "perdure"
 
 
 class TemporalConfigError(RuntimeError):
@@ -85,6 +88,11 @@ def namespace(profile: ClientConfigProfile | None = None) -> str:
 
 def task_queue() -> str:
     return os.environ.get("PERDURE_TASK_QUEUE", TASK_QUEUE)
+
+
+def deployment_name() -> str:
+    """The Worker Deployment whose versions `perdure worker` registers (workers/deployment.py)."""
+    return os.environ.get("PERDURE_DEPLOYMENT") or DEFAULT_DEPLOYMENT
 
 
 def user() -> str:

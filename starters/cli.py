@@ -22,8 +22,9 @@ from temporalio.service import RPCError
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
-from starters import capabilities, goals, memory_cli, render, router_cli
+from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
+from workers import deployment
 from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
@@ -40,6 +41,7 @@ watchdog_app = typer.Typer(help="The watchdog: a schedule that judges open goals
 app.add_typer(watchdog_app, name="watchdog")
 # `perdure forget` and `perdure memory …` (starters/memory_cli.py).
 app.add_typer(memory_cli.app)
+app.add_typer(deploy_cli.app, name="deploy")
 
 
 def _usage_name(argument: typer.core.TyperArgument) -> str:
@@ -299,6 +301,7 @@ def status(
                 f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
             )
         render.print_status(console, desc, snapshot, why=why)
+        render.print_pinning(console, await deployment.pinning(client, desc) if goals.is_open(desc) else None, snapshot)
         if snapshot is not None:
             render.print_children(console, await _children(client, snapshot), snapshot)
             render.print_refusals(console, goal_id, await steering.inbox(client, goal_id))
@@ -680,21 +683,46 @@ def show_inbox(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    build_id: Annotated[
+        str | None,
+        typer.Option("--build-id", help="This worker's version (default: a digest of perdure's own code)."),
+    ] = None,
+    no_promote: Annotated[
+        bool,
+        typer.Option("--no-promote", help="Do not make a new version current; `perdure deploy promote` does it."),
+    ] = False,
+    unversioned: Annotated[
+        bool, typer.Option("--unversioned", help="Run outside Worker Deployments (goals are not pinned).")
+    ] = False,
+) -> None:
     """Run an orchestrator worker (goal workflows, model and tool activities).
 
-    It reads PERDURE_TEMPORAL (server address; else TEMPORAL_ADDRESS or a Temporal profile),
-    PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_CONFIG (model profiles, default
-    PERDURE_HOME/config.toml), PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI,
-    PERDURE_PAYLOAD_KEYS or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model
-    providers' keys the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
+    It is a version of the Worker Deployment PERDURE_DEPLOYMENT (default
+    "perdure"): goals stay on the version that started them and move to the
+    current one at their next run boundary. A build that was never current
+    becomes current once it polls.
+
+    It reads PERDURE_TEMPORAL (server address; else TEMPORAL_ADDRESS or a
+    Temporal profile), PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_DEPLOYMENT,
+    PERDURE_CONFIG (model profiles, default PERDURE_HOME/config.toml),
+    PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI, PERDURE_PAYLOAD_KEYS
+    or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
+    the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
+    from workers.deployment import worker_version
     from workers.orchestrator import configure_logging, run_orchestrator
 
+    if unversioned and (build_id is not None or no_promote):
+        refuse(UserError("--unversioned takes no --build-id or --no-promote"))
+    try:
+        version = None if unversioned else worker_version(build_id)
+    except ValueError as err:
+        refuse(err)
     configure_logging()
 
     async def _worker() -> None:
-        await run_orchestrator(await connect(worker=True))
+        await run_orchestrator(await connect(worker=True), version=version, promote=not no_promote)
 
     try:
         run(_worker)

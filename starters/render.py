@@ -23,6 +23,7 @@ from temporalio.service import RPCError
 from runtime import settings
 from starters import goals
 from starters.fork import GoalDiff, StepSide
+from workers.deployment import Pinning
 from workflows import search_attributes as sa
 from workflows.contracts import ForkOrigin, GoalResult, ProgressSnapshot
 from workflows.durations import duration_text
@@ -109,6 +110,28 @@ def print_children(
         )
     if (tokens, cost) != (parent.tokens, parent.cost_usd) or any(s not in settled for s, _, _ in children):
         say(console, f"with running subgoals: tokens {tokens} · ${cost:.4f}")
+
+
+def print_pinning(console: Console, pinned: Pinning | None, snap: ProgressSnapshot | None) -> None:
+    """Which worker version runs the goal's current run, when it is not the current version:
+    only a worker of that build takes its tasks until its next run boundary."""
+    if pinned is None or pinned.build_id == pinned.current:
+        return
+    current = pinned.current or "none"
+    if snap is None:
+        say(
+            console,
+            f"[yellow]the goal's run is pinned to build {escape(pinned.build_id)} of deployment "
+            f"{escape(pinned.deployment)} (current: {escape(current)}): it waits for a worker of build "
+            f"{escape(pinned.build_id)}[/yellow] (start one from that code: `perdure worker --build-id "
+            f"{escape(pinned.build_id)}`)",
+        )
+        return
+    say(
+        console,
+        f"runs on build {escape(pinned.build_id)} (current: {escape(current)}); it moves to the current build "
+        "at its next run boundary",
+    )
 
 
 def print_status(

@@ -51,11 +51,11 @@ def perdure(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess
 
 
 @contextlib.contextmanager
-def worker_process(variables: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
-    """`perdure worker` as a user starts it, in `variables`, logging to `log_path`; yields
-    once it polls, and stops it (politely, then by force) on the way out."""
+def worker_process(variables: dict[str, str], log_path: Path, *args: str) -> Iterator[subprocess.Popen]:
+    """`perdure worker ARGS` as a user starts it, in `variables`, logging to `log_path`;
+    yields once it polls, and stops it (politely, then by force) on the way out."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([PERDURE, "worker"], env=variables, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([PERDURE, "worker", *args], env=variables, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_polling(log_path)
         yield proc

@@ -11,12 +11,14 @@ artifact store, so any number of these can poll the `perdure` task queue.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from datetime import timedelta
 
 import structlog
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -34,7 +36,7 @@ from activities.verification import VerificationActivities, VerifyQuestionActivi
 from activities.visibility import VisibilityActivities
 from activities.watchdog_model import WatchdogModelActivities
 from runtime import settings
-from workers import watchdog_schedule
+from workers import deployment, watchdog_schedule
 from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
@@ -142,14 +144,39 @@ def _drop_sdk_context(_logger, _method: str, event: dict) -> dict:
     return event
 
 
-async def run_orchestrator(client: Client, task_queue: str | None = None) -> None:
+async def run_orchestrator(
+    client: Client,
+    task_queue: str | None = None,
+    version: WorkerDeploymentVersion | None = None,
+    promote: bool = True,
+) -> None:
+    """Run the worker until it is stopped. With a `version`, it is a Worker Deployment
+    version (workers/deployment.py) and, when `promote`, becomes current once it polls,
+    unless it was current before (an old build restarted to drain its pinned goals)."""
     task_queue = task_queue or settings.task_queue()
-    worker = build_worker(client, task_queue=task_queue)
+    options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
+    worker = build_worker(client, task_queue=task_queue, **options)
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)
-    log.info("worker polling", task_queue=task_queue, namespace=client.namespace)
-    await worker.run()
+    versioned = {} if version is None else {"deployment": version.deployment_name, "build_id": version.build_id}
+    log.info("worker polling", task_queue=task_queue, namespace=client.namespace, **versioned)
+    # The server knows the version once the worker polls: promote beside the running worker.
+    promoting = asyncio.create_task(_promote(client, version)) if version is not None and promote else None
+    try:
+        await worker.run()
+    finally:
+        if promoting is not None:
+            promoting.cancel()
+
+
+async def _promote(client: Client, version: WorkerDeploymentVersion) -> None:
+    try:
+        outcome = await deployment.promote(client, version, only_if_new=True)
+    except (RPCError, deployment.DeploymentError) as err:
+        log.warning("version not made current", build_id=version.build_id, error=str(err))
+        return
+    log.info("version " + outcome, deployment=version.deployment_name, build_id=version.build_id)
 
 
 async def ensure_watchdog(client: Client, task_queue: str) -> None:

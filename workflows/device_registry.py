@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         WatchDevices,
         device_queue,
     )
+    from workflows.run_boundary import continue_as_new_due, continue_on_current_version
 
 # Continue as new well before Temporal's warning at 10,240 events.
 CONTINUE_AS_NEW_AFTER_EVENTS = 5_000
@@ -83,11 +84,10 @@ class DeviceRegistryWorkflow:
         await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self._sending)
         for task in self._leases.values():
             task.cancel()
-        workflow.continue_as_new(DeviceRegistryInput(state=self._state))
+        continue_on_current_version(DeviceRegistryInput(state=self._state))
 
     def _continue_as_new_due(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() >= CONTINUE_AS_NEW_AFTER_EVENTS
+        return continue_as_new_due(CONTINUE_AS_NEW_AFTER_EVENTS)
 
     # --- the Temporal surface ----------------------------------------------------------
 

@@ -45,6 +45,8 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
+from workflows.run_boundary import continue_as_new_due, continue_on_current_version
+
 QUOTA_WORKFLOW = "PerdureQuota"
 RESERVE_UPDATE = "reserve"
 RELEASE_SIGNAL = "release"
@@ -142,11 +144,10 @@ class QuotaWorkflow:
         del state
         await workflow.wait_condition(self._continue_as_new_due)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(self._state)
+        continue_on_current_version(self._state)
 
     def _continue_as_new_due(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() >= CONTINUE_AS_NEW_AFTER_EVENTS
+        return continue_as_new_due(CONTINUE_AS_NEW_AFTER_EVENTS)
 
     @workflow.query(name=STATE_QUERY)
     def state(self) -> QuotaState:

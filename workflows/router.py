@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         Turn,
     )
     from workflows.routing import ANSWER, LOW_CONFIDENCE, NEW, addressed_goal, bound_goal, open_thread, parse_choice
+    from workflows.run_boundary import continue_as_new_due, continue_on_current_version
     from workflows.search_attributes import OWNER
     from workflows.state import GoalInput
 
@@ -128,7 +129,7 @@ class RouterWorkflow:
             if state.pending:
                 continue
             state.runs += 1
-            workflow.continue_as_new(input.model_copy(update={"state": state}))
+            continue_on_current_version(input.model_copy(update={"state": state}))
 
     # --- admission --------------------------------------------------------------------
 
@@ -528,7 +529,7 @@ class RouterWorkflow:
             state.messages = [m for i, m in enumerate(state.messages) if i >= extra or m.request_id in keep]
 
     def _continue_as_new_due(self) -> bool:
-        return self._routed_this_run >= self._input.continue_after or workflow.info().is_continue_as_new_suggested()
+        return self._routed_this_run >= self._input.continue_after or continue_as_new_due()
 
 
 def _parse_offer(values: list[Any]) -> tuple[MemoryOffer | None, str | None]:

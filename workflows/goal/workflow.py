@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.verify_due import note_code_version, note_wait_ended
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
+    from workflows.run_boundary import continue_as_new_due, continue_on_current_version
     from workflows.state import GoalInput, GoalState
     from workflows.statuses import IN_FLIGHT
 
@@ -382,10 +383,7 @@ class GoalWorkflow:
     def _continue_as_new_due(self) -> bool:
         """History is bounded: start a new run when the server suggests it, or at the
         goal's own event limit. The loop stops dispatching until nothing is in flight."""
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or (
-            info.get_current_history_length() >= self._ctx.state.spec.continue_as_new_after_events
-        )
+        return continue_as_new_due(self._ctx.state.spec.continue_as_new_after_events)
 
     async def _continue_as_new(self) -> None:
         state = self._ctx.state
@@ -401,6 +399,6 @@ class GoalWorkflow:
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.
         state.spec = state.spec.model_copy(update={"plan": None, "reuse_outputs": {}})
-        workflow.continue_as_new(
+        continue_on_current_version(
             GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state())
         )
