@@ -15,6 +15,7 @@ from temporalio.worker import Replayer
 from activities.models.config import ModelConfig
 from runtime import telemetry
 from runtime.plugin import PerdurePlugin
+from testing.fakes import LedgerAPI
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
 from workers.orchestrator import build_worker
@@ -113,3 +114,27 @@ def test_otlp_over_http_sends_spans_to_the_collector_s_traces_path(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
     with pytest.raises(telemetry.TelemetryConfigError, match="'http/json': perdure sends traces over 'grpc'"):
         telemetry.span_exporter("otlp")
+
+
+async def test_a_remote_write_s_span_names_the_effect_key_the_service_received(env, task_queue, store, workspace):
+    telemetry.install(EXPORTED, batch=False)
+    client = Client(
+        **{**env.client.config(), "plugins": [PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)]}
+    )
+    with LedgerAPI() as ledger:
+        post = {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"ref": "inv-9", "amount": 1}}
+        step = {"name": "book", "kind": "tool", "tool": "http_request", "args": post}
+        goal_spec = spec(workspace, plan={"steps": [step]}, allowed_tools=["http_request"], drift_every=0)
+        EXPORTED.clear()
+        async with build_worker(client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={})):
+            handle = await client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=f"otel-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+            )
+            result = await handle.result()
+        [created] = ledger.ledger()
+    assert result.outcome == "succeeded", result.excerpt
+    [span] = [s for s in EXPORTED.get_finished_spans() if s.name == "tool http_request"]
+    attributes = dict(span.attributes)
+    assert attributes["perdure.risk"] == "remote-write" and attributes["perdure.replay"] == "keyed", attributes
+    assert attributes["perdure.effect_key"] == created["idempotency_key"], (attributes, created)
+    assert not any("inv-9" in str(v) for v in attributes.values()), attributes  # never the arguments
