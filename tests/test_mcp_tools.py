@@ -1,0 +1,219 @@
+"""MCP servers named in config.toml as tool sources (issue 23, part 1b), shown from outside:
+calls counted in the test server's own ledger (testing/mcp_server.py, a real stdio MCP
+server on the official SDK), outputs read from the goal's report and nodes, and the goal's
+history searched for the server's secret."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from activities.mcp.config import McpConfigInvalid, load_mcp_servers
+from activities.mcp.tools import McpServers
+from testing.mcp_server import read_ledger
+from tests.builders import agent, openai_profile
+from tests.helpers import running_worker, start, submit, wait_until
+from tests.subprocess_rig import PERDURE
+from workflows.goal import GoalWorkflow
+from workflows.messages import Approve
+
+SECRET_ENV = "PERDURE_TEST_MCP_TOKEN"
+SECRET = "mcp-secret-7f3a9c1e5b"
+NOTE = "mcp__notes__add_note"
+
+
+def notes_config(tmp_path: Path, tools: str = "", extra: str = "") -> Path:
+    """A config.toml naming the test server as `notes`, its ledger in tmp_path."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[mcp_servers.notes]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f'args = ["-m", "testing.mcp_server", "--ledger", {json.dumps(str(tmp_path / "ledger.jsonl"))}, '
+        f'"--hold", {json.dumps(str(tmp_path / "hold"))}, "--secret-env", "{SECRET_ENV}"]\n'
+        f'env = ["{SECRET_ENV}"]\n' + extra + tools
+    )
+    return config
+
+
+@pytest.fixture
+def notes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The test server's McpServers as a worker loads them, with its secret in the worker's environment."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+
+    def make(tools: str = "") -> McpServers:
+        return McpServers(load_mcp_servers(notes_config(tmp_path, tools)))
+
+    return make
+
+
+def ledger(tmp_path: Path, tool: str | None = None) -> list[dict]:
+    return [e for e in read_ledger(tmp_path / "ledger.jsonl") if tool is None or e["tool"] == tool]
+
+
+async def test_a_plan_step_calls_an_mcp_tool_once_and_its_output_is_the_step_output_and_in_the_report(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    steps = [{"name": "note", "kind": "tool", "tool": NOTE, "args": {"title": "groceries", "body": "milk, eggs"}}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[NOTE])
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.failure
+    assert store.get_text(result.outputs["note"]) == "note 'groceries' added (10 characters)"
+    assert "note 'groceries' added" in store.get_text(result.report)
+    calls = ledger(tmp_path, "add_note")
+    assert [c["args"] for c in calls] == [{"title": "groceries", "body": "milk, eggs"}]
+    # Undeclared: remote-write / once, sent with its effect key in the request's _meta.
+    assert calls[0]["effect_key"].startswith("fx-")
+
+
+async def test_an_agent_is_offered_the_mcp_tool_with_its_schema_and_bad_arguments_go_back_to_it_as_data(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    echo = "mcp__notes__echo"
+    server = scripted(
+        {
+            "replies": [
+                {"tool_calls": [{"name": echo, "arguments": {"words": "hi"}}], "times": 1},
+                {"tool_calls": [{"name": echo, "arguments": {"text": "hi"}}], "times": 1},
+                {"content": "the server said: echo: hi", "times": 1},
+            ]
+        }
+    )
+    safe_echo = '[mcp_servers.notes.tools.echo]\nrisk = "read"\nreplay = "safe"\n'
+    steps = [agent("ask", "Echo hi through the notes server.", [echo])]
+    async with running_worker(env, task_queue, store, openai_profile(server), mcp=notes(safe_echo)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[echo])
+        await wait_until(handle, lambda s: s.report is not None, timeout_s=20)
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.failure
+    first, second, third = server.requests()
+    assert first["tools"] == [echo]
+    # The wrong call never reached the server: it came back to the model, saying what was wrong.
+    told = second["last_message"]
+    assert "bad arguments for mcp__notes__echo" in told and "'text' is a required property" in told
+    assert "expected fields: text (required)" in told
+    assert "echo: hi" in third["last_message"]
+    assert [c["args"] for c in ledger(tmp_path, "echo")] == [{"text": "hi"}]
+
+
+async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    pay = "mcp__notes__pay"
+    irreversible = '[mcp_servers.notes.tools.pay]\nrisk = "irreversible"\nreplay = "once"\n'
+    steps = [{"name": "pay", "kind": "tool", "tool": pay, "args": {"amount_cents": 500, "recipient": "ACME"}}]
+    async with running_worker(
+        env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes(irreversible)
+    ):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[pay])
+        snapshot = await wait_until(handle, lambda s: s.questions)
+        assert ledger(tmp_path, "pay") == []  # nothing sent before a person said yes
+        assert '"amount_cents":500' in snapshot.questions[0].stuck + snapshot.questions[0].title
+        await submit(handle, Approve(request_id="ok-1", question_id=snapshot.questions[0].id))
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.failure
+    assert store.get_text(result.outputs["pay"]) == "paid 500 cents to ACME"
+    assert len(ledger(tmp_path, "pay")) == 1
+
+
+async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    whoami = "mcp__notes__whoami"
+    steps = [{"name": "who", "kind": "tool", "tool": whoami, "args": {}}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[whoami])
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.outcome == "succeeded", result.failure
+    assert [c["secret"] for c in ledger(tmp_path, "whoami")] == [SECRET]  # the server had it
+    # The server echoed it; what the step kept is redacted.
+    assert store.get_text(result.outputs["who"]) == "secret present: True; value: [redacted]"
+    assert SECRET.encode() not in history.to_json().encode()
+    assert SECRET_ENV.encode() not in history.to_json().encode()
+
+
+async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_message(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    refuse = "mcp__notes__refuse"
+    steps = [{"name": "no", "kind": "tool", "tool": refuse, "args": {"reason": "closed today"}}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[refuse])
+        result = await handle.result()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert result.outcome == "partial"  # a step failed; the goal did what did not depend on it
+    (node,) = [n for n in snapshot.nodes if n.name == "no"]
+    assert node.status == "failed"
+    assert "MCP tool refuse on server 'notes' returned an error" in (node.error or "")
+    assert len(ledger(tmp_path, "refuse")) == 1  # an answer, not a loss: never sent again
+
+
+async def test_a_server_that_cannot_start_fails_the_goal_at_once_saying_why(
+    env, task_queue, store, workspace, scripted, tmp_path
+):
+    broken = McpServers(_broken_config(tmp_path))
+    steps = [{"name": "note", "kind": "tool", "tool": "mcp__broken__add_note", "args": {"title": "a", "body": "b"}}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=broken):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["mcp__broken__add_note"])
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+
+    said = str(failed.value.cause)
+    assert "the plan file cannot run: unknown tool 'mcp__broken__add_note'" in said
+    assert "MCP server 'broken' could not be reached" in said and "cannot start (asked to fail)" in said
+
+
+def _broken_config(tmp_path: Path) -> dict:
+    config = tmp_path / "broken.toml"
+    config.write_text(
+        "[mcp_servers.broken]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f'args = ["-m", "testing.mcp_server", "--ledger", "{tmp_path / "x"}", "--fail-start"]\n'
+    )
+    return load_mcp_servers(config)
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('[mcp_servers.a]\nargs = ["x"]\n', "give exactly one of `command`"),
+        ('[mcp_servers.a]\ncommand = "x"\nurl = "https://h/mcp"\n', "give exactly one of `command`"),
+        ('[mcp_servers.a]\ncommand = "x"\n[mcp_servers.a.tools.t]\nrisk = "dangerous"\n', "tools.t.risk"),
+        ('[mcp_servers.a]\ncommand = "x"\n[mcp_servers.a.tools.t]\nreplay = "check"\n', "'check' needs a lookup"),
+        ('[mcp_servers.a]\ncommand = "x"\nenv = ["sk-live-123=abc"]\n', "is not a variable name"),
+        ('[mcp_servers.A_B]\ncommand = "x"\n', "[mcp_servers.A_B] is invalid: name"),
+        ("mcp_servers = 3\n", "'mcp_servers' must be a table"),
+    ],
+)
+def test_bad_mcp_config_is_a_one_line_error_saying_where_and_what(tmp_path: Path, table: str, says: str):
+    config = tmp_path / "config.toml"
+    config.write_text(table)
+    with pytest.raises(McpConfigInvalid) as caught:
+        load_mcp_servers(config)
+    message = str(caught.value)
+    assert says in message and "\n" not in message
+    assert str(config) in message
+
+
+@pytest.mark.process
+def test_a_worker_with_bad_mcp_config_refuses_to_start_in_one_line(tmp_path: Path):
+    config = tmp_path / "config.toml"
+    config.write_text('[mcp_servers.notes]\ncommand = "x"\n[mcp_servers.notes.tools.t]\nrisk = "dangerous"\n')
+    variables = {**os.environ, "PERDURE_CONFIG": str(config), "PERDURE_HOME": str(tmp_path / "home"), "COLUMNS": "400"}
+    ran = subprocess.run([PERDURE, "worker"], env=variables, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 2, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and "[mcp_servers.notes] is invalid: tools.t.risk" in lines[-1]
+    assert "Traceback" not in ran.stderr
