@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +17,16 @@ from temporalio.client import WorkflowFailureError
 
 from activities.mcp.config import McpConfigInvalid, load_mcp_servers
 from activities.mcp.tools import McpServers
+from activities.model_activities import agent_tools, tool_catalogue
+from starters.goals import plan_from_mapping, plan_tools
 from testing.mcp_server import read_ledger
 from tests.builders import agent, openai_profile
 from tests.helpers import running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE
 from workflows.goal import GoalWorkflow
+from workflows.mcp_tools import McpTool, mcp_tool_name, tool_table
 from workflows.messages import Approve
+from workflows.plan import Plan, check_plan
 
 SECRET_ENV = "PERDURE_TEST_MCP_TOKEN"
 SECRET = "mcp-secret-7f3a9c1e5b"
@@ -217,3 +222,43 @@ def test_a_worker_with_bad_mcp_config_refuses_to_start_in_one_line(tmp_path: Pat
     lines = [line for line in ran.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and "[mcp_servers.notes] is invalid: tools.t.risk" in lines[-1]
     assert "Traceback" not in ran.stderr
+
+
+# --- the catalogue as prompts and plan checks see it (pure) -------------------------
+
+ECHO = McpTool(
+    name="mcp__notes__echo",
+    server="notes",
+    tool="echo",
+    description="Echo the text back.",
+    input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    risk="read",
+    replay="safe",
+)
+
+
+def test_an_mcp_tool_name_fits_the_model_apis_tool_name_pattern():
+    name = mcp_tool_name("notes", "weird.tool/name with spaces" + "x" * 80)
+    assert re.fullmatch(r"^[a-zA-Z0-9_-]{1,64}$", name) and name.startswith("mcp__notes__weird_tool_name")
+
+
+def test_the_planner_and_the_agent_are_shown_the_servers_description_and_schema():
+    (offered,) = agent_tools([ECHO.name], [ECHO])
+    assert offered.json_schema == ECHO.input_schema
+    assert offered.description == "[MCP server notes] Echo the text back. (risk: read)"
+    catalogue = tool_catalogue(["read_file", ECHO.name], [ECHO])
+    assert "- mcp__notes__echo (risk: read): [MCP server notes] Echo the text back." in catalogue
+    assert '"required": ["text"]' in catalogue
+
+
+def test_a_plan_step_is_checked_against_the_mcp_tools_schema_where_the_catalogue_is_known():
+    plan = Plan.model_validate({"steps": [{"name": "e", "kind": "tool", "tool": ECHO.name, "args": {"text": 3}}]})
+    problems = check_plan(plan, [ECHO.name], tools=tool_table([ECHO]))
+    assert problems == ["step 'e': bad arguments for mcp__notes__echo: text: 3 is not of type 'string'"]
+    assert check_plan(plan, [ECHO.name]) == []  # no catalogue here (the CLI): the goal checks it
+
+
+def test_a_plan_file_allows_the_mcp_tools_it_names_and_the_cli_leaves_them_to_the_worker():
+    data = {"steps": [{"name": "n", "kind": "tool", "tool": NOTE, "args": {"title": "a", "body": "b"}}]}
+    plan, _ = plan_from_mapping(data)
+    assert plan_tools(plan) == [NOTE]
