@@ -7,7 +7,8 @@ they land, not where perdure thinks it sent them.
 Each ledger line: the tool, its arguments, the effect key perdure sent in the request's
 `_meta` (`perdure/effect_key`), the server's pid, and whether the variable named by
 `--secret-env` reached this process (its value is written too, so a test can show it
-arrived while the goal's history holds none of it). `slow_write` blocks after writing
+arrived while the goal's history holds none of it); over streamable HTTP (`--http PORT`)
+also the Authorization header it was sent. `slow_write` blocks after writing
 its line while the `--hold` file exists: a crash test kills the worker meanwhile.
 A test double, never part of the runtime.
 """
@@ -36,6 +37,9 @@ def build(ledger: Path, hold: Path | None, secret_env: str | None) -> MCPServer:
         if key is None and meta is not None:
             key = (getattr(meta, "model_extra", None) or {}).get(EFFECT_KEY_META)
         entry = {"tool": tool, "args": args, "effect_key": key, "pid": os.getpid(), "at": time.time()}
+        headers = ctx.headers if ctx is not None else None
+        if headers is not None:  # streamable HTTP: what the client sent
+            entry["authorization"] = headers.get("authorization")
         if secret_env:
             entry["secret"] = os.environ.get(secret_env)
         with ledger.open("a", encoding="utf-8") as out:
@@ -69,6 +73,11 @@ def build(ledger: Path, hold: Path | None, secret_env: str | None) -> MCPServer:
         record("refuse", ctx, reason=reason)
         raise ValueError(f"refused: {reason}")
 
+    @server.tool(description="Record the call, then exit without answering (a server that dies mid-call).")
+    def die(text: str, ctx: Context) -> str:
+        record("die", ctx, text=text)
+        os._exit(1)
+
     @server.tool(description="Say whether the server was given its secret (and, carelessly, echo it).")
     def whoami(ctx: Context) -> str:
         entry = record("whoami", ctx)
@@ -83,11 +92,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold", type=Path, default=None)
     parser.add_argument("--secret-env", default=None)
     parser.add_argument("--fail-start", action="store_true", help="Exit at once, as a server that cannot start.")
+    parser.add_argument("--http", type=int, default=None, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT/mcp.")
     options = parser.parse_args(argv)
     if options.fail_start:
         print("perdure-test: cannot start (asked to fail)", file=sys.stderr)
         sys.exit(3)
-    build(options.ledger, options.hold, options.secret_env).run()
+    server = build(options.ledger, options.hold, options.secret_env)
+    if options.http is not None:
+        server.run("streamable-http", host="127.0.0.1", port=options.http)
+    else:
+        server.run()
 
 
 def read_ledger(path: Path) -> list[dict]:

@@ -8,21 +8,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from activities.mcp.config import McpConfigInvalid, load_mcp_servers
+from activities.mcp.config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
 from activities.mcp.tools import McpServers
 from activities.model_activities import agent_tools, tool_catalogue
+from starters.capabilities import start_problems
 from starters.goals import plan_from_mapping, plan_tools
 from testing.mcp_server import read_ledger
-from tests.builders import agent, openai_profile
-from tests.helpers import running_worker, start, submit, wait_until
+from tests.builders import agent, openai_profile, spec
+from tests.helpers import free_ports, running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE
+from workers.capabilities import CapabilitiesResult
 from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import McpTool, mcp_tool_name, tool_table
 from workflows.messages import Approve
@@ -165,6 +169,20 @@ async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_mess
     assert len(ledger(tmp_path, "refuse")) == 1  # an answer, not a loss: never sent again
 
 
+async def test_a_server_that_dies_during_a_once_call_is_not_called_again_and_a_person_is_asked(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    die = "mcp__notes__die"
+    steps = [{"name": "d", "kind": "tool", "tool": die, "args": {"text": "x"}}]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[die])
+        snapshot = await wait_until(handle, lambda s: s.questions)
+
+    assert [n.status for n in snapshot.nodes if n.name == "d"] == ["uncertain"]
+    assert "may have reached MCP server 'notes' (tool die) but no answer says so" in snapshot.questions[0].stuck
+    assert len(ledger(tmp_path, "die")) == 1
+
+
 async def test_a_server_that_cannot_start_fails_the_goal_at_once_saying_why(
     env, task_queue, store, workspace, scripted, tmp_path
 ):
@@ -262,3 +280,66 @@ def test_a_plan_file_allows_the_mcp_tools_it_names_and_the_cli_leaves_them_to_th
     data = {"steps": [{"name": "n", "kind": "tool", "tool": NOTE, "args": {"title": "a", "body": "b"}}]}
     plan, _ = plan_from_mapping(data)
     assert plan_tools(plan) == [NOTE]
+
+
+@pytest.fixture
+def http_notes(tmp_path: Path):
+    """The test server over streamable HTTP on a free port, as someone else's service."""
+    (port,) = free_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testing.mcp_server", "--ledger", str(tmp_path / "ledger.jsonl"), "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the HTTP MCP server did not start"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_a_streamable_http_server_gets_its_header_from_the_workers_variable_and_the_history_does_not(
+    env, task_queue, store, workspace, scripted, http_notes, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    config = tmp_path / "http.toml"
+    config.write_text(
+        f'[mcp_servers.tracker]\nurl = "{http_notes}"\nheaders = {{ Authorization = "Bearer ${{{SECRET_ENV}}}" }}\n'
+    )
+    note = "mcp__tracker__add_note"
+    steps = [{"name": "note", "kind": "tool", "tool": note, "args": {"title": "over http", "body": "hi"}}]
+    servers = McpServers(load_mcp_servers(config))
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=servers):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=[note])
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.outcome == "succeeded", result.failure
+    assert store.get_text(result.outputs["note"]) == "note 'over http' added (2 characters)"
+    (call,) = ledger(tmp_path, "add_note")
+    assert call["authorization"] == f"Bearer {SECRET}"
+    assert SECRET.encode() not in history.to_json().encode()
+
+
+def test_an_unset_header_variable_is_named_and_its_value_never_shown(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    servers = servers_from(
+        {"t": {"url": "https://h/mcp", "headers": {"Authorization": f"Bearer ${{{SECRET_ENV}}}"}}}, "x"
+    )
+    with pytest.raises(McpConfigInvalid, match=f"header variable {SECRET_ENV} not set on this worker"):
+        resolve_headers(servers["t"])
+
+
+def test_perdure_start_leaves_an_mcp_tool_to_the_goal_when_the_worker_names_its_server():
+    offer = CapabilitiesResult(profiles=[], default_profile="scripted", tools=["read_file"], mcp_servers=["notes"])
+    assert start_problems(spec(Path("/w"), allowed_tools=["read_file", NOTE], model_profile="default"), offer) == []
+    (problem,) = start_problems(spec(Path("/w"), allowed_tools=["mcp__other__x"], model_profile="default"), offer)
+    assert "unknown tool 'mcp__other__x'" in problem and "and the tools of MCP servers notes" in problem
