@@ -12,10 +12,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from activities.mcp.config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
 from activities.mcp.tools import McpServers
@@ -65,12 +67,24 @@ def ledger(tmp_path: Path, tool: str | None = None) -> list[dict]:
     return [e for e in read_ledger(tmp_path / "ledger.jsonl") if tool is None or e["tool"] == tool]
 
 
+@pytest.fixture
+def one_step_goal(env, task_queue, store, workspace, scripted):
+    """`async with one_step_goal(servers, tool, args, name) as handle`: a goal of one tool
+    step (the tool allowed), run by a worker with these MCP servers."""
+
+    @asynccontextmanager
+    async def run(servers: McpServers, tool: str, args: dict, name: str) -> AsyncIterator[WorkflowHandle]:
+        steps = [{"name": name, "kind": "tool", "tool": tool, "args": args}]
+        async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=servers):
+            yield await start(env, task_queue, workspace, steps, allowed_tools=[tool])
+
+    return run
+
+
 async def test_a_plan_step_calls_an_mcp_tool_once_and_its_output_is_the_step_output_and_in_the_report(
-    env, task_queue, store, workspace, scripted, notes, tmp_path
+    store, one_step_goal, notes, tmp_path
 ):
-    steps = [{"name": "note", "kind": "tool", "tool": NOTE, "args": {"title": "groceries", "body": "milk, eggs"}}]
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[NOTE])
+    async with one_step_goal(notes(), NOTE, {"title": "groceries", "body": "milk, eggs"}, "note") as handle:
         result = await handle.result()
 
     assert result.outcome == "succeeded", result.failure
@@ -113,16 +127,10 @@ async def test_an_agent_is_offered_the_mcp_tool_with_its_schema_and_bad_argument
     assert [c["args"] for c in ledger(tmp_path, "echo")] == [{"text": "hi"}]
 
 
-async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(
-    env, task_queue, store, workspace, scripted, notes, tmp_path
-):
-    pay = "mcp__notes__pay"
-    irreversible = '[mcp_servers.notes.tools.pay]\nrisk = "irreversible"\nreplay = "once"\n'
-    steps = [{"name": "pay", "kind": "tool", "tool": pay, "args": {"amount_cents": 500, "recipient": "ACME"}}]
-    async with running_worker(
-        env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes(irreversible)
-    ):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[pay])
+async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(store, one_step_goal, notes, tmp_path):
+    irreversible = notes('[mcp_servers.notes.tools.pay]\nrisk = "irreversible"\nreplay = "once"\n')
+    pay = {"amount_cents": 500, "recipient": "ACME"}
+    async with one_step_goal(irreversible, "mcp__notes__pay", pay, "pay") as handle:
         snapshot = await wait_until(handle, lambda s: s.questions)
         assert ledger(tmp_path, "pay") == []  # nothing sent before a person said yes
         assert '"amount_cents":500' in snapshot.questions[0].stuck + snapshot.questions[0].title
@@ -134,13 +142,9 @@ async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(
     assert len(ledger(tmp_path, "pay")) == 1
 
 
-async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(
-    env, task_queue, store, workspace, scripted, notes, tmp_path
-):
+async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(store, one_step_goal, notes, tmp_path):
     whoami = "mcp__notes__whoami"
-    steps = [{"name": "who", "kind": "tool", "tool": whoami, "args": {}}]
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[whoami])
+    async with one_step_goal(notes(), whoami, {}, "who") as handle:
         result = await handle.result()
         history = await handle.fetch_history()
 
@@ -153,12 +157,10 @@ async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(
 
 
 async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_message(
-    env, task_queue, store, workspace, scripted, notes, tmp_path
+    store, one_step_goal, notes, tmp_path
 ):
     refuse = "mcp__notes__refuse"
-    steps = [{"name": "no", "kind": "tool", "tool": refuse, "args": {"reason": "closed today"}}]
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[refuse])
+    async with one_step_goal(notes(), refuse, {"reason": "closed today"}, "no") as handle:
         result = await handle.result()
         snapshot = await handle.query(GoalWorkflow.progress)
 
@@ -170,12 +172,10 @@ async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_mess
 
 
 async def test_a_server_that_dies_during_a_once_call_is_not_called_again_and_a_person_is_asked(
-    env, task_queue, store, workspace, scripted, notes, tmp_path
+    store, one_step_goal, notes, tmp_path
 ):
     die = "mcp__notes__die"
-    steps = [{"name": "d", "kind": "tool", "tool": die, "args": {"text": "x"}}]
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=notes()):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[die])
+    async with one_step_goal(notes(), die, {"text": "x"}, "d") as handle:
         snapshot = await wait_until(handle, lambda s: s.questions)
 
     assert [n.status for n in snapshot.nodes if n.name == "d"] == ["uncertain"]
@@ -183,13 +183,9 @@ async def test_a_server_that_dies_during_a_once_call_is_not_called_again_and_a_p
     assert len(ledger(tmp_path, "die")) == 1
 
 
-async def test_a_server_that_cannot_start_fails_the_goal_at_once_saying_why(
-    env, task_queue, store, workspace, scripted, tmp_path
-):
+async def test_a_server_that_cannot_start_fails_the_goal_at_once_saying_why(store, one_step_goal, tmp_path):
     broken = McpServers(_broken_config(tmp_path))
-    steps = [{"name": "note", "kind": "tool", "tool": "mcp__broken__add_note", "args": {"title": "a", "body": "b"}}]
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=broken):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=["mcp__broken__add_note"])
+    async with one_step_goal(broken, "mcp__broken__add_note", {"title": "a", "body": "b"}, "note") as handle:
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
 
@@ -307,7 +303,7 @@ def http_notes(tmp_path: Path):
 
 
 async def test_a_streamable_http_server_gets_its_header_from_the_workers_variable_and_the_history_does_not(
-    env, task_queue, store, workspace, scripted, http_notes, tmp_path, monkeypatch
+    store, one_step_goal, http_notes, tmp_path, monkeypatch
 ):
     monkeypatch.setenv(SECRET_ENV, SECRET)
     config = tmp_path / "http.toml"
@@ -315,10 +311,8 @@ async def test_a_streamable_http_server_gets_its_header_from_the_workers_variabl
         f'[mcp_servers.tracker]\nurl = "{http_notes}"\nheaders = {{ Authorization = "Bearer ${{{SECRET_ENV}}}" }}\n'
     )
     note = "mcp__tracker__add_note"
-    steps = [{"name": "note", "kind": "tool", "tool": note, "args": {"title": "over http", "body": "hi"}}]
     servers = McpServers(load_mcp_servers(config))
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []})), mcp=servers):
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=[note])
+    async with one_step_goal(servers, note, {"title": "over http", "body": "hi"}, "note") as handle:
         result = await handle.result()
         history = await handle.fetch_history()
 
