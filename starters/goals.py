@@ -116,9 +116,12 @@ def mcp_tools_named(data: dict) -> list[str]:
     steps = data.get("steps")
     named = []
     for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict):
-            tools = [step.get("tool"), *(step.get("tools") or [])] if isinstance(step.get("tools", []), list) else []
-            named += [t for t in tools if isinstance(t, str) and is_mcp_tool(t)]
+        if not isinstance(step, dict):
+            continue
+        tools = step.get("tools")
+        for tool in [step.get("tool"), *(tools if isinstance(tools, list) else [])]:
+            if isinstance(tool, str) and is_mcp_tool(tool):
+                named.append(tool)
     return named
 
 

@@ -18,19 +18,23 @@ import json
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent, Tool
 
 from activities import credentials
 from activities.mcp.config import McpConfigInvalid, McpServer, resolve_env, resolve_headers, secret_values
 from activities.tool_errors import OutcomeUnknown, ToolError
 from workflows.mcp_tools import McpTool, mcp_tool_name
+
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp_types import CallToolResult, Tool
+
+# The MCP SDK is imported where a server is reached, not with this module: it loads some
+# 500 modules (1.8 s here), and a Worker without an explicit build id hashes the code of
+# every loaded module when it is built (a device daemon's lease must be polled within
+# its first second).
 
 CONNECT_TIMEOUT_S = 20.0
 """Starting a server and its handshake; a stdio server in Python takes about a second."""
@@ -52,6 +56,8 @@ class McpSession:
         return credentials.redact(text, self._secrets)
 
     async def tools(self) -> list[Tool]:
+        from mcp.shared.exceptions import MCPError
+
         try:
             listed: list[Tool] = []
             cursor = None
@@ -68,6 +74,9 @@ class McpSession:
 
     async def call(self, tool: str, arguments: dict, timeout_s: float, effect_key: str | None = None) -> str:
         """The tool's text output; ToolError when the server answers with an error."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
         meta = {EFFECT_KEY_META: effect_key} if effect_key else None
         what = f"MCP tool {tool} on server '{self.server.name}'"
         try:
@@ -89,6 +98,8 @@ async def connect(server: McpServer) -> AsyncIterator[McpSession]:
     """A session with `server`, closed (its process ended) on the way out. A server that
     cannot be started or reached, or that fails its handshake, is a ToolError saying why,
     with the end of what a stdio server wrote to its stderr."""
+    from mcp import Client
+
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
         try:
             transport = _transport(server, errlog)
@@ -97,9 +108,7 @@ async def connect(server: McpServer) -> AsyncIterator[McpSession]:
         client = Client(transport, read_timeout_seconds=CONNECT_TIMEOUT_S)
         try:
             entered = await asyncio.wait_for(client.__aenter__(), CONNECT_TIMEOUT_S)
-        except BaseException as err:  # noqa: BLE001 - anyio groups wrap the transport's own error
-            if isinstance(err, asyncio.CancelledError):
-                raise
+        except Exception as err:  # noqa: BLE001 - anyio groups wrap the transport's own error
             session_secrets = secret_values(server)
             said = credentials.redact(f"{_said(err)}{_stderr_tail(errlog)}", session_secrets)
             raise ToolError(f"MCP server '{server.name}' cannot be reached: {said}") from None
@@ -115,6 +124,9 @@ async def connect(server: McpServer) -> AsyncIterator[McpSession]:
 
 
 def _transport(server: McpServer, errlog: Any) -> Any:
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
     if server.command is not None:
         params = StdioServerParameters(
             command=server.command, args=list(server.args), env=resolve_env(server), cwd=server.cwd
@@ -148,6 +160,8 @@ def catalogue_entries(server: McpServer, tools: list[Tool]) -> list[McpTool]:
 def result_text(result: CallToolResult) -> str:
     """A tool result as text: its text blocks, else its structured content as JSON, and a
     line for each block of another kind."""
+    from mcp_types import TextContent
+
     parts = []
     for block in result.content:
         if isinstance(block, TextContent):

@@ -48,8 +48,9 @@ class EffectGuard:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
         spec = self._ctx.tools().get(tool_input.tool)
         for entry in self._ctx.mcp_tools([tool_input.tool]):
-            # The activity checks and calls it by the catalogue the goal planned with.
-            tool_input = tool_input.model_copy(update={"mcp": entry})
+            # The activity checks and calls it by the catalogue the goal planned with; the
+            # description is for models only, and every call's input is kept in history.
+            tool_input = tool_input.model_copy(update={"mcp": entry.model_copy(update={"description": ""})})
         device = self._devices.runs_on(node, tool_input.tool)
         if spec is not None and device is not None:
             on_device = await self._for_device(spec, tool_input, node, device, what)
