@@ -837,10 +837,10 @@ async def record_goal_late_wait_cause(env: WorkflowEnvironment, out: Path) -> No
 
 
 async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
-    """A goal using the tools of an MCP server (testing/mcp_server.py): the catalogue
+    """A goal using the tools of an MCP server (testing/ledger_mcp_server.py): the catalogue
     listed once, a safe read called directly, then a once write through the effect rules."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["-m", "testing.mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
+        args = ["-m", "testing.ledger_mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
         table = {"command": sys.executable, "args": args, "tools": {"echo": {"risk": "read", "replay": "safe"}}}
         servers = McpServers(servers_from({"notes": table}, "recorder"))
         echo, note = "mcp__notes__echo", "mcp__notes__add_note"

@@ -1,6 +1,6 @@
 """A `perdure worker` SIGKILLed while an MCP tool call is in flight (issue 23, part 1b).
 
-The test MCP server (testing/mcp_server.py) writes each call to its ledger and then
+The test MCP server (testing/ledger_mcp_server.py) writes each call to its ledger and then
 holds it while the test's hold file exists, so the kill lands after the server has the
 request and before the worker hears back. A new worker then takes the goal over, and the
 ledger says what was sent again: a `once` tool is not (its step becomes the usual
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.mcp_server import read_ledger
+from testing.ledger_mcp_server import read_ledger
 from tests.builders import spec
 from tests.helpers import statuses, submit, wait_until
 from workflows.messages import Answer
@@ -31,7 +31,7 @@ def mcp_table(root: Path, tool_policy: str) -> str:
     return (
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.mcp_server", "--ledger", {json.dumps(str(root / "ledger.jsonl"))}, '
+        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(root / "ledger.jsonl"))}, '
         f'"--hold", {json.dumps(str(root / "hold"))}]\n' + tool_policy
     )
 

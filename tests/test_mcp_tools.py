@@ -1,5 +1,5 @@
 """MCP servers named in config.toml as tool sources (issue 23, part 1b), shown from outside:
-calls counted in the test server's own ledger (testing/mcp_server.py, a real stdio MCP
+calls counted in the test server's own ledger (testing/ledger_mcp_server.py, a real stdio MCP
 server on the official SDK), outputs read from the goal's report and nodes, and the goal's
 history searched for the server's secret."""
 
@@ -24,7 +24,7 @@ from activities.mcp.tools import McpServers
 from activities.model_activities import agent_tools, tool_catalogue
 from starters.capabilities import start_problems
 from starters.goals import plan_from_mapping, plan_tools
-from testing.mcp_server import read_ledger
+from testing.ledger_mcp_server import read_ledger
 from tests.builders import agent, openai_profile, spec
 from tests.helpers import free_ports, running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE
@@ -45,7 +45,7 @@ def notes_config(tmp_path: Path, tools: str = "", extra: str = "") -> Path:
     config.write_text(
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.mcp_server", "--ledger", {json.dumps(str(tmp_path / "ledger.jsonl"))}, '
+        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(tmp_path / "ledger.jsonl"))}, '
         f'"--hold", {json.dumps(str(tmp_path / "hold"))}, "--secret-env", "{SECRET_ENV}"]\n'
         f'env = ["{SECRET_ENV}"]\n' + extra + tools
     )
@@ -199,7 +199,7 @@ def _broken_config(tmp_path: Path) -> dict:
     config.write_text(
         "[mcp_servers.broken]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.mcp_server", "--ledger", "{tmp_path / "x"}", "--fail-start"]\n'
+        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", "{tmp_path / "x"}", "--fail-start"]\n'
     )
     return load_mcp_servers(config)
 
@@ -282,8 +282,9 @@ def test_a_plan_file_allows_the_mcp_tools_it_names_and_the_cli_leaves_them_to_th
 def http_notes(tmp_path: Path):
     """The test server over streamable HTTP on a free port, as someone else's service."""
     (port,) = free_ports(1)
+    ledger_file = str(tmp_path / "ledger.jsonl")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testing.mcp_server", "--ledger", str(tmp_path / "ledger.jsonl"), "--http", str(port)],
+        [sys.executable, "-m", "testing.ledger_mcp_server", "--ledger", ledger_file, "--http", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
