@@ -33,6 +33,7 @@ from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import McpTool, mcp_tool_name, tool_table
 from workflows.messages import Approve
 from workflows.plan import Plan, check_plan
+from workflows.state import GoalInput
 
 SECRET_ENV = "PERDURE_TEST_MCP_TOKEN"
 SECRET = "mcp-secret-7f3a9c1e5b"
@@ -125,6 +126,37 @@ async def test_an_agent_is_offered_the_mcp_tool_with_its_schema_and_bad_argument
     assert "expected fields: text (required)" in told
     assert "echo: hi" in third["last_message"]
     assert [c["args"] for c in ledger(tmp_path, "echo")] == [{"text": "hi"}]
+
+
+async def test_the_planner_is_shown_the_mcp_tool_and_a_plan_with_arguments_its_schema_refuses_is_repaired(
+    env, task_queue, store, workspace, scripted, notes, tmp_path
+):
+    step = {"name": "note", "kind": "tool", "tool": NOTE, "args": {"title": "plan"}}
+    fixed = {**step, "args": {"title": "plan", "body": "made by the planner"}}
+    server = scripted(
+        {
+            "replies": [
+                # Matched only if the planner's prompt lists the tool with its risk and schema.
+                {
+                    "when": ["PERDURE-PLANNER", f"- {NOTE} (risk: remote-write)", '"required": ["title", "body"]'],
+                    "when_last": "Goal:",
+                    "times": 1,
+                    "json": {"steps": [step]},
+                },  # fmt: skip
+                {"when_last": "'body' is a required property", "times": 1, "json": {"steps": [fixed]}},
+            ]
+        }
+    )
+    async with running_worker(env, task_queue, store, openai_profile(server), mcp=notes()):
+        goal_spec = spec(workspace, allowed_tools=[NOTE], goal="Write a note about the plan.")
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=f"plan-mcp-{tmp_path.name}", task_queue=task_queue
+        )
+        result = await handle.result()
+
+    assert result.outcome == "succeeded", result.failure
+    assert [r["matched"] for r in server.requests()] == [0, 1]
+    assert [c["args"] for c in ledger(tmp_path, "add_note")] == [{"title": "plan", "body": "made by the planner"}]
 
 
 async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(store, one_step_goal, notes, tmp_path):
