@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.testing import ActivityEnvironment
 
 from activities.mcp.config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
 from activities.mcp.tools import McpServers
 from activities.model_activities import agent_tools, tool_catalogue
+from activities.tools import ToolActivities
 from starters.capabilities import start_problems
 from starters.goals import plan_from_mapping, plan_tools
 from testing.ledger_mcp_server import read_ledger
@@ -29,6 +31,7 @@ from tests.builders import agent, openai_profile, spec
 from tests.helpers import free_ports, running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE
 from workers.capabilities import CapabilitiesResult
+from workflows.contracts import ToolInput
 from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import McpTool, mcp_tool_name, tool_table
 from workflows.messages import Approve
@@ -370,3 +373,20 @@ def test_perdure_start_leaves_an_mcp_tool_to_the_goal_when_the_worker_names_its_
     assert start_problems(spec(Path("/w"), allowed_tools=["read_file", NOTE], model_profile="default"), offer) == []
     (problem,) = start_problems(spec(Path("/w"), allowed_tools=["mcp__other__x"], model_profile="default"), offer)
     assert "unknown tool 'mcp__other__x'" in problem and "and the tools of MCP servers notes" in problem
+
+
+async def test_a_tool_the_workers_config_made_irreversible_since_the_goal_listed_it_is_refused_unconfirmed(
+    store, notes, tmp_path
+):
+    """The goal's catalogue says remote-write; this worker's config now says irreversible:
+    the activity takes the graver class and sends nothing without a person's confirmation."""
+    servers = notes('[mcp_servers.notes.tools.add_note]\nrisk = "irreversible"\n')
+    listed = McpTool(name=NOTE, server="notes", tool="add_note", input_schema={"type": "object"})
+    call = ToolInput(goal_id="g", node_key="k", tool=NOTE, workspace=str(tmp_path), args={"title": "a", "body": "b"})
+    result = await ActivityEnvironment().run(
+        ToolActivities(store, mcp=servers).run_tool, call.model_copy(update={"mcp": listed})
+    )
+
+    assert not result.ok and result.risk == "irreversible"
+    assert "is irreversible and needs a human confirmation" in (result.error or "")
+    assert ledger(tmp_path, "add_note") == []
