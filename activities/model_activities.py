@@ -50,8 +50,9 @@ from workflows.contracts import (
     Usage,
 )
 from workflows.evidence import statement_lines
+from workflows.mcp_tools import McpTool, tool_table
 from workflows.plan import MAX_PLANNED_STEPS, Plan, parse_plan
-from workflows.tool_specs import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS
+from workflows.tool_specs import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS, ToolSpec
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"
@@ -108,7 +109,8 @@ class ModelActivities:
     async def plan(self, input: PlanInput) -> PlanResult:
         messages = [
             ChatMessage(
-                role="system", content=planner_system_prompt(input.context, input.allowed_tools, input.devices)
+                role="system",
+                content=planner_system_prompt(input.context, input.allowed_tools, input.devices, input.mcp_tools),
             ),
             ChatMessage(
                 role="user",
@@ -127,7 +129,9 @@ class ModelActivities:
         async with self._attempt(input.context, purpose) as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
             raw = self.store.put_text(response.text)
-            plan, error = parse_plan_reply(response.text, input.allowed_tools, input.device_tools)
+            plan, error = parse_plan_reply(
+                response.text, input.allowed_tools, input.device_tools, tool_table(input.mcp_tools)
+            )
             if error:
                 activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
             return attempt.result(PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model))
@@ -202,7 +206,8 @@ class ModelActivities:
         # A compacted prompt shows some outputs as one line with their digest; the model
         # may read one in full (the workflow allows the call on exactly these turns).
         offered = [*input.tools, COMPACTION_TOOL] if compacted and COMPACTION_TOOL not in input.tools else input.tools
-        tools = [] if last_turn else agent_tools(core_tools(offered) if input.context.degraded else offered)
+        named = core_tools(offered) if input.context.degraded else offered
+        tools = [] if last_turn else agent_tools(named, input.mcp_tools)
         sent = compacted.messages if compacted else messages
         response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools), attempt)
 
@@ -492,13 +497,13 @@ def parse_drift_reply(text: str) -> tuple[bool, str]:
         return True, f"unreadable drift verdict, assumed on track: {preview(text, 120)}"
 
 
-def tool_catalogue(allowed_tools: list[str]) -> str:
+def tool_catalogue(allowed_tools: list[str], mcp_tools: list[McpTool] = ()) -> str:
     allowed = set(allowed_tools)
     # Catalogue order, not the caller's order, keeps the prompt prefix stable for caching.
     entries = [
         f"- {spec.name} (risk: {spec.risk}): {spec.description}\n"
         f"  arguments (JSON schema): {json.dumps(spec.json_schema(), sort_keys=True)}"
-        for spec in TOOL_SPECS.values()
+        for spec in tool_table(mcp_tools).values()
         if spec.name in allowed
     ]
     return "Tools the plan may use:\n" + ("\n".join(entries) if entries else "(none: use only llm steps)")
@@ -517,14 +522,17 @@ def device_catalogue(devices: dict[str, str] | None) -> str:
 
 
 def planner_system_prompt(
-    context: ModelContext, allowed_tools: list[str], devices: dict[str, str] | None = None
+    context: ModelContext,
+    allowed_tools: list[str],
+    devices: dict[str, str] | None = None,
+    mcp_tools: list[McpTool] = (),
 ) -> str:
     return "\n\n".join(
         [
             f"[{PLANNER_MARKER}]\nYou are the planner of perdure, a durable runtime that carries out one goal "
             "as a graph of steps. You write the plan; the runtime runs it.",
             constraints_block(context.constraints),
-            tool_catalogue(allowed_tools),
+            tool_catalogue(allowed_tools, mcp_tools),
             *([device_catalogue(devices)] if devices else []),
             "Step kinds:\n"
             "- llm: one model call with `prompt`; its text output goes to the steps that need it.\n"
@@ -591,11 +599,12 @@ def agent_system_prompt(context: ModelContext, max_turns: int) -> str:
     )
 
 
-def agent_tools(names: list[str]) -> list[ChatTool]:
+def agent_tools(names: list[str], mcp_tools: list[McpTool] = ()) -> list[ChatTool]:
+    table = tool_table(mcp_tools)
     return [
         ChatTool(name=spec.name, description=f"{spec.description} (risk: {spec.risk})", json_schema=spec.json_schema())
         for name in names
-        if (spec := TOOL_SPECS.get(name)) is not None
+        if (spec := table.get(name)) is not None
     ]
 
 
@@ -609,7 +618,10 @@ def _unfenced(text: str) -> str:
 
 
 def parse_plan_reply(
-    text: str, allowed_tools: list[str], devices: dict[str, list[str]] | None = None
+    text: str,
+    allowed_tools: list[str],
+    devices: dict[str, list[str]] | None = None,
+    tools: dict[str, ToolSpec] | None = None,
 ) -> tuple[Plan | None, str | None]:
     """The plan in a model's reply, or the reason it is not one (fit to show the model)."""
     body = _unfenced(text)
@@ -627,7 +639,7 @@ def parse_plan_reply(
     steps = data.get("steps") if isinstance(data, dict) else None
     if isinstance(steps, list) and len(steps) > MAX_PLANNED_STEPS:
         return None, f"the plan has {len(steps)} steps; at most {MAX_PLANNED_STEPS}: merge steps or plan a first stage"
-    return parse_plan(data, allowed_tools, devices)
+    return parse_plan(data, allowed_tools, devices, tools if tools is not None else TOOL_SPECS)
 
 
 def cap(text: str, limit: int) -> str:

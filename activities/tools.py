@@ -52,9 +52,10 @@ from activities.effect_tools import EFFECT_TOOLS, EffectTool, run_effect
 from activities.faults import fault_point
 from activities.fingerprints import fingerprints_of
 from activities.heartbeat import Heartbeat
+from activities.mcp.tools import McpEffectTool, McpServers, call_tool
 from activities.quota import QuotaTooFar, host_admitted
 from activities.spans import tool_call_span
-from activities.tool_errors import ToolError
+from activities.tool_errors import OutcomeUnknown, ToolError
 from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 from activities.workspace_versions import (
     UNCHECKED,
@@ -79,6 +80,7 @@ from workflows.contracts import (
     ToolResult,
 )
 from workflows.effects import compensation_for, decide_command_retry, effect_key_for
+from workflows.mcp_tools import McpArgs, McpTool, schema_problems, schema_summary
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.quota import QuotaLimits
 from workflows.tool_specs import (
@@ -444,10 +446,17 @@ class _BadArguments(Exception):
 class ToolActivities:
     """Worker-side tool runner. Register `ToolActivities(store).run_tool` with the worker."""
 
-    def __init__(self, store: ArtifactStore, quotas: Callable[[], dict[str, QuotaLimits]] | None = None) -> None:
+    def __init__(
+        self,
+        store: ArtifactStore,
+        quotas: Callable[[], dict[str, QuotaLimits]] | None = None,
+        mcp: McpServers | None = None,
+    ) -> None:
         self.store = store
         # The declared quotas (config.toml, reloaded): http_get draws on its host's.
         self._quotas = quotas or dict
+        # The MCP servers config.toml names: a goal's MCP tools are called through them.
+        self._mcp = mcp or McpServers({})
         self.versions = WorkspaceVersions(store)
         self.functions: dict[str, ToolFunction | EffectTool] = {
             **TOOL_FUNCTIONS,
@@ -470,10 +479,34 @@ class ToolActivities:
         entries = await asyncio.gather(*(one(call, summaries[i]) for i, call in enumerate(input.calls)))
         return ToolBatchResult(entries=list(entries))
 
+    def _spec(self, input: ToolInput) -> ToolSpec | None:
+        """A built-in tool's spec, or an MCP tool's from the goal's catalogue entry (with the
+        graver risk class of the goal's and this worker's config)."""
+        if input.tool in TOOL_SPECS:
+            return TOOL_SPECS[input.tool]
+        if input.mcp is not None and input.mcp.name == input.tool:
+            return self._mcp.graver(input.mcp).spec()
+        return None
+
+    def _implementation(self, input: ToolInput, spec: ToolSpec) -> ToolFunction | EffectTool:
+        if input.mcp is None or input.tool in self.functions:
+            return self.functions[input.tool]
+        if spec.replay == "safe" and spec.risk in ("read", "local-write"):
+            return functools.partial(self._mcp_read, input.mcp)
+        return McpEffectTool(self._mcp, input.mcp)
+
+    async def _mcp_read(self, tool: McpTool, _root: Path, args: McpArgs) -> str:
+        """An MCP tool that is safe to run again: called directly; no answer is a failure
+        the model or the step sees, and running it again is free."""
+        try:
+            return await call_tool(self._mcp, tool, args, effect_key=None)
+        except OutcomeUnknown as err:
+            raise ToolError(str(err)) from None
+
     @activity.defn(name=Activities.RUN_TOOL)
     async def run_tool(self, input: ToolInput) -> ToolResult:
-        spec = TOOL_SPECS.get(input.tool)
-        if spec is None or input.tool not in self.functions:
+        spec = self._spec(input)
+        if spec is None or (input.tool not in self.functions and input.mcp is None):
             known = ", ".join(sorted(self.functions))
             return ToolResult(
                 call_id=input.call_id, tool=input.tool, ok=False, error=f"unknown tool '{input.tool}' (known: {known})"
@@ -515,7 +548,7 @@ class ToolActivities:
             settled = self._command_not_run(input, args, spec)
             if settled is not None:
                 return settled
-        implementation = self.functions[input.tool]
+        implementation = self._implementation(input, spec)
         file_call = FileCall(self.versions, token, input.based_on) if input.tool in FILE_TOOLS else None
         if file_call is not None:
             implementation = functools.partial(implementation, call=file_call)
@@ -593,7 +626,7 @@ class ToolActivities:
         """Resolve a remote write's arguments without sending anything: what it will do,
         its effect key and its compensation, for the goal to record (and a person to
         confirm) before the effect can happen. Reads the artifact store only."""
-        spec = TOOL_SPECS.get(input.tool)
+        spec = self._spec(input)
         if spec is None:
             return PreparedEffect(tool=input.tool, error=f"unknown tool '{input.tool}'")
         try:
@@ -613,7 +646,7 @@ class ToolActivities:
     def resolved_arguments(self, input: ToolInput) -> tuple[dict | None, str | None]:
         """A call's arguments resolved here (templates filled in from this store, a model's
         JSON read) and validated, as JSON to send elsewhere; or why they cannot be used."""
-        spec = TOOL_SPECS.get(input.tool)
+        spec = self._spec(input)
         if spec is None:
             return None, f"unknown tool '{input.tool}' (known: {', '.join(sorted(TOOL_SPECS))})"
         try:
@@ -628,11 +661,19 @@ class ToolActivities:
         # `{{steps.x}}` in a file it writes must stay as written.
         resolved = self._resolve_templates(raw, input.inputs) if input.args_ref is None and not input.resolved else raw
         try:
-            return spec.args_model.model_validate(resolved)
+            args = spec.args_model.model_validate(resolved)
         except ValidationError as err:
             raise _BadArguments(
                 f"bad arguments for {input.tool}: {describe_validation_error(err)}; {_expected_fields(spec.args_model)}"
             ) from None
+        if spec.input_schema is not None:
+            # An MCP tool's own schema: checked here, so a wrong call goes back to the model
+            # without reaching its server.
+            problems = schema_problems(spec.input_schema, args.model_dump(mode="json"))
+            if problems:
+                summary = schema_summary(spec.input_schema)
+                raise _BadArguments(f"bad arguments for {input.tool}: {'; '.join(problems)}; {summary}")
+        return args
 
     def _raw_args(self, input: ToolInput) -> dict:
         if input.args is not None and input.args_ref is not None:

@@ -33,6 +33,7 @@ from runtime.connect import ServerUnavailable, connect
 from workers.capabilities import CapabilitiesInput, CapabilitiesResult, CapabilitiesWorkflow
 from workflows.contracts import GoalSpec
 from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
+from workflows.mcp_tools import is_mcp_tool, server_of
 from workflows.plan import check_plan, devices_named
 
 # How long to wait for a worker's answer; a healthy worker answers in well under a second.
@@ -90,11 +91,18 @@ def start_problems(spec: GoalSpec, offer: CapabilitiesResult) -> list[str]:
             f"unknown model profile '{spec.model_profile}'; the worker on task queue '{queue}' knows: "
             f"{known_profiles(offer)}"
         )
-    unknown = [t for t in spec.allowed_tools if t not in offer.tools]
+    # An MCP tool is checked by the goal, which lists its server's tools; here only that
+    # the worker names its server (listing every server would outlast the answer's wait).
+    unknown = [
+        t
+        for t in spec.allowed_tools
+        if t not in offer.tools and not (is_mcp_tool(t) and server_of(t) in offer.mcp_servers)
+    ]
     if unknown:
         problems.append(
             f"unknown tool{'s' if len(unknown) > 1 else ''} {', '.join(repr(t) for t in unknown)}; "
             f"the worker on task queue '{queue}' offers: {', '.join(offer.tools)}"
+            + (f" and the tools of MCP servers {', '.join(offer.mcp_servers)}" if offer.mcp_servers else "")
         )
     return problems
 
@@ -172,5 +180,7 @@ def profiles() -> None:
     console.print(table)
     console.print(f"default means: {offer.default_profile}")
     console.print(f"tools: {', '.join(offer.tools)}")
+    if offer.mcp_servers:
+        console.print(f"MCP servers (tools mcp__SERVER__TOOL): {', '.join(offer.mcp_servers)}")
     if offer.config_problem:
         console.print(f"[yellow]warning:[/yellow] {escape(offer.config_problem)} (the last good profiles are in use)")

@@ -710,6 +710,8 @@ def worker(
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
     the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
+    from activities.mcp.config import load_mcp_servers
+    from activities.mcp.tools import McpServers
     from workers.deployment import worker_version
     from workers.orchestrator import configure_logging, run_orchestrator
 
@@ -722,7 +724,10 @@ def worker(
     configure_logging()
 
     async def _worker() -> None:
-        await run_orchestrator(await connect(worker=True), version=version, promote=not no_promote)
+        # config.toml's MCP servers are checked before anything connects: a table that
+        # cannot be used is one line, and no worker starts.
+        servers = McpServers(load_mcp_servers())
+        await run_orchestrator(await connect(worker=True), version=version, promote=not no_promote, mcp_servers=servers)
 
     try:
         run(_worker)

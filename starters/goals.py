@@ -45,6 +45,7 @@ from runtime import settings
 from workflows import search_attributes as sa
 from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
 from workflows.goal import GoalWorkflow
+from workflows.mcp_tools import is_mcp_tool
 from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
 from workflows.state import GoalInput
 from workflows.statuses import Phase
@@ -102,10 +103,26 @@ def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, wher
     ):
         # A single string would be taken letter by letter as constraints.
         raise BadPlanFile(f"{where}: 'constraints' must be a list of strings, e.g. [\"touch only docs/\"]")
-    plan, problem = parse_plan(data, allowed_tools or list(TOOL_SPECS))
+    # Without a list, a plan allows what it names: any built-in tool, and MCP tools, which
+    # only a worker can list (the goal checks them against its servers' catalogue).
+    plan, problem = parse_plan(data, allowed_tools or [*TOOL_SPECS, *mcp_tools_named(data)])
     if plan is None:
         raise BadPlanFile(f"{where}: {problem}")
     return plan, extras
+
+
+def mcp_tools_named(data: dict) -> list[str]:
+    """The MCP tools a raw plan's steps name (before it is validated)."""
+    steps = data.get("steps")
+    named = []
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, dict):
+            continue
+        tools = step.get("tools")
+        for tool in [step.get("tool"), *(tools if isinstance(tools, list) else [])]:
+            if isinstance(tool, str) and is_mcp_tool(tool):
+                named.append(tool)
+    return named
 
 
 def plan_tools(plan: Plan) -> list[str]:

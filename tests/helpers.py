@@ -30,6 +30,7 @@ from temporalio.worker import Worker
 from typer.testing import CliRunner
 
 from activities.artifacts import ArtifactStore
+from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig, ModelProfile
 from starters import cli
 from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
@@ -48,11 +49,18 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 @asynccontextmanager
 async def running_worker(
-    env: WorkflowEnvironment, task_queue: str, store: ArtifactStore, *profiles: ModelProfile
+    env: WorkflowEnvironment,
+    task_queue: str,
+    store: ArtifactStore,
+    *profiles: ModelProfile,
+    mcp: McpServers | None = None,
 ) -> AsyncIterator[Worker]:
-    """The production worker (every workflow and activity) on `task_queue`, with these model profiles."""
+    """The production worker (every workflow and activity) on `task_queue`, with these model
+    profiles and MCP servers (none unless given)."""
     config = ModelConfig(profiles={p.name: p for p in profiles})
-    worker = build_worker(env.client, task_queue=task_queue, store=store, model_config=config)
+    worker = build_worker(
+        env.client, task_queue=task_queue, store=store, model_config=config, mcp_servers=mcp or McpServers({})
+    )
     async with worker:
         yield worker
 

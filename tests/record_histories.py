@@ -26,6 +26,8 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
+from activities.mcp.config import servers_from
+from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig
 from testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
@@ -46,9 +48,12 @@ HISTORIES = Path(__file__).parent / "histories"
 
 
 @asynccontextmanager
-async def rig(env: WorkflowEnvironment, script: dict | None = None) -> AsyncIterator[tuple[Path, str]]:
+async def rig(
+    env: WorkflowEnvironment, script: dict | None = None, mcp: McpServers | None = None
+) -> AsyncIterator[tuple[Path, str]]:
     """A scratch workspace and the production worker on a fresh task queue, with a
-    scripted model server when the scenario calls a model: (workspace, task queue)."""
+    scripted model server when the scenario calls a model, and these MCP servers
+    (none unless given): (workspace, task queue)."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
@@ -58,7 +63,10 @@ async def rig(env: WorkflowEnvironment, script: dict | None = None) -> AsyncIter
         task_queue = f"record-{uuid.uuid4().hex[:8]}"
         store = ArtifactStore(Path(tmp) / "artifacts")
         config = ModelConfig(profiles=profiles)
-        async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
+        servers = mcp or McpServers({})
+        async with build_worker(
+            env.client, task_queue=task_queue, store=store, model_config=config, mcp_servers=servers
+        ):
             yield workspace, task_queue
 
 
@@ -828,6 +836,29 @@ async def record_goal_late_wait_cause(env: WorkflowEnvironment, out: Path) -> No
         save(out, await handle.fetch_history())
 
 
+async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
+    """A goal using the tools of an MCP server (testing/ledger_mcp_server.py): the catalogue
+    listed once, a safe read called directly, then a once write through the effect rules."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["-m", "testing.ledger_mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
+        table = {"command": sys.executable, "args": args, "tools": {"echo": {"risk": "read", "replay": "safe"}}}
+        servers = McpServers(servers_from({"notes": table}, "recorder"))
+        echo, note = "mcp__notes__echo", "mcp__notes__add_note"
+        steps = [
+            {"name": "hear", "kind": "tool", "tool": echo, "args": {"text": "hello"}},
+            {"name": "note", "kind": "tool", "tool": note, "args": {"title": "heard", "body": "{{steps.hear}}"}},
+        ]
+        steps[1]["needs"] = ["hear"]
+        async with rig(env, mcp=servers) as (workspace, task_queue):
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=[echo, note])
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -858,6 +889,7 @@ SCENARIOS = {
     "goal-v2-late-wait-cause": record_goal_late_wait_cause,
     "goal-v2-read-batches": record_goal_read_batches,
     "goal-v2-read-ahead": record_goal_read_ahead,
+    "goal-v1-mcp-tools": record_goal_mcp_tools,
 }
 
 

@@ -122,7 +122,7 @@ def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired_and_
     v3 = json.loads(carried.state)
     assert v3["schema_version"] == 3 and "retired_nodes" not in v3
     for state in (load_state(carried.state), load_state(v3)):
-        assert state.schema_version == SCHEMA_VERSION == 9 and state.patches == []
+        assert state.schema_version == SCHEMA_VERSION == 10 and state.patches == [] and state.mcp is None
         assert state.retired_nodes == [] and state.effects == {} and state.verifications == []
         assert {n.name: n.status for n in state.nodes.values()} == {k: v["status"] for k, v in v3["nodes"].items()}
 

@@ -41,14 +41,18 @@ class CapabilitiesResult(BaseModel):
     profiles: list[ProfileOffer]
     default_profile: str = Field(description="The profile `default` means on this worker.")
     tools: list[str]
+    mcp_servers: list[str] = Field(
+        default_factory=list, description="The MCP servers its config.toml names: their tools are mcp__SERVER__TOOL."
+    )
     config_problem: str | None = Field(default=None, description="Why the worker's config file is not in use.")
 
 
 class CapabilitiesActivities:
     """Register with a Worker as `activities=[CapabilitiesActivities(config).capabilities]`."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, mcp_servers: list[str] | None = None) -> None:
         self.config = config
+        self.mcp_servers = mcp_servers or []
 
     @activity.defn(name=CAPABILITIES_ACTIVITY)
     async def capabilities(self, input: CapabilitiesInput) -> CapabilitiesResult:
@@ -69,6 +73,7 @@ class CapabilitiesActivities:
             profiles=profiles,
             default_profile=default,
             tools=sorted(TOOL_SPECS),
+            mcp_servers=self.mcp_servers,
             config_problem=self.config.problem,
         )
 

@@ -25,6 +25,8 @@ from temporalio.worker import Worker
 from activities import sandbox
 from activities.artifacts import ArtifactStore, default_store
 from activities.device_calls import DeviceCallActivities
+from activities.mcp.config import load_mcp_servers
+from activities.mcp.tools import McpServers
 from activities.memory_activities import MemoryActivities
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
@@ -58,14 +60,17 @@ def build_worker(
     task_queue: str = TASK_QUEUE,
     store: ArtifactStore | None = None,
     model_config: ModelConfig | None = None,
+    mcp_servers: McpServers | None = None,
     **worker_options,
 ) -> Worker:
     store = store or default_store()
     # Watched: a profile added to config.toml is used without restarting the worker.
     model_config = model_config or load_model_config(watch=True)
+    # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
+    mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
     models = ModelActivities(model_config, store)
-    offers = CapabilitiesActivities(model_config)
-    tools = ToolActivities(store, quotas=lambda: model_config.quotas)
+    offers = CapabilitiesActivities(model_config, mcp_servers=sorted(mcp_servers.servers))
+    tools = ToolActivities(store, quotas=lambda: model_config.quotas, mcp=mcp_servers)
     verification = VerificationActivities(store)
     questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
@@ -86,6 +91,7 @@ def build_worker(
             tools.run_tool,
             tools.run_tools,
             tools.prepare_effect,
+            mcp_servers.catalogue,
             verification.verify_nodes,
             *TimingActivities(store).activities(),
             *questions.activities(),
@@ -149,13 +155,15 @@ async def run_orchestrator(
     task_queue: str | None = None,
     version: WorkerDeploymentVersion | None = None,
     promote: bool = True,
+    mcp_servers: McpServers | None = None,
 ) -> None:
     """Run the worker until it is stopped. With a `version`, it is a Worker Deployment
     version (workers/deployment.py) and, when `promote`, becomes current once it polls,
-    unless it was current before (an old build restarted to drain its pinned goals)."""
+    unless it was current before (an old build restarted to drain its pinned goals).
+    `mcp_servers`: config.toml's, read before connecting (else read here)."""
     task_queue = task_queue or settings.task_queue()
     options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
-    worker = build_worker(client, task_queue=task_queue, **options)
+    worker = build_worker(client, task_queue=task_queue, mcp_servers=mcp_servers, **options)
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from workflows.mcp_tools import McpTool
 from workflows.plan import NodeKind, Plan, VerifyDepth
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.statuses import NodeStatus
@@ -47,6 +48,8 @@ class Activities:
     MEMORY_PROMOTE = "perdure.memory.promote"
     # A wait step's output, with how late it acted and why (activities/timer_history.py).
     WAIT_OUTPUT = "perdure.timing.wait_output"
+    # The tools of the MCP servers a goal names (activities/mcp/tools.py).
+    MCP_CATALOGUE = "perdure.mcp.catalogue"
 
 
 class Queries:
@@ -275,6 +278,9 @@ class PlanInput(BaseModel):
     device_tools: dict[str, list[str]] | None = Field(
         default=None, description="Device name -> the tools it offers: a plan naming another device is refused."
     )
+    mcp_tools: list[McpTool] = Field(
+        default_factory=list, description="The allowed tools from MCP servers, from the goal's catalogue."
+    )
 
 
 class PlanResult(BaseModel):
@@ -383,6 +389,9 @@ class AgentTurnInput(BaseModel):
     compact_after_chars: int | None = Field(
         default=DEFAULT_COMPACT_AFTER_CHARS, ge=1, description="The goal's compaction threshold; None: never compact."
     )
+    mcp_tools: list[McpTool] = Field(
+        default_factory=list, description="Those of `tools` that come from MCP servers, from the goal's catalogue."
+    )
 
 
 class ContextCompaction(BaseModel):
@@ -455,6 +464,11 @@ class ToolInput(BaseModel):
         description="A versioned write (write_file): file path -> its version (sha256) as the node, or a step it "
         "needs, last read or wrote it (None: it did not exist); a file not named was never seen. None: no "
         "version context (a device's call), so only the call's own base_version is checked.",
+    )
+    mcp: McpTool | None = Field(
+        default=None,
+        description="A tool from an MCP server: its entry in the goal's catalogue (its schema, risk and replay "
+        "policy), never how to reach the server.",
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any, Literal, NamedTuple
 
 from workflows.canonical import canonical_json, digest_of
 from workflows.contracts import Compensation
+from workflows.mcp_tools import McpArgs
 from workflows.tool_specs import (
     GitCommitArgs,
     GitRevertArgs,
@@ -85,7 +86,9 @@ def effect_of(tool: str, args: ToolArgs, workspace: str) -> Effect | None:
         return Effect(f"payee:{args.recipient}", "pay", args.model_dump(mode="json"))
     if isinstance(args, RefundPaymentArgs):
         return Effect(f"refund:{args.payment_key or args.payment_id}", "refund", args.model_dump(mode="json"))
-    del tool
+    if isinstance(args, McpArgs):
+        # The tool on its server is the target; the arguments are the whole request.
+        return Effect(f"mcp:{tool}", "call", args.model_dump(mode="json"))
     return None
 
 

@@ -92,6 +92,12 @@ def _v8_to_v9(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 9}
 
 
+def _v9_to_v10(data: dict[str, Any]) -> dict[str, Any]:
+    # v10 keeps the catalogue of the MCP servers a goal names (`mcp`). A v9 goal named
+    # none it could use: None means "not listed", so only the version changes.
+    return {**data, "schema_version": 10}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
@@ -101,6 +107,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     6: _v6_to_v7,
     7: _v7_to_v8,
     8: _v8_to_v9,
+    9: _v9_to_v10,
 }
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workflows.mcp_tools import is_mcp_tool, schema_problems
 from workflows.timing import DURATION_FORMAT, parse_duration
-from workflows.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS
+from workflows.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS, ToolSpec
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")
@@ -277,9 +279,16 @@ def _find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
 REPLAY_DECLARABLE = frozenset({"run_command"})
 
 
-def check_plan(plan: Plan, allowed_tools: list[str], devices: dict[str, list[str]] | None = None) -> list[str]:
+def check_plan(
+    plan: Plan,
+    allowed_tools: list[str],
+    devices: dict[str, list[str]] | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
+) -> list[str]:
     """Problems that depend on the goal (tools allowed, tool arguments, templates) and,
     when `devices` (name -> tools offered) is given, on the devices the plan names.
+    `tools`: the goal's tool table (its MCP catalogue's tools too); None: the built-in
+    tools, and an MCP tool's name passes unchecked (only a worker can list them).
 
     Returns human-readable messages; empty when the plan can run.
     """
@@ -287,7 +296,7 @@ def check_plan(plan: Plan, allowed_tools: list[str], devices: dict[str, list[str
     allowed = set(allowed_tools)
     for step in plan.steps:
         if isinstance(step, ToolStep):
-            problems += _check_tool_step(step, allowed)
+            problems += _check_tool_step(step, allowed, tools)
         elif isinstance(step, AgentStep):
             for tool in step.tools:
                 if tool not in allowed:
@@ -296,13 +305,13 @@ def check_plan(plan: Plan, allowed_tools: list[str], devices: dict[str, list[str
                         f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
                     )
         elif isinstance(step, SubgoalStep):
-            problems += _check_subgoal_step(step, allowed)
+            problems += _check_subgoal_step(step, allowed, tools)
         if isinstance(step, ToolStep | AgentStep) and step.device is not None:
             problems += _check_device_step(step, devices)
     return problems
 
 
-def _check_subgoal_step(step: SubgoalStep, allowed: set[str]) -> list[str]:
+def _check_subgoal_step(step: SubgoalStep, allowed: set[str], table: Mapping[str, ToolSpec] | None) -> list[str]:
     """A child may use only tools this goal may; its own plan is checked as this goal's would be."""
     tools = set(step.tools) if step.tools is not None else allowed
     problems = [
@@ -310,7 +319,8 @@ def _check_subgoal_step(step: SubgoalStep, allowed: set[str]) -> list[str]:
         for tool in sorted(tools - allowed)
     ]
     if step.plan is not None:
-        problems += [f"step '{step.name}' (subgoal): {p}" for p in check_plan(step.plan, sorted(tools & allowed))]
+        own = check_plan(step.plan, sorted(tools & allowed), tools=table)
+        problems += [f"step '{step.name}' (subgoal): {p}" for p in own]
     return problems
 
 
@@ -342,9 +352,11 @@ def _check_device_step(step: ToolStep | AgentStep, devices: dict[str, list[str]]
     return problems
 
 
-def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
-    if step.tool not in TOOL_SPECS:
-        return [f"step '{step.name}': unknown tool '{step.tool}' (known: {', '.join(sorted(TOOL_SPECS))})"]
+def _check_tool_step(step: ToolStep, allowed: set[str], tools: Mapping[str, ToolSpec] | None) -> list[str]:
+    unchecked = tools is None and is_mcp_tool(step.tool)
+    tools = TOOL_SPECS if tools is None else tools
+    if step.tool not in tools and not unchecked:
+        return [f"step '{step.name}': unknown tool '{step.tool}' (known: {', '.join(sorted(tools))})"]
     if step.tool not in allowed:
         return [
             f"step '{step.name}': tool '{step.tool}' is not allowed (allowed: {', '.join(sorted(allowed)) or 'none'})"
@@ -355,8 +367,11 @@ def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
             f"step '{step.name}': `network: true` is only for {', '.join(sorted(REPLAY_DECLARABLE))} (what a "
             f"sandboxed command may reach); {step.tool} is a call the worker makes itself"
         )
+    if unchecked:
+        return problems
+    spec = tools[step.tool]
     if step.replay is not None and step.tool not in REPLAY_DECLARABLE:
-        policy = TOOL_SPECS[step.tool].replay
+        policy = spec.replay
         problems.append(
             f"step '{step.name}': `replay: {step.replay}` is only for {', '.join(sorted(REPLAY_DECLARABLE))} "
             f"(a command the plan knows is repeatable); {step.tool} keeps its own replay policy '{policy}'"
@@ -365,9 +380,14 @@ def _check_tool_step(step: ToolStep, allowed: set[str]) -> list[str]:
         if ref not in step.needs:
             problems.append(f"step '{step.name}': argument uses {{{{steps.{ref}}}}} but does not list '{ref}' in needs")
     try:
-        TOOL_SPECS[step.tool].args_model.model_validate(step.args)
+        spec.args_model.model_validate(step.args)
     except ValidationError as err:
         problems.append(f"step '{step.name}': bad arguments for {step.tool}: {describe_validation_error(err)}")
+    if spec.input_schema is not None:
+        problems += [
+            f"step '{step.name}': bad arguments for {step.tool}: {p}"
+            for p in schema_problems(spec.input_schema, step.args)
+        ]
     return problems
 
 
@@ -389,14 +409,17 @@ def describe_validation_error(err: ValidationError, root: str = "(root)") -> str
 
 
 def parse_plan(
-    data: Any, allowed_tools: list[str], devices: dict[str, list[str]] | None = None
+    data: Any,
+    allowed_tools: list[str],
+    devices: dict[str, list[str]] | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
 ) -> tuple[Plan | None, str | None]:
     """Validate untrusted plan data. Returns (plan, None) or (None, reason)."""
     try:
         plan = Plan.model_validate(data)
     except ValidationError as err:
         return None, describe_validation_error(err)
-    problems = check_plan(plan, allowed_tools, devices)
+    problems = check_plan(plan, allowed_tools, devices, tools)
     if problems:
         return None, "; ".join(problems)
     return plan, None

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from workflows.plan import Plan, PlanStep
 from workflows.statuses import TERMINAL
-from workflows.tool_specs import TOOL_SPECS
+from workflows.tool_specs import TOOL_SPECS, ToolSpec
 
 RISKY = ("irreversible", "remote-write")  # the order is the rank: the first is the graver
 # Placement keys of the two decisions (a node's other placements are keyed by tool name).
@@ -42,17 +42,17 @@ _REPOSITORY = ".git"
 BLOCKERS_SHOWN = 3
 
 
-def step_risk(step: PlanStep) -> tuple[str, list[str]] | None:
+def step_risk(step: PlanStep, specs: Mapping[str, ToolSpec] = TOOL_SPECS) -> tuple[str, list[str]] | None:
     """(the gravest risk class, the tools that have it or the other risky class) of a
     step that may write outside the workspace; None for read-only and local work.
     An agent step counts by the tools it may call: whether it will call them is known
     only once it ran, and the risk to place is the one it was given."""
     fields = type(step).model_fields  # a lookup that misses on a model is slow: 10,000 steps
     tools = [step.tool] if "tool" in fields else list(step.tools or []) if "tools" in fields else []
-    risky = [t for t in tools if t in TOOL_SPECS and TOOL_SPECS[t].risk in RISKY]
+    risky = [t for t in tools if t in specs and specs[t].risk in RISKY]
     if not risky:
         return None
-    gravest = min(RISKY.index(TOOL_SPECS[t].risk) for t in risky)
+    gravest = min(RISKY.index(specs[t].risk) for t in risky)
     return RISKY[gravest], risky
 
 
@@ -135,13 +135,14 @@ class RiskFacts:
 _FACTS = "_risk_facts"
 
 
-def risk_facts(plan: Plan) -> RiskFacts:
+def risk_facts(plan: Plan, specs: Mapping[str, ToolSpec] = TOOL_SPECS) -> RiskFacts:
     """The plan's facts, cached beside its fields (never dumped, ignored by ==) and
-    built again when its steps were replaced."""
+    built again when its steps were replaced. `specs`: the goal's tool table (a goal's
+    catalogue is listed before its first plan and never changes)."""
     facts = plan.__dict__.get(_FACTS)
     if facts is not None and facts.steps is plan.steps and len(facts.needs) == len(plan.steps):
         return facts
-    risk = {s.name: r for s in plan.steps if (r := step_risk(s)) is not None}
+    risk = {s.name: r for s in plan.steps if (r := step_risk(s, specs)) is not None}
     facts = RiskFacts(
         steps=plan.steps,
         risk=risk,

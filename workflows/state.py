@@ -28,6 +28,7 @@ from workflows.contracts import (
 )
 from workflows.device_contracts import DevicePresence
 from workflows.evidence import EvidenceLog
+from workflows.mcp_tools import McpCatalogue
 from workflows.memory_contracts import GoalMemory, Recalled
 from workflows.messages import InboxEntry, Refusal
 from workflows.plan import Plan
@@ -35,7 +36,7 @@ from workflows.stall import StallAction, StallState
 from workflows.statuses import NodeStatus, Phase
 from workflows.timing import TimerRecord
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 class AgentProgress(BaseModel):
@@ -360,6 +361,11 @@ class GoalState(BaseModel):
     timers: list[TimerRecord] = Field(
         default_factory=list,
         description="The wait steps' and the park's timers it acted on: planned, acted, how late (timing.py).",
+    )
+    mcp: McpCatalogue | None = Field(
+        default=None,
+        description="The tools of the MCP servers the goal names, as listed when it started (workflows/mcp_tools.py); "
+        "None: it names none, or has not listed them yet.",
     )
 
     @field_serializer("plan_versions", mode="wrap")

@@ -229,9 +229,14 @@ class ToolSpec(BaseModel):
         description="Typical duration when it is known in advance (local disk work); None when it depends "
         "on something outside the worker (a network, a command). Decides where the call runs: workflows/segments.py.",
     )
+    input_schema: dict | None = Field(
+        default=None,
+        description="A tool from an MCP server (workflows/mcp_tools.py): the JSON schema its server gives for "
+        "its arguments, which are checked against it; args_model then takes any object.",
+    )
 
     def json_schema(self) -> dict:
-        return self.args_model.model_json_schema()
+        return self.input_schema if self.input_schema is not None else self.args_model.model_json_schema()
 
 
 REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 3}

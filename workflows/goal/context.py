@@ -9,7 +9,7 @@ and never the workflow itself, so no room can reach into another's fields.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,11 +18,13 @@ from temporalio.common import MetricMeter
 
 from workflows import metrics
 from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
+from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
+from workflows.tool_specs import ToolSpec
 
 # workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
 # asked later, after a local activity in the same workflow task, replay meets the
@@ -86,6 +88,9 @@ OWN_CHANGES_PATCH = "own-changes-around-commands"
 READ_BATCHES_PATCH = "read-batches"
 # A batch also runs the read steps its reads make ready, in a chain (workflows/goal/read_batch.py).
 READ_AHEAD_PATCH = "read-ahead"
+# A goal whose tools name MCP servers lists their tools first (planner.py); decided only
+# for such goals, so every other goal's history has no marker for it.
+MCP_TOOLS_PATCH = "mcp-tools"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -137,6 +142,8 @@ class GoalContext:
         self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
         self.looks_around_commands = False
         self.replan_discards_in_flight = False
+        self.lists_mcp_tools = False
+        self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -170,6 +177,8 @@ class GoalContext:
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
         self._patched(READ_AHEAD_PATCH)
+        if names_mcp_tools(self.state.spec.allowed_tools):
+            self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the
@@ -237,6 +246,18 @@ class GoalContext:
         if node.kind == "tool":
             return self.waits_are_state
         return node.kind == "agent" and self.agent_waits_are_state
+
+    def tools(self) -> Mapping[str, ToolSpec]:
+        """The goal's tool table: the built-in tools and those of its MCP catalogue."""
+        catalogue = self.state.mcp
+        if self._tools is None or self._tools[0] is not catalogue:
+            self._tools = (catalogue, tool_table(catalogue.tools.values() if catalogue is not None else ()))
+        return self._tools[1]
+
+    def mcp_tools(self, names: list[str]) -> list[McpTool]:
+        """The catalogue entries of those of `names` that come from MCP servers."""
+        catalogue = self.state.mcp
+        return [catalogue.tools[n] for n in names if n in catalogue.tools] if catalogue is not None else []
 
     def plan(self) -> Plan:
         plan = self.state.plan

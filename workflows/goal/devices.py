@@ -453,7 +453,7 @@ class Devices:
             result_type=DeviceToolResult,
             task_queue=device_queue(name, workflow.info().task_queue),
             schedule_to_start_timeout=PICKUP_AFTER,
-            start_to_close_timeout=tool_timeout(tool_input),
+            start_to_close_timeout=tool_timeout(tool_input, TOOL_SPECS.get(tool_input.tool)),
             heartbeat_timeout=timedelta(seconds=presence.lease_s * 1.5),
             retry_policy=RetryPolicy(maximum_attempts=1),
             summary=f"{summary} · on device {name}",

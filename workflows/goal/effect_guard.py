@@ -30,7 +30,7 @@ from workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
 from workflows.goal.devices import Devices
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
-from workflows.tool_specs import COMMAND_TOOLS, TOOL_SPECS, ToolSpec
+from workflows.tool_specs import COMMAND_TOOLS, ToolSpec
 
 WRITES = ("remote-write", "irreversible")
 COMMAND_TOOL = "run_command"
@@ -46,7 +46,11 @@ class EffectGuard:
 
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
-        spec = TOOL_SPECS.get(tool_input.tool)
+        spec = self._ctx.tools().get(tool_input.tool)
+        for entry in self._ctx.mcp_tools([tool_input.tool]):
+            # The activity checks and calls it by the catalogue the goal planned with; the
+            # description is for models only, and every call's input is kept in history.
+            tool_input = tool_input.model_copy(update={"mcp": entry.model_copy(update={"description": ""})})
         device = self._devices.runs_on(node, tool_input.tool)
         if spec is not None and device is not None:
             on_device = await self._for_device(spec, tool_input, node, device, what)

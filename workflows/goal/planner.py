@@ -9,7 +9,10 @@ plan to the scheduler, which adopts it (reusing finished work by key).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from workflows import evidence
@@ -22,11 +25,16 @@ from workflows.goal.inbox import Inbox
 from workflows.goal.model_calls import ModelCalls
 from workflows.goal.scheduler import Scheduler
 from workflows.goal.tool_runner import failure_message
+from workflows.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
 from workflows.messages import InboxEntry
 from workflows.plan import Plan, check_plan
 from workflows.state import Node, PlanVersion
 from workflows.statuses import IN_FLIGHT
-from workflows.tool_specs import TOOL_SPECS
+
+MCP_CATALOGUE_TIMEOUT = timedelta(seconds=90)
+MCP_CATALOGUE_HEARTBEAT = timedelta(seconds=10)
+# The activity answers a server it cannot reach as a problem; only a lost worker retries.
+MCP_CATALOGUE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
 
 
 class Planner:
@@ -46,9 +54,11 @@ class Planner:
 
     async def make_plan(self) -> None:
         state, spec = self._ctx.state, self._ctx.state.spec
+        if self._ctx.lists_mcp_tools and state.mcp is None:
+            await self._list_mcp_tools()
         if spec.plan is not None:
             devices = await self._devices.check_plan_devices(spec.plan) if self._ctx.lists_devices else None
-            problems = check_plan(spec.plan, spec.allowed_tools, devices)
+            problems = self._mcp_problems() + check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
             state.plan_versions.append(
@@ -58,6 +68,40 @@ class Planner:
         plan, repairs = await self._ask(None)
         reason = "planned from the goal" if not repairs else f"planned after {repairs} repair(s)"
         state.plan_versions.append(PlanVersion(version=1, plan=plan, reason=reason, source="planner"))
+
+    async def _list_mcp_tools(self) -> None:
+        """The tools of the MCP servers the goal names, once: kept in the state, so every
+        replay and later run plans and checks against the same catalogue. A server that
+        cannot be reached is a problem the plan check states, not a retry loop."""
+        servers = names_mcp_tools(self._ctx.state.spec.allowed_tools)
+        try:
+            self._ctx.state.mcp = await workflow.execute_activity(
+                Activities.MCP_CATALOGUE,
+                McpCatalogueInput(servers=servers),
+                result_type=McpCatalogue,
+                start_to_close_timeout=MCP_CATALOGUE_TIMEOUT,
+                heartbeat_timeout=MCP_CATALOGUE_HEARTBEAT,
+                retry_policy=MCP_CATALOGUE_RETRY,
+                summary=f"mcp catalogue · {', '.join(servers)}",
+            )
+        except ActivityError as err:
+            raise GoalFailed(
+                f"the tools of MCP servers {', '.join(servers)} could not be listed: {failure_message(err)}"
+            ) from err
+        for server, problem in self._ctx.state.mcp.problems.items():
+            self._ctx.log_gate(f"MCP server {server} offers no tools: {problem}")
+
+    def _mcp_problems(self) -> list[str]:
+        """Allowed MCP tools the catalogue does not have, each with why (its server could
+        not be reached, or does not offer it)."""
+        catalogue = self._ctx.state.mcp
+        if catalogue is None:
+            return []
+        return [
+            catalogue.unknown(tool)
+            for tool in self._ctx.state.spec.allowed_tools
+            if is_mcp_tool(tool) and tool not in catalogue.tools
+        ]
 
     def drift_check_due(self) -> bool:
         state = self._ctx.state
@@ -253,7 +297,7 @@ class Planner:
         tool = getattr(step, "tool", None)
         if tool is None:
             return "a remote write of one of its tools"
-        spec = TOOL_SPECS.get(tool)
+        spec = self._ctx.tools().get(tool)
         return "an irreversible effect" if spec is not None and spec.risk == "irreversible" else "a remote write"
 
     def _take_in_settled(self) -> None:
@@ -335,6 +379,7 @@ class Planner:
                         rejection=rejection,
                         devices=described,
                         device_tools=offered,
+                        mcp_tools=self._ctx.mcp_tools(spec.allowed_tools),
                     ),
                     PlanResult,
                     summary,

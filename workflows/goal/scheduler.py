@@ -161,7 +161,7 @@ class Scheduler:
         if self._ctx.orders_risk:
             nodes = state.nodes
             order = risk_order.OrderPass(
-                risk_order.risk_facts(self._ctx.plan()),
+                risk_order.risk_facts(self._ctx.plan(), self._ctx.tools()),
                 ready,
                 self._ctx.index().names(IN_FLIGHT),
                 lambda name: nodes[name].status,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from workflows.goal.context import READ_AHEAD_PATCH
 from workflows.goal.read_batch import ReadBatcher
 from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
-from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES
+from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES, ToolSpec
 
 if TYPE_CHECKING:
     from workflows.goal.devices import Devices
@@ -54,9 +55,16 @@ FILE_SOURCE = "file:"
 
 
 class ToolRunner:
-    def __init__(self, state: GoalState, devices: Devices | None = None) -> None:
+    def __init__(
+        self,
+        state: GoalState,
+        devices: Devices | None = None,
+        tools: Callable[[], Mapping[str, ToolSpec]] = lambda: TOOL_SPECS,
+    ) -> None:
         self._state = state
         self._devices = devices
+        # The goal's tool table (GoalContext.tools): the built-in tools and its MCP ones.
+        self._tools = tools
         # Local activities started in the current workflow task, and the shared break
         # that ends a segment grown past SEGMENT_MAX_CALLS.
         self._segment = (0, 0)  # (history length when the task started, calls)
@@ -71,7 +79,7 @@ class ToolRunner:
         if self._devices is not None and self._devices.runs_on(node, tool):
             # On a device: an activity on its queue, never in a read segment of the workers'.
             return segments.Placement(where="activity", why="runs on the step's device")
-        placement = segments.place_tool(tool, self._state.spec.local_activities_up_to_s)
+        placement = segments.place(self._tools().get(tool), self._state.spec.local_activities_up_to_s)
         if placement.local and not self.segments_enabled():
             return segments.Placement(where="activity", why="goal started before read segments existed")
         return placement
@@ -84,7 +92,7 @@ class ToolRunner:
             result = await self._devices.call(tool_input, summary, node, device)
             self._state.ledger.tool_calls += 1
             return result
-        spec = TOOL_SPECS.get(tool_input.tool)
+        spec = self._tools().get(tool_input.tool)
         retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
         placement = self.placement(tool_input.tool)
         if node is not None:
@@ -100,13 +108,13 @@ class ToolRunner:
                     fenced = self._fenced(tool_input, node)
                 if result is None and self._batches.enabled():
                     # With the other reads of this activation, as one local activity.
-                    result = await self._batches.run(fenced, summary, tool_timeout(tool_input), node)
+                    result = await self._batches.run(fenced, summary, tool_timeout(tool_input, spec), node)
                 if result is None:
                     result = await workflow.execute_local_activity(
                         Activities.RUN_TOOL,
                         fenced,
                         result_type=ToolResult,
-                        start_to_close_timeout=tool_timeout(tool_input),
+                        start_to_close_timeout=tool_timeout(tool_input, spec),
                         retry_policy=retry,
                         summary=summary,
                     )
@@ -116,8 +124,8 @@ class ToolRunner:
                     Activities.RUN_TOOL,
                     self._fenced(tool_input, node),
                     result_type=ToolResult,
-                    start_to_close_timeout=tool_timeout(tool_input),
-                    heartbeat_timeout=tool_heartbeat(tool_input),
+                    start_to_close_timeout=tool_timeout(tool_input, spec),
+                    heartbeat_timeout=tool_heartbeat(spec),
                     retry_policy=retry,
                     summary=summary,
                 )
@@ -148,7 +156,7 @@ class ToolRunner:
         scheduled, so a call made again in a later task (its worker lost) has a newer token."""
         if node is None:
             return tool_input
-        spec = TOOL_SPECS.get(tool_input.tool)
+        spec = self._tools().get(tool_input.tool)
         if node.kind == "tool" and spec is not None and spec.risk == "read":
             # A plan step's one call, a read: nothing of its node writes, so there is nothing
             # for its token to fence, and presenting one costs a locked write of the node's
@@ -239,21 +247,19 @@ def versions_seen(state: GoalState, node: Node, tool_input: ToolInput) -> dict[s
     return dict(list(versions.items())[-MAX_BASED_ON:])
 
 
-def tool_timeout(tool_input: ToolInput) -> timedelta:
+def tool_timeout(tool_input: ToolInput, spec: ToolSpec | None) -> timedelta:
     """Each tool's own start-to-close timeout; run_command carries its own limit, plus
     room for start-up and output capture."""
     if tool_input.tool == "run_command":
         # Model-written arguments are not visible here; allow the tool's maximum.
         limit = float(tool_input.args.get("timeout_s", 60)) if tool_input.args else 600
         return timedelta(seconds=limit + 30)
-    spec = TOOL_SPECS.get(tool_input.tool)
     return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
 
 
-def tool_heartbeat(tool_input: ToolInput) -> timedelta:
+def tool_heartbeat(spec: ToolSpec | None) -> timedelta:
     """Every tool activity heartbeats, so a killed worker is noticed in seconds, not at the
     start-to-close timeout (up to 630 s for a command)."""
-    spec = TOOL_SPECS.get(tool_input.tool)
     return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else TOOL_HEARTBEAT
 
 

@@ -93,7 +93,7 @@ class GoalWorkflow:
         self._publisher = Publisher(ctx, self._spend, self._events)
         calls = ModelCalls(ctx, self._inbox, self._spend)
         self._devices = Devices(ctx)
-        tools = ToolRunner(state, self._devices)
+        tools = ToolRunner(state, self._devices, ctx.tools)
         self._guard = EffectGuard(ctx, tools, self._devices)
         runners = node_runners(NodeDeps(ctx, calls, self._guard, tools, self._pause, self._spend))
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
