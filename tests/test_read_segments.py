@@ -14,8 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
 
+from activities.report import ReportActivities
+from activities.tools import ToolActivities
 from activities.workspace_versions import WorkspaceVersions
 from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI
@@ -29,6 +34,7 @@ from tests.helpers import (
     submit,
     tool_timeline,
 )
+from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult
 from workflows.goal import GoalWorkflow
 from workflows.goal.read_batch import BATCH_MAX_CALLS
 from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
@@ -334,3 +340,29 @@ async def test_an_abort_while_a_batch_of_reads_is_blocked_ends_the_goal_and_keep
     unfinished = {line.split(":")[0] for line in result.unfinished}
     assert {"first", "stuck", "after"} <= unfinished, result.unfinished
     assert not result.outputs, result.outputs  # nothing is reported as read
+
+
+async def test_a_batch_that_fails_as_a_whole_runs_each_of_its_reads_alone(env, task_queue, store, workspace):
+    """A local activity out of attempts raises its cause in the workflow (here an
+    ApplicationError), not an ActivityError: the goal must still give each read its own
+    call, not leave its steps running for good."""
+    batches: list[int] = []
+
+    # The batch activity is faked under its real name: one that fails however often it is tried.
+    @activity.defn(name=Activities.RUN_TOOLS)
+    async def run_batch(batch: ToolBatchInput) -> ToolBatchResult:
+        batches.append(len(batch.calls))
+        raise ApplicationError("the batch lost its disk", type="BatchBroken", non_retryable=True)
+
+    write_pages(workspace)
+    steps = [
+        {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": f"pages/0{i}.md"}} for i in (1, 2)
+    ]
+    activities = [run_batch, ToolActivities(store).run_tool, ReportActivities(store).write_report]
+    goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+    async with Worker(env.client, task_queue=task_queue, workflows=[GoalWorkflow], activities=activities):
+        handle, result = await asyncio.wait_for(run_goal(env, task_queue, goal), 30)
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert batches == [2]
+    assert result.outcome == "succeeded", result.excerpt
+    assert {n.name: n.preview for n in snapshot.nodes} == {"read-1": "page 1", "read-2": "page 2"}

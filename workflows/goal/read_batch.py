@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import FailureError
 
 from workflows import segments
 from workflows.canonical import canonical_json
@@ -148,7 +148,9 @@ class ReadBatcher:
                 retry_policy=TOOL_RETRY,
                 summary=_summary(chunk),
             )
-        except ActivityError:
+        except FailureError:
+            # A local activity out of attempts raises its cause (an ApplicationError, a
+            # TimeoutError), not an ActivityError: any failure of the batch as a whole.
             return [None] * len(chunk)
         return [entry for entry in answered.entries]
 
