@@ -122,7 +122,15 @@ class ReadBatcher:
             return
         batch = waiting + ahead
         chunks = [batch[i : i + BATCH_MAX_CALLS] for i in range(0, len(batch), BATCH_MAX_CALLS)]
-        answers = await asyncio.gather(*(self._run_batch(chunk) for chunk in chunks))
+        try:
+            answers = await asyncio.gather(*(self._run_batch(chunk) for chunk in chunks))
+        except Exception as err:
+            # Not a failure of the batch (those are answered above): the callers raise it,
+            # so it settles their nodes or fails the workflow task, never leaves them waiting.
+            for call in waiting:
+                if not call.answer.done():
+                    call.answer.set_exception(err)
+            return
         entries = [entry for answer in answers for entry in answer]
         at = workflow.info().get_current_history_length()
         for index, call in enumerate(batch):
