@@ -54,7 +54,7 @@ from workflows.migrations import load_state
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 
-KEYS = ("nodes_10k_wall_s", "max_events_per_run")
+KEYS = ("nodes_10k_wall_s", "max_events_per_run", "workflow_task_ms_per_node")
 TARGET_NODES = 10_000
 PROFILE_MAX_EVENTS = 700
 
@@ -102,6 +102,16 @@ class SizeRun:
                         spans.append(event_seconds(e) - begun)
             means.append((sum(spans) / len(spans) * 1000 if spans else 0.0, max(spans, default=0.0) * 1000))
         return means
+
+    def workflow_task_ms_per_node(self) -> float:
+        """All its workflow tasks' time (every run) per node settled: the goal's bookkeeping
+        plus the reads its tasks ran as local activities (a node's share of both)."""
+        total = sum(mean * count for (mean, _), count in zip(self.workflow_task_ms(), self._task_counts(), strict=True))
+        return total / self.nodes
+
+    def _task_counts(self) -> list[int]:
+        kind = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        return [sum(1 for e in history.events if e.event_type == kind) for history in self.runs]
 
     def workflow_task_failures(self) -> int:
         """Workflow tasks that timed out or failed (each one is retried from the last
@@ -262,6 +272,7 @@ async def measure(
     if full is not None:
         figures["nodes_10k_wall_s"] = round(full.seconds, 1)
         figures["max_events_per_run"] = max(full.events)
+        figures["workflow_task_ms_per_node"] = round(full.workflow_task_ms_per_node(), 3)
         extra["runs_in_chain"] = len(full.runs)
         notes.append(
             f"10,000-node goal: {len(full.runs)} run(s) in its chain, at most {max(full.events)} events per run"
