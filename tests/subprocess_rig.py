@@ -60,12 +60,7 @@ def worker_process(variables: dict[str, str], log_path: Path, *args: str) -> Ite
         wait_for_polling(log_path)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 15)
 
 
 def registered_attributes(address: str) -> dict[str, str]:
@@ -95,6 +90,16 @@ def spawn_raw_server(port: int, ui_port: int, *extra: str) -> subprocess.Popen[b
             time.sleep(0.1)
     process.kill()
     raise AssertionError(f"raw dev server on {port} never answered")
+
+
+def stop(process: subprocess.Popen, wait_s: float = 10) -> None:
+    """End a process a test started: politely (SIGTERM), then by force after `wait_s`."""
+    process.terminate()
+    try:
+        process.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def kill_raw(process: subprocess.Popen[bytes]) -> None:

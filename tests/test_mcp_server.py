@@ -28,7 +28,7 @@ from starters.mcp_server import build_server
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
 from tests.helpers import free_ports, running_worker
-from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, user_env
+from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, stop, user_env
 
 VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "narrow", "rewind", "abort"}
 READS = {"goal_status", "goal_inbox", "goal_report"}
@@ -77,12 +77,7 @@ async def http_server(env, tmp_path: Path, task_queue: str) -> AsyncIterator[str
                 await asyncio.sleep(0.1)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> dict:

@@ -29,7 +29,7 @@ from starters.goals import plan_from_mapping, plan_tools
 from testing.ledger_mcp_server import read_ledger
 from tests.builders import agent, openai_profile, spec
 from tests.helpers import free_ports, running_worker, start, submit, wait_until
-from tests.subprocess_rig import PERDURE
+from tests.subprocess_rig import PERDURE, stop
 from workers.capabilities import CapabilitiesResult
 from workflows.contracts import ToolInput
 from workflows.goal import GoalWorkflow
@@ -334,8 +334,7 @@ def http_notes(tmp_path: Path):
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 async def test_a_streamable_http_server_gets_its_header_from_the_workers_variable_and_the_history_does_not(
