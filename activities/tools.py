@@ -32,6 +32,7 @@ import asyncio
 import codecs
 import functools
 import json
+import os
 import posixpath
 import re
 import time
@@ -56,7 +57,7 @@ from activities.mcp.tools import McpEffectTool, McpServers, call_tool
 from activities.quota import QuotaTooFar, host_admitted
 from activities.spans import tool_call_span
 from activities.tool_errors import OutcomeUnknown, ToolError
-from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
+from activities.workspace import WorkspaceEscape, WorkspaceMissing, confine, resolve_in_workspace, workspace_root
 from activities.workspace_versions import (
     UNCHECKED,
     Basis,
@@ -116,8 +117,9 @@ MAX_ERROR_CHARS = 2_000
 
 
 def _confined(root: Path, relative: str) -> Path:
+    """`relative` inside `root`, the workspace's real path (run_tool resolves it once per call)."""
     try:
-        return resolve_in_workspace(root, relative)
+        return confine(root, relative)
     except WorkspaceEscape as err:
         raise ToolError(str(err)) from None
 
@@ -146,21 +148,22 @@ class FileCall:
 
 def _read_file_sync(root: Path, args: ReadFileArgs, call: FileCall | None = None) -> str:
     path = _confined(root, args.path)
+    missing = ToolError(f"'{args.path}' does not exist in the workspace")
     try:
-        if not path.exists():
-            raise ToolError(f"'{args.path}' does not exist in the workspace")
-        if path.is_dir():
-            raise ToolError(f"'{args.path}' is a directory; use list_dir to see its entries")
         if call is None:
-            size = path.stat().st_size
             with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 data = f.read(args.max_bytes + 1)
         else:
             # One open for the text and the version: the digest is of the bytes read.
             data, call.seen = call.versions.read(path, args.max_bytes + 1)
+            if call.seen.digest is None:
+                raise missing
             size = call.seen.size
     except FileNotFoundError:
-        raise ToolError(f"'{args.path}' does not exist in the workspace") from None
+        raise missing from None
+    except IsADirectoryError:
+        raise ToolError(f"'{args.path}' is a directory; use list_dir to see its entries") from None
     except OSError as err:
         raise ToolError(f"cannot read '{args.path}': {err.strerror or err}") from None
     text = _capped_text(data, args.max_bytes, size, f"'{args.path}'", "read_file")
@@ -415,6 +418,7 @@ async def read_artifact(store: ArtifactStore, _root: Path, args: ReadArtifactArg
 
 # --- registry and activity ------------------------------------------------------
 
+# Called with the workspace's real path (workspace_root) and the checked arguments.
 ToolFunction = Callable[[Path, Any], Awaitable[str]]
 
 TOOL_FUNCTIONS: dict[str, ToolFunction | EffectTool] = {
@@ -469,9 +473,11 @@ class ToolActivities:
         A call that raises is answered with its error, not raised: the goal runs that one
         alone with its own retries, and the others' results stand."""
 
+        real_roots: dict[str, Path] = {}
+
         async def one(call: ToolInput, summary: str) -> ToolBatchEntry:
             try:
-                return ToolBatchEntry(call=summary, result=await self.run_tool(call))
+                return ToolBatchEntry(call=summary, result=await self._run(call, real_roots))
             except Exception as err:  # noqa: BLE001 - the goal re-runs this call alone
                 return ToolBatchEntry(call=summary, error=f"{type(err).__name__}: {err}"[:2000])
 
@@ -505,6 +511,10 @@ class ToolActivities:
 
     @activity.defn(name=Activities.RUN_TOOL)
     async def run_tool(self, input: ToolInput) -> ToolResult:
+        return await self._run(input, {})
+
+    async def _run(self, input: ToolInput, real_roots: dict[str, Path]) -> ToolResult:
+        """One call; `real_roots` holds the workspaces already resolved by the calls it runs beside."""
         spec = self._spec(input)
         if spec is None or (input.tool not in self.functions and input.mcp is None):
             known = ", ".join(sorted(self.functions))
@@ -527,7 +537,10 @@ class ToolActivities:
         root = Path(input.workspace)
         if input.tool in WORKSPACE_TOOLS:
             try:
-                workspace_root(root)
+                # Resolved once here: the tool confines its paths under this real root.
+                if input.workspace not in real_roots:
+                    real_roots[input.workspace] = workspace_root(root)
+                root = real_roots[input.workspace]
             except WorkspaceMissing as err:
                 # The goal points at a workspace this machine does not have: no
                 # model turn or retry can fix that.

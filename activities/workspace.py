@@ -43,6 +43,12 @@ def resolve_in_workspace(root: Path, relative: str, *, must_exist: bool = False)
     Raises WorkspaceEscape when the path is not allowed, WorkspaceMissing when the
     root is unusable, and FileNotFoundError when `must_exist` and nothing is there.
     """
+    return confine(workspace_root(root), relative, must_exist=must_exist)
+
+
+def confine(real_root: Path, relative: str, *, must_exist: bool = False) -> Path:
+    """resolve_in_workspace for a root already resolved by workspace_root: a tool call
+    resolves its workspace once, not once per path it touches."""
     if not relative or not relative.strip():
         raise WorkspaceEscape("path is empty; give a path relative to the workspace")
     if "\x00" in relative:
@@ -52,8 +58,6 @@ def resolve_in_workspace(root: Path, relative: str, *, must_exist: bool = False)
         raise WorkspaceEscape(f"'{relative}' is absolute; paths are relative to the workspace")
     if ".." in pure.parts:
         raise WorkspaceEscape(f"'{relative}' contains '..'; paths must stay inside the workspace")
-
-    real_root = workspace_root(root)
     try:
         # strict=False resolves every symlink that exists along the way, a
         # dangling final symlink included, and keeps the not-yet-existing rest.

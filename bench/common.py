@@ -33,6 +33,7 @@ from runtime.converter import STORE_ENV, THRESHOLD_ENV
 from runtime.plugin import PerdurePlugin
 from starters.devserver import load_dynamic_config
 from starters.goals import GOAL_TASK_TIMEOUT
+from workers import heap
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec
 from workflows.goal import GoalWorkflow
@@ -74,19 +75,24 @@ def new_id(prefix: str) -> str:
 
 
 def perdure_worker(client: Client, task_queue: str, home: Path, model_config: ModelConfig | None = None) -> Worker:
-    """The production worker (same workflows, activities and options), in this process."""
-    return build_worker(
+    """The production worker (same workflows, activities and options), in this process,
+    with the process's collector set as `perdure worker` sets it (workers/heap.py)."""
+    worker = build_worker(
         client,
         task_queue=task_queue,
         store=ArtifactStore(home / "artifacts"),
         model_config=model_config or ModelConfig(profiles={}),
     )
+    heap.settle()
+    return worker
 
 
 def raw_worker(client: Client, task_queue: str, home: Path) -> Worker:
-    """The baseline: the raw workflows of bench/raw.py and the very same tool activity."""
+    """The baseline: the raw workflows of bench/raw.py and the very same tool activity, in a
+    process whose collector is set as for perdure's worker (the ratios compare code, not settings)."""
     from bench.raw import RAW_WORKFLOWS
 
+    heap.settle()
     return Worker(
         client,
         task_queue=task_queue,

@@ -38,7 +38,7 @@ from activities.verification import VerificationActivities, VerifyQuestionActivi
 from activities.visibility import VisibilityActivities
 from activities.watchdog_model import WatchdogModelActivities
 from runtime import settings
-from workers import deployment, watchdog_schedule
+from workers import deployment, heap, watchdog_schedule
 from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
@@ -168,6 +168,7 @@ async def run_orchestrator(
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)
     versioned = {} if version is None else {"deployment": version.deployment_name, "build_id": version.build_id}
+    heap.settle()
     log.info("worker polling", task_queue=task_queue, namespace=client.namespace, **versioned)
     # The server knows the version once the worker polls: promote beside the running worker.
     promoting = asyncio.create_task(_promote(client, version)) if version is not None and promote else None
