@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import statistics
 import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio import activity, workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from starters.devserver import DevServerError, dev_server_status, start_dev_server, stop_dev_server
-from tests.helpers import free_ports
+from starters.devserver import (
+    DevServerError,
+    dev_server_argv,
+    dev_server_status,
+    start_dev_server,
+    stop_dev_server,
+)
+from tests.helpers import dev_server_options, free_ports
 from tests.subprocess_rig import kill_raw, registered_attributes, spawn_raw_server
 from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 
@@ -213,3 +225,62 @@ def test_a_port_held_by_something_else_is_a_clear_error(data_dir: Path) -> None:
             stop.set()
             thread.join()
     assert not (data_dir / "server.pid").exists()
+
+
+@activity.defn(name="test.devserver.noop")
+async def noop_step(n: int) -> int:
+    return n
+
+
+@workflow.defn(name="test.devserver.Steps")
+class SequentialSteps:
+    @workflow.run
+    async def run(self, count: int) -> int:
+        for n in range(count):
+            await workflow.execute_activity(noop_step, n, start_to_close_timeout=timedelta(seconds=30))
+        return count
+
+
+def test_workflow_tasks_after_activities_are_not_held_to_the_default_transfer_read_rate() -> None:
+    """temporal-dev/dynamic-config.yaml raises history.transferProcessorMaxPollRPS (Temporal's
+    default: 20 reads a second per shard, and start-dev has one shard). With the default,
+    past a burst of 20 each workflow task that follows an activity waited for the next
+    read: 35-40 ms from scheduled to started on the in-memory database, a few ms with
+    the file's value. The server ignores a key it does not know, so this checks the value
+    takes effect, given as `perdure server start` gives it (its command line's values)."""
+    argv = dev_server_argv(7233, 8233)
+    flags = [arg for i, arg in enumerate(argv) if i and argv[i - 1] == "--dynamic-config-value"]
+    assert any(flag.startswith("history.transferProcessorMaxPollRPS=") for flag in flags)
+    waits = asyncio.run(workflow_task_waits([arg for flag in flags for arg in ("--dynamic-config-value", flag)], 100))
+    # The first tasks ride the burst either way; the rest show the rate.
+    later = waits[40:]
+    assert statistics.median(later) < 0.02, f"median wait {statistics.median(later):.3f} s"
+
+
+async def workflow_task_waits(server_args: list[str], steps: int) -> list[float]:
+    """Seconds from scheduled to started of each workflow task of one run of `steps` activities,
+    on a dev server of its own (in-memory database, as the benchmarks use)."""
+    async with await WorkflowEnvironment.start_local(**dev_server_options(*server_args)) as environment:
+        return await run_steps(environment.client, steps)
+
+
+async def run_steps(client: Client, steps: int) -> list[float]:
+    task_queue = f"devserver-steps-{uuid.uuid4().hex[:8]}"
+    # Unsandboxed: this module's imports are not for a workflow sandbox, and the server is what is tested.
+    worker = Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[SequentialSteps],
+        activities=[noop_step],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+    async with worker:
+        handle = await client.start_workflow(SequentialSteps.run, steps, id=task_queue, task_queue=task_queue)
+        assert await handle.result() == steps
+    scheduled, waits = None, []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled = event.event_time.ToDatetime()
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and scheduled is not None:
+            waits.append((event.event_time.ToDatetime() - scheduled).total_seconds())
+    return waits
