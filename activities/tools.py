@@ -68,7 +68,6 @@ from activities.workspace_versions import (
     superseded_message,
 )
 from runtime.files import write_atomically
-from workflows.canonical import canonical_json, digest_of
 from workflows.contracts import (
     Activities,
     ArtifactRef,
@@ -80,7 +79,7 @@ from workflows.contracts import (
     ToolInput,
     ToolResult,
 )
-from workflows.effects import compensation_for, decide_command_retry, effect_key_for
+from workflows.effects import decide_command_retry, prepared_effect
 from workflows.mcp_tools import McpArgs, McpTool, schema_problems, schema_summary
 from workflows.plan import TEMPLATE, describe_validation_error
 from workflows.quota import QuotaLimits
@@ -646,15 +645,7 @@ class ToolActivities:
             args = self._arguments(input, spec)
         except _BadArguments as err:
             return PreparedEffect(tool=input.tool, error=_clip(str(err)))
-        key = effect_key_for(input.goal_id, input.tool, args, input.workspace)
-        resolved = args.model_dump(mode="json")
-        return PreparedEffect(
-            tool=input.tool,
-            effect_key=key,
-            compensation=compensation_for(input.tool, key, args) if key else None,
-            arguments=_clip(canonical_json(resolved)),
-            arguments_digest=digest_of(resolved),
-        )
+        return prepared_effect(input.goal_id, input.tool, args, input.workspace)
 
     def resolved_arguments(self, input: ToolInput) -> tuple[dict | None, str | None]:
         """A call's arguments resolved here (templates filled in from this store, a model's

@@ -29,7 +29,7 @@ from activities.artifacts import ArtifactStore
 from activities.mcp.config import servers_from
 from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig
-from testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI, WebhookReceiver
+from testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.device_rig import InProcessDevice
@@ -859,6 +859,35 @@ async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_goal_writes_prepared_in_workflow(env: WorkflowEnvironment, out: Path) -> None:
+    """A keyed write whose arguments are all in the plan, prepared by the workflow (its
+    compensation recorded before it is sent), then one whose body names the first's output,
+    prepared by the local activity that reads it (patch `writes-prepared-in-workflow`)."""
+    with services((LedgerAPI, {})) as (ledger,):
+        entries = f"{ledger.base_url}/entries"
+        undo = {"method": "DELETE", "url": f"{entries}/first"}
+        first = {"method": "POST", "url": entries, "body": {"n": 1}, "undo": undo}
+        steps = [
+            {"name": "first", "kind": "tool", "tool": "http_request", "args": first},
+            {
+                "name": "second",
+                "kind": "tool",
+                "tool": "http_request",
+                "args": {"method": "POST", "url": entries, "body": {"after": "{{steps.first}}"}},
+                "needs": ["first"],
+            },
+        ]
+        async with rig(env) as (workspace, task_queue):
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["http_request"], drift_every=0)
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            result = await handle.result()
+        assert len(ledger.ledger()) == 2
+    assert result.outcome == "succeeded", result.excerpt
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-v1-demo": record_goal_demo,
     "watchdog-v1-nudge": record_watchdog_nudge,
@@ -890,6 +919,7 @@ SCENARIOS = {
     "goal-v2-read-batches": record_goal_read_batches,
     "goal-v2-read-ahead": record_goal_read_ahead,
     "goal-v1-mcp-tools": record_goal_mcp_tools,
+    "goal-v2-writes-prepared-in-workflow": record_goal_writes_prepared_in_workflow,
 }
 
 

@@ -10,12 +10,15 @@ from collections import Counter
 
 import pytest
 
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
 from testing.repo import git, init_repo
 from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
-from tests.helpers import running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.helpers import local_activities, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from workflows.contracts import Activities
+from workflows.effects import effect_key_for
 from workflows.messages import Abort, Answer, Approve
 from workflows.plan import Plan
+from workflows.tool_specs import HttpRequestArgs
 
 RECIPIENTS = ["ada", "grace", "alan", "edsger", "barbara"]
 
@@ -137,3 +140,35 @@ async def test_abort_with_rollback_undoes_effects_newest_first(env, task_queue, 
     assert [c.split(" · ")[1] for c in compensations] == ["git_revert", "refund_payment"]  # newest first
     report = store.get_text(result.report)
     assert "undo by git_revert done" in report and "undo by refund_payment done" in report
+
+
+async def test_a_write_whose_arguments_are_in_the_plan_is_prepared_without_a_local_activity(
+    env, task_queue, store, workspace, fake_service
+):
+    """Its key, compensation and shown arguments need nothing from the artifact store, so the
+    workflow prepares it with the activity's own function; a write whose body names another
+    step's output still goes through the prepare activity, which reads that output."""
+    ledger = fake_service(LedgerAPI)
+    entry = {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"n": 1}}
+    steps = [
+        {"name": "first", "kind": "tool", "tool": "http_request", "args": entry},
+        {
+            "name": "second",
+            "kind": "tool",
+            "tool": "http_request",
+            "args": {**entry, "body": {"after": "{{steps.first}}"}},
+            "needs": ["first"],
+        },
+    ]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request"])
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.outcome == "succeeded", result.excerpt
+    prepares = [summary for _, kind, summary, _ in local_activities(history) if kind == Activities.PREPARE_EFFECT]
+    assert len(prepares) == 1 and " · second · " in prepares[0], prepares
+    sent = ledger.ledger()
+    assert [e["body"].keys() for e in sent] == [{"n"}, {"after"}]  # each once, the second filled in
+    expected = effect_key_for(handle.id, "http_request", HttpRequestArgs.model_validate(entry), str(workspace))
+    assert sent[0]["idempotency_key"] == expected

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from activities.artifacts import ArtifactStore
+from activities.tools import ToolActivities
+from workflows.contracts import ArtifactRef, ToolInput
 from workflows.effects import (
     compensation_for,
     decide_retry,
@@ -17,6 +22,7 @@ from workflows.effects import (
     effect_of,
     intent_details,
     last_heartbeat,
+    prepared_in_workflow,
 )
 from workflows.tool_specs import (
     DEFAULT_TOOLS,
@@ -222,3 +228,55 @@ def test_default_tools_stay_inside_the_workspace():
 def test_remote_tool_arguments_are_checked(tool, args, problem):
     with pytest.raises(ValueError, match=problem):
         TOOL_SPECS[tool].args_model.model_validate(args)
+
+
+# --- writes prepared in the workflow ------------------------------------------------------
+
+
+def call(tool: str, args: dict | None, **fields) -> ToolInput:
+    return ToolInput(goal_id="goal-1", node_key="n:1", tool=tool, workspace="/ws", args=args, **fields)
+
+
+WRITES_IN_THEIR_CALL = [
+    call("http_request", {"method": "POST", "url": "http://ledger/entries", "body": {"n": 1}}),
+    call(
+        "http_request",
+        {
+            "method": "POST",
+            "url": "http://ledger/entries",
+            "body": {"n": 2},
+            "undo": {"method": "DELETE", "url": "http://ledger/entries/2"},
+        },
+    ),
+    call("http_request", {"method": "PUT", "url": "http://ledger/big", "body": {"text": "y" * 5000}}),
+    call("send_email", {"to": "a@b.c", "subject": "s", "body": "b"}),
+    call("git_commit", {"message": "Add notes\n\nbody"}),
+    call("notify_webhook", {"url": "http://hooks/x", "payload": {"release": "2.0"}}),
+    call("make_payment", {"amount_cents": 1250, "currency": "EUR", "recipient": "ACME"}),
+    # A device's call, resolved on its worker: braces in it are text, not a template.
+    call("send_email", {"to": "a@b.c", "subject": "{{steps.x}}", "body": "b"}, resolved=True),
+]
+
+
+@pytest.mark.parametrize("write", WRITES_IN_THEIR_CALL, ids=lambda c: c.tool)
+async def test_a_write_prepared_in_the_workflow_is_what_the_prepare_activity_returns(write, tmp_path):
+    prepared = prepared_in_workflow(write)
+    assert prepared is not None and prepared.effect_key is not None
+    assert prepared == await ToolActivities(ArtifactStore(tmp_path)).prepare_effect(write)
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+async def test_any_body_gets_the_key_the_prepare_activity_gives(body):
+    write = call("http_request", {"method": "POST", "url": "http://ledger/entries", "body": body})
+    with tempfile.TemporaryDirectory() as tmp:
+        from_activity = await ToolActivities(ArtifactStore(Path(tmp))).prepare_effect(write)
+    assert prepared_in_workflow(write) == from_activity
+
+
+def test_writes_whose_arguments_are_in_the_store_or_wrong_are_left_to_the_activity():
+    ref = ArtifactRef(digest="sha256:" + "0" * 64, size=2)
+    templated = {"to": "a@b.c", "subject": "{{steps.summary}}", "body": "b"}
+    assert prepared_in_workflow(call("send_email", templated)) is None  # its text is in the store
+    assert prepared_in_workflow(call("send_email", None, args_ref=ref)) is None  # a model's JSON, by reference
+    assert prepared_in_workflow(call("send_email", {"to": "not an address", "subject": "s", "body": "b"})) is None
+    assert prepared_in_workflow(call("mcp__srv__tool", {"a": 1})) is None  # the worker's config may grade it

@@ -12,10 +12,12 @@ and asynchronous, so their absence proves nothing: `decide_retry` only trusts a
 `done` receipt, and otherwise decides from the tool's replay policy and the
 attempt number. The activity side lives in `activities/effect_tools.py`.
 
-No I/O and nothing that varies between runs: the workflow may call these too,
-e.g. to know a plan step's effect key and compensation before dispatching it
-(only when its arguments hold no `{{steps.NAME}}` template, since keys are
-computed from the resolved arguments).
+No I/O and nothing that varies between runs: the workflow calls these too. A
+write is prepared (its key, compensation and the arguments a person confirms)
+by `prepared_effect` from its resolved arguments, in the prepare activity when
+they must be read from the artifact store (a `{{steps.NAME}}` template, a
+model's JSON by reference), else in the workflow itself (`prepared_in_workflow`):
+one function, so one key whichever side prepared it.
 
 Shell commands (`run_command`) have no key a service could deduplicate by: an
 interrupted one is re-run only when it is replay-safe (`command_replay`), and is
@@ -30,10 +32,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
+from pydantic import ValidationError
+
 from workflows.canonical import canonical_json, digest_of
-from workflows.contracts import Compensation
+from workflows.contracts import Compensation, PreparedEffect, ToolInput
 from workflows.mcp_tools import McpArgs
+from workflows.plan import template_refs
 from workflows.tool_specs import (
+    TOOL_SPECS,
     GitCommitArgs,
     GitRevertArgs,
     HttpRequestArgs,
@@ -51,6 +57,8 @@ EFFECT_KEY_PATTERN = r"^fx-[0-9a-f]{32}$"
 
 INTENT = "intent"
 DONE = "done"
+# How much of a write's resolved arguments a prepared effect shows (a confirmation card).
+SHOWN_ARGUMENT_CHARS = 2_000
 
 
 def effect_key(goal_id: str, target: str, action: str, payload: Any) -> str:
@@ -95,6 +103,40 @@ def effect_of(tool: str, args: ToolArgs, workspace: str) -> Effect | None:
 def effect_key_for(goal_id: str, tool: str, args: ToolArgs, workspace: str) -> str | None:
     effect = effect_of(tool, args, workspace)
     return effect_key(goal_id, *effect) if effect is not None else None
+
+
+def prepared_effect(goal_id: str, tool: str, args: ToolArgs, workspace: str) -> PreparedEffect:
+    """A write prepared from its resolved, validated arguments: its effect key, the call that
+    would undo it, and the arguments as a person confirming it sees them."""
+    key = effect_key_for(goal_id, tool, args, workspace)
+    resolved = args.model_dump(mode="json")
+    shown = canonical_json(resolved)
+    if len(shown) > SHOWN_ARGUMENT_CHARS:
+        shown = shown[: SHOWN_ARGUMENT_CHARS - 1] + "…"
+    return PreparedEffect(
+        tool=tool,
+        effect_key=key,
+        compensation=compensation_for(tool, key, args) if key else None,
+        arguments=shown,
+        arguments_digest=digest_of(resolved),
+    )
+
+
+def prepared_in_workflow(call: ToolInput) -> PreparedEffect | None:
+    """A write prepared without the prepare activity, when nothing of it is in the artifact
+    store: a built-in tool, its arguments in the call and no `{{steps.NAME}}` left to fill
+    in. None: the activity prepares it (it reads the store, and words what is wrong with
+    arguments that do not validate)."""
+    spec = TOOL_SPECS.get(call.tool)
+    if spec is None or call.mcp is not None or call.args is None or call.args_ref is not None:
+        return None
+    if not call.resolved and template_refs(call.args):
+        return None
+    try:
+        args = spec.args_model.model_validate(call.args)
+    except ValidationError:
+        return None
+    return prepared_effect(call.goal_id, call.tool, args, call.workspace)
 
 
 def compensation_for(tool: str, key: str, args: ToolArgs) -> Compensation | None:

@@ -33,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from workflows.retries import MODEL_HEARTBEAT
 
 RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
+# The risk classes whose calls reach outside the workspace: prepared, keyed and recorded first.
+WRITE_RISKS: tuple[RiskClass, ...] = ("remote-write", "irreversible")
 ReplayPolicy = Literal["safe", "keyed", "check", "once"]
 
 HTTP_URL = r"^https?://"

@@ -24,7 +24,7 @@ from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
-from workflows.tool_specs import ToolSpec
+from workflows.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
 
 # workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
 # asked later, after a local activity in the same workflow task, replay meets the
@@ -91,6 +91,10 @@ READ_AHEAD_PATCH = "read-ahead"
 # A goal whose tools name MCP servers lists their tools first (planner.py); decided only
 # for such goals, so every other goal's history has no marker for it.
 MCP_TOOLS_PATCH = "mcp-tools"
+# A write whose arguments are all in its call (no template, no model's JSON by reference) is
+# prepared by the workflow itself, not by the prepare local activity (effect_guard.py); decided
+# only for goals allowed a remote-write or irreversible tool.
+WRITES_PREPARED_HERE_PATCH = "writes-prepared-in-workflow"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -143,6 +147,7 @@ class GoalContext:
         self.looks_around_commands = False
         self.replan_discards_in_flight = False
         self.lists_mcp_tools = False
+        self.prepares_writes_here = False
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
@@ -179,6 +184,8 @@ class GoalContext:
         self._patched(READ_AHEAD_PATCH)
         if names_mcp_tools(self.state.spec.allowed_tools):
             self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
+        if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):
+            self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the

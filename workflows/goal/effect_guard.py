@@ -25,14 +25,13 @@ from temporalio.exceptions import ActivityError, TimeoutError
 
 from workflows import questions
 from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
-from workflows.effects import command_key
+from workflows.effects import command_key, prepared_in_workflow
 from workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
 from workflows.goal.devices import Devices
 from workflows.goal.tool_runner import ToolRunner, failure_message
 from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
-from workflows.tool_specs import COMMAND_TOOLS, ToolSpec
+from workflows.tool_specs import COMMAND_TOOLS, WRITE_RISKS, ToolSpec
 
-WRITES = ("remote-write", "irreversible")
 COMMAND_TOOL = "run_command"
 PREPARE_TIMEOUT = timedelta(seconds=30)
 PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
@@ -59,7 +58,7 @@ class EffectGuard:
             tool_input = on_device
         if tool_input.tool in COMMAND_TOOLS:
             tool_input = self._with_network(tool_input, node)
-        if spec is not None and spec.risk in WRITES and self._ctx.effects_first:
+        if spec is not None and spec.risk in WRITE_RISKS and self._ctx.effects_first:
             return await self._write(spec, tool_input, summary, node, why)
         if spec is not None and tool_input.tool == COMMAND_TOOL and self._ctx.commands_ask:
             return await self._command(spec, tool_input, summary, node)
@@ -177,14 +176,18 @@ class EffectGuard:
         self._ctx.stop_point(node)
         # The node's waits for a person are state (context.ask), not a held task.
         suspend = self._ctx.suspends(node)
-        prepared = await workflow.execute_local_activity(
-            Activities.PREPARE_EFFECT,
-            tool_input,
-            result_type=PreparedEffect,
-            start_to_close_timeout=PREPARE_TIMEOUT,
-            retry_policy=PREPARE_RETRY,
-            summary=f"prepare · {summary.removeprefix('tool ')}",
-        )
+        # Prepared here when nothing of it is in the artifact store: the same function the
+        # activity runs, so the same key, without a local activity's round trip per write.
+        prepared = prepared_in_workflow(tool_input) if self._ctx.prepares_writes_here else None
+        if prepared is None:
+            prepared = await workflow.execute_local_activity(
+                Activities.PREPARE_EFFECT,
+                tool_input,
+                result_type=PreparedEffect,
+                start_to_close_timeout=PREPARE_TIMEOUT,
+                retry_policy=PREPARE_RETRY,
+                summary=f"prepare · {summary.removeprefix('tool ')}",
+            )
         if prepared.error or prepared.effect_key is None:
             return self._refused(tool_input, spec, prepared.error or f"{tool_input.tool} has no effect to prepare")
         key = prepared.effect_key
