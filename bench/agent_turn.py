@@ -1,19 +1,25 @@
 """What an agent turn costs on top of its model call (`agent_turn_overhead_pct`).
 
 An agent step whose scripted model takes 1 s per reply (the scripted server's
-`delay_s`) and calls one `read_file` per turn, then answers. A turn's wall time
-is the slope between a goal of 2 turns and one of 8 (medians of 3, after an
-untimed warm-up goal), so goal start and report cancel out; overhead = (turn
-wall time - 1 s) / 1 s x 100. The model speaks the real OpenAI wire format
-through perdure's provider, as in production. The 8-turn goals' histories give
-the same per turn from event times (the median turn-to-turn interval), split
-into the model activity and everything else.
+`delay_s`) and calls one `read_file` per turn, then answers. The model speaks
+the real OpenAI wire format through perdure's provider, as in production. A
+turn's time is read from the 8-turn goals' histories: from one agent-turn
+activity scheduled to the next (the model activity, its tool call and the
+workflow between), the median over every turn of 3 goals run after an untimed
+warm-up goal; overhead = (turn time - 1 s) / 1 s x 100. The wall-time slope
+between goals of 2 and 8 turns says the same, printed as a check: it swings by
+a per cent or more with the load of a shared machine, since one goal's wall time
+moves by tens of ms. A raw Temporal loop of the very same activities
+(bench/raw.py), run alternately with the goals, gives
+`raw_agent_turn_overhead_pct`: what Temporal and the activities themselves cost
+per turn on the same server and machine, the floor of the goal's figure.
 
     .venv/bin/python -m bench.agent_turn [--turns 8] [--delay-s 1.0] [--repeats 3]
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -29,16 +35,21 @@ from bench.common import (
     new_id,
     parse_options,
     perdure_worker,
+    raw_worker,
     run_chain,
     run_goal,
     run_standalone,
     slope_ms,
 )
+from bench.raw import RawAgentInput, RawAgentWorkflow
 from testing.scripted import ScriptedServer
 from workflows.contracts import Activities
+from workflows.tool_specs import TOOL_SPECS
 
-KEYS = ("agent_turn_overhead_pct",)
+KEYS = ("agent_turn_overhead_pct", "raw_agent_turn_overhead_pct")
 PROFILE = "bench-agent"
+PROMPT = "Read the files one by one as told, then say done."
+KINDS = ("goal", "raw")
 
 
 def marker(turns: int, k: int) -> str:
@@ -67,7 +78,7 @@ async def run_agent_goal(client: Client, task_queue: str, workspace: Path, turns
         {
             "name": f"agent-t{turns}",
             "kind": "agent",
-            "prompt": "Read the files one by one as told, then say done.",
+            "prompt": PROMPT,
             "tools": ["read_file"],
             "max_turns": turns + 2,
         }
@@ -96,46 +107,85 @@ def turn_spans(history) -> tuple[list[float], list[float]]:
     return [b - a for a, b in zip(times, times[1:], strict=False)], durations
 
 
+async def run_raw_agent(client: Client, task_queue: str, workspace: Path, turns: int):
+    """The same step as a raw Temporal agent loop (bench/raw.py): (wall seconds, its handle)."""
+    workflow_id = new_id(f"raw-agent-{turns}")
+    raw = RawAgentInput(
+        profile=PROFILE,
+        step=f"agent-t{turns}",
+        prompt=PROMPT,
+        tools=["read_file"],
+        max_turns=turns + 2,
+        workspace=str(workspace),
+        tool_start_to_close_s=TOOL_SPECS["read_file"].start_to_close_s,
+    )
+    started = time.perf_counter()
+    handle = await client.start_workflow(RawAgentWorkflow.run, raw, id=workflow_id, task_queue=task_queue)
+    ran = await handle.result()
+    if ran != turns:
+        raise RuntimeError(f"raw agent {workflow_id}: {ran} turns, expected {turns}")
+    return time.perf_counter() - started, handle
+
+
 async def measure(client: Client, workdir: Path, turns: int = 8, delay_s: float = 1.0, repeats: int = 3) -> Section:
     home = workdir / "agent"
     sizes = (2, turns)
     files = {f"t{t}-{k}.txt": marker(t, k) + "\n" for t in sizes for k in range(1, t)}
     workspace = make_workspace(home / "ws", files)
-    task_queue = new_id("bench-agent")
-    walls: dict[int, list[float]] = {t: [] for t in sizes}
+    goal_queue, raw_queue = new_id("bench-agent"), new_id("bench-raw-agent")
+    walls: dict[tuple[str, int], list[float]] = {(kind, t): [] for kind in KINDS for t in sizes}
+    histories: dict[str, list] = {kind: [] for kind in KINDS}
+    runners = {"goal": run_agent_goal, "raw": run_raw_agent}
+    queues = {"goal": goal_queue, "raw": raw_queue}
     with ScriptedServer(script(list(sizes), delay_s)) as server:
         profile = ModelProfile(name=PROFILE, provider="openai", model="scripted-gpt", base_url=server.openai_base_url)
         config = ModelConfig(profiles={PROFILE: profile})
-        async with perdure_worker(client, task_queue, home, model_config=config):
+        async with (
+            perdure_worker(client, goal_queue, home, model_config=config),
+            raw_worker(client, raw_queue, home, model_config=config),
+        ):
             # Warm up (sandbox imports of the workflow code, the pooled model client, schema
             # builds) before anything is timed: in the first goal they would pass for turns.
-            await run_agent_goal(client, task_queue, workspace, sizes[0])
-            histories = []
+            for kind in KINDS:
+                await runners[kind](client, queues[kind], workspace, sizes[0])
             for _ in range(repeats):
                 for t in sizes:
-                    seconds, handle = await run_agent_goal(client, task_queue, workspace, t)
-                    walls[t].append(seconds)
-                    if t == turns:
-                        histories.append((await run_chain(client, handle))[0])
-    turn_ms = slope_ms((sizes[0], median(walls[sizes[0]])), (sizes[1], median(walls[sizes[1]])))
-    overhead = (turn_ms / 1000 - delay_s) / delay_s * 100
-    spans = [turn_spans(h) for h in histories]
-    intervals = [i for intervals, _ in spans for i in intervals]
-    models = [m for _, ms in spans for m in ms]
-    notes = [
-        f"agent turn (model reply delayed {delay_s:g} s, one read_file per turn; slope {sizes[0]} -> {sizes[1]} turns, "
-        f"median of {repeats} after a warm-up goal): goals {median(walls[sizes[0]]):.2f} s and "
-        f"{median(walls[sizes[1]]):.2f} s -> {turn_ms:.0f} ms per turn, overhead {overhead:.1f}%",
-    ]
-    if intervals and models:
+                    # The goal and the raw loop one after the other, so both meet the same machine.
+                    for kind in KINDS:
+                        seconds, handle = await runners[kind](client, queues[kind], workspace, t)
+                        walls[(kind, t)].append(seconds)
+                        if t == turns:
+                            histories[kind].append((await run_chain(client, handle))[0])
+    notes, figures = [], {}
+    for kind, label in (("goal", "goal"), ("raw", "raw Temporal loop of the same activities")):
+        spans = [turn_spans(h) for h in histories[kind]]
+        intervals = [i for intervals, _ in spans for i in intervals]
+        models = [m for _, ms in spans for m in ms]
         interval, model = median(intervals), median(models)
+        figures[kind] = (interval - delay_s) / delay_s * 100
+        slope = slope_overhead(walls, kind, sizes, delay_s)
         notes.append(
-            f"  from the {turns}-turn goals' histories (medians of {len(intervals)} turns): turn start to next turn "
-            f"start {interval * 1000:.1f} ms (overhead {(interval - delay_s) / delay_s * 100:.1f}%): model activity "
-            f"{model * 1000:.1f} ms of which {delay_s * 1000:.0f} ms is the model's delay; tool call and workflow "
-            f"between turns {(interval - model) * 1000:.1f} ms"
+            f"{label}: turn start to next turn start {interval * 1000:.1f} ms (median of {len(intervals)} turns "
+            f"of {len(spans)} {turns}-turn runs) -> overhead {figures[kind]:.2f}%; model activity "
+            f"{model * 1000:.1f} ms, tool call and workflow between turns {(interval - model) * 1000:.1f} ms; "
+            f"wall-time slope {sizes[0]} -> {sizes[1]} turns (medians of {repeats}): {slope:.1f}%"
         )
-    return Section(figures={"agent_turn_overhead_pct": round(overhead, 2)}, notes=notes)
+    notes.insert(0, f"agent turn (model reply delayed {delay_s:g} s, one read_file per turn, after a warm-up):")
+    return Section(
+        figures={
+            "agent_turn_overhead_pct": round(figures["goal"], 2),
+            # Kept beside it: what Temporal and the activities themselves cost per turn, in the same run.
+            "raw_agent_turn_overhead_pct": round(figures["raw"], 2),
+        },
+        notes=notes,
+    )
+
+
+def slope_overhead(walls: dict, kind: str, sizes: tuple[int, int], delay_s: float) -> float:
+    """Per cent of the model's delay that one more turn costs beyond it."""
+    small, large = sizes
+    turn_ms = slope_ms((small, median(walls[(kind, small)])), (large, median(walls[(kind, large)])))
+    return (turn_ms / 1000 - delay_s) / delay_s * 100
 
 
 def main(argv: list[str] | None = None) -> dict:

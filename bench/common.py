@@ -27,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
+from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig
 from activities.tools import ToolActivities
 from runtime.converter import STORE_ENV, THRESHOLD_ENV
@@ -87,18 +88,18 @@ def perdure_worker(client: Client, task_queue: str, home: Path, model_config: Mo
     return worker
 
 
-def raw_worker(client: Client, task_queue: str, home: Path) -> Worker:
-    """The baseline: the raw workflows of bench/raw.py and the very same tool activity, in a
-    process whose collector is set as for perdure's worker (the ratios compare code, not settings)."""
+def raw_worker(client: Client, task_queue: str, home: Path, model_config: ModelConfig | None = None) -> Worker:
+    """The baseline: the raw workflows of bench/raw.py and the very same tool activity (and,
+    given a model config, the very same agent-turn activity), in a process whose collector is
+    set as for perdure's worker (the ratios compare code, not settings)."""
     from bench.raw import RAW_WORKFLOWS
 
     heap.settle()
-    return Worker(
-        client,
-        task_queue=task_queue,
-        workflows=RAW_WORKFLOWS,
-        activities=[ToolActivities(ArtifactStore(home / "artifacts")).run_tool],
-    )
+    store = ArtifactStore(home / "artifacts")
+    activities = [ToolActivities(store).run_tool]
+    if model_config is not None:
+        activities.append(ModelActivities(model_config, store).agent_turn)
+    return Worker(client, task_queue=task_queue, workflows=RAW_WORKFLOWS, activities=activities)
 
 
 def make_workspace(root: Path, files: dict[str, str]) -> Path:

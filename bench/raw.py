@@ -1,6 +1,9 @@
 """The raw Temporal baseline: plain workflows that call perdure's own tool activity
 (`perdure.tool.run`, the `run_tool` the orchestrator worker registers) with the
 same `ToolInput` a goal sends, and nothing else: no graph, no state, no ledger.
+The raw agent loop does the same with perdure's agent-turn activity
+(`perdure.model.agent_turn`) and the tool calls each turn asks for, as local
+activities, with the options a goal gives them.
 
 Every perdure figure is judged against one of these, measured in the same run on
 the same server. They must stay this plain; a baseline that grows features stops
@@ -20,7 +23,15 @@ from temporalio.common import RetryPolicy
 # The contracts are pure pydantic; passing them through avoids re-importing
 # pydantic in the sandbox for every run, exactly as workflows/goal/workflow.py does.
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import Activities, ToolInput, ToolResult
+    from workflows.contracts import (
+        Activities,
+        AgentTurnInput,
+        AgentTurnResult,
+        ModelContext,
+        ToolInput,
+        ToolResult,
+    )
+    from workflows.retries import MODEL_OPTIONS
 
 RawMode = Literal["sequential", "local", "concurrent"]
 
@@ -63,4 +74,60 @@ class RawToolsWorkflow:
         return RawToolsResult(calls=len(results), ok=sum(1 for r in results if r.ok))
 
 
-RAW_WORKFLOWS = [RawToolsWorkflow]
+class RawAgentInput(BaseModel):
+    profile: str
+    step: str
+    prompt: str
+    tools: list[str]
+    max_turns: int
+    workspace: str
+    tool_start_to_close_s: float = 120
+
+
+@workflow.defn(name="bench.RawAgent")
+class RawAgentWorkflow:
+    """Turns until the model answers: each an agent-turn activity, then its tool calls one
+    after another as local activities, their results sent with the next turn. Returns the
+    number of turns."""
+
+    @workflow.run
+    async def run(self, input: RawAgentInput) -> int:
+        context = ModelContext(profile=input.profile, goal=f"bench: {input.step}")
+        transcript, results = None, []
+        for turn in range(1, input.max_turns + 1):
+            payload = AgentTurnInput(
+                context=context,
+                step=input.step,
+                prompt=input.prompt,
+                tools=input.tools,
+                turn=turn,
+                max_turns=input.max_turns,
+                transcript=transcript,
+                tool_results=results,
+            )
+            reply = await workflow.execute_activity(
+                Activities.AGENT_TURN, payload, result_type=AgentTurnResult, **MODEL_OPTIONS
+            )
+            if reply.final is not None:
+                return turn
+            transcript, results = reply.transcript, []
+            for i, call in enumerate(reply.tool_calls):
+                tool_input = ToolInput(
+                    goal_id=workflow.info().workflow_id,
+                    node_key=f"raw:{turn}.{i}",
+                    tool=call.tool,
+                    workspace=input.workspace,
+                    args_ref=call.args,
+                    call_id=call.call_id,
+                )
+                result = await workflow.execute_local_activity(
+                    Activities.RUN_TOOL,
+                    tool_input,
+                    result_type=ToolResult,
+                    start_to_close_timeout=timedelta(seconds=input.tool_start_to_close_s),
+                )
+                results.append(result)
+        return input.max_turns
+
+
+RAW_WORKFLOWS = [RawToolsWorkflow, RawAgentWorkflow]
