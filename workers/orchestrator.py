@@ -80,6 +80,7 @@ def build_worker(
     # So does the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
     memory = MemoryActivities(home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    worker_options.setdefault("max_cached_workflows", settings.workflow_cache())
     if "deployment_config" not in worker_options:
         worker_options.setdefault("build_id", code_version())
     return Worker(
