@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -287,3 +289,11 @@ async def test_calls_reuse_one_client_and_its_connection(flavour):
             patch.setenv("PERDURE_OTHER_KEY", "sk-other")
             await provider_for(other).chat(ask("hello"))
         assert fresh.connections == 2
+
+
+def test_the_worker_and_the_cli_load_no_model_sdk_until_a_profile_calls_one():
+    # openai is ~13 MB of a worker's memory and ~0.3 s of every CLI command's start
+    # (its whole typed API surface); anthropic more. A fresh interpreter, as `perdure` is.
+    probe = "import sys, workers.orchestrator, starters.cli; print(sorted({'openai', 'anthropic'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"

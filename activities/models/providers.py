@@ -25,7 +25,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import openai
 from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -138,6 +137,10 @@ class SdkProvider:
 class OpenAIProvider(SdkProvider):
     async def chat(self, request: ChatRequest, attempt: ModelAttemptState | None = None) -> ChatResponse:
         attempt = attempt or ModelAttemptState("a model call", self.profile.name)
+        # Imported here, like anthropic below: the openai package is ~13 MB of a worker's
+        # memory (its whole typed API surface), paid only once a profile calls it.
+        import openai
+
         client = self._client("openai", openai.AsyncOpenAI)
         limit = request.max_output_tokens or self.profile.max_output_tokens
         resuming = attempt.handle is not None and attempt.handle.kind == RESPONSE_HANDLE
@@ -264,6 +267,8 @@ class OpenAIProvider(SdkProvider):
     ) -> ChatResponse:
         """A Responses API call with background=true: submitted once, its id beaten, then polled.
         An attempt that finds an id in the last heartbeat polls that response instead."""
+        import openai
+
         response = None
         if attempt.handle is None or attempt.handle.kind != RESPONSE_HANDLE:
             params = _responses_params(self.profile, request, limit)
@@ -769,10 +774,8 @@ def _error_usage(body: object, profile: ModelProfile) -> Usage | None:
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [openai.APIConnectionError]
-    if (anthropic := sys.modules.get("anthropic")) is not None:
-        errors.append(anthropic.APIConnectionError)
-    return tuple(errors)
+    # Only an SDK that is imported can have raised one.
+    return tuple(sdk.APIConnectionError for name in ("openai", "anthropic") if (sdk := sys.modules.get(name)))
 
 
 def _provider_message(body: object) -> str | None:
