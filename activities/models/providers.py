@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -137,8 +137,8 @@ class SdkProvider:
 class OpenAIProvider(SdkProvider):
     async def chat(self, request: ChatRequest, attempt: ModelAttemptState | None = None) -> ChatResponse:
         attempt = attempt or ModelAttemptState("a model call", self.profile.name)
-        # Imported here, like anthropic below: the openai package is ~13 MB of a worker's
-        # memory (its whole typed API surface), paid only once a profile calls it.
+        # Imported here, like anthropic below (a worker whose profiles call it has it from
+        # the start: `import_profiles_sdk`).
         import openai
 
         client = self._client("openai", openai.AsyncOpenAI)
@@ -834,6 +834,16 @@ def scripted_server(script: str) -> ScriptedServer:
             server = ScriptedServer(Path(key)).start()
             _scripted_servers[key] = server
         return server
+
+
+def import_profiles_sdk(profiles: Iterable[ModelProfile]) -> None:
+    """Import openai now when a profile calls it (openai-compatible or scripted): ~13 MB and
+    ~45,000 objects (its whole typed API surface), which a worker whose profiles call no
+    such model never loads, and which one that does should load before it freezes its
+    start-up heap (workers/heap.py) rather than at its first call, where every later full
+    collection would walk them. anthropic stays imported at its first call (~3 s)."""
+    if any(p.provider in ("openai", "scripted") for p in profiles):
+        import openai  # noqa: F401 - imported for its side effect on the heap
 
 
 def provider_for(profile: ModelProfile) -> ChatProvider:
