@@ -26,7 +26,6 @@ from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_w
 from workflows.contracts import Fingerprint
 from workflows.tool_specs import HttpGetArgs, ListDirArgs, ReadFileArgs, ToolArgs, WriteFileArgs
 
-CHUNK = 1 << 20
 URL_PREFIX = "url:"
 _CAP_MARK = ";max_bytes="
 DEFAULT_HTTP_CAP: int = HttpGetArgs.model_fields["max_bytes"].default
@@ -41,11 +40,8 @@ def digest_of_source(root: Path, source: str) -> str | None:
         return None
     try:
         if kind == "file" and path.is_file():
-            digest = hashlib.sha256()
             with path.open("rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-            return "sha256:" + digest.hexdigest()
+                return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
         if kind == "dir" and path.is_dir():
             listing = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in path.iterdir())
             return "sha256:" + hashlib.sha256("\n".join(listing).encode()).hexdigest()

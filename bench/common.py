@@ -169,6 +169,11 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
 
 
+def p95(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
 # --- histories -------------------------------------------------------------------
 
 

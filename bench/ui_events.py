@@ -39,6 +39,7 @@ from bench.common import (
     make_workspace,
     median,
     new_id,
+    p95,
     parse_options,
     perdure_worker,
     run_standalone,
@@ -51,11 +52,6 @@ KEYS = ("ui_event_latency_ms", "stream_events_per_node", "token_events_per_node"
 MODEL_NODES = 5
 # Each reply: 20 words, one every 0.1 s.
 SLOW_REPLY = {"content": " ".join(f"word{i}" for i in range(20)), "chunk_delay_s": 0.1}
-
-
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
 async def _watch(url: str) -> list[float]:
@@ -114,7 +110,7 @@ async def measure(client: Client, workdir: Path, nodes: int = 40) -> Section:
     live, quiet = await _token_events(client, home)
     token_per_node = (live - quiet) / MODEL_NODES
     notes = [
-        f"node settled -> its SSE event read: median {median(latencies):.1f} ms, P95 {_p95(latencies):.1f} ms, "
+        f"node settled -> its SSE event read: median {median(latencies):.1f} ms, P95 {p95(latencies):.1f} ms, "
         f"max {max(latencies):.1f} ms over {nodes} nodes",
         f"history: {with_stream} events with a subscriber, {without} without: {per_node:.2f} more per node "
         "(the events endpoint reads the stream by query: none expected)",
@@ -126,7 +122,7 @@ async def measure(client: Client, workdir: Path, nodes: int = 40) -> Section:
         "stream_events_per_node": round(per_node, 2),
         "token_events_per_node": round(token_per_node, 2),
     }
-    return Section(figures=figures, notes=notes, extra={"ui_event_latency_p95_ms": round(_p95(latencies), 1)})
+    return Section(figures=figures, notes=notes, extra={"ui_event_latency_p95_ms": round(p95(latencies), 1)})
 
 
 async def _token_events(client: Client, home: Path) -> tuple[int, int]:

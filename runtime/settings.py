@@ -5,6 +5,7 @@ PERDURE_TEMPORAL    Temporal frontend address (overrides the Temporal profile's)
 PERDURE_NAMESPACE   Temporal namespace (overrides the Temporal profile's)
 PERDURE_TASK_QUEUE  task queue of the orchestrator workers, default "perdure"
 PERDURE_DEPLOYMENT  Temporal Worker Deployment the orchestrator workers belong to, default "perdure"
+PERDURE_WORKFLOW_CACHE  workflow runs an orchestrator worker keeps in memory, default 1000
 PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
@@ -44,6 +45,11 @@ CONFIG_FILE_ENV = "TEMPORAL_CONFIG_FILE"
 PROFILE_ENV = "TEMPORAL_PROFILE"
 # No "." in it: Temporal writes a version as `<deployment>.<build id>`.
 DEFAULT_DEPLOYMENT = "perdure"
+# The SDK's own default. A goal out of the cache replays its whole run on its next
+# workflow task, so the cache should hold every goal a worker serves: a cached goal
+# costs about half a megabyte (README, Benchmarks), a replay up to seconds for a long run.
+DEFAULT_WORKFLOW_CACHE = 1000
+WORKFLOW_CACHE_ENV = "PERDURE_WORKFLOW_CACHE"
 
 
 class TemporalConfigError(RuntimeError):
@@ -88,6 +94,16 @@ def namespace(profile: ClientConfigProfile | None = None) -> str:
 
 def task_queue() -> str:
     return os.environ.get("PERDURE_TASK_QUEUE", TASK_QUEUE)
+
+
+def workflow_cache() -> int:
+    """How many workflow runs an orchestrator worker keeps in memory (PERDURE_WORKFLOW_CACHE)."""
+    raw = os.environ.get(WORKFLOW_CACHE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_WORKFLOW_CACHE
+    if not raw.isdigit():
+        raise ValueError(f"{WORKFLOW_CACHE_ENV} must be a whole number of workflow runs (0: none kept), not {raw!r}")
+    return int(raw)
 
 
 def deployment_name() -> str:

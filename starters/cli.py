@@ -705,6 +705,7 @@ def worker(
 
     It reads PERDURE_TEMPORAL (server address; else TEMPORAL_ADDRESS or a
     Temporal profile), PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_DEPLOYMENT,
+    PERDURE_WORKFLOW_CACHE (goal runs kept in memory, default 1000),
     PERDURE_CONFIG (model profiles, default PERDURE_HOME/config.toml),
     PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI, PERDURE_PAYLOAD_KEYS
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys

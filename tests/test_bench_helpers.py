@@ -3,6 +3,8 @@ benchmarks themselves are not run by `make test`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
@@ -10,8 +12,10 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
 from bench.common import max_payload_bytes, next_run_id, slope_ms
+from bench.max_goals import Level, cycle_steps, sample, task_times
 from bench.run import judge
 from bench.scale import predict
+from workflows.plan import Plan
 
 
 def test_slope_cancels_the_fixed_cost():
@@ -52,3 +56,58 @@ def test_targets_are_judged_in_their_direction():
     assert "met" in judge("recovery_s", 4.9) and "MISSED" in judge("recovery_s", 5.1)
     assert "met" in judge("fanout_ratio", 0.8) and "MISSED" in judge("fanout_ratio", 0.79)
     assert judge("events_per_node", 3.0) == ""
+
+
+def task_event(event_id: int, kind: EventType, at: float, scheduled: int | None = None) -> HistoryEvent:
+    event = HistoryEvent(event_id=event_id, event_type=kind)
+    event.event_time.FromNanoseconds(int(at * 1e9))
+    if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+        event.workflow_task_completed_event_attributes.scheduled_event_id = scheduled
+    elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+        event.workflow_task_timed_out_event_attributes.scheduled_event_id = scheduled
+    return event
+
+
+def test_task_times_count_only_tasks_scheduled_in_the_window_and_timeouts_as_failures():
+    scheduled, completed, timed_out = (
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+    )
+    history = WorkflowHistory(
+        "g",
+        [
+            task_event(2, scheduled, 99.0),  # before the window: left out
+            task_event(4, completed, 100.5, scheduled=2),
+            task_event(10, scheduled, 101.0),
+            task_event(12, completed, 101.25, scheduled=10),
+            task_event(20, scheduled, 105.0),
+            task_event(22, timed_out, 109.0, scheduled=20),
+            task_event(23, scheduled, 109.0),
+            task_event(25, completed, 109.5, scheduled=23),
+            task_event(30, scheduled, 110.0),  # at the window's end: left out
+            task_event(32, completed, 110.1, scheduled=30),
+        ],
+    )
+    assert task_times(history, since=100.0, until=110.0) == ([0.25, 0.5], 1)
+
+
+def test_a_level_passes_only_with_its_p95_under_a_second_and_no_task_lost():
+    level = Level(goals=500, tasks=99, p95_s=0.4, max_s=2.0, failed=0, rss_mb=300.0, ramp_s=5.0)
+    assert level.passed
+    assert not dataclasses.replace(level, p95_s=1.0).passed
+    assert not dataclasses.replace(level, failed=1).passed
+    assert not dataclasses.replace(level, tasks=0).passed
+
+
+def test_the_sample_spreads_over_every_level_of_goals():
+    assert sample(list(range(1000)), 4) == [0, 250, 500, 750]
+    assert sample(list(range(3)), 4) == [0, 1, 2]
+
+
+def test_each_goal_is_a_chain_of_a_wait_then_a_read_its_plan_accepts():
+    steps = cycle_steps(first_wait_s=7, period_s=30, cycles=3)
+    assert [s["name"] for s in steps] == ["wait-000", "read-000", "wait-001", "read-001", "wait-002", "read-002"]
+    assert [s.get("after") for s in steps[::2]] == ["7s", "30s", "30s"]
+    assert all(s["needs"] == [prev["name"]] for prev, s in zip(steps, steps[1:], strict=False))
+    Plan(steps=steps)

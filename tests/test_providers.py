@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -287,3 +289,27 @@ async def test_calls_reuse_one_client_and_its_connection(flavour):
             patch.setenv("PERDURE_OTHER_KEY", "sk-other")
             await provider_for(other).chat(ask("hello"))
         assert fresh.connections == 2
+
+
+def sdks_loaded(probe: str) -> str:
+    """Which model SDKs a fresh interpreter (as `perdure` is) has after running `probe`."""
+    code = f"import sys\n{probe}\nprint(sorted({{'openai', 'anthropic'}} & set(sys.modules)))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def test_the_worker_and_the_cli_load_no_model_sdk_until_a_profile_calls_one():
+    # openai is ~13 MB of a worker's memory and ~0.3 s of every CLI command's start
+    # (its whole typed API surface); anthropic more.
+    assert sdks_loaded("import workers.orchestrator, starters.cli").strip() == "[]"
+
+
+def test_a_worker_whose_profiles_call_openai_loads_it_with_its_start_up_heap():
+    # Loaded before the worker freezes its start-up heap (workers/heap.py), not at the first call.
+    probe = (
+        "from activities.models.config import ModelProfile\n"
+        "from activities.models.providers import import_profiles_sdk\n"
+        "import_profiles_sdk([ModelProfile(name='c', provider='anthropic', model='m')])\n"
+        "print(sorted({'openai', 'anthropic'} & set(sys.modules)))\n"
+        "import_profiles_sdk([ModelProfile(name='s', provider='scripted', model='m', script='s.yaml')])"
+    )
+    assert sdks_loaded(probe).split() == ["[]", "['openai']"]

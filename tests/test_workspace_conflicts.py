@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import hashlib
 import threading
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from unittest import mock
@@ -662,3 +663,19 @@ async def test_an_agents_command_cannot_reach_the_fence_store_even_inside_the_wo
     result = await run_tool(store, workspace, "run_command", {"command": command})
     assert "unreadable" in output(store, result) and "unwritable" in output(store, result)
     assert versions.fence_of("g", "c", "n")["calls"] == {"k#turn1.0": 1}
+
+
+def test_reading_a_small_file_allocates_little_more_than_the_file(store, workspace):
+    """A read of a 6-byte file allocated 1 MiB at a time (twice: `read(n)` reserves n bytes
+    before it knows the size): 100 goals reading at once held tens of megabytes of the
+    worker's peak (bench/rss.py)."""
+    versions = WorkspaceVersions(store)
+    (workspace / "a.txt").write_text("alpha\n")
+    tracemalloc.start()
+    try:
+        head, version = versions.read(workspace / "a.txt", head_bytes=4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert head == b"alpha\n" and version.size == 6
+    assert peak < 128 * 1024

@@ -30,6 +30,7 @@ from activities.mcp.tools import McpServers
 from activities.memory_activities import MemoryActivities
 from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, load_model_config
+from activities.models.providers import import_profiles_sdk
 from activities.report import ReportActivities
 from activities.router_activities import RouterIO
 from activities.timer_history import TimingActivities
@@ -66,6 +67,7 @@ def build_worker(
     store = store or default_store()
     # Watched: a profile added to config.toml is used without restarting the worker.
     model_config = model_config or load_model_config(watch=True)
+    import_profiles_sdk(model_config.profiles.values())
     # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
     mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
     models = ModelActivities(model_config, store)
@@ -80,6 +82,7 @@ def build_worker(
     # So does the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
     memory = MemoryActivities(home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    worker_options.setdefault("max_cached_workflows", settings.workflow_cache())
     if "deployment_config" not in worker_options:
         worker_options.setdefault("build_id", code_version())
     return Worker(
