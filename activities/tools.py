@@ -482,7 +482,8 @@ class ToolActivities:
 
         summaries = input.summaries + [""] * (len(input.calls) - len(input.summaries))
         entries = await asyncio.gather(*(one(call, summaries[i]) for i, call in enumerate(input.calls)))
-        return ToolBatchResult(entries=list(entries))
+        size = sum(len(entry.model_dump_json().encode()) for entry in entries)
+        return ToolBatchResult(entries=list(entries), size_bytes=size)
 
     def _spec(self, input: ToolInput) -> ToolSpec | None:
         """A built-in tool's spec, or an MCP tool's from the goal's catalogue entry (with the

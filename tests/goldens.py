@@ -4,15 +4,19 @@ shared by the replay tests and by the tests that replay them under other setting
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+# A history whose payloads repeat itself is kept gzipped (`NAME.json.gz`).
+HISTORIES = sorted(p for p in (Path(__file__).parent / "histories").iterdir() if p.name.endswith((".json", ".json.gz")))
 WORKFLOWS = ORCHESTRATOR_WORKFLOWS
 
 
 def load(path: Path) -> WorkflowHistory:
-    return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+    data = path.read_bytes()
+    name = path.name.removesuffix(".gz").removesuffix(".json")
+    return WorkflowHistory.from_json(name, (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -22,15 +23,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import ArtifactStore
 from activities.mcp.config import servers_from
 from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig
+from runtime.plugin import PerdurePlugin
 from testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
+from tests import goldens
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.device_rig import InProcessDevice
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
@@ -71,7 +74,8 @@ async def rig(
 
 
 def save(out: Path, history: WorkflowHistory) -> None:
-    out.write_text(history.to_json(), encoding="utf-8")
+    data = history.to_json().encode("utf-8")
+    out.write_bytes(gzip.compress(data, mtime=0) if out.suffix == ".gz" else data)
     print(f"recorded {out} ({len(history.events)} events)")
 
 
@@ -251,6 +255,38 @@ async def record_goal_read_ahead(env: WorkflowEnvironment, out: Path) -> None:
     steps += [read("read-3", "notes/ideas.md", ["read-2"]), write]
     steps += [read("after-1", "MARK.md", ["mark"]), read("after-2", "notes/todo.md", ["after-1"])]
     await record_plan_goal(env, out, {"steps": steps}, {"replies": []})
+
+
+async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
+    """1,000 reads ready together whose results (a long path in each fingerprint) fill the
+    workflow task's share of local activity results, in waves of local activities; the read
+    after them then runs as an activity, which commits the task (patch `read-commits`)."""
+    deep = Path(*[d * 195 for d in "abc"]) / "page.md"
+    steps = [
+        {"name": f"read-{i:04d}", "kind": "tool", "tool": "read_file", "args": {"path": deep.as_posix(), "max_bytes": 1000 + i}}
+        for i in range(1000)
+    ]
+    steps.append({**steps[0], "name": "after", "needs": [s["name"] for s in steps]})
+    # Every payload inline (its input is over the payload store's threshold): the golden
+    # history replays without the store it was recorded with.
+    client = await Client.connect(
+        env.client.service_client.config.target_host,
+        namespace=env.client.namespace,
+        plugins=[PerdurePlugin(payload_store=False)],
+    )
+    env = WorkflowEnvironment.from_client(client)
+    async with rig(env) as (workspace, task_queue):
+        (workspace / deep.parent).mkdir(parents=True)
+        (workspace / deep).write_text("a page\n")
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)),
+            id=out.stem,
+            task_queue=task_queue,
+        )
+        result = await handle.result()
+        assert result.outcome == "succeeded", result.excerpt
+        save(out, await handle.fetch_history())
 
 
 async def record_goal_read_error(env: WorkflowEnvironment, out: Path) -> None:
@@ -918,21 +954,26 @@ SCENARIOS = {
     "goal-v2-late-wait-cause": record_goal_late_wait_cause,
     "goal-v2-read-batches": record_goal_read_batches,
     "goal-v2-read-ahead": record_goal_read_ahead,
+    "goal-v2-read-commits": record_goal_read_commits,
     "goal-v1-mcp-tools": record_goal_mcp_tools,
     "goal-v2-writes-prepared-in-workflow": record_goal_writes_prepared_in_workflow,
 }
 
 
+# Kept gzipped: the 1,000 results of this one repeat one long path.
+GZIPPED = {"goal-v2-read-commits"}
+
+
 async def main(into: Path = HISTORIES) -> None:
     """Record the scenarios that have no golden history in `into` yet (every one, into
     an empty directory: `python -m tests.record_histories DIR` checks the recorder)."""
-    todo = {name: fn for name, fn in SCENARIOS.items() if not list(into.glob(f"{name}*.json"))}
+    todo = {name: fn for name, fn in SCENARIOS.items() if not list(into.glob(f"{name}*.json*"))}
     if not todo:
         print("every scenario already has a golden history; nothing to record")
         return
     async with await WorkflowEnvironment.start_local(**dev_server_options()) as env:
         for name, record in todo.items():
-            await record(env, into / f"{name}.json")
+            await record(env, into / f"{name}{'.json.gz' if name in GZIPPED else '.json'}")
 
 
 def compare(before: Path, after: Path) -> int:
@@ -940,14 +981,14 @@ def compare(before: Path, after: Path) -> int:
     the same command batches per workflow task, or the first difference. A refactor of
     workflow code records before and after into scratch directories and compares them."""
     differ = 0
-    for old in sorted(before.glob("*.json")):
+    for old in sorted(before.glob("*.json*")):
         new = after / old.name
         if not new.exists():
             print(f"{old.name}: not recorded in {after}")
             differ += 1
             continue
-        a = command_batches(WorkflowHistory.from_json(old.stem, old.read_text(encoding="utf-8")))
-        b = command_batches(WorkflowHistory.from_json(new.stem, new.read_text(encoding="utf-8")))
+        a = command_batches(goldens.load(old))
+        b = command_batches(goldens.load(new))
         a, b = _unrandomised(a), _unrandomised(b)
         if a == b:
             print(f"{old.name}: same ({len(a)} workflow tasks)")

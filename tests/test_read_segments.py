@@ -29,6 +29,7 @@ from tests.helpers import (
     local_activities,
     new_goal_id,
     run_goal,
+    run_ids,
     running_worker,
     scheduled_activities,
     submit,
@@ -185,6 +186,47 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
     # workflow task heartbeat bounds it by time (the next test).
     assert sorted(per_batch.values()) == [50, BATCH_MAX_CALLS], per_batch
     assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+
+
+async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_goal_lives(
+    env, task_queue, store, workspace, scripted
+):
+    """50 chains of 100 reads, each result ~1.1 kB (a long path in its fingerprint), so each
+    local activity of 100 returns ~110 kB, under the size that goes to the payload store: over
+    5 MB of results, read ahead faster than the SDK's task heartbeat (8 s here). All in one
+    workflow task completion, the server refused it as too large and terminated the goal
+    (GrpcMessageTooLarge). Now the reads past a task's share run as activities, whose results
+    reach history on their own, and each completion stays small. (Chains, not 5,000 reads
+    ready at once: dispatching that many in one activation can pass the SDK's 2 s deadlock
+    limit on a loaded machine.)"""
+    deep = Path(*[d * 195 for d in "abc"])
+    (workspace / deep).mkdir(parents=True)
+    (workspace / deep / "page.md").write_text("a page\n")
+    path = (deep / "page.md").as_posix()
+    steps = [
+        # Different calls (max_bytes), so no two are twins sharing one read.
+        {"name": f"read-{i:04d}", "kind": "tool", "tool": "read_file", "args": {"path": path, "max_bytes": 1000 + i}}
+        for i in range(5000)
+    ]
+    for before, step in zip(steps, steps[50:], strict=False):
+        step["needs"] = [before["name"]]  # 50 chains: step i needs step i - 50
+    server = scripted({"replies": []})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(
+            env, task_queue, spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+        )
+    assert result.outcome == "succeeded", result.excerpt
+    histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in await run_ids(handle)]
+    carried, largest, reads_as_activities = 0, 0, 0
+    for event in (e for history in histories for e in history.events):
+        if event.event_type in (EventType.EVENT_TYPE_MARKER_RECORDED, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED):
+            carried += event.ByteSize()  # what the task's completion carried
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            largest, carried = max(largest, carried), 0
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            reads_as_activities += event.activity_task_scheduled_event_attributes.activity_type.name == Activities.RUN_TOOLS
+    assert largest < 2_000_000, largest  # half the server's limit on a task completion
+    assert reads_as_activities > 0, "no read ran as an activity"
 
 
 async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_task_heartbeat(

@@ -492,6 +492,7 @@ class ToolBatchEntry(BaseModel):
 
 class ToolBatchResult(BaseModel):
     entries: list[ToolBatchEntry]
+    size_bytes: int = Field(default=0, description="The entries as JSON, in bytes: what the result adds to history.")
 
 
 class PreparedEffect(BaseModel):

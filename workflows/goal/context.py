@@ -88,6 +88,8 @@ OWN_CHANGES_PATCH = "own-changes-around-commands"
 READ_BATCHES_PATCH = "read-batches"
 # A batch also runs the read steps its reads make ready, in a chain (workflows/goal/read_batch.py).
 READ_AHEAD_PATCH = "read-ahead"
+# Reads past a workflow task's share of local activity results run as activities (read_batch.py).
+READ_COMMITS_PATCH = "read-commits"
 # A goal whose tools name MCP servers lists their tools first (planner.py); decided only
 # for such goals, so every other goal's history has no marker for it.
 MCP_TOOLS_PATCH = "mcp-tools"
@@ -182,6 +184,7 @@ class GoalContext:
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
         self._patched(READ_AHEAD_PATCH)
+        self._patched(READ_COMMITS_PATCH)
         if names_mcp_tools(self.state.spec.allowed_tools):
             self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
         if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):

@@ -39,15 +39,28 @@ from temporalio.exceptions import FailureError
 from workflows import segments
 from workflows.canonical import canonical_json
 from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
-from workflows.goal.context import READ_AHEAD_PATCH, READ_BATCHES_PATCH
+from workflows.goal.context import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
 from workflows.plan import Plan, ToolStep
-from workflows.retries import TOOL_RETRY
+from workflows.retries import MODEL_HEARTBEAT, TOOL_RETRY
 from workflows.state import GoalState, Node
 from workflows.tool_specs import TOOL_SPECS
 
 SUMMARY_NAMES = 6
 # Calls in one local activity at most; more made together run as several side by side.
 BATCH_MAX_CALLS = 100
+# Local activity results go to history with the workflow task that ran them: all of a
+# task's in its completion, which the server refuses over 4 MB (GrpcMessageTooLarge), and
+# then it terminates the goal. A task's local activities return this much at most before
+# its next reads run as activities (a regular activity also ends the task: a checkpoint);
+# their results reach history one by one, each on its own.
+LOCAL_BYTES_PER_TASK = 1_000_000
+# Calls one activation may place in local activities, before knowing their results' size.
+# Each local activity's result stays under the payload store's threshold (128 kB by
+# default: a larger one goes to the store, history keeps its address), so one activation
+# adds 384 kB at most past LOCAL_BYTES_PER_TASK.
+LOCAL_CALLS_PER_FLUSH = 3 * BATCH_MAX_CALLS
+# What a call run alone as a local activity is counted as (its result is not measured).
+LONE_CALL_BYTES = 2_000
 
 
 @dataclass
@@ -68,6 +81,8 @@ class ReadBatcher:
         # Step -> (history length when read, call key, result) of reads made ahead of their step.
         self._ahead: dict[str, tuple[int, str, ToolResult]] = {}
         self._dependents: tuple[Plan, dict[str, list[ToolStep]]] | None = None
+        # (history length when the workflow task started, bytes its local activities returned)
+        self._spent = (0, 0)
 
     def enabled(self) -> bool:
         """Decided as each run starts (GoalContext.decide_patches, patch `read-batches`), never
@@ -113,17 +128,19 @@ class ReadBatcher:
         await workflow.wait_condition(lambda: True)
         self._open = None
         waiting = [c for c in calls if c.answer is not None and not c.answer.done()]  # a cancelled node's is dropped
+        room = self._local_room()
         # Only a batch of reads reads ahead: a write beside them could change what is read.
         only_reads = all(_risk(c.tool_input.tool) == "read" for c in waiting)
-        ahead = self._reads_ahead(waiting) if waiting and only_reads and READ_AHEAD_PATCH in self._state.patches else []
-        if len(waiting) + len(ahead) < 2:
+        can_read_ahead = waiting and only_reads and READ_AHEAD_PATCH in self._state.patches and room > len(waiting)
+        ahead = self._reads_ahead(waiting, room - len(waiting)) if can_read_ahead else []
+        if len(waiting) + len(ahead) < 2 and room > 0:
             for call in waiting:
+                self._spend(LONE_CALL_BYTES)  # its caller runs it alone, as a local activity
                 call.answer.set_result(None)
             return
         batch = waiting + ahead
-        chunks = [batch[i : i + BATCH_MAX_CALLS] for i in range(0, len(batch), BATCH_MAX_CALLS)]
         try:
-            answers = await asyncio.gather(*(self._run_batch(chunk) for chunk in chunks))
+            entries = await self._run_waves(batch, room)
         except Exception as err:
             # Not a failure of the batch (those are answered above): the callers raise it,
             # so it settles their nodes or fails the workflow task, never leaves them waiting.
@@ -131,7 +148,6 @@ class ReadBatcher:
                 if not call.answer.done():
                     call.answer.set_exception(err)
             return
-        entries = [entry for answer in answers for entry in answer]
         at = workflow.info().get_current_history_length()
         for index, call in enumerate(batch):
             entry = entries[index] if index < len(entries) else None
@@ -143,29 +159,67 @@ class ReadBatcher:
             elif not call.answer.done():
                 call.answer.set_result(result)
 
-    async def _run_batch(self, chunk: list[_Call]) -> list:
-        """One local activity's answers, one per call; answers missing (the batch failed as a
-        whole) mean each of its calls runs alone, with its own retries."""
+    async def _run_waves(self, batch: list[_Call], room: int) -> list:
+        """Every call's answer, in waves of at most LOCAL_CALLS_PER_FLUSH: local activities
+        while the workflow task has room (the first wave holds what was read ahead, which
+        counts on being answered in this task), else activities, whose scheduling ends the
+        task and whose inputs are in its completion too."""
+        entries: list = []
+        while len(entries) < len(batch):
+            wave = batch[len(entries) : len(entries) + (room or LOCAL_CALLS_PER_FLUSH)]
+            chunks = [wave[i : i + BATCH_MAX_CALLS] for i in range(0, len(wave), BATCH_MAX_CALLS)]
+            answers = await asyncio.gather(*(self._run_batch(chunk, local=room > 0) for chunk in chunks))
+            entries += [entry for answer in answers for entry in answer]
+            room = self._local_room()
+        return entries
+
+    async def _run_batch(self, chunk: list[_Call], local: bool) -> list:
+        """One batch's answers, one per call; answers missing (the batch failed as a whole)
+        mean each of its calls runs alone, with its own retries. `local`: in this workflow
+        task, as a local activity; else as an activity, which ends the task."""
+        batch = ToolBatchInput(calls=[c.tool_input for c in chunk], summaries=[c.summary for c in chunk])
+        # The activity runs the calls side by side: the slowest one's limit bounds it.
+        options = dict(
+            result_type=ToolBatchResult,
+            start_to_close_timeout=max(c.timeout for c in chunk),
+            retry_policy=TOOL_RETRY,
+            summary=_summary(chunk),
+        )
         try:
-            answered = await workflow.execute_local_activity(
-                Activities.RUN_TOOLS,
-                ToolBatchInput(calls=[c.tool_input for c in chunk], summaries=[c.summary for c in chunk]),
-                result_type=ToolBatchResult,
-                # The activity runs the calls side by side: the slowest one's limit bounds it.
-                start_to_close_timeout=max(c.timeout for c in chunk),
-                retry_policy=TOOL_RETRY,
-                summary=_summary(chunk),
-            )
+            if local:
+                answered = await workflow.execute_local_activity(Activities.RUN_TOOLS, batch, **options)
+                self._spend(answered.size_bytes or LONE_CALL_BYTES * len(chunk))
+            else:
+                # Each call beats while it runs (activities/heartbeat.py): a lost worker is seen in seconds.
+                answered = await workflow.execute_activity(
+                    Activities.RUN_TOOLS, batch, heartbeat_timeout=MODEL_HEARTBEAT, **options
+                )
         except FailureError:
             # A local activity out of attempts raises its cause (an ApplicationError, a
-            # TimeoutError), not an ActivityError: any failure of the batch as a whole.
+            # TimeoutError), an activity an ActivityError: any failure of the batch as a whole.
             return [None] * len(chunk)
         return [entry for entry in answered.entries]
 
-    def _reads_ahead(self, waiting: list[_Call]) -> list[_Call]:
+    def _local_room(self) -> int:
+        """Calls this activation may still place in local activities (LOCAL_BYTES_PER_TASK)."""
+        if READ_COMMITS_PATCH not in self._state.patches:
+            return 1 << 30  # goals recorded before the limit: every call local, as then
+        started, spent = self._spent
+        length = workflow.info().get_current_history_length()
+        if length != started:
+            self._spent = (length, 0)  # a new workflow task: its completion starts empty
+            spent = 0
+        return LOCAL_CALLS_PER_FLUSH if spent < LOCAL_BYTES_PER_TASK else 0
+
+    def _spend(self, size: int) -> None:
+        started, spent = self._spent
+        self._spent = (started, spent + size)
+
+    def _reads_ahead(self, waiting: list[_Call], most: int) -> list[_Call]:
         """The pending read steps this batch's calls make ready, breadth first, up to what
-        fills its last local activity."""
+        fills its last local activity, `most` at most."""
         room = BATCH_MAX_CALLS - len(waiting) % BATCH_MAX_CALLS if len(waiting) % BATCH_MAX_CALLS else 0
+        room = min(room, most)
         if room <= 0:
             return []
         state = self._state
