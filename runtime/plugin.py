@@ -41,7 +41,9 @@ PLUGIN_NAME = "perdure"
 # classes (tests/test_sandbox_passthrough.py checks a replay of every golden
 # history leaves every module's values as they were). The collaborators were
 # already passed through one import at a time. Runtime restrictions on builtins
-# still apply; determinism is what the golden histories check.
+# still apply; determinism is what the golden histories check, and
+# tests/test_workflow_code_sources.py scans these modules for the clock, randomness,
+# the environment and the disk, which the sandbox no longer stops at run time.
 WORKFLOW_MODULES = ("workflows", "workers.capabilities")
 
 
