@@ -50,7 +50,7 @@ class Publisher:
         """
         state = self._ctx.state
         percent = self.percent_done()
-        self._events.sync(percent, self._progress)
+        self._events.sync(self.percent_done, self._progress)
         parked = state.pause.mode == "parked"
         needs_human = bool(state.open_questions())
         marker = (state.phase, percent // 10, parked, needs_human)
@@ -79,7 +79,8 @@ class Publisher:
     def sync_events(self) -> None:
         """The event stream only (no search attributes, which are commands): before the
         run continues as new, so what its last workflow task changed is published."""
-        self._events.sync(self.percent_done(), self._progress)
+        self._events.sync(self.percent_done, self._progress)
+        self._events.sync_now()
 
     def _progress(self) -> tuple[dict[str, float], str | None, str | None]:
         eta = self._eta()

@@ -19,6 +19,7 @@ message (Inbox.settle); plans, questions and progress are compared at each publi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 from collections.abc import Callable
@@ -81,12 +82,16 @@ class EventStream:
         self._plans = len(state.plan_versions)
         self._questions = {q.id: q.status for q in state.questions}
         self._progress: tuple | None = None
+        # What `sync` was last asked to compare, and the task that does it once this
+        # activation's other work is done (None: nothing asked since).
+        self._asked: tuple[Callable[[], int], Callable[[], tuple]] | None = None
+        self._at_rest: asyncio.Task | None = None
 
     def get_state(self) -> WorkflowStreamState:
         """For continue-as-new: subscribers are let go (they follow the chain to the next run).
         Live text is carried without its text: no node runs a model call across the
         boundary, so nobody needs it, and 2,000 deltas of text would outgrow the input."""
-        self.flush()
+        self.sync_now()
         self._stream.detach_pollers()
         state = self._stream.get_state()
         state.log = [self._without_text(item) if item.topic == TOKENS_TOPIC else item for item in state.log]
@@ -204,7 +209,28 @@ class EventStream:
 
     # --- compared at each publish ------------------------------------------------------
 
-    def sync(self, percent: int, progress: Callable[[], tuple[dict[str, float], str | None, str | None]]) -> None:
+    def sync(self, percent: Callable[[], int], progress: Callable[[], tuple]) -> None:
+        """Publish what changed, once this activation's other work is done: a read segment
+        settles hundreds of nodes in one activation, and a subscriber reads the log only
+        after it anyway. A node that started and settled within it is published once, settled."""
+        self._asked = (percent, progress)
+        if self._at_rest is None or self._at_rest.done():
+            self._at_rest = asyncio.create_task(self._sync_at_rest())
+
+    async def _sync_at_rest(self) -> None:
+        # Resolved once every coroutine made ready in this activation has run.
+        await workflow.wait_condition(lambda: True)
+        self.sync_now()
+
+    def sync_now(self) -> None:
+        """What `sync` was asked to publish, now (before the run ends or continues as new)."""
+        if self._asked is not None:
+            percent, progress = self._asked
+            self._asked = None
+            self._sync(percent(), progress)
+        self.flush()
+
+    def _sync(self, percent: int, progress: Callable[[], tuple[dict[str, float], str | None, str | None]]) -> None:
         """Publish what changed since the last publish: new plan versions, questions asked or
         answered, progress (`progress()` gives budget fractions, ETA and its confidence,
         worked out only when the phase, percent or tokens changed)."""
@@ -260,7 +286,7 @@ class EventStream:
             )
 
     def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
-        self.flush()
+        self.sync_now()
         self._publish(GoalEnded(id="end", at=workflow.now(), outcome=outcome, failure=failure, report=report))
 
 
