@@ -263,7 +263,12 @@ async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
     after them then runs as an activity, which commits the task (patch `read-commits`)."""
     deep = Path(*[d * 195 for d in "abc"]) / "page.md"
     steps = [
-        {"name": f"read-{i:04d}", "kind": "tool", "tool": "read_file", "args": {"path": deep.as_posix(), "max_bytes": 1000 + i}}
+        {
+            "name": f"read-{i:04d}",
+            "kind": "tool",
+            "tool": "read_file",
+            "args": {"path": deep.as_posix(), "max_bytes": 1000 + i},
+        }
         for i in range(1000)
     ]
     steps.append({**steps[0], "name": "after", "needs": [s["name"] for s in steps]})

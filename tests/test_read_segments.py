@@ -216,7 +216,9 @@ async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_g
             env, task_queue, spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
         )
     assert result.outcome == "succeeded", result.excerpt
-    histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in await run_ids(handle)]
+    histories = [
+        await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in await run_ids(handle)
+    ]
     carried, largest, reads_as_activities = 0, 0, 0
     for event in (e for history in histories for e in history.events):
         if event.event_type in (EventType.EVENT_TYPE_MARKER_RECORDED, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED):
@@ -224,7 +226,9 @@ async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_g
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             largest, carried = max(largest, carried), 0
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            reads_as_activities += event.activity_task_scheduled_event_attributes.activity_type.name == Activities.RUN_TOOLS
+            reads_as_activities += (
+                event.activity_task_scheduled_event_attributes.activity_type.name == Activities.RUN_TOOLS
+            )
     assert largest < 2_000_000, largest  # half the server's limit on a task completion
     assert reads_as_activities > 0, "no read ran as an activity"
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
 from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
-from workflows.contracts import GoalResult
+from workflows.contracts import GoalResult, Signals
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Park, Resume, Steer
 from workflows.state import GoalInput
@@ -79,11 +80,16 @@ async def test_a_failed_fail_fast_subgoal_stops_its_running_sibling_and_the_pare
         result = await asyncio.wait_for(handle.result(), 60)
         slow = env.client.get_workflow_handle(f"{handle.id}--slow-1", result_type=GoalResult)
         slow_result = await asyncio.wait_for(slow.result(), 10)
-        slow_closed = (await slow.describe()).close_time
-        parent_closed = (await handle.describe()).close_time
+        parent_events = (await handle.fetch_history()).events
     assert result.outcome != "succeeded" and sorted(result.failed_steps) == ["broken", "slow"]
     assert slow_result.outcome == "aborted"  # asked to stop, with rollback, by its failed sibling
-    assert slow_closed <= parent_closed  # the parent decided only once its sibling had stopped
+    # The parent decided only once both children had told it how they ended (a child closes
+    # in the workflow task after it signals, so close times alone may come in either order).
+    settled = Signals.SUBGOAL_SETTLED
+    told = [e.event_id for e in parent_events if e.workflow_execution_signaled_event_attributes.signal_name == settled]
+    ended = parent_events[-1]
+    assert ended.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    assert len([i for i in told if i < ended.event_id]) == 2, told
 
 
 async def test_park_resume_steer_and_abort_of_a_parent_reach_its_running_subgoal(env, task_queue, store, workspace):
