@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -31,14 +30,11 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig
 from activities.tools import ToolActivities
 from runtime.converter import STORE_ENV, THRESHOLD_ENV
-from runtime.plugin import PerdurePlugin
-from starters.devserver import load_dynamic_config
-from starters.goals import GOAL_TASK_TIMEOUT
+from testing.servers import dev_server_options
 from workers import heap
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult, GoalSpec
 from workflows.goal import GoalWorkflow
-from workflows.search_attributes import ALL_KEYS
 from workflows.state import GoalInput
 
 BIN = Path(sys.executable).parent
@@ -59,16 +55,7 @@ def use_home(home: Path) -> None:
 async def start_server() -> WorkflowEnvironment:
     """One dev server (in-memory database), every perdure search attribute registered,
     configured like the embedded server (temporal-dev/dynamic-config.yaml)."""
-    extra = []
-    for key, value in load_dynamic_config().items():
-        extra += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(BIN / "temporal"),
-        search_attributes=ALL_KEYS,
-        plugins=[PerdurePlugin()],
-        dev_server_log_level="error",
-        dev_server_extra_args=extra,
-    )
+    return await WorkflowEnvironment.start_local(**dev_server_options())
 
 
 def new_id(prefix: str) -> str:
@@ -131,7 +118,7 @@ async def start_goal(client: Client, task_queue: str, spec: GoalSpec, prefix: st
         id=new_id(prefix),
         task_queue=task_queue,
         static_summary=spec.goal[:200],
-        task_timeout=GOAL_TASK_TIMEOUT,
+        task_timeout=spec.task_timeout(),
     )
 
 

@@ -60,8 +60,7 @@ from bench.common import (
     start_goal,
 )
 from bench.overhead import run_perdure, run_raw
-from bench.recovery import open_writer, reader_of, serve_fifo, wait_polling
-from testing.crash import CrashRig
+from testing.crash import CrashRig, open_writer, serve_fifo
 
 PEERS_DIR = ROOT / "bench" / "peers"
 PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"
@@ -268,13 +267,13 @@ async def crash_perdure(client: Client, root: Path, run: CrashRun, standby: bool
         with Ledger(workspace) as ledger:
             for _ in range(2 if standby else 1):
                 rig.start_worker()
-            await wait_polling(rig)
+            await rig.wait_polling()
             steps = chain_steps("read_file", [{"path": step_name(i)} for i in range(run.count)])
             spec = goal_spec(workspace, steps, allowed_tools=["read_file"], label=f"peers crash, {run.count} reads")
             handle = await start_goal(client, rig.task_queue, spec, "bench-peers-crash")
             # Held open without a write: the step now waits inside its read.
             held = await open_writer(gate, timeout_s=60)
-            victim = await reader_of(rig, gate)
+            victim = await rig.reader_of(gate)
 
             async def kill() -> float:
                 victim.kill()

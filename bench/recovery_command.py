@@ -29,7 +29,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
-from bench.recovery import identity, running_activity_worker, wait_polling
 from testing.crash import CrashRig, WorkerProcess
 from workflows.contracts import Activities
 
@@ -66,7 +65,7 @@ async def _wait_lines(log: Path, count: int, timeout_s: float) -> float:
 
 
 async def _runner_of(rig: CrashRig, handle: WorkflowHandle) -> WorkerProcess:
-    return await running_activity_worker(rig, handle, "no worker holds the command's activity", 30)
+    return await rig.running_activity_worker(handle, "no worker holds the command's activity", 30)
 
 
 async def _step_timing(handle: WorkflowHandle) -> tuple[float, float, float, int, str]:
@@ -99,9 +98,7 @@ async def _step_timing(handle: WorkflowHandle) -> tuple[float, float, float, int
 async def once(client: Client, root: Path, command_s: float) -> CommandRecovery:
     rig = CrashRig(client=client, root=root)
     try:
-        rig.start_worker()
-        rig.start_worker()
-        await wait_polling(rig)
+        await rig.start_standby_pair()
         workspace = make_workspace(root / "ws", {})
         log = workspace / "runs.log"
         step = {
@@ -123,7 +120,7 @@ async def once(client: Client, root: Path, command_s: float) -> CommandRecovery:
         if result.outcome != "succeeded":
             raise RuntimeError(f"the command goal ended {result.outcome}: {result.unfinished}")
         began, completed, recorded, attempt, who = await _step_timing(handle)
-        if who != identity(standby) or attempt < 2:
+        if who != standby.identity or attempt < 2:
             raise RuntimeError(f"the command completed on {who} at attempt {attempt}, not on the standby's retry")
         own = completed - began
         return CommandRecovery(

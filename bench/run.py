@@ -35,7 +35,6 @@ from bench import (  # noqa: E402
     overhead,
     quota,
     recovery,
-    recovery_command,
     replay,
     rss,
     scale,
@@ -52,8 +51,9 @@ TARGETS: dict[str, tuple[str, float]] = {
     "fanout_ratio": (">=", 0.8),
     "max_events_per_run": ("<=", 10_000),
     "workflow_task_ms_per_node": ("<=", 0.5),  # issue 24: the goal's bookkeeping per node settled
-    "recovery_s": ("<=", 5.0),
-    recovery_command.KEY: ("<=", 10.0),
+    # issue 24: the worst of a remote write, a read segment, a model call and a command
+    # (each printed: recovery_write_s, recovery_read_s, recovery_model_s, recovery_command_s).
+    "recovery_s": ("<=", 2.5),
     "agent_turn_overhead_pct": ("<=", 1.5),  # issue 24 (it was 3.0)
     watchdog.KEY: ("<=", 60.0),  # the watchdog's default interval
     device_resume.KEY: ("<=", 2.0),
@@ -84,8 +84,8 @@ BENCHMARKS = {
     "replay": (replay.KEYS, replay.measure),
     "overhead": (overhead.KEYS, overhead.measure),
     "agent_turn": (agent_turn.KEYS, agent_turn.measure),
+    # With the command's recovery (bench/recovery_command.py), so recovery_s is the worst of all.
     "recovery": (recovery.KEYS, recovery.measure),
-    "recovery_command": (recovery_command.KEYS, recovery_command.measure),
     "command_sandbox": (command_sandbox.KEYS, command_sandbox.measure),
     "device_resume": (device_resume.KEYS, device_resume.measure),
     "ui_events": (ui_events.KEYS, ui_events.measure),

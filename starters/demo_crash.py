@@ -34,7 +34,6 @@ from activities.artifacts import default_store
 from runtime import settings
 from runtime.connect import connect
 from starters import devserver
-from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI, MailAPI
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
@@ -139,7 +138,7 @@ async def run_demo_crash(console: Console) -> bool:
             id=goal_id,
             task_queue=task_queue,
             static_summary=spec.goal,
-            task_timeout=GOAL_TASK_TIMEOUT,
+            task_timeout=spec.task_timeout(),
         )
         console.print(f"goal [bold]{goal_id}[/bold]: 3 emails + 3 ledger credits; UI: {settings.goal_ui_link(goal_id)}")
 

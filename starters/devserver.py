@@ -168,6 +168,15 @@ def load_dynamic_config(path: Path | None = None) -> dict[str, Any]:
     return values
 
 
+def dynamic_config_argv() -> list[str]:
+    """`--dynamic-config-value KEY=JSON` for every value of the dynamic config file: what
+    every dev server perdure starts gets (this launcher, benchmarks, tests)."""
+    argv: list[str] = []
+    for key, value in load_dynamic_config().items():
+        argv += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
+    return argv
+
+
 def dev_server_argv(port: int, ui_port: int, data_dir: Path | str | None = None) -> list[str]:
     """The exact command `start_dev_server` runs."""
     db = _data_dir(data_dir) / DB_FILE
@@ -186,8 +195,7 @@ def dev_server_argv(port: int, ui_port: int, data_dir: Path | str | None = None)
         "--log-level",
         "warn",
     ]
-    for key, value in load_dynamic_config().items():
-        argv += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
+    argv += dynamic_config_argv()
     # Registers the attributes when the db file is created. On an existing db
     # start-dev accepts the flags but adds nothing new (checked with CLI 1.9.1),
     # which is why start_dev_server also runs ensure_search_attributes.

@@ -143,14 +143,6 @@ def build_spec(**fields) -> GoalSpec:
         raise ValueError(describe_validation_error(err)) from None
 
 
-# How long a workflow task may run before the server gives it to another worker.
-# It is also how long a goal waits after its worker dies in the middle of a task
-# (a read segment of local activities runs inside one), so it bounds recovery.
-# The server's default is 10 s; perdure's workflow tasks take milliseconds, and a
-# segment's local activities keep a long task alive by heartbeating it.
-GOAL_TASK_TIMEOUT = timedelta(seconds=4)
-
-
 # Goal ids go into URLs (the UI link, the codec and HTTP APIs) and shell commands we print.
 GOAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # Memo key of the digest of the spec a goal started with: a retried start compares it.
@@ -173,7 +165,7 @@ def check_goal_id(goal_id: str) -> None:
 # at their defaults, so a start retried across an upgrade still matches the goal it started.
 LATER_SPEC_FIELDS = (
     *("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent"),
-    *("evidence_window", "min_new_information", "evidence_spacing_s"),
+    *("evidence_window", "min_new_information", "evidence_spacing_s", "continue_as_new_after_nodes"),
 )
 
 
@@ -246,7 +238,7 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.OWNER, settings.user())]),
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        task_timeout=GOAL_TASK_TIMEOUT,
+        task_timeout=spec.task_timeout(),
     )
 
 

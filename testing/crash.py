@@ -11,25 +11,32 @@ through the client, so only the subprocess ever runs workflow or activity code.
 After a kill, `after_kill` checks that every activity the dead worker held has a
 heartbeat timeout: without one the server would notice the death only at the
 activity's start-to-close timeout (minutes).
+
+Where to kill is found from outside: the worker whose activity the server says is
+running (`running_activity_worker`), or the one holding a FIFO open (`reader_of`): a
+read step whose FIFO's writer is late (`open_writer` holds it open without writing,
+`serve_fifo` then lets every later reader through) blocks inside its read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from activities.artifacts import ArtifactStore
-from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import FakeService
 from testing.scripted import ScriptedServer
 from workflows.contracts import GoalResult, GoalSpec
@@ -37,6 +44,7 @@ from workflows.goal import GoalWorkflow
 from workflows.state import GoalInput
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
+HOST = socket.gethostname()
 
 
 @dataclass
@@ -48,6 +56,11 @@ class WorkerProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def identity(self) -> str:
+        """The SDK's default worker identity, which `perdure worker` keeps (what history names)."""
+        return f"{self.pid}@{HOST}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -147,13 +160,60 @@ class CrashRig:
         self.workers.append(worker)
         return worker
 
+    async def start_standby_pair(self) -> None:
+        """Two workers polling the queue: whichever runs a step, the other takes over when it dies."""
+        self.start_worker()
+        self.start_worker()
+        await self.wait_polling()
+
+    async def wait_polling(self, timeout_s: float = 60) -> None:
+        """Wait until every worker started so far polls its task queue; RuntimeError (with
+        its log) for one that dies or does not within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            while "worker polling" not in worker.log_text():
+                if not worker.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {worker.pid} did not start; log:\n{worker.log_tail()}")
+                await asyncio.sleep(0.1)
+
+    def worker_with_identity(self, identity: str) -> WorkerProcess | None:
+        return next((w for w in self.workers if w.alive() and w.identity == identity), None)
+
+    async def running_activity_worker(
+        self, handle: WorkflowHandle, never: str, timeout_s: float, ready: Callable[[], object] = lambda: True
+    ) -> WorkerProcess:
+        """The worker that runs one of the goal's started activities, once `ready()`;
+        AssertionError(`never`) after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                description = await handle.describe()
+                for pending in description.raw_description.pending_activities:
+                    if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+                        worker = self.worker_with_identity(pending.last_worker_identity)
+                        if worker is not None:
+                            return worker
+            await asyncio.sleep(0.05)
+        raise RuntimeError(never)
+
+    async def reader_of(self, fifo: Path, timeout_s: float = 5) -> WorkerProcess:
+        """The worker holding `fifo` open (its read step is blocked in it)."""
+        # The reader's open() returns as the writer opens, so its descriptor may show a moment later.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            reader = next((w for w in self.workers if w.alive() and _holds(w.pid, fifo)), None)
+            if reader is not None:
+                return reader
+            await asyncio.sleep(0.01)
+        raise RuntimeError(f"no worker has {fifo} open")
+
     async def start_goal(self, spec: GoalSpec, goal_id: str | None = None) -> WorkflowHandle:
         return await self.client.start_workflow(
             GoalWorkflow.run,
             GoalInput(spec=spec),
             id=goal_id or f"crash-goal-{uuid.uuid4().hex[:10]}",
             task_queue=self.task_queue,
-            task_timeout=GOAL_TASK_TIMEOUT,
+            task_timeout=spec.task_timeout(),
         )
 
     async def wait_killed(self, worker: WorkerProcess, timeout_s: float = 60) -> None:
@@ -189,6 +249,37 @@ class CrashRig:
         for worker in self.workers:
             if worker.alive():
                 worker.kill()
+
+
+def _holds(pid: int, path: Path) -> bool:
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+async def open_writer(fifo: Path, timeout_s: float) -> int:
+    """Open the FIFO for writing once a reader has it open (ENXIO until then)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            if err.errno != errno.ENXIO:
+                raise
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"nobody opened {fifo} for reading in {timeout_s:g} s")
+
+
+async def serve_fifo(fifo: Path, first: asyncio.Future) -> None:
+    """Give every later reader its content; `first` gets the time the first one opened it."""
+    while True:
+        fd = await open_writer(fifo, timeout_s=3600)
+        if not first.done():
+            first.set_result(time.time())
+        os.write(fd, b"gate open\n")
+        os.close(fd)
+        await asyncio.sleep(0.05)
 
 
 def pending_without_heartbeat_timeout(history) -> list[str]:

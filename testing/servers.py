@@ -1,6 +1,6 @@
 """What tests, benchmarks and the screenshot script share to start their own Temporal dev
 server: its options (the venv's `temporal` binary, perdure's search attributes and
-plugin) and free local ports."""
+plugin, the dynamic config `perdure server start` gives its own) and free local ports."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.plugin import PerdurePlugin
+from starters.devserver import dynamic_config_argv
 from workflows.search_attributes import ALL_KEYS
 
 BIN = Path(sys.executable).parent
@@ -21,13 +22,13 @@ def dev_server_options(*extra_args: str) -> dict[str, Any]:
     """Keyword arguments for `WorkflowEnvironment.start_local` / `start_time_skipping_v2`: the
     venv's `temporal` binary (no download), perdure's search attributes and its plugin (the
     data converter, read from the payload-store environment now); `extra_args` go to
-    `temporal server start-dev`."""
+    `temporal server start-dev`, after the values of temporal-dev/dynamic-config.yaml."""
     return {
         "dev_server_existing_path": str(BIN / "temporal"),
         "search_attributes": ALL_KEYS,
         "plugins": [PerdurePlugin()],
         "dev_server_log_level": "error",
-        "dev_server_extra_args": list(extra_args),
+        "dev_server_extra_args": [*dynamic_config_argv(), *extra_args],
         # The SDK waits 5 s; a loaded CI machine (three test processes on 2 cores) needs longer.
         "dev_server_startup_timeout": DEV_SERVER_STARTUP,
     }

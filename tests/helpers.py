@@ -123,10 +123,16 @@ async def start(env: WorkflowEnvironment, task_queue: str, workspace: Path, step
 
 
 async def run_goal(
-    env: WorkflowEnvironment, task_queue: str, goal_spec: GoalSpec, goal_id: str | None = None
+    env: WorkflowEnvironment, task_queue: str, goal_spec: GoalSpec, goal_id: str | None = None, as_started: bool = False
 ) -> tuple[WorkflowHandle, GoalResult]:
+    """Start the goal and wait for its result; `as_started`: with the workflow task timeout
+    `perdure start` gives it (else the server's default, 10 s)."""
     handle = await env.client.start_workflow(
-        GoalWorkflow.run, GoalInput(spec=goal_spec), id=goal_id or new_goal_id(), task_queue=task_queue
+        GoalWorkflow.run,
+        GoalInput(spec=goal_spec),
+        id=goal_id or new_goal_id(),
+        task_queue=task_queue,
+        task_timeout=goal_spec.task_timeout() if as_started else None,
     )
     return handle, await handle.result()
 

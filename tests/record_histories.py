@@ -294,6 +294,33 @@ async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
         save(out, await handle.fetch_history())
 
 
+async def record_goal_nodes_per_run(env: WorkflowEnvironment, out: Path) -> None:
+    """A chain of 24 reads (read ahead in batches) with at most 10 steps settled per run, so
+    it continues as new twice (patch `nodes-per-run`); the first run and the last are kept."""
+    steps = [
+        {"name": f"r{i:02d}", "kind": "tool", "tool": "read_file", "args": {"path": "notes/ideas.md"}}
+        | ({"needs": [f"r{i - 1:02d}"]} if i else {})
+        for i in range(24)
+    ]
+    async with rig(env) as (workspace, task_queue):
+        write_notes(workspace)
+        goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0, continue_as_new_after_nodes=10)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=goal_spec),
+            id=out.stem,
+            task_queue=task_queue,
+            task_timeout=goal_spec.task_timeout(),
+        )
+        result = await handle.result()
+        assert result.outcome == "succeeded", result.excerpt
+        first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
+        last = await env.client.get_workflow_handle(out.stem).fetch_history()
+    assert first.events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), "no continue-as-new"
+    save(out.with_name(f"{out.stem}-first-run.json"), first)
+    save(out.with_name(f"{out.stem}-last-run.json"), last)
+
+
 async def record_goal_read_error(env: WorkflowEnvironment, out: Path) -> None:
     """A read in a workspace the worker does not have (a local activity that fails for
     good) next to an llm step; aborted once that step is done, if it is still running.
@@ -962,6 +989,7 @@ SCENARIOS = {
     "goal-v2-read-commits": record_goal_read_commits,
     "goal-v1-mcp-tools": record_goal_mcp_tools,
     "goal-v2-writes-prepared-in-workflow": record_goal_writes_prepared_in_workflow,
+    "goal-v2-nodes-per-run": record_goal_nodes_per_run,
 }
 
 

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,6 @@ from temporalio.worker import Worker
 from activities.report import ReportActivities
 from activities.tools import ToolActivities
 from activities.workspace_versions import WorkspaceVersions
-from starters.goals import GOAL_TASK_TIMEOUT
 from testing.fakes import LedgerAPI
 from tests.builders import openai_profile, spec
 from tests.helpers import (
@@ -182,7 +182,8 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
     history = await handle.fetch_history()
     per_batch = Counter(event for event, _, s, _ in local_activities(history) if s.startswith("tool "))
     # 150 reads ready together: two local activities of at most 100 calls, side by side. No
-    # timer breaks the task (the server fires a 1 ms one about a second later): the SDK's
+    # timer breaks the task (a server with the default timer shift fires a 1 ms one about a
+    # second later): the SDK's
     # workflow task heartbeat bounds it by time (the next test).
     assert sorted(per_batch.values()) == [50, BATCH_MAX_CALLS], per_batch
     assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
@@ -233,41 +234,59 @@ async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_g
     assert reads_as_activities > 0, "no read ran as an activity"
 
 
+class SlowFifos:
+    """FIFOs whose writer answers each read `delay_s` after it opens them, as often as they
+    are read (a read run again after a timed-out task gets its answer too, so a failure
+    shows as the assertion it is, not as a read blocked for good)."""
+
+    def __init__(self, paths: list[Path], delay_s: float) -> None:
+        self.paths, self.delay_s = paths, delay_s
+        self.stopping = threading.Event()
+        for path in paths:
+            os.mkfifo(path)
+        self.threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in paths]
+
+    def __enter__(self) -> SlowFifos:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for path in self.paths:  # a writer waiting for a reader gets one, sees `stopping` and ends
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def _serve(self, path: Path) -> None:
+        while not self.stopping.is_set():
+            try:
+                with open(path, "w") as fifo:  # blocks until a read opens it
+                    if self.stopping.is_set():
+                        return
+                    time.sleep(self.delay_s)
+                    fifo.write(f"slow {path.name}\n")
+            except BrokenPipeError:
+                continue
+
+
 async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_task_heartbeat(
-    env, task_queue, store, workspace, scripted
+    env, task_queue, store, workspace
 ):
     """Three slow reads one after another (each a FIFO whose writer waits 1.4 s) in one read
-    segment: longer than most of the goal's 4 s workflow task timeout, so the SDK ends the
+    segment: longer than most of the goal's 2 s workflow task timeout, so the SDK ends the
     task with what has run and goes on in a new one, with no timer and no timeout."""
     steps, previous = [], []
     for i in range(1, 4):
-        os.mkfifo(workspace / f"slow-{i}")
         # A `verify` spec keeps a step out of read-ahead: one read, one local activity, in turn.
         step = {"name": f"slow-{i}", "kind": "tool", "tool": "read_file", "args": {"path": f"slow-{i}"}}
         steps.append({**step, "needs": previous, "verify": {"depth": "trust"}})
         previous = [f"slow-{i}"]
-
-    def write_late() -> None:
-        for i in range(1, 4):
-            with open(workspace / f"slow-{i}", "w") as fifo:  # blocks until the read opens it
-                time.sleep(1.4)
-                fifo.write(f"slow {i}\n")
-
-    writer = threading.Thread(target=write_late, daemon=True)
-    writer.start()
-    server = scripted({"replies": []})
     goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
-    async with running_worker(env, task_queue, store, openai_profile(server)):
-        # With the workflow task timeout `perdure start` gives a goal (the SDK's default is 10 s).
-        handle = await env.client.start_workflow(
-            GoalWorkflow.run,
-            GoalInput(spec=goal),
-            id=new_goal_id(),
-            task_queue=task_queue,
-            task_timeout=GOAL_TASK_TIMEOUT,
-        )
-        result = await handle.result()
-    writer.join(timeout=10)
+    with SlowFifos([workspace / f"slow-{i}" for i in range(1, 4)], delay_s=1.4):
+        async with running_worker(env, task_queue, store):
+            handle, result = await run_goal(env, task_queue, goal, as_started=True)
     assert result.outcome == "succeeded", result.excerpt
     history = await handle.fetch_history()
     committed_in = {step_of(s): task for _, _, s, task in local_activities(history)}
@@ -275,6 +294,36 @@ async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_t
     kinds = {e.event_type for e in history.events}
     assert EventType.EVENT_TYPE_TIMER_STARTED not in kinds
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT not in kinds
+
+
+async def test_a_read_ahead_batch_busy_for_several_task_timeouts_is_not_timed_out(env, task_queue, store, workspace):
+    """A chain of reads run ahead in one local activity, three of them FIFOs whose writer
+    waits 1.5 s each: the batch runs 4.5 s, over twice the goal's 2 s task timeout, on a
+    worker that is busy but alive. The SDK heartbeats the task (at 80 % of the timeout),
+    so the server never times it out and the reads run once."""
+    steps, slow = [], []
+    for i in range(9):
+        name = f"r{i}"
+        if i % 3 == 2:
+            slow.append(workspace / name)
+        else:
+            (workspace / name).write_text(f"page {i}\n")
+        steps.append({"name": name, "kind": "tool", "tool": "read_file", "args": {"path": name}})
+        if i:
+            steps[-1]["needs"] = [f"r{i - 1}"]
+    goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+    assert goal.task_timeout() == timedelta(seconds=2)
+    with SlowFifos(slow, delay_s=1.5):
+        async with running_worker(env, task_queue, store):
+            handle, result = await run_goal(env, task_queue, goal, as_started=True)
+    assert result.outcome == "succeeded", result.excerpt
+    history = await handle.fetch_history()
+    kinds = [e.event_type for e in history.events]
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT not in kinds
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds
+    batches = [s for _, kind, s, _ in local_activities(history, batches=True) if kind == "perdure.tool.run_batch"]
+    assert len(batches) == 1, batches  # r0 and the 8 steps read ahead of it
+    assert sorted(step_of(s) for _, _, s, _ in local_activities(history)) == [f"r{i}" for i in range(9)]
 
 
 async def test_reads_ready_together_run_as_one_local_activity(env, task_queue, store, workspace, scripted):

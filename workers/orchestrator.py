@@ -42,8 +42,10 @@ from runtime import settings
 from workers import deployment, heap, watchdog_schedule
 from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
+from workers.lost_worker import ReleaseAfterLostWorker
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 from workflows.contracts import TASK_QUEUE
+from workflows.retries import HEARTBEAT_THROTTLE
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +85,11 @@ def build_worker(
     memory = MemoryActivities(home=store.root.parent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     worker_options.setdefault("max_cached_workflows", settings.workflow_cache())
+    # Heartbeats reach the server about every second whatever an activity's heartbeat
+    # timeout, so a short timeout still leaves a live worker slack (workflows/retries.py).
+    worker_options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    # A retry after a lost worker: the goal's next task is not held for the dead worker.
+    worker_options["interceptors"] = [*worker_options.get("interceptors", ()), ReleaseAfterLostWorker()]
     if "deployment_config" not in worker_options:
         worker_options.setdefault("build_id", code_version())
     return Worker(

@@ -8,13 +8,14 @@ artifact references and digests, never whole transcripts or large outputs.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workflows.mcp_tools import McpTool
 from workflows.plan import NodeKind, Plan, VerifyDepth
+from workflows.run_boundary import DEFAULT_NODES_PER_RUN, goal_task_timeout
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.statuses import NodeStatus
 from workflows.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
@@ -162,6 +163,13 @@ class GoalSpec(BaseModel):
     continue_as_new_after_events: int = Field(
         default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
     )
+    continue_as_new_after_nodes: int = Field(
+        default=DEFAULT_NODES_PER_RUN,
+        ge=10,
+        description="Continue as new once this many steps have settled in a run: what a worker that takes the "
+        "goal over replays (reads batched into one local activity add few events, but each step's bookkeeping "
+        "is replayed), kept well inside the workflow task timeout.",
+    )
     device_wait_s: float = Field(
         default=86_400,
         gt=0,
@@ -219,6 +227,10 @@ class GoalSpec(BaseModel):
         "original's outputs before the fork node). Taken into the state at the start: a continued run's spec "
         "has none.",
     )
+
+    def task_timeout(self) -> timedelta:
+        """The workflow task timeout a goal's first run is started with (workflows/run_boundary.py)."""
+        return goal_task_timeout(len(self.plan.steps) if self.plan is not None else 0)
 
 
 class Usage(BaseModel):

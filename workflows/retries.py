@@ -6,6 +6,16 @@ notices) + the first retry interval (README, "Checkpoints and recovery"). A retr
 that follows a lost worker needs no back-off; later ones (a failing service)
 still back off.
 
+How short a heartbeat timeout may be is set by the SDK's throttling: it sends an
+activity's heartbeats to the server at most every min(80 % of the heartbeat timeout,
+the worker's `max_heartbeat_throttle_interval`). perdure's workers set that interval
+to HEARTBEAT_THROTTLE (workers/orchestrator.py), so a live worker's heartbeats reach the
+server about every second whatever the timeout, and a timeout of T leaves T - 1 s for a
+heartbeat that is late (a busy event loop, a loaded machine) before a live worker is
+judged dead. Every perdure activity that waits heartbeats from a task on the worker's
+event loop (activities/heartbeat.py), never from the work itself (a command is a
+subprocess, a model reply is awaited), so a busy call does not delay its heartbeats.
+
 A model attempt that fails is billed by the provider all the same. The activity keeps
 one record per failed attempt in its heartbeat details (the next attempt reads them
 back), puts them on its result (`failed_attempts`) or, when it fails for good, in its
@@ -21,26 +31,36 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 from temporalio.common import RetryPolicy
 
-RETRY_FIRST = timedelta(seconds=0.5)
+# The first retry follows at once: after a lost worker, it is what recovery waits for
+# beyond the heartbeat timeout. Later retries (a failing service) back off threefold:
+# 0.1, 0.3, 0.9, 2.7, 8.1 s (12.1 s in all over six attempts; before, 0.5 s doubling, 15.5 s).
+RETRY_FIRST = timedelta(seconds=0.1)
+RETRY_BACKOFF = 3.0
+RETRY_LONGEST = timedelta(seconds=60)
 MODEL_RETRY = RetryPolicy(
     initial_interval=RETRY_FIRST,
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
+    backoff_coefficient=RETRY_BACKOFF,
+    maximum_interval=RETRY_LONGEST,
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile", "ModelReplyTimedOut"],
 )
 TOOL_RETRY = RetryPolicy(
     initial_interval=RETRY_FIRST,
+    backoff_coefficient=RETRY_BACKOFF,
+    maximum_interval=RETRY_LONGEST,
     maximum_attempts=3,
     non_retryable_error_types=["WorkspaceMissing"],
 )
 # Retries by replay policy: re-sending a keyed effect or re-checking one is safe,
 # so those get more attempts; a `once` tool's second attempt only reports uncertain.
+_BACKOFF: dict[str, Any] = dict(
+    initial_interval=RETRY_FIRST, backoff_coefficient=RETRY_BACKOFF, maximum_interval=RETRY_LONGEST
+)
 RETRY_BY_POLICY = {
     "safe": TOOL_RETRY,
-    "keyed": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
-    "check": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=6),
-    "once": RetryPolicy(initial_interval=RETRY_FIRST, maximum_attempts=2),
+    "keyed": RetryPolicy(**_BACKOFF, maximum_attempts=6),
+    "check": RetryPolicy(**_BACKOFF, maximum_attempts=6),
+    "once": RetryPolicy(**_BACKOFF, maximum_attempts=2),
 }
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 # One attempt of a model activity. The model client's wait for a reply is derived from
@@ -52,10 +72,21 @@ MODEL_TIMEOUT = timedelta(minutes=5)
 # What an attempt keeps after the client's wait to report the failure (and the usage
 # it knows) itself, before the server's start-to-close timeout would.
 MODEL_REPLY_MARGIN = timedelta(seconds=5)
-# Model activities heartbeat while they wait: a dead worker is noticed in this
-# long instead of the full start-to-close timeout. The SDK sends heartbeats at most
-# every 80% of it, so a shorter timeout risks judging a busy worker dead.
-MODEL_HEARTBEAT = timedelta(seconds=4)
+# What the SDK's heartbeat throttling is capped at on perdure's workers (module docstring):
+# a live worker's heartbeats reach the server about this often.
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
+# The heartbeat timeout of a call whose retry is harmless or paid for once more at most
+# (a keyed or checked write, a replay-safe command, a model call): a killed worker is
+# noticed this long after its last heartbeat, and a live one has this less
+# HEARTBEAT_THROTTLE (1 s) of slack for a late heartbeat. The server's default throttling
+# (80 % of the timeout) would leave 0.4 s of it.
+HEARTBEAT_TIMEOUT = timedelta(seconds=2)
+# A call whose second attempt only reports `uncertain` (a `once` tool, a command that is
+# not replay-safe): a false "dead" becomes a question for a person, so 4 s of slack.
+ONCE_HEARTBEAT = timedelta(seconds=5)
+# Model activities heartbeat while they wait: a dead worker is noticed in seconds instead
+# of the full start-to-close timeout; a false "dead" re-sends (and pays for) the call.
+MODEL_HEARTBEAT = HEARTBEAT_TIMEOUT
 TOOL_TIMEOUT = timedelta(minutes=2)
 
 # How every model activity is scheduled (planner, drift check, llm node, agent turn).

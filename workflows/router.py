@@ -85,7 +85,6 @@ SHOWN_CHARS = 500
 MODEL_CALL = timedelta(seconds=180)
 LOOKUP = timedelta(seconds=60)
 RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
-GOAL_TASK_TIMEOUT = timedelta(seconds=4)
 EXAMPLE = '{"request_id": "r1", "text": "make the poster a bit warmer"}'
 
 
@@ -369,7 +368,7 @@ class RouterWorkflow:
                 id=goal_id,
                 task_queue=workflow.info().task_queue,
                 parent_close_policy=ParentClosePolicy.ABANDON,
-                task_timeout=GOAL_TASK_TIMEOUT,
+                task_timeout=spec.task_timeout(),
                 static_summary=goal_text[:200],
                 search_attributes=TypedSearchAttributes([SearchAttributePair(OWNER, state.user)]),
             )

@@ -11,9 +11,41 @@ workers never see the version change, so for them only the history counts.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
+
+# A goal's workflow task timeout: how long the server waits for a workflow task before
+# it gives the task to another worker. A worker SIGKILLed in the middle of a task (a
+# read segment runs as local activities inside one) is noticed only then, so it is most
+# of how long such a goal waits to be taken over. It need not cover long work: while
+# local activities run, the SDK ends the task at 80 % of the timeout and goes on in a
+# new one (a workflow task heartbeat), and the SDK fails any activation that runs more
+# than 2 s without yielding. What it must cover is a worker taking the goal over: that
+# worker fetches the run's history and replays all of it inside ONE task (its first
+# goal task also imports the workflow code), and a task that outlasts the timeout is
+# timed out and replayed again. Measured on a 2-core machine with three CPU-bound
+# processes beside the workers: a goal of 100 or 500 reads killed near its end was
+# taken over in one task of 0.35 s / 0.66 s; one of 1,000 reads needed several 2 s
+# attempts; quiet, a run of 1,000 settled steps replays in ~0.4 s and a 10,000-step
+# goal's state loads in ~0.25 s. Hence 2 s up to 666 steps, 3 ms per step above (with
+# runs bounded by DEFAULT_NODES_PER_RUN), at most 60 s.
+TASK_TIMEOUT_FLOOR = timedelta(seconds=2)
+TASK_TIMEOUT_PER_STEP = timedelta(milliseconds=3)
+TASK_TIMEOUT_CEILING = timedelta(seconds=60)
+
+# Steps settled in one run of a goal before it continues as new (GoalSpec's
+# continue_as_new_after_nodes): what bounds the part of a run's replay that grows with
+# its work. Events do not bound it: a chain of reads run ahead in one local activity
+# settles hundreds of steps per event (a 10,000-step run of 174 events replayed in
+# 2.8-4.4 s, inside the 4 s task timeout goals had, which it then timed out on).
+DEFAULT_NODES_PER_RUN = 1_000
+
+
+def goal_task_timeout(steps: int) -> timedelta:
+    """The workflow task timeout of a goal run whose plan has `steps` steps (0: not planned yet)."""
+    return min(TASK_TIMEOUT_CEILING, max(TASK_TIMEOUT_FLOOR, steps * TASK_TIMEOUT_PER_STEP))
 
 
 def continue_as_new_due(event_limit: int | None = None) -> bool:
@@ -26,7 +58,12 @@ def continue_as_new_due(event_limit: int | None = None) -> bool:
     )
 
 
-def continue_on_current_version(arg: Any) -> NoReturn:
+def continue_on_current_version(arg: Any, task_timeout: timedelta | None = None) -> NoReturn:
     """Continue as new with `arg`, the next run on the deployment's current version (its
-    first task goes there; from then on it is pinned to that version in turn)."""
-    workflow.continue_as_new(arg, initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE)
+    first task goes there; from then on it is pinned to that version in turn), with
+    `task_timeout` when given (else this run's)."""
+    workflow.continue_as_new(
+        arg,
+        task_timeout=task_timeout,
+        initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
+    )

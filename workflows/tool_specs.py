@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workflows.retries import MODEL_HEARTBEAT
+from workflows.retries import HEARTBEAT_TIMEOUT, ONCE_HEARTBEAT
 
 RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
 # The risk classes whose calls reach outside the workspace: prepared, keyed and recorded first.
@@ -250,15 +250,18 @@ def args_schema(model: type[ToolArgs]) -> dict:
     return model.model_json_schema()
 
 
-REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 3}
-"""An HTTP call is bounded at 30 s; heartbeats let a dead worker be noticed within 3 s. The SDK
-sends them at most every 2.4 s, so a worker slower than that to send one is judged dead by
-mistake: harmless for keyed and checked effects, whose retry sends the same key."""
-ONCE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": 5}
+REMOTE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT.total_seconds()}
+"""An HTTP call is bounded at 30 s; heartbeats let a dead worker be noticed within 2 s. A live
+worker's heartbeats reach the server about every second (workflows/retries.py), so one that
+is more than a second late is judged dead by mistake: harmless for keyed and checked
+effects, whose retry sends the same key."""
+ONCE_TIMEOUTS: dict[str, Any] = {"start_to_close_s": 60, "heartbeat_timeout_s": ONCE_HEARTBEAT.total_seconds()}
 """A `once` tool's retry is a question for a person, so a busy worker gets more slack."""
-LONG_CALL_TIMEOUTS: dict[str, Any] = {"heartbeat_timeout_s": MODEL_HEARTBEAT.total_seconds()}
+LONG_CALL_TIMEOUTS: dict[str, Any] = {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT.total_seconds()}
 """A command or a download may run for minutes (run_command's start-to-close is its own
-limit plus 30 s): heartbeats let a killed worker be noticed in seconds, as for a model call."""
+limit plus 30 s): heartbeats let a killed worker be noticed in seconds, as for a model call.
+A command that is not replay-safe is scheduled with ONCE_HEARTBEAT instead
+(workflows/goal/tool_runner.py): its retry asks a person."""
 
 TOOL_SPECS: dict[str, ToolSpec] = {
     spec.name: spec

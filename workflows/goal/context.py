@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,6 +23,7 @@ from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_tab
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
+from workflows.run_boundary import continue_as_new_due, goal_task_timeout
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
 from workflows.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
@@ -90,6 +92,9 @@ READ_BATCHES_PATCH = "read-batches"
 READ_AHEAD_PATCH = "read-ahead"
 # Reads past a workflow task's share of local activity results run as activities (read_batch.py).
 READ_COMMITS_PATCH = "read-commits"
+# A run also ends once continue_as_new_after_nodes steps have settled in it, so a worker
+# taking the goal over replays a bounded run within the task timeout (workflows/run_boundary.py).
+NODES_PER_RUN_PATCH = "nodes-per-run"
 # A goal whose tools name MCP servers lists their tools first (planner.py); decided only
 # for such goals, so every other goal's history has no marker for it.
 MCP_TOOLS_PATCH = "mcp-tools"
@@ -150,6 +155,9 @@ class GoalContext:
         self.replan_discards_in_flight = False
         self.lists_mcp_tools = False
         self.prepares_writes_here = False
+        self.runs_bounded_by_nodes = False
+        # Steps settled in this run (not carried): what bounds the run's replay.
+        self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
@@ -181,6 +189,7 @@ class GoalContext:
         self.verifies_on_new_code = self._patched(VERIFY_ON_NEW_CODE_PATCH)
         self.subgoals_reserve_slices = self._patched(SUBGOAL_SLICES_PATCH)
         self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
+        self.runs_bounded_by_nodes = self._patched(NODES_PER_RUN_PATCH)
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
         self._patched(READ_AHEAD_PATCH)
@@ -189,6 +198,23 @@ class GoalContext:
             self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
         if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):
             self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
+
+    def continue_as_new_due(self) -> bool:
+        """The run should end at its next safe point: its history is long (or the server's
+        current version changed), enough steps settled in it to bound its replay, or its
+        plan grew past what its workflow task timeout lets a replay take."""
+        spec = self.state.spec
+        if self.runs_bounded_by_nodes and (
+            self.settled_this_run >= spec.continue_as_new_after_nodes
+            or self.next_task_timeout() > workflow.info().task_timeout
+        ):
+            return True
+        return continue_as_new_due(spec.continue_as_new_after_events)
+
+    def next_task_timeout(self) -> timedelta:
+        """The workflow task timeout the next run gets: what its plan needs, never shorter
+        than this run's (a goal started with a longer one keeps it)."""
+        return max(goal_task_timeout(len(self.state.nodes)), workflow.info().task_timeout)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the

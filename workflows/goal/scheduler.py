@@ -508,6 +508,7 @@ class Scheduler:
         self._finish(node)
 
     def _finish(self, node: Node) -> None:
+        self._ctx.settled_this_run += 1
         self._tasks.pop(node.name, None)
         node.agent = None  # a settled node's loop is over
         node.finished_at = self._ctx.state.last_progress_at = workflow.now()

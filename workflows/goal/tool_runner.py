@@ -23,11 +23,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
+from workflows.effects import command_replay
 from workflows.goal.context import READ_AHEAD_PATCH
 from workflows.goal.read_batch import ReadBatcher
-from workflows.retries import MODEL_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
+from workflows.retries import HEARTBEAT_TIMEOUT, ONCE_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
-from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES, ToolSpec
+from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES, RunCommandArgs, ToolSpec
 
 if TYPE_CHECKING:
     from workflows.goal.devices import Devices
@@ -45,7 +46,7 @@ SEGMENT_MAX_CALLS = 100
 RETRY_BY_TOOL = {"run_command": TOOL_RETRY}
 # A regular tool activity whose spec names no heartbeat timeout (a read run outside a
 # segment) still lets a lost worker be noticed in seconds.
-TOOL_HEARTBEAT = MODEL_HEARTBEAT
+TOOL_HEARTBEAT = HEARTBEAT_TIMEOUT
 # Files a node's fingerprints name at most (an agent may read hundreds).
 MAX_FINGERPRINTS = 200
 # Versions a write's call names at most: an agent's write may be of any file it saw, so
@@ -125,7 +126,7 @@ class ToolRunner:
                     self._fenced(tool_input, node),
                     result_type=ToolResult,
                     start_to_close_timeout=tool_timeout(tool_input, spec),
-                    heartbeat_timeout=tool_heartbeat(spec),
+                    heartbeat_timeout=tool_heartbeat(tool_input, spec),
                     retry_policy=retry,
                     summary=summary,
                 )
@@ -176,8 +177,9 @@ class ToolRunner:
         for a short timer, which ends the task once the calls in flight are done. Every
         caller waiting meanwhile shares the one timer.
 
-        Runs with `read-ahead` take no break: the server fires even a 1 ms timer about a
-        second later (measured on the dev server), a second per 100 reads. Their calls go
+        Runs with `read-ahead` take no break: a server with the default timer-queue shift
+        (`history.timerProcessorMaxTimeShift`, 1 s; perdure's own servers set 10 ms) fires
+        even a 1 ms timer about a second later, a second per 100 reads. Their calls go
         in local activities of at most BATCH_MAX_CALLS (read_batch.py), and the workflow
         task is ended by the SDK's own heartbeat once its local activities have run for
         most of the task timeout, which bounds what a crash re-runs by time instead."""
@@ -257,10 +259,27 @@ def tool_timeout(tool_input: ToolInput, spec: ToolSpec | None) -> timedelta:
     return timedelta(seconds=spec.start_to_close_s) if spec else TOOL_TIMEOUT
 
 
-def tool_heartbeat(spec: ToolSpec | None) -> timedelta:
+def tool_heartbeat(tool_input: ToolInput, spec: ToolSpec | None) -> timedelta:
     """Every tool activity heartbeats, so a killed worker is noticed in seconds, not at the
-    start-to-close timeout (up to 630 s for a command)."""
-    return timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else TOOL_HEARTBEAT
+    start-to-close timeout (up to 630 s for a command). A call whose second attempt only
+    asks a person (a `once` tool, a command not known here to be replay-safe) gets at
+    least ONCE_HEARTBEAT: a live worker judged dead would cost a question."""
+    timeout = timedelta(seconds=spec.heartbeat_timeout_s) if spec and spec.heartbeat_timeout_s else TOOL_HEARTBEAT
+    if spec is not None and spec.replay == "once" and not _replay_safe_command(tool_input):
+        return max(timeout, ONCE_HEARTBEAT)
+    return timeout
+
+
+def _replay_safe_command(tool_input: ToolInput) -> bool:
+    """A run_command call whose own arguments say a second run is harmless (workflows/effects.py);
+    arguments stored by reference or still holding templates are not looked into."""
+    if tool_input.tool != "run_command" or tool_input.args is None:
+        return False
+    try:
+        args = RunCommandArgs.model_validate(tool_input.args)
+    except ValueError:
+        return False
+    return command_replay(args) is not None
 
 
 def failure_message(err: ActivityError) -> str:

@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.verify_due import note_code_version, note_wait_ended
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
-    from workflows.run_boundary import continue_as_new_due, continue_on_current_version
+    from workflows.run_boundary import continue_on_current_version
     from workflows.state import GoalInput, GoalState
     from workflows.statuses import IN_FLIGHT
 
@@ -381,9 +381,10 @@ class GoalWorkflow:
     # --- continue-as-new ------------------------------------------------------------
 
     def _continue_as_new_due(self) -> bool:
-        """History is bounded: start a new run when the server suggests it, or at the
-        goal's own event limit. The loop stops dispatching until nothing is in flight."""
-        return continue_as_new_due(self._ctx.state.spec.continue_as_new_after_events)
+        """History and replay are bounded: start a new run when the server suggests it, at
+        the goal's own event limit, or once enough steps settled in this run. The loop
+        stops dispatching until nothing is in flight."""
+        return self._ctx.continue_as_new_due()
 
     async def _continue_as_new(self) -> None:
         state = self._ctx.state
@@ -400,5 +401,6 @@ class GoalWorkflow:
         # first workflow task a second of validation.
         state.spec = state.spec.model_copy(update={"plan": None, "reuse_outputs": {}})
         continue_on_current_version(
-            GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state())
+            GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state()),
+            task_timeout=self._ctx.next_task_timeout(),
         )

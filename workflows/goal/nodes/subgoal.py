@@ -21,7 +21,6 @@ Workflow code.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
@@ -42,8 +41,6 @@ from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import SubgoalStep
 from workflows.state import GoalInput, Node
 
-# Goal task timeout, as starters/goals.py starts goals.
-CHILD_TASK_TIMEOUT = timedelta(seconds=4)
 SUBGOAL_WAIT = "subgoal:"
 
 
@@ -57,13 +54,14 @@ class SubgoalNode:
         if node.child is None:
             node.child = f"{ctx.goal_id}--{step.name}-{node.runs}"
             node.budget_granted = self._spend.grant(step)
+            child_spec = self._child_spec(step, node)
             handle = await workflow.start_child_workflow(
                 GOAL_WORKFLOW,
-                GoalInput(spec=self._child_spec(step, node)),
+                GoalInput(spec=child_spec),
                 id=node.child,
                 task_queue=workflow.info().task_queue,
                 parent_close_policy=ParentClosePolicy.ABANDON,
-                task_timeout=CHILD_TASK_TIMEOUT,
+                task_timeout=child_spec.task_timeout(),
                 static_summary=f"subgoal {step.name} of {ctx.goal_id}"[:200],
                 result_type=GoalResult,
             )

@@ -24,7 +24,6 @@ from workflows.goal.context import GoalContext, NodeWaiting
 from workflows.goal.devices import LOCAL_RETRY, LOCAL_TIMEOUT
 from workflows.goal.nodes.base import NodeDeps
 from workflows.plan import WaitStep
-from workflows.run_boundary import continue_as_new_due
 from workflows.state import Node
 from workflows.wait_contracts import WaitOutput, WaitOutputInput
 
@@ -147,7 +146,7 @@ class WaitNode:
         """Why the node's task should end with its wait carried as state, or None."""
         if ctx.state.pause.mode == "parked":
             return WAIT_PARKED
-        if continue_as_new_due(ctx.state.spec.continue_as_new_after_events):
+        if ctx.continue_as_new_due():
             return WAIT_CARRIED
         return None
 
