@@ -19,7 +19,8 @@ any subject counts. The points:
 - `model_call`          when a model request is about to go out; with a delay the
                         process dies while the call is in flight;
 - `tool_done:TOOL`      a tool without an outside effect (a read, a workspace write)
-                        has its result, before the activity returns it.
+                        has its result, before the activity returns it;
+- `report`              the goal's report is about to be written (its last step).
 
 Examples: `after_effect:send_email:4`, `before_effect:fx-0123…:1`, `model_call:2+0.5`.
 """
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FAULT_ENV = "PERDURE_FAULT"
-POINTS = frozenset({"before_effect", "after_effect", "after_receipt", "model_call", "tool_done"})
+POINTS = frozenset({"before_effect", "after_effect", "after_receipt", "model_call", "tool_done", "report"})
 
 _reached: Counter[tuple[str, str | None]] = Counter()
 _lock = threading.Lock()

@@ -16,6 +16,8 @@ import re
 from temporalio import activity
 
 from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
+from activities.faults import fault_point
+from activities.heartbeat import Heartbeat
 from workflows.contracts import Activities, ReportInput, ReportResult, StepOutcome
 
 OUTPUT_CAP_CHARS = 4_000
@@ -175,7 +177,10 @@ class ReportActivities:
 
     @activity.defn(name=Activities.WRITE_REPORT)
     async def write_report(self, input: ReportInput) -> ReportResult:
-        # Loading every step's output is disk I/O; keep it off the worker's event loop.
-        report = await asyncio.to_thread(render_report, self.store, input)
-        ref = await asyncio.to_thread(self.store.put_text, report, "text/markdown")
+        fault_point("report")
+        # Loading every step's output is disk I/O; keep it off the worker's event loop, which
+        # heartbeats meanwhile so a killed worker is noticed in seconds (workflows/retries.py).
+        async with Heartbeat(lambda: f"writing the report of {len(input.steps)} steps"):
+            report = await asyncio.to_thread(render_report, self.store, input)
+            ref = await asyncio.to_thread(self.store.put_text, report, "text/markdown")
         return ReportResult(report=ref, excerpt=excerpt_of(report))

@@ -165,3 +165,26 @@ async def test_a_read_segment_killed_with_its_worker_is_taken_over_by_the_standb
     started = (await handle.fetch_history()).events[0].workflow_execution_started_event_attributes
     assert started.workflow_task_timeout.ToTimedelta() == goal.task_timeout() == timedelta(seconds=2)
     assert reopened.result() - killed_at < 15  # generous: bench/recovery.py measures it
+
+
+async def test_a_worker_killed_while_writing_the_report_is_taken_over_in_seconds(crash_rig, tmp_path):
+    """The report is every goal's last step. Its activity used to have no heartbeat timeout:
+    a worker killed while writing it was noticed at its 60 s start-to-close timeout. The
+    next worker is started after the kill, so the one killed is surely the one writing."""
+    rig = crash_rig()
+    victim = rig.start_worker(fault="report:1")
+    await victim.wait_polling()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("alpha\n")
+    step = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "a.txt"}}
+    handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=["read_file"], drift_every=0))
+    await rig.wait_killed(victim)
+    killed_at = time.time()
+    await rig.after_kill(handle)
+    rig.start_worker()
+
+    result = await rig.result(handle)
+    assert result.outcome == "succeeded", result.excerpt
+    assert rig.store.get_text(result.report).startswith("# Goal report")
+    assert time.time() - killed_at < 20  # generous next to the 2 s heartbeat timeout; it was 60 s

@@ -37,32 +37,24 @@ from temporalio.common import RetryPolicy
 RETRY_FIRST = timedelta(seconds=0.1)
 RETRY_BACKOFF = 3.0
 RETRY_LONGEST = timedelta(seconds=60)
-MODEL_RETRY = RetryPolicy(
-    initial_interval=RETRY_FIRST,
-    backoff_coefficient=RETRY_BACKOFF,
-    maximum_interval=RETRY_LONGEST,
-    maximum_attempts=6,
-    non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile", "ModelReplyTimedOut"],
-)
-TOOL_RETRY = RetryPolicy(
-    initial_interval=RETRY_FIRST,
-    backoff_coefficient=RETRY_BACKOFF,
-    maximum_interval=RETRY_LONGEST,
-    maximum_attempts=3,
-    non_retryable_error_types=["WorkspaceMissing"],
-)
-# Retries by replay policy: re-sending a keyed effect or re-checking one is safe,
-# so those get more attempts; a `once` tool's second attempt only reports uncertain.
 _BACKOFF: dict[str, Any] = dict(
     initial_interval=RETRY_FIRST, backoff_coefficient=RETRY_BACKOFF, maximum_interval=RETRY_LONGEST
 )
+MODEL_RETRY = RetryPolicy(
+    **_BACKOFF,
+    maximum_attempts=6,
+    non_retryable_error_types=["ModelRequestRejected", "UnknownModelProfile", "ModelReplyTimedOut"],
+)
+TOOL_RETRY = RetryPolicy(**_BACKOFF, maximum_attempts=3, non_retryable_error_types=["WorkspaceMissing"])
+# Retries by replay policy: re-sending a keyed effect or re-checking one is safe,
+# so those get more attempts; a `once` tool's second attempt only reports uncertain.
 RETRY_BY_POLICY = {
     "safe": TOOL_RETRY,
     "keyed": RetryPolicy(**_BACKOFF, maximum_attempts=6),
     "check": RetryPolicy(**_BACKOFF, maximum_attempts=6),
     "once": RetryPolicy(**_BACKOFF, maximum_attempts=2),
 }
-REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+REPORT_RETRY = RetryPolicy(**_BACKOFF, maximum_attempts=10)
 # One attempt of a model activity. The model client's wait for a reply is derived from
 # it (activities/models/timeouts.py: this less MODEL_REPLY_MARGIN), never the other way
 # round: a client that gave up earlier would end a request the activity still waits

@@ -16,7 +16,7 @@ from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, Re
 from workflows.goal.context import GoalContext
 from workflows.goal.memory import GoalMemoryRoom
 from workflows.progress_view import owned_objects
-from workflows.retries import REPORT_RETRY, REPORT_TIMEOUT
+from workflows.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
 from workflows.state import CompensationRecord, Node, RetiredNode
 
 
@@ -55,6 +55,8 @@ class Closing:
             ),
             result_type=ReportResult,
             start_to_close_timeout=REPORT_TIMEOUT,
+            # A goal's last step: a worker killed while writing it is noticed in seconds.
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=REPORT_RETRY,
             summary=f"report · {outcome}",
         )
