@@ -1,7 +1,7 @@
 """A goal's runs are bounded by what a worker taking it over must replay inside one
-workflow task (workflows/run_boundary.py): a run ends once `continue_as_new_after_nodes`
-steps have settled in it, and a run whose plan outgrew its workflow task timeout ends
-so the next one starts with a longer timeout."""
+workflow task (workflows/run_boundary.py): a run ends once more steps settled in it than
+its task timeout is sized for (or than `continue_as_new_after_nodes`), and a run whose
+plan outgrew its workflow task timeout ends so the next one starts with a longer timeout."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.builders import spec
 from tests.helpers import local_activities, new_goal_id, run_goal, run_ids, running_worker
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
-from workflows.run_boundary import TASK_TIMEOUT_CEILING, TASK_TIMEOUT_FLOOR, goal_task_timeout
+from workflows.run_boundary import TASK_TIMEOUT_CEILING, TASK_TIMEOUT_FLOOR, goal_task_timeout, steps_per_run
 from workflows.state import GoalInput
 
 
@@ -49,11 +49,17 @@ def test_a_goal_task_timeout_is_two_seconds_for_small_plans_and_grows_with_large
     assert GoalSpec(goal="plan it", workspace="/w").task_timeout() == TASK_TIMEOUT_FLOOR
 
 
+def test_a_run_settles_as_many_steps_as_its_task_timeout_is_sized_for():
+    assert steps_per_run(TASK_TIMEOUT_FLOOR) == 666
+    assert steps_per_run(goal_task_timeout(10_000)) == 10_000  # a plan settled once ends in its run
+    assert steps_per_run(timedelta(seconds=10)) == 3_333  # the server's default task timeout
+
+
 async def test_a_run_continues_as_new_once_continue_as_new_after_nodes_steps_settled_in_it(
     env, task_queue, store, workspace
 ):
     """25 reads of one chain read ahead in one batch would settle in one run (one event per
-    batch); with a bound of 10 steps per run they take three runs or more."""
+    batch); with at most 10 steps per run (11 settle before the run ends) they take three runs."""
     goal = spec(workspace, plan={"steps": read_chain(workspace, 25)}, drift_every=0, continue_as_new_after_nodes=10)
     async with running_worker(env, task_queue, store):
         handle, result = await run_goal(env, task_queue, goal, as_started=True)

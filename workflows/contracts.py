@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workflows.mcp_tools import McpTool
 from workflows.plan import NodeKind, Plan, VerifyDepth
-from workflows.run_boundary import DEFAULT_NODES_PER_RUN, goal_task_timeout
+from workflows.run_boundary import goal_task_timeout
 from workflows.segments import DEFAULT_LOCAL_UP_TO_S
 from workflows.statuses import NodeStatus
 from workflows.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
@@ -163,12 +163,12 @@ class GoalSpec(BaseModel):
     continue_as_new_after_events: int = Field(
         default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
     )
-    continue_as_new_after_nodes: int = Field(
-        default=DEFAULT_NODES_PER_RUN,
+    continue_as_new_after_nodes: int | None = Field(
+        default=None,
         ge=10,
-        description="Continue as new once this many steps have settled in a run: what a worker that takes the "
-        "goal over replays (reads batched into one local activity add few events, but each step's bookkeeping "
-        "is replayed), kept well inside the workflow task timeout.",
+        description="Continue as new once more steps than this have settled in a run; default: as many as the run's "
+        "workflow task timeout is sized for (workflows/run_boundary.py steps_per_run), which a worker taking the "
+        "goal over must replay the run within.",
     )
     device_wait_s: float = Field(
         default=86_400,

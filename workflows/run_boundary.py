@@ -25,27 +25,30 @@ from temporalio import workflow
 # than 2 s without yielding. What it must cover is a worker taking the goal over: that
 # worker fetches the run's history and replays all of it inside ONE task (its first
 # goal task also imports the workflow code), and a task that outlasts the timeout is
-# timed out and replayed again. Measured on a 2-core machine with three CPU-bound
-# processes beside the workers: a goal of 100 or 500 reads killed near its end was
-# taken over in one task of 0.35 s / 0.66 s; one of 1,000 reads needed several 2 s
-# attempts; quiet, a run of 1,000 settled steps replays in ~0.4 s and a 10,000-step
-# goal's state loads in ~0.25 s. Hence 2 s up to 666 steps, 3 ms per step above (with
-# runs bounded by DEFAULT_NODES_PER_RUN), at most 60 s.
+# timed out and replayed again. A replay costs a little per step the goal holds (its
+# state: a 10,000-step goal's loads in ~0.25 s) and ~0.25-0.4 ms per step settled in the
+# run (a 10,000-step run of ~160 events replayed in 1.8-2.1 s on a quiet 2-core machine;
+# 2.5-4x that with three CPU-bound processes beside the workers, where goals of 100 or
+# 500 reads killed near their end were taken over in one task of 0.35 / 0.66 s, and one
+# of 1,000 reads needed several 2 s attempts). Hence 2 s up to 666 steps, 3 ms per step
+# above, at most 60 s; and a run ends once it has settled as many steps as its timeout
+# was sized for (`steps_per_run`), so steps that settle again (retries, voids, re-plans)
+# cannot grow a run past what its timeout covers.
 TASK_TIMEOUT_FLOOR = timedelta(seconds=2)
 TASK_TIMEOUT_PER_STEP = timedelta(milliseconds=3)
 TASK_TIMEOUT_CEILING = timedelta(seconds=60)
-
-# Steps settled in one run of a goal before it continues as new (GoalSpec's
-# continue_as_new_after_nodes): what bounds the part of a run's replay that grows with
-# its work. Events do not bound it: a chain of reads run ahead in one local activity
-# settles hundreds of steps per event (a 10,000-step run of 174 events replayed in
-# 2.8-4.4 s, inside the 4 s task timeout goals had, which it then timed out on).
-DEFAULT_NODES_PER_RUN = 1_000
 
 
 def goal_task_timeout(steps: int) -> timedelta:
     """The workflow task timeout of a goal run whose plan has `steps` steps (0: not planned yet)."""
     return min(TASK_TIMEOUT_CEILING, max(TASK_TIMEOUT_FLOOR, steps * TASK_TIMEOUT_PER_STEP))
+
+
+def steps_per_run(task_timeout: timedelta) -> int:
+    """Steps a goal run may settle before it continues as new: as many as `task_timeout` is
+    sized for (666 at 2 s, 10,000 at 30 s). Events do not bound them: a chain of reads run
+    ahead in one local activity settles hundreds of steps per event."""
+    return int(task_timeout / TASK_TIMEOUT_PER_STEP)
 
 
 def continue_as_new_due(event_limit: int | None = None) -> bool:

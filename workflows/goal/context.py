@@ -23,7 +23,7 @@ from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_tab
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
 from workflows.plan import Plan, PlanStep
-from workflows.run_boundary import continue_as_new_due, goal_task_timeout
+from workflows.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
 from workflows.state import GoalState, Node, Question
 from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
 from workflows.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
@@ -92,8 +92,8 @@ READ_BATCHES_PATCH = "read-batches"
 READ_AHEAD_PATCH = "read-ahead"
 # Reads past a workflow task's share of local activity results run as activities (read_batch.py).
 READ_COMMITS_PATCH = "read-commits"
-# A run also ends once continue_as_new_after_nodes steps have settled in it, so a worker
-# taking the goal over replays a bounded run within the task timeout (workflows/run_boundary.py).
+# A run also ends once it settled as many steps as its task timeout covers, or when its plan
+# outgrew that timeout, so a worker taking the goal over replays it in time (run_boundary.py).
 NODES_PER_RUN_PATCH = "nodes-per-run"
 # A goal whose tools name MCP servers lists their tools first (planner.py); decided only
 # for such goals, so every other goal's history has no marker for it.
@@ -204,11 +204,13 @@ class GoalContext:
         current version changed), enough steps settled in it to bound its replay, or its
         plan grew past what its workflow task timeout lets a replay take."""
         spec = self.state.spec
-        if self.runs_bounded_by_nodes and (
-            self.settled_this_run >= spec.continue_as_new_after_nodes
-            or self.next_task_timeout() > workflow.info().task_timeout
-        ):
-            return True
+        if self.runs_bounded_by_nodes:
+            timeout = workflow.info().task_timeout
+            # More than the plan's steps: a goal that settles each step once ends in its run.
+            if self.settled_this_run > (spec.continue_as_new_after_nodes or steps_per_run(timeout)):
+                return True
+            if self.next_task_timeout() > timeout:
+                return True
         return continue_as_new_due(spec.continue_as_new_after_events)
 
     def next_task_timeout(self) -> timedelta:
