@@ -206,7 +206,8 @@ class GoalContext:
         spec = self.state.spec
         if self.runs_bounded_by_nodes:
             timeout = workflow.info().task_timeout
-            # More than the plan's steps: a goal that settles each step once ends in its run.
+            # More than the timeout is sized for: a run that settles each step of its plan once
+            # ends on its own, with no continue-as-new just before its end.
             if self.settled_this_run > (spec.continue_as_new_after_nodes or steps_per_run(timeout)):
                 return True
             if self.next_task_timeout() > timeout:
