@@ -295,16 +295,25 @@ async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
 
 
 async def record_goal_nodes_per_run(env: WorkflowEnvironment, out: Path) -> None:
-    """A chain of 24 reads (read ahead in batches) with at most 10 steps settled per run, so
-    it continues as new twice (patch `nodes-per-run`); the first run and the last are kept."""
-    steps = [
+    """A command (an activity), then a chain of 24 reads (read ahead in batches), with at most
+    10 steps settled per run, so it continues as new twice (patch `nodes-per-run`); the first
+    run and the last are kept."""
+    command = {"name": "count", "kind": "tool", "tool": "run_command", "replay": "safe"}
+    command["args"] = {"command": "ls notes | wc -l"}
+    steps = [command] + [
         {"name": f"r{i:02d}", "kind": "tool", "tool": "read_file", "args": {"path": "notes/ideas.md"}}
-        | ({"needs": [f"r{i - 1:02d}"]} if i else {})
+        | {"needs": [f"r{i - 1:02d}" if i else "count"]}
         for i in range(24)
     ]
     async with rig(env) as (workspace, task_queue):
         write_notes(workspace)
-        goal_spec = spec(workspace, plan={"steps": steps}, drift_every=0, continue_as_new_after_nodes=10)
+        goal_spec = spec(
+            workspace,
+            plan={"steps": steps},
+            allowed_tools=["read_file", "run_command"],
+            drift_every=0,
+            continue_as_new_after_nodes=10,
+        )
         handle = await env.client.start_workflow(
             GoalWorkflow.run,
             GoalInput(spec=goal_spec),
