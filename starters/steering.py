@@ -13,7 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import (
+    Client,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from starters import capabilities, goals
@@ -51,6 +56,13 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
     MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
     desc = await goals.describe(client, goal_id)
     if not goals.is_open(desc):
+        earlier = (
+            await earlier_receipt(client, goal_id, message)
+            if await capabilities.has_pollers(client, desc.task_queue)
+            else None
+        )
+        if earlier is not None:
+            return Delivery(earlier)  # a retry of a message the goal took before it ended
         raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
     failure = await goals.workflow_task_failure(client, desc)
     if failure is not None:
@@ -63,6 +75,22 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
         await send_by_signal(client, goal_id, message)
         return Delivery(None)
     return Delivery(await send(client, goal_id, message))
+
+
+async def earlier_receipt(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
+    """The receipt of this very message (its request id and kind) from the ended goal's
+    inbox: a client retrying a send whose answer it lost, after the goal went on to finish,
+    gets the answer it missed (a worker answers the query by replaying the goal). None when
+    the goal never took it, or nobody answered."""
+    request_id = getattr(message, "request_id", None)
+    if not request_id:
+        return None
+    try:
+        view = await inbox(client, goal_id, timeout_s=2)
+    except (RPCError, WorkflowQueryFailedError):
+        return None
+    kind = getattr(message, "kind", None)
+    return next((r for r in view.entries if r.request_id == request_id and r.kind == kind), None)
 
 
 async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:

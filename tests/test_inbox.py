@@ -26,6 +26,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from runtime.plugin import PerdurePlugin
+from starters import steering
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import calls_for, running_worker, start, submit, workflow_task_failures
 from workflows.goal import GoalWorkflow
@@ -365,3 +366,23 @@ async def test_a_goal_recorded_before_in_order_admission_replays_behind_its_patc
     monkeypatch.setattr(Inbox, "_decide_order", lambda self: True)
     replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert isinstance(replayed.replay_failure, NondeterminismError)
+
+
+async def test_a_message_retried_after_the_goal_ended_gets_its_receipt_and_a_new_one_is_refused(
+    env, task_queue, store, workspace
+):
+    """A client whose answer was lost retries the same message (same request id); the goal has
+    ended meanwhile. Found by the MCP test once goals finished faster: the retry was refused
+    with "it takes no more messages" although the goal had applied it."""
+    handle = await start(env, task_queue, workspace, [gate()])
+    async with running_worker(env, task_queue, store):
+        first = await submit(handle, Steer(request_id="s1", text="be brief"))
+        (workspace / "GO").touch()
+        await handle.result()
+        retried = await steering.deliver(env.client, handle.id, Steer(request_id="s1", text="be brief"))
+        with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+            await steering.deliver(env.client, handle.id, Steer(request_id="s2", text="be brief"))
+    assert (first.request_id, first.kind) == ("s1", "steer")
+    # The receipt as the goal left it: a steer waits for a model turn, which this goal never had.
+    assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
+    assert retried.receipt.status == "rejected" and first.status == "pending"
