@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from activities.models.config import ModelConfig
-from tests.builders import llm, openai_profile, spec
+from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import local_activities, perdure_status, submit, wait_until
 from workers.orchestrator import build_worker
 from workflows.contracts import GoalResult
@@ -171,12 +171,20 @@ async def test_a_wait_whose_time_passes_while_parked_fires_on_resume_marked_late
     ts_env, task_queue, store, workspace, scripted
 ):
     server = scripted(STEP_REPLY)
+    # The gate keeps the goal busy (an activity running) until it is parked: an idle goal's
+    # time jumps straight to the wait's, which the server now fires within 10 ms.
     handle = await start_goal(
-        ts_env, task_queue, workspace, [wait("ten-minutes", after="10m")], f"wait-park-{task_queue}"
+        ts_env,
+        task_queue,
+        workspace,
+        [wait("ten-minutes", after="10m"), gate()],
+        f"wait-park-{task_queue}",
+        allowed_tools=["run_command"],
     )
     async with worker(ts_env, task_queue, store, server):
         await wait_until(handle, lambda s: node(s, "ten-minutes").preview.startswith("waiting until"))
         await submit(handle, Park(request_id="park-1", reason="away", expiry_hours=1))
+        (workspace / "GO").touch()
         # Parked and idle: time skips past the wait's time to the park's expiry, which asks.
         asked = await wait_until(handle, lambda s: any(q.topic == "park_expired" for q in s.questions), 60)
         assert node(asked, "ten-minutes").status == "parked"
