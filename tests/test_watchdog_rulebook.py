@@ -97,7 +97,10 @@ async def test_a_rule_set_by_a_maintainer_survives_a_worker_restart_and_judges_t
     server = scripted(STEP_REPLY)
     home = store.root.parent
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(env, task_queue, workspace, [gate()])  # its own stall threshold: 30 min
+        # Replay-safe: the gate cut by the restart runs again on the next worker instead of asking
+        # a person whether it ran (which, since lost workers are noticed in ~2 s, could come
+        # before the second judgement, and a goal waiting on a person is not stalled).
+        handle = await start(env, task_queue, workspace, [{**gate(), "replay": "safe"}])  # stall threshold: 30 min
         snapshot = await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
         t0 = snapshot.last_progress_at
         before = await watchdog_run(env, task_queue, t0 + timedelta(seconds=61))
@@ -118,6 +121,5 @@ async def test_a_rule_set_by_a_maintainer_survives_a_worker_restart_and_judges_t
             assert "(threshold 60 s)" in finding.detail
     finally:
         await schedule.delete()
-        # Its gate was cut by the restart and waits on a person now; how it ends is not the point.
-        await handle.terminate("test over")
+        await handle.terminate("test over")  # how it ends is not the point
     assert load_rules(rules_path(home, task_queue))[0].scopes == {f"goal={handle.id}": {"stall_after_s": 60.0}}
