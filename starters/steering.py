@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -55,26 +56,45 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
     """Send a message to a goal that exists and is open, as every client does (the CLI, the
     MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
     desc = await goals.describe(client, goal_id)
-    if not goals.is_open(desc):
-        earlier = (
-            await earlier_receipt(client, goal_id, message)
-            if await capabilities.has_pollers(client, desc.task_queue)
-            else None
-        )
-        if earlier is not None:
-            return Delivery(earlier)  # a retry of a message the goal took before it ended
-        raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
+    if goals.is_open(desc):
+        try:
+            return await _deliver_to_open(client, desc, message)
+        except RPCError as err:
+            if not ended_meanwhile(err):
+                raise
+            # The goal finished between the describe and the send: answer as for an ended goal.
+            desc = await goals.describe(client, goal_id)
+    return await _answer_ended(client, desc, message)
+
+
+def ended_meanwhile(err: RPCError) -> bool:
+    """The server's answer to a signal or update sent to a workflow that has just closed."""
+    return err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message
+
+
+async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
     failure = await goals.workflow_task_failure(client, desc)
     if failure is not None:
         # The server takes no update while the goal's workflow task fails; a signal is
         # still stored, and applied in its turn once a worker can run the goal again.
-        await send_by_signal(client, goal_id, message)
+        await send_by_signal(client, desc.id, message)
         return Delivery(None, stuck=failure)
     if not await capabilities.has_pollers(client, desc.task_queue):
         # No worker polls the goal's queue: an update would only wait out its timeout first.
-        await send_by_signal(client, goal_id, message)
+        await send_by_signal(client, desc.id, message)
         return Delivery(None)
-    return Delivery(await send(client, goal_id, message))
+    return Delivery(await send(client, desc.id, message))
+
+
+async def _answer_ended(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
+    earlier = (
+        await earlier_receipt(client, desc.id, message)
+        if await capabilities.has_pollers(client, desc.task_queue)
+        else None
+    )
+    if earlier is not None:
+        return Delivery(earlier)  # a retry of a message the goal took before it ended
+    raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
 
 
 async def earlier_receipt(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:

@@ -253,9 +253,12 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         except steering.MessageRejected as err:
             return _error(422, str(err))
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message:
+            if not steering.ended_meanwhile(err):
+                return _rpc_error(err)
+            earlier = await steering.earlier_receipt(client, goal_id, message)
+            if earlier is None:
                 return _error(409, "the goal has ended; it takes no more messages")
-            return _rpc_error(err)
+            receipt = earlier  # a retry of a message the goal took before it ended
         if receipt is None:
             # No worker answered: stored durably by the server, judged in order once one runs.
             return JSONResponse(

@@ -26,7 +26,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from runtime.plugin import PerdurePlugin
-from starters import steering
+from starters import goals, steering
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import calls_for, running_worker, start, submit, workflow_task_failures
 from workflows.goal import GoalWorkflow
@@ -386,3 +386,31 @@ async def test_a_message_retried_after_the_goal_ended_gets_its_receipt_and_a_new
     # The receipt as the goal left it: a steer waits for a model turn, which this goal never had.
     assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
     assert retried.receipt.status == "rejected" and first.status == "pending"
+
+
+async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_goal(
+    env, task_queue, store, workspace, monkeypatch
+):
+    """The goal finishes between the client's describe (open) and its update: the server
+    answers "workflow execution already completed". Found by the MCP approval test in CI:
+    the retried approve failed with "no such goal" although the goal had applied it."""
+    handle = await start(env, task_queue, workspace, [gate()])
+    async with running_worker(env, task_queue, store):
+        first = await submit(handle, Steer(request_id="s1", text="be brief"))
+        open_desc = await handle.describe()
+        (workspace / "GO").touch()
+        await handle.result()
+        real_describe, calls = goals.describe, []
+
+        async def describe_seen_before_it_finished(client, goal_id):
+            # Each deliver's first look sees the goal open; a second look sees it as it is.
+            calls.append(goal_id)
+            return open_desc if len(calls) % 2 else await real_describe(client, goal_id)
+
+        monkeypatch.setattr(goals, "describe", describe_seen_before_it_finished)
+        retried = await steering.deliver(env.client, handle.id, Steer(request_id="s1", text="be brief"))
+        with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+            await steering.deliver(env.client, handle.id, Steer(request_id="s2", text="be brief"))
+    assert len(calls) == 4  # each send saw the goal open first, then looked again
+    assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
+    assert first.status == "pending"

@@ -80,6 +80,13 @@ async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_cle
         aborted = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort", "reason": "done"})
         assert aborted.status_code == 200 and aborted.json()["status"] in ("applied", "pending")
         result = await handle.result()
+        # A client that lost the answer retries the same message: it gets the receipt the goal left.
+        again = {"kind": "abort", "reason": "done", "request_id": aborted.json()["request_id"]}
+        retried = await http.post(f"/api/goals/{handle.id}/messages", json=again)
+        late = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "steer", "text": "too late"})
+    assert retried.status_code == 200, retried.text
+    assert (retried.json()["request_id"], retried.json()["kind"]) == (aborted.json()["request_id"], "abort")
+    assert late.status_code == 409 and "takes no more messages" in late.json()["error"]
     assert unknown_kind.status_code == 400 and "malformed message" in unknown_kind.json()["error"]
     assert not_json.status_code == 400 and "JSON object" in not_json.json()["error"]
     # Not JSON by its content type: refused, so another site's page cannot post without a preflight.
