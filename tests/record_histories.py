@@ -999,6 +999,10 @@ SCENARIOS = {
     "goal-v1-mcp-tools": record_goal_mcp_tools,
     "goal-v2-writes-prepared-in-workflow": record_goal_writes_prepared_in_workflow,
     "goal-v2-nodes-per-run": record_goal_nodes_per_run,
+    # The same scenarios once every change above is in the baseline (one patch marker).
+    "goal-v3-baseline-demo": record_goal_demo,
+    "goal-v3-baseline-steered": record_goal_steered,
+    "goal-v3-baseline-wait-steps": record_goal_wait_steps,
 }
 
 

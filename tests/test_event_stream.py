@@ -77,7 +77,7 @@ async def test_questions_and_receipts_are_events_and_the_stream_crosses_continue
 ):
     pay = {"amount_cents": 500, "currency": "EUR", "recipient": "ACME", "memo": "x"}
     server = scripted({"replies": [{"when": "PERDURE-STEP", "content": "ok"}]})
-    steps = [*chain(12), {"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "needs": ["s11"]}]
+    steps = [*chain(16), {"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "needs": ["s15"]}]
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await start(
             env,
@@ -85,7 +85,7 @@ async def test_questions_and_receipts_are_events_and_the_stream_crosses_continue
             workspace,
             steps,
             allowed_tools=["make_payment"],
-            continue_as_new_after_events=60,
+            continue_as_new_after_events=50,
             drift_every=0,
         )
         subscriber = asyncio.create_task(collect(env, handle.id))
@@ -99,7 +99,7 @@ async def test_questions_and_receipts_are_events_and_the_stream_crosses_continue
     view = GoalView()
     for _, event in events:
         reduce(view, event)
-    assert set(view.nodes) == {*(f"s{i:02d}" for i in range(12)), "pay"}
+    assert set(view.nodes) == {*(f"s{i:02d}" for i in range(16)), "pay"}
     assert [(q.status, q.answer) for q in view.questions.values()] == [("answered", "reject")]
     # Each message's receipt event says what its inbox row says.
     assert {r.request_id: r.status for r in view.receipts.values()} == {e.request_id: e.status for e in inbox.entries}

@@ -200,15 +200,21 @@ async def test_live_text_crosses_continue_as_new_without_its_text(env, task_queu
     model call across the boundary, and 2,000 deltas of text would outgrow the run's input."""
     server = scripted({"replies": [{"when": "Do talk", "content": WORDS, "chunk_delay_s": 0.08}]})
     (workspace / "notes.md").write_text("a note\n")
-    after = {"name": "after", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}, "needs": ["talk"]}
+    # Reads as activities after the reply, enough events for the run to reach its limit after it.
+    after = [
+        {"name": f"after{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
+        | {"needs": [f"after{i - 1}" if i else "talk"]}
+        for i in range(6)
+    ]
     async with running_worker(env, task_queue, store, live_goal_profile(server)):
         handle = await start(
             env,
             task_queue,
             workspace,
-            [llm("talk"), after],
+            [llm("talk"), *after],
             allowed_tools=["read_file"],
             continue_as_new_after_events=50,
+            local_activities_up_to_s=0,
         )
         result = await asyncio.wait_for(handle.result(), 60)
         events = await asyncio.wait_for(events_until_end(env, handle.id), 30)  # the last run's log

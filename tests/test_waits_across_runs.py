@@ -77,7 +77,9 @@ async def test_an_uncertain_answer_given_after_continue_as_new_is_acted_on_in_th
     notice = {"url": f"{hook.base_url}/deploys", "payload": {"release": "2.0"}}
     steps = [{"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice}, *reads(60)]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
-        handle = await start_long(env, task_queue, workspace, steps, ["read_file", "notify_webhook"])
+        handle = await start_long(
+            env, task_queue, workspace, steps, ["read_file", "notify_webhook"], local_activities_up_to_s=0
+        )
         asked = await wait_until(
             handle, lambda s: s.questions and sum(v == "succeeded" for v in statuses(s).values()) == 60, timeout_s=120
         )

@@ -19,6 +19,35 @@ from temporalio.common import MetricMeter
 
 from workflows import metrics
 from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
+from workflows.goal.patches import (
+    AGENT_WAITS_PATCH,
+    BASELINE_PATCH,
+    BASELINED,
+    BUDGET_CLOCK_PATCH,
+    COMMAND_REPLAY_PATCH,
+    DEVICE_WAIT_TIMER_PATCH,
+    DEVICES_PATCH,
+    EFFECTS_FIRST_PATCH,
+    MCP_TOOLS_PATCH,
+    MEMORY_CARD_PATCH,
+    MEMORY_PATCH,
+    NODE_ERRORS_SETTLE_PATCH,
+    NODES_PER_RUN_PATCH,
+    OWN_CHANGES_PATCH,
+    READ_AHEAD_PATCH,
+    READ_BATCHES_PATCH,
+    READ_COMMITS_PATCH,
+    REPLAN_DISCARDS_PATCH,
+    REPLAN_ON_EVIDENCE_PATCH,
+    RISK_ORDER_PATCH,
+    SUBGOAL_SLICES_PATCH,
+    VERIFY_ON_NEW_CODE_PATCH,
+    VERIFY_PATCH,
+    VERIFY_QUESTION_PATCH,
+    VOID_WAITS_PATCH,
+    WAITS_PATCH,
+    WRITES_PREPARED_HERE_PATCH,
+)
 from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
 from workflows.messages import Abort
 from workflows.node_index import NodeIndex
@@ -28,80 +57,6 @@ from workflows.state import GoalState, Node, Question
 from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
 from workflows.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
 
-# workflow.patched ids decided once, as each run starts (GoalContext.decide_patches):
-# asked later, after a local activity in the same workflow task, replay meets the
-# marker before the code asks and fails as nondeterministic.
-# Goals recorded before writes were prepared (effect_guard.py) run them the old way.
-EFFECTS_FIRST_PATCH = "effects-first"
-# Goals recorded before a tool node's wait for a person was state (and continue-as-new
-# waited for the answer) keep waiting inside the node's task.
-WAITS_PATCH = "waits-are-state"
-# Goals recorded before an agent node's waits (approvals, uncertain effects, stall
-# cards, a park) were state wait inside the node's task, as tool nodes did before
-# `waits-are-state`.
-AGENT_WAITS_PATCH = "agent-waits-are-state"
-# Goals recorded before a rewind or narrow reached steps waiting for a person or parked
-# (they went on with inputs the rewind had voided) leave them alone.
-VOID_WAITS_PATCH = "void-reaches-waits"
-# Goals recorded before the wall budget counted active time only (it counted parks and
-# waits for a person), before a clock stopped the goal when a time budget ran out (only
-# a charged model call could), and before wrap-up steps (which become ready when their
-# needs end however they ended, so the loop looks for ready work again before it ends)
-# keep the old accounting and the old end of the loop.
-BUDGET_CLOCK_PATCH = "active-time-clock-wrap-up"
-# Goals recorded before any error of a node's work settled the node (its task died and
-# the node stayed running) replay the old way (scheduler.py).
-NODE_ERRORS_SETTLE_PATCH = "node-errors-settle"
-# Goals recorded before an interrupted run_command became a question (it was re-run,
-# or its lost attempts failed the step) call it the old way (effect_guard.py).
-COMMAND_REPLAY_PATCH = "commands-ask-after-loss"
-# Goals recorded before devices existed plan without asking which devices there are.
-DEVICES_PATCH = "devices-listed-for-plans"
-# Goals recorded before a device wait's limit counted only nodes still offline set a
-# timer for the wait of a node the device's return had just resumed.
-DEVICE_WAIT_TIMER_PATCH = "device-wait-timers-of-offline-nodes"
-# Finished steps are checked again after a long wait (workflows/goal/verification.py).
-VERIFY_PATCH = "verify-after-long-waits"
-# A step's `verify: {question}` is asked of a model after those checks (workflows/goal/verification.py).
-VERIFY_QUESTION_PATCH = "verify-by-question"
-# The plan is revised when settled steps' evidence calls for it: a contradicted
-# conclusion, repeated results, declining new information (workflows/evidence.py).
-REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
-# Remote-write and irreversible steps go after the independent local work, and steps
-# whose write sets overlap run one after the other (workflows/risk_order.py).
-RISK_ORDER_PATCH = "risk-order"
-# Goals recorded before a re-plan on evidence could let a step whose write is in flight
-# finish and discard it (workflows/evidence.py) wait for every write in flight first.
-REPLAN_DISCARDS_PATCH = "replan-discards-in-flight"
-# Memories are recalled for llm and agent steps, written as steps settle, and offered for
-# keeping across goals at the end (workflows/goal/memory.py).
-MEMORY_PATCH = "memory"
-# The end-of-goal memory card goes to the owner's router and the goal ends at once (it
-# asked and waited up to an hour before); episodic writes read the whole output's statements.
-MEMORY_CARD_PATCH = "memory-card-to-router"
-# A worker of code the goal has not run on checks its finished work first (verify_due.py).
-VERIFY_ON_NEW_CODE_PATCH = "verify-on-new-code"
-# A subgoal in flight holds its whole budget slice in the gates, not a kind estimate.
-SUBGOAL_SLICES_PATCH = "subgoal-budget-slices"
-# A command step's changes to files the goal read are looked at and kept as its own
-# (workflows/goal/nodes/tool.py), so a later check does not take them for an edit from outside.
-OWN_CHANGES_PATCH = "own-changes-around-commands"
-# Reads made in one activation run as one local activity (workflows/goal/read_batch.py).
-READ_BATCHES_PATCH = "read-batches"
-# A batch also runs the read steps its reads make ready, in a chain (workflows/goal/read_batch.py).
-READ_AHEAD_PATCH = "read-ahead"
-# Reads past a workflow task's share of local activity results run as activities (read_batch.py).
-READ_COMMITS_PATCH = "read-commits"
-# A run also ends once it settled as many steps as its task timeout covers, or when its plan
-# outgrew that timeout, so a worker taking the goal over replays it in time (run_boundary.py).
-NODES_PER_RUN_PATCH = "nodes-per-run"
-# A goal whose tools name MCP servers lists their tools first (planner.py); decided only
-# for such goals, so every other goal's history has no marker for it.
-MCP_TOOLS_PATCH = "mcp-tools"
-# A write whose arguments are all in its call (no template, no model's JSON by reference) is
-# prepared by the workflow itself, not by the prepare local activity (effect_guard.py); decided
-# only for goals allowed a remote-write or irreversible tool.
-WRITES_PREPARED_HERE_PATCH = "writes-prepared-in-workflow"
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
 
@@ -168,8 +123,11 @@ class GoalContext:
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
 
     def decide_patches(self) -> None:
-        """Which of the goal's behaviour changes this run has: called first in every run."""
+        """Which of the goal's behaviour changes this run has: called first in every run.
+        A run with the baseline has every change it stands for, in one marker (patches.py)."""
         self._carried_patches = set(self.state.patches)
+        self._baseline = False
+        self._baseline = self._patched(BASELINE_PATCH)
         self.effects_first = self._patched(EFFECTS_FIRST_PATCH)
         self.waits_are_state = self._patched(WAITS_PATCH)
         self.node_errors_settle = self._patched(NODE_ERRORS_SETTLE_PATCH)
@@ -222,9 +180,10 @@ class GoalContext:
     def _patched(self, patch: str) -> bool:
         """`workflow.patched`, once per chain of runs: a run continued from one that had the
         patch has it too (its carried state, its input, says so) and records no marker of
-        its own, so a run's events go to its work. A run whose input names no patches (the
-        first, or one carried by older code) asks the SDK, marker and all."""
-        on = patch in self._carried_patches or workflow.patched(patch)
+        its own, so a run's events go to its work. So does a run with the baseline, for every
+        change the baseline stands for. A run whose input names no patches (the first, or one
+        carried by older code) asks the SDK, marker and all."""
+        on = patch in self._carried_patches or (self._baseline and patch in BASELINED) or workflow.patched(patch)
         if on and patch not in self.state.patches:
             self.state.patches.append(patch)
         return on

@@ -22,6 +22,7 @@ from temporalio.common import RawValue
 
 from workflows.contracts import Signals, Updates
 from workflows.goal.context import GoalContext
+from workflows.goal.patches import IN_ORDER_PATCH, patched_here
 from workflows.messages import (
     MAX_REFUSALS,
     InboxEntry,
@@ -44,10 +45,6 @@ from workflows.statuses import ENDED_PHASES
 
 # Applied at the next model-turn boundary or when the goal would be idle, not at the loop's safe point.
 LATER_KINDS = ("steer", "queue")
-# Runs that started before it judged every message at the door, against the state as it
-# was when the message arrived (a resume right behind a park was refused); with it, only
-# what holds in any order is judged there, the rest at the message's turn.
-IN_ORDER_PATCH = "inbox-in-order"
 
 
 class Inbox:
@@ -126,7 +123,7 @@ class Inbox:
 
     def _decide_order(self) -> bool:
         if self._in_order is None:
-            self._in_order = workflow.patched(IN_ORDER_PATCH)
+            self._in_order = patched_here(self._ctx.state, IN_ORDER_PATCH)
         return self._in_order
 
     def _door(self, message: UserMessage, deciding: bool = True) -> str | None:

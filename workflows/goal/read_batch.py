@@ -39,7 +39,7 @@ from temporalio.exceptions import FailureError
 from workflows import segments
 from workflows.canonical import canonical_json
 from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
-from workflows.goal.context import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
+from workflows.goal.patches import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
 from workflows.plan import Plan, ToolStep
 from workflows.retries import MODEL_HEARTBEAT, TOOL_RETRY
 from workflows.state import GoalState, Node

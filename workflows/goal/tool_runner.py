@@ -24,7 +24,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
 from workflows.effects import command_replay
-from workflows.goal.context import READ_AHEAD_PATCH
+from workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
 from workflows.goal.read_batch import ReadBatcher
 from workflows.retries import HEARTBEAT_TIMEOUT, ONCE_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
 from workflows.state import GoalState, Node
@@ -33,9 +33,6 @@ from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES, RunCommandArgs, T
 if TYPE_CHECKING:
     from workflows.goal.devices import Devices
 
-# workflow.patched ids: a history recorded without the change replays the old way.
-READ_SEGMENTS_PATCH = "read-segments"
-SEGMENT_CAP_PATCH = "segment-cap"
 # Local activities started in one workflow task before the goal ends it with a 1 ms
 # timer: the task (and what a crash inside it re-runs) stays short however wide the
 # read-only part of a goal is.
@@ -74,7 +71,7 @@ class ToolRunner:
 
     def segments_enabled(self) -> bool:
         """Goals recorded before read segments existed replay their reads as activities."""
-        return workflow.patched(READ_SEGMENTS_PATCH)
+        return patched_here(self._state, READ_SEGMENTS_PATCH)
 
     def placement(self, tool: str, node: Node | None = None) -> segments.Placement:
         if self._devices is not None and self._devices.runs_on(node, tool):
@@ -190,7 +187,7 @@ class ToolRunner:
             length = workflow.info().get_current_history_length()
             if length != started:
                 started, calls = length, 0  # a new workflow task: a new segment
-            if calls < SEGMENT_MAX_CALLS or not workflow.patched(SEGMENT_CAP_PATCH):
+            if calls < SEGMENT_MAX_CALLS or not patched_here(self._state, SEGMENT_CAP_PATCH):
                 break
             if self._segment_break is None or self._segment_break.done():
                 self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))

@@ -23,6 +23,7 @@ from workflows.device_contracts import DeviceOutput, DeviceToolResult
 from workflows.goal.context import GoalContext, NodeWaiting
 from workflows.goal.devices import LOCAL_RETRY, LOCAL_TIMEOUT
 from workflows.goal.nodes.base import NodeDeps
+from workflows.goal.patches import LATE_CAUSE_PATCH, patched_here
 from workflows.plan import WaitStep
 from workflows.state import Node
 from workflows.wait_contracts import WaitOutput, WaitOutputInput
@@ -42,10 +43,6 @@ def planned_time(step: WaitStep, node: Node) -> datetime:
         return step.until
     assert node.started_at is not None  # set when the node was dispatched; a resume keeps it
     return node.started_at + delay
-
-
-# A late wait step reads from history whether the server or the worker was missing.
-LATE_CAUSE_PATCH = "timer-late-cause"
 
 
 def timer_summary(name: str, planned: datetime) -> str:
@@ -81,7 +78,7 @@ class WaitNode:
         parked = node.preview.endswith(HELD_BY_PARK)
         node.waiting_on = None
         ctx.set_status(node, "running")  # the scheduler settles only a running node
-        if workflow.patched(LATE_CAUSE_PATCH):
+        if patched_here(ctx.state, LATE_CAUSE_PATCH):
             # One at a time: steps acting together (after an outage) keep their order, and their
             # local activities, which read history for a while, never resolve out of order.
             async with self._keeping:
