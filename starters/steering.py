@@ -60,16 +60,22 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
         try:
             return await _deliver_to_open(client, desc, message)
         except RPCError as err:
-            if not ended_meanwhile(err):
+            if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            # The goal finished between the describe and the send: answer as for an ended goal.
+            # The goal may have finished between the describe and the send: the server then
+            # says "workflow execution already completed", or "workflow update was aborted by
+            # closing workflow" for an update it had taken. Answer as for an ended goal.
             desc = await goals.describe(client, goal_id)
+            if goals.is_open(desc):
+                raise
     return await _answer_ended(client, desc, message)
 
 
 def ended_meanwhile(err: RPCError) -> bool:
     """The server's answer to a signal or update sent to a workflow that has just closed."""
-    return err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message
+    return err.status == RPCStatusCode.NOT_FOUND and (
+        "already completed" in err.message or "aborted by closing workflow" in err.message
+    )
 
 
 async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:

@@ -414,3 +414,21 @@ async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_g
     assert len(calls) == 4  # each send saw the goal open first, then looked again
     assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
     assert first.status == "pending"
+
+
+async def test_a_message_whose_update_the_goal_closes_under_is_answered_as_for_an_ended_goal(
+    env, task_queue, store, workspace
+):
+    """The server took the update, then the goal closed before a worker ran it: "workflow
+    update was aborted by closing workflow". Found by the MCP approval test (process tier):
+    the retried approve failed with "no such goal" as the goal finished."""
+    handle = await start(env, task_queue, workspace, [gate()])
+    async with running_worker(env, task_queue, store):
+        await submit(handle, Steer(request_id="s1", text="be brief"))
+    # No worker runs now, but the server still lists its poller: the message goes as an update, which waits.
+    sending = asyncio.create_task(steering.deliver(env.client, handle.id, Steer(request_id="s2", text="too late")))
+    await asyncio.sleep(1)
+    assert not sending.done()
+    await handle.terminate("closed while the update waited")
+    with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+        await asyncio.wait_for(sending, 30)
