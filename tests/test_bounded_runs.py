@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from temporalio.client import WorkflowHandle
 
 from tests.builders import spec
@@ -55,6 +56,7 @@ def test_a_run_settles_as_many_steps_as_its_task_timeout_is_sized_for():
     assert steps_per_run(timedelta(seconds=10)) == 3_333  # the server's default task timeout
 
 
+@pytest.mark.slow
 async def test_a_run_continues_as_new_once_continue_as_new_after_nodes_steps_settled_in_it(
     env, task_queue, store, workspace
 ):
@@ -70,6 +72,7 @@ async def test_a_run_continues_as_new_once_continue_as_new_after_nodes_steps_set
     assert set(timeouts) == {timedelta(seconds=2)}
 
 
+@pytest.mark.slow
 async def test_a_run_whose_plan_outgrew_its_task_timeout_continues_as_new_with_a_longer_one(
     env, task_queue, store, workspace
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile
@@ -21,6 +22,7 @@ def step_reply(usage: dict = USAGE) -> dict:
     return {**STEP_REPLY["replies"][0], "usage": usage}
 
 
+@pytest.mark.slow
 async def test_hard_gate_stops_dispatch_and_the_report_lists_what_did_not_run(
     env, task_queue, store, workspace, scripted
 ):
@@ -88,6 +90,7 @@ async def test_emergency_stop_cancels_in_flight_work(env, task_queue, store, wor
     assert len(cancelled) == 1
 
 
+@pytest.mark.slow
 async def test_stall_ladder_reminds_then_switches_then_asks_a_person(env, task_queue, store, workspace, scripted):
     (workspace / "same.txt").write_text("the same answer every time")
     loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
@@ -116,6 +119,7 @@ async def test_stall_ladder_reminds_then_switches_then_asks_a_person(env, task_q
     assert "step 'hunt' was rejected: abandoned after repeated steps" in store.get_text(result.report)
 
 
+@pytest.mark.slow
 async def test_a_parked_agent_is_never_judged_stalled(env, task_queue, store, workspace, scripted):
     (workspace / "same.txt").write_text("the same answer every time")
     loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
@@ -143,6 +147,7 @@ async def test_a_parked_agent_is_never_judged_stalled(env, task_queue, store, wo
     assert result.outcome == "aborted"
 
 
+@pytest.mark.slow
 async def test_drift_check_at_its_cadence_and_a_no_replans(env, task_queue, store, workspace, scripted):
     revised = {"steps": [llm("one"), llm("two"), llm("three"), llm("verify", ["one", "two", "three"])]}
     server = scripted(

@@ -291,6 +291,7 @@ def history_payloads(history: WorkflowHistory) -> Iterator[Payload]:
         yield from payloads_in(event)
 
 
+@pytest.mark.slow
 async def test_encrypted_goal_leaves_no_plaintext_in_history_or_the_stores(
     env, encrypted: Client, task_queue, workspace, scripted, monkeypatch, tmp_path
 ):
@@ -342,6 +343,7 @@ async def test_encrypted_goal_leaves_no_plaintext_in_history_or_the_stores(
     await replayer.replay_workflow(history)
 
 
+@pytest.mark.slow
 async def test_golden_histories_replay_with_encryption_on(keys):
     keys(KEY_B, KEY_A)
     plugin = PerdurePlugin()
@@ -352,6 +354,7 @@ async def test_golden_histories_replay_with_encryption_on(keys):
     assert [r.replay_failure for r in results] == [None] * len(results)
 
 
+@pytest.mark.slow
 async def test_history_export_is_decrypted_by_default_and_as_stored_with_encoded(
     env, encrypted: Client, task_queue, workspace, scripted, keys, tmp_path
 ):
@@ -402,6 +405,7 @@ def payloads_json(*payloads: Payload) -> str:
     return json_format.MessageToJson(Payloads(payloads=payloads))
 
 
+@pytest.mark.slow
 async def test_codec_server_speaks_the_remote_codec_protocol(codec_servers):
     ui = "http://localhost:8233"
     server = codec_servers(keyring(KEY_A), origins=(ui,), namespaces=("default",), token="t0ken")
@@ -487,6 +491,7 @@ def temporal_show(env: WorkflowEnvironment, goal_id: str, *extra: str) -> subpro
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 async def test_temporal_cli_shows_the_goal_through_the_codec_server(
     env, encrypted: Client, task_queue, workspace, scripted, codec_servers, tmp_path
 ):

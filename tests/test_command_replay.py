@@ -259,6 +259,7 @@ def test_declared_replay_safe_wins_over_the_allowlist():
 # --- an agent's command, end to end in one worker --------------------------------------------
 
 
+@pytest.mark.slow
 async def test_agent_malformed_replay_comes_back_as_an_error_and_the_goal_goes_on(
     env, task_queue, store, workspace, scripted
 ):

@@ -192,6 +192,7 @@ def _contains_run(haystack: list[ChatMessage], needle: list[ChatMessage]) -> boo
 
 @settings(max_examples=300, deadline=None)
 @given(transcripts(), st.integers(0, 40_000), st.integers(1, 3))
+@pytest.mark.slow
 def test_constraints_and_failures_survive_and_the_prompt_never_grows(sample, threshold, keep_last):
     messages, must_survive, failed_units = sample
     compacted = compact_prompt(messages, threshold, keep_last)
@@ -379,6 +380,7 @@ async def test_past_the_soft_budget_gate_the_threshold_drops(store):
     assert all(r.compaction is None for r in results)
 
 
+@pytest.mark.slow
 async def test_a_goals_agent_node_compacts_records_it_and_reads_a_compacted_output_back(
     env, task_queue, tmp_path, workspace
 ):

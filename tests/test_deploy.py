@@ -202,6 +202,7 @@ def cli(variables: dict[str, str], *args: str):
     return CliRunner().invoke(app, list(args), env=variables)
 
 
+@pytest.mark.slow
 def test_deploy_commands_refuse_what_they_cannot_do_in_one_line(env, tmp_path, task_queue, variables):
     status = cli(variables, "deploy", "status")
     assert status.exit_code == 0
@@ -231,6 +232,7 @@ async def test_deploy_move_refuses_a_goal_no_versioned_worker_has_taken(env, tas
     await handle.terminate("test over")
 
 
+@pytest.mark.slow
 async def test_workers_of_one_build_promoting_it_together_all_see_it_current(env, task_queue, store):
     """Compose starts its worker replicas together, and each promotes their build: the
     server refuses all but one request at a time (RESOURCE_EXHAUSTED), the others retry."""

@@ -294,6 +294,7 @@ def lease_env(beats: list, heartbeat_timeout_s: float = 0.3) -> ActivityEnvironm
 
 
 @needs_bwrap
+@pytest.mark.slow
 async def test_the_lease_heartbeats_the_calls_running_and_ends_with_its_term(device: Device):
     beats: list = []
     lease = asyncio.create_task(
@@ -325,6 +326,7 @@ async def test_a_cancelled_lease_is_not_a_replacement(device: Device):
     assert not device.state.superseded.is_set() and device.state.leases == 0
 
 
+@pytest.mark.slow
 async def test_a_stopping_daemon_ends_its_lease_as_stopped_once_its_calls_have_finished(device: Device):
     beats: list = []
     lease = asyncio.create_task(

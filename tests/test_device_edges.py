@@ -10,6 +10,7 @@ import time
 import uuid
 from datetime import timedelta
 
+import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -38,6 +39,7 @@ def timers_started(history) -> int:
     return sum(1 for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
 
 
+@pytest.mark.slow
 async def test_a_skipped_steps_wait_is_gone_and_sets_no_timer_while_another_step_waits(
     env, task_queue, store, workspace, devices
 ):
@@ -76,6 +78,7 @@ class FreezesOnFirstCommit(DeviceToolActivities):
         return await super().run_tool(input)
 
 
+@pytest.mark.slow
 async def test_an_abort_while_a_device_write_is_lost_mid_call_ends_with_the_write_uncertain(
     env, task_queue, store, workspace, tmp_path
 ):
@@ -110,6 +113,7 @@ async def test_an_abort_while_a_device_write_is_lost_mid_call_ends_with_the_writ
     assert statuses(snap) == {"commit": "uncertain"}  # the commit may have happened: never "abandoned"
 
 
+@pytest.mark.slow
 async def test_an_approval_for_one_root_is_not_used_in_another_which_is_asked_about_anew(
     env, task_queue, store, workspace, devices, tmp_path
 ):
@@ -138,6 +142,7 @@ async def test_an_approval_for_one_root_is_not_used_in_another_which_is_asked_ab
     assert not (elsewhere / "out.txt").exists() and not (laptop.root / "out.txt").exists()
 
 
+@pytest.mark.slow
 async def test_a_daemon_announcing_itself_again_takes_its_own_new_lease_and_keeps_running(env, tmp_path, monkeypatch):
     client = await Client.connect(
         env.client.service_client.config.target_host, plugins=[PerdurePlugin(payload_store=False)]
@@ -193,6 +198,7 @@ async def test_a_daemon_announcing_itself_again_takes_its_own_new_lease_and_keep
     assert state.generation == 2
 
 
+@pytest.mark.slow
 async def test_the_first_announce_holds_one_lease(env, task_queue, store, tmp_path):
     root = tmp_path / "m"
     root.mkdir()

@@ -14,6 +14,7 @@ from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve
 
 
+@pytest.mark.slow
 async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_runs_where(
     env, task_queue, store, workspace, devices
 ):
@@ -31,6 +32,7 @@ async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_run
     assert not (workspace / "out.txt").exists()
 
 
+@pytest.mark.slow
 async def test_a_refused_device_call_fails_its_step_and_runs_nothing(env, task_queue, store, workspace, devices):
     async with running_worker(env, task_queue, store):
         laptop = devices("laptop")
@@ -58,6 +60,7 @@ async def test_a_device_that_allows_a_tool_runs_it_without_asking(env, task_queu
     assert "confirm_device_call" not in history.to_json()
 
 
+@pytest.mark.slow
 async def test_a_long_absence_becomes_a_question_and_another_device_can_take_the_step(
     env, task_queue, store, workspace, devices
 ):
@@ -81,6 +84,7 @@ async def test_a_long_absence_becomes_a_question_and_another_device_can_take_the
     assert not (laptop.root / "out.txt").exists()
 
 
+@pytest.mark.slow
 async def test_skipping_a_step_whose_device_stays_away_abandons_it_and_what_needs_it(
     env, task_queue, store, workspace, devices
 ):
@@ -105,6 +109,7 @@ async def test_skipping_a_step_whose_device_stays_away_abandons_it_and_what_need
     assert result.outcome == "partial"
 
 
+@pytest.mark.slow
 async def test_a_device_coming_back_closes_its_question_and_the_step_runs(env, task_queue, store, workspace, devices):
     async with running_worker(env, task_queue, store):
         laptop = devices("laptop", approval={"*": "never"})
@@ -136,6 +141,7 @@ async def test_a_plan_naming_a_device_that_never_announced_itself_is_refused_wit
     assert "no device named 'ghost'" in message and "laptop (" in message, message
 
 
+@pytest.mark.slow
 async def test_aborting_a_goal_waiting_for_an_offline_device_ends_it_at_once(
     env, task_queue, store, workspace, devices
 ):
@@ -153,6 +159,7 @@ async def test_aborting_a_goal_waiting_for_an_offline_device_ends_it_at_once(
     assert statuses(snap) == {"save": "abandoned"}
 
 
+@pytest.mark.slow
 async def test_an_agent_step_on_a_device_reads_there_and_its_model_sees_the_devices_file(
     env, task_queue, store, workspace, devices, scripted
 ):
@@ -169,6 +176,7 @@ async def test_an_agent_step_on_a_device_reads_there_and_its_model_sees_the_devi
     assert "water the plants" in second["last_message"]  # the tool result came from the device's root
 
 
+@pytest.mark.slow
 async def test_the_planner_is_told_the_devices_and_a_plan_naming_another_is_sent_back_to_repair(
     env, task_queue, store, workspace, devices, scripted
 ):

@@ -104,6 +104,7 @@ async def test_a_refusal_is_shown_to_the_model(env, task_queue, store, workspace
     assert "rejected path: step 'settle' was rejected: a person refused make_payment" in store.get_text(result.report)
 
 
+@pytest.mark.slow
 async def test_abort_with_rollback_undoes_effects_newest_first(env, task_queue, store, tmp_path, scripted, payments):
     repo = tmp_path / "repo"
     init_repo(repo)

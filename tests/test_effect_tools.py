@@ -420,6 +420,7 @@ async def test_refund_of_a_payment_that_never_happened_is_a_no_op(services, stor
 # --- heartbeats -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_slow_call_keeps_heartbeating_its_phase(services, store, tmp_path):
     services.mail.respond_delay_s = 0.8
     env, beats = attempt_env(heartbeat_timeout=timedelta(seconds=0.3))

@@ -72,6 +72,7 @@ async def test_a_subscriber_resumes_from_the_offset_it_saw_and_gets_exactly_the_
     assert [e.id for _, e in rest] == [e.id for _, e in everything[3:]]
 
 
+@pytest.mark.slow
 async def test_questions_and_receipts_are_events_and_the_stream_crosses_continue_as_new(
     env, task_queue, store, workspace, scripted
 ):

@@ -55,6 +55,7 @@ def test_mail_without_a_key_sends_every_time(mail):
     assert httpx.get(f"{mail.base_url}/emails/{message_id}", headers=AUTH).json()["subject"] == "Hi"
 
 
+@pytest.mark.slow
 def test_respond_delay_comes_after_recording(fake_service):
     mail = fake_service(MailAPI, respond_delay_s=0.6)
     client = httpx.Client(timeout=0.2)

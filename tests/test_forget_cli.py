@@ -61,6 +61,7 @@ def summaries(scripted, tmp_path) -> tuple:
     return server, config
 
 
+@pytest.mark.slow
 def test_a_forget_goes_through_two_derived_summaries(tmp_path, summaries):
     server, config = summaries
     home, env = tmp_path / "home", {"PERDURE_CONFIG": str(config)}
@@ -106,6 +107,7 @@ def test_a_forget_goes_through_two_derived_summaries(tmp_path, summaries):
     assert "blue" not in perdure(home, "memory", "list").output
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_and_exit_2(tmp_path):
     home = tmp_path / "home"
     none_yet = perdure(home, "memory", "list")
@@ -135,6 +137,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_the_installed_command_prints_no_traceback(tmp_path):
     env = {**os.environ, "PERDURE_HOME": str(tmp_path), "PERDURE_MEMORY_URL": "postgresql://u@127.0.0.1:1/db"}
     ran = subprocess.run(

@@ -178,6 +178,7 @@ def requested_steps(server, since: int) -> list[str]:
     return [r["last_message"].partition("\n")[0].removeprefix("step: ") for r in server.requests()[since:]]
 
 
+@pytest.mark.slow
 async def test_a_fork_with_another_profile_pays_only_from_its_node_on_and_leaves_the_original_untouched(
     env, task_queue, store, tmp_path, workspace, scripted
 ):
@@ -227,6 +228,7 @@ async def test_a_fork_with_another_profile_pays_only_from_its_node_on_and_leaves
     assert "succeeded · reused" in table.stdout and "differ (2): s02, s03" in table.stdout
 
 
+@pytest.mark.slow
 async def test_a_fork_that_sets_a_premise_reruns_the_steps_that_declare_it_and_reuses_the_rest(
     env, task_queue, store, tmp_path, workspace, scripted
 ):
@@ -254,6 +256,7 @@ async def test_a_fork_that_sets_a_premise_reruns_the_steps_that_declare_it_and_r
     assert "loose: declares premise scope" in forked.stdout and "all-only: declares premise scope" in forked.stdout
 
 
+@pytest.mark.slow
 async def test_a_fork_of_a_running_goal_and_a_fork_of_that_fork(env, task_queue, store, tmp_path, workspace, scripted):
     server = scripted(STEP_REPLY)
     steps = [llm("s00"), llm("s01", ["s00"]), gate(["s01"]), llm("s02", ["gate"])]
@@ -280,6 +283,7 @@ async def test_a_fork_of_a_running_goal_and_a_fork_of_that_fork(env, task_queue,
     assert f"forked from f1-{original.id} at step s02: once more" in status.stdout
 
 
+@pytest.mark.slow
 async def test_fork_errors_are_one_line_with_exit_codes(env, task_queue, store, tmp_path, workspace, scripted):
     server = scripted(STEP_REPLY)
     async with running_worker(env, task_queue, store, openai_profile(server)):

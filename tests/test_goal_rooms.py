@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import get_args
 
+import pytest
+
 from workflows.estimates import KIND_DEFAULTS
 from workflows.goal.inbox import LATER_KINDS
 from workflows.goal.nodes import RUNNERS
@@ -35,6 +37,7 @@ def test_every_node_kind_has_a_runner_and_a_default_estimate():
     assert kinds <= set(KIND_DEFAULTS)
 
 
+@pytest.mark.slow
 def test_a_node_kind_without_a_runner_stops_the_import():
     # A new step type in the plan with no runner registered: the goal package must not load.
     code = (

@@ -22,6 +22,7 @@ from workflows.contracts import Activities, GoalResult
 from workflows.goal import GoalWorkflow
 
 
+@pytest.mark.slow
 async def test_demo_shaped_goal_completes_over_http(env, task_queue, store, workspace, scripted):
     write_notes(workspace)
     server = scripted(demo_script())
@@ -63,6 +64,7 @@ async def test_demo_shaped_goal_completes_over_http(env, task_queue, store, work
     assert largest_event_bytes(history) < 16_000
 
 
+@pytest.mark.slow
 async def test_invalid_plan_is_repaired_once_then_accepted(env, task_queue, store, workspace, scripted):
     write_notes(workspace)
     bad_plan = {"steps": [{"name": "a", "kind": "tool", "tool": "delete_everything", "args": {}}]}
@@ -102,6 +104,7 @@ async def test_plan_still_invalid_after_repairs_fails_with_reason(env, task_queu
     assert failed.outcome == "failed" and "cycle" in store.get_text(failed.report)
 
 
+@pytest.mark.slow
 async def test_model_500_is_retried(env, task_queue, store, workspace, scripted):
     write_notes(workspace)
     script = demo_script()
@@ -142,6 +145,7 @@ async def test_model_400_is_not_retried(env, task_queue, store, workspace, scrip
     assert result.failed_steps == ["summarize", "write-summary"]
 
 
+@pytest.mark.slow
 async def test_anthropic_provider_runs_a_goal(env, task_queue, store, workspace, scripted):
     write_notes(workspace)
     server = scripted(demo_script())

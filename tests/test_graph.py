@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ def test_key_is_stable_across_runs_and_names(prompt, deps):
 
 
 @given(args=json_args, deps=st.dictionaries(names, digests, min_size=1, max_size=4), data=st.data())
+@pytest.mark.slow
 def test_key_changes_when_a_dependency_output_changes(args, deps, data):
     step = ToolStep(name="t", tool="read_file", args=args, needs=list(deps))
     changed_dep = data.draw(st.sampled_from(sorted(deps)))
@@ -114,6 +116,7 @@ def test_topological_order_is_the_stable_first_fit_order(data):
     assert graph.topological_order(plan) == _first_fit_order(plan)
 
 
+@pytest.mark.slow
 def test_topological_order_of_a_long_chain_listed_last_first():
     # 10,000 steps listed in reverse: the first-fit scan is quadratic (tens of seconds); the
     # report of a goal of that size runs inside one workflow task.

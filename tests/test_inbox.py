@@ -215,6 +215,7 @@ ISSUE_SESSION = [
 @FAST
 @given(sends=SENDS)
 @example(sends=ISSUE_SESSION)
+@pytest.mark.slow
 async def test_any_interleaving_sent_before_a_worker_starts_ends_as_a_sequential_application(
     env, store, tmp_path, sends
 ):
@@ -333,6 +334,7 @@ RAW_CALLS = st.lists(
 
 @FAST
 @given(calls=RAW_CALLS)
+@pytest.mark.slow
 async def test_random_raw_signals_and_updates_never_fail_a_workflow_task(env, store, tmp_path, scripted, calls):
     server = scripted(STEP_REPLY)
     task_queue, workspace = f"tq-{uuid.uuid4().hex[:10]}", tmp_path / uuid.uuid4().hex[:8]

@@ -48,6 +48,7 @@ def test_a_package_imports_only_the_layers_below_it(package: str):
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another_test_module():
     wrong = []
     for path in sorted((ROOT / "tests").glob("*.py")):

@@ -89,6 +89,7 @@ def view_before_settling(events: list, node: str) -> GoalView:
     raise AssertionError(f"{node} never succeeded")
 
 
+@pytest.mark.slow
 async def test_a_slow_reply_is_seen_word_by_word_before_its_node_succeeds_and_the_output_is_the_result(
     env, task_queue, store, workspace, scripted
 ):
@@ -109,6 +110,7 @@ async def test_a_slow_reply_is_seen_word_by_word_before_its_node_succeeds_and_th
     assert "talk" not in settled.live  # once settled, the output is the node's
 
 
+@pytest.mark.slow
 async def test_a_retried_call_marks_the_retry_and_the_view_shows_only_the_new_attempts_text(
     env, task_queue, store, workspace, scripted
 ):
@@ -161,6 +163,7 @@ async def test_nobody_can_publish_goal_events_or_live_text_for_a_node_that_is_no
     assert [(e.node, e.text) for e in events if isinstance(e, TokenDelta)] == [("gate", "hi")]
 
 
+@pytest.mark.slow
 async def test_an_abort_while_a_reply_streams_cancels_the_call_at_once_and_sends_it_only_once(
     env, task_queue, store, workspace, scripted
 ):
@@ -182,6 +185,7 @@ async def test_an_abort_while_a_reply_streams_cancels_the_call_at_once_and_sends
     assert talk[-1].status != "running"
 
 
+@pytest.mark.slow
 async def test_an_agents_turn_is_shown_whole_under_its_turn_number(env, task_queue, store, workspace, scripted):
     server = scripted({"replies": [{"when": "Look around", "content": WORDS, "chunk_delay_s": 0.08}]})
     async with running_worker(env, task_queue, store, live_goal_profile(server)):
@@ -195,6 +199,7 @@ async def test_an_agents_turn_is_shown_whole_under_its_turn_number(env, task_que
     assert result.outcome == "succeeded"
 
 
+@pytest.mark.slow
 async def test_live_text_crosses_continue_as_new_without_its_text(env, task_queue, store, workspace, scripted):
     """The carried log keeps every delta's place and id but not its text: nothing runs a
     model call across the boundary, and 2,000 deltas of text would outgrow the run's input."""

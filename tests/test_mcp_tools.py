@@ -85,6 +85,7 @@ def one_step_goal(env, task_queue, store, workspace, scripted):
     return run
 
 
+@pytest.mark.slow
 async def test_a_plan_step_calls_an_mcp_tool_once_and_its_output_is_the_step_output_and_in_the_report(
     store, one_step_goal, notes, tmp_path
 ):
@@ -100,6 +101,7 @@ async def test_a_plan_step_calls_an_mcp_tool_once_and_its_output_is_the_step_out
     assert calls[0]["effect_key"].startswith("fx-")
 
 
+@pytest.mark.slow
 async def test_an_agent_is_offered_the_mcp_tool_with_its_schema_and_bad_arguments_go_back_to_it_as_data(
     env, task_queue, store, workspace, scripted, notes, tmp_path
 ):
@@ -131,6 +133,7 @@ async def test_an_agent_is_offered_the_mcp_tool_with_its_schema_and_bad_argument
     assert [c["args"] for c in ledger(tmp_path, "echo")] == [{"text": "hi"}]
 
 
+@pytest.mark.slow
 async def test_the_planner_is_shown_the_mcp_tool_and_a_plan_with_arguments_its_schema_refuses_is_repaired(
     env, task_queue, store, workspace, scripted, notes, tmp_path
 ):
@@ -162,6 +165,7 @@ async def test_the_planner_is_shown_the_mcp_tool_and_a_plan_with_arguments_its_s
     assert [c["args"] for c in ledger(tmp_path, "add_note")] == [{"title": "plan", "body": "made by the planner"}]
 
 
+@pytest.mark.slow
 async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(store, one_step_goal, notes, tmp_path):
     irreversible = notes('[mcp_servers.notes.tools.pay]\nrisk = "irreversible"\nreplay = "once"\n')
     pay = {"amount_cents": 500, "recipient": "ACME"}
@@ -177,6 +181,7 @@ async def test_an_irreversible_mcp_tool_asks_first_and_runs_once_after_approval(
     assert len(ledger(tmp_path, "pay")) == 1
 
 
+@pytest.mark.slow
 async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(store, one_step_goal, notes, tmp_path):
     whoami = "mcp__notes__whoami"
     async with one_step_goal(notes(), whoami, {}, "who") as handle:
@@ -191,6 +196,7 @@ async def test_the_servers_secret_reaches_its_process_but_not_the_goals_history(
     assert SECRET_ENV.encode() not in history.to_json().encode()
 
 
+@pytest.mark.slow
 async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_message(
     store, one_step_goal, notes, tmp_path
 ):
@@ -206,6 +212,7 @@ async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_mess
     assert len(ledger(tmp_path, "refuse")) == 1  # an answer, not a loss: never sent again
 
 
+@pytest.mark.slow
 async def test_a_server_that_dies_during_a_once_call_is_not_called_again_and_a_person_is_asked(
     store, one_step_goal, notes, tmp_path
 ):
@@ -218,6 +225,7 @@ async def test_a_server_that_dies_during_a_once_call_is_not_called_again_and_a_p
     assert len(ledger(tmp_path, "die")) == 1
 
 
+@pytest.mark.slow
 async def test_a_server_that_cannot_start_fails_the_goal_at_once_saying_why(store, one_step_goal, tmp_path):
     broken = McpServers(_broken_config(tmp_path))
     async with one_step_goal(broken, "mcp__broken__add_note", {"title": "a", "body": "b"}, "note") as handle:
@@ -337,6 +345,7 @@ def http_notes(tmp_path: Path):
         stop(proc)
 
 
+@pytest.mark.slow
 async def test_a_streamable_http_server_gets_its_header_from_the_workers_variable_and_the_history_does_not(
     store, one_step_goal, http_notes, tmp_path, monkeypatch
 ):

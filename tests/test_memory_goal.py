@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from rich.console import Console
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from typer.testing import CliRunner
@@ -143,6 +144,7 @@ async def test_a_steps_input_carries_the_memories_of_its_goal_and_project_with_s
     assert ("working", "attached") not in by_kind  # dropped when the step settled
 
 
+@pytest.mark.slow
 async def test_a_goal_that_used_a_forgotten_memory_is_told_at_its_next_model_turn(
     env, task_queue, store, workspace, scripted, tmp_path, monkeypatch
 ):
@@ -231,6 +233,7 @@ async def perdure(env, task_queue: str, user: str, *args: str) -> str:
     return result.output
 
 
+@pytest.mark.slow
 async def test_a_goal_with_candidates_ends_at_once_and_perdure_say_card_keeps_them_from_the_router(
     env, task_queue, store, workspace, scripted, tmp_path
 ):

@@ -105,6 +105,7 @@ def from_file(text: str, path: str, digit: str) -> NewMemory:
     return memory(text).model_copy(update={"source": source})
 
 
+@pytest.mark.slow
 def test_a_write_is_idempotent_and_a_revoked_memory_is_never_written_live_again(store):
     new = memory("titles are set in a warm serif font")
     (first,), _ = store.write([new])

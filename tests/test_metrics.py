@@ -183,6 +183,7 @@ async def test_a_goal_s_metrics_are_served_to_prometheus_with_temporal_s(
     assert {labels.get("service_name") for _, labels, _ in scraped} == {"perdure"}
 
 
+@pytest.mark.slow
 async def test_replaying_a_goal_s_history_adds_no_perdure_metric(env, task_queue, store, workspace, scripted):
     buffer = MetricBuffer(10_000)
     runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
@@ -216,6 +217,7 @@ async def buffered_worker(env, task_queue, store, server):
     return buffer, client, build_worker(client, task_queue=task_queue, store=store, model_config=config)
 
 
+@pytest.mark.slow
 async def test_gate_decisions_and_settled_nodes_agree_with_the_goal_s_own_progress(
     env, task_queue, store, workspace, scripted
 ):
@@ -246,6 +248,7 @@ async def test_gate_decisions_and_settled_nodes_agree_with_the_goal_s_own_progre
     assert total(recorded, "perdure_goals_ended", outcome="partial") == 1
 
 
+@pytest.mark.slow
 async def test_each_stall_rung_fired_is_counted(env, task_queue, store, workspace, scripted):
     (workspace / "same.txt").write_text("the same answer every time")
     loop = {"name": "read_file", "arguments": {"path": "same.txt"}}
@@ -265,6 +268,7 @@ async def test_each_stall_rung_fired_is_counted(env, task_queue, store, workspac
     assert rungs == {"remind": 1, "switch_tool": 1, "ask_human": 1}, recorded
 
 
+@pytest.mark.slow
 async def test_the_watchdog_s_scan_is_gauges_of_open_goals_and_waiting_questions(
     env, task_queue, store, workspace, scripted
 ):
@@ -315,6 +319,7 @@ async def test_the_watchdog_s_scan_is_gauges_of_open_goals_and_waiting_questions
     assert gauges[("perdure_question_oldest_age_seconds", None)] == pytest.approx(age), gauges
 
 
+@pytest.mark.slow
 async def test_otlp_over_http_pushes_a_goal_s_metrics_to_the_collector(
     env, task_queue, store, workspace, scripted, otel_env
 ):

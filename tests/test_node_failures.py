@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -36,6 +37,7 @@ READ = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "n
 USE = llm("use", ["read"])
 
 
+@pytest.mark.slow
 async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_says_why(
     env, task_queue, store, tmp_path, scripted
 ):
@@ -61,6 +63,7 @@ async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_
     await Replayer(workflows=[GoalWorkflow], plugins=[PerdurePlugin()]).replay_workflow(history)
 
 
+@pytest.mark.slow
 async def test_a_read_that_fails_on_every_attempt_fails_its_step_after_the_last(env, task_queue, store, workspace):
     attempts: list[int] = []
 

@@ -67,6 +67,7 @@ def assert_agrees(index: NodeIndex, plan: Plan, nodes: dict[str, Node]) -> None:
 
 @settings(max_examples=200)
 @given(plan=plans(), data=st.data())
+@pytest.mark.slow
 def test_the_index_answers_as_a_scan_would_after_any_status_changes(plan, data):
     nodes = table(plan)
     index = NodeIndex(plan, nodes)

@@ -7,6 +7,7 @@ before, it recorded a marker and a TemporalChangeVersion upsert per patch, about
 
 from __future__ import annotations
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.helpers import run_ids, running_worker, start
@@ -31,6 +32,7 @@ def patch_markers(history) -> int:
     )
 
 
+@pytest.mark.slow
 async def test_the_first_run_records_one_patch_marker_and_the_runs_after_it_none(env, task_queue, store, workspace):
     (workspace / "notes.md").write_text("a note\n")
     steps = [

@@ -194,6 +194,7 @@ def test_bad_values_name_the_variable(clean_env, variable: str, value: str, comp
 # ------------------------------------------------------------------ on the dev server
 
 
+@pytest.mark.slow
 async def test_large_goal_input_lives_outside_history(
     env, task_queue, store, workspace, scripted, monkeypatch, tmp_path
 ):

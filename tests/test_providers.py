@@ -297,12 +297,14 @@ def sdks_loaded(probe: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
 
 
+@pytest.mark.slow
 def test_the_worker_and_the_cli_load_no_model_sdk_until_a_profile_calls_one():
     # openai is ~13 MB of a worker's memory and ~0.3 s of every CLI command's start
     # (its whole typed API surface); anthropic more.
     assert sdks_loaded("import workers.orchestrator, starters.cli").strip() == "[]"
 
 
+@pytest.mark.slow
 def test_a_worker_whose_profiles_call_openai_loads_it_with_its_start_up_heap():
     # Loaded before the worker freezes its start-up heap (workers/heap.py), not at the first call.
     probe = (

@@ -68,6 +68,7 @@ async def test_a_place_goes_to_the_first_caller_waiting_when_the_holder_releases
         assert not (await ask(env.client, wid, tq, "b", ONE_PLACE)).queued
 
 
+@pytest.mark.slow
 async def test_a_place_whose_release_never_comes_lapses_after_hold_s(env) -> None:
     """The holder's worker died mid-call: its place is free again once hold_s has passed."""
     worker, wid, tq = service(env)
@@ -78,6 +79,7 @@ async def test_a_place_whose_release_never_comes_lapses_after_hold_s(env) -> Non
         assert not (await ask(env.client, wid, tq, "next", ONE_PLACE)).queued
 
 
+@pytest.mark.slow
 async def test_a_caller_that_stopped_asking_loses_its_place_in_the_line(env, monkeypatch) -> None:
     from workflows import quota
 

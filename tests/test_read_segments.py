@@ -87,6 +87,7 @@ def ledger(fake_service) -> LedgerAPI:
     return fake_service(LedgerAPI)
 
 
+@pytest.mark.slow
 async def test_reads_are_grouped_between_writes_and_each_write_is_its_own_activity(
     env, task_queue, store, workspace, scripted, ledger
 ):
@@ -189,6 +190,7 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
     assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
 
 
+@pytest.mark.slow
 async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_goal_lives(
     env, task_queue, store, workspace, scripted
 ):
@@ -271,6 +273,7 @@ class SlowFifos:
                 continue
 
 
+@pytest.mark.slow
 async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_task_heartbeat(
     env, task_queue, store, workspace
 ):
@@ -296,6 +299,7 @@ async def test_reads_running_longer_than_the_task_timeout_are_committed_by_the_t
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT not in kinds
 
 
+@pytest.mark.slow
 async def test_a_read_ahead_batch_busy_for_several_task_timeouts_is_not_timed_out(env, task_queue, store, workspace):
     """A chain of reads run ahead in one local activity, three of them FIFOs whose writer
     waits 1.5 s each: the batch runs 4.5 s, over twice the goal's 2 s task timeout, on a
@@ -405,6 +409,7 @@ async def test_a_chain_of_reads_runs_ahead_in_one_batch_and_each_step_keeps_its_
         assert node.status == "succeeded" and node.preview.startswith(f"page {i}"), node
 
 
+@pytest.mark.slow
 async def test_an_abort_while_a_batch_of_reads_is_blocked_ends_the_goal_and_keeps_what_was_read(
     env, task_queue, store, workspace, scripted
 ):

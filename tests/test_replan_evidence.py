@@ -68,6 +68,7 @@ RECHECK = llm("recheck", ["survey"], prompt="Check the cache again.")
 CONFIRM = llm("confirm", ["recheck"], prompt="Confirm the cache state.")
 
 
+@pytest.mark.slow
 async def test_a_contradicted_conclusion_replans_once_cancels_what_is_dropped_and_keeps_finished_work(
     env, task_queue, store, workspace, scripted
 ):
@@ -147,6 +148,7 @@ def poll(condition, timeout_s: float = 30) -> None:
 
 
 @pytest.mark.parametrize("kind", ["tool", "agent"])
+@pytest.mark.slow
 async def test_a_remote_write_in_flight_at_a_replan_is_let_finish_once_and_discarded_while_a_read_is_cancelled(
     env, task_queue, store, workspace, scripted, fake_service, kind
 ):
@@ -239,6 +241,7 @@ FILLER = "The rebuild log, line by line, shows nothing unusual about the cache e
 
 
 @pytest.mark.parametrize("kind", ["llm", "agent"])
+@pytest.mark.slow
 async def test_a_conclusion_at_the_end_of_a_long_output_contradicts_an_earlier_one_and_replans(
     env, task_queue, store, workspace, scripted, kind
 ):
@@ -280,6 +283,7 @@ def fetch(i: int) -> dict:
     return {"name": f"fetch-{i}", "kind": "tool", "tool": "read_file", "args": {"path": f"data/part-{i}.csv"}}
 
 
+@pytest.mark.slow
 async def test_repeated_errors_of_one_class_replan_once_keeping_finished_work_and_rejected_paths(
     env, task_queue, store, workspace, scripted
 ):
@@ -334,6 +338,7 @@ WATCH = agent("watch", "Watch the build.", ["run_command"])
 WAIT_FOR_GO = {"command": "while [ ! -f GO ]; do sleep 0.05; done; echo build finished"}
 
 
+@pytest.mark.slow
 async def test_declining_new_information_waits_for_the_work_in_flight_then_replans_once(
     env, task_queue, store, workspace, scripted
 ):

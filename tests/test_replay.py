@@ -29,6 +29,7 @@ def test_there_is_a_golden_history_per_workflow_type():
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+@pytest.mark.slow
 async def test_golden_history_replays(path: Path):
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()])
     await replayer.replay_workflow(load(path))

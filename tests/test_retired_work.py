@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from activities.artifacts import ArtifactStore
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
@@ -21,6 +23,7 @@ USE = llm("use", ["fetch"])  # abandoned: fetch fails
 REVISED = {"steps": [gate(), llm("extra", ["gate"])]}
 
 
+@pytest.mark.slow
 async def test_steps_a_follow_up_plan_leaves_out_stay_in_the_report_progress_and_outcome(
     env, task_queue, store: ArtifactStore, workspace, scripted
 ):
@@ -59,6 +62,7 @@ async def test_steps_a_follow_up_plan_leaves_out_stay_in_the_report_progress_and
         assert state in row
 
 
+@pytest.mark.slow
 async def test_a_changed_step_keeps_its_earlier_run_and_a_good_one_does_not_spoil_success(
     env, task_queue, store, workspace, scripted
 ):
@@ -78,6 +82,7 @@ async def test_a_changed_step_keeps_its_earlier_run_and_a_good_one_does_not_spoi
     assert "| first | v1 | llm | succeeded |" in store.get_text(result.report)
 
 
+@pytest.mark.slow
 async def test_a_step_left_out_while_it_waits_for_a_person_closes_its_question_and_the_goal_ends(
     env, task_queue, store, workspace, scripted, fake_service
 ):

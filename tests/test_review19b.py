@@ -105,6 +105,7 @@ def view_before_settling_again(events: list, node: str) -> GoalView:
     raise AssertionError(f"{node} did not succeed twice")
 
 
+@pytest.mark.slow
 async def test_a_node_run_again_after_a_rewind_shows_its_own_live_text(env, task_queue, store, workspace, scripted):
     first = " ".join(f"first{i}" for i in range(24))
     again = " ".join(f"again{i}" for i in range(24))

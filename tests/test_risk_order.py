@@ -73,6 +73,7 @@ def completed_at(history, step: str) -> int:
 # --- from outside ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_an_email_ready_at_once_is_sent_after_the_independent_reads_and_local_write(
     env, task_queue, store, workspace, mail
 ):
@@ -98,6 +99,7 @@ async def test_an_email_ready_at_once_is_sent_after_the_independent_reads_and_lo
     assert mail.ledger()[0]["received_at"] >= (workspace / "DRAFT.md").stat().st_mtime
 
 
+@pytest.mark.slow
 async def test_a_pinned_email_goes_at_once(env, task_queue, store, workspace, mail):
     write_notes(workspace)
     steps = [email(defer=False), command("read-slow", "sleep 1.5; cat notes/ideas.md")]
@@ -112,6 +114,7 @@ async def test_a_pinned_email_goes_at_once(env, task_queue, store, workspace, ma
     assert all(not n.held_back for n in snapshot.nodes)
 
 
+@pytest.mark.slow
 async def test_status_why_says_the_email_waits_for_the_gate_and_later_that_it_waited(
     env, task_queue, store, workspace, mail, scripted
 ):
@@ -133,6 +136,7 @@ async def test_status_why_says_the_email_waits_for_the_gate_and_later_that_it_wa
     assert "email · order deferred: remote-write (send_email); waited for 1 independent step (gate) from " in done
 
 
+@pytest.mark.slow
 async def test_two_writers_of_one_file_run_one_after_the_other_and_a_third_file_beside_them(
     env, task_queue, store, workspace
 ):
@@ -156,6 +160,7 @@ async def test_two_writers_of_one_file_run_one_after_the_other_and_a_third_file_
     assert "fix-c · order" not in why
 
 
+@pytest.mark.slow
 async def test_two_payments_to_one_payee_stay_serialized_across_continue_as_new_and_a_new_worker(
     env, task_queue, store, workspace, payments
 ):

@@ -103,6 +103,7 @@ async def two_open_goals(env, task_queue, workspace, user: str):
     )
 
 
+@pytest.mark.slow
 async def test_a_message_naming_a_file_a_goal_owns_goes_to_that_goal_without_a_model_call(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -122,6 +123,7 @@ async def test_a_message_naming_a_file_a_goal_owns_goes_to_that_goal_without_a_m
     assert entry.kind == "steer" and entry.status in ("pending", "applied")
 
 
+@pytest.mark.slow
 async def test_wednesday_a_message_without_names_reaches_mondays_goal_by_the_models_choice(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -140,6 +142,7 @@ async def test_wednesday_a_message_without_names_reaches_mondays_goal_by_the_mod
     assert any(e.request_id == "router.wed-1" and e.kind == "steer" for e in inbox.entries)
 
 
+@pytest.mark.slow
 async def test_an_unsure_choice_is_asked_back_and_the_users_pick_routes_it(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -165,6 +168,7 @@ async def test_an_unsure_choice_is_asked_back_and_the_users_pick_routes_it(
     assert view.asked == []
 
 
+@pytest.mark.slow
 async def test_an_unreadable_model_reply_is_asked_back_not_guessed(env, task_queue, store, workspace, scripted, user):
     bad = [
         {"when": ["[PERDURE-ROUTER]", "alpha"], "content": "the poster one, I think", "times": 1},
@@ -180,6 +184,7 @@ async def test_an_unreadable_model_reply_is_asked_back_not_guessed(env, task_que
     assert "'no-such-goal', which is none of the candidates" in second.reason
 
 
+@pytest.mark.slow
 async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_when_followed_up(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -213,6 +218,7 @@ async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_w
     assert needs is not None and needs.action == "upgraded" and needs.reason == "it needs a goal: it needs a web lookup"
 
 
+@pytest.mark.slow
 async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_workspace(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -261,6 +267,7 @@ async def test_explicit_goal_queue_and_a_card_answer_reach_the_goal_through_its_
     assert missing.status == "failed" and f"goal gone-{user} cannot take messages" in missing.reason
 
 
+@pytest.mark.slow
 async def test_messages_sent_while_no_worker_runs_are_kept_and_routed_in_order_once_one_does(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -309,6 +316,7 @@ async def wait_for_view(env, user: str, predicate, timeout_s: float = 30) -> Rou
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.slow
 async def test_a_question_open_at_continue_as_new_is_carried_and_its_pick_lands_in_the_next_run(
     env, task_queue, store, workspace, scripted, user
 ):
@@ -384,6 +392,7 @@ def test_perdure_say_and_inbox_router_print_the_decision_and_why_without_a_trace
     assert "REQUEST_ID=CHOICE" in bad_pick.stderr
 
 
+@pytest.mark.slow
 async def test_the_json_api_takes_a_message_for_the_router_and_shows_its_decisions(
     env, task_queue, store, workspace, scripted, user, ui, monkeypatch
 ):
@@ -440,6 +449,7 @@ def semantic_texts(home: Path, goal_id: str) -> list[str]:
         memory.close()
 
 
+@pytest.mark.slow
 async def test_a_memory_card_is_answered_by_number_through_the_json_api_and_skip_keeps_nothing(
     env, task_queue, store, workspace, scripted, user, ui, monkeypatch, tmp_path
 ):
@@ -486,6 +496,7 @@ async def test_a_memory_card_is_answered_by_number_through_the_json_api_and_skip
     ]
 
 
+@pytest.mark.slow
 async def test_a_memory_card_survives_the_routers_continue_as_new_and_other_card_answers_still_go_to_goals(
     env, task_queue, store, workspace, scripted, user, tmp_path
 ):
@@ -541,6 +552,7 @@ async def test_a_memory_card_survives_the_routers_continue_as_new_and_other_card
     assert any(e.request_id == "router.fwd-1" and e.kind == "answer" for e in inbox.entries)
 
 
+@pytest.mark.slow
 async def test_an_unanswered_memory_card_is_dropped_when_its_memories_shelf_life_ends(
     ts_env, task_queue, store, workspace, scripted, user
 ):
@@ -581,6 +593,7 @@ def test_offline_the_router_picks_the_goal_sharing_most_words_and_else_a_new_one
     assert offline_reply(body(ANSWER_PROMPT, "user: hi"), {}).content.startswith("[offline]")
 
 
+@pytest.mark.slow
 async def test_a_long_message_sent_again_is_the_same_message_and_another_under_its_id_is_refused(
     env, task_queue, store, workspace, scripted, user
 ):

@@ -201,6 +201,7 @@ async def test_background_and_setsid_children_are_gone_when_the_step_ends(store:
         assert process_gone(leftover), f"`{leftover}` outlived its step"
 
 
+@pytest.mark.slow
 async def test_a_setsid_child_is_gone_after_a_timeout(store: ArtifactStore, ws: Path):
     detached = marker_sleep()
     started = time.monotonic()

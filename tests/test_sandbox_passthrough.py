@@ -10,6 +10,7 @@ import inspect
 import sys
 from types import ModuleType
 
+import pytest
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from runtime.plugin import WORKFLOW_MODULES, PerdurePlugin, passing_workflow_modules_through
@@ -64,6 +65,7 @@ def module_state() -> dict[str, str]:
     return state
 
 
+@pytest.mark.slow
 async def test_replaying_every_golden_history_leaves_the_passed_through_modules_as_they_were():
     # Passing a module through is only safe when no run changes what another run reads from it.
     before = module_state()

@@ -98,6 +98,7 @@ async def test_malformed_messages_are_refused_and_impossible_ones_rejected_in_th
     assert "the goal ended before this steer could be applied" in inbox.entries[-1].note
 
 
+@pytest.mark.slow
 async def test_narrow_keeps_what_holds_and_reruns_only_void_work(env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     keep = [llm(f"keep{i}", premises={"scope": ["all_modules", "module_a"]}) for i in range(4)]
@@ -126,6 +127,7 @@ async def test_narrow_keeps_what_holds_and_reruns_only_void_work(env, task_queue
     assert len(calls_for(server, "final")) == 1
 
 
+@pytest.mark.slow
 async def test_rewind_shows_the_rejected_path_to_the_model(env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     steps = [llm("outline"), llm("draft", ["outline"]), gate(), llm("publish", ["draft", "gate"])]
@@ -167,6 +169,7 @@ async def test_abort_stops_dispatch_and_lists_unfinished_work(env, task_queue, s
     assert calls_for(server, "late") == []
 
 
+@pytest.mark.slow
 async def test_park_expiry_becomes_one_question(ts_env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     handle = await start(ts_env, task_queue, workspace, [llm("only")])
@@ -220,6 +223,7 @@ async def test_steer_reaches_a_running_agent_at_its_next_turn(env, task_queue, s
     assert inbox.entries[0].status == "applied" and "agent turn 2/8 · worker" in inbox.entries[0].note
 
 
+@pytest.mark.slow
 async def test_queued_work_is_planned_when_the_goal_would_be_idle(env, task_queue, store, workspace, scripted):
     revised = {
         "steps": [
@@ -247,6 +251,7 @@ async def test_queued_work_is_planned_when_the_goal_would_be_idle(env, task_queu
     assert len(calls_for(server, "first")) == 1 and len(calls_for(server, "extra")) == 1
 
 
+@pytest.mark.slow
 async def test_narrow_asks_about_loose_dependants_and_redoes_on_request(env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     steps = [

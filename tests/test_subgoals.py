@@ -92,6 +92,7 @@ async def test_a_failed_fail_fast_subgoal_stops_its_running_sibling_and_the_pare
     assert len([i for i in told if i < ended.event_id]) == 2, told
 
 
+@pytest.mark.slow
 async def test_park_resume_steer_and_abort_of_a_parent_reach_its_running_subgoal(env, task_queue, store, workspace):
     steps = [subgoal("waiting", [gate()])]
     async with running_worker(env, task_queue, store):
@@ -196,6 +197,7 @@ async def test_a_planner_may_propose_a_subgoal_and_the_goal_runs_it_as_a_child(
     assert "survey" in result.outputs
 
 
+@pytest.mark.slow
 async def test_a_parent_continues_as_new_while_its_subgoal_runs_and_still_hears_how_it_ended(
     env, task_queue, store, workspace
 ):
@@ -248,6 +250,7 @@ async def granted_budget(env, child_id: str):
     return started_with.spec.budget
 
 
+@pytest.mark.slow
 async def test_subgoals_started_side_by_side_are_granted_no_more_than_the_parent_has_left(
     env, task_queue, store, workspace, scripted
 ):

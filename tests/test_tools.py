@@ -270,6 +270,7 @@ async def test_run_command_caps_output(store: ArtifactStore, ws: Path) -> None:
     assert text.endswith("a\nEND\n\n[exit code 0]")
 
 
+@pytest.mark.slow
 async def test_run_command_timeout_kills_the_process_group(store: ArtifactStore, ws: Path) -> None:
     background = marker_sleep()
     started = time.monotonic()
@@ -307,6 +308,7 @@ async def test_run_command_environment_is_scrubbed(
     assert names <= set(command_env(ws)) | {"PWD", "SHLVL", "_", "OLDPWD"}, names
 
 
+@pytest.mark.slow
 async def test_run_command_heartbeats_while_waiting(
     store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

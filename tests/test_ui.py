@@ -89,6 +89,7 @@ def test_every_activity_and_local_activity_in_the_golden_histories_has_a_summary
         assert [(t, s) for _, t, s, _ in marked if not s] == [], path.name
 
 
+@pytest.mark.slow
 async def test_a_goals_activities_name_their_step_and_tool_local_reads_included(
     env, task_queue, workspace, scripted, store
 ):

@@ -40,6 +40,7 @@ async def sse_events(url: str, headers: dict[str, str] | None = None) -> list[tu
     return found
 
 
+@pytest.mark.slow
 async def test_a_goals_events_arrive_as_server_sent_events_and_resume_from_the_last_event_id(
     env, task_queue, store, workspace, ui
 ):
@@ -56,6 +57,7 @@ async def test_a_goals_events_arrive_as_server_sent_events_and_resume_from_the_l
     assert [e[0] for e in tail] == [e[0] for e in events[3:]]  # exactly the rest, after the id it saw
 
 
+@pytest.mark.slow
 async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_clear_refusal(
     env, task_queue, store, workspace, ui
 ):
@@ -96,6 +98,7 @@ async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_cle
     assert result.outcome == "aborted"
 
 
+@pytest.mark.slow
 def test_perdure_ui_on_a_port_in_use_is_a_one_line_error(env, tmp_path):
     import socket
 
@@ -111,6 +114,7 @@ def test_perdure_ui_on_a_port_in_use_is_a_one_line_error(env, tmp_path):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
+@pytest.mark.slow
 async def test_the_page_draws_a_finished_goals_graph_from_its_events_in_a_real_browser(
     env, task_queue, store, workspace, ui, tmp_path
 ):
@@ -128,6 +132,7 @@ async def test_the_page_draws_a_finished_goals_graph_from_its_events_in_a_real_b
     assert f'href="/goals/{handle.id}"' in listing
 
 
+@pytest.mark.slow
 async def test_closed_event_streams_leave_the_goal_free_to_take_messages(env, task_queue, store, workspace, ui):
     async with running_worker(env, task_queue, store), httpx.AsyncClient(base_url=ui, timeout=30) as http:
         handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
@@ -154,6 +159,7 @@ async def listed(http: httpx.AsyncClient, params: dict, until, timeout_s: float 
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_the_goal_list_filters_as_perdure_ls_and_lists_a_goal_waiting_on_a_person_first(
     env, task_queue, store, workspace, ui
 ):
@@ -188,6 +194,7 @@ async def test_the_goal_list_filters_as_perdure_ls_and_lists_a_goal_waiting_on_a
     assert {r["outcome"] for r in ended} == {"aborted"} and all(r["waiting_on_you"] is None for r in ended)
 
 
+@pytest.mark.slow
 async def test_a_goal_started_by_posting_json_is_the_clis_start_and_bad_starts_are_clear_refusals(
     env, task_queue, store, workspace, ui, monkeypatch
 ):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from activities.models.config import ModelConfig
 from tests.builders import gate
 from tests.helpers import local_activities, start, submit, wait_until
@@ -49,6 +51,7 @@ async def hand_over(env, task_queue, store, workspace, build_ids: tuple[str, str
     return result, await handle.fetch_history(), snapshot.gate_log
 
 
+@pytest.mark.slow
 async def test_a_worker_of_another_code_version_voids_the_steps_whose_reads_changed(env, task_queue, store, workspace):
     result, history, gate_log = await hand_over(env, task_queue, store, workspace, ("perdure-old", "perdure-new"))
     assert result.outcome == "succeeded"
@@ -59,6 +62,7 @@ async def test_a_worker_of_another_code_version_voids_the_steps_whose_reads_chan
     assert "void (read-a: a.md changed since it was read)" in said
 
 
+@pytest.mark.slow
 async def test_a_restarted_worker_of_the_same_code_checks_nothing(env, task_queue, store, workspace):
     result, history, gate_log = await hand_over(env, task_queue, store, workspace, (code_version(), code_version()))
     assert result.outcome == "succeeded"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,6 +46,7 @@ async def through_a_long_park(handle, workspace, change=lambda: None):
     return snapshot, await handle.fetch_history()
 
 
+@pytest.mark.slow
 async def test_a_file_the_goal_rewrote_itself_voids_nothing_after_a_long_park(env, task_queue, store, workspace):
     (workspace / "a.md").write_text("alpha\n")
     steps = [
@@ -65,6 +67,7 @@ async def test_a_file_the_goal_rewrote_itself_voids_nothing_after_a_long_park(en
     assert "re-verified: 3 kept, 0 void" in checked(snapshot)
 
 
+@pytest.mark.slow
 async def test_a_file_a_command_step_of_the_goal_rewrote_voids_nothing_after_a_long_park(
     env, task_queue, store, workspace
 ):
@@ -82,6 +85,7 @@ async def test_a_file_a_command_step_of_the_goal_rewrote_voids_nothing_after_a_l
     assert "re-verified: 3 kept, 0 void" in checked(snapshot)
 
 
+@pytest.mark.slow
 async def test_a_new_file_the_goal_wrote_into_a_directory_it_listed_voids_nothing_after_a_long_park(
     env, task_queue, store, workspace
 ):
@@ -105,6 +109,7 @@ async def test_a_new_file_the_goal_wrote_into_a_directory_it_listed_voids_nothin
     assert "re-verified: 3 kept, 0 void" in checked(snapshot)
 
 
+@pytest.mark.slow
 async def test_an_edit_from_outside_before_a_command_of_the_goal_changed_the_file_still_voids_its_reader(
     env, task_queue, store, workspace, scripted
 ):

@@ -11,6 +11,7 @@ offline policy, which answers a question HOLDS."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -50,6 +51,7 @@ def asked(server, step: str) -> list[str]:
 # --- the model question ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_question_answered_void_after_a_long_park_runs_its_step_and_the_downstream_again(
     env, task_queue, store, workspace, scripted
 ):
@@ -92,6 +94,7 @@ async def test_a_question_answered_void_after_a_long_park_runs_its_step_and_the_
     ), said
 
 
+@pytest.mark.slow
 async def test_holds_keeps_a_step_and_an_answer_that_does_not_parse_keeps_it_and_says_so(
     env, task_queue, store, workspace, scripted
 ):
@@ -139,6 +142,7 @@ async def test_holds_keeps_a_step_and_an_answer_that_does_not_parse_keeps_it_and
     ), said
 
 
+@pytest.mark.slow
 async def test_an_offline_run_of_a_plan_with_a_question_keeps_its_work_after_a_long_park(
     env, task_queue, store, workspace, scripted
 ):
@@ -218,6 +222,7 @@ def fetch(name: str, url: str) -> dict:
     return {"name": name, "kind": "tool", "tool": "http_get", "args": {"url": url}}
 
 
+@pytest.mark.slow
 async def test_a_page_changed_during_the_park_voids_its_step_an_unchanged_or_unreachable_one_is_kept(
     env, task_queue, store, workspace, fake_service
 ):

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.builders import gate
 from tests.helpers import perdure_status, running_worker, start, wait_until
 from tests.verify_rig import checked, checks_made, park_then_resume, read, runs_of
 
 
+@pytest.mark.slow
 async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_read_it(env, task_queue, store, workspace):
     (workspace / "a.md").write_text("alpha\n")
     (workspace / "b.md").write_text("beta\n")
@@ -35,6 +38,7 @@ async def test_a_file_edited_during_a_long_park_voids_exactly_the_steps_that_rea
     assert said.startswith("resumed after ") and "re-verified: 1 kept, 2 void (read-a: a.md changed since" in said
 
 
+@pytest.mark.slow
 async def test_a_declared_verify_command_that_fails_after_the_park_runs_its_step_again(
     env, task_queue, store, workspace
 ):
@@ -60,6 +64,7 @@ async def test_a_declared_verify_command_that_fails_after_the_park_runs_its_step
     assert "void (build: its check `test -f status/green` exited 1, expected 0)" in said, said
 
 
+@pytest.mark.slow
 async def test_a_short_park_and_a_trusting_goal_check_nothing(env, task_queue, store, workspace):
     (workspace / "a.md").write_text("alpha\n")
     steps = [read("read-a", "a.md"), gate(["read-a"])]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -323,6 +324,7 @@ histories = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(histories)
+@pytest.mark.slow
 def test_runs_never_message_parked_goals_never_repeat_and_escalate_only_after_a_nudge(history):
     memory = WatchdogMemory()
     now = T0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import logging, structlog
 from workers.orchestrator import configure_logging
@@ -16,6 +18,7 @@ structlog.get_logger("workers").info("worker polling", task_queue="perdure")
 """
 
 
+@pytest.mark.slow
 def test_worker_logs_print_the_structured_fields_of_stdlib_and_structlog_records():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -40,6 +43,7 @@ print(repr(second.getvalue()))
 """
 
 
+@pytest.mark.slow
 def test_logging_set_up_under_a_swapped_stderr_writes_to_the_current_one_not_a_closed_one():
     """A command run under CliRunner set up logging on its captured stderr, closed after it:
     every later record printed '--- Logging error ---' into the next command's output."""

@@ -73,6 +73,7 @@ def test_the_scan_lets_workflow_apis_and_pure_code_pass():
     assert findings("from datetime import timedelta\nfrom temporalio import workflow\nx = workflow.now()") == []
 
 
+@pytest.mark.slow
 def test_no_workflow_module_reads_the_clock_randomness_the_environment_or_the_disk():
     files = workflow_files()
     assert len(files) > 40, files  # the scan reaches the goal workflow's package

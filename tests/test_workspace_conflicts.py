@@ -108,6 +108,7 @@ def write(path: str, content: str, **extra) -> dict:
 # --- the test: a person edits a file while an agent rewrites it ----------------
 
 
+@pytest.mark.slow
 async def test_a_persons_edit_made_while_the_agent_rewrites_the_file_survives_and_the_agent_rebases_on_it(
     env, task_queue, store, workspace, scripted
 ):
@@ -343,6 +344,7 @@ def fence_record(store: ArtifactStore, handle, node: str) -> dict:
 
 
 @pytest.mark.parametrize("local_up_to_s", [None, 0], ids=["local-activity", "regular-activity"])
+@pytest.mark.slow
 async def test_a_voided_runs_late_write_is_refused_once_the_rewound_run_has_started(
     env, task_queue, store, workspace, scripted, local_up_to_s
 ):
