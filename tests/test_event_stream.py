@@ -5,14 +5,15 @@ end; reduced idempotently; resumable from any offset; across continue-as-new; bo
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
+from runtime.converter import data_converter
 from tests.builders import chain, gate, openai_profile
 from tests.helpers import running_worker, start, submit, wait_until
-from workflows.events import EVENTS_TOPIC, GoalView, NodeChanged, parse_event, reduce
+from workflows.events import EVENTS_TOPIC, GateDecision, GoalView, NodeChanged, parse_event, reduce
 from workflows.goal import GoalWorkflow
 from workflows.goal import stream as goal_stream
 from workflows.messages import Approve, Steer
@@ -176,3 +177,30 @@ async def test_a_node_event_says_running_again_after_an_answer_and_a_failed_one_
     assert "blocked" in save and save[save.index("blocked") + 1] == "running" and save[-1] == "succeeded", save
     failed = [e for _, e in events if isinstance(e, NodeChanged) and e.node == "missing"][-1]
     assert failed.status == "failed" and "does not exist" in (failed.error or "")
+
+
+def test_an_event_is_the_payload_perdures_converter_would_make_of_it():
+    """The stream encodes its events itself (workflows/goal/stream.py event_payload), so a
+    subscriber decoding with the converter must get back the very event."""
+    at = datetime(2026, 12, 2, 14, 0, 0, 123456, tzinfo=UTC)
+    events = [
+        NodeChanged(id="node:a:0", at=at, node="a", kind="tool", status="running", key="k", preview='é\n"x"'),
+        NodeChanged(
+            id="node:a:1",
+            at=at,
+            node="a",
+            kind="tool",
+            status="failed",
+            key="k",
+            tokens=7,
+            cost_usd=0.0125,
+            duration_s=1.5,
+            error="boom",
+        ),
+        GateDecision(id="gate:2", at=at, entry="soft gate: degraded"),
+    ]
+    converter = data_converter(payload_store=False).payload_converter
+    for event in events:
+        made = goal_stream.event_payload(event)
+        assert made == converter.to_payloads([event])[0]
+        assert converter.from_payloads([made], [type(event)])[0] == event
