@@ -12,7 +12,6 @@ import uuid
 from datetime import UTC, datetime
 
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -354,6 +353,10 @@ def print_result(console: Console, result: GoalResult) -> None:
         say(console, Text(f"unfinished ({len(result.unfinished)}):", style="bold"))
         for line in result.unfinished:
             say(console, Text(f"  {line}"))
+    # Imported here: markdown-it and its renderers are ~4 MB that `perdure worker`, which
+    # shares this module's imports, never uses.
+    from rich.markdown import Markdown
+
     say(console, Markdown(goals.read_report(result)))
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 from temporalio import activity
@@ -33,7 +33,6 @@ from activities.client_pool import pooled
 from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.config import ModelProfile
 from activities.models.timeouts import MIN_REPLY_WAIT_S, reply_timed_out, request_timeout
-from testing.scripted import ScriptedServer
 from workflows.contracts import Usage
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
@@ -49,6 +48,10 @@ BATCH_CUSTOM_ID = "perdure-call"
 # A cancel sent as the activity is cancelled: short, it must not hold up the cancellation.
 CANCEL_TIMEOUT_S = 10.0
 JSON_ONLY = "Reply with a single JSON value only: no prose, no code fences."
+
+
+if TYPE_CHECKING:
+    from testing.scripted import ScriptedServer
 
 
 class ChatToolCall(BaseModel):
@@ -821,7 +824,8 @@ def _redact(text: str, secret: str | None) -> str:
 # --- choosing a provider --------------------------------------------------------------
 
 
-_scripted_servers: dict[str, ScriptedServer] = {}
+_scripted_servers: dict[str, ScriptedServer] = {}  # imported at first use: a worker with no
+# scripted profile never loads the scripted server (its YAML and HTTP parts)
 _scripted_lock = threading.Lock()
 
 
@@ -831,6 +835,8 @@ def scripted_server(script: str) -> ScriptedServer:
     with _scripted_lock:
         server = _scripted_servers.get(key)
         if server is None:
+            from testing.scripted import ScriptedServer
+
             server = ScriptedServer(Path(key)).start()
             _scripted_servers[key] = server
         return server
