@@ -352,7 +352,9 @@ class _Handler(JSONHandler):
     def _serve(self) -> None:
         service: FakeService = self.server.owner  # type: ignore[attr-defined]
         url = urlsplit(self.path)
-        raw = self.read_body()
+        raw = self.read_whole_body()
+        if raw is None:
+            return  # cut off mid-request: nothing happened, as at a real service
         try:
             body = json.loads(raw) if raw.strip() else None
         except ValueError:

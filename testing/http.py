@@ -12,6 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: a burst of a goal's parallel calls (hundreds of
+    # writes at once) was refused at connect, which no real service of this kind does.
+    request_queue_size = 128
+
+
 class BackgroundHTTPServer:
     """Serves `handler` on host:port (0 = any free port) until stopped; handlers reach
     the owning object as `self.server.owner`."""
@@ -26,7 +32,7 @@ class BackgroundHTTPServer:
 
     def start(self) -> Self:
         if self._httpd is None:
-            self._httpd = ThreadingHTTPServer((self._host, self._port), self.handler)
+            self._httpd = _Server((self._host, self._port), self.handler)
             self._httpd.daemon_threads = True
             self._httpd.owner = self  # type: ignore[attr-defined]
             self._port = self._httpd.server_address[1]
@@ -66,6 +72,16 @@ class JSONHandler(BaseHTTPRequestHandler):
 
     def read_body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def read_whole_body(self) -> bytes | None:
+        """The body, or None when the client went away before sending all of it (a call
+        cancelled mid-request): a real server never hands such a request to its application."""
+        expected = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(expected)
+        if len(raw) < expected:
+            self.close_connection = True
+            return None
+        return raw
 
     def send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode("utf-8")

@@ -229,15 +229,22 @@ def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
 
 def workflow_task_failures(history: WorkflowHistory) -> list[str]:
     """The failure message of every workflow task that failed, but those the server failed
-    itself because a signal or an update came in while the workflow was completing
-    (UnhandledCommand: retried at once with the new events; none of the workflow's code failed)."""
+    itself: because a signal or an update came in while the workflow was completing
+    (UnhandledCommand), or because more events arrived while the task ran than the server
+    buffers (ForceCloseCommand: hundreds of activities finishing at once). Both are retried at
+    once with the new events; none of the workflow's code failed."""
     return [
         e.workflow_task_failed_event_attributes.failure.message
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-        and e.workflow_task_failed_event_attributes.cause
-        != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+        and e.workflow_task_failed_event_attributes.cause not in _FAILED_BY_THE_SERVER
     ]
+
+
+_FAILED_BY_THE_SERVER = (
+    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,
+)
 
 
 def largest_event_bytes(history: WorkflowHistory) -> int:

@@ -272,14 +272,7 @@ async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
         for i in range(1000)
     ]
     steps.append({**steps[0], "name": "after", "needs": [s["name"] for s in steps]})
-    # Every payload inline (its input is over the payload store's threshold): the golden
-    # history replays without the store it was recorded with.
-    client = await Client.connect(
-        env.client.service_client.config.target_host,
-        namespace=env.client.namespace,
-        plugins=[PerdurePlugin(payload_store=False)],
-    )
-    env = WorkflowEnvironment.from_client(client)
+    env = await inline_payloads(env)
     async with rig(env) as (workspace, task_queue):
         (workspace / deep.parent).mkdir(parents=True)
         (workspace / deep).write_text("a page\n")
@@ -292,6 +285,33 @@ async def record_goal_read_commits(env: WorkflowEnvironment, out: Path) -> None:
         result = await handle.result()
         assert result.outcome == "succeeded", result.excerpt
         save(out, await handle.fetch_history())
+
+
+async def inline_payloads(env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The same server, every payload inline: a goal input over the payload store's threshold
+    (a plan of hundreds of steps) stays in the history, which then replays without the store
+    it was recorded with."""
+    client = await Client.connect(
+        env.client.service_client.config.target_host,
+        namespace=env.client.namespace,
+        plugins=[PerdurePlugin(payload_store=False)],
+    )
+    return WorkflowEnvironment.from_client(client)
+
+
+async def record_goal_dispatch_passes(env: WorkflowEnvironment, out: Path) -> None:
+    """600 reads ready together, started in two passes of at most 500, the second after a
+    1 ms timer (patch `dispatch-passes`, workflows/goal/scheduler.py)."""
+    steps = [
+        {
+            "name": f"read-{i:03d}",
+            "kind": "tool",
+            "tool": "read_file",
+            "args": {"path": "notes/ideas.md", "max_bytes": 100 + i},
+        }
+        for i in range(600)
+    ]
+    await record_plan_goal(await inline_payloads(env), out, {"steps": steps}, {"replies": []})
 
 
 async def record_goal_nodes_per_run(env: WorkflowEnvironment, out: Path) -> None:
@@ -1003,11 +1023,12 @@ SCENARIOS = {
     "goal-v3-baseline-demo": record_goal_demo,
     "goal-v3-baseline-steered": record_goal_steered,
     "goal-v3-baseline-wait-steps": record_goal_wait_steps,
+    "goal-v3-dispatch-passes": record_goal_dispatch_passes,
 }
 
 
 # Kept gzipped: the 1,000 results of this one repeat one long path.
-GZIPPED = {"goal-v2-read-commits"}
+GZIPPED = {"goal-v2-read-commits", "goal-v3-dispatch-passes"}
 
 
 async def main(into: Path = HISTORIES) -> None:

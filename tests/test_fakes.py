@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import httpx
@@ -117,3 +118,22 @@ def test_worker_env_names_where_the_effect_tools_find_each_service(fake_service)
     assert payments.worker_env() == {"PERDURE_PAYMENTS_URL": payments.base_url}
     assert fake_service(LedgerAPI).worker_env() == {}  # http_request is given its URL
     assert os.environ["PERDURE_MAIL_URL"] == mail.base_url  # the fixture set it for this test
+
+
+def test_a_request_cut_off_before_its_body_makes_nothing_happen_and_its_key_stays_free():
+    """A call cancelled after its headers went out (its activity timed out under load) sent
+    no body; the fake took it as a write of nothing, remembered its Idempotency-Key, and
+    refused the retry with the whole body as "a different request payload" (found by
+    tests/test_wide_fanout.py). A real server never hands a cut-off request to its service."""
+    with LedgerAPI() as ledger:
+        host, port = ledger.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as conn:
+            conn.sendall(
+                b"POST /entries HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Idempotency-Key: k-1\r\nContent-Length: 8\r\n\r\n"
+            )
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(100)
+        retried = httpx.post(f"{ledger.base_url}/entries", json={"n": 1}, headers={"Idempotency-Key": "k-1"})
+        assert retried.status_code == 201, retried.text
+        assert [entry["body"] for entry in ledger.ledger()] == [{"n": 1}]

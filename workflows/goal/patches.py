@@ -145,6 +145,13 @@ BASELINED = frozenset(
 
 
 def patched_here(state: GoalState, patch: str) -> bool:
-    """A change asked where it matters: on in a run with the baseline (no marker of its
-    own), else what `workflow.patched` says."""
-    return BASELINE_PATCH in state.patches or workflow.patched(patch)
+    """A change asked where it matters: on in a run with the baseline when the baseline
+    stands for it (no marker of its own), else what `workflow.patched` says."""
+    return (patch in BASELINED and BASELINE_PATCH in state.patches) or workflow.patched(patch)
+
+
+# --- after the baseline: each its own marker ---------------------------------------------
+
+# At most DISPATCH_PER_PASS nodes start in one workflow task, the rest in the next
+# (scheduler.py). Asked only by a pass that has more ready, so other goals record no marker.
+DISPATCH_PASSES_PATCH = "dispatch-passes"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
@@ -23,12 +24,20 @@ from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWai
 from workflows.goal.devices import Devices
 from workflows.goal.memory import GoalMemoryRoom
 from workflows.goal.nodes import NodeRunner
+from workflows.goal.patches import DISPATCH_PASSES_PATCH, patched_here
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
 from workflows.messages import Abort
 from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
 from workflows.statuses import IN_FLIGHT, NodeStatus
+
+# The most nodes one pass starts in one workflow task; the rest start in the next, after a
+# 1 ms timer. A remote write's ScheduleActivityTask command is about 1 KB, so 5,000 writes
+# ready at once made a completion past Temporal's 4 MB gRPC limit, which the server fails,
+# every retry alike (tests/test_wide_fanout.py); and each node's bookkeeping is a fraction
+# of a millisecond, so this bounds a task's work well inside the SDK's 2 s deadlock limit.
+DISPATCH_PER_PASS = 500
 
 
 def fails_the_workflow_task(err: Exception) -> bool:
@@ -73,6 +82,7 @@ class Scheduler:
         self._followers: dict[str, list[str]] = {}
         self._owners: dict[str, str] = {}  # key -> the node whose task runs it
         self._stopped_children: set[str] = set()  # subgoal nodes already asked to stop
+        self._next_pass: asyncio.Task | None = None  # the timer that starts the rest of a full pass
         self._workflow_task_error: Exception | None = None
         # Nodes voided while a write of theirs was in flight: reset once it settles.
         self._void_after_settle: set[str] = set()
@@ -167,7 +177,10 @@ class Scheduler:
                 lambda name: nodes[name].status,
             )
             ready = order.order()
+        started = 0
         for name in ready:
+            if started >= DISPATCH_PER_PASS and self._rest_in_next_task():
+                break
             step = self._ctx.plan().step(name)
             if name in held:
                 continue
@@ -182,12 +195,26 @@ class Scheduler:
             if order is not None:
                 risk_order.record_start(state.nodes[name].placements, workflow.now())
             if state.nodes[name].status in IN_FLIGHT:
+                started += 1
                 # Now in flight: reserve its P80 for the next step's gate.
                 self._spend.reserve(committed, step.kind, estimate=self._spend.estimate_of(step, committed))
                 if order is not None:
                     order.claim(name)
         # Nothing left to run: the end-of-goal card about what to keep across goals.
         self._memory.ask_card_when_done()
+
+    def _rest_in_next_task(self) -> bool:
+        """A full pass: the ready nodes not started yet start in the next workflow task,
+        after a 1 ms timer. Goals recorded before passes were bounded started them all."""
+        if not patched_here(self._ctx.state, DISPATCH_PASSES_PATCH):
+            return False
+        if self._next_pass is None or self._next_pass.done():
+            self._next_pass = asyncio.create_task(self._wake_after_a_timer())
+        return True
+
+    async def _wake_after_a_timer(self) -> None:
+        await workflow.sleep(timedelta(milliseconds=1))
+        self._ctx.wake()
 
     def _held_back(self, order: risk_order.OrderPass, name: str) -> bool:
         """Whether the risk order makes `name` wait this pass; the decision is kept on
