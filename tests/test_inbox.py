@@ -419,15 +419,19 @@ async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_g
 
 
 async def test_a_message_whose_update_the_goal_closes_under_is_answered_as_for_an_ended_goal(
-    env, task_queue, store, workspace
+    env, task_queue, workspace, monkeypatch
 ):
     """The server took the update, then the goal closed before a worker ran it: "workflow
     update was aborted by closing workflow". Found by the MCP approval test (process tier):
-    the retried approve failed with "no such goal" as the goal finished."""
+    the retried approve failed with "no such goal" as the goal finished. No worker runs here,
+    but the client is told one polls (as the server says for a while after a worker stops),
+    so the message goes as an update, which waits."""
     handle = await start(env, task_queue, workspace, [gate()])
-    async with running_worker(env, task_queue, store):
-        await submit(handle, Steer(request_id="s1", text="be brief"))
-    # No worker runs now, but the server still lists its poller: the message goes as an update, which waits.
+
+    async def a_worker_polls(client, queue):
+        return True
+
+    monkeypatch.setattr(steering.capabilities, "has_pollers", a_worker_polls)
     sending = asyncio.create_task(steering.deliver(env.client, handle.id, Steer(request_id="s2", text="too late")))
     await asyncio.sleep(1)
     assert not sending.done()
