@@ -65,9 +65,13 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
             # The goal may have finished between the describe and the send: the server then
             # says "workflow execution already completed", or "workflow update was aborted by
             # closing workflow" for an update it had taken. Answer as for an ended goal.
-            desc = await goals.describe(client, goal_id)
-            if goals.is_open(desc):
+            again = await goals.describe(client, goal_id)
+            if goals.is_open(again) and again.run_id != desc.run_id:
+                # A new run under the id (a goal started again after it ended): send to it.
+                return await _deliver_to_open(client, again, message)
+            if goals.is_open(again):
                 raise
+            desc = again
     return await _answer_ended(client, desc, message)
 
 

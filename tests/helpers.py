@@ -227,22 +227,24 @@ def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
     return found
 
 
-def workflow_task_failures(history: WorkflowHistory) -> list[str]:
+def workflow_task_failures(history: WorkflowHistory, *, burst: bool = False) -> list[str]:
     """The failure message of every workflow task that failed, but those the server failed
-    itself: because a signal or an update came in while the workflow was completing
-    (UnhandledCommand), or because more events arrived while the task ran than the server
-    buffers (ForceCloseCommand: hundreds of activities finishing at once). Both are retried at
-    once with the new events; none of the workflow's code failed."""
+    itself because a signal or an update came in while the workflow was completing
+    (UnhandledCommand: retried at once with the new events; none of the workflow's code failed).
+    `burst`: also those it failed because more events arrived while the task ran than it
+    buffers (ForceCloseCommand: hundreds of activities finishing at once), retried likewise."""
+    ignored = _FAILED_IN_A_BURST if burst else _FAILED_BY_A_MESSAGE
     return [
         e.workflow_task_failed_event_attributes.failure.message
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-        and e.workflow_task_failed_event_attributes.cause not in _FAILED_BY_THE_SERVER
+        and e.workflow_task_failed_event_attributes.cause not in ignored
     ]
 
 
-_FAILED_BY_THE_SERVER = (
-    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+_FAILED_BY_A_MESSAGE = (WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,)
+_FAILED_IN_A_BURST = (
+    *_FAILED_BY_A_MESSAGE,
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,
 )
 

@@ -300,8 +300,8 @@ async def inline_payloads(env: WorkflowEnvironment) -> WorkflowEnvironment:
 
 
 async def record_goal_dispatch_passes(env: WorkflowEnvironment, out: Path) -> None:
-    """600 reads ready together, started in two passes of at most 500, the second after a
-    1 ms timer (patch `dispatch-passes`, workflows/goal/scheduler.py)."""
+    """600 reads ready together: 500 started in the first workflow task, the other 100 in
+    the next, after a 1 ms timer (patch `dispatch-passes`, workflows/goal/scheduler.py)."""
     steps = [
         {
             "name": f"read-{i:03d}",

@@ -27,6 +27,7 @@ from workflows.goal.patches import (
     COMMAND_REPLAY_PATCH,
     DEVICE_WAIT_TIMER_PATCH,
     DEVICES_PATCH,
+    DISPATCH_PASSES_PATCH,
     EFFECTS_FIRST_PATCH,
     MCP_TOOLS_PATCH,
     MEMORY_CARD_PATCH,
@@ -110,7 +111,7 @@ class GoalContext:
         self.replan_discards_in_flight = False
         self.lists_mcp_tools = False
         self.prepares_writes_here = False
-        self.runs_bounded_by_nodes = False
+        self.runs_bounded_by_nodes = self.dispatches_in_passes = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -148,6 +149,7 @@ class GoalContext:
         self.subgoals_reserve_slices = self._patched(SUBGOAL_SLICES_PATCH)
         self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
         self.runs_bounded_by_nodes = self._patched(NODES_PER_RUN_PATCH)
+        self.dispatches_in_passes = self._patched(DISPATCH_PASSES_PATCH)
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
         self._patched(READ_AHEAD_PATCH)

@@ -107,6 +107,10 @@ LATE_CAUSE_PATCH = "timer-late-cause"
 READ_SEGMENTS_PATCH = "read-segments"
 SEGMENT_CAP_PATCH = "segment-cap"
 
+# At most DISPATCH_PER_PASS nodes start in one workflow task, the rest in the next
+# (scheduler.py). In the baseline from the start (the baseline had not been released).
+DISPATCH_PASSES_PATCH = "dispatch-passes"
+
 # Every change above, in one marker for runs that start on code with all of them.
 BASELINE_PATCH = "baseline-2026-12"
 BASELINED = frozenset(
@@ -140,6 +144,7 @@ BASELINED = frozenset(
         LATE_CAUSE_PATCH,
         READ_SEGMENTS_PATCH,
         SEGMENT_CAP_PATCH,
+        DISPATCH_PASSES_PATCH,
     }
 )
 
@@ -148,10 +153,3 @@ def patched_here(state: GoalState, patch: str) -> bool:
     """A change asked where it matters: on in a run with the baseline when the baseline
     stands for it (no marker of its own), else what `workflow.patched` says."""
     return (patch in BASELINED and BASELINE_PATCH in state.patches) or workflow.patched(patch)
-
-
-# --- after the baseline: each its own marker ---------------------------------------------
-
-# At most DISPATCH_PER_PASS nodes start in one workflow task, the rest in the next
-# (scheduler.py). Asked only by a pass that has more ready, so other goals record no marker.
-DISPATCH_PASSES_PATCH = "dispatch-passes"

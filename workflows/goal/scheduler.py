@@ -24,7 +24,6 @@ from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWai
 from workflows.goal.devices import Devices
 from workflows.goal.memory import GoalMemoryRoom
 from workflows.goal.nodes import NodeRunner
-from workflows.goal.patches import DISPATCH_PASSES_PATCH, patched_here
 from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
 from workflows.messages import Abort
@@ -32,8 +31,8 @@ from workflows.plan import Plan, PlanStep
 from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
 from workflows.statuses import IN_FLIGHT, NodeStatus
 
-# The most nodes one pass starts in one workflow task; the rest start in the next, after a
-# 1 ms timer. A remote write's ScheduleActivityTask command is about 1 KB, so 5,000 writes
+# The most nodes started in one workflow task (over all its passes); the rest start in the
+# next, after a 1 ms timer. A remote write's ScheduleActivityTask command is about 1 KB, so 5,000 writes
 # ready at once made a completion past Temporal's 4 MB gRPC limit, which the server fails,
 # every retry alike (tests/test_wide_fanout.py); and each node's bookkeeping is a fraction
 # of a millisecond, so this bounds a task's work well inside the SDK's 2 s deadlock limit.
@@ -82,7 +81,8 @@ class Scheduler:
         self._followers: dict[str, list[str]] = {}
         self._owners: dict[str, str] = {}  # key -> the node whose task runs it
         self._stopped_children: set[str] = set()  # subgoal nodes already asked to stop
-        self._next_pass: asyncio.Task | None = None  # the timer that starts the rest of a full pass
+        self._next_pass: asyncio.Task | None = None  # the timer after which a full task's rest starts
+        self._task_starts = (0, 0)  # (history length when the workflow task started, nodes it started)
         self._workflow_task_error: Exception | None = None
         # Nodes voided while a write of theirs was in flight: reset once it settles.
         self._void_after_settle: set[str] = set()
@@ -109,6 +109,11 @@ class Scheduler:
                 self._followers.setdefault(node.key, []).append(name)
             elif not node.reused:
                 self._owners[node.key] = name
+
+    def starting_in_next_task(self) -> bool:
+        """Ready nodes wait for the next workflow task (this one started DISPATCH_PER_PASS):
+        the loop waits for the timer's wake-up, as for work in flight."""
+        return self._next_pass is not None and not self._next_pass.done()
 
     def busy(self) -> bool:
         """Work that holds the goal in this run: a node's task, or a twin sharing one.
@@ -177,15 +182,14 @@ class Scheduler:
                 lambda name: nodes[name].status,
             )
             ready = order.order()
-        started = 0
         for name in ready:
-            if started >= DISPATCH_PER_PASS and self._rest_in_next_task():
-                break
             step = self._ctx.plan().step(name)
             if name in held:
                 continue
             if order is not None and self._held_back(order, name):
                 continue
+            if self._task_is_full():
+                break  # before the gate, which logs what it decides
             admission = self._spend.admit(step, committed)
             if admission.action == "stop":
                 self._stop_node(name, admission.reason)
@@ -195,7 +199,7 @@ class Scheduler:
             if order is not None:
                 risk_order.record_start(state.nodes[name].placements, workflow.now())
             if state.nodes[name].status in IN_FLIGHT:
-                started += 1
+                self._count_start()
                 # Now in flight: reserve its P80 for the next step's gate.
                 self._spend.reserve(committed, step.kind, estimate=self._spend.estimate_of(step, committed))
                 if order is not None:
@@ -203,14 +207,24 @@ class Scheduler:
         # Nothing left to run: the end-of-goal card about what to keep across goals.
         self._memory.ask_card_when_done()
 
-    def _rest_in_next_task(self) -> bool:
-        """A full pass: the ready nodes not started yet start in the next workflow task,
-        after a 1 ms timer. Goals recorded before passes were bounded started them all."""
-        if not patched_here(self._ctx.state, DISPATCH_PASSES_PATCH):
+    def _task_is_full(self) -> bool:
+        """DISPATCH_PER_PASS nodes started in this workflow task: the rest start in the
+        next, after a 1 ms timer. Goals recorded before starts were bounded started them all."""
+        if not self._ctx.dispatches_in_passes:
+            return False
+        length, started = self._task_starts
+        if length != workflow.info().get_current_history_length() or started < DISPATCH_PER_PASS:
             return False
         if self._next_pass is None or self._next_pass.done():
             self._next_pass = asyncio.create_task(self._wake_after_a_timer())
         return True
+
+    def _count_start(self) -> None:
+        # A workflow task's passes share its count: local activities resolving in the task
+        # wake the loop for more passes before it completes (a new task, a new history length).
+        length, started = self._task_starts
+        now = workflow.info().get_current_history_length()
+        self._task_starts = (now, started + 1 if length == now else 1)
 
     async def _wake_after_a_timer(self) -> None:
         await workflow.sleep(timedelta(milliseconds=1))

@@ -276,7 +276,7 @@ class GoalWorkflow:
                 if self._planner.drift_check_due() and not self._ctx.writes_in_flight:
                     await self._planner.check_drift()
                     continue
-            running = index().any(IN_FLIGHT)
+            running = index().any(IN_FLIGHT) or self._scheduler.starting_in_next_task()
             if not running and state.pause.mode == "running" and not state.open_questions():
                 if self._ctx.budgets_by_time_and_wrap_up and index().ready():
                     continue  # made ready during the pass (a wrap-up step whose need was refused)
