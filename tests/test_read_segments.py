@@ -201,9 +201,9 @@ async def test_reads_whose_results_outgrow_a_task_completion_are_split_and_the_g
     (GrpcMessageTooLarge). Now the reads past a task's share run as activities, whose results
     reach history on their own, and each completion stays small. (Chains, not 5,000 reads
     ready at once: dispatching that many in one activation can pass the SDK's 2 s deadlock
-    limit on a loaded machine.) A task now starts at most DISPATCH_PER_PASS steps, whose
+    limit on a loaded machine.) A task now starts at most STARTS_PER_TASK steps, whose
     results fit its share here; the bound is lifted so the share is what is tested."""
-    monkeypatch.setattr(scheduler, "DISPATCH_PER_PASS", 100_000)
+    monkeypatch.setattr(scheduler, "STARTS_PER_TASK", 100_000)
     deep = Path(*[d * 195 for d in "abc"])
     (workspace / deep).mkdir(parents=True)
     (workspace / deep / "page.md").write_text("a page\n")

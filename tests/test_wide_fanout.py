@@ -1,5 +1,5 @@
 """A plan with many steps ready at once: the goal starts them in passes of at most
-DISPATCH_PER_PASS per workflow task (workflows/goal/scheduler.py), so a task's completion
+STARTS_PER_TASK per workflow task (workflows/goal/scheduler.py), so a task's completion
 stays far below Temporal's 4 MB limit on a gRPC message and its work far below the SDK's
 2 s deadlock limit. Found by sizing a wide fan-out: 5,000 independent writes put 5,000
 ScheduleActivityTask commands (about 1 KB each) in one completion, and the goal made no
@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import EventType
 
 from testing.fakes import LedgerAPI
 from tests.helpers import run_ids, running_worker, start, workflow_task_failures
-from workflows.goal.scheduler import DISPATCH_PER_PASS
+from workflows.goal.scheduler import STARTS_PER_TASK
 
 WRITES = 1_200
 
@@ -51,7 +51,7 @@ async def test_twelve_hundred_independent_writes_start_in_passes_of_bounded_size
                 scheduled_per_task.append(count)
                 count = 0
         scheduled_per_task.append(count)
-    assert max(scheduled_per_task) <= DISPATCH_PER_PASS, max(scheduled_per_task)
+    assert max(scheduled_per_task) <= STARTS_PER_TASK, max(scheduled_per_task)
 
 
 @pytest.mark.slow

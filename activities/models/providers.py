@@ -824,8 +824,9 @@ def _redact(text: str, secret: str | None) -> str:
 # --- choosing a provider --------------------------------------------------------------
 
 
-_scripted_servers: dict[str, ScriptedServer] = {}  # imported at first use: a worker with no
-# scripted profile never loads the scripted server (its YAML and HTTP parts)
+# ScriptedServer is imported at first use: a worker with no scripted profile never loads
+# the scripted server (its YAML and HTTP parts).
+_scripted_servers: dict[str, ScriptedServer] = {}
 _scripted_lock = threading.Lock()
 
 

@@ -22,7 +22,6 @@ from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
 from workflows.goal.patches import (
     AGENT_WAITS_PATCH,
     BASELINE_PATCH,
-    BASELINED,
     BUDGET_CLOCK_PATCH,
     COMMAND_REPLAY_PATCH,
     DEVICE_WAIT_TIMER_PATCH,
@@ -48,6 +47,7 @@ from workflows.goal.patches import (
     VOID_WAITS_PATCH,
     WAITS_PATCH,
     WRITES_PREPARED_HERE_PATCH,
+    patched_here,
 )
 from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
 from workflows.messages import Abort
@@ -127,8 +127,7 @@ class GoalContext:
         """Which of the goal's behaviour changes this run has: called first in every run.
         A run with the baseline has every change it stands for, in one marker (patches.py)."""
         self._carried_patches = set(self.state.patches)
-        self._baseline = False
-        self._baseline = self._patched(BASELINE_PATCH)
+        self._patched(BASELINE_PATCH)
         self.effects_first = self._patched(EFFECTS_FIRST_PATCH)
         self.waits_are_state = self._patched(WAITS_PATCH)
         self.node_errors_settle = self._patched(NODE_ERRORS_SETTLE_PATCH)
@@ -185,7 +184,7 @@ class GoalContext:
         its own, so a run's events go to its work. So does a run with the baseline, for every
         change the baseline stands for. A run whose input names no patches (the first, or one
         carried by older code) asks the SDK, marker and all."""
-        on = patch in self._carried_patches or (self._baseline and patch in BASELINED) or workflow.patched(patch)
+        on = patch in self._carried_patches or patched_here(self.state, patch)
         if on and patch not in self.state.patches:
             self.state.patches.append(patch)
         return on

@@ -107,7 +107,7 @@ LATE_CAUSE_PATCH = "timer-late-cause"
 READ_SEGMENTS_PATCH = "read-segments"
 SEGMENT_CAP_PATCH = "segment-cap"
 
-# At most DISPATCH_PER_PASS nodes start in one workflow task, the rest in the next
+# At most STARTS_PER_TASK nodes start in one workflow task, the rest in the next
 # (scheduler.py). In the baseline from the start (the baseline had not been released).
 DISPATCH_PASSES_PATCH = "dispatch-passes"
 

@@ -36,7 +36,7 @@ from workflows.statuses import IN_FLIGHT, NodeStatus
 # ready at once made a completion past Temporal's 4 MB gRPC limit, which the server fails,
 # every retry alike (tests/test_wide_fanout.py); and each node's bookkeeping is a fraction
 # of a millisecond, so this bounds a task's work well inside the SDK's 2 s deadlock limit.
-DISPATCH_PER_PASS = 500
+STARTS_PER_TASK = 500
 
 
 def fails_the_workflow_task(err: Exception) -> bool:
@@ -111,7 +111,7 @@ class Scheduler:
                 self._owners[node.key] = name
 
     def starting_in_next_task(self) -> bool:
-        """Ready nodes wait for the next workflow task (this one started DISPATCH_PER_PASS):
+        """Ready nodes wait for the next workflow task (this one started STARTS_PER_TASK):
         the loop waits for the timer's wake-up, as for work in flight."""
         return self._next_pass is not None and not self._next_pass.done()
 
@@ -208,12 +208,12 @@ class Scheduler:
         self._memory.ask_card_when_done()
 
     def _task_is_full(self) -> bool:
-        """DISPATCH_PER_PASS nodes started in this workflow task: the rest start in the
+        """STARTS_PER_TASK nodes started in this workflow task: the rest start in the
         next, after a 1 ms timer. Goals recorded before starts were bounded started them all."""
         if not self._ctx.dispatches_in_passes:
             return False
         length, started = self._task_starts
-        if length != workflow.info().get_current_history_length() or started < DISPATCH_PER_PASS:
+        if length != workflow.info().get_current_history_length() or started < STARTS_PER_TASK:
             return False
         if self._next_pass is None or self._next_pass.done():
             self._next_pass = asyncio.create_task(self._wake_after_a_timer())
