@@ -12,8 +12,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from testing.fakes import LedgerAPI
-from tests.helpers import run_ids, running_worker, start, workflow_task_failures
+from tests.helpers import run_ids, running_worker, start, submit, wait_until, workflow_task_failures
 from workflows.goal.scheduler import STARTS_PER_TASK
+from workflows.messages import Abort
 
 WRITES = 1_200
 
@@ -74,3 +75,33 @@ async def test_six_hundred_reads_ready_at_once_start_in_two_workflow_tasks_and_t
     assert workflow_task_failures(history) == []
     timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
     assert len(timers) == 1  # one full task, then the rest
+
+
+@pytest.mark.slow
+async def test_an_abort_during_a_wide_fanout_of_slow_writes_ends_the_goal_and_sends_none_twice(
+    env, task_queue, store, workspace, fake_service
+):
+    """700 writes ready at once, started over two workflow tasks, each answered a second
+    after it is recorded: the abort comes while they are in flight. Those settle (a write
+    is never cut off; how many had started depends on the machine), the goal ends aborted
+    with no failed workflow task, and no write reaches the ledger twice."""
+    ledger = fake_service(LedgerAPI, respond_delay_s=1.0)
+    steps = [
+        {
+            "name": f"w{i:04d}",
+            "kind": "tool",
+            "tool": "http_request",
+            "args": {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"n": i}},
+        }
+        for i in range(700)
+    ]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request"], drift_every=0)
+        await wait_until(handle, lambda s: s.counts.get("running", 0) >= 100, timeout_s=60)
+        await submit(handle, Abort(request_id="stop-1", reason="enough"))
+        result = await handle.result()
+        history = await handle.fetch_history()
+    assert result.outcome == "aborted", result.excerpt
+    assert workflow_task_failures(history, burst=True) == []
+    numbers = [entry["body"]["n"] for entry in ledger.ledger()]
+    assert numbers and len(numbers) == len(set(numbers))  # none twice
