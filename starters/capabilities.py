@@ -107,6 +107,20 @@ def start_problems(spec: GoalSpec, offer: CapabilitiesResult) -> list[str]:
     return problems
 
 
+def offline_warning(spec: GoalSpec, offer: CapabilitiesResult) -> str | None:
+    """Said before a goal's text goes to a scripted profile (the offline stand-in): only its
+    script's own entries plan; the offline policy refuses to, so nothing would be done."""
+    name = offer.default_profile if spec.model_profile == "default" else spec.model_profile
+    profile = next((p for p in offer.profiles if p.name == name), None)
+    if spec.plan is not None or profile is None or profile.provider != "scripted":
+        return None
+    return (
+        f"model profile '{name}' is perdure's offline stand-in on this worker: unless its script plans this goal, "
+        "no model will run and nothing will be done toward it. Set a model key where the worker runs and restart "
+        "it, or start the goal with a plan file (--plan)."
+    )
+
+
 async def check_start(client: Client, spec: GoalSpec) -> None:
     """Refuse (ValueError) a goal naming a profile or tool the worker lacks; warn when no worker answers."""
     for warning in await start_warnings(client, spec):
@@ -123,7 +137,7 @@ async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
             f"{err}, so the profile and the tools were not checked. "
             "The goal is stored and waits for a worker (`perdure worker`)."
         ]
-    warnings = []
+    warnings = [offline] if (offline := offline_warning(spec, offer)) else []
     problems = start_problems(spec, offer)
     if spec.plan is not None and devices_named(spec.plan):
         try:

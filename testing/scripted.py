@@ -544,15 +544,48 @@ class Job:
 VERIFY_MARK = "[PERDURE-VERIFY]"
 # The router's prompts (activities/router_activities.py): its choice of a goal, its quick answer.
 ROUTER_MARK, ROUTER_ANSWER_MARK = "[PERDURE-ROUTER]", "[PERDURE-ROUTER-ANSWER]"
+# The watchdog's judge (activities/watchdog_model.py) and a planner call that revises a running
+# plan (activities/model_activities.py's revision_block), spelled out as above.
+JUDGE_MARK = "PERDURE-WATCHDOG-JUDGE"
+REVISION_MARK = "Revise the current plan."
+# The error type of the policy's refusal to plan a goal's text: activities/models/providers.py
+# reads it as "no model ran", not as a request the caller got wrong.
+OFFLINE_ERROR_TYPE = "perdure_offline"
+OFFLINE_MODEL = (
+    "the model profile is perdure's offline stand-in (what 'default' is when the worker has no "
+    "OPENAI_API_KEY, ANTHROPIC_API_KEY or OPENAI_BASE_URL)"
+)
+NO_PLAN_OFFLINE = (
+    f"no model ran: {OFFLINE_MODEL}, which cannot plan a goal from its text, so nothing was done toward this "
+    "goal. Set a model key where the worker runs and restart it, or start the goal with a plan file "
+    "(perdure start --plan FILE), which runs offline."
+)
+NO_ANSWER_OFFLINE = (
+    f"[offline] no model ran: {OFFLINE_MODEL}, so this question was not answered. "
+    "Set a model key where the worker runs and restart it to get answers."
+)
+NO_JUDGEMENT_OFFLINE = {
+    "verdict": "healthy",
+    "reason": f"offline: no model judged this goal ({OFFLINE_MODEL}); the rules' finding stands",
+    "confidence": 0,
+}
+# Words a message starts with when it asks rather than tells (the router answers it lightly);
+# not "do" or "have", which start orders as often ("do a review of …").
+QUESTION_WORDS = frozenset(
+    "what which who whom whose when where why how is are am was were does did can could should would will".split()
+)
 
 
 def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> ScriptedReply | None:
     """What the offline policy answers a chat-completions request, or None when it is no perdure call.
 
-    planner: a plan of one llm step that works toward the goal text. drift check: on track.
+    planner: a goal's text is refused with an error of type OFFLINE_ERROR_TYPE saying that no
+    model ran and nothing was done (a canned plan would pass for work); a revision of a running
+    plan (queued work) gets one llm step that works toward the goal text. drift check: on track.
     verify question: HOLDS (offline, nothing new is known, so the step's work is kept).
-    router: the candidate goal whose text shares the most words with the message (at least
-    two), else a new goal; its quick answer says it is offline.
+    router: a question is a light request, answered by saying no model ran; anything else goes
+    to the candidate goal whose text shares the most words with it (at least two), else a new
+    goal. watchdog judge: healthy at confidence 0, saying no model judged (no action follows).
     llm step: a short text naming the step, its prompt and its inputs. agent step: each offered
     tool once, one per turn in the order offered, with the arguments `steps[STEP][TOOL]` gives,
     else arguments built from the tool's JSON schema (`schema_arguments`); then a final answer
@@ -563,6 +596,9 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
     users = [_parts_text(m.get("content")) for m in messages if m.get("role") == "user"]
     first_user = users[0] if users else ""
     if PLANNER_MARK in system:
+        if REVISION_MARK not in first_user:
+            refusal = {"message": NO_PLAN_OFFLINE, "type": OFFLINE_ERROR_TYPE, "param": None, "code": None}
+            return ScriptedReply(status=400, body={"error": refusal})
         goal = _section(first_user, "Goal:") or "the goal"
         prompt = f"Work toward this goal and report what you did and found: {goal}"
         return ScriptedReply(json={"steps": [{"name": "answer", "kind": "llm", "prompt": prompt}]})
@@ -571,7 +607,9 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
     if VERIFY_MARK in system:
         return ScriptedReply(content="HOLDS\noffline policy: nothing new is known offline")
     if ROUTER_ANSWER_MARK in system:
-        return ScriptedReply(content="[offline] no model is configured, so this is no real answer.")
+        return ScriptedReply(content=NO_ANSWER_OFFLINE)
+    if JUDGE_MARK in system:
+        return ScriptedReply(json=NO_JUDGEMENT_OFFLINE)
     if ROUTER_MARK in system:
         return ScriptedReply(json=_offline_route(first_user))
     if STEP_MARK in system:
@@ -582,8 +620,11 @@ def offline_reply(body: dict, steps: dict[str, dict[str, dict[str, Any]]]) -> Sc
 
 
 def _offline_route(message: str) -> dict[str, Any]:
-    """The router's choice offline: the goal sharing the most words with the message."""
+    """The router's choice offline: a question is answered lightly (a goal made from it would
+    do nothing offline); anything else goes to the goal sharing the most words with it."""
     said = _section(message, "Message:")
+    if is_question(said):
+        return {"target": "answer", "mode": "steer", "confidence": 0.8, "reason": "offline policy: a question"}
     listed = message.partition("Candidates:\n")[2].split("\n\nRecent:", 1)[0]
     try:
         candidates = json.loads(listed)
@@ -597,6 +638,13 @@ def _offline_route(message: str) -> dict[str, Any]:
             best, overlap = str(candidate.get("id")), shared
     reason = "offline policy: " + ("no goal shares enough words" if best == "new" else f"{overlap} words shared")
     return {"target": best, "mode": "steer", "confidence": 0.8, "reason": reason}
+
+
+def is_question(text: str) -> bool:
+    """Whether a message asks rather than tells: it ends with a question mark or starts with
+    a question word ("what …", "can you …")."""
+    words = re.findall(r"[a-z']+", text.lower())
+    return text.rstrip().endswith("?") or bool(words and words[0] in QUESTION_WORDS)
 
 
 def _section(text: str, heading: str) -> str:

@@ -9,6 +9,7 @@ text naming its inputs, the tool calls and their schema-built arguments.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
@@ -77,18 +78,29 @@ def test_a_users_own_plan_runs_offline_end_to_end(offline_worker, tmp_path):
 
 
 @pytest.mark.process
-def test_a_goal_without_a_plan_is_planned_offline_from_its_text(offline_worker, tmp_path):
+def test_a_goal_text_run_offline_says_plainly_that_no_model_ran_and_nothing_was_done(offline_worker, tmp_path):
     workspace = tmp_path / "project"
     workspace.mkdir()
     started = perdure(
         "start", "List three risks of shipping on Friday", "--workspace", str(workspace), "--id", "offline-goal-1",
         "--watch", env=offline_worker,
     )  # fmt: skip
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-    assert "succeeded" in started.stdout
-    report = " ".join(perdure("result", "offline-goal-1", env=offline_worker).stdout.split())
-    assert "[offline] step answer: Work toward this goal and report what you did and found:" in report
-    assert "List three risks of shipping on Friday" in report
+    watched = " ".join(started.stdout.split())
+    status = " ".join(perdure("status", "offline-goal-1", env=offline_worker).stdout.split())
+    result = perdure("result", "offline-goal-1", env=offline_worker)
+    report = " ".join(result.stdout.split())
+    assert "Traceback" not in started.stderr + result.stderr, started.stderr[-2000:]
+    # Said before it runs, too: the worker's profile is the offline stand-in.
+    warned = " ".join(started.stderr.split())
+    assert "warning: model profile 'scripted' is perdure's offline stand-in" in warned, warned
+    assert "no model will run and nothing will be done toward it" in warned
+    for said in (watched, status, report):
+        assert "no model ran" in said and "nothing was done toward this goal" in said, said[:1500]
+        assert "succeeded" not in said, said[:1500]  # no step ran, and the goal does not pass for done
+    assert "outcome: failed · tokens 0 · $0.0000" in watched and "outcome: failed" in report
+    assert "No steps ran." in report
+    assert "--plan" in report  # what to do instead
+    assert list(workspace.iterdir()) == []
 
 
 # --- the policy, over the real OpenAI client ------------------------------------------
@@ -118,14 +130,16 @@ def chat(server: ScriptedServer, messages: list[dict], tools: list[str] = ()) ->
     return client.chat.completions.create(model="scripted", messages=messages, **({"tools": offered} if tools else {}))
 
 
-def test_the_planner_gets_one_llm_step_built_from_the_goal(offline_server):
-    reply = chat(
-        offline_server,
-        [
-            {"role": "system", "content": "[PERDURE-PLANNER]\nYou are the planner"},
-            {"role": "user", "content": "Goal:\nWrite the release notes\n\nPremises (current values):\n- a = b"},
-        ],
-    )
+def test_the_planner_refuses_a_goals_text_and_revises_a_running_plan_with_one_llm_step(offline_server):
+    planner = {"role": "system", "content": "[PERDURE-PLANNER]\nYou are the planner"}
+    goal = "Goal:\nWrite the release notes\n\nPremises (current values):\n- a = b"
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(offline_server, [planner, {"role": "user", "content": goal}])
+    assert refused.value.body["type"] == "perdure_offline"
+    assert refused.value.body["message"].startswith("no model ran: ")
+    assert "nothing was done toward this goal" in refused.value.body["message"]
+    revision = f"{goal}\n\nRevise the current plan. Reason: queued work\n\nCurrent plan:\n{{}}"
+    reply = chat(offline_server, [planner, {"role": "user", "content": revision}])
     plan = yaml.safe_load(reply.choices[0].message.content)
     assert plan == {
         "steps": [
@@ -136,7 +150,32 @@ def test_the_planner_gets_one_llm_step_built_from_the_goal(offline_server):
             }
         ]
     }
-    assert offline_server.requests()[0]["matched"] == "offline"
+    assert [r["matched"] for r in offline_server.requests()] == ["offline", "offline"]
+
+
+def test_the_router_answers_a_question_lightly_and_the_answer_says_no_model_ran(offline_server):
+    def route(text: str) -> dict:
+        system = {"role": "system", "content": "[PERDURE-ROUTER] You route a user's message"}
+        user = {"role": "user", "content": f"Message: {text}\n\nCandidates:\n[]\n\nRecent:\n(nothing)"}
+        return yaml.safe_load(chat(offline_server, [system, user]).choices[0].message.content)
+
+    assert route("what is a good font for posters?")["target"] == "answer"
+    assert route("How long does the export take")["target"] == "answer"
+    assert route("write the release notes")["target"] == "new"
+    assert route("do a review of the export code")["target"] == "new"  # an order, not a question
+    answer = chat(
+        offline_server,
+        [{"role": "system", "content": "[PERDURE-ROUTER-ANSWER] Answer"}, {"role": "user", "content": "user: why?"}],
+    )
+    assert answer.choices[0].message.content.startswith("[offline] no model ran: ")
+
+
+def test_the_watchdogs_judge_offline_says_no_model_judged_and_asks_for_nothing(offline_server):
+    system = {"role": "system", "content": "You are perdure's watchdog. PERDURE-WATCHDOG-JUDGE. Answer with JSON"}
+    reply = chat(offline_server, [system, {"role": "user", "content": "Goal g-1: ..."}])
+    verdict = json.loads(reply.choices[0].message.content)
+    assert verdict["verdict"] == "healthy" and verdict["confidence"] == 0  # no action follows
+    assert verdict["reason"].startswith("offline: no model judged this goal")
 
 
 def test_the_drift_check_is_on_track(offline_server):

@@ -21,7 +21,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from starters import router_client
+from starters import goals, router_client
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import running_worker, wait_until
 from workflows.contracts import GoalResult
@@ -206,7 +206,7 @@ async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_w
         needs = await said(env, user, "what will the weather be on Saturday?", "light-3", workspace)
         started = await goal_input(env, grown.goal_id)
         for goal_id in (grown.goal_id, needs.goal_id):
-            await env.client.get_workflow_handle(goal_id, result_type=GoalResult).result()
+            await goals.result(env.client, goal_id)  # offline, a goal's text is not planned: it fails
     assert light is not None and (light.action, light.reply) == ("answered", "A bold sans-serif, such as Inter.")
     assert light.goal_id is None
     assert grown is not None and grown.action == "upgraded" and grown.goal_id
@@ -234,6 +234,21 @@ async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_wor
     assert routing.goal_id != done_id and f"{done_id} has ended (completed)" in routing.reason
     assert started.spec.workspace == str(workspace)  # the ended goal's, not the message's
     assert f"This follows goal {done_id}" in started.spec.goal
+
+
+@pytest.mark.slow
+async def test_offline_a_question_is_answered_as_a_light_request_and_a_goal_made_offline_says_nothing_was_done(
+    env, task_queue, store, workspace, scripted, user
+):
+    server = scripted({"replies": [], "policy": "offline"})  # the offline policy answers every call
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        question = await said(env, user, "what is a good font for posters?", "off-q", workspace)
+        order = await said(env, user, "compose a haiku about penguins", "off-new", workspace)
+        result = await goals.result(env.client, order.goal_id)  # a failed goal still carries its result
+    assert question is not None and (question.action, question.goal_id) == ("answered", None), question
+    assert question.reply.startswith("[offline] no model ran: ") and "not answered" in question.reply
+    assert order is not None and order.action == "new goal"
+    assert result.outcome == "failed" and "nothing was done toward this goal" in (result.failure or "")
 
 
 async def test_explicit_goal_queue_and_a_card_answer_reach_the_goal_through_its_own_admission(

@@ -127,6 +127,23 @@ async def test_a_malformed_verdict_acts_on_nothing_and_over_budget_is_rules_only
             await handle.terminate("test over")
 
 
+async def test_offline_the_judge_answers_that_no_model_judged_and_nothing_is_sent(
+    env, task_queue, store, workspace, scripted
+):
+    # No judge entry: the offline policy answers the judge (the default profile with no model key).
+    server = scripted({"policy": "offline", "replies": [{"when": "PERDURE-STEP", "content": "step done"}]})
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        spinning, healthy, t0 = await spinning_and_healthy(env, task_queue, workspace)
+        judged = await watchdog_run(env, task_queue, t0 + timedelta(seconds=5))
+        [finding] = [f for f in judged.findings if f.goal_id == spinning.id]
+        for handle in (spinning, healthy):
+            await handle.terminate("test over")
+    assert len(judge_requests(server)) == 1
+    assert finding.kind == "judged_healthy", finding  # the rules' healthy stands; not "malformed"
+    assert "no model judged this goal" in finding.detail and "(0%)" in finding.detail, finding.detail
+    assert judged.sent == []
+
+
 DRIFTING = {"verdict": "drifting", "reason": "three styling steps on a database migration", "confidence": 0.8}
 OFF_TOPIC = ["The logo colours match the brand guide.", "Fonts load in 40 ms.", "A favicon was added to the site."]
 

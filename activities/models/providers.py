@@ -37,6 +37,9 @@ from workflows.contracts import Usage
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
 NO_KEY = "unused"
+# The error type of the scripted server's offline refusal (testing/scripted.py, spelled out
+# there too: this module imports the scripted server only when a profile uses it).
+OFFLINE_ERROR_TYPE = "perdure_offline"
 # Handle kinds, as heartbeat details name them (activities/models/attempts.py).
 RESPONSE_HANDLE = "openai-response"
 BATCH_HANDLE = "anthropic-batch"
@@ -675,7 +678,8 @@ def model_error(err: Exception, profile: ModelProfile, api_key: str | None = Non
     provider accepted the request retries; one while waiting for the reply does not:
     the provider took the request and bills it, and the wait was already as long as
     the attempt allows (activities/models/timeouts.py), so a re-send would pay again
-    for the same outcome. Usage in an error body is kept on the error.
+    for the same outcome. Usage in an error body is kept on the error. The scripted
+    server's offline refusal (no model ran) is `ModelOffline`, in its own words.
     """
     where = f"model profile '{profile.name}' ({profile.provider}, {profile.model})"
     status = getattr(err, "status_code", None)
@@ -683,6 +687,8 @@ def model_error(err: Exception, profile: ModelProfile, api_key: str | None = Non
         response = getattr(err, "response", None)
         body = getattr(err, "body", None)
         reason = _redact(_provider_message(body) or str(err), api_key)
+        if _provider_error_type(body) == OFFLINE_ERROR_TYPE:
+            return ModelError(reason, type="ModelOffline", non_retryable=True)
         message = f"{where}: HTTP {status}: {reason}"
         usage = _error_usage(body, profile) or _error_usage(_response_json(response), profile)
         if status in (408, 409, 429) or status >= 500:
@@ -779,6 +785,14 @@ def _error_usage(body: object, profile: ModelProfile) -> Usage | None:
 def _connection_errors() -> tuple[type[BaseException], ...]:
     # Only an SDK that is imported can have raised one.
     return tuple(sdk.APIConnectionError for name in ("openai", "anthropic") if (sdk := sys.modules.get(name)))
+
+
+def _provider_error_type(body: object) -> str | None:
+    """The `type` of an error body: the OpenAI client's (the inner error object) or the raw one."""
+    if not isinstance(body, dict):
+        return None
+    inner = body.get("error")
+    return str((inner if isinstance(inner, dict) else body).get("type") or "") or None
 
 
 def _provider_message(body: object) -> str | None:
