@@ -43,7 +43,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.artifacts import ArtifactMissing, default_store
 from runtime import settings
 from workflows import search_attributes as sa
-from workflows.contracts import GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot
+from workflows.contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot, goal_memo
 from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import is_mcp_tool
 from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
@@ -234,7 +234,7 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
         task_queue=settings.task_queue(),
         static_summary=spec.goal[:200],
         static_details=static_details(spec),
-        memo={SPEC_DIGEST_MEMO: spec_digest(spec)},
+        memo={SPEC_DIGEST_MEMO: spec_digest(spec), **goal_memo(spec.goal)},
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.OWNER, settings.user())]),
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -554,6 +554,34 @@ async def outcomes(client: Client, executions: list) -> dict[str, str]:
 
     found = await asyncio.gather(*(one(wf) for wf in closed))
     return {wf.id: o for wf, o in zip(closed, found, strict=True)}
+
+
+async def goal_texts(client: Client, executions: list) -> dict[str, str]:
+    """Goal id -> the goal's text, for a list of goals: from the memo it started with, which
+    the listing carries (no call per goal); for a goal started without one (before the memo,
+    or by code that sets none), from its static summary, one describe each."""
+    texts: dict[str, str] = {}
+    unnamed = []
+    for wf in executions:
+        try:
+            text = (await wf.memo()).get(GOAL_MEMO)
+        except Exception:  # noqa: BLE001 - a memo this client cannot decode: named by its summary
+            text = None
+        if isinstance(text, str) and text:
+            texts[wf.id] = text
+        else:
+            unnamed.append(wf)
+
+    async def summary(wf) -> str | None:
+        try:
+            desc = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+            return await desc.static_summary()
+        except (RPCError, ValueError):
+            return None  # the row still shows its id
+
+    found = await asyncio.gather(*(summary(wf) for wf in unnamed))
+    texts.update({wf.id: text for wf, text in zip(unnamed, found, strict=True) if text})
+    return texts
 
 
 async def list_goals(client: Client, query: str | None = None, limit: int = 50) -> list:

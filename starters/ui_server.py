@@ -3,7 +3,8 @@ events, and a JSON API for reading goals and sending them messages.
 
     GET  /api/goals                     the goals, as `perdure ls` filters them (?status=, ?phase=,
                                         ?needs_human=1, ?parked=1, ?query= a visibility query,
-                                        ?limit=), with their outcome; those waiting on a person first
+                                        ?limit=), with their text and outcome; those waiting on a
+                                        person first
     GET  /api/filters                   the values ?status= and ?phase= take
     POST /api/goals                     start a goal, as JSON ({"goal": text} or {"plan": {...}},
                                         optional "id", "request_id" and `perdure start`'s options):
@@ -179,8 +180,8 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         for e in newest:
             listed.setdefault(e.id, e)
         executions = sorted(listed.values(), key=lambda e: _waiting_on_a_person(e) is None)[:limit]
-        outcomes = await goals.outcomes(client, executions)
-        return JSONResponse([_goal_row(e, outcomes.get(e.id)) for e in executions])
+        outcomes, texts = await asyncio.gather(goals.outcomes(client, executions), goals.goal_texts(client, executions))
+        return JSONResponse([_goal_row(e, outcomes.get(e.id), texts.get(e.id)) for e in executions])
 
     async def filter_values(request: Request) -> JSONResponse:
         del request
@@ -369,10 +370,11 @@ async def _read_events(
         await asyncio.sleep(READ_EVERY.total_seconds())
 
 
-def _goal_row(execution: Any, outcome: str | None) -> dict[str, Any]:
+def _goal_row(execution: Any, outcome: str | None, goal: str | None) -> dict[str, Any]:
     attrs = execution.typed_search_attributes
     return {
         "id": execution.id,
+        "goal": goal,
         "status": execution.status.name if execution.status else None,
         "phase": attrs.get(sa.GOAL_STATUS),
         "percent_done": attrs.get(sa.PERCENT_DONE),

@@ -3,8 +3,9 @@ DevTools protocol): a running node turns succeeded without a reload and the repo
 when the goal is done, a question is answered by clicking its button and its receipt
 lands in the inbox, a node is rewound by clicking it after the page said what becomes
 void, older plan versions are drawn read-only, the goal list filters and puts a goal
-waiting on a person first, a premise is narrowed from its panel, and a running node's
-live model output follows the token events."""
+waiting on a person first, the list and a goal's header name it by its text, a card's
+"done so far" is what is done when shown, a premise is narrowed from its panel, and a
+running node's live model output follows the token events."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
+from starters import goals
 from starters.ui_server import build_app
 from testing.browser import CHROMIUM, Browser
-from tests.builders import gate, llm, scripted_profile
+from tests.builders import gate, llm, scripted_profile, spec
 from tests.device_rig import write_on
 from tests.helpers import free_ports, local_activities, running_worker, start, submit, wait_until
 from workflows.events import token_delta_id, token_retry_id
@@ -106,6 +108,53 @@ async def test_a_question_is_answered_by_clicking_its_button(env, task_queue, st
     assert row.startswith("answerapplied") and "ui-" in row, row  # kind, status, note, the page's request id
     assert page.errors == []
     assert (laptop.root / "out.txt").read_text() == "hello\n"
+
+
+async def test_a_question_cards_done_so_far_is_what_is_done_when_shown_not_when_asked(
+    env, task_queue, store, workspace, ui, devices, tmp_path
+):
+    after = {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["gate"], "args": {}}
+    tools = ["write_file", "run_command", "list_dir"]
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        await devices("laptop").start()
+        handle = await start(env, task_queue, workspace, [write_on("laptop"), gate(), after], allowed_tools=tools)
+        await page.open(f"{ui}/goals/{handle.id}")
+        card = "document.querySelector('[data-question] .done-so-far')?.textContent"
+        asked = await page.wait_for(card)
+        (workspace / "GO").write_text("")  # two steps finish while the card waits
+        await page.wait_for(f"{status_of('after')} === 'succeeded'")
+        now = await page.wait_for(f"{card}?.includes('2 of 3') && {card}")
+        await submit(handle, Abort(request_id="abort-1"))
+        await handle.result()
+    assert asked == "done so far: nothing finished yet (0 of 3 steps)", asked
+    assert now == "done so far: 2 of 3 steps finished: gate, after", now
+    assert page.errors == []
+
+
+async def test_the_goal_list_and_a_goals_header_show_its_text_not_only_its_id(
+    env, task_queue, store, workspace, ui, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
+    text = "Tidy the release notes for the export fix"
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        # A router-made id says nothing: the text is what a person recognises.
+        goal = spec(workspace, goal=text, plan={"steps": [gate()]})
+        handle = await goals.start_goal(env.client, goal, f"goal-{task_queue[-10:]}")
+        await wait_until(handle, lambda s: "gate" in s.running)
+        ours = quote(f"WorkflowId = '{handle.id}'")
+        await page.open(f"{ui}/?query={ours}")
+        row = await page.wait_for("document.querySelector('#goals tr[data-goal] td')?.textContent")
+        await page.open(f"{ui}/goals/{handle.id}")
+        header = await page.wait_for(
+            "document.getElementById('summary') && document.getElementById('where').textContent"
+        )
+        summary = await page.wait_for("document.getElementById('summary').textContent")
+        await submit(handle, Abort(request_id="abort-1"))
+        await handle.result()
+    assert text in row and handle.id in row, row
+    assert text in header, header
+    assert summary.startswith(text), summary
+    assert page.errors == []
 
 
 async def test_a_node_is_rewound_by_clicking_it_and_runs_again(env, task_queue, store, workspace, ui, tmp_path):

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import httpx
 import pytest
 
-from tests.builders import gate
+from starters import goals, router_client
+from tests.builders import gate, openai_profile, spec
 from tests.helpers import CHROMIUM, chromium, running_worker, start, wait_until
+from workflows.contracts import GOAL_MEMO
+from workflows.goal import GoalWorkflow
+from workflows.router_contracts import Say
+from workflows.state import GoalInput
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
@@ -192,6 +198,47 @@ async def test_the_goal_list_filters_as_perdure_ls_and_lists_a_goal_waiting_on_a
     assert bad_flag.status_code == 400 and "1 or 0" in bad_flag.json()["error"]
     assert bad_query.status_code == 400 and "visibility query" in bad_query.json()["error"]
     assert {r["outcome"] for r in ended} == {"aborted"} and all(r["waiting_on_you"] is None for r in ended)
+
+
+@pytest.mark.slow
+async def test_the_goal_list_names_each_goal_by_its_text_from_the_memo_it_started_with(
+    env, task_queue, store, workspace, ui, scripted, monkeypatch
+):
+    monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
+    user = f"u{uuid.uuid4().hex[:8]}"
+    server = scripted({"replies": [], "policy": "offline"})
+    waits = spec(workspace, goal="Tidy the release notes", plan={"steps": [gate()]})
+    async with (
+        running_worker(env, task_queue, store, openai_profile(server)),
+        httpx.AsyncClient(base_url=ui, timeout=30) as http,
+    ):
+        by_cli = await goals.start_goal(env.client, waits, f"cli-{task_queue}")
+        new = Say(request_id="r-new", text="Compose a haiku about penguins", workspace=str(workspace), new=True)
+        routed = await router_client.say(env.client, user, new, profile="test")  # a goal-… id of the router's
+        # Started without the memo (as before it existed): named by its static summary.
+        older = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=waits.model_copy(update={"goal": "Summarise the notes"})),
+            id=f"old-{task_queue}",
+            task_queue=task_queue,
+            static_summary="Summarise the notes",
+        )
+        ids = [by_cli.id, routed.goal_id, older.id]
+        query = " OR ".join(f"WorkflowId = '{i}'" for i in ids)
+        rows = await listed(http, {"query": query}, lambda rows: len(rows) == 3)
+        memos = {wf.id: await wf.memo() async for wf in env.client.list_workflows(query)}
+        for handle in (by_cli, older):
+            await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
+            await goals.result(env.client, handle.id)
+    assert {r["id"]: r["goal"] for r in rows} == {
+        by_cli.id: "Tidy the release notes",
+        routed.goal_id: "Compose a haiku about penguins",
+        older.id: "Summarise the notes",
+    }
+    # The listing itself carries the text of the goals started since: no call per goal.
+    assert memos[by_cli.id][GOAL_MEMO] == "Tidy the release notes"
+    assert memos[routed.goal_id][GOAL_MEMO] == "Compose a haiku about penguins"
+    assert GOAL_MEMO not in memos[older.id]
 
 
 @pytest.mark.slow

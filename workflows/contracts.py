@@ -22,6 +22,15 @@ from workflows.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
 
 TASK_QUEUE = "perdure"
 GOAL_WORKFLOW = "GoalWorkflow"
+# Memo key of a goal's text (its start, up to GOAL_MEMO_CHARS): visibility listings carry the
+# memo, so a list of goals shows what each is without asking each one.
+GOAL_MEMO = "perdure_goal"
+GOAL_MEMO_CHARS = 200
+
+
+def goal_memo(goal: str) -> dict[str, str]:
+    """The memo entry a goal starts with: its text, as far as a list shows it."""
+    return {GOAL_MEMO: goal[:GOAL_MEMO_CHARS]}
 
 
 class Activities:
@@ -619,7 +628,7 @@ class QuestionView(BaseModel):
     topic: str = ""
     asked_at: datetime | None = None
     title: str
-    done: str
+    done: str = Field(description="What the goal has done so far, as of the snapshot, not of the asking.")
     stuck: str
     options: list[dict[str, str]]
     recommendation: str

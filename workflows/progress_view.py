@@ -10,6 +10,7 @@ from __future__ import annotations
 from workflows.contracts import NodeView, ProgressSnapshot, QuestionView
 from workflows.eta import Eta
 from workflows.node_index import NodeIndex
+from workflows.questions import done_so_far
 from workflows.quota import QUOTA_KEY
 from workflows.risk_order import ORDER_KEYS
 from workflows.state import GoalState, Node
@@ -61,7 +62,7 @@ def progress_snapshot(
                 topic=q.topic,
                 asked_at=q.asked_at,
                 title=q.title,
-                done=q.done,
+                done=done_so_far(state, q),
                 stuck=q.stuck,
                 options=[o.model_dump() for o in q.options],
                 recommendation=q.recommendation,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from workflows.durations import duration_text
+from workflows.memory_rules import CARD_TOPIC
 from workflows.state import GoalState, Question, QuestionOption
 
 
@@ -18,6 +19,13 @@ def _done_summary(state: GoalState) -> str:
     if not done:
         return f"nothing finished yet (0 of {total} steps)"
     return f"{len(done)} of {total} steps finished: {', '.join(done[:12])}{' …' if len(done) > 12 else ''}"
+
+
+def done_so_far(state: GoalState, question: Question) -> str:
+    """What a card shows as done: the goal's work as it stands now, since steps go on while a
+    card waits; the summary it was asked with would be stale. The memory card keeps its own
+    words (it is asked once the steps have ended, and says what the goal waits for)."""
+    return question.done if question.topic == CARD_TOPIC else _done_summary(state)
 
 
 def next_question_id(state: GoalState) -> str:

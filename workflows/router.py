@@ -47,12 +47,13 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows import memory_rules
-    from workflows.contracts import GOAL_WORKFLOW, Activities, GoalSpec, Signals
+    from workflows.contracts import GOAL_WORKFLOW, Activities, GoalSpec, Signals, goal_memo
     from workflows.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
     from workflows.messages import Answer, Queue, Steer, bounded, content_digest
     from workflows.plan import describe_validation_error
     from workflows.raw_values import decode_raw
     from workflows.router_contracts import (
+        GOAL_MEMO_PATCH,
         ROUTER_WORKFLOW,
         AnswerInput,
         AnswerResult,
@@ -362,7 +363,7 @@ class RouterWorkflow:
         except ValidationError as err:
             raise _Unrouted(f"cannot start a goal from it: {describe_validation_error(err)}") from None
         try:
-            await workflow.start_child_workflow(
+            started = await workflow.start_child_workflow(
                 GOAL_WORKFLOW,
                 GoalInput(spec=spec),
                 id=goal_id,
@@ -371,9 +372,14 @@ class RouterWorkflow:
                 task_timeout=spec.task_timeout(),
                 static_summary=goal_text[:200],
                 search_attributes=TypedSearchAttributes([SearchAttributePair(OWNER, state.user)]),
+                memo=goal_memo(goal_text) if workflow.patched(GOAL_MEMO_PATCH) else None,
             )
         except WorkflowAlreadyStartedError:
             pass  # this very message started it in an earlier run
+        else:
+            # The router never waits for a goal it started: how the goal ends (a failure too)
+            # is the goal's to report. Reading it keeps asyncio from logging it as unretrieved.
+            started.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
         action = "follow-up goal" if "follow-up" in reason else "new goal"
         self._done(routing, by, action, goal_id, reason)
         return goal_id

@@ -106,9 +106,11 @@ async function showList() {
     main.replaceChildren(form, el("p", {}, filtered ? "no goals match these filters" : "no goals yet"));
     return;
   }
+  // A goal is named by its text (ids such as goal-626ff61c59 say nothing), its id beside it.
   const rows = goals.map((g) =>
     el("tr", { "data-goal": g.id, class: g.waiting_on_you ? "waiting" : null },
-      el("td", {}, el("a", { href: `/goals/${encodeURIComponent(g.id)}` }, g.id)),
+      el("td", {}, el("a", { href: `/goals/${encodeURIComponent(g.id)}` }, g.goal || g.id),
+        g.goal ? el("span", { class: "goal-id" }, ` ${g.id}`) : ""),
       el("td", { class: "needs-you" }, g.waiting_on_you === "answer" ? "needs your answer" : g.waiting_on_you === "parked" ? "parked" : ""),
       el("td", {}, g.status || ""), el("td", { class: `outcome o-${g.outcome || "none"}` }, g.outcome || ""),
       el("td", {}, g.phase || ""), el("td", {}, g.percent_done === null || g.percent_done === undefined ? "" : `${g.percent_done}%`),
@@ -321,9 +323,10 @@ function showNode(snapshot, node, state, readonly) {
   detail.replaceChildren(...parts);
 }
 
+// What a card says is done comes with each snapshot: it is what is done now, not when asked.
 function drawQuestions(snapshot) {
   return snapshot.questions.map((q) => el("div", { class: "card", "data-question": q.id },
-    el("b", {}, `${q.id}: ${q.title}`), el("p", {}, q.stuck),
+    el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`), el("p", {}, q.stuck),
     ...q.options.map((o) => {
       const requestId = newRequestId();
       return el("button", { "data-option": o.id, title: o.cost || "", onclick: async () => {
@@ -339,7 +342,8 @@ function drawSummary(snapshot) {
   const parked = snapshot.parked ? el("p", { id: "parked" }, `parked: ${snapshot.pause_reason || ""}${snapshot.park_expires_at ? " until " + snapshot.park_expires_at : ""}`) : "";
   const failure = snapshot.failure ? el("p", { class: "error" }, `failure: ${snapshot.failure}`) : "";
   return el("div", { class: "summary", id: "summary", "data-phase": snapshot.phase },
-    el("b", {}, snapshot.goal_id), ` · phase ${snapshot.phase} · ${snapshot.percent_done}% · plan v${snapshot.plan_version}`,
+    el("b", { class: "goal-text" }, snapshot.goal || snapshot.goal_id), snapshot.goal ? el("span", { class: "goal-id" }, ` ${snapshot.goal_id}`) : "",
+    ` · phase ${snapshot.phase} · ${snapshot.percent_done}% · plan v${snapshot.plan_version}`,
     ` · tokens ${snapshot.tokens} · $${snapshot.cost_usd.toFixed(4)}`,
     snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked, failure);
 }
@@ -450,6 +454,7 @@ async function showGoal(goalId) {
   const refresh = async () => {
     state.snapshot = await getJSON(api);
     state.status.clear(); // the snapshot is the truth; later events update it
+    if (state.snapshot.goal) where.textContent = `${state.snapshot.goal} · ${goalId}`;
     render();
   };
   const refreshInbox = async () => {
