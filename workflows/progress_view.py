@@ -62,12 +62,12 @@ def progress_snapshot(
                 topic=q.topic,
                 asked_at=q.asked_at,
                 title=q.title,
-                done=done_so_far(state, q),
+                done=done,
                 stuck=q.stuck,
                 options=[o.model_dump() for o in q.options],
                 recommendation=q.recommendation,
             )
-            for q in open_questions
+            for q, done in zip(open_questions, done_so_far(state, open_questions), strict=True)
         ],
         pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
         budget=fractions,

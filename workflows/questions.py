@@ -21,11 +21,12 @@ def _done_summary(state: GoalState) -> str:
     return f"{len(done)} of {total} steps finished: {', '.join(done[:12])}{' …' if len(done) > 12 else ''}"
 
 
-def done_so_far(state: GoalState, question: Question) -> str:
-    """What a card shows as done: the goal's work as it stands now, since steps go on while a
-    card waits; the summary it was asked with would be stale. The memory card keeps its own
+def done_so_far(state: GoalState, asked: list[Question]) -> list[str]:
+    """What each card shows as done: the goal's work as it stands now, since steps go on while
+    a card waits; the summary it was asked with would be stale. The memory card keeps its own
     words (it is asked once the steps have ended, and says what the goal waits for)."""
-    return question.done if question.topic == CARD_TOPIC else _done_summary(state)
+    now = _done_summary(state) if any(q.topic != CARD_TOPIC for q in asked) else ""
+    return [q.done if q.topic == CARD_TOPIC else now for q in asked]
 
 
 def next_question_id(state: GoalState) -> str:
