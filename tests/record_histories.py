@@ -39,7 +39,7 @@ from tests.device_rig import InProcessDevice
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
 from workers.capabilities import CapabilitiesInput, CapabilitiesWorkflow
 from workers.orchestrator import build_worker
-from workflows.contracts import Budget
+from workflows.contracts import Budget, GoalResult
 from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
@@ -757,6 +757,34 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
     save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
+async def record_router_starts_a_goal(env: WorkflowEnvironment, out: Path) -> None:
+    """A user's router starts a goal for a message that asks for one (`--new`), and the goal
+    ends while the router runs. Recorded before the router's goals carried their text in their
+    memo (patch `router-goal-text-memo`): its replay starts the goal without one."""
+    from starters import router_client
+    from workflows.router import RouterWorkflow
+    from workflows.router_contracts import RouterInput, Say, router_id
+
+    plan = {"steps": [{"name": "look", "kind": "tool", "tool": "list_dir", "args": {}}]}
+    async with rig(env, {"replies": [{"when": "PERDURE-PLANNER", "json": plan}]}) as (workspace, task_queue):
+        user = "recorder"
+        router = await env.client.start_workflow(
+            RouterWorkflow.run, RouterInput(user=user, profile="test"), id=router_id(user), task_queue=task_queue
+        )
+        with _env("PERDURE_TASK_QUEUE", task_queue):
+            message = Say(request_id="r1", text="list what is here", workspace=str(workspace), new=True)
+            routing = await router_client.say(env.client, user, message, profile="test")
+        assert routing is not None and routing.action == "new goal", routing
+        result = await env.client.get_workflow_handle(routing.goal_id, result_type=GoalResult).result()
+        assert result.outcome == "succeeded", result.excerpt
+        while not any(
+            e.HasField("child_workflow_execution_completed_event_attributes")
+            for e in (await router.fetch_history()).events
+        ):
+            await asyncio.sleep(0.1)  # the goal's end reached the router
+        save(out, await router.fetch_history())
+
+
 async def record_goal_memory(env: WorkflowEnvironment, out: Path) -> None:
     """A goal using memory: a project memory recalled into a step's input, the step's
     conclusion written and recalled by the next step, the end-of-goal card answered so
@@ -1009,6 +1037,7 @@ SCENARIOS = {
     "router-v1-routes": record_router_routes,
     "goal-v1-memory": record_goal_memory,
     "memory-v1-card-to-router": record_memory_card_to_router,
+    "router-v1-starts-a-goal": record_router_starts_a_goal,
     "goal-v1-wait-steps": record_goal_wait_steps,
     "quota-v1-slots": record_quota_slots,
     "quota-v2-places": record_quota_places,
