@@ -1,10 +1,12 @@
-"""A new user's own goals and plans run offline: no model key, the default profile, the CLI
-as a user runs it (`perdure worker` and `perdure start ... --watch` as subprocesses).
+"""A new user's own plans run offline, and a goal given only as text says plainly that no
+model ran and nothing was done: no model key, the default profile, the CLI as a user runs it
+(`perdure worker` and `perdure start ... --watch` as subprocesses).
 
 The default offline profile answers the demo by its hand-written script and anything else by
 the offline policy of testing/scripted.py, over the OpenAI wire format, at no cost. Unit tests
-of the policy check what it derives from a request: the plan from the goal text, the step
-text naming its inputs, the tool calls and their schema-built arguments.
+of the policy check what it derives from a request: the refusal to plan a goal's text (and the
+plan for queued work), the router's light answer to a question, the watchdog judge's offline
+verdict, the step text naming its inputs, the tool calls and their schema-built arguments.
 """
 
 from __future__ import annotations
