@@ -24,6 +24,7 @@ from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from activities.compaction import ERROR_PREFIX, RESULT_PREFIX, CompactedPrompt, compact_prompt
 from activities.faults import fault_point
 from activities.heartbeat import Heartbeat
+from activities.models import context_window
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
 from activities.models.live_text import LiveText
@@ -38,6 +39,7 @@ from workflows.contracts import (
     ArtifactRef,
     ContextCompaction,
     DriftInput,
+    DriftOutline,
     DriftResult,
     GenerateInput,
     GenerateResult,
@@ -157,17 +159,20 @@ class ModelActivities:
 
     @activity.defn(name=Activities.DRIFT_CHECK)
     async def drift_check(self, input: DriftInput) -> DriftResult:
-        """Would finishing the current plan satisfy the goal? One structured model call."""
-        finished = "\n".join(f"- {name}: {text}" for name, text in sorted(input.finished.items())) or "(none)"
+        """Would finishing the current plan satisfy the goal? One structured model call, shown
+        a bounded outline of the plan (the whole plan, when scheduled by older goals)."""
+        if input.outline is not None:
+            shown = outline_block(input.outline)
+        else:
+            finished = "\n".join(f"- {name}: {text}" for name, text in sorted(input.finished.items())) or "(none)"
+            plan = json.dumps(input.plan.model_dump(mode="json") if input.plan else {}, sort_keys=True)
+            shown = [f"Current plan:\n{plan}", f"Finished steps:\n{finished}"]
         messages = [
             ChatMessage(role="system", content=drift_system_prompt(input.context)),
             ChatMessage(
                 role="user",
                 content=goal_message(
-                    input.context,
-                    f"Current plan:\n{json.dumps(input.plan.model_dump(mode='json'), sort_keys=True)}",
-                    f"Finished steps:\n{finished}",
-                    'Reply with JSON only: {"on_track": true|false, "reason": "..."}',
+                    input.context, *shown, 'Reply with JSON only: {"on_track": true|false, "reason": "..."}'
                 ),
             ),
         ]
@@ -302,6 +307,8 @@ class ModelActivities:
         self, context: ModelContext, request: ChatRequest, attempt: ModelAttemptState
     ) -> tuple[ChatResponse, Usage]:
         profile = self._profile(context.profile)
+        # Before the quota's slot and the request: a call that cannot fit costs nothing.
+        context_window.ensure_fits(profile, request, attempt.what())
         prompt_chars = sum(len(m.content or "") for m in request.messages)
         async with admitted(self.config, profile, context, prompt_chars, on_wait=attempt.set_status):
             # Crash tests may kill the worker while this call is in flight (no-op unless PERDURE_FAULT is set).
@@ -331,11 +338,18 @@ class ModelActivities:
         return response, usage
 
     def _compacted(self, input: AgentTurnInput, messages: list[ChatMessage]) -> CompactedPrompt | None:
-        """The prompt with older finished turns compacted, when it is over the goal's threshold."""
+        """The prompt with older finished turns compacted, when it is over the goal's threshold
+        or would not fit the model's context window (then whatever the goal's threshold)."""
         threshold = input.compact_after_chars
         if threshold is not None and input.context.degraded:
             # Past the soft budget gate the design asks for a compacted context.
             threshold = min(threshold, DEGRADED_INPUT_CHARS)
+        profile = self._profile(input.context.profile)
+        fits = context_window.prompt_chars_allowed(profile, profile.max_output_tokens)
+        if fits is not None:
+            # What the tools' schemas take of the window (the compaction tool's included) is not the messages'.
+            fits -= context_window.tools_chars(agent_tools([*input.tools, COMPACTION_TOOL], input.mcp_tools))
+            threshold = fits if threshold is None else min(threshold, fits)
         compacted = compact_prompt(messages, threshold)
         if compacted is None:
             return None
@@ -480,11 +494,28 @@ def core_tools(names: list[str]) -> list[str]:
 def drift_system_prompt(context: ModelContext) -> str:
     return "\n\n".join(
         [
-            f"[{DRIFT_MARKER}]\nYou check a long-running plan for drift: given the goal, its constraints, the "
-            "plan and what has finished, decide whether finishing the plan as it stands will satisfy the goal.",
+            f"[{DRIFT_MARKER}]\nYou check a long-running plan for drift: given the goal, its constraints, an "
+            "outline of the plan and what has finished, decide whether finishing the plan as it stands will "
+            "satisfy the goal.",
             constraints_block(context.constraints),
         ]
     )
+
+
+def outline_block(outline: DriftOutline) -> list[str]:
+    """The parts of a drift prompt that show the plan: its size, what runs next, what finished last."""
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(outline.kinds.items()))
+    size = (
+        f"The plan: {outline.steps} steps ({kinds}); {outline.finished} finished, {outline.failed} failed, "
+        f"{outline.steps - outline.finished - outline.failed} to go."
+    )
+    upcoming = "\n".join(f"- {line}" for line in outline.upcoming) or "(none)"
+    recent = "\n".join(f"- {name}: {text}" for name, text in outline.recent.items()) or "(none)"
+    return [
+        size,
+        f"Next steps to run (the first {len(outline.upcoming)}):\n{upcoming}",
+        f"Latest finished steps (the last {len(outline.recent)}) and their output:\n{recent}",
+    ]
 
 
 def parse_drift_reply(text: str) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ from activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from activities.faults import fault_point
 from activities.heartbeat import Heartbeat
 from workflows.contracts import Activities, ReportInput, ReportResult, StepOutcome
+from workflows.own_calls import own_call_lines
 
 OUTPUT_CAP_CHARS = 4_000
 """Characters of each step's output quoted in the report; the full output stays in the store."""
@@ -64,6 +65,8 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
             lines.append(f"| (planning, drift and other calls outside steps) | — | — | {outside} |")
         else:
             lines.append(f"Planning, drift and other calls outside steps: {outside.replace(' | ', ' tokens, $')}.")
+    if input.own_calls:
+        lines += ["", "## perdure's own model calls", "", *(f"- {line}" for line in own_call_lines(input.own_calls))]
     earlier = [s for s in input.steps if s.plan_version is not None]
     if earlier:
         lines += [

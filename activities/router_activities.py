@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from activities.heartbeat import Heartbeat
+from activities.models import context_window
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
@@ -167,6 +168,7 @@ class RouterIO:
         )
         async with Heartbeat(attempt.details):
             try:
+                context_window.ensure_fits(profile, request, attempt.what())
                 response = await provider_for(profile).chat(request, attempt)
             except Exception as err:
                 raise attempt.failure(err) from None

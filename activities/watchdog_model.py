@@ -9,6 +9,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.heartbeat import Heartbeat
+from activities.models import context_window
 from activities.models.attempts import ModelAttemptState
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatRequest, provider_for
@@ -41,6 +42,7 @@ class WatchdogModelActivities:
         )
         async with Heartbeat(attempt.details):
             try:
+                context_window.ensure_fits(profile, request, attempt.what())
                 response = await provider_for(profile).chat(request, attempt)
             except Exception as err:
                 raise attempt.failure(err) from None

@@ -25,6 +25,7 @@ from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
 from workers import deployment
+from workflows.contracts import DEFAULT_MAX_COST_USD, DEFAULT_MAX_TOKENS
 from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
@@ -183,8 +184,16 @@ def start(
     ] = False,
     premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
+    no_budget: Annotated[
+        bool,
+        typer.Option(
+            "--no-budget",
+            help=f"No token or cost limit (without --max-tokens or --max-cost a goal gets "
+            f"{DEFAULT_MAX_TOKENS:,} tokens and ${DEFAULT_MAX_COST_USD:g}).",
+        ),
+    ] = False,
 ) -> None:
-    """Start a goal; print its id and Temporal UI link."""
+    """Start a goal; print its id, its budget and its Temporal UI link."""
     allowed = tool or list(DEFAULT_TOOLS)
     constraints = list(constraint or [])
     premises = _key_values(premise or [])
@@ -209,17 +218,19 @@ def start(
     if not root.is_dir():
         # Workers may run elsewhere (docker-compose); the tool activity checks it there.
         err_console.print(f"[yellow]warning:[/yellow] workspace {root} is not a directory on this machine")
+    limits = {
+        "max_tokens": max_tokens,
+        "max_cost_usd": max_cost,
+        "max_wall_seconds": max_wall,
+        "deadline": _deadline(deadline),
+    }
     try:
+        budget = goals.with_default_budget(limits, no_budget)
         spec = goals.build_spec(
             goal=goal,
             plan=plan_obj,
             constraints=constraints,
-            budget={
-                "max_tokens": max_tokens,
-                "max_cost_usd": max_cost,
-                "max_wall_seconds": max_wall,
-                "deadline": _deadline(deadline),
-            },
+            budget=budget,
             model_profile=profile,
             allowed_tools=allowed,
             workspace=str(root),
@@ -239,6 +250,7 @@ def start(
         client = await connect()
         await capabilities.check_start(client, spec)
         await _start_or_show(client, spec, gid, replace)
+        console.print(escape(goals.budget_line(spec.budget, defaulted=budget != limits)))
         if watch:
             await render.watch(client, gid, console)
 

@@ -43,7 +43,17 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.artifacts import ArtifactMissing, default_store
 from runtime import settings
 from workflows import search_attributes as sa
-from workflows.contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, GoalSpec, ProgressSnapshot, goal_memo
+from workflows.contracts import (
+    DEFAULT_MAX_COST_USD,
+    DEFAULT_MAX_TOKENS,
+    GOAL_MEMO,
+    GOAL_WORKFLOW,
+    Budget,
+    GoalResult,
+    GoalSpec,
+    ProgressSnapshot,
+    goal_memo,
+)
 from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import is_mcp_tool
 from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
@@ -201,21 +211,46 @@ def _drop_later_step_fields(plan: dict) -> None:
 
 def static_details(spec: GoalSpec) -> str:
     """What the Temporal UI shows in the goal's header and list: the goal and its limits (markdown)."""
-    budget = spec.budget
-    limits = [
-        f"{budget.max_tokens} tokens" if budget.max_tokens else "",
-        f"${budget.max_cost_usd:g}" if budget.max_cost_usd else "",
-        f"{budget.max_wall_seconds} s active" if budget.max_wall_seconds else "",
-        f"deadline {budget.deadline.isoformat()}" if budget.deadline else "",
-    ]
     plan = f"plan file ({len(spec.plan.steps)} steps)" if spec.plan is not None else "the planner"
     lines = [
         "**Goal:** " + _md_line(spec.goal),
         "**Constraints:** " + ("; ".join(_md_line(c) for c in spec.constraints) or "none"),
-        "**Budget:** " + (", ".join(x for x in limits if x) or "none"),
+        "**Budget:** " + budget_text(spec.budget),
         f"**Plan:** {plan} · profile `{spec.model_profile}` · tools: {', '.join(spec.allowed_tools) or 'none'}",
     ]
     return "\n\n".join(lines)[:20_000]
+
+
+def budget_text(budget: Budget) -> str:
+    """A budget's limits in a line: '2,000,000 tokens, $10, 3600 s active', or 'none'."""
+    limits = [
+        f"{budget.max_tokens:,} tokens" if budget.max_tokens else "",
+        f"${budget.max_cost_usd:g}" if budget.max_cost_usd else "",
+        f"{budget.max_wall_seconds} s active" if budget.max_wall_seconds else "",
+        f"deadline {budget.deadline.isoformat()}" if budget.deadline else "",
+    ]
+    return ", ".join(x for x in limits if x) or "none"
+
+
+def with_default_budget(limits: dict, no_budget: bool = False) -> dict:
+    """The budget fields a start asks for (`max_tokens`, `max_cost_usd`, `max_wall_seconds`,
+    `deadline`), with the default token and cost limits (contracts.DEFAULT_MAX_TOKENS and
+    DEFAULT_MAX_COST_USD) when it names neither, unless `no_budget`, which asks for no limit
+    at all (ValueError when a limit is given beside it)."""
+    if no_budget:
+        if any(value is not None for value in limits.values()):
+            raise ValueError("no budget means no limit at all: give no token, cost, time or deadline limit with it")
+        return limits
+    if limits.get("max_tokens") is None and limits.get("max_cost_usd") is None:
+        return {**limits, "max_tokens": DEFAULT_MAX_TOKENS, "max_cost_usd": DEFAULT_MAX_COST_USD}
+    return limits
+
+
+def budget_line(budget: Budget, defaulted: bool) -> str:
+    """What `perdure start` says of the goal's budget."""
+    if defaulted:
+        return f"budget: {budget_text(budget)} (the default; --max-tokens or --max-cost set your own, --no-budget none)"
+    return f"budget: {budget_text(budget)}"
 
 
 def _md_line(text: str) -> str:

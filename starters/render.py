@@ -24,9 +24,10 @@ from starters import goals
 from starters.fork import GoalDiff, StepSide
 from workers.deployment import Pinning
 from workflows import search_attributes as sa
-from workflows.contracts import ForkOrigin, GoalResult, ProgressSnapshot
+from workflows.contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
 from workflows.durations import duration_text
 from workflows.messages import InboxView, Receipt
+from workflows.own_calls import own_call_lines
 from workflows.statuses import IN_FLIGHT
 
 STATUS_STYLE = {
@@ -147,6 +148,7 @@ def print_status(
     )
     if snap.forked_from is not None:
         say(console, escape(fork_line(snap.forked_from)))
+    print_own_calls(console, snap.own_calls)
     if snap.failed_attempts:
         estimated = f", ${snap.estimated_cost_usd:.4f} of the cost estimated" if snap.estimated_cost_usd else ""
         say(console, f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
@@ -201,6 +203,12 @@ def print_status(
         say(console, f"[dim]gate[/dim] {escape(entry)}")
     if snap.failure:
         say(console, f"[red]failure:[/red] {escape(snap.failure)}")
+
+
+def print_own_calls(console: Console, own_calls: dict[str, OwnCalls]) -> None:
+    """perdure's own model calls (planning, drift checks, ...), a line per kind: in the totals above."""
+    for line in own_call_lines(own_calls):
+        say(console, Text(f"perdure's own calls · {line}", style="dim"))
 
 
 def fork_line(origin: ForkOrigin) -> str:
@@ -347,6 +355,7 @@ def print_result(console: Console, result: GoalResult) -> None:
         console,
         Text.assemble("outcome: ", (result.outcome, colour), f" · tokens {result.tokens} · ${result.cost_usd:.4f}"),
     )
+    print_own_calls(console, result.own_calls)
     if result.failure:
         say(console, Text.assemble(("reason: ", "red"), result.failure))
     if result.unfinished:

@@ -51,6 +51,10 @@ class StartRequest(BaseModel):
     max_cost: float | None = Field(default=None, gt=0, description="Cost budget in USD.")
     max_wall: int | None = Field(default=None, gt=0, description="Wall-time budget in seconds of active time.")
     deadline: datetime | None = Field(default=None, description="ISO 8601; local time unless it has an offset.")
+    no_budget: bool = Field(
+        default=False,
+        description="No token or cost limit (without max_tokens or max_cost a goal gets the default budget).",
+    )
     allow_network: bool = Field(default=False, description="Let shell commands use the network.")
     replace: bool = Field(default=False, description="Reuse the id of a finished goal for a new one.")
 
@@ -80,16 +84,12 @@ def start_spec(body: StartRequest) -> tuple[GoalSpec, str]:
         deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
         if deadline <= datetime.now(UTC):
             raise ValueError(f"deadline {deadline.isoformat()} is in the past")
+    limits = {"max_tokens": body.max_tokens, "max_cost_usd": body.max_cost, "max_wall_seconds": body.max_wall}
     spec = goals.build_spec(
         goal=goal,
         plan=plan,
         constraints=constraints,
-        budget={
-            "max_tokens": body.max_tokens,
-            "max_cost_usd": body.max_cost,
-            "max_wall_seconds": body.max_wall,
-            "deadline": deadline,
-        },
+        budget=goals.with_default_budget({**limits, "deadline": deadline}, body.no_budget),
         model_profile=body.profile,
         allowed_tools=allowed,
         workspace=str(workspace),

@@ -21,7 +21,7 @@ from activities.compaction import (
     render,
     work_units,
 )
-from activities.model_activities import ModelActivities
+from activities.model_activities import ModelActivities, agent_tools
 from activities.models.config import ModelConfig
 from activities.models.providers import ChatMessage, ChatToolCall
 from testing.scripted import ScriptedServer, seen_anthropic, seen_openai
@@ -30,6 +30,7 @@ from tests.helpers import run_goal, running_worker
 from workflows.canonical import sha256_digest
 from workflows.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
 from workflows.goal import GoalWorkflow
+from workflows.tool_specs import COMPACTION_TOOL
 
 CONSTRAINT = "Never write outside docs/; keep every file under 200 lines."
 
@@ -378,6 +379,33 @@ async def test_past_the_soft_budget_gate_the_threshold_drops(store):
     assert results[-1].compaction is not None and results[-1].compaction.chars_before < 24_000
     _, results = await drive(store, openai_profile, threshold=None, degraded=True)
     assert all(r.compaction is None for r in results)
+
+
+async def test_a_turn_over_the_models_context_window_is_compacted_to_fit_whatever_the_goals_threshold(store):
+    """A profile whose window holds 9,000 characters of messages beside the reply and the
+    tools' schemas: with no threshold of the goal's (None: never), the turns that would not fit
+    are compacted to fit, and every request sent fits (issue 34)."""
+    from activities.models import context_window
+
+    fits = 9_000
+    tools = context_window.tools_chars(agent_tools(["read_file", "list_dir", COMPACTION_TOOL]))
+    window = 2_048 + -(-(fits + tools) // context_window.CHARS_PER_TOKEN)
+
+    def small_window(server):
+        return openai_profile(server).model_copy(update={"context_window": window})
+
+    server, results = await drive(store, small_window, threshold=None)
+    assert len(results) == 6 and results[-1].final is not None
+    compacted = [r.compaction for r in results if r.compaction is not None]
+    assert compacted and all(c.chars_before > fits >= c.chars_after for c in compacted)
+    for body in server.bodies:
+        messages = [ChatMessage(role=m["role"], content=m.get("content") or "") for m in body["messages"]]
+        calls = sum(
+            len(c["function"]["name"]) + len(c["function"]["arguments"])
+            for m in body["messages"]
+            for c in m.get("tool_calls") or []
+        )
+        assert prompt_chars(messages) + calls <= fits
 
 
 @pytest.mark.slow

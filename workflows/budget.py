@@ -211,6 +211,27 @@ def gate(
     return GateDecision(action="dispatch", reason=f"{worst_text}: within budget", fraction_used=fractions)
 
 
+def own_call_gate(
+    budget: Budget, used: BudgetUse, estimate: KindEstimate, *, what: str, soft_fraction: float = DEFAULT_SOFT_FRACTION
+) -> str | None:
+    """Why one of the goal's own optional model calls (a drift check) is not sent, or None
+    when it may be. It is judged as a step is, by its estimate against what is spent and
+    held (`used`), and held back from the soft gate on too: it only advises, and what is
+    left of the budget goes to the work."""
+    decision = gate(budget, used, estimate, node_kind=what, wrap_up=False, soft_fraction=soft_fraction)
+    if decision.action == "dispatch":
+        return None
+    dimension = decision.dimension or "tokens"
+    limit = _limits(budget, used)[dimension]
+    spent = _spent_text(dimension, _used(used, dimension), limit)
+    if decision.action == "skip":
+        needs = format_amount(dimension, _estimated(estimate, dimension))
+        return f"{what} not sent: its estimate of {needs} would take {spent} past the limit"
+    if decision.action == "degraded":
+        return f"{what} not sent: {spent}, past the {soft_fraction:.0%} soft gate (the rest goes to the work)"
+    return f"{what} not sent: {spent}"
+
+
 def emergency_check(
     budget: Budget, used: BudgetUse, *, ceiling: float = 1.0, at_limit: bool = False
 ) -> GateDecision | None:

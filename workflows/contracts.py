@@ -78,6 +78,9 @@ class Updates:
 
 Outcome = Literal["succeeded", "partial", "failed", "aborted"]
 
+# A goal whose spec leaves `drift_every` unset checks for drift this often, while its plan has model work.
+DEFAULT_DRIFT_EVERY = 12
+
 # Past this many characters an agent turn's prompt has its older finished turns compacted.
 DEFAULT_COMPACT_AFTER_CHARS = 24_000
 
@@ -90,6 +93,13 @@ class ArtifactRef(BaseModel):
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     size: int = Field(ge=0)
     media_type: str = "text/plain"
+
+
+# The budget a goal gets when it is started with no money limit (`perdure start` without
+# --max-tokens or --max-cost; the web UI, the MCP server and the router alike): enough for
+# a long goal of ordinary work, and a stop long before a runaway spends real money.
+DEFAULT_MAX_TOKENS = 2_000_000
+DEFAULT_MAX_COST_USD = 10.0
 
 
 class Budget(BaseModel):
@@ -113,6 +123,12 @@ class Budget(BaseModel):
         if value is not None and value.utcoffset() is None:
             raise ValueError("a deadline needs a timezone, e.g. 2026-12-01T18:00:00+01:00 or 2026-12-01T17:00:00Z")
         return value
+
+    def with_default_money(self) -> Budget:
+        """This budget, with the default token and cost limits when it sets neither."""
+        if self.max_tokens or self.max_cost_usd:
+            return self
+        return self.model_copy(update={"max_tokens": DEFAULT_MAX_TOKENS, "max_cost_usd": DEFAULT_MAX_COST_USD})
 
 
 class ForkOrigin(BaseModel):
@@ -158,7 +174,12 @@ class GoalSpec(BaseModel):
         default_factory=dict, description="Named assumptions steps may rest on, e.g. scope=all_modules."
     )
     soft_gate: float = Field(default=0.7, gt=0, le=1, description="Budget fraction from which nodes run degraded.")
-    drift_every: int = Field(default=12, ge=0, description="Check for drift every N finished nodes; 0 = never.")
+    drift_every: int | None = Field(
+        default=None,
+        ge=0,
+        description="Check for drift every N finished nodes; 0 = never; None (the default): every "
+        "DEFAULT_DRIFT_EVERY while the plan has model work (an llm, agent or planned subgoal step), never otherwise.",
+    )
     stall_threshold: int = Field(default=2, ge=1, le=20, description="Stale agent steps before each stall response.")
     stall_after_s: float = Field(
         default=1800, gt=0, description="The watchdog calls a goal stalled after this long without progress."
@@ -253,6 +274,19 @@ class Usage(BaseModel):
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+# The calls a goal makes on its own, beside its steps' (workflows/goal/spend.py books them),
+# in the order they are shown.
+OWN_CALL_KINDS = ("planning", "repair", "re-planning", "drift check", "verification")
+
+
+class OwnCalls(BaseModel):
+    """What one kind of the goal's own model calls (planning, drift checks, ...) cost so far."""
+
+    calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
 
 
 class ModelContext(BaseModel):
@@ -561,6 +595,9 @@ class ReportInput(BaseModel):
     notes: list[str] = Field(default_factory=list, description="Plan versions, steering, questions: what changed.")
     tokens: int = 0
     cost_usd: float = 0.0
+    own_calls: dict[str, OwnCalls] = Field(
+        default_factory=dict, description="The goal's own model calls (planning, drift checks, ...) by kind."
+    )
 
 
 class ReportResult(BaseModel):
@@ -579,6 +616,9 @@ class GoalResult(BaseModel):
     tokens: int = 0
     cost_usd: float = 0.0
     objects: list[str] = Field(default_factory=list, description="Files it wrote and artifacts it made.")
+    own_calls: dict[str, OwnCalls] = Field(
+        default_factory=dict, description="Its own model calls (planning, drift checks, ...) by kind: in the totals."
+    )
 
 
 # --- progress -----------------------------------------------------------------
@@ -634,10 +674,24 @@ class QuestionView(BaseModel):
     recommendation: str
 
 
+class DriftOutline(BaseModel):
+    """What a drift check is shown of the plan: its size, and a bounded window of it (the
+    steps still to run first, the latest finished with their previews), never the whole of
+    it, so the call costs the same for a plan of 20 steps and one of 20,000."""
+
+    steps: int
+    finished: int
+    failed: int = 0
+    kinds: dict[str, int] = Field(default_factory=dict, description="Steps per kind.")
+    upcoming: list[str] = Field(default_factory=list, description="'name (kind): what it does' of the next steps.")
+    recent: dict[str, str] = Field(default_factory=dict, description="The latest finished steps -> output preview.")
+
+
 class DriftInput(BaseModel):
     context: ModelContext
-    plan: Plan
+    plan: Plan | None = Field(default=None, description="Scheduled by goals before the outline: the whole plan.")
     finished: dict[str, str] = Field(default_factory=dict, description="Finished step -> output preview.")
+    outline: DriftOutline | None = None
 
 
 class DriftResult(BaseModel):
@@ -694,6 +748,9 @@ class ProgressSnapshot(BaseModel):
         default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."
     )
     forked_from: ForkOrigin | None = Field(default=None, description="Where the goal was forked from (`perdure fork`).")
+    own_calls: dict[str, OwnCalls] = Field(
+        default_factory=dict, description="Its own model calls (planning, drift checks, ...) by kind: in the totals."
+    )
     goal: str = Field(default="", description="The goal text (cut), for whoever routes messages to it.")
     workspace: str = ""
     objects: list[str] = Field(

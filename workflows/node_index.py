@@ -86,6 +86,10 @@ class NodeIndex:
     def count(self, statuses: Collection[str]) -> int:
         return sum(len(self._by_status.get(s, ())) for s in statuses)
 
+    def count_of_kinds(self, statuses: Collection[str], kinds: Collection[str]) -> int:
+        """Nodes of any of `kinds` in any of `statuses`."""
+        return sum(self._kinds.get(s, {}).get(k, 0) for s in statuses for k in kinds)
+
     def any(self, statuses: Collection[str]) -> bool:
         return any(self._by_status.get(s) for s in statuses)
 

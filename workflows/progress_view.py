@@ -88,6 +88,7 @@ def progress_snapshot(
         devices=device_lines(state),
         waiting_for_devices=waits_for_devices(state),
         forked_from=state.spec.forked_from,
+        own_calls=state.ledger.own_calls,
         goal=state.spec.goal[:GOAL_SHOWN],
         workspace=state.spec.workspace,
         objects=owned_objects(state),

@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows import memory_rules
-    from workflows.contracts import GOAL_WORKFLOW, Activities, GoalSpec, Signals, goal_memo
+    from workflows.contracts import GOAL_WORKFLOW, Activities, Budget, GoalSpec, Signals, goal_memo
     from workflows.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
     from workflows.messages import Answer, Queue, Steer, bounded, content_digest
     from workflows.plan import describe_validation_error
@@ -359,7 +359,13 @@ class RouterWorkflow:
         state.workspace = state.workspace or say.workspace
         goal_id = "goal-" + hashlib.sha256(f"{state.user}/{say.request_id}".encode()).hexdigest()[:10]
         try:
-            spec = GoalSpec(goal=goal_text[:20_000], workspace=where, model_profile=state.profile)
+            # A goal the router starts has no budget of its own: it gets the default one.
+            spec = GoalSpec(
+                goal=goal_text[:20_000],
+                workspace=where,
+                model_profile=state.profile,
+                budget=Budget().with_default_money(),
+            )
         except ValidationError as err:
             raise _Unrouted(f"cannot start a goal from it: {describe_validation_error(err)}") from None
         try:

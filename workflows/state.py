@@ -23,6 +23,7 @@ from workflows.contracts import (
     GoalResult,
     GoalSpec,
     NodeKind,
+    OwnCalls,
     SubgoalOutcome,
     ToolResult,
 )
@@ -151,6 +152,10 @@ class Ledger(BaseModel):
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
     by_kind: dict[str, KindStats] = Field(default_factory=dict)
+    own_calls: dict[str, OwnCalls] = Field(
+        default_factory=dict,
+        description="The goal's own model calls by kind (contracts.OWN_CALL_KINDS), also in the totals above.",
+    )
 
     @property
     def tokens(self) -> int:

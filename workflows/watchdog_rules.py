@@ -525,8 +525,17 @@ def off_goal(goal: GoalObservation, findings: list[Finding]) -> str | None:
     return f"its last {len(recent)} conclusions share no term with the goal"
 
 
+# The judge is shown the new-information figures of the last this many finished steps: its
+# call costs the same for a goal of 30 steps and one of 3,000 (the plan lines and conclusions
+# it sees are capped where they are read, activities/visibility.py).
+JUDGE_FIGURES_SHOWN = 20
+
+
 def judge_prompt(goal: GoalObservation, why: str) -> str:
-    figures = ", ".join(f"{share:.0%}" for share in goal.new_information) or "none yet"
+    shown = goal.new_information[-JUDGE_FIGURES_SHOWN:]
+    figures = ", ".join(f"{share:.0%}" for share in shown) or "none yet"
+    if len(shown) < len(goal.new_information):
+        figures = f"(the last {len(shown)} of {len(goal.new_information)}) {figures}"
     lines = [
         f"Goal {goal.goal_id}: {goal.goal_text or '(no text)'}",
         f"Why you are asked: {why}.",

@@ -80,6 +80,10 @@ class ModelAttemptState:
         except (KeyError, ValueError):
             return None
 
+    def what(self) -> str:
+        """The call in words, for messages: 'agent step survey (turn 3)'."""
+        return f"{self.purpose} (turn {self.turn})" if self.turn is not None else self.purpose
+
     def set_status(self, status: str) -> None:
         """What the attempt waits for now (its heartbeat says it)."""
         self.status = status

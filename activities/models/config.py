@@ -48,6 +48,19 @@ LIST_PRICES: dict[str, tuple[float, float]] = {
     "claude-opus-4-1": (15.00, 75.00),
 }
 
+# Tokens of prompt and reply together each listed model takes (its context window), from the
+# providers' model pages. A profile's `context_window` overrides it, and is how a model not
+# listed gets one; a profile with neither is sent whatever it is given.
+CONTEXT_WINDOWS: dict[str, int] = {
+    "gpt-4o-mini": 128_000,
+    "gpt-4o": 128_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "claude-sonnet-4-5": 200_000,
+    "claude-haiku-4-5": 200_000,
+    "claude-opus-4-1": 200_000,
+}
 
 # Which credentials make `default` mean a built-in provider, in order of preference.
 PROVIDER_ENV: dict[str, tuple[str, ...]] = {
@@ -75,6 +88,12 @@ class ModelProfile(BaseModel):
     price_input_per_mtok: float = Field(default=0.0, ge=0)
     price_output_per_mtok: float = Field(default=0.0, ge=0)
     max_output_tokens: int = Field(default=2048, ge=1)
+    context_window: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens of prompt and reply the model takes; default: the built-in table's for a listed "
+        "model (CONTEXT_WINDOWS). A call that cannot fit is compacted or refused before it is sent.",
+    )
     timeout_s: float = Field(
         default=120,
         gt=0,
@@ -123,6 +142,10 @@ class ModelProfile(BaseModel):
     def background_for(self, max_output_tokens: int) -> bool:
         """Whether a call allowed `max_output_tokens` goes by handle."""
         return self.mode == "background" and max_output_tokens >= self.background_min_output_tokens
+
+    def window(self) -> int | None:
+        """The model's context window in tokens, when it is known (see `context_window`)."""
+        return self.context_window or CONTEXT_WINDOWS.get(self.model)
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok) / 1e6

@@ -52,6 +52,7 @@ class Closing:
                 notes=self._notes(),
                 tokens=state.ledger.tokens,
                 cost_usd=state.ledger.cost_usd,
+                own_calls=state.ledger.own_calls,
             ),
             result_type=ReportResult,
             start_to_close_timeout=REPORT_TIMEOUT,
@@ -72,6 +73,7 @@ class Closing:
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
             objects=owned_objects(state),
+            own_calls=state.ledger.own_calls,
         )
         state.phase = "failed" if state.failure else "finished"
         self._publish()

@@ -33,6 +33,7 @@ from workflows.goal.patches import (
     MEMORY_PATCH,
     NODE_ERRORS_SETTLE_PATCH,
     NODES_PER_RUN_PATCH,
+    OWN_CALLS_BOUNDED_PATCH,
     OWN_CHANGES_PATCH,
     READ_AHEAD_PATCH,
     READ_BATCHES_PATCH,
@@ -112,6 +113,7 @@ class GoalContext:
         self.lists_mcp_tools = False
         self.prepares_writes_here = False
         self.runs_bounded_by_nodes = self.dispatches_in_passes = False
+        self.bounds_own_calls = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -149,6 +151,9 @@ class GoalContext:
         self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
         self.runs_bounded_by_nodes = self._patched(NODES_PER_RUN_PATCH)
         self.dispatches_in_passes = self._patched(DISPATCH_PASSES_PATCH)
+        # Only goals that may check for drift: every other goal's history has no marker for it.
+        if self.state.spec.drift_every != 0:
+            self.bounds_own_calls = self._patched(OWN_CALLS_BOUNDED_PATCH)
         # Read by the tool runner from the state's patches (it has no context).
         self._patched(READ_BATCHES_PATCH)
         self._patched(READ_AHEAD_PATCH)

@@ -80,11 +80,18 @@ class ModelCalls:
         )
 
     async def run(
-        self, activity: str, payload: BaseModel, result_type: type[R], summary: str, node: Node | None = None
+        self,
+        activity: str,
+        payload: BaseModel,
+        result_type: type[R],
+        summary: str,
+        node: Node | None = None,
+        own: str | None = None,
     ) -> R:
         """One model activity; its usage, and its failed attempts', are charged to the goal
-        (and to `node`) as it returns. An ActivityError (out of retries) propagates once
-        its failed attempts are charged: what it means is the caller's call."""
+        (and to `node`, or to the kind of the goal's own calls it is, `own`: contracts.OWN_CALL_KINDS)
+        as it returns. An ActivityError (out of retries) propagates once its failed attempts are
+        charged: what it means is the caller's call."""
         kind = node.kind if node is not None else UNNODED_KIND
         try:
             while True:
@@ -98,7 +105,7 @@ class ModelCalls:
                     if wait is None:
                         raise
                 for attempt in failed_attempts_in(wait):
-                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
+                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
                 await self._wait_for_quota(wait, node)
                 payload = with_quota_key(payload, str(wait["key"]))
         except ActivityError as err:
@@ -106,11 +113,11 @@ class ModelCalls:
             # budget decisions it drove) as it was.
             if self._ctx.budgets_by_time_and_wrap_up:
                 for attempt in attempts_of_failure(err):
-                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
+                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
             raise
         for attempt in getattr(result, "failed_attempts", []):
-            self._spend.charge_failed_attempts(usage_of(attempt), kind, node)
-        self._spend.charge(result.usage, node)
+            self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
+        self._spend.charge(result.usage, node, own)
         return result  # type: ignore[return-value]  # a subclass of result_type
 
     async def _wait_for_quota(self, wait: dict, node: Node | None) -> None:

@@ -148,6 +148,11 @@ BASELINED = frozenset(
     }
 )
 
+# Changes since the baseline, each with its own marker (not in BASELINED).
+# Issue 34: a drift check is shown a bounded outline of the plan, and is not sent when the
+# budget cannot afford it (workflows/drift_outline.py, budget.own_call_gate).
+OWN_CALLS_BOUNDED_PATCH = "own-calls-bounded"
+
 
 def patched_here(state: GoalState, patch: str) -> bool:
     """A change asked where it matters: on in a run with the baseline when the baseline

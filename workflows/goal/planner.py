@@ -15,7 +15,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows import evidence
+from workflows import drift_outline, evidence
 from workflows.contracts import Activities, ArtifactRef, DriftInput, DriftResult, PlanInput, PlanResult, PlanRevision
 from workflows.device_contracts import DevicePresence
 from workflows.evidence import EvidenceTrigger
@@ -24,6 +24,7 @@ from workflows.goal.devices import Devices
 from workflows.goal.inbox import Inbox
 from workflows.goal.model_calls import ModelCalls
 from workflows.goal.scheduler import Scheduler
+from workflows.goal.spend import Spend
 from workflows.goal.tool_runner import failure_message
 from workflows.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
 from workflows.messages import InboxEntry
@@ -39,10 +40,17 @@ MCP_CATALOGUE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maxim
 
 class Planner:
     def __init__(
-        self, ctx: GoalContext, calls: ModelCalls, scheduler: Scheduler, inbox: Inbox, devices: Devices
+        self,
+        ctx: GoalContext,
+        calls: ModelCalls,
+        scheduler: Scheduler,
+        inbox: Inbox,
+        devices: Devices,
+        spend: Spend,
     ) -> None:
         self._ctx = ctx
         self._calls = calls
+        self._spend = spend
         self._scheduler = scheduler
         self._inbox = inbox
         self._devices = devices
@@ -105,24 +113,29 @@ class Planner:
 
     def drift_check_due(self) -> bool:
         state = self._ctx.state
-        every = state.spec.drift_every
         if state.evidence.pending is not None:
             return False  # a re-plan on evidence is under way: its plan comes first
-        return bool(every) and self._ctx.index().count(("succeeded",)) >= (state.drift_checks + 1) * every
+        return drift_outline.drift_check_due(state.spec.drift_every, state.drift_checks, self._ctx.index())
 
     async def check_drift(self) -> None:
-        """Does finishing this plan still satisfy the goal? If not, replan."""
+        """Does finishing this plan still satisfy the goal? If not, replan. The call is shown
+        a bounded outline of the plan (workflows/drift_outline.py), and is not sent when the
+        budget cannot afford it (goals recorded before: the whole plan, always sent)."""
         state = self._ctx.state
         state.drift_checks += 1
-        finished = self._finished()
         summary = f"drift check {state.drift_checks}"
+        if self._ctx.bounds_own_calls:
+            outline = drift_outline.outline(self._ctx.plan(), state.nodes)
+            tokens = drift_outline.call_tokens(outline, state)
+            refused = self._spend.own_call_refused(summary, self._spend.call_estimate(tokens))
+            if refused is not None:
+                self._ctx.log_gate(refused)
+                return
+            payload = DriftInput(context=self._calls.context(summary), outline=outline)
+        else:
+            payload = DriftInput(context=self._calls.context(summary), plan=self._ctx.plan(), finished=self._finished())
         try:
-            verdict = await self._calls.run(
-                Activities.DRIFT_CHECK,
-                DriftInput(context=self._calls.context(summary), plan=self._ctx.plan(), finished=finished),
-                DriftResult,
-                summary,
-            )
+            verdict = await self._calls.run(Activities.DRIFT_CHECK, payload, DriftResult, summary, own="drift check")
         except ActivityError as err:
             self._ctx.log_gate(f"{summary} could not run: {failure_message(err)}")
             return
@@ -130,7 +143,7 @@ class Planner:
         if verdict.on_track:
             return
         revision = PlanRevision(
-            reason=f"a drift check found: {verdict.reason}", current=self._ctx.plan(), finished=finished
+            reason=f"a drift check found: {verdict.reason}", current=self._ctx.plan(), finished=self._finished()
         )
         try:
             plan, _ = await self._ask(revision)
@@ -367,6 +380,7 @@ class Planner:
             described = {d.name: describe_device(d) for d in listing.devices} if offered is not None else None
         for attempt in range(1, attempts + 1):
             summary = label if attempt == 1 else f"{label} · repair {attempt - 1} of {spec.max_plan_repairs}"
+            own = "repair" if attempt > 1 else "re-planning" if revision else "planning"
             try:
                 result = await self._calls.run(
                     Activities.PLAN,
@@ -383,6 +397,7 @@ class Planner:
                     ),
                     PlanResult,
                     summary,
+                    own=own,
                 )
             except ActivityError as err:
                 raise GoalFailed(f"the planner call failed: {failure_message(err)}") from err

@@ -17,9 +17,9 @@ from typing import Literal
 from temporalio import workflow
 
 from workflows import budget, metrics
-from workflows.contracts import Budget, Usage
+from workflows.contracts import Budget, OwnCalls, Usage
 from workflows.density import fair_share_limit, verdict_for_step
-from workflows.estimates import KindEstimate, estimate_kind, own_seconds
+from workflows.estimates import DEFAULT_PRICE_PER_1K_TOKENS_USD, KindEstimate, estimate_kind, own_seconds
 from workflows.goal.context import GoalContext
 from workflows.goal.pause import Pause
 from workflows.plan import PlanStep, SubgoalStep
@@ -191,12 +191,17 @@ class Spend:
             )
         return self._estimates[kind]
 
-    def charge(self, usage: Usage, node: Node | None = None) -> None:
-        """Book one model call's usage on the goal (and its node); past the budget, stop."""
+    def charge(self, usage: Usage, node: Node | None = None, own: str | None = None) -> None:
+        """Book one model call's usage on the goal (and its node, or the kind of the goal's
+        own calls it is, `own`); past the budget, stop."""
         self._ctx.state.ledger.model_calls += 1
-        self._book(usage, node)
+        if own is not None:
+            self._ctx.state.ledger.own_calls.setdefault(own, OwnCalls()).calls += 1
+        self._book(usage, node, own)
 
-    def charge_failed_attempts(self, usage: Usage | None, kind: str, node: Node | None = None) -> None:
+    def charge_failed_attempts(
+        self, usage: Usage | None, kind: str, node: Node | None = None, own: str | None = None
+    ) -> None:
         """Book the usage of model attempts that failed or timed out (the provider bills
         them): as reported when it is known (`usage`, summed over the attempts), else one
         attempt at `kind`'s P80 estimate, marked estimated."""
@@ -207,9 +212,9 @@ class Spend:
         ledger.failed_attempts += 1
         if usage.estimated:
             ledger.estimated_cost_usd += usage.cost_usd
-        self._book(usage, node)
+        self._book(usage, node, own)
 
-    def _book(self, usage: Usage, node: Node | None) -> None:
+    def _book(self, usage: Usage, node: Node | None, own: str | None = None) -> None:
         ledger = self._ctx.state.ledger
         ledger.input_tokens += usage.input_tokens
         ledger.output_tokens += usage.output_tokens
@@ -217,7 +222,36 @@ class Spend:
         if node is not None:
             node.tokens += usage.tokens
             node.cost_usd += usage.cost_usd
+        if own is not None:
+            spent = ledger.own_calls.setdefault(own, OwnCalls())
+            spent.tokens += usage.tokens
+            spent.cost_usd += usage.cost_usd
         self._check_emergency()
+
+    def own_call_refused(self, what: str, estimate: KindEstimate) -> str | None:
+        """Why one of the goal's own optional calls must not be sent now (budget.own_call_gate), or None."""
+        state = self._ctx.state
+        reason = budget.own_call_gate(
+            state.spec.budget, self.committed(), estimate, what=what, soft_fraction=state.spec.soft_gate
+        )
+        if reason is not None:
+            self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="skip")
+        return reason
+
+    def call_estimate(self, tokens: int) -> KindEstimate:
+        """A call of about `tokens` tokens (prompt and reply), priced as the goal's calls so far."""
+        price = self._observed_price()
+        cost = tokens / 1000 * (DEFAULT_PRICE_PER_1K_TOKENS_USD if price is None else price)
+        return KindEstimate(
+            tokens_p50=tokens,
+            tokens_p80=tokens,
+            cost_p50=cost,
+            cost_p80=cost,
+            seconds_p50=0,
+            seconds_p80=0,
+            samples=0,
+            from_defaults=True,
+        )
 
     def record_settled(self, node: Node) -> None:
         """A settled node's duration, cost and tokens join its kind's samples (for estimates)."""

@@ -195,7 +195,7 @@ class Verifier:
             conclusions=self._conclusions_since(node, voided),
             changed=changed[-QUESTION_EVIDENCE_LINES:],
         )
-        return await self._calls.run(Activities.VERIFY_QUESTION, payload, QuestionResult, summary)
+        return await self._calls.run(Activities.VERIFY_QUESTION, payload, QuestionResult, summary, own="verification")
 
     def _context(self, step: PlanStep, summary: str) -> ModelContext:
         context = self._calls.context(summary)

@@ -97,7 +97,7 @@ class GoalWorkflow:
         self._guard = EffectGuard(ctx, tools, self._devices)
         runners = node_runners(NodeDeps(ctx, calls, self._guard, tools, self._pause, self._spend))
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
-        self._planner = Planner(ctx, calls, self._scheduler, self._inbox, self._devices)
+        self._planner = Planner(ctx, calls, self._scheduler, self._inbox, self._devices, self._spend)
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
         self._verifier = Verifier(ctx, self._scheduler, calls)
         self._closing = Closing(ctx, self._publisher.publish)
