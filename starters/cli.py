@@ -25,7 +25,7 @@ from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
 from workers import deployment
-from workflows.contracts import DEFAULT_MAX_COST_USD, DEFAULT_MAX_TOKENS
+from workflows.contracts import DEFAULT_MAX_TOKENS
 from workflows.device_contracts import LEASE_S
 from workflows.plan import describe_validation_error
 from workflows.tool_specs import DEFAULT_TOOLS
@@ -188,8 +188,8 @@ def start(
         bool,
         typer.Option(
             "--no-budget",
-            help=f"No token or cost limit (without --max-tokens or --max-cost a goal gets "
-            f"{DEFAULT_MAX_TOKENS:,} tokens and ${DEFAULT_MAX_COST_USD:g}).",
+            help=f"No token or cost limit (without --max-tokens or --max-cost a goal gets {DEFAULT_MAX_TOKENS:,} "
+            "tokens).",
         ),
     ] = False,
 ) -> None:

@@ -44,7 +44,6 @@ from activities.artifacts import ArtifactMissing, default_store
 from runtime import settings
 from workflows import search_attributes as sa
 from workflows.contracts import (
-    DEFAULT_MAX_COST_USD,
     DEFAULT_MAX_TOKENS,
     GOAL_MEMO,
     GOAL_WORKFLOW,
@@ -222,7 +221,7 @@ def static_details(spec: GoalSpec) -> str:
 
 
 def budget_text(budget: Budget) -> str:
-    """A budget's limits in a line: '2,000,000 tokens, $10, 3600 s active', or 'none'."""
+    """A budget's limits in a line: '2,000,000 tokens, $2.5, 3600 s active', or 'none'."""
     limits = [
         f"{budget.max_tokens:,} tokens" if budget.max_tokens else "",
         f"${budget.max_cost_usd:g}" if budget.max_cost_usd else "",
@@ -234,15 +233,15 @@ def budget_text(budget: Budget) -> str:
 
 def with_default_budget(limits: dict, no_budget: bool = False) -> dict:
     """The budget fields a start asks for (`max_tokens`, `max_cost_usd`, `max_wall_seconds`,
-    `deadline`), with the default token and cost limits (contracts.DEFAULT_MAX_TOKENS and
-    DEFAULT_MAX_COST_USD) when it names neither, unless `no_budget`, which asks for no limit
-    at all (ValueError when a limit is given beside it)."""
+    `deadline`), with the default token limit (contracts.DEFAULT_MAX_TOKENS) when it names
+    neither a token nor a cost limit, unless `no_budget`, which asks for no limit at all
+    (ValueError when a limit is given beside it)."""
     if no_budget:
         if any(value is not None for value in limits.values()):
             raise ValueError("no budget means no limit at all: give no token, cost, time or deadline limit with it")
         return limits
     if limits.get("max_tokens") is None and limits.get("max_cost_usd") is None:
-        return {**limits, "max_tokens": DEFAULT_MAX_TOKENS, "max_cost_usd": DEFAULT_MAX_COST_USD}
+        return {**limits, "max_tokens": DEFAULT_MAX_TOKENS}
     return limits
 
 

@@ -95,11 +95,12 @@ class ArtifactRef(BaseModel):
     media_type: str = "text/plain"
 
 
-# The budget a goal gets when it is started with no money limit (`perdure start` without
-# --max-tokens or --max-cost; the web UI, the MCP server and the router alike): enough for
-# a long goal of ordinary work, and a stop long before a runaway spends real money.
+# The token budget a goal gets when it is started with no token or cost limit (`perdure start`
+# without --max-tokens or --max-cost; the web UI, the MCP server and the router alike): enough
+# for a long goal of ordinary work, a stop long before a runaway spends real money (about $6 of
+# input on claude-sonnet-4-5). Tokens, not dollars: a cost budget also turns on the cost-density
+# gate (workflows/density.py), whose fair share of a default would cut off ordinary work.
 DEFAULT_MAX_TOKENS = 2_000_000
-DEFAULT_MAX_COST_USD = 10.0
 
 
 class Budget(BaseModel):
@@ -124,11 +125,11 @@ class Budget(BaseModel):
             raise ValueError("a deadline needs a timezone, e.g. 2026-12-01T18:00:00+01:00 or 2026-12-01T17:00:00Z")
         return value
 
-    def with_default_money(self) -> Budget:
-        """This budget, with the default token and cost limits when it sets neither."""
+    def with_default_tokens(self) -> Budget:
+        """This budget, with the default token limit when it sets neither a token nor a cost limit."""
         if self.max_tokens or self.max_cost_usd:
             return self
-        return self.model_copy(update={"max_tokens": DEFAULT_MAX_TOKENS, "max_cost_usd": DEFAULT_MAX_COST_USD})
+        return self.model_copy(update={"max_tokens": DEFAULT_MAX_TOKENS})
 
 
 class ForkOrigin(BaseModel):

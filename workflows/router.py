@@ -364,7 +364,7 @@ class RouterWorkflow:
                 goal=goal_text[:20_000],
                 workspace=where,
                 model_profile=state.profile,
-                budget=Budget().with_default_money(),
+                budget=Budget().with_default_tokens(),
             )
         except ValidationError as err:
             raise _Unrouted(f"cannot start a goal from it: {describe_validation_error(err)}") from None
