@@ -381,6 +381,7 @@ async def test_past_the_soft_budget_gate_the_threshold_drops(store):
     assert all(r.compaction is None for r in results)
 
 
+@pytest.mark.slow
 async def test_a_turn_over_the_models_context_window_is_compacted_to_fit_whatever_the_goals_threshold(store):
     """A profile whose window holds 9,000 characters of messages beside the reply and the
     tools' schemas: with no threshold of the goal's (None: never), the turns that would not fit

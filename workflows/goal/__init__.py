@@ -29,6 +29,10 @@ Where do I add ...
   (`KIND_DEFAULTS`, else it is assumed as heavy as an agent).
 - a budget rule: spend.py, in `Spend.admit` (before a node starts) or in
   `Spend.charge` (after a model call); the arithmetic itself in workflows/budget.py.
+- a model call of the goal's own (no step asked for it): `ModelCalls.run(..., own=KIND)`
+  with a KIND of contracts.OWN_CALL_KINDS, so status, report and result show it on its
+  line; what it is shown bounded however large the plan (workflows/drift_outline.py is
+  the example); an optional one asks `Spend.own_call_refused` first.
 - a tool: its spec (risk class, replay policy, argument model) in
   workflows/tool_specs.py and its implementation in activities/tools.py (or
   activities/effect_tools.py for effects on the outside world); nothing here

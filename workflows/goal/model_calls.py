@@ -1,7 +1,8 @@
 """Every model call of a goal: the context it is told (pending steers apply here,
 at the model-turn boundary), one set of activity options, and the charge of its
-usage, failed attempts included. Planner, drift check, llm nodes and agent turns all
-call through here.
+usage, failed attempts included. Planner, drift check, verification questions, llm nodes
+and agent turns all call through here; a call no step asked for is booked by its kind
+(`own`: contracts.OWN_CALL_KINDS) as well as in the goal's totals.
 
 Failed attempts (the provider bills them) reach the ledger by one of three ways, all
 read from data in history, so replay charges the same: the successful result's
