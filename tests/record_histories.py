@@ -484,6 +484,31 @@ async def record_goal_drift_and_hard_gate(env: WorkflowEnvironment, out: Path) -
     save(out, await handle.fetch_history())
 
 
+async def record_goal_own_calls_bounded(env: WorkflowEnvironment, out: Path) -> None:
+    """Drift checks after patch own-calls-bounded: each shown an outline of the plan, and the
+    one the budget cannot afford (the step in flight holds its estimate) not sent."""
+    script = {
+        "replies": [
+            {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "fine"}},
+            {**STEP_REPLY["replies"][0], "usage": {"input_tokens": 900, "output_tokens": 100}},
+        ]
+    }
+    async with rig(env, script) as (workspace, task_queue):
+        steps = [llm("one"), llm("two", ["one"]), llm("three", ["two"])]
+        goal_spec = spec(
+            workspace, plan={"steps": steps}, drift_every=1, budget=Budget(max_tokens=4_500), soft_gate=1.0
+        )
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        result = await handle.result()
+        gate_log = (await handle.query(GoalWorkflow.progress)).gate_log
+    assert result.outcome == "succeeded", result.excerpt
+    assert result.own_calls["drift check"].calls == 2, result.own_calls
+    assert any(line.startswith("drift check 2 not sent: its estimate of") for line in gate_log), gate_log
+    save(out, await handle.fetch_history())
+
+
 async def record_goal_stall_ladder(env: WorkflowEnvironment, out: Path) -> None:
     """An agent reading the same file over and over: the stall ladder reminds it, tells it
     to switch tools, then asks a person, who abandons the path."""
@@ -1053,6 +1078,8 @@ SCENARIOS = {
     "goal-v3-baseline-steered": record_goal_steered,
     "goal-v3-baseline-wait-steps": record_goal_wait_steps,
     "goal-v3-dispatch-passes": record_goal_dispatch_passes,
+    # Issue 34: the first change after the baseline, with its own marker.
+    "goal-v4-own-calls-bounded": record_goal_own_calls_bounded,
 }
 
 
