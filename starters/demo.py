@@ -22,7 +22,7 @@ from runtime import settings
 from runtime.connect import connect
 from starters import devserver, goals, render
 from starters.background import ensure_ui, ensure_worker
-from workflows.contracts import GoalSpec
+from workflows.contracts import Budget, GoalSpec
 
 DEMO_GOAL = (
     "Read the project notes in this workspace (notes/ideas.md and notes/todo.md) and write SUMMARY.md "
@@ -116,6 +116,7 @@ async def run_demo(console: Console) -> None:
         model_profile=profile,
         allowed_tools=DEMO_TOOLS,
         workspace=str(workspace),
+        budget=Budget().with_default_tokens(),  # as `perdure start` gives a goal with no budget
     )
     goal_id = render.new_goal_id("demo")
     await goals.start_goal(client, spec, goal_id)
