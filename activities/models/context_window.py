@@ -10,9 +10,10 @@ as a non-retryable `ContextWindowExceeded` that names the call and the sizes; an
 turn is compacted to fit first (activities/model_activities.py). A profile whose window
 is unknown is not judged.
 
-The estimate is deliberately high: English prose runs about four characters a token on
-these models' tokenizers, code and JSON nearer three, so counting three refuses a prompt
-only when it is near the window, never one that would have been cut off or refused.
+The estimate errs high on purpose: English prose runs about four characters a token on
+these models' tokenizers, code and JSON nearer three. Counting three, a prompt judged to fit
+does fit; one refused was at least about three quarters of the window (prose), and a
+prompt that large is better compacted or split anyway.
 """
 
 from __future__ import annotations
