@@ -77,6 +77,7 @@ def workflow_type(history) -> str:
 def test_every_activity_and_local_activity_in_the_golden_histories_has_a_summary():
     """Summaries are user metadata, not commands: recording them changed no replay. Every
     golden history already carries one on each activity and each local-activity marker."""
+    assert any(scheduled_activities(load(path)) for path in HISTORIES)
     for path in HISTORIES:
         history = load(path)
         scheduled = scheduled_activities(history)
@@ -84,7 +85,9 @@ def test_every_activity_and_local_activity_in_the_golden_histories_has_a_summary
         if workflow_type(history) == QUOTA_WORKFLOW:
             assert not scheduled and not marked, path.name  # the quota service runs no activities
             continue
-        assert scheduled, path.name
+        # Every goal runs steps; a router that only starts and watches goals runs none.
+        if workflow_type(history) == GOAL_WORKFLOW:
+            assert scheduled or marked, path.name
         assert [(t, s) for _, t, s in scheduled if not s] == [], path.name
         assert [(t, s) for _, t, s, _ in marked if not s] == [], path.name
 
