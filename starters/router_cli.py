@@ -88,8 +88,9 @@ def register(app: typer.Typer, run, connect, console: Console) -> None:
             if routing is None:
                 show(
                     console,
-                    f"admitted as {escape(message.request_id)}; no worker answered yet, so it is routed once one "
-                    "runs: see `perdure inbox --router`",
+                    f"accepted as {escape(message.request_id)}; no worker decided in time, so it is routed when "
+                    "a worker runs (a retry with the same --request-id is not routed twice): see "
+                    "`perdure inbox --router`",
                 )
                 return
             print_routing(console, routing)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -293,12 +294,12 @@ async def test_messages_sent_while_no_worker_runs_are_kept_and_routed_in_order_o
         await router_client.ensure_router(env.client, user, "test")
     handle = env.client.get_workflow_handle(router_id(user))
     # No worker: the update cannot be answered, so each message goes by signal.
-    router_client.DECISION_WAIT, wait = router_client.DECISION_WAIT.__class__(seconds=1), router_client.DECISION_WAIT
+    router_client.ACCEPT_WAIT, wait = router_client.ACCEPT_WAIT.__class__(seconds=1), router_client.ACCEPT_WAIT
     try:
         first = await said(env, user, "poster.svg: bigger title", "offline-1", workspace)
         second = await said(env, user, "poster.svg: and a border", "offline-2", workspace)
     finally:
-        router_client.DECISION_WAIT = wait
+        router_client.ACCEPT_WAIT = wait
     await handle.signal(RouterHandlers.SAY)  # no argument
     await handle.signal(RouterHandlers.SAY, {"request_id": "x", "text": 42})  # wrong type
     await handle.signal("sya", {"request_id": "x", "text": "typo in the signal name"})
@@ -626,3 +627,40 @@ async def test_a_long_message_sent_again_is_the_same_message_and_another_under_i
     assert first.status == again.status == "routed" and again.goal_id == poster_id
     assert [m.request_id for m in view.messages] == ["long-1"]
     assert [e.request_id for e in inbox.entries if e.request_id.startswith("router.")] == ["router.long-1"]
+
+
+@pytest.mark.slow
+@pytest.mark.process  # runs `perdure say` as a user does
+async def test_perdure_say_returns_within_seconds_when_no_worker_runs_and_a_retry_is_routed_once(
+    env, task_queue, store, workspace, scripted, user
+):
+    """Just after the last worker stopped (the server still lists its pollers) `perdure say`
+    cannot get a decision: it says the message is accepted, within seconds, instead of
+    waiting forever for the update. A retry with the same request id is the same message:
+    once a worker runs it reaches the goal once."""
+    server = scripted({"replies": []})
+    poster_id, _ = goal_ids(user)
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        poster = await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
+        await router_client.ensure_router(env.client, user, "test")
+    cli_env = {**os.environ, "PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_USER": user}
+    cli_env |= {"NO_COLOR": "1", "COLUMNS": "200"}
+    say = [str(Path(sys.executable).parent / "perdure"), "say", "poster.svg: bigger title", "--request-id", "late-1"]
+
+    def timed_say() -> tuple[subprocess.CompletedProcess, float]:
+        started = time.monotonic()
+        done = subprocess.run(say, env=cli_env, capture_output=True, text=True, timeout=60)
+        return done, time.monotonic() - started
+
+    first, first_s = await asyncio.to_thread(timed_say)
+    retry, retry_s = await asyncio.to_thread(timed_say)
+    for done, seconds in ((first, first_s), (retry, retry_s)):
+        assert done.returncode == 0, done.stderr
+        assert "accepted as late-1" in done.stdout and "routed when a worker runs" in done.stdout
+        assert "Traceback" not in done.stdout + done.stderr
+        assert seconds < 15, seconds
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        view = await wait_for_view(env, user, lambda v: v.pending == 0 and v.messages)
+        inbox = await inbox_of(env, poster.id)
+    assert [(m.request_id, m.status, m.goal_id) for m in view.messages] == [("late-1", "routed", poster_id)]
+    assert [e.request_id for e in inbox.entries if e.request_id.startswith("router.")] == ["router.late-1"]
