@@ -56,8 +56,26 @@ class TemporalConfigError(RuntimeError):
     """The Temporal client configuration (profile file, TEMPORAL_* variables) cannot be used as it is."""
 
 
+class HomeUnusable(ValueError):
+    """PERDURE_HOME (or ~/.perdure) cannot hold perdure's state: something on its path is a file."""
+
+
 def perdure_home() -> Path:
     return Path(os.environ.get("PERDURE_HOME") or Path.home() / ".perdure").expanduser()
+
+
+def check_home() -> None:
+    """Refuse a home that is, or lies below, a file: every command that keeps or reads state
+    there (artifacts, payloads, memory, the dev server's data) would fail deep inside."""
+    home = perdure_home()
+    blocking = next((p for p in (home, *home.parents) if p.exists() or p.is_symlink()), None)
+    if blocking is None or blocking.is_dir():
+        return
+    named = f"PERDURE_HOME={home}" if os.environ.get("PERDURE_HOME") else f"perdure's home {home}"
+    raise HomeUnusable(
+        f"{named} cannot be used: {blocking} is a file, not a directory. Point PERDURE_HOME at a directory "
+        "(perdure keeps its state there; it is made when missing), or unset it for ~/.perdure"
+    )
 
 
 def temporal_profile() -> ClientConfigProfile:

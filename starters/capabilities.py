@@ -19,7 +19,6 @@ import uuid
 from datetime import timedelta
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from temporalio.api.enums.v1 import TaskQueueType
@@ -30,6 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import settings
 from runtime.connect import ServerUnavailable, connect
+from starters.consoles import cli_console
 from workers.capabilities import CapabilitiesInput, CapabilitiesResult, CapabilitiesWorkflow
 from workflows.contracts import GoalSpec
 from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
@@ -39,8 +39,8 @@ from workflows.plan import check_plan, devices_named
 # How long to wait for a worker's answer; a healthy worker answers in well under a second.
 ANSWER_TIMEOUT_S = 10.0
 
-console = Console()
-err_console = Console(stderr=True)
+console = cli_console()
+err_console = cli_console(stderr=True)
 
 
 class NoWorkerAnswered(RuntimeError):

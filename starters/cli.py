@@ -15,7 +15,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import typer.core
-from rich.console import Console
 from rich.markup import escape
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
@@ -24,6 +23,7 @@ from runtime import settings
 from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
+from starters.consoles import cli_console
 from workers import deployment
 from workflows.contracts import DEFAULT_MAX_TOKENS
 from workflows.device_contracts import LEASE_S
@@ -62,10 +62,8 @@ typer.core.TyperArgument._usage_display_name = _usage_name
 typer.core.TyperArgument._rich_display_name = lambda argument: _usage_name(argument).strip("[]")
 typer.core.TyperOption.display_type_rich = _shown_type
 
-# Emoji codes and highlighting off: perdure styles its own words with markup only, and the
-# text it quotes (goals, steps, tool output, errors) must print as written (`root:x:0:0`).
-console = Console(emoji=False, highlight=False)
-err_console = Console(stderr=True, emoji=False, highlight=False)
+console = cli_console()
+err_console = cli_console(stderr=True)
 
 
 def _print_version(value: bool) -> None:
@@ -83,6 +81,10 @@ def _main(
     ] = False,
 ) -> None:
     """perdure: durable AI agents on Temporal."""
+    try:
+        settings.check_home()
+    except settings.HomeUnusable as err:
+        refuse(err)
 
 
 class UserError(Exception):

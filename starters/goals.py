@@ -86,6 +86,11 @@ def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise BadPlanFile(f"cannot read plan file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise BadPlanFile(
+            f"{path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): "
+            "save it as UTF-8 (a plan is YAML or JSON)"
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

@@ -1,0 +1,63 @@
+"""Commands given input they cannot use, run as a user runs them (the `perdure` command in
+a subprocess, against the session's dev server): each answers with one clear line and an
+exit code, never a Python traceback, and starts or changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.subprocess_rig import perdure, user_env
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
+
+def one_clear_line(done, code: int = 2) -> str:
+    """The error line of a refused command (and that it is one line, not a traceback)."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_a_plan_file_that_is_not_utf8_is_refused_in_one_line(env, tmp_path, task_queue):
+    variables = user_env(env, tmp_path, task_queue)
+    latin1 = tmp_path / "cafe.yaml"
+    latin1.write_bytes(
+        "goal: café\nsteps:\n  - {name: a, kind: tool, tool: read_file, args: {path: x}}\n".encode("latin-1")
+    )
+    binary = tmp_path / "blob.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    for path in (latin1, binary):
+        line = one_clear_line(perdure("start", "--plan", str(path), "x", "--workspace", str(tmp_path), env=variables))
+        assert f"{path} is not UTF-8 text" in line and "save it as UTF-8" in line
+    listed = perdure("ls", env=variables)
+    assert listed.returncode == 0 and "no goals yet" in listed.stdout  # nothing started
+
+
+def test_a_perdure_home_that_is_not_a_directory_is_refused_in_one_line(env, tmp_path, task_queue):
+    home_file = tmp_path / "home-is-a-file"
+    home_file.write_text("not a directory\n")
+    for home in (home_file, home_file / "below"):
+        variables = {**user_env(env, tmp_path, task_queue), "PERDURE_HOME": str(home)}
+        variables.pop("PERDURE_PAYLOAD_STORE")  # the default store, under PERDURE_HOME
+        for command in (["ls"], ["memory", "ls"], ["result", "some-goal"]):
+            line = one_clear_line(perdure(*command, env=variables))
+            assert f"PERDURE_HOME={home} cannot be used: {home_file} is a file, not a directory" in line, line
+    assert home_file.read_text() == "not a directory\n"
+
+
+def test_output_that_is_not_a_terminal_is_not_wrapped_inside_urls(env, tmp_path, task_queue):
+    """Piped (as here, and into a file or a log) at the default 80 columns: every URL is whole
+    on its line, so it can be opened, copied or grepped."""
+    variables = {k: v for k, v in user_env(env, tmp_path, task_queue).items() if k != "COLUMNS"}
+    goal_id = "a-goal-whose-id-is-long-enough-to-reach-past-eighty-columns-" + task_queue
+    workspace = tmp_path / "a-workspace-with-a-long-name-that-reaches-past-the-edge-of-the-screen"
+    workspace.mkdir()
+    started = perdure("start", "wait for a worker", "--workspace", str(workspace), "--id", goal_id, env=variables)
+    listed = perdure("ls", env=variables)
+    assert started.returncode == 0 and listed.returncode == 0, started.stderr + listed.stderr
+    goal_link = f"http://localhost:8233/namespaces/default/workflows/{goal_id}"
+    goals_link = "http://localhost:8233/namespaces/default/workflows?query=WorkflowType%20%3D%20%22GoalWorkflow%22"
+    assert f"UI: {goal_link}" in started.stdout.splitlines()
+    assert any(line.endswith(goals_link) for line in listed.stdout.splitlines()), listed.stdout
