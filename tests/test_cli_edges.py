@@ -4,9 +4,12 @@ exit code, never a Python traceback, and starts or changes nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.subprocess_rig import perdure, user_env
+from testing.crash import write_model_config
+from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -61,3 +64,27 @@ def test_output_that_is_not_a_terminal_is_not_wrapped_inside_urls(env, tmp_path,
     goals_link = "http://localhost:8233/namespaces/default/workflows?query=WorkflowType%20%3D%20%22GoalWorkflow%22"
     assert f"UI: {goal_link}" in started.stdout.splitlines()
     assert any(line.endswith(goals_link) for line in listed.stdout.splitlines()), listed.stdout
+
+
+def test_the_worker_log_prints_one_line_per_failed_activity_attempt(env, tmp_path, task_queue, scripted):
+    """A model step whose server fails twice (HTTP 500) and then answers: the worker's log
+    has one line for each failed attempt, saying which and why, and no traceback (whose
+    locals would print the activity's inputs and the client's settings)."""
+    variables = user_env(env, tmp_path, task_queue)
+    failing = {"when": "[PERDURE-STEP]", "status": 500, "body": {"error": {"message": "boom"}}, "times": 2}
+    home = Path(variables["PERDURE_HOME"])
+    home.mkdir()
+    write_model_config(home / "config.toml", scripted({"replies": [failing], "policy": "offline"}))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("goal: ask once\nsteps:\n  - {name: ask, kind: llm, prompt: Say hello.}\n")
+    with worker_process(variables, tmp_path / "worker.log"):
+        argv = ["start", "--plan", str(plan), "--workspace", str(tmp_path), "--profile", "test", "--watch"]
+        done = perdure(*argv, env=variables)
+    assert done.returncode == 0 and "outcome: succeeded" in done.stdout, done.stdout + done.stderr
+    log = (tmp_path / "worker.log").read_text()
+    failed = [line for line in log.splitlines() if "activity attempt failed" in line]
+    assert len(failed) == 2, log[-4000:]
+    for attempt, line in enumerate(failed, 1):
+        assert f"attempt={attempt}" in line and "activity=perdure.model.generate" in line, line
+        assert "error=" in line and "500" in line, line
+    assert "Traceback" not in log and "locals" not in log, log[-4000:]

@@ -119,21 +119,21 @@ def build_worker(
 
 def configure_logging(level: str = "INFO") -> None:
     """One console format for structlog and for stdlib records (the SDK's activity and
-    workflow loggers): the event, then its structured fields (`extra=`) as key=value."""
+    workflow loggers): the event, then its structured fields (`extra=`) as key=value.
+    A failed activity attempt is one line; any other exception is a plain traceback,
+    never one with locals (they hold activity inputs and clients' settings)."""
     shared = [structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso")]
+    renderer = structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     handler = _CurrentStderr()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_sdk_context],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.dev.ConsoleRenderer(colors=False),
-            ],
+            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _failed_attempt_in_one_line, _drop_sdk_context],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
     logging.basicConfig(level=level, handlers=[handler], force=True)
     structlog.configure(
-        processors=[*shared, structlog.dev.ConsoleRenderer(colors=False)],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
     )
 
@@ -150,6 +150,33 @@ class _CurrentStderr(logging.StreamHandler):
     @stream.setter
     def stream(self, _value) -> None:  # noqa: ANN001 - StreamHandler.__init__ sets it
         pass
+
+
+def _failed_attempt_in_one_line(_logger, _method: str, event: dict) -> dict:
+    """The SDK logs each failed activity attempt ("Completing activity as failed") with its
+    traceback; the activity's retry policy decides what happens next, so the log says which
+    attempt of what failed and why, in one line."""
+    if event.pop("__temporal_error_identifier", None) != "ActivityFailure":
+        return event
+    info = event.get("temporal_activity") or {}
+    error = event.pop("exc_info", None)
+    failure = error[1] if isinstance(error, tuple) else None
+    return {
+        **{k: v for k, v in event.items() if k != "event"},
+        "event": "activity attempt failed",
+        "activity": info.get("activity_type"),
+        "attempt": info.get("attempt"),
+        "workflow_id": info.get("workflow_id"),
+        "error": _one_line(failure),
+    }
+
+
+def _one_line(failure: BaseException | None) -> str:
+    if failure is None:
+        return "unknown"
+    kind = getattr(failure, "type", None) or type(failure).__name__
+    text = " ".join((getattr(failure, "message", None) or str(failure)).split())
+    return f"{kind}: {text[:300]}"
 
 
 def _drop_sdk_context(_logger, _method: str, event: dict) -> dict:
