@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.artifacts import ArtifactStore
 from activities.tools import ToolActivities
@@ -131,6 +131,9 @@ class DeviceToolActivities:
             f"{self.state.generation}: a newer daemon of this device took over, this one stops",
             type="DeviceSuperseded",
             non_retryable=True,
+            # Expected when a daemon is replaced: the SDK logs it at debug, and the daemon says
+            # in one line that it stops (workers/device.py).
+            category=ApplicationErrorCategory.BENIGN,
         )
 
     @activity.defn(name=DeviceActivities.RUN_TOOL)

@@ -774,6 +774,9 @@ def device(
         Path | None,
         typer.Option("--scratch", help="Scratch directory (default PERDURE_HOME/devices/NAME/scratch)."),
     ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Take the name over from a daemon online with another root.")
+    ] = False,
 ) -> None:
     """Run a device daemon: this machine runs goals' file, command and git steps inside --root.
 
@@ -793,6 +796,7 @@ def device(
             approval=parse_approval(approve or []),
             lease_s=lease_s,
             scratch=scratch,
+            replace=replace,
         )
     except DeviceConfigError as err:
         err_console.print(f"[red]error:[/red] {escape(str(err))}")
@@ -816,6 +820,7 @@ def device(
             approval=config.approval,
             lease_s=config.lease_s,
             scratch=config.scratch,
+            replace=config.replace,
             task_queue=settings.task_queue(),
             on_online=online,
         )

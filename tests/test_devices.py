@@ -348,3 +348,40 @@ def _device_row(variables: dict[str, str], name: str) -> str:
         if device["name"] == name:
             return "online" if device["online"] else "offline"
     return ""
+
+
+def test_a_second_daemon_of_a_name_with_another_root_is_refused_unless_it_replaces_the_first(env, machines, tmp_path):
+    """Two terminals, one name: the second daemon, working elsewhere, would silently take
+    the device over and later steps would run in its directory. It is refused in one line;
+    with --replace it takes over, and the first says so in one line and exits."""
+    variables, devices = machines
+    here, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    first = devices.start("a", here)
+    argv = [PERDURE, "device", "--name", "a", "--root", str(elsewhere), "--lease-s", LEASE_S]
+    refused = subprocess.run(
+        [*argv, "--scratch", str(tmp_path / "scratch-second")],
+        env=variables,
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and f"device a is online with root {here}" in error, error
+    assert "--replace" in error, error
+    [listed] = json.loads(perdure("devices", "--json", env=variables).stdout)["devices"]
+    assert (listed["root"], listed["online"], listed["generation"]) == (str(here), True, 1)
+    assert first.poll() is None  # the first daemon goes on
+
+    devices.start("a", elsewhere, "--replace")
+    assert first.wait(60) == 0
+    log = (tmp_path / "device-a-0.log").read_text()
+    after_online = log.split(f"device a online · session 1 · root {here}", 1)[1]
+    assert "Traceback" not in log and "│" not in log, log[-3000:]
+    replaced = [line for line in after_online.splitlines() if "replaced" in line]
+    assert len(replaced) == 1 and f"session 2, root {elsewhere}" in replaced[0], after_online[-3000:]
+    [listed] = json.loads(perdure("devices", "--json", env=variables).stdout)["devices"]
+    assert (listed["root"], listed["online"], listed["generation"]) == (str(elsewhere), True, 2)

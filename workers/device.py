@@ -69,6 +69,8 @@ ANNOUNCE_TRY_S = 10.0
 ANNOUNCE_BACKOFF_MAX_S = 5.0
 RECHECK_S = 2.0
 """How often the daemon looks whether it still holds a lease."""
+REPLACED_LOOKUP_S = 3.0
+"""How long a replaced daemon asks the registry who replaced it before it stops anyway."""
 GRACEFUL_STOP = timedelta(seconds=660)
 """How long a stopping daemon lets its running calls finish: a command's longest timeout
 (600 s) and a git call's. A second Ctrl-C stops at once."""
@@ -96,6 +98,7 @@ class DeviceConfig:
     approval: dict[str, ApprovalRule]
     lease_s: float
     scratch: Path
+    replace: bool = False  # take the name over from an online daemon working in another root
 
 
 def device_identity(name: str) -> str:
@@ -152,6 +155,7 @@ def device_config(
     approval: dict[str, ApprovalRule] | None = None,
     lease_s: float = LEASE_S,
     scratch: Path | str | None = None,
+    replace: bool = False,
 ) -> DeviceConfig:
     """The options checked: a valid name, an existing root (made absolute), known tools."""
     if not re.fullmatch(DEVICE_NAME, name):
@@ -194,7 +198,14 @@ def device_config(
             f"cannot use {place} as the scratch directory ({err.strerror or err}); give a writable one with --scratch"
         ) from None
     return DeviceConfig(
-        name=name, root=real_root, tools=offered, network=network, approval=rules, lease_s=lease_s, scratch=place
+        name=name,
+        root=real_root,
+        tools=offered,
+        network=network,
+        approval=rules,
+        lease_s=lease_s,
+        scratch=place,
+        replace=replace,
     )
 
 
@@ -275,6 +286,7 @@ async def run_device(
     approval: dict[str, ApprovalRule] | None = None,
     lease_s: float = LEASE_S,
     scratch: Path | str | None = None,
+    replace: bool = False,
     task_queue: str | None = None,
     on_online: Callable[[DeviceConfig, DeviceSession], None] | None = None,
     state: DeviceSessionState | None = None,
@@ -283,7 +295,14 @@ async def run_device(
     or until the task running it is cancelled. `client` must keep payloads inline
     (`runtime.connect.connect(payload_store=False)`)."""
     config = device_config(
-        name=name, root=root, tools=tools, network=network, approval=approval, lease_s=lease_s, scratch=scratch
+        name=name,
+        root=root,
+        tools=tools,
+        network=network,
+        approval=approval,
+        lease_s=lease_s,
+        scratch=scratch,
+        replace=replace,
     )
     queue = task_queue or settings.task_queue()
     state = state or DeviceSessionState(name=config.name)
@@ -294,7 +313,8 @@ async def run_device(
     # From the start: a Ctrl-C while the daemon waits for a worker stops it as cleanly.
     stop, restore_signals = _stop_on_signals(state)
     try:
-        session = await _unless_stopped(announce(client, _announcement(config, state), queue), stop)
+        first = _announcement(config, state, replace=config.replace)
+        session = await _unless_stopped(announce(client, first, queue), stop)
         if session is None:
             log.info(f"device {config.name} stopped before a worker registered it")
             return
@@ -344,7 +364,7 @@ async def _serve(
             task.cancel()
         if not running.done():
             if state.superseded.is_set():
-                log.warning(f"replaced by a newer session of device {config.name}; stopping")
+                log.warning(await _replaced_text(client, config.name, queue))
             else:
                 log.info(f"device {config.name} stopping", running_calls=len(state.running))
             state.stopping.set()
@@ -366,7 +386,19 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
     return None if task.cancelled() else task.result()
 
 
-def _announcement(config: DeviceConfig, state: DeviceSessionState) -> DeviceAnnouncement:
+async def _replaced_text(client: Client, name: str, queue: str) -> str:
+    """The line a replaced daemon stops with: which session took over, working where."""
+    try:
+        record = await asyncio.wait_for(_registry_record(client, name, queue), REPLACED_LOOKUP_S)
+    except (RegistryUnanswered, RPCError, TimeoutError):
+        record = None
+    newer = f" (session {record.presence.generation}, root {record.presence.root})" if record is not None else ""
+    return f"device {name} was replaced by a newer daemon{newer}; this one stops"
+
+
+def _announcement(config: DeviceConfig, state: DeviceSessionState, replace: bool = False) -> DeviceAnnouncement:
+    """Only the first announce of a daemon may take the name over (`--replace`); announcing
+    again after a lapse never takes it back from a daemon that replaced this one."""
     return DeviceAnnouncement(
         name=config.name,
         session=state.session,
@@ -377,6 +409,7 @@ def _announcement(config: DeviceConfig, state: DeviceSessionState) -> DeviceAnno
         network=config.network,
         approval=config.approval,
         lease_s=config.lease_s,
+        replace=replace,
     )
 
 

@@ -103,6 +103,12 @@ class DeviceAnnouncement(BaseModel):
         default_factory=dict, description="Tool (or '*') -> when a call needs a person's approval."
     )
     lease_s: float = Field(default=LEASE_S, ge=1, le=600)
+    # Left out of the payload when false: a registry of an older worker forbids unknown fields.
+    replace: bool = Field(
+        default=False,
+        exclude_if=lambda replace: not replace,
+        description="Take the name over from an online daemon working in another root (`--replace`).",
+    )
 
 
 class DeviceSession(BaseModel):

@@ -134,6 +134,24 @@ class DeviceRegistryWorkflow:
                 f"(device tools: {', '.join(DEVICE_TOOLS)})",
                 type="BadAnnouncement",
             )
+        # A second daemon of the name working elsewhere would take the device over silently,
+        # and the goals' later steps would run in its directory. (A rejected update leaves no
+        # history, and validators do not run on replay: no patch needed.)
+        record = self._state.devices.get(announcement.name)
+        if (
+            record is not None
+            and record.presence.online
+            and record.session != announcement.session
+            and record.presence.root != announcement.root
+            and not announcement.replace
+        ):
+            since = f", since {record.presence.since:%Y-%m-%d %H:%M:%S} UTC" if record.presence.since else ""
+            raise ApplicationError(
+                f"device {announcement.name} is online with root {record.presence.root} (session "
+                f"{record.presence.generation}{since}), not {announcement.root}: stop that daemon, give this one "
+                "another --name, or start it with --replace to take the name over",
+                type="DeviceNameTaken",
+            )
 
     @workflow.signal(dynamic=True)
     def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
