@@ -311,10 +311,11 @@ def status(
         try:
             snapshot = await goals.progress(client, goal_id)
         except RPCError as err:
-            console.print(
-                f"[yellow]no worker answered the progress query ({err.message}); showing server facts[/yellow]"
-            )
+            console.print(f"[yellow]{escape(goals.unanswered_text(desc, err))}[/yellow]")
         render.print_status(console, desc, snapshot, why=why)
+        ended = None if snapshot is not None or goals.is_open(desc) else await goals.published_ending(client, desc)
+        if ended is not None:
+            render.print_published(console, goal_id, ended)
         render.print_pinning(console, await deployment.pinning(client, desc) if goals.is_open(desc) else None, snapshot)
         if snapshot is not None:
             render.print_children(console, await _children(client, snapshot), snapshot)

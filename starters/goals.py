@@ -476,6 +476,32 @@ async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> Progre
     return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
 
 
+def unanswered_text(desc: WorkflowExecutionDescription, err: RPCError) -> str:
+    """Why `status` has no snapshot: the progress query needs a worker, which may be replaying a
+    goal that is not in its cache (its whole history: seconds for a long goal) or not run at all."""
+    where = "what the goal published" if not is_open(desc) else "server facts"
+    if err.status != RPCStatusCode.DEADLINE_EXCEEDED:  # the server knows no worker polls
+        return f"no worker answered the progress query ({err.message}); showing {where}"
+    events = desc.raw_description.workflow_execution_info.history_length
+    return (
+        f"no worker answered the progress query in time: a worker may be replaying this goal's {events} events "
+        f"(ask again in a moment), or none runs; showing {where}"
+    )
+
+
+async def published_ending(
+    client: Client, desc: WorkflowExecutionDescription
+) -> GoalResult | EndedWithoutResult | None:
+    """How a closed goal ended, from its close event (no worker needed); None when this
+    machine cannot read it (a payload store or key it lacks)."""
+    try:
+        return await result(client, desc.id, desc.run_id)
+    except EndedWithoutResult as ended:
+        return ended
+    except (RPCError, LookupError, ValueError):
+        return None
+
+
 async def result(client: Client, goal_id: str, run_id: str | None = None) -> GoalResult:
     """Wait for the goal to end. A goal that failed still carries its report; one that ended
     any other way raises EndedWithoutResult, saying how."""

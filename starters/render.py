@@ -350,6 +350,27 @@ OUTCOME_STYLE = {"succeeded": "green", "partial": "yellow", "failed": "red", "ab
 
 def print_result(console: Console, result: GoalResult) -> None:
     """Every outcome the goal can return, with its reason, the unfinished list and the report."""
+    print_ending(console, result)
+    # Imported here: markdown-it and its renderers are ~4 MB that `perdure worker`, which
+    # shares this module's imports, never uses.
+    from rich.markdown import Markdown
+
+    say(console, Markdown(goals.read_report(result)))
+
+
+def print_published(console: Console, goal_id: str, ended: GoalResult | goals.EndedWithoutResult) -> None:
+    """`perdure status` of a finished goal no worker answered for: how it ended, as its result
+    (in the close event) says; no worker is needed to read it."""
+    if isinstance(ended, goals.EndedWithoutResult):
+        print_no_result(console, goal_id, ended)
+        return
+    print_ending(console, ended)
+    if ended.failed_steps:
+        say(console, Text(f"failed steps: {', '.join(ended.failed_steps)}"))
+    say(console, f"[dim]the report: perdure result {escape(goal_id)}[/dim]")
+
+
+def print_ending(console: Console, result: GoalResult) -> None:
     colour = OUTCOME_STYLE.get(result.outcome, "")
     say(
         console,
@@ -362,11 +383,6 @@ def print_result(console: Console, result: GoalResult) -> None:
         say(console, Text(f"unfinished ({len(result.unfinished)}):", style="bold"))
         for line in result.unfinished:
             say(console, Text(f"  {line}"))
-    # Imported here: markdown-it and its renderers are ~4 MB that `perdure worker`, which
-    # shares this module's imports, never uses.
-    from rich.markdown import Markdown
-
-    say(console, Markdown(goals.read_report(result)))
 
 
 def print_diff(console: Console, diff: GoalDiff) -> None:

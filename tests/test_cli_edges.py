@@ -4,11 +4,14 @@ exit code, never a Python traceback, and starts or changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from testing.crash import write_model_config
+from tests.builders import spec
+from tests.helpers import run_goal, running_worker
 from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
@@ -88,3 +91,31 @@ def test_the_worker_log_prints_one_line_per_failed_activity_attempt(env, tmp_pat
         assert f"attempt={attempt}" in line and "activity=perdure.model.generate" in line, line
         assert "error=" in line and "500" in line, line
     assert "Traceback" not in log and "locals" not in log, log[-4000:]
+
+
+async def test_status_of_a_finished_goal_no_worker_answers_for_shows_what_the_goal_published(
+    env, tmp_path, task_queue, store, workspace
+):
+    """The progress query needs a worker, which may be replaying a long goal's history or not
+    run at all; a finished goal's own account of how it ended (its result, in the close event)
+    needs none: `perdure status` shows it, and says why the step table is missing."""
+    (workspace / "in.txt").write_text("hello\n")
+    steps = [
+        {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "in.txt"}},
+        {
+            "name": "write",
+            "kind": "tool",
+            "tool": "write_file",
+            "needs": ["read"],
+            "args": {"path": "out.txt", "content": "hi"},
+        },
+    ]
+    async with running_worker(env, task_queue, store):
+        handle, result = await run_goal(env, task_queue, spec(workspace, plan={"steps": steps}))
+    assert result.outcome == "succeeded"
+    status = await asyncio.to_thread(perdure, "status", handle.id, env=user_env(env, tmp_path, task_queue))
+    assert status.returncode == 0, status.stderr
+    out = status.stdout
+    assert "no worker answered the progress query" in out and "showing what the goal published" in out, out
+    assert f"outcome: succeeded · tokens {result.tokens} · ${result.cost_usd:.4f}" in out, out
+    assert f"the report: perdure result {handle.id}" in out, out
