@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 # One runtime per process and configuration: each has its own threads, and a Prometheus
 # endpoint can be bound once.
 _runtimes: dict[str, Runtime] = {}
+# The tracer provider `install` made, which `flush` sends out before the process leaves.
+_installed: list = []
+FLUSH_TIMEOUT_MS = 3_000
 
 
 class TelemetryConfigError(ValueError):
@@ -96,6 +99,15 @@ def install(exporter: SpanExporter, *, batch: bool = True) -> None:
     provider = create_tracer_provider(resource=Resource.create({"service.name": _service_name()}))
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    _installed.append(provider)
+
+
+def flush() -> None:
+    """Send the spans still batched, waiting at most FLUSH_TIMEOUT_MS (a collector that does
+    not answer must not hold the command). The CLI leaves with `os._exit` (sdk-python #300),
+    which skips the provider's own flush at exit: without this a command's spans are lost."""
+    for provider in _installed:
+        provider.force_flush(timeout_millis=FLUSH_TIMEOUT_MS)
 
 
 def _service_name() -> str:

@@ -19,7 +19,7 @@ from rich.markup import escape
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from runtime import settings
+from runtime import settings, telemetry
 from runtime.connect import ServerUnavailable, connect
 from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
 from starters import watchdog_cli as wd
@@ -1133,6 +1133,7 @@ def main() -> None:
         app()
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    telemetry.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

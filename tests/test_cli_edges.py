@@ -119,3 +119,21 @@ async def test_status_of_a_finished_goal_no_worker_answers_for_shows_what_the_go
     assert "no worker answered the progress query" in out and "showing what the goal published" in out, out
     assert f"outcome: succeeded · tokens {result.tokens} · ${result.cost_usd:.4f}" in out, out
     assert f"the report: perdure result {handle.id}" in out, out
+
+
+def test_a_commands_spans_are_exported_before_it_exits(env, tmp_path, task_queue):
+    """The CLI leaves with os._exit (sdk-python #300): its spans must be sent first, or the
+    trace of a goal has no start."""
+    from testing.otlp import OtlpReceiver
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with OtlpReceiver() as collector:
+        variables = user_env(env, tmp_path, task_queue) | {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.base_url,
+        }
+        started = perdure("start", "wait for a worker", "--workspace", str(workspace), env=variables)
+        assert started.returncode == 0, started.stderr
+        assert "StartWorkflow:GoalWorkflow" in collector.span_names()
