@@ -127,10 +127,11 @@ $(PEERS_STAMP): $(PEERS)/requirements.txt
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python -m bench.peers_run $(PEERS_ARGS)
 
-server-start: $(STAMP)
+# perdure alone, as for the demo: stopping the server `make demo` left needs no test extras.
+server-start: $(BASE_STAMP)
 	$(BIN)/perdure server start
 
-server-stop: $(STAMP)
+server-stop: $(BASE_STAMP)
 	$(BIN)/perdure server stop
 
 histories: $(STAMP) system-packages

@@ -11,6 +11,9 @@ OpenAI-compatible base URL in the environment the same goal runs on that model.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +77,27 @@ def show_new_files(console: Console, workspace: Path) -> None:
         console.print(path.read_text(encoding="utf-8", errors="replace")[:4000], markup=False, highlight=False)
 
 
+def cli_path() -> Path:
+    """This venv's `perdure`, as a path this shell can type: relative when below the current
+    directory (`make demo` runs from the checkout: .venv/bin/perdure), else absolute."""
+    # Not resolved: the venv's python is a symlink to the interpreter it was made from.
+    script = Path(sys.executable).absolute().parent / "perdure"
+    try:
+        return script.relative_to(Path.cwd())
+    except ValueError:
+        return script
+
+
+def cli_command() -> str:
+    """How to call this CLI from here: `perdure` when PATH finds this very one (an activated
+    venv), else its path."""
+    found = shutil.which("perdure")
+    if found is not None and Path(found).resolve() == cli_path().resolve():
+        return "perdure"
+    path = str(cli_path())
+    return shlex.quote(path if "/" in path else f"./{path}")  # a bare name would be looked up on PATH
+
+
 def page_port() -> int:
     """The port of the demo's `perdure ui`, from PERDURE_UI_PORT (checked before anything starts)."""
     text = os.environ.get(UI_PORT_ENV, str(DEFAULT_UI_PORT)).strip()
@@ -128,7 +152,11 @@ async def run_demo(console: Console) -> None:
     show_new_files(console, workspace)
     console.print(f"\ndemo finished in {elapsed:.1f} s")
     console.print(f"see it in the UI: {settings.goal_ui_link(goal_id)}")
-    console.print(f"or: .venv/bin/temporal workflow list --address {server.address}")
+    console.print(f"or: {cli_path().parent / 'temporal'} workflow list --address {server.address}")
+    perdure = cli_command()
+    console.print(f"the CLI is {perdure}{'' if perdure == 'perdure' else ' (or activate the venv first)'}; try:")
+    for command in (f"status {goal_id}", f"result {goal_id}", "ls"):
+        console.print(f"  {perdure} {command}", markup=False)
     console.print("the server and worker keep running; stop both with `make server-stop`")
     if result is None or result.outcome != "succeeded":
         raise RuntimeError(f"the demo goal did not succeed ({result.outcome if result else 'no result'})")

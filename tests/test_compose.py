@@ -395,3 +395,18 @@ def test_perdure_s_processes_send_traces_and_metrics_to_the_collector(
     assert (metrics.url, metrics.http) == ("http://otel-collector:4318/v1/metrics", True)
     exporter = telemetry.span_exporter("otlp")
     assert isinstance(exporter, OTLPSpanExporter) and exporter._endpoint == "http://otel-collector:4318/v1/traces"
+
+
+@pytest.mark.process
+def test_server_start_and_stop_need_only_perdure_not_the_dev_extras(ci_checkout: Path) -> None:
+    """A checkout set up by `make demo` (perdure and its runtime dependencies, no test
+    extras): stopping the server the demo left running installs nothing more."""
+    venv = ci_checkout / ".venv"
+    (venv / ".installed").rename(venv / ".installed-base")
+    for target in ("server-stop", "server-start"):
+        planned = subprocess.run(
+            ["make", "-n", "-C", str(ci_checkout), target], capture_output=True, text=True, timeout=60
+        )
+        assert planned.returncode == 0, planned.stderr
+        assert "pip install" not in planned.stdout, planned.stdout
+        assert f".venv/bin/perdure server {target.removeprefix('server-')}" in planned.stdout, planned.stdout

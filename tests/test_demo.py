@@ -8,6 +8,7 @@ goal is on the server and that `perdure server stop` leaves nothing behind.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from tests.helpers import isolated_demo_env
 
 BIN = Path(sys.executable).parent
+CHECKOUT = BIN.parent.parent
 
 pytestmark = pytest.mark.process
 
@@ -31,7 +33,10 @@ def test_demo_runs_end_to_end_offline(tmp_path):
     env, port, ui_port = isolated_demo_env(tmp_path)
     data = tmp_path / "temporal-dev" / "data"
     try:
-        demo = subprocess.run([BIN / "perdure", "demo"], env=env, capture_output=True, text=True, timeout=120)
+        # As `make demo` runs it: from the checkout, as .venv/bin/perdure (not on PATH).
+        demo = subprocess.run(
+            [BIN / "perdure", "demo"], cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         assert "on model profile 'scripted'" in demo.stdout
         assert "outcome: succeeded" in demo.stdout
@@ -43,6 +48,10 @@ def test_demo_runs_end_to_end_offline(tmp_path):
         goal_id = link.rsplit("/", 1)[1]
         snapshot = httpx.get(f"http://127.0.0.1:{page}/api/goals/{goal_id}", timeout=30).json()
         assert snapshot["phase"] == "finished" and snapshot["percent_done"] == 100  # the page's API serves it
+        # The demo says how to call the CLI from here, and the call it shows works.
+        [shown] = [line.strip() for line in demo.stdout.splitlines() if line.strip().endswith(f"result {goal_id}")]
+        called = subprocess.run(shlex.split(shown), cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=60)
+        assert called.returncode == 0 and "outcome: succeeded" in called.stdout, shown + called.stderr[-2000:]
 
         listed = subprocess.run(
             [BIN / "temporal", "workflow", "list", "--address", f"127.0.0.1:{port}", "-o", "json"],
