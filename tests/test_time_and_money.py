@@ -15,6 +15,7 @@ from unittest import mock
 
 import pytest
 from rich.console import Console
+from temporalio.client import WorkflowExecutionStatus
 from typer.testing import CliRunner
 
 from starters import cli
@@ -32,6 +33,11 @@ PAY = {"amount_cents": 1_000, "currency": "EUR", "recipient": "ACME GmbH", "memo
 @pytest.fixture
 def hook(fake_service) -> WebhookReceiver:
     return fake_service(WebhookReceiver)
+
+
+async def start_budgeted(env, task_queue, workspace, steps: list[dict], budget: Budget, tools: list[str]):
+    """Start a goal running `steps` under `budget`, allowed `tools`, with no drift check."""
+    return await start(env, task_queue, workspace, steps, allowed_tools=tools, drift_every=0, budget=budget)
 
 
 def notice(hook: WebhookReceiver, needs: list[str]) -> dict:
@@ -94,18 +100,23 @@ async def test_a_park_and_a_wait_for_a_person_are_not_charged_to_the_wall_budget
     assert f"due {deadline:%Y-%m-%d %H:%M} UTC (parks included)" in due
 
 
-@pytest.mark.slow
-async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_and_the_wrap_up_runs_once(
-    env, task_queue, store, workspace, scripted, hook
-):
+def chained_reads(workspace) -> list[dict]:
+    """Three reads one after the other. With a wall budget just past a tool step's default
+    P80 (30 s) the first may start; after three the tool estimate is theirs (milliseconds),
+    so a command step after them is admitted."""
     (workspace / "notes.md").write_text("a note\n")
-    # A budget just past a tool step's default P80 (30 s), so the first read may start; after
-    # three chained reads the tool estimate is theirs (milliseconds) and the build starts.
-    reads = [
+    return [
         {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
         | ({"needs": [f"read-{i - 1}"]} if i else {})
         for i in range(3)
     ]
+
+
+@pytest.mark.slow
+async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_and_the_wrap_up_runs_once(
+    env, task_queue, store, workspace, scripted, hook
+):
+    reads = chained_reads(workspace)
     build = {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 120"}}
     steps = [*reads, build | {"needs": ["read-2"]}, notice(hook, ["build"])]
     async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
@@ -136,6 +147,68 @@ async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_an
     assert len(hook.ledger()) == 1
 
 
+@pytest.mark.slow
+async def test_a_goal_parked_while_a_command_outlives_the_wall_budget_stays_parked_and_is_judged_at_resume(
+    env, task_queue, store, workspace, scripted, hook
+):
+    # The command runs past the 31 s budget while the goal is parked (issue 34, item 3).
+    build = {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": f"sleep {WALL_S + 4}"}}
+    check = {"name": "check", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}, "needs": ["build"]}
+    steps = [*chained_reads(workspace), build | {"needs": ["read-2"]}, check, notice(hook, ["check"])]
+    async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
+        tools = ["read_file", "run_command", "notify_webhook"]
+        handle = await start_budgeted(env, task_queue, workspace, steps, Budget(max_wall_seconds=WALL_S), tools)
+        await wait_until(handle, lambda s: statuses(s)["build"] == "running")
+        await submit(handle, Park(request_id="lunch", reason="lunch"))
+        await wait_until(handle, lambda s: statuses(s)["build"] != "running", timeout_s=WALL_S + 30)
+        await asyncio.sleep(4)  # parked with nothing running
+        parked = await handle.query(GoalWorkflow.progress)
+        # Parked all along: the command settled, nothing new started, no verdict ended the goal.
+        described = await handle.describe()
+        assert described.status == WorkflowExecutionStatus.RUNNING, (parked.failure, parked.gate_log)
+        await submit(handle, Resume(request_id="back"))
+        result = await asyncio.wait_for(handle.result(), 30)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert parked.phase == "parked" and statuses(parked)["build"] == "succeeded", statuses(parked)
+    assert statuses(parked)["check"] == "pending"
+    assert not [e for e in parked.gate_log if "emergency stop" in e], parked.gate_log
+    # Judged at resume: the command's time is active time, the park after it is not.
+    assert result.outcome == "partial", result.failure
+    assert statuses(snapshot)["check"] == "abandoned" and statuses(snapshot)["tell-owner"] == "succeeded"
+    check_error = next(n.error for n in snapshot.nodes if n.name == "check") or ""
+    spent = re.search(r"active wall time at 1\d\d% \((\d+) s of 31 s\): only wrap-up nodes run", check_error)
+    assert spent and WALL_S + 4 <= int(spent[1]) <= WALL_S + 7, check_error
+    assert len(hook.ledger()) == 1
+
+
+async def test_a_charge_past_the_cost_budget_while_parked_waits_for_the_resume(
+    env, task_queue, store, workspace, scripted, hook
+):
+    # "spend" bills $3 against a $0.10 budget and answers while the goal is parked; "slow" is
+    # still running when the goal resumes, so the verdict made then is an emergency stop.
+    dear = {"when_last": "step: spend", "content": "step done", "delay_s": 1.5}
+    dear["usage"] = {"input_tokens": 0, "output_tokens": 1_500_000}
+    slow = {"when_last": "step: slow", "content": "step done", "delay_s": 6}
+    steps = [llm("spend"), llm("slow"), llm("next", ["spend"]), notice(hook, ["next", "slow"])]
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": [dear, slow]}))):
+        # Room for both llm steps' estimates ($0.03 each) to run side by side.
+        handle = await start_budgeted(env, task_queue, workspace, steps, Budget(max_cost_usd=0.1), ["notify_webhook"])
+        await wait_until(handle, lambda s: statuses(s)["spend"] == "running" and statuses(s)["slow"] == "running")
+        await submit(handle, Park(request_id="lunch", reason="lunch"))
+        parked = await wait_until(handle, lambda s: statuses(s)["spend"] != "running")
+        await submit(handle, Resume(request_id="back"))
+        result = await asyncio.wait_for(handle.result(), 30)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert parked.phase == "parked" and statuses(parked)["spend"] == "succeeded", (parked.failure, parked.gate_log)
+    assert statuses(parked)["slow"] == "running" and parked.cost_usd == pytest.approx(3.0)
+    assert result.outcome == "aborted" and "emergency stop: cost at" in (result.failure or ""), result.failure
+    ended = {"spend": "succeeded", "slow": "abandoned", "next": "abandoned", "tell-owner": "succeeded"}
+    assert statuses(snapshot) == ended
+    assert len(hook.ledger()) == 1
+
+
 async def test_a_cost_budget_refuses_the_step_it_cannot_cover_and_the_wrap_up_step_still_runs_once(
     env, task_queue, store, workspace, scripted, hook
 ):
@@ -147,15 +220,7 @@ async def test_a_cost_budget_refuses_the_step_it_cannot_cover_and_the_wrap_up_st
     }
     steps = [llm("s0"), llm("s1", ["s0"]), llm("s2", ["s1"]), notice(hook, ["s2"])]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": [costly]}))):
-        handle = await start(
-            env,
-            task_queue,
-            workspace,
-            steps,
-            allowed_tools=["notify_webhook"],
-            drift_every=0,
-            budget=Budget(max_cost_usd=0.7),
-        )
+        handle = await start_budgeted(env, task_queue, workspace, steps, Budget(max_cost_usd=0.7), ["notify_webhook"])
         result = await handle.result()
         snapshot = await handle.query(GoalWorkflow.progress)
 

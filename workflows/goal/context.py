@@ -35,6 +35,7 @@ from workflows.goal.patches import (
     NODES_PER_RUN_PATCH,
     OWN_CALLS_BOUNDED_PATCH,
     OWN_CHANGES_PATCH,
+    PARKS_HOLD_VERDICTS_PATCH,
     READ_AHEAD_PATCH,
     READ_BATCHES_PATCH,
     READ_COMMITS_PATCH,
@@ -114,6 +115,7 @@ class GoalContext:
         self.prepares_writes_here = False
         self.runs_bounded_by_nodes = self.dispatches_in_passes = False
         self.bounds_own_calls = False
+        self.parks_hold_verdicts = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -162,6 +164,7 @@ class GoalContext:
             self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
         if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):
             self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
+        self.parks_hold_verdicts = self._patched(PARKS_HOLD_VERDICTS_PATCH)
 
     def continue_as_new_due(self) -> bool:
         """The run should end at its next safe point: its history is long (or the server's

@@ -152,6 +152,9 @@ BASELINED = frozenset(
 # Issue 34: a drift check is shown a bounded outline of the plan, and is not sent when the
 # budget cannot afford it (workflows/drift_outline.py, budget.own_call_gate).
 OWN_CALLS_BOUNDED_PATCH = "own-calls-bounded"
+# Issue 34: a parked goal gets no budget verdict (a charge or the clock past a budget while a
+# step runs on); it is judged when it resumes (spend.py).
+PARKS_HOLD_VERDICTS_PATCH = "parks-hold-budget-verdicts"
 
 
 def patched_here(state: GoalState, patch: str) -> bool:

@@ -8,6 +8,7 @@ how the pause state changes and when a parked goal's timer fires.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -21,6 +22,8 @@ from workflows.state import Node
 class Pause:
     def __init__(self, ctx: GoalContext) -> None:
         self._ctx = ctx
+        # What the goal's budget says as it resumes (Spend.judge_at_resume), set by the workflow.
+        self.on_resume: Callable[[], None] | None = None
 
     def park(self, reason: str, until: datetime | None, expiry: timedelta) -> None:
         now = workflow.now()
@@ -52,6 +55,8 @@ class Pause:
             if question.topic == "park_expired":
                 question.status, question.answer, question.answered_at = "answered", "resume", workflow.now()
         workflow.logger.info("resumed", extra={"why": why})
+        if self.on_resume is not None:
+            self.on_resume()
 
     def abort(self, reason: str, rollback: bool, emergency: bool = False) -> None:
         """Stop the goal. `emergency`: a budget ran out while work ran (not a person's

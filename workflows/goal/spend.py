@@ -1,7 +1,8 @@
 """What the goal spends and may spend: the budget and density gates before a node
 is dispatched, the estimates they judge by, reservations for work in flight, the
 charge of every model call, active time (what the wall budget counts), and the
-emergency stop, by a charge past the budget or by the clock.
+emergency stop, by a charge past the budget or by the clock (held while the goal is
+parked, and judged as it resumes).
 
 Workflow code, deciding from the ledger in the state; the rules themselves are
 pure (workflows/budget.py, density.py, estimates.py). A new budget rule is a
@@ -144,6 +145,14 @@ class Spend:
         """A time budget ran out: with work still in flight, that is an emergency stop."""
         self._check_emergency(at_limit=True)
 
+    def judge_at_resume(self) -> None:
+        """A parked goal gets no budget verdict (a step that ran on while it was parked may
+        have charged or timed it past a budget): it is judged as it resumes. Work still in
+        flight then is stopped as the clock would stop it; with none, the hard gate
+        refuses the next step."""
+        if self._ctx.parks_hold_verdicts:
+            self._check_emergency(at_limit=True)
+
     def fractions(self) -> dict[str, float]:
         return budget.budget_fractions(self._ctx.state.spec.budget, self.actual_use())
 
@@ -271,6 +280,8 @@ class Spend:
         state = self._ctx.state
         if state.pause.mode == "aborting":
             return
+        if state.pause.mode == "parked" and self._ctx.parks_hold_verdicts:
+            return  # parking costs nothing, over lunch too: judged at resume
         if self._ctx.budgets_by_time_and_wrap_up and not self._ordinary_work_in_flight():
             return  # only wrap-up steps run: they may go past the budget, by design
         decision = budget.emergency_check(state.spec.budget, self.actual_use(), at_limit=at_limit)

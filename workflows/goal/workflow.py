@@ -84,6 +84,7 @@ class GoalWorkflow:
             self._pause.park(self._load_problem, None, timedelta(days=3650))
         self._inbox = Inbox(ctx, self._load_problem)
         self._spend = Spend(ctx, self._pause)
+        self._pause.on_resume = self._spend.judge_at_resume
         self._events = EventStream(ctx, input.stream)
         ctx.on_status, ctx.on_gate, ctx.on_receipt = (
             self._events.on_status,
