@@ -116,9 +116,15 @@ class RouterIO:
                 goal, workspace = started.spec.goal[:GOAL_CHARS], started.spec.workspace
             break
         async for event in handle.fetch_history_events(event_filter_type=CLOSE_EVENT):
+            payloads = None
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
                 payloads = event.workflow_execution_completed_event_attributes.result.payloads
-                result = await self._decoded(payloads, GoalResult)
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                # A failed or aborted goal's result is the failure's details (GoalFailed).
+                failure = event.workflow_execution_failed_event_attributes.failure
+                payloads = failure.application_failure_info.details.payloads
+            if payloads:
+                result = await self._decoded(payloads[:1], GoalResult)
                 objects = result.objects if result is not None else []
         status = execution.status.name.lower() if execution.status else "ended"
         return Candidate(

@@ -33,7 +33,7 @@ from rich.console import Console
 from activities.artifacts import default_store
 from runtime import settings
 from runtime.connect import connect
-from starters import devserver
+from starters import devserver, goals
 from testing.fakes import LedgerAPI, MailAPI
 from workflows.contracts import GoalSpec
 from workflows.goal import GoalWorkflow
@@ -162,7 +162,7 @@ async def run_demo_crash(console: Console) -> bool:
             "activity once its heartbeat timeout notices worker 1 is gone; the retry sends the same "
             "Idempotency-Key, so the mail API answers from its idempotency store instead of sending again."
         )
-        result = await asyncio.wait_for(handle.result(), 300)
+        result = await asyncio.wait_for(goals.ended(handle), 300)
         console.print(f"\ngoal outcome: [bold]{result.outcome}[/bold]")
         store = default_store()
         for name, ref in result.outputs.items():

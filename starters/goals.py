@@ -505,7 +505,12 @@ async def published_ending(
 async def result(client: Client, goal_id: str, run_id: str | None = None) -> GoalResult:
     """Wait for the goal to end. A goal that failed still carries its report; one that ended
     any other way raises EndedWithoutResult, saying how."""
-    handle = client.get_workflow_handle(goal_id, run_id=run_id, result_type=GoalResult)
+    return await ended(client.get_workflow_handle(goal_id, run_id=run_id, result_type=GoalResult))
+
+
+async def ended(handle: WorkflowHandle) -> GoalResult:
+    """The result of the goal behind `handle`, however it ended: a goal that failed or was
+    aborted fails its workflow with the result in the failure's details (GoalFailed)."""
     try:
         return await handle.result()
     except WorkflowFailureError as err:

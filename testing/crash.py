@@ -37,6 +37,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from activities.artifacts import ArtifactStore
+from starters import goals
 from testing.fakes import FakeService
 from testing.scripted import ScriptedServer
 from workflows.contracts import GoalResult, GoalSpec
@@ -243,7 +244,7 @@ class CrashRig:
             )
 
     async def result(self, handle: WorkflowHandle, timeout_s: float = 120) -> GoalResult:
-        return await asyncio.wait_for(handle.result(), timeout_s)
+        return await asyncio.wait_for(goals.ended(handle), timeout_s)
 
     def close(self) -> None:
         for worker in self.workers:

@@ -30,6 +30,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from starters import goals
 from testing.crash import CrashRig
 from testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from testing.repo import git, init_repo
@@ -215,7 +216,7 @@ async def _one_goal(rig, report, rng, root, seed, kills, max_kills_per_goal, mai
         allowed_tools=["send_email", "http_request", "write_file", "git_commit"],
     )
     handle = await rig.start_goal(spec, goal_id)
-    result_task = asyncio.create_task(handle.result())
+    result_task = asyncio.create_task(goals.ended(handle))
     deadline = time.monotonic() + GOAL_TIMEOUT_S
     current, kills_here = -1, 0
     result = None

@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 from activities.artifacts import ArtifactStore
 from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig, ModelProfile
-from starters import cli
+from starters import cli, goals
 from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from tests.builders import scripted_profile, spec
 from workers.orchestrator import build_worker
@@ -122,11 +122,17 @@ async def start(env: WorkflowEnvironment, task_queue: str, workspace: Path, step
     )
 
 
+async def goal_result(handle: WorkflowHandle) -> GoalResult:
+    """The goal's result however it ended, read as `perdure result` reads it: a goal that
+    failed or was aborted fails its workflow with the result in the failure."""
+    return await goals.ended(handle)
+
+
 async def run_goal(
     env: WorkflowEnvironment, task_queue: str, goal_spec: GoalSpec, goal_id: str | None = None, as_started: bool = False
 ) -> tuple[WorkflowHandle, GoalResult]:
-    """Start the goal and wait for its result; `as_started`: with the workflow task timeout
-    `perdure start` gives it (else the server's default, 10 s)."""
+    """Start the goal and wait for its result, however it ended; `as_started`: with the
+    workflow task timeout `perdure start` gives it (else the server's default, 10 s)."""
     handle = await env.client.start_workflow(
         GoalWorkflow.run,
         GoalInput(spec=goal_spec),
@@ -134,7 +140,7 @@ async def run_goal(
         task_queue=task_queue,
         task_timeout=goal_spec.task_timeout() if as_started else None,
     )
-    return handle, await handle.result()
+    return handle, await goal_result(handle)
 
 
 async def wait_until(

@@ -31,6 +31,7 @@ from activities.mcp.config import servers_from
 from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig
 from runtime.plugin import PerdurePlugin
+from starters import goals
 from testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 from testing.scripted import ScriptedServer
 from tests import goldens
@@ -314,6 +315,30 @@ async def record_goal_dispatch_passes(env: WorkflowEnvironment, out: Path) -> No
     await record_plan_goal(await inline_payloads(env), out, {"steps": steps}, {"replies": []})
 
 
+async def record_goal_parked_then_judged(env: WorkflowEnvironment, out: Path) -> None:
+    """Parked while two llm steps run: one bills $3 against a $0.10 budget while the goal is
+    parked (no verdict: patch `parks-hold-budget-verdicts`); the resume judges it and stops the
+    other, so the goal ends aborted and its workflow fails with the result (patch
+    `unsuccessful-goals-fail`)."""
+    dear = {"when_last": "step: spend", "content": "step done", "delay_s": 1.5}
+    dear["usage"] = {"input_tokens": 0, "output_tokens": 1_500_000}
+    slow = {"when_last": "step: slow", "content": "step done", "delay_s": 6}
+    async with rig(env, {"replies": [dear, slow]}) as (workspace, task_queue):
+        goal_spec = spec(
+            workspace, plan={"steps": [llm("spend"), llm("slow")]}, drift_every=0, budget=Budget(max_cost_usd=0.1)
+        )
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        await wait_until(handle, lambda s: statuses(s)["spend"] == statuses(s)["slow"] == "running")
+        await submit(handle, Park(request_id="p1", reason="lunch"))
+        await wait_until(handle, lambda s: statuses(s)["spend"] != "running")
+        await submit(handle, Resume(request_id="p2"))
+        result = await goals.ended(handle)
+    assert result.outcome == "aborted" and "emergency stop: cost at" in (result.failure or ""), result.failure
+    save(out, await handle.fetch_history())
+
+
 async def record_goal_nodes_per_run(env: WorkflowEnvironment, out: Path) -> None:
     """A command (an activity), then a chain of 24 reads (read ahead in batches), with at most
     10 steps settled per run, so it continues as new twice (patch `nodes-per-run`); the first
@@ -434,7 +459,7 @@ async def record_goal_approval_and_rollback(env: WorkflowEnvironment, out: Path)
             await submit(handle, Approve(request_id="ok-1", question_id="q1"))
             await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
             await submit(handle, Abort(request_id="ab-1", reason="wrong invoice", rollback=True))
-            result = await handle.result()
+            result = await goals.ended(handle)
             (workspace / "GO").touch()
     assert result.outcome == "aborted", result.excerpt
     save(out, await handle.fetch_history())
@@ -1080,6 +1105,8 @@ SCENARIOS = {
     "goal-v3-dispatch-passes": record_goal_dispatch_passes,
     # Issue 34: the first change after the baseline, with its own marker.
     "goal-v4-own-calls-bounded": record_goal_own_calls_bounded,
+    # Issue 34: a parked goal judged at resume, whose abort fails its workflow (two markers).
+    "goal-v4-parked-then-judged": record_goal_parked_then_judged,
 }
 
 

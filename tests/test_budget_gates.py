@@ -10,7 +10,16 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile
-from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.helpers import (
+    calls_for,
+    goal_result,
+    running_worker,
+    scheduled_activities,
+    start,
+    statuses,
+    submit,
+    wait_until,
+)
 from workflows.contracts import Activities, Budget
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Park, Resume
@@ -79,7 +88,7 @@ async def test_emergency_stop_cancels_in_flight_work(env, task_queue, store, wor
         handle = await start(
             env, task_queue, workspace, [gate(), llm("big")], budget=Budget(max_tokens=4_000), drift_every=0
         )
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
     (workspace / "GO").touch()
 
@@ -105,7 +114,7 @@ async def test_stall_ladder_reminds_then_switches_then_asks_a_person(env, task_q
         assert statuses(snapshot)["hunt"] == "blocked" and snapshot.phase == "awaiting_human"
         assert snapshot.questions[0].title == "Step 'hunt' is going in circles"
         await submit(handle, Answer(request_id="x1", question_id="q1", choice="abandon"))
-        result = await handle.result()
+        result = await goal_result(handle)
 
     notes = [
         (i, r["last_message"]) for i, r in enumerate(server.requests()) if "Note from the runtime" in r["last_message"]
@@ -115,7 +124,7 @@ async def test_stall_ladder_reminds_then_switches_then_asks_a_person(env, task_q
     assert "already tried" in remind and "read_file" in remind
     assert "Stop using read_file the same way" in switch and "different source" in switch
     assert remind_at < switch_at < turns_when_asked
-    assert result.outcome == "partial" and "abandoned" in result.unfinished[0]
+    assert result.outcome == "failed" and "abandoned" in result.unfinished[0]  # its only step
     assert "step 'hunt' was rejected: abandoned after repeated steps" in store.get_text(result.report)
 
 
@@ -143,7 +152,7 @@ async def test_a_parked_agent_is_never_judged_stalled(env, task_queue, store, wo
         await submit(handle, Resume(request_id="k2"))
         await wait_until(handle, lambda s: len(server.requests()) > calls)
         await submit(handle, Abort(request_id="k3"))
-        result = await handle.result()
+        result = await goal_result(handle)
     assert result.outcome == "aborted"
 
 

@@ -103,6 +103,55 @@ async def test_result_of_a_goal_that_failed_shows_its_report_and_one_terminated_
     assert stopped.id in listed.stdout and "terminated" in listed.stdout
 
 
+async def test_a_goal_with_no_step_succeeded_ends_failed_and_the_temporal_list_marks_failed_and_aborted_goals(
+    env, task_queue, store, tmp_path, workspace
+):
+    broken = {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": "exit 3"}}
+    listing = {"name": "look", "kind": "tool", "tool": "list_dir", "args": {}}
+    plans = {
+        "nothing": [broken, {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["build"], "args": {}}],
+        "some": [broken, listing],
+        "stopped": GATE_THEN_LIST,
+    }
+    async with running_worker(env, task_queue, store):
+        handles = {
+            name: await env.client.start_workflow(
+                GoalWorkflow.run,
+                GoalInput(spec=spec(workspace, plan={"steps": steps}, allowed_tools=["run_command", "list_dir"])),
+                id=new_goal_id(f"cli-{name}"),
+                task_queue=task_queue,
+            )
+            for name, steps in plans.items()
+        }
+        await wait_until(handles["stopped"], lambda s: "gate" in s.running)
+        await submit(handles["stopped"], Abort(request_id="ab-2", reason="not today"))
+        shown = {name: (await perdure(env, tmp_path, "result", h.id)).stdout for name, h in handles.items()}
+        # The close event of each, as the Temporal UI's workflow list shows it (its Status column).
+        ids = " OR ".join(f"WorkflowId = '{h.id}'" for h in handles.values())
+        closed: dict[str, str] = {}
+        for _ in range(50):
+            closed = {wf.id: wf.status.name async for wf in env.client.list_workflows(ids) if wf.close_time}
+            if len(closed) == len(handles):
+                break
+            await asyncio.sleep(0.1)
+        listed = (await perdure(env, tmp_path, "ls", "--status", "Failed")).stdout
+
+    assert "outcome: failed" in shown["nothing"], shown["nothing"]
+    assert "reason: no step succeeded (1 failed, 1 abandoned)" in shown["nothing"]
+    assert "unfinished (2):" in shown["nothing"] and "  build: " in shown["nothing"]
+    assert "outcome: partial" in shown["some"] and "reason:" not in shown["some"]
+    assert "outcome: aborted" in shown["stopped"] and "reason: aborted: not today" in shown["stopped"]
+    assert {name: closed[h.id] for name, h in handles.items()} == {
+        "nothing": "FAILED",
+        "some": "COMPLETED",
+        "stopped": "FAILED",
+    }
+    cells = [[c.strip() for c in line.split("│")[1:4]] for line in listed.splitlines() if line.startswith("│ cli-")]
+    rows = {goal: [status, outcome] for goal, status, outcome in cells}
+    assert rows[handles["nothing"].id] == ["Failed", "failed"] and rows[handles["stopped"].id] == ["Failed", "aborted"]
+    assert handles["some"].id not in rows
+
+
 def plan_file(tmp_path: Path, goal: str) -> Path:
     path = tmp_path / f"{abs(hash(goal))}.yaml"
     path.write_text(

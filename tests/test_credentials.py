@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from testing.fakes import FakeService, Reply
 from tests.builders import STEP_REPLY, openai_profile
-from tests.helpers import running_worker, start
+from tests.helpers import goal_result, running_worker, start
 from workflows.plan import parse_plan
 from workflows.tool_specs import HttpRequestArgs
 
@@ -87,7 +87,7 @@ async def test_an_undeclared_credential_or_another_host_fails_the_step_with_the_
     ]
     async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request"], drift_every=0)
-        result = await handle.result()
+        result = await goal_result(handle)
 
     assert echo.ledger() == []
     unfinished = " ".join(result.unfinished)
@@ -102,7 +102,7 @@ async def test_an_error_answer_that_echoes_the_credential_is_redacted(
     steps = [post(f"{echo.base_url}/denied", auth="CI_TOKEN")]
     async with running_worker(env, task_queue, store, openai_profile(scripted(STEP_REPLY))):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request"], drift_every=0)
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
 
     assert result.outcome == "failed" or result.failed_steps == ["call"], result.excerpt

@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 from activities.device_tools import DeviceSessionState, DeviceToolActivities
 from runtime.plugin import PerdurePlugin
 from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
 from workers import device as daemon
 from workflows.device_contracts import (
     DeviceActivities,
@@ -104,7 +104,7 @@ async def test_an_abort_while_a_device_write_is_lost_mid_call_ends_with_the_writ
                     break
                 await asyncio.sleep(0.1)
             await submit(handle, Abort(request_id="stop-1", reason="enough"))
-            result = await asyncio.wait_for(handle.result(), timeout=30)
+            result = await asyncio.wait_for(goal_result(handle), timeout=30)
             snap = await handle.query(GoalWorkflow.progress)
         finally:
             run.cancel()

@@ -9,7 +9,7 @@ import pytest
 
 from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.device_rig import question_of, registry_says, write_on
-from tests.helpers import run_goal, running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, run_goal, running_worker, start, statuses, submit, wait_until
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Approve
 
@@ -40,9 +40,9 @@ async def test_a_refused_device_call_fails_its_step_and_runs_nothing(env, task_q
         handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
         card = await question_of(handle, "confirm_device_call")
         await submit(handle, Approve(request_id="no-1", question_id=card.id, approved=False, text="not my laptop"))
-        result = await handle.result()
+        result = await goal_result(handle)
         snap = await handle.query(GoalWorkflow.progress)
-    assert result.outcome == "partial"
+    assert result.outcome == "failed"  # its only step
     node = next(n for n in snap.nodes if n.name == "save")
     assert node.status == "failed" and "a person refused write_file: not my laptop" in (node.error or "")
     assert not (laptop.root / "out.txt").exists()
@@ -103,10 +103,10 @@ async def test_skipping_a_step_whose_device_stays_away_abandons_it_and_what_need
         )
         card = await question_of(handle, "device_offline")
         await submit(handle, Answer(request_id="skip-1", question_id=card.id, choice="skip"))
-        result = await handle.result()
+        result = await goal_result(handle)
         snap = await handle.query(GoalWorkflow.progress)
     assert statuses(snap) == {"save": "abandoned", "after": "abandoned"}
-    assert result.outcome == "partial"
+    assert result.outcome == "failed" and result.failure == "no step succeeded (2 abandoned)"
 
 
 @pytest.mark.slow
@@ -153,7 +153,7 @@ async def test_aborting_a_goal_waiting_for_an_offline_device_ends_it_at_once(
         handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
         await wait_until(handle, lambda s: s.waiting_for_devices == {"save": "laptop"})
         await submit(handle, Abort(request_id="stop-1", reason="the laptop is gone"))
-        result = await handle.result()
+        result = await goal_result(handle)
         snap = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "aborted"
     assert statuses(snap) == {"save": "abandoned"}

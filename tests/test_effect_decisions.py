@@ -13,7 +13,16 @@ import pytest
 from testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
 from testing.repo import git, init_repo
 from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
-from tests.helpers import local_activities, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.helpers import (
+    goal_result,
+    local_activities,
+    running_worker,
+    scheduled_activities,
+    start,
+    statuses,
+    submit,
+    wait_until,
+)
 from workflows.contracts import Activities
 from workflows.effects import effect_key_for
 from workflows.messages import Abort, Answer, Approve
@@ -129,7 +138,7 @@ async def test_abort_with_rollback_undoes_effects_newest_first(env, task_queue, 
         await submit(handle, Approve(request_id="c1", question_id="q1"))
         await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
         await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True))
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
     (repo / "GO").touch()
 

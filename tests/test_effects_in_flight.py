@@ -15,7 +15,7 @@ import pytest
 
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
 from workflows.contracts import Budget
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Approve, Rewind
@@ -55,7 +55,7 @@ async def test_abort_with_rollback_refunds_a_payment_whose_answer_was_still_on_i
         await submit(handle, Approve(request_id="c1", question_id="q1"))
         await until(lambda: slow_payments.ledger())  # recorded by the API, its reply not yet sent
         await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True))
-        result = await handle.result()
+        result = await goal_result(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
 
     assert [e["kind"] for e in slow_payments.ledger()] == ["payment", "refund"]
@@ -79,7 +79,7 @@ async def test_an_http_write_in_flight_at_abort_is_undone_and_the_ended_goal_has
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request", "run_command"])
         await until(lambda: slow_hook.ledger())
         await submit(handle, Abort(request_id="a1", reason="customer cancelled", rollback=True))
-        result = await handle.result()
+        result = await goal_result(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
 
     assert [e["path"] for e in slow_hook.ledger()] == ["/ship", "/unship"]
@@ -114,7 +114,7 @@ async def test_an_emergency_stop_lets_a_write_in_flight_settle_and_reports_it_do
         handle = await start(
             env, task_queue, workspace, steps, allowed_tools=["http_request"], budget=Budget(max_tokens=4_000)
         )
-        result = await handle.result()
+        result = await goal_result(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
 
     assert result.failure.startswith("aborted: emergency stop")
@@ -136,7 +136,7 @@ async def test_the_confirmation_card_shows_the_arguments_with_templates_resolved
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "make_payment"])
         snapshot = await wait_until(handle, lambda s: s.questions)
         await submit(handle, Abort(request_id="a1", reason="only looking"))
-        await handle.result()
+        await goal_result(handle)
 
     card = snapshot.questions[0].stuck
     assert "invoice 42 for ACME, March" in card and "{{steps.memo}}" not in card

@@ -91,8 +91,9 @@ async def test_plan_still_invalid_after_repairs_fails_with_reason(env, task_queu
     }
     server = scripted({"replies": [{"when": "PERDURE-PLANNER", "json": cyclic}]})
     async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, _ = await run_goal(env, task_queue, spec(workspace, max_plan_repairs=1))
         with pytest.raises(WorkflowFailureError) as failure:
-            await run_goal(env, task_queue, spec(workspace, max_plan_repairs=1))
+            await handle.result()
 
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "GoalFailed"
@@ -171,7 +172,7 @@ async def test_failing_tool_fails_its_node_with_the_reason(env, task_queue, stor
         snapshot = await handle.query(GoalWorkflow.progress)
 
     nodes = {n.name: n for n in snapshot.nodes}
-    assert result.outcome == "partial"
+    assert result.outcome == "failed" and result.failure == "no step succeeded (1 failed, 1 abandoned)"
     assert nodes["read"].status == "failed" and "missing.txt" in (nodes["read"].error or "")
     assert nodes["use"].status == "abandoned"
     assert server.requests() == []
@@ -202,7 +203,6 @@ async def test_plan_file_with_forbidden_tool_fails_clearly(env, task_queue, stor
     plan = {"steps": [{"name": "w", "kind": "tool", "tool": "write_file", "args": {"path": "x", "content": "y"}}]}
     server = scripted({"replies": []})
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        with pytest.raises(WorkflowFailureError) as failure:
-            await run_goal(env, task_queue, spec(workspace, plan=plan, allowed_tools=["read_file"]))
-    assert "tool 'write_file' is not allowed" in str(failure.value.cause)
+        _, result = await run_goal(env, task_queue, spec(workspace, plan=plan, allowed_tools=["read_file"]))
+    assert result.outcome == "failed" and "tool 'write_file' is not allowed" in (result.failure or "")
     assert not (workspace / "x").exists()

@@ -28,7 +28,7 @@ from temporalio.workflow import NondeterminismError
 from runtime.plugin import PerdurePlugin
 from starters import goals, steering
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import calls_for, running_worker, start, submit, workflow_task_failures
+from tests.helpers import calls_for, goal_result, running_worker, start, submit, workflow_task_failures
 from workflows.goal import GoalWorkflow
 from workflows.goal.inbox import Inbox
 from workflows.messages import Abort, Answer, Escalate, Park, Resume, Steer
@@ -100,7 +100,7 @@ async def test_a_message_that_cannot_apply_in_its_turn_gets_a_rejected_receipt(e
         retry = await submit(handle, Park(request_id="u2", reason="lunch"))
         await submit(handle, Abort(request_id="u4"))
         (workspace / "GO").touch()
-        result = await handle.result()
+        result = await goal_result(handle)
         inbox = await handle.query(GoalWorkflow.inbox)
 
     assert (not_parked.status, not_parked.note) == ("rejected", "the goal is not parked")
@@ -231,7 +231,7 @@ async def test_any_interleaving_sent_before_a_worker_starts_ends_as_a_sequential
 
     async with running_worker(env, task_queue, store):
         if expected.aborting:
-            await asyncio.wait_for(handle.result(), 30)
+            await asyncio.wait_for(goal_result(handle), 30)
         inbox = await settled(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
         (workspace / "GO").touch()
@@ -305,7 +305,7 @@ async def test_an_update_of_the_wrong_arity_is_refused_with_a_reason(env, task_q
             await handle.execute_update(GoalWorkflow.submit, "abort")
         receipt = await submit(handle, Abort(request_id="b"))
         (workspace / "GO").touch()
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
 
     assert none.value.cause.message.startswith("the 'submit' update carries no argument")
@@ -352,7 +352,7 @@ async def test_random_raw_signals_and_updates_never_fail_a_workflow_task(env, st
         with contextlib.suppress(RPCError):  # the goal may have ended (a random abort)
             await signal(handle, Resume(request_id=f"end-{uuid.uuid4().hex[:6]}"))  # in case a random park applied
         (workspace / "GO").touch()
-        result = await asyncio.wait_for(handle.result(), 30)
+        result = await asyncio.wait_for(goal_result(handle), 30)
         history = await handle.fetch_history()
     assert workflow_task_failures(history) == []
     assert result.outcome in ("succeeded", "aborted")

@@ -17,7 +17,16 @@ from temporalio.converter import DataConverter
 from activities.models.attempts import ModelAttemptState, ModelError
 from activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
 from tests.builders import agent, gate, llm, scripted_profile
-from tests.helpers import calls_for, events_until_end, live_goal_profile, running_worker, start, submit, wait_until
+from tests.helpers import (
+    calls_for,
+    events_until_end,
+    goal_result,
+    live_goal_profile,
+    running_worker,
+    start,
+    submit,
+    wait_until,
+)
 from workflows.events import (
     EVENTS_TOPIC,
     TOKENS_TOPIC,
@@ -177,7 +186,7 @@ async def test_an_abort_while_a_reply_streams_cancels_the_call_at_once_and_sends
             if isinstance(parse_event(item.data), TokenDelta):
                 await submit(handle, Abort(request_id="stop-1", reason="changed my mind"))
                 break
-        result = await asyncio.wait_for(handle.result(), 15)  # the 20 s reply is not waited for
+        result = await asyncio.wait_for(goal_result(handle), 15)  # the 20 s reply is not waited for
         events = await asyncio.wait_for(events_until_end(env, handle.id), 15)
     assert result.outcome == "aborted"
     assert len(calls_for(server, "talk")) == 1

@@ -27,7 +27,7 @@ from activities.artifacts import ArtifactStore
 from starters.mcp_server import build_server
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
-from tests.helpers import free_ports, running_worker
+from tests.helpers import free_ports, goal_result, running_worker
 from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, stop, user_env
 
 VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "narrow", "rewind", "abort"}
@@ -177,7 +177,7 @@ async def test_a_retried_start_is_one_goal_and_a_retried_steer_one_inbox_row(
             progress = await client.read_resource(f"perdure://goals/{goal_id}/progress")
             for gid in (goal_id, unnamed["goal_id"]):
                 await call(client, "abort", goal_id=gid, request_id=f"stop-{gid}")
-                await env.client.get_workflow_handle(gid).result()
+                await goal_result(env.client.get_workflow_handle(gid))
     assert first["started"] is True and again["started"] is False and again["goal_id"] == goal_id
     assert "already running with this spec" in again["text"]
     # The same request id with other content names the same goal, and is refused, as a message would be.
@@ -223,7 +223,7 @@ async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_
         with pytest.raises(MCPError) as unknown_resource:
             await client.read_resource("perdure://goals/no-such-goal/report")
         await call(client, "abort", goal_id=goal_id)
-        await env.client.get_workflow_handle(goal_id).result()
+        await goal_result(env.client.get_workflow_handle(goal_id))
         said["ended"] = await refusal(client, "steer", goal_id=goal_id, text="still there?")
         still_serving = await client.list_tools()
     expected = {

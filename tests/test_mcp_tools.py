@@ -28,7 +28,7 @@ from starters.capabilities import start_problems
 from starters.goals import plan_from_mapping, plan_tools
 from testing.ledger_mcp_server import read_ledger
 from tests.builders import agent, openai_profile, spec
-from tests.helpers import free_ports, running_worker, start, submit, wait_until
+from tests.helpers import free_ports, goal_result, running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE, stop
 from workers.capabilities import CapabilitiesResult
 from workflows.contracts import ToolInput
@@ -202,10 +202,10 @@ async def test_a_tool_that_returns_an_error_fails_its_step_with_the_servers_mess
 ):
     refuse = "mcp__notes__refuse"
     async with one_step_goal(notes(), refuse, {"reason": "closed today"}, "no") as handle:
-        result = await handle.result()
+        result = await goal_result(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
 
-    assert result.outcome == "partial"  # a step failed; the goal did what did not depend on it
+    assert result.outcome == "failed"  # its only step failed
     (node,) = [n for n in snapshot.nodes if n.name == "no"]
     assert node.status == "failed"
     assert "MCP tool refuse on server 'notes' returned an error" in (node.error or "")

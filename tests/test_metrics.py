@@ -27,7 +27,7 @@ from starters.cli import app
 from testing.otlp import OtlpReceiver
 from tests.builders import agent, gate, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
-from tests.helpers import free_ports, new_goal_id, statuses, submit, wait_until
+from tests.helpers import free_ports, goal_result, new_goal_id, statuses, submit, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
 from workers.orchestrator import build_worker
 from workflows import metrics
@@ -262,7 +262,7 @@ async def test_each_stall_rung_fired_is_counted(env, task_queue, store, workspac
         )
         snapshot = await wait_until(handle, lambda s: s.questions)
         await submit(handle, Answer(request_id="x1", question_id=snapshot.questions[0].id, choice="abandon"))
-        await handle.result()
+        await goal_result(handle)
     recorded = buffered(buffer)
     rungs = {labels["rung"]: v for n, labels, v in recorded if n == "perdure_stall_rungs"}
     assert rungs == {"remind": 1, "switch_tool": 1, "ask_human": 1}, recorded

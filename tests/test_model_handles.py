@@ -18,7 +18,7 @@ from activities.model_activities import ModelActivities
 from activities.models.config import ModelConfig, ModelProfile
 from activities.models.providers import BATCH_HANDLE, RESPONSE_HANDLE
 from tests.builders import agent, anthropic_profile, llm, openai_profile, spec
-from tests.helpers import run_goal, running_worker, submit, wait_until
+from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
 from workflows.contracts import AgentTurnInput, GenerateInput, ModelContext
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort
@@ -200,7 +200,7 @@ async def test_an_abort_while_a_background_call_is_in_flight_cancels_it(env, tas
         while not any(e["action"] == "poll" for e in server.handle_events()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await submit(handle, Abort(request_id="ab-1", reason="not needed any more"))
-        result = await asyncio.wait_for(handle.result(), 60)
+        result = await asyncio.wait_for(goal_result(handle), 60)
         while not any(e["action"] == "cancel" for e in server.handle_events()) and time.monotonic() < deadline + 20:
             await asyncio.sleep(0.05)
 

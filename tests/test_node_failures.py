@@ -49,7 +49,7 @@ async def test_a_read_in_a_workspace_the_worker_lacks_fails_its_step_and_status_
         status = await perdure_status(env, handle.id)
 
     message = f"workspace '{missing}' does not exist (WorkspaceMissing)"
-    assert result.outcome == "partial" and result.failed_steps == ["read", "use"]
+    assert result.outcome == "failed" and result.failed_steps == ["read", "use"]
     read, use = snapshot.nodes
     assert (read.status, read.error) == ("failed", message)
     assert (use.status, use.error) == ("abandoned", "needs 'read', which failed")
@@ -81,7 +81,7 @@ async def test_a_read_that_fails_on_every_attempt_fails_its_step_after_the_last(
         snapshot = await handle.query(GoalWorkflow.progress)
 
     assert attempts == [1, 2, 3]  # the read's retry policy ran out
-    assert result.outcome == "partial"
+    assert result.outcome == "failed"  # no step succeeded
     assert [(n.name, n.status, n.error) for n in snapshot.nodes] == [
         ("read", "failed", "disk read error (ReadFlaky)"),
         ("use", "abandoned", "needs 'read', which failed"),

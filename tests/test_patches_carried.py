@@ -2,15 +2,19 @@
 continued from one that had them takes them from its carried state, so its events go to its
 work. Before, every run of a long goal began with one marker per patch (about twenty of its
 first events), and a goal that continues as new every 50 events did a third of the work per run.
-And the first run records one marker for them all, the baseline (workflows/goal/patches.py):
-before, it recorded a marker and a TemporalChangeVersion upsert per patch, about fifty events."""
+And the first run records one marker for them all, the baseline (workflows/goal/patches.py),
+and one for each change made after it: before, it recorded a marker and a TemporalChangeVersion
+upsert per patch, about fifty events."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.helpers import run_ids, running_worker, start
+from workflows.goal.patches import BASELINE_PATCH, PARKS_HOLD_VERDICTS_PATCH, UNSUCCESSFUL_GOALS_FAIL_PATCH
 
 
 def change_version_upserts(history) -> int:
@@ -23,13 +27,14 @@ def change_version_upserts(history) -> int:
     )
 
 
-def patch_markers(history) -> int:
-    return sum(
-        1
+def patch_markers(history) -> list[str]:
+    """The ids of the patch markers the run recorded."""
+    return [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    )
+    ]
 
 
 @pytest.mark.slow
@@ -56,5 +61,7 @@ async def test_the_first_run_records_one_patch_marker_and_the_runs_after_it_none
         histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in runs]
     assert result.outcome == "succeeded"
     markers = [patch_markers(h) for h in histories]
-    assert len(runs) >= 3 and markers == [1] + [0] * (len(runs) - 1), markers  # the baseline, then carried
-    assert [change_version_upserts(h) for h in histories] == [1] + [0] * (len(runs) - 1)
+    # The baseline and each change made after it, then nothing: carried.
+    first = [BASELINE_PATCH, PARKS_HOLD_VERDICTS_PATCH, UNSUCCESSFUL_GOALS_FAIL_PATCH]
+    assert len(runs) >= 3 and markers == [first] + [[]] * (len(runs) - 1), markers
+    assert [change_version_upserts(h) for h in histories] == [len(first)] + [0] * (len(runs) - 1)

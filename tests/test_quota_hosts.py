@@ -16,6 +16,7 @@ import pytest
 from activities.models.config import ModelConfig
 from bench.common import goal_spec, make_workspace, perdure_worker
 from bench.common import start_goal as start_bench_goal
+from tests.helpers import goal_result
 from workflows.goal import GoalWorkflow
 from workflows.quota import QuotaLimits
 
@@ -59,7 +60,7 @@ async def fetch_all(env, tmp_path: Path, quotas: dict[str, QuotaLimits], n: int)
         spec = goal_spec(workspace, gets(url, n), label="host quota")
         async with perdure_worker(env.client, task_queue, tmp_path / "home", model_config=config):
             handles = await asyncio.gather(*(start_bench_goal(env.client, task_queue, spec, "hostq") for _ in range(2)))
-            await asyncio.gather(*(h.result() for h in handles))
+            await asyncio.gather(*(goal_result(h) for h in handles))
             snapshots = await asyncio.gather(*(h.query(GoalWorkflow.progress) for h in handles))
         return sorted(server.times), [n for s in snapshots for n in s.nodes]
     finally:

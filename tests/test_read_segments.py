@@ -26,6 +26,7 @@ from activities.workspace_versions import WorkspaceVersions
 from testing.fakes import LedgerAPI
 from tests.builders import openai_profile, spec
 from tests.helpers import (
+    goal_result,
     local_activities,
     new_goal_id,
     run_goal,
@@ -434,7 +435,7 @@ async def test_an_abort_while_a_batch_of_reads_is_blocked_ends_the_goal_and_keep
             await wait_for_running(handle, "first")  # the batch (first + stuck, after read ahead) is blocked
             await asyncio.sleep(0.5)
             await submit(handle, Abort(request_id="ab-1", reason="taking too long"))
-            result = await asyncio.wait_for(handle.result(), timeout=20)
+            result = await asyncio.wait_for(goal_result(handle), timeout=20)
     finally:
         with contextlib.suppress(OSError):  # let the blocked read end (ENXIO: nobody reads it any more)
             os.close(os.open(workspace / "stuck", os.O_WRONLY | os.O_NONBLOCK))

@@ -27,6 +27,7 @@ from tests.builders import gate, openai_profile, spec
 from tests.helpers import running_worker, wait_until
 from workflows.contracts import GoalResult
 from workflows.goal import GoalWorkflow
+from workflows.messages import Abort
 from workflows.router import RouterWorkflow
 from workflows.router_contracts import CardAction, Pick, RouterHandlers, RouterInput, RouterView, Say, router_id
 from workflows.search_attributes import OWNER
@@ -220,19 +221,23 @@ async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_w
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ending", ["completed", "failed"])
 async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_workspace(
-    env, task_queue, store, workspace, scripted, user
+    env, task_queue, store, workspace, scripted, user, ending
 ):
     server = scripted({"replies": [], "policy": "offline"})
     done_id = f"notes-{user}"
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await open_goal(env, task_queue, workspace, done_id, "notes.md")
-        (workspace / "GO").write_text("")
-        await handle.result()
+        if ending == "completed":
+            (workspace / "GO").write_text("")
+        else:  # aborted: its workflow fails, the result (what it owns) in the failure
+            await handle.signal(GoalWorkflow.message_signal, Abort(request_id="stop").model_dump(mode="json"))
+        await goals.ended(handle)
         routing = await said(env, user, "fix the typo in notes.md", "m-follow", workspace / "elsewhere")
         started = await goal_input(env, routing.goal_id)
-    assert routing is not None and (routing.by, routing.action) == ("bound object", "follow-up goal")
-    assert routing.goal_id != done_id and f"{done_id} has ended (completed)" in routing.reason
+    assert routing is not None and (routing.by, routing.action) == ("bound object", "follow-up goal"), routing
+    assert routing.goal_id != done_id and f"{done_id} has ended ({ending})" in routing.reason
     assert started.spec.workspace == str(workspace)  # the ended goal's, not the message's
     assert f"This follows goal {done_id}" in started.spec.goal
 

@@ -13,7 +13,16 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile, tool_then_answer
-from tests.helpers import calls_for, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.helpers import (
+    calls_for,
+    goal_result,
+    running_worker,
+    scheduled_activities,
+    start,
+    statuses,
+    submit,
+    wait_until,
+)
 from workflows import search_attributes as sa
 from workflows.goal import GoalWorkflow
 from workflows.messages import Abort, Answer, Narrow, Park, Queue, Rewind, Steer
@@ -154,7 +163,7 @@ async def test_abort_stops_dispatch_and_lists_unfinished_work(env, task_queue, s
         handle = await start(env, task_queue, workspace, steps)
         await wait_until(handle, lambda s: statuses(s) == {"early": "succeeded", "gate": "running", "late": "pending"})
         receipt = await submit(handle, Abort(request_id="a1", reason="the user changed plans"))
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
     (workspace / "GO").touch()  # let the orphaned shell loop end
 

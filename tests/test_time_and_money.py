@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from starters import cli
 from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from tests.builders import STEP_REPLY, llm, openai_profile
-from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, perdure_status, running_worker, start, statuses, submit, wait_until
 from workflows.contracts import Budget
 from workflows.goal import GoalWorkflow
 from workflows.messages import Approve, Park, Resume
@@ -130,7 +130,7 @@ async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_an
             drift_every=0,
             budget=Budget(max_wall_seconds=WALL_S),
         )
-        result = await asyncio.wait_for(handle.result(), 90)
+        result = await asyncio.wait_for(goal_result(handle), 90)
         took = time.monotonic() - began
         snapshot = await handle.query(GoalWorkflow.progress)
 
@@ -198,7 +198,7 @@ async def test_a_charge_past_the_cost_budget_while_parked_waits_for_the_resume(
         await submit(handle, Park(request_id="lunch", reason="lunch"))
         parked = await wait_until(handle, lambda s: statuses(s)["spend"] != "running")
         await submit(handle, Resume(request_id="back"))
-        result = await asyncio.wait_for(handle.result(), 30)
+        result = await asyncio.wait_for(goal_result(handle), 30)
         snapshot = await handle.query(GoalWorkflow.progress)
 
     assert parked.phase == "parked" and statuses(parked)["spend"] == "succeeded", (parked.failure, parked.gate_log)
@@ -312,7 +312,7 @@ async def test_an_emergency_stop_whose_wrap_up_step_asks_a_person_still_ends_wit
             budget=Budget(max_cost_usd=0.05),
         )
         # The wrap-up payment asks for a confirmation nobody can give while the goal stops.
-        result = await asyncio.wait_for(handle.result(), 30)
+        result = await asyncio.wait_for(goal_result(handle), 30)
 
     assert result.outcome == "aborted" and "emergency stop: cost at" in (result.failure or ""), result.excerpt
     assert payments.ledger() == []

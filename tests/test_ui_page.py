@@ -27,7 +27,7 @@ from starters.ui_server import build_app
 from testing.browser import CHROMIUM, Browser
 from tests.builders import gate, llm, scripted_profile, spec
 from tests.device_rig import write_on
-from tests.helpers import free_ports, local_activities, running_worker, start, submit, wait_until
+from tests.helpers import free_ports, goal_result, local_activities, running_worker, start, submit, wait_until
 from workflows.events import token_delta_id, token_retry_id
 from workflows.messages import Abort, Park
 
@@ -248,7 +248,7 @@ async def test_the_goal_list_puts_a_parked_goal_first_and_a_premise_is_narrowed_
         await page.wait_for("document.getElementById('plan-version').options.length === 2")
         for handle in (older, newer):
             await submit(handle, Abort(request_id="abort-1"))
-            await handle.result()
+            await goal_result(handle)
     assert listing == [f"{older.id}:parked", f"{newer.id}:"], listing  # older, and first: it waits on a person
     assert filtered == [f"{older.id}:parked"]
     assert "ask the owner" in parked
@@ -330,7 +330,7 @@ async def test_a_running_nodes_live_output_follows_its_token_events(env, task_qu
             f"[document.getElementById('live').textContent, {node_of('gate')}.querySelector('text.tail').textContent]"
         )
         await submit(handle, Abort(request_id="abort-live"))
-        await handle.result()
+        await goal_result(handle)
     assert live == ["0.2", "Fresh start"], live  # the latest attempt's text only, once
     assert after == ["", ""]  # a settled node's output is its result now, not the stream's
     assert page.errors == []

@@ -13,7 +13,7 @@ import pytest
 
 from starters import goals, router_client
 from tests.builders import gate, openai_profile, spec
-from tests.helpers import CHROMIUM, chromium, running_worker, start, wait_until
+from tests.helpers import CHROMIUM, chromium, goal_result, running_worker, start, wait_until
 from workflows.contracts import GOAL_MEMO
 from workflows.goal import GoalWorkflow
 from workflows.router_contracts import Say
@@ -87,7 +87,7 @@ async def test_a_message_posted_as_json_gets_the_clis_receipt_and_bad_ones_a_cle
         missing = await http.get("/api/goals/no-such-goal")
         aborted = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort", "reason": "done"})
         assert aborted.status_code == 200 and aborted.json()["status"] in ("applied", "pending")
-        result = await handle.result()
+        result = await goal_result(handle)
         # A client that lost the answer retries the same message: it gets the receipt the goal left.
         again = {"kind": "abort", "reason": "done", "request_id": aborted.json()["request_id"]}
         retried = await http.post(f"/api/goals/{handle.id}/messages", json=again)
@@ -150,7 +150,7 @@ async def test_closed_event_streams_leave_the_goal_free_to_take_messages(env, ta
         answer = await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "steer", "text": "still there?"})
         assert answer.status_code == 200, answer.text
         await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
-        await handle.result()
+        await goal_result(handle)
 
 
 async def listed(http: httpx.AsyncClient, params: dict, until, timeout_s: float = 20) -> list[dict]:
@@ -186,7 +186,7 @@ async def test_the_goal_list_filters_as_perdure_ls_and_lists_a_goal_waiting_on_a
         bad_query = await http.get("/api/goals", params={"query": "WorkflowId = = 'x'"})
         for handle in (older, newer):
             await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
-            await handle.result()
+            await goal_result(handle)
         ended = await listed(http, ours, lambda rows: all(r["outcome"] for r in rows))
     # The parked goal is older, and still listed first: newest-first would put it second.
     assert [r["id"] for r in rows] == [older.id, newer.id], rows
@@ -269,7 +269,7 @@ async def test_a_goal_started_by_posting_json_is_the_clis_start_and_bad_starts_a
             "unknown profile": await http.post("/api/goals", json={"goal": "x", "profile": "no-such-profile"}),
         }
         await http.post(f"/api/goals/{goal_id}/messages", json={"kind": "abort"})
-        await env.client.get_workflow_handle(goal_id).result()
+        await goal_result(env.client.get_workflow_handle(goal_id))
         after_end = await http.post("/api/goals", json=waiting)
     assert first.json()["started"] is True and first.json()["page"] == f"/goals/{goal_id}"
     assert again.status_code == 200 and again.json()["goal_id"] == goal_id and again.json()["started"] is False

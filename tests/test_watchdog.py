@@ -24,7 +24,7 @@ from activities.visibility import VisibilityActivities
 from activities.watchdog_memory import memory_path
 from starters.cli import app
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import local_activities, running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, local_activities, running_worker, start, statuses, submit, wait_until
 from workers import orchestrator, watchdog_schedule
 from workflows.contracts import Activities, GenerateInput, GenerateResult, ToolInput, ToolResult, Usage
 from workflows.goal import GoalWorkflow
@@ -136,7 +136,7 @@ async def test_a_parked_goal_is_never_nudged_and_its_expiry_is_asked_once(
         assert [(e.request_id, e.kind) for e in inbox.entries] == [("p1", "park")]
         assert server.requests() == []  # nothing ran, nothing was woken
         await submit(handle, Answer(request_id="p2", question_id=snapshot.questions[0].id, choice="abort"))
-        assert (await handle.result()).outcome == "aborted"
+        assert (await goal_result(handle)).outcome == "aborted"
 
 
 async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(env, task_queue, store, workspace):

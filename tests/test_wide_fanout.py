@@ -12,7 +12,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from testing.fakes import LedgerAPI
-from tests.helpers import run_ids, running_worker, start, submit, wait_until, workflow_task_failures
+from tests.helpers import goal_result, run_ids, running_worker, start, submit, wait_until, workflow_task_failures
 from workflows.goal.scheduler import STARTS_PER_TASK
 from workflows.messages import Abort
 
@@ -99,7 +99,7 @@ async def test_an_abort_during_a_wide_fanout_of_slow_writes_ends_the_goal_and_se
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["http_request"], drift_every=0)
         await wait_until(handle, lambda s: s.counts.get("running", 0) >= 100, timeout_s=60)
         await submit(handle, Abort(request_id="stop-1", reason="enough"))
-        result = await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
     assert result.outcome == "aborted", result.excerpt
     assert workflow_task_failures(history, burst=True) == []

@@ -1,5 +1,6 @@
 """How a goal ends: its outcome (succeeded, partial, failed, aborted), the report
-activity that writes what was done and what was not, and the result it returns.
+activity that writes what was done and what was not, the result it returns, and whether
+its workflow ends failed (with that result in the failure).
 
 Workflow code: it schedules the report activity. Every goal ends through here,
 whether it finished, failed, was aborted or could not load its state.
@@ -7,7 +8,9 @@ whether it finished, failed, was aborted or could not load its state.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from typing import get_args
 
 from temporalio import workflow
 
@@ -18,6 +21,7 @@ from workflows.goal.memory import GoalMemoryRoom
 from workflows.progress_view import owned_objects
 from workflows.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
 from workflows.state import CompensationRecord, Node, RetiredNode
+from workflows.statuses import NodeStatus
 
 
 class Closing:
@@ -40,6 +44,8 @@ class Closing:
         unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
         unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
+        if outcome == "failed" and failure is None:
+            failure = _nothing_succeeded(nodes)
         report = await workflow.execute_activity(
             Activities.WRITE_REPORT,
             ReportInput(
@@ -75,10 +81,19 @@ class Closing:
             objects=owned_objects(state),
             own_calls=state.ledger.own_calls,
         )
-        state.phase = "failed" if state.failure else "finished"
+        state.phase = "failed" if outcome == "failed" else "finished"
         self._publish()
         self._ctx.metrics.add(metrics.GOALS_ENDED, 1, outcome=outcome)
         return state.result
+
+    def fails_workflow(self, result: GoalResult) -> bool:
+        """Whether the goal's workflow ends failed (its result in the failure's details, where
+        `perdure result` and a parent goal read it): a goal that failed, and, since
+        `unsuccessful-goals-fail`, one that was aborted, so that the Temporal UI's list,
+        which shows a workflow's status and not perdure's outcome, does not call it Completed."""
+        if self._ctx.state.failure:
+            return True
+        return self._ctx.unsuccessful_goals_fail and result.outcome in ("failed", "aborted")
 
     def _close_questions(self, outcome: Outcome) -> None:
         """No question stays open on an ended goal: each says why it was never answered."""
@@ -95,6 +110,8 @@ class Closing:
         # A step that failed in a plan version since left out still failed: not a success.
         if nodes and all(n.status == "succeeded" for n in nodes) and not setbacks:
             return "succeeded"
+        if self._ctx.unsuccessful_goals_fail and nodes and not any(n.status == "succeeded" for n in nodes):
+            return "failed"  # nothing of the plan was done: not even part of it
         return "partial"
 
     def _notes(self) -> list[str]:
@@ -107,6 +124,14 @@ class Closing:
         notes += [f"{t.what}: {t.text()}" for t in state.timers if t.node is None]  # the park's timers
         notes += self._memory.notes()
         return notes
+
+
+def _nothing_succeeded(nodes: list[Node]) -> str:
+    """Why a goal with no failure of its own failed: how its steps ended, e.g.
+    'no step succeeded (1 failed, 1 abandoned)'."""
+    counts = Counter(n.status for n in nodes)
+    ended = [f"{counts[status]} {status}" for status in get_args(NodeStatus) if counts[status]]
+    return f"no step succeeded ({', '.join(ended)})"
 
 
 def _compensation_note(record: CompensationRecord) -> str:

@@ -43,6 +43,7 @@ from workflows.goal.patches import (
     REPLAN_ON_EVIDENCE_PATCH,
     RISK_ORDER_PATCH,
     SUBGOAL_SLICES_PATCH,
+    UNSUCCESSFUL_GOALS_FAIL_PATCH,
     VERIFY_ON_NEW_CODE_PATCH,
     VERIFY_PATCH,
     VERIFY_QUESTION_PATCH,
@@ -115,7 +116,7 @@ class GoalContext:
         self.prepares_writes_here = False
         self.runs_bounded_by_nodes = self.dispatches_in_passes = False
         self.bounds_own_calls = False
-        self.parks_hold_verdicts = False
+        self.parks_hold_verdicts = self.unsuccessful_goals_fail = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -165,6 +166,7 @@ class GoalContext:
         if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):
             self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
         self.parks_hold_verdicts = self._patched(PARKS_HOLD_VERDICTS_PATCH)
+        self.unsuccessful_goals_fail = self._patched(UNSUCCESSFUL_GOALS_FAIL_PATCH)
 
     def continue_as_new_due(self) -> bool:
         """The run should end at its next safe point: its history is long (or the server's

@@ -155,6 +155,10 @@ OWN_CALLS_BOUNDED_PATCH = "own-calls-bounded"
 # Issue 34: a parked goal gets no budget verdict (a charge or the clock past a budget while a
 # step runs on); it is judged when it resumes (spend.py).
 PARKS_HOLD_VERDICTS_PATCH = "parks-hold-budget-verdicts"
+# Issue 34: a goal in which no step succeeded ends failed (it ended partial), and a failed or
+# aborted goal's workflow fails with its result in the failure (it completed), so the Temporal
+# UI's list shows it as not completed (closing.py, workflow.py).
+UNSUCCESSFUL_GOALS_FAIL_PATCH = "unsuccessful-goals-fail"
 
 
 def patched_here(state: GoalState, patch: str) -> bool:

@@ -151,14 +151,18 @@ class GoalWorkflow:
             state.failure = str(err)
         self._inbox.close()
         result = await self._closing.report()
-        self._events.ended(result.outcome, state.failure, result.report.digest)
+        # A goal in which no step succeeded failed with a reason of its own (closing.py).
+        failure = result.failure if result.outcome == "failed" else state.failure
+        self._events.ended(result.outcome, failure, result.report.digest)
         await self._tell_parent(result)
         # Updates still waiting for a receipt get it before the goal closes; a subscriber's
         # poll is let go (it reads the rest by query).
         self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if state.failure:
-            raise ApplicationError(state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
+        if self._closing.fails_workflow(result):
+            # The report travels in the failure's details: `perdure result` and a parent goal read it there.
+            message = result.failure or result.outcome
+            raise ApplicationError(message, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
         return result
 
     async def _refuse_to_resume(self) -> GoalResult:
