@@ -228,7 +228,8 @@ async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_wor
     server = scripted({"replies": [], "policy": "offline"})
     done_id = f"notes-{user}"
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await open_goal(env, task_queue, workspace, done_id, "notes.md")
+        # Owned by this user: the other parametrisation's goal (no owner would be anyone's) is no candidate.
+        handle = await open_goal(env, task_queue, workspace, done_id, "notes.md", owner=user)
         if ending == "completed":
             (workspace / "GO").write_text("")
         else:  # aborted: its workflow fails, the result (what it owns) in the failure
