@@ -125,7 +125,7 @@ async def test_a_question_cards_done_so_far_is_what_is_done_when_shown_not_when_
         await page.wait_for(f"{status_of('after')} === 'succeeded'")
         now = await page.wait_for(f"{card}?.includes('2 of 3') && {card}")
         await submit(handle, Abort(request_id="abort-1"))
-        await handle.result()
+        await goal_result(handle)
     assert asked == "done so far: nothing finished yet (0 of 3 steps)", asked
     assert now == "done so far: 2 of 3 steps finished: gate, after", now
     assert page.errors == []
@@ -150,7 +150,7 @@ async def test_the_goal_list_and_a_goals_header_show_its_text_not_only_its_id(
         )
         summary = await page.wait_for("document.getElementById('summary').textContent")
         await submit(handle, Abort(request_id="abort-1"))
-        await handle.result()
+        await goal_result(handle)
     assert text in row and handle.id in row, row
     assert text in header, header
     assert summary.startswith(text), summary
