@@ -55,7 +55,7 @@ from workflows.contracts import (
 )
 from workflows.goal import GoalWorkflow
 from workflows.mcp_tools import is_mcp_tool
-from workflows.plan import AgentStep, Plan, ToolStep, describe_validation_error, parse_plan
+from workflows.plan import AgentStep, Plan, SubgoalStep, ToolStep, describe_validation_error, parse_plan
 from workflows.state import GoalInput
 from workflows.statuses import Phase
 from workflows.tool_specs import TOOL_SPECS
@@ -126,7 +126,7 @@ def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, wher
 
 
 def mcp_tools_named(data: dict) -> list[str]:
-    """The MCP tools a raw plan's steps name (before it is validated)."""
+    """The MCP tools a raw plan's steps name (before it is validated), subgoals' plans included."""
     steps = data.get("steps")
     named = []
     for step in steps if isinstance(steps, list) else []:
@@ -136,17 +136,23 @@ def mcp_tools_named(data: dict) -> list[str]:
         for tool in [step.get("tool"), *(tools if isinstance(tools, list) else [])]:
             if isinstance(tool, str) and is_mcp_tool(tool):
                 named.append(tool)
+        if isinstance(step.get("plan"), dict):
+            named += mcp_tools_named(step["plan"])
     return named
 
 
 def plan_tools(plan: Plan) -> list[str]:
-    """Every tool a plan names: writing it into a plan file is the user allowing it."""
+    """Every tool a plan names, in its subgoals' plans and `tools` too: writing it into a
+    plan file is the user allowing it (a child may use only what its parent may)."""
     named: set[str] = set()
     for step in plan.steps:
         if isinstance(step, ToolStep):
             named.add(step.tool)
         elif isinstance(step, AgentStep):
             named.update(step.tools)
+        elif isinstance(step, SubgoalStep):
+            named.update(step.tools or [])
+            named.update(plan_tools(step.plan) if step.plan is not None else [])
     return sorted(named)
 
 

@@ -277,3 +277,31 @@ async def test_subgoals_started_side_by_side_are_granted_no_more_than_the_parent
     assert 0 < spent_first < 4_000
     assert grants[1].max_tokens == 10_000 - first - spent_first  # the rest, not another 6,000
     assert "with running subgoals" in shown, shown
+
+
+def test_a_tool_named_only_in_a_subgoals_plan_is_allowed_by_the_start_that_names_it(tmp_path):
+    """`perdure start --plan`, the web UI and the MCP server allow the tools a plan file names;
+    a subgoal's own plan and its `tools` are part of that file, so its tools are allowed too
+    (the goal would otherwise start, then fail with "tool 'http_request' is not allowed")."""
+    from starters import goals
+    from starters.start_requests import StartRequest, start_spec
+    from workflows.plan import check_plan
+
+    post = {"name": "post", "kind": "tool", "tool": "http_request",
+            "args": {"method": "POST", "url": "http://127.0.0.1:9/notes", "body": {"a": 1}}}  # fmt: skip
+    plan = {
+        "goal": "post a note from a part of the work",
+        "steps": [
+            read("r", "a.md"),
+            subgoal("part", [post]),
+            {"name": "side", "kind": "subgoal", "goal": "tell the team", "tools": ["notify_webhook"]},
+        ],
+    }
+    spec, _ = start_spec(StartRequest(plan=plan, workspace=str(tmp_path)))
+    assert {"http_request", "notify_webhook", "read_file"} <= set(spec.allowed_tools)
+    assert check_plan(spec.plan, spec.allowed_tools) == []
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(__import__("yaml").safe_dump(plan))
+    parsed, _ = goals.load_plan_file(path)
+    assert {"http_request", "notify_webhook"} <= set(goals.plan_tools(parsed))
