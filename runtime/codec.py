@@ -53,7 +53,7 @@ from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import History
-from temporalio.converter import PayloadCodec
+from temporalio.converter import DataConverter, PayloadCodec
 
 KEYS_ENV = "PERDURE_PAYLOAD_KEYS"
 KEY_FILE_ENV = "PERDURE_PAYLOAD_KEY_FILE"
@@ -234,6 +234,12 @@ class EncryptionCodec(PayloadCodec):
 
 def is_encrypted(payload: Payload) -> bool:
     return payload.metadata.get("encoding") == ENCODING
+
+
+def keyring_of(converter: DataConverter) -> Keyring | None:
+    """The keys a data converter encrypts and decrypts payloads with; None when it does not."""
+    codec = converter.payload_codec
+    return codec.keyring if isinstance(codec, EncryptionCodec) else None
 
 
 # ------------------------------------------------------------------ files at rest

@@ -47,6 +47,7 @@ from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
 from workflows.state import GoalInput
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WatchdogInput, WatchdogRules
+from workflows.worker_offers import OFFER_SIGNAL, OFFERS_MEMO, OfferAnnouncement, PublishedOffer, worker_offers_id
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -607,6 +608,36 @@ async def record_capabilities(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_worker_offers(env: WorkflowEnvironment, out: Path) -> None:
+    """What workers offer, published while they run: the worker's own offer (signal-with-start
+    by its publisher), a second worker's, then the first again with its config changed."""
+    async with rig(env) as (_, task_queue):
+        handle = env.client.get_workflow_handle(worker_offers_id(task_queue))
+
+        async def offers(count: int) -> list[PublishedOffer]:
+            for _ in range(100):
+                try:
+                    found = await (await handle.describe()).memo_value(OFFERS_MEMO, [], type_hint=list[PublishedOffer])
+                except Exception:  # noqa: BLE001 - not started yet
+                    found = []
+                if len(found) >= count:
+                    return found
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"never {count} offers")
+
+        [own] = await offers(1)
+        other = OfferAnnouncement(worker="4242@elsewhere", offer=own.offer.model_copy(update={"tools": ["read_file"]}))
+        await handle.signal(OFFER_SIGNAL, other)
+        await offers(2)
+        changed = own.offer.model_copy(update={"config_problem": "cannot read model profiles from config.toml"})
+        await handle.signal(OFFER_SIGNAL, OfferAnnouncement(worker=own.worker, offer=changed))
+        for _ in range(100):
+            if (await offers(2))[0].offer.config_problem:
+                break
+            await asyncio.sleep(0.1)
+    save(out, await handle.fetch_history())
+
+
 async def record_devices_offline_then_back(env: WorkflowEnvironment, out: Path) -> None:
     """A goal whose device went offline before it started: a read waits as `offline`, the
     device announces itself again, the read runs there and a write on the device asks for
@@ -1080,6 +1111,7 @@ SCENARIOS = {
     "goal-v1-stall-ladder": record_goal_stall_ladder,
     "goal-v1-agent-waits-across-runs": record_goal_agent_waits_across_runs,
     "capabilities-v1": record_capabilities,
+    "worker-offers-v1": record_worker_offers,
     "devices-v1-offline-then-back": record_devices_offline_then_back,
     "goal-v1-verified-after-park": record_goal_verified_after_park,
     "goal-v1-risk-order": record_goal_risk_order,

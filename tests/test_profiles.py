@@ -9,6 +9,7 @@ starts the goal, which waits durably.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.codec import new_key_entry
 from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = pytest.mark.process
@@ -144,3 +146,73 @@ def test_start_with_no_worker_warns_and_starts_the_goal(env, tmp_path, task_queu
     assert f"no worker polls task queue '{task_queue}', so the profile and the tools were not checked" in said
     assert "goal no-worker-1 started" in started.stdout
     assert goal_exists(env, "no-worker-1", terminate=True)
+
+
+def capabilities_workflows(env, task_queue: str) -> int:
+    """Workflows started on the queue to ask a worker what it offers (the check used to start one per start)."""
+
+    async def count() -> int:
+        client = await Client.connect(env.client.service_client.config.target_host)
+        query = f"WorkflowType = 'PerdureCapabilities' AND TaskQueue = '{task_queue}'"
+        return (await client.count_workflows(query)).count
+
+    return asyncio.run(count())
+
+
+def test_start_and_profiles_right_after_the_last_worker_was_killed_check_against_its_offer(env, tmp_path, task_queue):
+    """A worker SIGKILLed a moment before: the task queue still lists it, and asking it used to
+    start a workflow that timed out on the server (a WorkflowFailureError traceback, nothing
+    started). Its offer is read from the server instead: the start is checked and made."""
+    variables = {**user_env(env, tmp_path, task_queue), "PERDURE_CONFIG": str(tmp_path / "config.toml")}
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with worker_process(variables, tmp_path / "worker.log") as worker:
+        alive = perdure("profiles", env=variables, timeout=60)
+        assert alive.returncode == 0, alive.stderr
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+
+    started = perdure("start", "a goal", "--workspace", str(workspace), "--id", "after-kill-1",
+                      env=variables, timeout=60)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert "goal after-kill-1 started" in started.stdout and "Traceback" not in started.stderr
+    assert "not checked" not in started.stderr  # checked, against the offer the killed worker published
+    assert goal_exists(env, "after-kill-1", terminate=True)
+
+    refused = perdure("start", "a goal", "--workspace", str(workspace), "--profile", "gpt-9", "--id", "after-kill-2",
+                      env=variables, timeout=60)  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "unknown model profile 'gpt-9'" in " ".join(refused.stderr.split())
+    assert not goal_exists(env, "after-kill-2")
+
+    listed = perdure("profiles", env=variables, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "scripted (default)" in listed.stdout and "as published by worker" in listed.stdout
+    assert capabilities_workflows(env, task_queue) == 0
+
+
+def test_a_cli_whose_payload_key_the_worker_lacks_is_refused_in_one_line(env, worker_env, tmp_path):
+    """The worker has no payload keys; a CLI with one would start a goal the worker cannot
+    read (it used to print a traceback after 10 s, and a retry left a stuck goal)."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    keyed = {**worker_env, "PERDURE_PAYLOAD_KEYS": new_key_entry("cli-key-1")}
+    refused = perdure("start", "a goal", "--workspace", str(workspace), "--id", "keys-1", env=keyed, timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert "could not decrypt the goal" in said and "'cli-key-1'" in said and "no payload keys" in said
+    assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) <= 4
+    assert not goal_exists(env, "keys-1")
+
+
+def test_a_tool_only_a_subgoals_plan_names_is_checked_against_the_worker(env, worker_env, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = tmp_path / "plan.yaml"
+    child = {"steps": [{"name": "note", "kind": "tool", "tool": "mcp__nosuch__add_note", "args": {}}]}
+    plan.write_text(yaml.safe_dump({"goal": "notes", "steps": [{"name": "part", "kind": "subgoal", "plan": child}]}))
+    refused = perdure("start", "--plan", str(plan), "--workspace", str(workspace), "--id", "sub-t", env=worker_env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert "unknown tool 'mcp__nosuch__add_note'" in said and "offers: " in said
+    assert not goal_exists(env, "sub-t")

@@ -20,11 +20,15 @@ from workflows.device_contracts import DEVICE_REGISTRY_WORKFLOW
 from workflows.router_contracts import ROUTER_WORKFLOW
 from workflows.state import GoalInput
 from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
+from workflows.worker_offers import WORKER_OFFERS_WORKFLOW
 
 
 def test_there_is_a_golden_history_per_workflow_type():
     recorded = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in HISTORIES}
-    types = {GOAL_WORKFLOW, WATCHDOG_WORKFLOW, CAPABILITIES_WORKFLOW, DEVICE_REGISTRY_WORKFLOW, ROUTER_WORKFLOW}
+    types = {
+        *(GOAL_WORKFLOW, WATCHDOG_WORKFLOW, CAPABILITIES_WORKFLOW, DEVICE_REGISTRY_WORKFLOW, ROUTER_WORKFLOW),
+        WORKER_OFFERS_WORKFLOW,
+    }
     assert types <= recorded
 
 

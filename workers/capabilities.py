@@ -1,19 +1,22 @@
-"""What a worker offers, asked of the worker itself: its model profiles and its tools.
+"""What a worker offers, computed on the worker itself: its model profiles, its tools, the
+MCP servers its config.toml names and the ids of its payload keys.
 
-Owns the `perdure.capabilities` activity and `PerdureCapabilities`, a workflow of that
-one activity, both registered by the orchestrator worker on its task queue. The CLI
-(starters/capabilities.py) starts the workflow and waits a few seconds for the answer, so
-`perdure profiles` and the checks of `perdure start` see what a running worker would
-resolve (its config.toml, reloaded when it changes, and its environment), not a file on
-the CLI's machine. The activity reports profile names, providers and models only: never
-a key, nor the name of the variable that holds one.
+`CapabilitiesActivities.offer()` is what the worker publishes while it runs
+(workers/offer_publisher.py, read by `perdure profiles` and the checks of `perdure start`
+without starting anything), so the CLI sees what a running worker would resolve (its
+config.toml, reloaded when it changes, and its environment), not a file on the CLI's
+machine. Names only: never a key, nor the name of the variable that holds one.
+
+Also owns the `perdure.capabilities` activity and `PerdureCapabilities`, the one-activity
+workflow the CLI started per question before offers were published: still registered so a
+CLI of that version, talking to this worker, gets its answer.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
@@ -21,41 +24,30 @@ with workflow.unsafe.imports_passed_through():
     # Pure data and the profile table; the workflow only names the activity.
     from activities.models.config import ModelConfig, UnknownModelProfile
     from workflows.tool_specs import TOOL_SPECS
+    from workflows.worker_offers import CapabilitiesResult, ProfileOffer
 
 CAPABILITIES_ACTIVITY = "perdure.capabilities"
 CAPABILITIES_WORKFLOW = "PerdureCapabilities"
 
-
-class ProfileOffer(BaseModel):
-    name: str
-    provider: str
-    model: str
-    priced: bool = Field(description="Whether the profile has a non-zero price per token.")
+__all__ = ["CapabilitiesResult", "ProfileOffer"]  # defined with the offers workflow; part of these contracts
 
 
 class CapabilitiesInput(BaseModel):
     pass
 
 
-class CapabilitiesResult(BaseModel):
-    profiles: list[ProfileOffer]
-    default_profile: str = Field(description="The profile `default` means on this worker.")
-    tools: list[str]
-    mcp_servers: list[str] = Field(
-        default_factory=list, description="The MCP servers its config.toml names: their tools are mcp__SERVER__TOOL."
-    )
-    config_problem: str | None = Field(default=None, description="Why the worker's config file is not in use.")
-
-
 class CapabilitiesActivities:
     """Register with a Worker as `activities=[CapabilitiesActivities(config).capabilities]`."""
 
-    def __init__(self, config: ModelConfig, mcp_servers: list[str] | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, mcp_servers: list[str] | None = None, payload_keys: list[str] | None = None
+    ) -> None:
         self.config = config
         self.mcp_servers = mcp_servers or []
+        self.payload_keys = payload_keys
 
-    @activity.defn(name=CAPABILITIES_ACTIVITY)
-    async def capabilities(self, input: CapabilitiesInput) -> CapabilitiesResult:
+    def offer(self) -> CapabilitiesResult:
+        """What this worker offers now (a changed config file is read again first)."""
         try:
             default = self.config.resolve("default").name  # reloads a changed config file first
         except UnknownModelProfile as err:
@@ -75,7 +67,12 @@ class CapabilitiesActivities:
             tools=sorted(TOOL_SPECS),
             mcp_servers=self.mcp_servers,
             config_problem=self.config.problem,
+            payload_keys=self.payload_keys,
         )
+
+    @activity.defn(name=CAPABILITIES_ACTIVITY)
+    async def capabilities(self, input: CapabilitiesInput) -> CapabilitiesResult:
+        return self.offer()
 
 
 @workflow.defn(name=CAPABILITIES_WORKFLOW)

@@ -1,6 +1,7 @@
 """The orchestrator worker: goal workflows plus model, tool and report activities,
 the watchdog (its workflow, its activities, and its schedule), what the worker
-offers (workers/capabilities.py, asked by `perdure profiles` and `perdure start`),
+offers (workers/capabilities.py, published while it runs by workers/offer_publisher.py
+for `perdure profiles` and `perdure start`),
 and the device registry with the workers' half of a device call (workers/device.py
 is the device's own worker).
 
@@ -39,10 +40,12 @@ from activities.verification import VerificationActivities, VerifyQuestionActivi
 from activities.visibility import VisibilityActivities
 from activities.watchdog_model import WatchdogModelActivities
 from runtime import settings
+from runtime.codec import keyring_of
 from workers import deployment, heap, watchdog_schedule
 from workers.capabilities import CapabilitiesActivities
 from workers.code_version import code_version
 from workers.lost_worker import ReleaseAfterLostWorker
+from workers.offer_publisher import offer_publisher
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 from workflows.contracts import TASK_QUEUE
 from workflows.retries import HEARTBEAT_THROTTLE
@@ -73,7 +76,10 @@ def build_worker(
     # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
     mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
     models = ModelActivities(model_config, store)
-    offers = CapabilitiesActivities(model_config, mcp_servers=sorted(mcp_servers.servers))
+    keyring = keyring_of(client.data_converter)
+    offers = CapabilitiesActivities(
+        model_config, mcp_servers=sorted(mcp_servers.servers), payload_keys=list(keyring.key_ids) if keyring else []
+    )
     tools = ToolActivities(store, quotas=lambda: model_config.quotas, mcp=mcp_servers)
     verification = VerificationActivities(store)
     questions = VerifyQuestionActivities(model_config, store)
@@ -92,6 +98,10 @@ def build_worker(
     worker_options["interceptors"] = [*worker_options.get("interceptors", ()), ReleaseAfterLostWorker()]
     if "deployment_config" not in worker_options:
         worker_options.setdefault("build_id", code_version())
+    # What this worker offers is published while it runs, under the identity it polls with.
+    identity = worker_options.get("identity") or client.identity
+    publisher = offer_publisher(client, task_queue, identity, offers)
+    worker_options["plugins"] = [*worker_options.get("plugins", ()), publisher]
     return Worker(
         client,
         task_queue=task_queue,

@@ -11,6 +11,7 @@ from workflows.goal import GoalWorkflow
 from workflows.quota import QuotaWorkflow
 from workflows.router import RouterWorkflow
 from workflows.watchdog import WatchdogWorkflow
+from workflows.worker_offers import WorkerOffersWorkflow
 
 ORCHESTRATOR_WORKFLOWS = [
     GoalWorkflow,
@@ -19,4 +20,5 @@ ORCHESTRATOR_WORKFLOWS = [
     DeviceRegistryWorkflow,
     RouterWorkflow,
     QuotaWorkflow,
+    WorkerOffersWorkflow,
 ]

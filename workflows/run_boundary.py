@@ -61,12 +61,15 @@ def continue_as_new_due(event_limit: int | None = None) -> bool:
     )
 
 
-def continue_on_current_version(arg: Any, task_timeout: timedelta | None = None) -> NoReturn:
+def continue_on_current_version(
+    arg: Any, task_timeout: timedelta | None = None, memo: dict[str, Any] | None = None
+) -> NoReturn:
     """Continue as new with `arg`, the next run on the deployment's current version (its
     first task goes there; from then on it is pinned to that version in turn), with
-    `task_timeout` when given (else this run's)."""
+    `task_timeout` and `memo` when given (else this run's)."""
     workflow.continue_as_new(
         arg,
         task_timeout=task_timeout,
+        memo=memo,
         initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
     )
