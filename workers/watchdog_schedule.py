@@ -4,7 +4,8 @@ worker at start, never duplicated.
 One schedule per watched task queue (`perdure-watchdog` for the default queue,
 `perdure-watchdog-<queue>` for others), firing `WatchdogWorkflow` every
 interval with overlap SKIP: a run still going when the next is due makes that
-one skip, so runs never pile up. The schedule id is the lock: `create` fails
+one skip, so runs never pile up. Its runs are started out of the UI's default
+workflow list (workers/plumbing.py); a schedule made before that is updated. The schedule id is the lock: `create` fails
 for the second of two workers starting together, which then compares and
 updates instead. A paused schedule stays paused through updates.
 """
@@ -31,7 +32,9 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.service import RPCError
 
+from workers import plumbing
 from workflows.contracts import TASK_QUEUE
 from workflows.watchdog import WatchdogWorkflow
 from workflows.watchdog_contracts import WATCHDOG_ID, WATCHDOG_WORKFLOW, WatchdogInput
@@ -63,7 +66,10 @@ def schedule_id(task_queue: str) -> str:
     return WATCHDOG_ID if task_queue == TASK_QUEUE else f"{WATCHDOG_ID}-{task_queue}"
 
 
-def desired_schedule(task_queue: str, interval: timedelta, watchdog_input: WatchdogInput | None = None) -> Schedule:
+def desired_schedule(
+    task_queue: str, interval: timedelta, watchdog_input: WatchdogInput | None = None, hidden: bool = True
+) -> Schedule:
+    """`hidden`: its runs out of the UI's default workflow list (workers/plumbing.py)."""
     return Schedule(
         action=ScheduleActionStartWorkflow(
             WatchdogWorkflow.run,
@@ -72,6 +78,7 @@ def desired_schedule(task_queue: str, interval: timedelta, watchdog_input: Watch
             task_queue=task_queue,
             execution_timeout=RUN_TIMEOUT,
             static_summary=f"perdure watchdog · judges the open goals on {task_queue}",
+            typed_search_attributes=plumbing.hidden() if hidden else None,
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
@@ -92,10 +99,19 @@ async def ensure_watchdog_schedule(
     task_queue: str,
     watchdog_input: WatchdogInput | None = None,
 ) -> EnsureResult:
-    """Create the schedule if missing; update it if its interval, queue or input
+    """Create the schedule if missing; update it if its interval, queue, input or division
     differ; otherwise leave it alone. Safe to call from any number of workers."""
     sid = schedule_id(task_queue)
-    desired = desired_schedule(task_queue, interval, watchdog_input)
+    try:
+        return await _ensure(client, sid, desired_schedule(task_queue, interval, watchdog_input))
+    except RPCError as err:
+        if not plumbing.division_refused(err):
+            raise
+    # A server that does not let a client set the division: the runs are listed, as before.
+    return await _ensure(client, sid, desired_schedule(task_queue, interval, watchdog_input, hidden=False))
+
+
+async def _ensure(client: Client, sid: str, desired: Schedule) -> EnsureResult:
     try:
         await client.create_schedule(sid, desired)
         return EnsureResult(sid, "created")
@@ -132,6 +148,8 @@ async def differences(client: Client, current: ScheduleDescription, desired: Sch
         changes.append(f"task queue {action.task_queue} -> {wanted.task_queue}")
     if action.id != wanted.id or action.execution_timeout != wanted.execution_timeout:
         changes.append("run id or timeout")
+    if _division(action) != _division(wanted):
+        changes.append("hidden from the default workflow list" if _division(wanted) else "listed in the UI")
     try:
         args = await client.data_converter.decode(list(action.args), [WatchdogInput])
     except Exception:  # an input written by an older version: replace it
@@ -139,3 +157,8 @@ async def differences(client: Client, current: ScheduleDescription, desired: Sch
     if list(args) != list(wanted.args):
         changes.append("watchdog input")
     return changes
+
+
+def _division(action: ScheduleActionStartWorkflow) -> str | None:
+    attributes = action.typed_search_attributes
+    return attributes.get(plumbing.DIVISION) if attributes is not None else None
