@@ -246,3 +246,31 @@ async def test_workers_of_one_build_promoting_it_together_all_see_it_current(env
         found = await deployment.status(env.client, version.deployment_name)
     assert set(outcomes) <= {"made current", "already current"}, outcomes
     assert found.current == "A"
+
+
+@pytest.mark.process
+async def test_a_new_builds_workers_publish_their_offer_after_the_old_builds_are_gone(
+    env, task_queue, workspace, tmp_path, variables
+):
+    """The offers workflow (started by a worker of A) takes the offer of a worker of B once
+    B is current and A's workers are gone: it is never left pinned to a build nobody runs."""
+    variables = {**variables, "PERDURE_CONFIG": str(tmp_path / "config.toml")}
+    async with asyncio.timeout(150):
+        with worker_process(variables, tmp_path / "a.log", "--build-id", "A") as worker_a:
+            wait_for_log(tmp_path / "a.log", "version made current")
+            # A changed config file: A publishes again, now as the current build.
+            (tmp_path / "config.toml").write_text('[profiles.mine]\nprovider = "scripted"\nmodel = "mine-model"\n')
+            wait_for_log(tmp_path / "a.log", "model profiles reloaded")
+            await asyncio.sleep(1)
+            os.kill(worker_a.pid, signal.SIGKILL)
+            worker_a.wait(10)
+        with worker_process(variables, tmp_path / "b.log", "--build-id", "B") as worker_b:
+            wait_for_log(tmp_path / "b.log", "version made current")
+            deadline = time.monotonic() + 30
+            while True:
+                listed = perdure("profiles", env=variables, timeout=60)
+                assert listed.returncode == 0, listed.stderr
+                if f"as published by worker {worker_b.pid}@" in listed.stdout:
+                    break
+                assert time.monotonic() < deadline, f"build B's offer never published:\n{listed.stdout}"
+                await asyncio.sleep(0.5)

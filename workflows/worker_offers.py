@@ -21,6 +21,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 
 from workflows.contracts import TASK_QUEUE
 from workflows.run_boundary import continue_as_new_due, continue_on_current_version
@@ -102,7 +103,9 @@ def offers_memo(state: WorkerOffersState) -> dict[str, list[dict]]:
     return {OFFERS_MEMO: [o.model_dump(mode="json") for o in state.offers]}
 
 
-@workflow.defn(name=WORKER_OFFERS_WORKFLOW)
+# On the deployment's current version always (workers/deployment.py pins the others): a run
+# pinned to an old build would take no new worker's offer once that build's workers stop.
+@workflow.defn(name=WORKER_OFFERS_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class WorkerOffersWorkflow:
     @workflow.init
     def __init__(self, input: WorkerOffersInput) -> None:
