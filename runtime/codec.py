@@ -48,12 +48,13 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import History
-from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.converter import DataConverter, EncodingPayloadConverter, PayloadCodec
 
 KEYS_ENV = "PERDURE_PAYLOAD_KEYS"
 KEY_FILE_ENV = "PERDURE_PAYLOAD_KEY_FILE"
@@ -234,6 +235,30 @@ class EncryptionCodec(PayloadCodec):
 
 def is_encrypted(payload: Payload) -> bool:
     return payload.metadata.get("encoding") == ENCODING
+
+
+def key_id_of(payload: Payload) -> str:
+    """The id of the key an encrypted payload names (empty when it names none)."""
+    return payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")
+
+
+class CiphertextPayloadConverter(EncodingPayloadConverter):
+    """Reads a payload that is still ciphertext when it reaches the payload converter, which
+    happens only where no keys are configured (with keys the codec decrypts first): it says
+    which key the payload needs instead of "unknown encoding". It encodes nothing."""
+
+    @property
+    def encoding(self) -> str:
+        return ENCODING.decode()
+
+    def to_payload(self, value: Any) -> Payload | None:
+        return None
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        raise UnknownPayloadKey(
+            f"a payload is encrypted ({ENCODING.decode()}) with key {key_id_of(payload)!r}, but no payload keys "
+            f"are configured here; set {KEYS_ENV} or {KEY_FILE_ENV}"
+        )
 
 
 def keyring_of(converter: DataConverter) -> Keyring | None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
@@ -52,9 +52,10 @@ from temporalio.converter import (
     StorageDriverSelectContext,
 )
 
-from runtime.codec import EncryptionCodec, keyring_from_env
+from runtime.codec import CiphertextPayloadConverter, EncryptionCodec, key_id_of, keyring_from_env
 from runtime.payload_store import DiskPayloadDriver
 from runtime.settings import perdure_home
+from workflows.state import GoalInput, UndecryptedInput
 
 STORE_ENV = "PERDURE_PAYLOAD_STORE"
 THRESHOLD_ENV = "PERDURE_PAYLOAD_THRESHOLD_BYTES"
@@ -73,6 +74,23 @@ class PayloadStoreConfigError(ValueError):
     """PERDURE_PAYLOAD_STORE or PERDURE_PAYLOAD_THRESHOLD_BYTES has a value perdure cannot use."""
 
 
+class PayloadConverter(PydanticPayloadConverter):
+    """The pydantic payload converter, plus ciphertext read where no keys are configured: an
+    error naming the key it needs, or for a goal's input an `UndecryptedInput`, with which
+    the goal ends saying why (its workflow task would otherwise fail on it forever)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._set_converters(*self.converters.values(), _Ciphertext())
+
+
+class _Ciphertext(CiphertextPayloadConverter):
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        if type_hint is GoalInput:
+            return UndecryptedInput(key_id_of(payload))
+        return super().from_payload(payload, type_hint)
+
+
 def data_converter(*, payload_store: bool = True) -> DataConverter:
     """The pydantic converter, with external storage and encryption as the environment says.
 
@@ -89,7 +107,7 @@ def data_converter(*, payload_store: bool = True) -> DataConverter:
         changes["payload_codec"] = EncryptionCodec(keyring)
         # A failure's message can quote a prompt or a file: it travels as a payload, so it is encrypted.
         changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
-    return dataclasses.replace(pydantic_data_converter, **changes) if changes else pydantic_data_converter
+    return dataclasses.replace(pydantic_data_converter, payload_converter_class=PayloadConverter, **changes)
 
 
 DEVICE_ACTIVITY_PREFIX = "perdure.device."

@@ -124,9 +124,8 @@ def known_profiles(offer: CapabilitiesResult) -> str:
     return ", ".join(f"default (= {offer.default_profile})" if n == "default" else n for n in names)
 
 
-def start_problems(spec: GoalSpec, offer: CapabilitiesResult, sends_with_key: str | None = None) -> list[str]:
-    """What in a goal the worker cannot run: an unknown profile, tools it does not have, and
-    (`sends_with_key`: the payload key this client encrypts with) a goal it could not decrypt."""
+def start_problems(spec: GoalSpec, offer: CapabilitiesResult) -> list[str]:
+    """What in a goal the worker cannot run: an unknown profile, tools it does not have."""
     queue = settings.task_queue()
     problems = []
     if spec.model_profile != "default" and spec.model_profile not in {p.name for p in offer.profiles}:
@@ -147,13 +146,6 @@ def start_problems(spec: GoalSpec, offer: CapabilitiesResult, sends_with_key: st
             f"the worker on task queue '{queue}' offers: {', '.join(offer.tools)}"
             + (f" and the tools of MCP servers {', '.join(offer.mcp_servers)}" if offer.mcp_servers else "")
         )
-    keys = offer.payload_keys
-    if sends_with_key is not None and keys is not None and sends_with_key not in keys:
-        has = f"only payload keys {', '.join(keys)}" if keys else "no payload keys"
-        problems.append(
-            f"the worker on task queue '{queue}' could not decrypt the goal: this CLI encrypts with payload "
-            f"key '{sends_with_key}' and the worker has {has}; give the workers the same PERDURE_PAYLOAD_KEYS"
-        )
     return problems
 
 
@@ -168,6 +160,19 @@ def offline_warning(spec: GoalSpec, offer: CapabilitiesResult) -> str | None:
         f"model profile '{name}' is perdure's offline stand-in on this worker: unless its script plans this goal, "
         "no model will run and nothing will be done toward it. Set a model key where the worker runs and restart "
         "it, or start the goal with a plan file (--plan)."
+    )
+
+
+def key_problem(offer: PublishedOffer, sends_with_key: str | None) -> str | None:
+    """Why the worker could not decrypt a goal this client encrypts with `sends_with_key`, if it could not."""
+    keys = offer.offer.payload_keys
+    if sends_with_key is None or keys is None or sends_with_key in keys:
+        return None
+    has = f"only payload keys {', '.join(keys)}" if keys else "no payload keys"
+    return (
+        f"worker {offer.worker} on task queue '{settings.task_queue()}' could not decrypt the goal: this CLI "
+        f"encrypts with payload key '{sends_with_key}' and the worker has {has}; give every worker and the CLI "
+        "the same PERDURE_PAYLOAD_KEYS"
     )
 
 
@@ -192,15 +197,15 @@ async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
         reason = err.message if isinstance(err, RPCError) else str(err) or type(err).__name__
         return [f"the profile and the tools were not checked ({reason}). {NOT_CHECKED}"]
     keyring = keyring_of(client.data_converter)
-    sends_with = keyring.newest if keyring else None
-    found = {o.worker: start_problems(spec, o.offer, sends_with) for o in live}
-    # The newest offer's words, as the other problems below.
+    # A worker that cannot decrypt the goal would fail it on its first task: one is enough to refuse.
+    problems = [p for p in (key_problem(o, keyring.newest if keyring else None) for o in live) if p]
+    found = {o.worker: start_problems(spec, o.offer) for o in live}
+    # Judged by the newest offer, as the refusals below are worded.
     warnings = [offline] if (offline := offline_warning(spec, live[0].offer)) else []
     if all(found.values()):
-        problems = found[live[0].worker]  # the newest offer's words
+        problems += found[live[0].worker]  # the newest offer's words
     else:
         # Some workers can run it: it may still land on one that cannot.
-        problems = []
         warnings += [f"worker {worker}: {'; '.join(said)}" for worker, said in found.items() if said]
     if spec.plan is not None and devices_named(spec.plan):
         try:

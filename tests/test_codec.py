@@ -25,9 +25,10 @@ import pytest
 import yaml
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import History, HistoryEvent
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -595,3 +596,29 @@ def test_the_watchdogs_memory_file_is_sealed_and_read_back_with_the_keys(keys, t
     keys()  # without the keys: an empty memory and why, as for any unreadable file
     memory, problem = load_memory(path)
     assert memory.goals == {} and "encrypted with key 'key-a'" in problem
+
+
+@pytest.mark.slow
+async def test_a_goal_whose_input_the_worker_cannot_decrypt_fails_at_once_saying_why(
+    env, keys, task_queue, workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Started by a CLI with a payload key while no worker ran (the start could not be checked),
+    taken by a worker with none: the goal fails on its first workflow task naming the key,
+    instead of a workflow task failing "Failed decoding arguments" forever (a stuck goal)."""
+    keys(KEY_A)
+    monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
+    keyed = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
+    handle = await goals.start_goal(keyed, spec(workspace, goal=GOAL), new_goal_id("unreadable"))
+    keys()
+    keyless = build_worker(env.client, task_queue=task_queue, store=ArtifactStore(tmp_path / "artifacts"),
+                           model_config=ModelConfig(profiles={}))  # fmt: skip
+    async with keyless:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(env.client.get_workflow_handle(handle.id).result(), 30)
+    said = str(failed.value.cause)
+    assert "encrypted with payload key 'key-a'" in said and "has no payload keys" in said, said
+    assert "--replace" in said
+    history = await env.client.get_workflow_handle(handle.id).fetch_history()
+    kinds = [e.event_type for e in history.events]
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds
+    assert kinds[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED

@@ -7,6 +7,7 @@ loading: a state written by another version must be migrated explicitly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -397,6 +398,28 @@ class GoalState(BaseModel):
     @property
     def plan(self) -> Plan | None:
         return self.plan_versions[-1].plan if self.plan_versions else None
+
+
+@dataclass(frozen=True)
+class UndecryptedInput:
+    """What a worker with no payload keys is given for a goal's input that a client encrypted
+    (runtime/converter.py), in place of the GoalInput it cannot read: the goal then ends
+    saying why, instead of failing every workflow task on the input (a stuck goal)."""
+
+    key_id: str
+
+    def problem(self, fresh: bool) -> str:
+        """`fresh`: the goal has done nothing yet, and ends."""
+        what = (
+            f"this worker cannot read the goal: its input is encrypted with payload key '{self.key_id}' and the "
+            "worker has no payload keys"
+        )
+        if not fresh:
+            return what + "; a worker with the key carries it on"
+        return (
+            what + ". Nothing was done. Give every worker the keys the CLI has (PERDURE_PAYLOAD_KEYS or "
+            "PERDURE_PAYLOAD_KEY_FILE), then start the goal again with --replace"
+        )
 
 
 class GoalInput(BaseModel):

@@ -52,12 +52,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.steering import Steering
     from workflows.goal.stream import EventStream
     from workflows.goal.tool_runner import ToolRunner
+    from workflows.goal.unreadable import refuse_undecrypted
     from workflows.goal.verification import Verifier
     from workflows.goal.verify_due import note_code_version, note_wait_ended
     from workflows.messages import InboxView, Receipt
     from workflows.migrations import StateFromNewerCode, StateRefused, load_state
     from workflows.run_boundary import continue_on_current_version
-    from workflows.state import GoalInput, GoalState
+    from workflows.state import GoalInput, GoalState, UndecryptedInput
     from workflows.statuses import IN_FLIGHT
 
 # What a subgoal_settled signal sent with no argument is given (a RawValue that decodes to nothing).
@@ -71,6 +72,11 @@ NO_OUTCOME = RawValue(Payload())
 class GoalWorkflow:
     @workflow.init
     def __init__(self, input: GoalInput) -> None:
+        # An input this worker cannot decrypt (runtime/converter.py): nothing else is set
+        # up; the run ends at once (workflows/goal/unreadable.py).
+        self._undecrypted = input if isinstance(input, UndecryptedInput) else None
+        if self._undecrypted is not None:
+            return
         self._load_problem: str | None = None
         self._newer_state: StateFromNewerCode | None = None
         state = self._load(input)
@@ -125,6 +131,8 @@ class GoalWorkflow:
 
     @workflow.run
     async def run(self, input: GoalInput) -> GoalResult:
+        if self._undecrypted is not None:
+            raise refuse_undecrypted(self._undecrypted)
         if self._newer_state is not None:
             raise self._newer_state
         self._ctx.decide_patches()
