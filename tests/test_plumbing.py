@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow
 
+from starters.capabilities import published_offers
 from tests.builders import gate
 from tests.helpers import running_worker, start
 from workers import plumbing, watchdog_schedule
@@ -43,6 +44,8 @@ async def test_the_default_list_shows_the_goals_and_not_perdures_own_workflows(e
                     break
                 assert time.monotonic() < deadline, f"perdure's own workflows never ran: {types}"
                 await asyncio.sleep(0.3)
+            # The offers workflow works on an unversioned worker too (it takes its offer).
+            assert [o.worker for o in await published_offers(env.client, task_queue)] == [env.client.identity]
             shown = await listed(env, f"TaskQueue = '{task_queue}'")
             assert shown == sorted((GOAL_WORKFLOW, h.id) for h in handles)
             count = await env.client.count_workflows(f"TaskQueue = '{task_queue}'")

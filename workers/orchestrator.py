@@ -49,6 +49,7 @@ from workers.offer_publisher import offer_publisher
 from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 from workflows.contracts import TASK_QUEUE
 from workflows.retries import HEARTBEAT_THROTTLE
+from workflows.worker_offers import VersionedWorkerOffersWorkflow, WorkerOffersWorkflow
 
 log = structlog.get_logger(__name__)
 
@@ -102,10 +103,13 @@ def build_worker(
     identity = worker_options.get("identity") or client.identity
     publisher = offer_publisher(client, task_queue, identity, offers)
     worker_options["plugins"] = [*worker_options.get("plugins", ()), publisher]
+    workflows = ORCHESTRATOR_WORKFLOWS
+    if "deployment_config" in worker_options:
+        workflows = [VersionedWorkerOffersWorkflow if w is WorkerOffersWorkflow else w for w in workflows]
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=ORCHESTRATOR_WORKFLOWS,
+        workflows=workflows,
         activities=[
             *models.activities(),
             tools.run_tool,

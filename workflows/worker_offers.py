@@ -103,17 +103,14 @@ def offers_memo(state: WorkerOffersState) -> dict[str, list[dict]]:
     return {OFFERS_MEMO: [o.model_dump(mode="json") for o in state.offers]}
 
 
-# On the deployment's current version always (workers/deployment.py pins the others): a run
-# pinned to an old build would take no new worker's offer once that build's workers stop.
-@workflow.defn(name=WORKER_OFFERS_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
-class WorkerOffersWorkflow:
+class _WorkerOffers:
+    """The workflow's body; the two classes below differ only in their versioning behavior."""
+
     @workflow.init
     def __init__(self, input: WorkerOffersInput) -> None:
         self._state = input.state or WorkerOffersState()
 
-    @workflow.run
-    async def run(self, input: WorkerOffersInput) -> None:
-        del input
+    async def _run(self) -> None:
         await workflow.wait_condition(lambda: continue_as_new_due(CONTINUE_AS_NEW_AFTER_EVENTS))
         await workflow.wait_condition(workflow.all_handlers_finished)
         # The next run's memo is given here: a client reading between the runs sees the offers.
@@ -124,3 +121,25 @@ class WorkerOffersWorkflow:
         """A worker's offer (an argument that is not an OfferAnnouncement is dropped by the SDK)."""
         take_offer(self._state, announcement, workflow.now())
         workflow.upsert_memo(offers_memo(self._state))
+
+
+@workflow.defn(name=WORKER_OFFERS_WORKFLOW)
+class WorkerOffersWorkflow(_WorkerOffers):
+    """As unversioned workers run it (the server refuses a versioning behavior from them)."""
+
+    @workflow.run
+    async def run(self, input: WorkerOffersInput) -> None:
+        del input
+        await self._run()
+
+
+@workflow.defn(name=WORKER_OFFERS_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+class VersionedWorkerOffersWorkflow(_WorkerOffers):
+    """As Worker Deployment versions run it (workers/orchestrator.py registers this one for
+    them): always on the current version. Pinned, like every other workflow of theirs, a run
+    would take no new build's offer once the old build's workers stopped."""
+
+    @workflow.run
+    async def run(self, input: WorkerOffersInput) -> None:
+        del input
+        await self._run()
