@@ -55,21 +55,26 @@ def offer_publisher(client: Client, task_queue: str, identity: str, offers: Capa
 async def publish_while_running(client: Client, task_queue: str, identity: str, offers: CapabilitiesActivities) -> None:
     published = None
     division = True
+    said = None  # the last failure logged: a server away for a minute is said once, not 120 times
     while True:
-        offer = offers.offer()
-        if offer != published:
-            announcement = OfferAnnouncement(worker=identity, offer=offer)
-            try:
-                await publish(client, task_queue, announcement, hidden=division)
-            except RPCError as err:
-                if division and plumbing.division_refused(err):
-                    log.warning("offers workflow listed in the UI: the server refuses its division", error=err.message)
-                    division = False
-                    continue
-                log.warning("worker offer not published; trying again", error=err.message)
-            else:
+        problem = None
+        try:
+            offer = offers.offer()
+            if offer != published:
+                await publish(client, task_queue, OfferAnnouncement(worker=identity, offer=offer), hidden=division)
                 published = offer
                 log.info("worker offer published", profiles=len(offer.profiles), tools=len(offer.tools))
+        except RPCError as err:
+            if division and plumbing.division_refused(err):
+                log.warning("offers workflow listed in the UI: the server refuses its division", error=err.message)
+                division = False
+                continue
+            problem = err.message
+        except Exception as err:  # noqa: BLE001 - publishing is advice for the CLI: it never stops the worker
+            problem = f"{type(err).__name__}: {err}"
+        if problem is not None and problem != said:
+            log.warning("worker offer not published; trying again", error=problem)
+        said = problem
         await asyncio.sleep(CHECK_EVERY_S)
 
 

@@ -5,9 +5,10 @@ One schedule per watched task queue (`perdure-watchdog` for the default queue,
 `perdure-watchdog-<queue>` for others), firing `WatchdogWorkflow` every
 interval with overlap SKIP: a run still going when the next is due makes that
 one skip, so runs never pile up. Its runs are started out of the UI's default
-workflow list (workers/plumbing.py); a schedule made before that is updated. The schedule id is the lock: `create` fails
-for the second of two workers starting together, which then compares and
-updates instead. A paused schedule stays paused through updates.
+workflow list (workers/plumbing.py); a schedule made before that is updated.
+The schedule id is the lock: `create` fails for the second of two workers
+starting together, which then compares and updates instead. A paused schedule
+stays paused through updates.
 """
 
 from __future__ import annotations
