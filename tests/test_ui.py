@@ -1,7 +1,7 @@
 """The Temporal UI explains a goal at a glance (issue 17): every activity a goal schedules,
 local ones included, carries a summary naming its step and tool; every UI link perdure
-prints opens a page of the real UI, not its error page; the goals view leaves the
-watchdog's runs out; a goal's page shows its text and its steps. The browser tests run
+prints opens a page of the real UI, not its error page; the UI's default list and the
+goals view leave the watchdog's runs out; a goal's page shows its text and its steps. The browser tests run
 headless Chromium against a dev server with its UI.
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from unittest import mock
+from urllib.parse import quote
 
 import pytest
 import pytest_asyncio
@@ -42,13 +43,14 @@ from tests.helpers import (
     new_goal_id,
     scheduled_activities,
 )
-from workers import watchdog_schedule
+from workers import plumbing, watchdog_schedule
 from workers.orchestrator import build_worker
 from workflows.contracts import GOAL_WORKFLOW
 from workflows.goal import GoalWorkflow
 from workflows.quota import QUOTA_WORKFLOW
 from workflows.state import GoalInput
 from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
+from workflows.worker_offers import worker_offers_id
 
 GOAL_TEXT = "Summarise the notes into SUMMARY.md for the UI"
 # What the Temporal UI (2.x) shows instead of a page it could not load: a workflow it could
@@ -231,16 +233,25 @@ async def test_every_ui_link_perdure_prints_opens_its_page_not_the_uis_error(ui_
 
 @pytest.mark.process
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)")
-async def test_the_goals_view_lists_goals_and_leaves_the_watchdogs_runs_out(ui_goal: UiGoal):
+async def test_the_default_list_and_the_goals_view_show_the_goal_and_leave_perdures_own_workflows_out(
+    ui_goal: UiGoal,
+):
     namespace = ui_goal.client.namespace
     with mock.patch.dict(os.environ, ui_goal.cli_env):
         view = settings.goals_ui_link()
+    ours = f"{ui_goal.ui}/namespaces/{namespace}/workflows?query={quote(plumbing.PLUMBING_QUERY, safe='')}"
+    offers = worker_offers_id(ui_goal.cli_env["PERDURE_TASK_QUEUE"])
     shot = ui_goal.tmp / "ui-goals.png"
-    everything, goals_only = await asyncio.gather(
+    everything, goals_only, plumbing_only = await asyncio.gather(
         page(ui_goal, f"{ui_goal.ui}/namespaces/{namespace}/workflows"),
         page(ui_goal, view, "--hide-scrollbars", "--window-size=1400,700", f"--screenshot={shot}"),
+        page(ui_goal, ours),
     )
-    assert ui_goal.goal_id in everything and ui_goal.watchdog_run in everything
+    # The UI's own list (no query) shows the user's goal, not the watchdog's run nor the offers workflow.
+    assert ui_goal.goal_id in everything
+    assert ui_goal.watchdog_run not in everything and offers not in everything
+    # They are a query away.
+    assert ui_goal.watchdog_run in plumbing_only and offers in plumbing_only and ui_goal.goal_id not in plumbing_only
     assert ui_goal.goal_id in goals_only and ui_goal.watchdog_run not in goals_only
     assert GOAL_WORKFLOW in goals_only and WATCHDOG_WORKFLOW not in goals_only
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
