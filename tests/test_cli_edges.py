@@ -35,10 +35,15 @@ def test_a_plan_file_that_is_not_utf8_is_refused_in_one_line(env, tmp_path, task
     binary = tmp_path / "blob.yaml"
     binary.write_bytes(bytes(range(256)) * 4)
     for path in (latin1, binary):
-        line = one_clear_line(perdure("start", "--plan", str(path), "x", "--workspace", str(tmp_path), env=variables))
+        goal_id = f"not-utf8-{path.stem}-{task_queue}"
+        refused = perdure(
+            "start", "--plan", str(path), "x", "--workspace", str(tmp_path), "--id", goal_id, env=variables
+        )
+        line = one_clear_line(refused)
         assert f"{path} is not UTF-8 text" in line and "save it as UTF-8" in line
-    listed = perdure("ls", env=variables)
-    assert listed.returncode == 0 and "no goals yet" in listed.stdout  # nothing started
+        # Nothing started: the server has no goal under the id (other tests' goals share the server).
+        described = perdure("status", goal_id, env=variables)
+        assert described.returncode != 0 and "Traceback" not in described.stdout + described.stderr
 
 
 def test_a_perdure_home_that_is_not_a_directory_is_refused_in_one_line(env, tmp_path, task_queue):
