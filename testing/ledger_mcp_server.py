@@ -5,12 +5,15 @@ they land, not where perdure thinks it sent them.
     python -m testing.ledger_mcp_server --ledger /tmp/ledger.jsonl [--hold /tmp/hold]
 
 Each ledger line: the tool, its arguments, the effect key perdure sent in the request's
-`_meta` (`perdure/effect_key`), the server's pid, and whether the variable named by
+`_meta` (`perdure/effect_key`), the server's pid and a random id of its process (in a
+sandbox's PID namespace every server is pid 2), and whether the variable named by
 `--secret-env` reached this process (its value is written too, so a test can show it
 arrived while the goal's history holds none of it); over streamable HTTP (`--http PORT`)
 also the Authorization header it was sent. `slow_write` blocks after writing
 its line while the `--hold` file exists: a crash test kills the worker meanwhile.
-A test double, never part of the runtime.
+`run` runs a shell command where the server runs and answers what it printed, as a
+server that reads whatever it can (the sandbox tests' probe). Without `--ledger` nothing
+is written. A test double, never part of the runtime.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
 
 EFFECT_KEY_META = "perdure/effect_key"
+PROCESS = uuid.uuid4().hex
 
 
-def build(ledger: Path, hold: Path | None, secret_env: str | None) -> MCPServer:
+def build(ledger: Path | None, hold: Path | None, secret_env: str | None) -> MCPServer:
     server = MCPServer("perdure-test")
 
     def record(tool: str, ctx: Context | None, **args: object) -> dict:
@@ -36,14 +42,16 @@ def build(ledger: Path, hold: Path | None, secret_env: str | None) -> MCPServer:
         key = meta.get(EFFECT_KEY_META) if isinstance(meta, dict) else getattr(meta, EFFECT_KEY_META, None)
         if key is None and meta is not None:
             key = (getattr(meta, "model_extra", None) or {}).get(EFFECT_KEY_META)
-        entry = {"tool": tool, "args": args, "effect_key": key, "pid": os.getpid(), "at": time.time()}
+        entry = {"tool": tool, "args": args, "effect_key": key, "pid": os.getpid(), "process": PROCESS}
+        entry["at"] = time.time()
         headers = ctx.headers if ctx is not None else None
         if headers is not None:  # streamable HTTP: what the client sent
             entry["authorization"] = headers.get("authorization")
         if secret_env:
             entry["secret"] = os.environ.get(secret_env)
-        with ledger.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        if ledger is not None:
+            with ledger.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(entry) + "\n")
         return entry
 
     @server.tool(description="Echo the text back.")
@@ -83,12 +91,23 @@ def build(ledger: Path, hold: Path | None, secret_env: str | None) -> MCPServer:
         entry = record("whoami", ctx)
         return f"secret present: {entry.get('secret') is not None}; value: {entry.get('secret')}"
 
+    @server.tool(description="Run a shell command where the server runs; answer what it printed.")
+    def run(command: str, ctx: Context) -> str:
+        record("run", ctx, command=command)
+        # stdin is the server's JSON-RPC pipe: the command must not read it.
+        done = subprocess.run(
+            ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace"
+        )
+        if done.returncode != 0:
+            raise ValueError(f"exit code {done.returncode}: {done.stdout}{done.stderr}")
+        return done.stdout + done.stderr
+
     return server
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ledger", type=Path, required=True)
+    parser.add_argument("--ledger", type=Path, default=None)
     parser.add_argument("--hold", type=Path, default=None)
     parser.add_argument("--secret-env", default=None)
     parser.add_argument("--fail-start", action="store_true", help="Exit at once, as a server that cannot start.")

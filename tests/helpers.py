@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from google.protobuf.message import DecodeError, Message
 from rich.console import Console
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import default as default_converter
@@ -32,6 +35,7 @@ from typer.testing import CliRunner
 from activities.artifacts import ArtifactStore
 from activities.mcp.tools import McpServers
 from activities.models.config import ModelConfig, ModelProfile
+from runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
 from starters import cli, goals
 from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from tests.builders import scripted_profile, spec
@@ -184,6 +188,15 @@ async def perdure_status(env: WorkflowEnvironment, goal_id: str, width: int = 40
     return result.output
 
 
+async def perdure_result(env, goal_id: str, home: Path) -> str:
+    """What `perdure result GOAL` prints, in this process (it reads the report from the store)."""
+    variables = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_HOME": str(home)}
+    with mock.patch.object(cli, "console", Console(width=400)):
+        done = await asyncio.to_thread(CliRunner().invoke, cli.app, ["result", goal_id], env=variables)
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
 async def submit(handle: WorkflowHandle, message):
     """Send a steering message (a `workflows.messages` model) by update; returns its receipt."""
     return await handle.execute_update(GoalWorkflow.submit, message.model_dump(mode="json"))
@@ -195,6 +208,53 @@ def calls_for(server, step: str) -> list[dict]:
 
 
 # --- reading histories -------------------------------------------------------------
+
+
+def _all_text(message: Message) -> str:
+    """Every string and bytes field of a protobuf message, recursively: a history's payloads
+    (their JSON data, as stored: decode an encrypted history first), failures, summaries and headers."""
+    parts: list[str] = []
+    for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            items = [x for key in value for x in (key, value[key])]
+        elif field.is_repeated:
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            if isinstance(item, Message):
+                parts.append(_all_text(item))
+            elif isinstance(item, bytes):
+                parts.append(item.decode("utf-8", errors="replace"))
+            elif isinstance(item, str):
+                parts.append(item)
+    return "\n".join(parts)
+
+
+def history_text(history: WorkflowHistory | History) -> str:
+    return "\n".join(_all_text(event) for event in history.events)
+
+
+def files_text(root: Path, skip: set[Path], keyring: Keyring | None = None) -> str:
+    """Every file under `root` but `skip`, as text; with the keys, sealed files (artifacts) and
+    encrypted offloaded payloads are decrypted first, so a search sees what they hold."""
+    return "\n".join(
+        _plaintext(p.read_bytes(), keyring, str(p)).decode("utf-8", errors="replace")
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p not in skip
+    )
+
+
+def _plaintext(raw: bytes, keyring: Keyring | None, what: str) -> bytes:
+    if keyring is None:
+        return raw
+    if is_sealed(raw):
+        return unseal(keyring, raw, what)
+    try:
+        payload = Payload.FromString(raw)
+    except DecodeError:
+        return raw
+    return EncryptionCodec(keyring).decrypt(payload).data if is_encrypted(payload) else raw
 
 
 def _summary(event) -> str:

@@ -21,23 +21,17 @@ import os
 import time
 import uuid
 from pathlib import Path
-from unittest import mock
 
 import pytest
-from google.protobuf.message import Message
-from rich.console import Console
-from temporalio.client import WorkflowHistory
 from temporalio.testing import ActivityEnvironment
-from typer.testing import CliRunner
 
 from activities import sandbox
 from activities.artifacts import ArtifactStore
 from activities.tools import ToolActivities
-from starters import cli
 from testing.crash import write_model_config
 from testing.http import PingServer
 from tests.builders import agent, spec
-from tests.helpers import perdure_status, running_worker, start
+from tests.helpers import files_text, history_text, perdure_result, perdure_status, running_worker, start
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.contracts import ToolInput, ToolResult
 
@@ -283,39 +277,6 @@ async def test_a_plan_step_with_network_true_reaches_the_network_and_its_neighbo
 # --- end to end: a real worker with canary keys -----------------------------------------
 
 
-def _all_text(message: Message) -> str:
-    """Every string and bytes field of a protobuf message, recursively: a history's payloads
-    (their JSON data: no codec is configured here), failures, summaries and headers."""
-    parts: list[str] = []
-    for field, value in message.ListFields():
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            items = [x for key in value for x in (key, value[key])]
-        elif field.is_repeated:
-            items = list(value)
-        else:
-            items = [value]
-        for item in items:
-            if isinstance(item, Message):
-                parts.append(_all_text(item))
-            elif isinstance(item, bytes):
-                parts.append(item.decode("utf-8", errors="replace"))
-            elif isinstance(item, str):
-                parts.append(item)
-    return "\n".join(parts)
-
-
-def history_text(history: WorkflowHistory) -> str:
-    return "\n".join(_all_text(event) for event in history.events)
-
-
-def files_text(root: Path, skip: set[Path]) -> str:
-    return "\n".join(
-        p.read_bytes().decode("utf-8", errors="replace")
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p not in skip
-    )
-
-
 def outputs_by_command(store: ArtifactStore) -> dict[str, str]:
     """run_command's outputs in the store, by the command they start with (`$ COMMAND`)."""
     found = {}
@@ -324,15 +285,6 @@ def outputs_by_command(store: ArtifactStore) -> dict[str, str]:
         if text.startswith("$ "):
             found[text.splitlines()[0][2:]] = text
     return found
-
-
-async def perdure_result(env, goal_id: str, home: Path) -> str:
-    """What `perdure result GOAL` prints, in this process (it reads the report from the store)."""
-    variables = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_HOME": str(home)}
-    with mock.patch.object(cli, "console", Console(width=400)):
-        done = await asyncio.to_thread(CliRunner().invoke, cli.app, ["result", goal_id], env=variables)
-    assert done.exit_code == 0, done.output
-    return done.output
 
 
 @pytest.mark.process
