@@ -124,11 +124,16 @@ def hidden_paths(artifact_store: Path | None = None) -> list[Path]:
 @dataclass(frozen=True)
 class Sandbox:
     """What one command may reach: its workspace (a real, resolved path), the network or
-    not, and the paths masked even inside what is bound."""
+    not, and the paths masked even inside what is bound. A stdio MCP server
+    (activities/mcp/launch.py) may also read `read_only` and write `writable` (real,
+    resolved paths, each bound at its own path), and start in `chdir`."""
 
     workspace: Path
     network: bool = False
     hidden: Sequence[Path] = field(default_factory=tuple)
+    read_only: Sequence[Path] = field(default_factory=tuple)
+    writable: Sequence[Path] = field(default_factory=tuple)
+    chdir: Path | None = None
 
     def argv(self, bwrap: str, command: Sequence[str]) -> list[str]:
         args = [
@@ -163,10 +168,16 @@ class Sandbox:
         # A fresh /proc shows only the namespace's processes; /tmp is private and goes with
         # the command. Both after the binds above, so nothing of the host's shadows them.
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        # After /tmp: a workspace under /tmp is bound on top of the private one.
+        # After /tmp, like the workspace: a path under /tmp is bound on top of the private one.
+        # Masked inside at once, and before the workspace is bound, for the same reason as above.
+        for path in self.read_only:
+            args += ["--ro-bind", str(path), str(path)]
+        for path in self.writable:
+            args += ["--bind", str(path), str(path)]
+        args += _masks([p for p in self.hidden if p not in inside_workspace], [*self.read_only, *self.writable])
         args += ["--bind", str(self.workspace), str(self.workspace)]
         args += _masks(inside_workspace, [self.workspace])
-        args += ["--chdir", str(self.workspace), "--", *command]
+        args += ["--chdir", str(self.chdir or self.workspace), "--", *command]
         return args
 
 
@@ -254,8 +265,8 @@ async def describe_at_start() -> tuple[bool, str]:
     """(a warning?, what to say): how this worker's commands will run, for its start-up log."""
     if unsandboxed():
         return True, (
-            f"shell commands run WITHOUT a sandbox ({UNSANDBOXED_ENV}=1): a command can read this worker's "
-            "files and its processes' environments (API keys), and use its network"
+            f"shell commands and stdio MCP servers run WITHOUT a sandbox ({UNSANDBOXED_ENV}=1): they can read "
+            "this worker's files and its processes' environments (API keys), and use its network"
         )
     try:
         bwrap = await ensure_available(Path(tempfile.gettempdir()))

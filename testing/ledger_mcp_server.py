@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 EFFECT_KEY_META = "perdure/effect_key"
 PROCESS = uuid.uuid4().hex
@@ -99,7 +100,8 @@ def build(ledger: Path | None, hold: Path | None, secret_env: str | None) -> MCP
             ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace"
         )
         if done.returncode != 0:
-            raise ValueError(f"exit code {done.returncode}: {done.stdout}{done.stderr}")
+            # A ToolError's message reaches the client (any other exception's does not).
+            raise ToolError(f"exit code {done.returncode}: {done.stdout}{done.stderr}")
         return done.stdout + done.stderr
 
     return server

@@ -1047,7 +1047,8 @@ async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
     listed once, a safe read called directly, then a once write through the effect rules."""
     with tempfile.TemporaryDirectory() as tmp:
         args = ["-m", "testing.ledger_mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
-        table = {"command": sys.executable, "args": args, "tools": {"echo": {"risk": "read", "replay": "safe"}}}
+        table = {"command": sys.executable, "args": args, "writable": [tmp]}
+        table["tools"] = {"echo": {"risk": "read", "replay": "safe"}}
         servers = McpServers(servers_from({"notes": table}, "recorder"))
         echo, note = "mcp__notes__echo", "mcp__notes__add_note"
         steps = [

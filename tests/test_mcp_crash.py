@@ -27,12 +27,14 @@ pytestmark = pytest.mark.process
 TOOL = "mcp__notes__slow_write"
 
 
-def mcp_table(root: Path, tool_policy: str) -> str:
+def mcp_table(directory: Path, tool_policy: str) -> str:
+    """The test server, its ledger and hold file in `directory`, which its sandbox may write."""
     return (
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(root / "ledger.jsonl"))}, '
-        f'"--hold", {json.dumps(str(root / "hold"))}]\n' + tool_policy
+        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(directory / "ledger.jsonl"))}, '
+        f'"--hold", {json.dumps(str(directory / "hold"))}]\n'
+        f"writable = [{json.dumps(str(directory))}]\n" + tool_policy
     )
 
 
@@ -50,8 +52,10 @@ async def killed_mid_call(crash_rig, tmp_path: Path, tool_policy: str):
     """A goal of one slow_write step; its worker SIGKILLed while the server holds the call;
     a second worker started. Returns the rig, the goal's handle, the ledger's path."""
     rig = crash_rig()
-    rig.config.write_text(mcp_table(rig.root, tool_policy))
-    hold = rig.root / "hold"
+    directory = rig.root / "ledger"
+    directory.mkdir()
+    rig.config.write_text(mcp_table(directory, tool_policy))
+    hold = directory / "hold"
     hold.write_text("hold")
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -59,7 +63,7 @@ async def killed_mid_call(crash_rig, tmp_path: Path, tool_policy: str):
     first = rig.start_worker()
     await first.wait_polling()
     handle = await rig.start_goal(spec(workspace, plan={"steps": steps}, allowed_tools=[TOOL]))
-    ledger = rig.root / "ledger.jsonl"
+    ledger = directory / "ledger.jsonl"
     await until_called(ledger, 1)
     first.kill()
     assert first.killed_by_sigkill()
@@ -91,7 +95,7 @@ async def test_a_keyed_mcp_call_cut_off_by_a_sigkill_is_sent_again_under_the_sam
 
     assert result.outcome == "succeeded", result.failure
     first, again = read_ledger(ledger)
-    assert first["pid"] != again["pid"]  # two server processes: one per worker's attempt
+    assert first["process"] != again["process"]  # two server processes: one per worker's attempt
     assert first["effect_key"] == again["effect_key"] and first["effect_key"].startswith("fx-")
     assert rig.store.get_text(result.outputs["write"]) == "wrote hello"
 

@@ -137,6 +137,7 @@ async def test_a_worker_s_keys_and_files_reach_no_mcp_server_and_so_nothing_the_
         assert "exit code 3" in recorded["history"]
         # The server has its credential (redacted from what it answers) and no other key.
         assert f"{SECRET_ENV}=[redacted]" in outputs["env"] and "PATH=" in outputs["env"]
+        assert f"HOME={(rig.home / 'mcp' / 'probe').resolve()}\n" in outputs["pid1"]  # bwrap's: the same
         assert "OPENAI_API_KEY" not in outputs["env"] + outputs["environ"] + outputs["pid1"] + outputs["ps"]
         assert "perdure worker" not in outputs["cmdlines"] + outputs["ps"]
         for route in ("config", "worker_home", "perdure_home", "payload_store"):

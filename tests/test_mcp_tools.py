@@ -43,15 +43,24 @@ SECRET = "mcp-secret-7f3a9c1e5b"
 NOTE = "mcp__notes__add_note"
 
 
+def ledger_dir(tmp_path: Path) -> Path:
+    """Where the test server writes its ledger: the one directory its sandbox may write."""
+    directory = tmp_path / "ledger"
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
 def notes_config(tmp_path: Path, tools: str = "", extra: str = "") -> Path:
-    """A config.toml naming the test server as `notes`, its ledger in tmp_path."""
+    """A config.toml naming the test server as `notes`, its ledger in tmp_path/ledger."""
     config = tmp_path / "config.toml"
+    directory = ledger_dir(tmp_path)
     config.write_text(
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(tmp_path / "ledger.jsonl"))}, '
-        f'"--hold", {json.dumps(str(tmp_path / "hold"))}, "--secret-env", "{SECRET_ENV}"]\n'
-        f'env = ["{SECRET_ENV}"]\n' + extra + tools
+        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(directory / "ledger.jsonl"))}, '
+        f'"--hold", {json.dumps(str(directory / "hold"))}, "--secret-env", "{SECRET_ENV}"]\n'
+        f'env = ["{SECRET_ENV}"]\n'
+        f"writable = [{json.dumps(str(directory))}]\n" + extra + tools
     )
     return config
 
@@ -68,7 +77,7 @@ def notes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def ledger(tmp_path: Path, tool: str | None = None) -> list[dict]:
-    return [e for e in read_ledger(tmp_path / "ledger.jsonl") if tool is None or e["tool"] == tool]
+    return [e for e in read_ledger(ledger_dir(tmp_path) / "ledger.jsonl") if tool is None or e["tool"] == tool]
 
 
 @pytest.fixture
@@ -325,7 +334,7 @@ def test_a_plan_file_allows_the_mcp_tools_it_names_and_the_cli_leaves_them_to_th
 def http_notes(tmp_path: Path):
     """The test server over streamable HTTP on a free port, as someone else's service."""
     (port,) = free_ports(1)
-    ledger_file = str(tmp_path / "ledger.jsonl")
+    ledger_file = str(ledger_dir(tmp_path) / "ledger.jsonl")
     proc = subprocess.Popen(
         [sys.executable, "-m", "testing.ledger_mcp_server", "--ledger", ledger_file, "--http", str(port)],
         stdout=subprocess.DEVNULL,

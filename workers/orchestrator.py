@@ -27,6 +27,7 @@ from activities import sandbox
 from activities.artifacts import ArtifactStore, default_store
 from activities.device_calls import DeviceCallActivities
 from activities.mcp.config import load_mcp_servers
+from activities.mcp.launch import start_warnings
 from activities.mcp.tools import McpServers
 from activities.memory_activities import MemoryActivities
 from activities.model_activities import ModelActivities
@@ -75,7 +76,8 @@ def build_worker(
     model_config = model_config or load_model_config(watch=True)
     import_profiles_sdk(model_config.profiles.values())
     # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
-    mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
+    servers = mcp_servers.servers if mcp_servers is not None else load_mcp_servers()
+    mcp_servers = McpServers(servers, artifact_store=store.root)
     models = ModelActivities(model_config, store)
     keyring = keyring_of(client.data_converter)
     offers = CapabilitiesActivities(
@@ -214,10 +216,13 @@ async def run_orchestrator(
     `mcp_servers`: config.toml's, read before connecting (else read here)."""
     task_queue = task_queue or settings.task_queue()
     options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
+    mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
     worker = build_worker(client, task_queue=task_queue, mcp_servers=mcp_servers, **options)
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)
+    for unsandboxed_server in start_warnings(mcp_servers.servers.values()):
+        log.warning(unsandboxed_server)
     versioned = {} if version is None else {"deployment": version.deployment_name, "build_id": version.build_id}
     heap.settle()
     log.info("worker polling", task_queue=task_queue, namespace=client.namespace, **versioned)

@@ -6,9 +6,10 @@ Failures are sorted by what they say about the call, for the effect rules of
 activities/effect_tools.py: a server that cannot be started or reached, or that refuses
 the request with an error, is a ToolError (the call did not happen; a goal sees it as a
 step failure or a model as data); a connection lost or a timeout after the request went
-out is OutcomeUnknown (it may have happened). The server's environment and headers are
-resolved here (activities/mcp/config.py); what a server answers is redacted of their
-values before it leaves this module.
+out is OutcomeUnknown (it may have happened). A stdio server is started as
+activities/mcp/launch.py says (in the sandbox, unless its table opts out); headers are
+resolved here (activities/mcp/config.py); what a server answers is redacted of the
+values of its variables and headers before it leaves this module.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import json
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from activities import credentials
-from activities.mcp.config import McpConfigInvalid, McpServer, resolve_env, resolve_headers, secret_values
+from activities.mcp.config import McpConfigInvalid, McpServer, resolve_headers, secret_values
+from activities.mcp.launch import stdio_parameters
+from activities.sandbox import SandboxUnavailable
 from activities.tool_errors import OutcomeUnknown, ToolError
 from workflows.mcp_tools import McpTool, mcp_tool_name
 
@@ -94,17 +98,20 @@ class McpSession:
 
 
 @asynccontextmanager
-async def connect(server: McpServer) -> AsyncIterator[McpSession]:
+async def connect(server: McpServer, artifact_store: Path | None = None) -> AsyncIterator[McpSession]:
     """A session with `server`, closed (its process ended) on the way out. A server that
     cannot be started or reached, or that fails its handshake, is a ToolError saying why,
-    with the end of what a stdio server wrote to its stderr."""
+    with the end of what a stdio server wrote to its stderr. `artifact_store`: the worker's,
+    hidden from a sandboxed server, whose scratch directory is next to it."""
     from mcp import Client
 
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
         try:
-            transport = _transport(server, errlog)
+            transport = await _transport(server, errlog, artifact_store)
         except McpConfigInvalid as err:
             raise ToolError(str(err)) from None
+        except SandboxUnavailable as err:
+            raise ToolError(f"MCP server '{server.name}' cannot be started: {err}") from None
         client = Client(transport, read_timeout_seconds=CONNECT_TIMEOUT_S)
         try:
             entered = await asyncio.wait_for(client.__aenter__(), CONNECT_TIMEOUT_S)
@@ -123,15 +130,12 @@ async def connect(server: McpServer) -> AsyncIterator[McpSession]:
                 pass
 
 
-def _transport(server: McpServer, errlog: Any) -> Any:
-    from mcp.client.stdio import StdioServerParameters, stdio_client
+async def _transport(server: McpServer, errlog: Any, artifact_store: Path | None) -> Any:
+    from mcp.client.stdio import stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
     if server.command is not None:
-        params = StdioServerParameters(
-            command=server.command, args=list(server.args), env=resolve_env(server), cwd=server.cwd
-        )
-        return stdio_client(params, errlog=errlog)
+        return stdio_client(await stdio_parameters(server, artifact_store), errlog=errlog)
     assert server.url is not None
     http = httpx2.AsyncClient(headers=resolve_headers(server), timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=None))
     return streamable_http_client(server.url, http_client=http)

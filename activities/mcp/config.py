@@ -5,6 +5,9 @@ goals their tools, how to reach each one, and each tool's risk class and replay 
     command = "python"                          # stdio: a command the worker starts per call
     args = ["-m", "notes_server"]
     env = ["NOTES_TOKEN"]                       # NAMES of worker variables the server gets
+    network = true                              # default false: no network in its sandbox
+    writable = ["/srv/notes"]                   # besides its scratch directory; also `readable`
+    # sandbox = false                           # runs as the worker's own child: warned at start
     [mcp_servers.notes.tools.add_note]
     risk = "remote-write"                       # read | local-write | remote-write | irreversible
     replay = "keyed"                            # safe | keyed | once
@@ -14,6 +17,8 @@ goals their tools, how to reach each one, and each tool's risk class and replay 
     headers = { Authorization = "Bearer ${TRACKER_TOKEN}" }   # ${NAME}: a worker variable
 
 A tool the table does not name is `remote-write` / `once`: never sent twice on its own.
+A stdio server runs in the sandbox of shell commands (activities/mcp/launch.py) unless its
+table says `sandbox = false`.
 This module holds variable *names* and header templates; the values are read only by
 `resolve_env` and `resolve_headers`, inside the activity that starts or calls a server,
 and never logged, returned or put into a goal. A table that cannot be used is one line
@@ -67,6 +72,10 @@ class McpServer(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list, description="Names of worker variables passed to the server.")
     cwd: str | None = None
+    sandbox: bool = Field(default=True, description="false: started as the worker's own child, unsandboxed.")
+    network: bool = Field(default=False, description="The sandboxed server shares the worker's network.")
+    readable: list[str] = Field(default_factory=list, description="Absolute paths the sandboxed server may read.")
+    writable: list[str] = Field(default_factory=list, description="Absolute paths the sandboxed server may write.")
     url: str | None = Field(default=None, pattern=r"^https?://")
     headers: dict[str, str] = Field(default_factory=dict, description="Header -> value; ${NAME} is a worker variable.")
     timeout_s: float = Field(default=DEFAULT_CALL_TIMEOUT_S, gt=0, le=3_600, description="A call's default limit.")
@@ -80,14 +89,30 @@ class McpServer(BaseModel):
                 raise ValueError(f"'{name[:40]}' is not a variable name: list the NAMES of worker variables")
         return names
 
+    @field_validator("readable", "writable", "cwd")
+    @classmethod
+    def _absolute(cls, value: list[str] | str | None) -> list[str] | str | None:
+        for path in [value] if isinstance(value, str) else value or []:
+            if not path.startswith(("/", "~")):
+                raise ValueError(f"'{path[:80]}' is not an absolute path")
+        return value
+
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of `command` (a stdio server) or `url` (a streamable-HTTP server)")
         if self.url is None and self.headers:
             raise ValueError("`headers` are for a `url` server")
-        if self.command is None and (self.args or self.env or self.cwd):
-            raise ValueError("`args`, `env` and `cwd` are for a `command` server")
+        sandboxing = self.network or self.readable or self.writable or not self.sandbox
+        if self.command is None and (self.args or self.env or self.cwd or sandboxing):
+            raise ValueError(
+                "`args`, `env`, `cwd`, `sandbox`, `network`, `readable` and `writable` are for a `command` server"
+            )
+        if not self.sandbox and (self.network or self.readable or self.writable):
+            raise ValueError(
+                "`network`, `readable` and `writable` say what a sandboxed server may reach; "
+                "with `sandbox = false` it reaches whatever the worker can"
+            )
         return self
 
     def policy(self, tool: str) -> McpToolPolicy:

@@ -17,6 +17,7 @@ digest in the artifact store, not the output, so heartbeats and history stay sma
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import get_args
 
 from temporalio import activity
@@ -39,8 +40,10 @@ RISKS: tuple[str, ...] = get_args(RiskClass)
 class McpServers:
     """The worker's MCP servers (config.toml), and what one tool's call needs of them."""
 
-    def __init__(self, servers: dict[str, McpServer]) -> None:
+    def __init__(self, servers: dict[str, McpServer], artifact_store: Path | None = None) -> None:
         self.servers = servers
+        # The worker's: hidden from a sandboxed server, whose scratch directory is next to it.
+        self.artifact_store = artifact_store
 
     def server(self, tool: McpTool) -> McpServer:
         server = self.servers.get(tool.server)
@@ -81,7 +84,7 @@ class McpServers:
                 return
             async with limit:
                 try:
-                    async with connect(server) as session:
+                    async with connect(server, self.artifact_store) as session:
                         tools = await session.tools()
                 except ToolError as err:
                     catalogue.problems[name] = err.message
@@ -124,7 +127,7 @@ class McpEffectTool(EffectTool):
 
 async def call_tool(servers: McpServers, tool: McpTool, args: McpArgs, effect_key: str | None) -> str:
     server = servers.server(tool)
-    async with connect(server) as session:
+    async with connect(server, servers.artifact_store) as session:
         return await session.call(
             tool.tool, args.model_dump(mode="json"), server.call_timeout_s(tool.tool), effect_key=effect_key
         )
