@@ -10,21 +10,30 @@ names, and nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
 
 from activities import sandbox
+from activities.mcp.config import McpConfigInvalid, load_mcp_servers
+from activities.mcp.tools import McpServers, call_tool
+from activities.tool_errors import ToolError
 from runtime.codec import KEY_FILE_ENV, KEYS_ENV, EncryptionCodec, decode_history, keyring_from_env, new_key_entry
 from runtime.plugin import PerdurePlugin
 from testing.crash import CrashRig
 from testing.http import PingServer
 from tests.builders import spec
 from tests.helpers import files_text, history_text, perdure_result, perdure_status
+from tests.subprocess_rig import marker_sleep, process_gone, process_running
+from workflows.mcp_tools import McpArgs, McpTool
 
 pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
 
@@ -149,3 +158,161 @@ async def test_a_worker_s_keys_and_files_reach_no_mcp_server_and_so_nothing_the_
     finally:
         rig.close()
         planted_files[3].unlink()
+
+
+# --- what a sandboxed server may reach, by its config table -----------------------------
+
+
+def probe_servers(tmp_path: Path, tables: str) -> McpServers:
+    """The servers of `tables` as a worker whose artifact store is tmp_path/artifacts has them."""
+    config = tmp_path / "mcp.toml"
+    config.write_text(tables)
+    return McpServers(load_mcp_servers(config), artifact_store=tmp_path / "artifacts")
+
+
+async def run(servers: McpServers, command: str, server: str = "probe") -> str:
+    """What the server's `run` tool printed for `command` (ToolError when it cannot run)."""
+    tool = McpTool(name=f"mcp__{server}__run", server=server, tool="run", input_schema={"type": "object"})
+    return await call_tool(servers, tool, McpArgs(command=command), effect_key=None)
+
+
+@pytest.mark.slow
+async def test_a_server_reaches_the_network_only_when_its_table_says_network_true(tmp_path: Path, ping: PingServer):
+    servers = probe_servers(tmp_path, probe_table("probe") + probe_table("online", "network = true\n"))
+    offline = await run(servers, f"curl -sS -m 5 {ping.base_url}/offline; true")
+    assert "Couldn't connect" in offline and ping.hits == []
+    online = await run(servers, f"curl -sS -m 5 {ping.base_url}/online", server="online")
+    assert '"pong": true' in online and ping.hits == ["/online"]
+
+
+@pytest.mark.slow
+async def test_its_scratch_directory_is_home_and_outlives_the_call_and_it_reaches_only_the_paths_listed(
+    tmp_path: Path,
+):
+    data, shared, other = tmp_path / "data", tmp_path / "shared", tmp_path / "other"
+    for directory in (data, shared, other):
+        directory.mkdir()
+    (data / "in.txt").write_text("listed as readable")
+    (other / "secret.txt").write_text("SECRET-FILE")
+    table = f"readable = [{json.dumps(str(data))}]\nwritable = [{json.dumps(str(shared))}]\n"
+    servers = probe_servers(tmp_path, probe_table("probe", table))
+
+    said = await run(
+        servers,
+        f"echo kept > ~/kept; echo home=$HOME; cat {data}/in.txt; echo out > {shared}/out.txt; "
+        f"touch {data}/new 2>&1; cat {other}/secret.txt 2>&1; ls {tmp_path} 2>&1; true",
+    )
+    scratch = (tmp_path / "mcp" / "probe").resolve()
+    assert f"home={scratch}\n" in said and "listed as readable" in said
+    assert (shared / "out.txt").read_text() == "out\n"
+    assert "Read-only file system" in said and not (data / "new").exists()
+    assert "SECRET-FILE" not in said and "No such file or directory" in said
+    assert "artifacts" not in said and "mcp.toml" not in said  # tmp_path itself shows only what is bound in it
+    assert (scratch / "kept").read_text() == "kept\n"
+    assert await run(servers, "cat ~/kept") == "kept\n"  # a new server process, the same directory
+
+
+@pytest.mark.slow
+async def test_a_path_the_sandbox_hides_or_that_does_not_exist_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    home = tmp_path / "perdure-home"
+    home.mkdir()
+    monkeypatch.setenv("PERDURE_HOME", str(home))
+    servers = probe_servers(tmp_path, probe_table("probe", f"writable = [{json.dumps(str(home))}]\n"))
+    with pytest.raises(ToolError, match=f"writable path {home} is one the sandbox hides"):
+        await run(servers, "true")
+    servers = probe_servers(tmp_path, probe_table("probe", f"readable = [{json.dumps(str(tmp_path / 'gone'))}]\n"))
+    with pytest.raises(ToolError, match="readable path .*gone does not exist on this worker"):
+        await run(servers, "true")
+
+
+async def test_without_bwrap_a_server_is_not_started_and_the_error_says_how_to_fix_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    bare = tmp_path / "bin-without-bwrap"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))  # the server's command is an absolute path: only bwrap is missing
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    table = probe_table("probe", f"writable = [{json.dumps(str(ledger))}]\n").replace(
+        '"--secret-env"', f'"--ledger", {json.dumps(str(ledger / "calls.jsonl"))}, "--secret-env"'
+    )
+    servers = probe_servers(tmp_path, table)
+    with pytest.raises(ToolError) as refused:
+        await run(servers, "echo ran")
+    said = refused.value.message
+    assert "MCP server 'probe' cannot be started" in said and "apt-get install bubblewrap" in said
+    assert sandbox.UNSANDBOXED_ENV in said and "`sandbox = false` in [mcp_servers.probe]" in said
+    assert not (ledger / "calls.jsonl").exists()  # nothing was started
+
+
+async def test_with_unsandboxed_commands_a_server_runs_directly_with_the_scrubbed_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv(sandbox.UNSANDBOXED_ENV, "1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-unsandboxed")
+    said = await run(probe_servers(tmp_path, probe_table("probe")), f"env; cat /proc/{os.getpid()}/comm")
+    assert "sk-canary-unsandboxed" not in said and "OPENAI_API_KEY" not in said
+    assert f"HOME={(tmp_path / 'mcp' / 'probe').resolve()}\n" in said
+    assert Path(f"/proc/{os.getpid()}/comm").read_text() in said  # no sandbox: the worker is in view
+
+
+async def test_a_server_with_sandbox_false_runs_as_the_workers_child(tmp_path: Path):
+    servers = probe_servers(tmp_path, probe_table("probe", "sandbox = false\n"))
+    said = await run(servers, f"cat /proc/{os.getpid()}/comm")
+    assert said == Path(f"/proc/{os.getpid()}/comm").read_text()
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('[mcp_servers.a]\nurl = "https://h/mcp"\nnetwork = true\n', "are for a `command` server"),
+        ('[mcp_servers.a]\ncommand = "x"\nsandbox = false\nwritable = ["/srv"]\n', "with `sandbox = false` it"),
+        ('[mcp_servers.a]\ncommand = "x"\nreadable = ["data"]\n', "'data' is not an absolute path"),
+        ('[mcp_servers.a]\ncommand = "x"\nnetwork = "yes"\n', "network"),
+    ],
+)
+def test_a_bad_sandbox_setting_is_a_one_line_error_saying_where_and_what(tmp_path: Path, table: str, says: str):
+    config = tmp_path / "config.toml"
+    config.write_text(table)
+    with pytest.raises(McpConfigInvalid) as caught:
+        load_mcp_servers(config)
+    assert says in str(caught.value) and "\n" not in str(caught.value) and str(config) in str(caught.value)
+
+
+# --- the worker's side --------------------------------------------------------------
+
+
+@pytest.mark.process
+async def test_the_worker_warns_at_start_once_for_each_server_with_sandbox_false(crash_rig):
+    rig = crash_rig()
+    rig.config.write_text(
+        probe_table("probe") + probe_table("legacy", "sandbox = false\n") + probe_table("old", "sandbox = false\n")
+    )
+    worker = rig.start_worker()
+    await worker.wait_polling()
+    warned = [line for line in worker.log_text().splitlines() if "runs WITHOUT a sandbox" in line]
+    assert len(warned) == 2 and all("warning" in line for line in warned), warned
+    assert "MCP server 'legacy'" in warned[0] + warned[1] and "MCP server 'old'" in warned[0] + warned[1]
+
+
+@pytest.mark.slow
+@pytest.mark.process
+async def test_a_servers_processes_die_with_a_sigkilled_worker(crash_rig, workspace):
+    rig = crash_rig()
+    rig.config.write_text(probe_table("probe"))
+    plain, detached = marker_sleep(), marker_sleep()
+    step = {"name": "hold", "kind": "tool", "tool": RUN, "args": {"command": f"setsid {detached} & {plain}"}}
+    worker = rig.start_worker()
+    await worker.wait_polling()
+    handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=[RUN]))
+    try:
+        deadline = time.monotonic() + 30
+        while not (process_running(plain) and process_running(detached)):
+            assert time.monotonic() < deadline, f"the server's command never started; log:\n{worker.log_tail()}"
+            await asyncio.sleep(0.05)
+        worker.kill()  # SIGKILL: nothing of the worker closes the session
+        assert process_gone(plain) and process_gone(detached), "the server's processes outlived the worker"
+    finally:
+        await handle.terminate()

@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from runtime.settings import config_path
 from workflows.mcp_tools import DEFAULT_CALL_TIMEOUT_S, DEFAULT_REPLAY, DEFAULT_RISK, SERVER_NAME
@@ -72,8 +72,8 @@ class McpServer(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list, description="Names of worker variables passed to the server.")
     cwd: str | None = None
-    sandbox: bool = Field(default=True, description="false: started as the worker's own child, unsandboxed.")
-    network: bool = Field(default=False, description="The sandboxed server shares the worker's network.")
+    sandbox: StrictBool = Field(default=True, description="false: started as the worker's own child, unsandboxed.")
+    network: StrictBool = Field(default=False, description="The sandboxed server shares the worker's network.")
     readable: list[str] = Field(default_factory=list, description="Absolute paths the sandboxed server may read.")
     writable: list[str] = Field(default_factory=list, description="Absolute paths the sandboxed server may write.")
     url: str | None = Field(default=None, pattern=r"^https?://")
