@@ -1,7 +1,8 @@
 """The sandbox every shell command of a goal runs in: bubblewrap (`bwrap`).
 
 Owns how a command's process is started, what it can reach and how it ends, for
-every tool that runs a command (`run_command` today: activities/tools.py). A
+every tool that runs a command (`run_command`: activities/tools.py) and for stdio MCP
+servers (activities/mcp/launch.py, which also binds paths a server needs). A
 command gets new PID, IPC and UTS namespaces with a fresh `/proc` (the worker and
 its other processes are not there to read), no capabilities, the workspace
 read-write at its own path, the system directories (SYSTEM_DIRS) read-only with
