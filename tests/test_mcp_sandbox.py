@@ -213,18 +213,25 @@ async def test_its_scratch_directory_is_home_and_outlives_the_call_and_it_reache
 
 
 @pytest.mark.slow
-async def test_a_path_the_sandbox_hides_or_that_does_not_exist_is_refused_naming_it(
+async def test_a_path_perdure_keeps_or_that_does_not_exist_is_refused_by_name_and_one_in_the_home_directory_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    home = tmp_path / "perdure-home"
-    home.mkdir()
-    monkeypatch.setenv("PERDURE_HOME", str(home))
-    servers = probe_servers(tmp_path, probe_table("probe", f"writable = [{json.dumps(str(home))}]\n"))
-    with pytest.raises(ToolError, match=f"writable path {home} is one the sandbox hides"):
-        await run(servers, "true")
+    perdure_home, user_home = tmp_path / "perdure-home", tmp_path / "user-home"
+    for directory in (perdure_home / "sub", user_home / "notes"):
+        directory.mkdir(parents=True)
+    monkeypatch.setenv("PERDURE_HOME", str(perdure_home))
+    monkeypatch.setenv("HOME", str(user_home))
+    for refused in (perdure_home, perdure_home / "sub", user_home):
+        servers = probe_servers(tmp_path, probe_table("probe", f"writable = [{json.dumps(str(refused))}]\n"))
+        with pytest.raises(ToolError, match=f"writable path {refused} is hidden from every sandbox"):
+            await run(servers, "true")
     servers = probe_servers(tmp_path, probe_table("probe", f"readable = [{json.dumps(str(tmp_path / 'gone'))}]\n"))
     with pytest.raises(ToolError, match="readable path .*gone does not exist on this worker"):
         await run(servers, "true")
+    notes = user_home / "notes"
+    servers = probe_servers(tmp_path, probe_table("probe", f"writable = [{json.dumps(str(notes))}]\n"))
+    assert await run(servers, f"echo n > {notes}/n.txt; ls {user_home}") == "notes\n"
+    assert (notes / "n.txt").read_text() == "n\n"
 
 
 async def test_without_bwrap_a_server_is_not_started_and_the_error_says_how_to_fix_it(

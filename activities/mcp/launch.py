@@ -148,23 +148,25 @@ def _in_system_dir(path: Path) -> bool:
     return any(path.is_relative_to(name) for name in sandbox.SYSTEM_DIRS)
 
 
-def _bindable(path: Path, hidden: Iterable[Path]) -> bool:
-    """Not `/`, not a system directory (already there, read-only, its secrets masked), and
-    not something the sandbox hides. What it holds that is hidden is masked in it."""
-    return path != Path("/") and not _in_system_dir(path) and path not in hidden
+def _bindable(path: Path, hidden: list[Path]) -> bool:
+    """Not a system directory (already there, read-only, its secrets masked) and not hidden.
+    What it holds that is hidden is masked in it."""
+    return not _in_system_dir(path) and not _hidden(path, hidden)
+
+
+def _hidden(path: Path, hidden: list[Path]) -> bool:
+    """`/`, a path the sandbox hides, or one inside any but the worker's home directory
+    (where a server's data may well live): PERDURE_HOME, the stores, a key file's directory."""
+    home = Path.home().resolve()
+    return path == Path("/") or path in hidden or any(path.is_relative_to(h) for h in hidden if h != home)
 
 
 def _configured(server: McpServer, kind: str, hidden: list[Path]) -> list[Path]:
     """The table's `readable` or `writable` paths, as real paths; McpConfigInvalid for one
-    that does not exist, is hidden from every sandbox, or (writable) is a system directory."""
+    that does not exist, is hidden, or (writable) is in a system directory."""
     paths = []
     for entry in getattr(server, kind):
-        path = _existing(server, kind, entry)
-        if path == Path("/") or path in hidden:
-            raise McpConfigInvalid(
-                f"MCP server '{server.name}': {kind} path {entry} is one the sandbox hides from every process "
-                "(the worker's home or perdure's own files), or all of them"
-            )
+        path = _listed(server, kind, entry, hidden)
         if _in_system_dir(path):
             if kind == "writable":
                 raise McpConfigInvalid(
@@ -177,19 +179,20 @@ def _configured(server: McpServer, kind: str, hidden: list[Path]) -> list[Path]:
 
 
 def _cwd(server: McpServer, hidden: list[Path]) -> Path | None:
-    if server.cwd is None:
-        return None
-    path = _existing(server, "cwd", server.cwd)
-    if path == Path("/") or path in hidden:
-        raise McpConfigInvalid(f"MCP server '{server.name}': cwd {server.cwd} is one the sandbox hides")
-    return path
+    return _listed(server, "cwd", server.cwd, hidden) if server.cwd is not None else None
 
 
-def _existing(server: McpServer, kind: str, entry: str) -> Path:
+def _listed(server: McpServer, kind: str, entry: str, hidden: list[Path]) -> Path:
     path = Path(entry).expanduser().absolute()
     if not path.exists():
         raise McpConfigInvalid(f"MCP server '{server.name}': {kind} path {entry} does not exist on this worker")
-    return path.resolve()
+    path = path.resolve()
+    if _hidden(path, hidden):
+        raise McpConfigInvalid(
+            f"MCP server '{server.name}': {kind} path {entry} is hidden from every sandbox (perdure's home, "
+            "config, stores and keys and what is in them, the worker's home directory itself, `/`)"
+        )
+    return path
 
 
 def start_warnings(servers: Iterable[McpServer]) -> list[str]:
