@@ -272,7 +272,7 @@ async def describe_at_start() -> tuple[bool, str]:
     try:
         bwrap = await ensure_available(Path(tempfile.gettempdir()))
     except SandboxUnavailable as err:
-        return True, f"run_command will refuse every command: {err}"
+        return True, f"run_command will refuse every command and stdio MCP servers will not start: {err}"
     return False, f"shell commands run in a bubblewrap sandbox ({bwrap})"
 
 
