@@ -103,11 +103,15 @@ test-fast: export PERDURE_HYPOTHESIS_PROFILE := fast
 test-fast: $(STAMP) system-packages
 	$(call run_pytest,-m "not process and not slow" -n $(TEST_WORKERS))
 
-# Seeded random worker kills across goals with remote effects (own dev server).
-# The last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T`.
+# Seeded random worker kills across goals with remote effects (own dev server): kills aimed
+# at steps, then kills every 2-5 s and during `perdure start` (testing/timed_soak.py), per seed.
+# Each soak's last line is `soak: kills=K effects=E duplicates=D missing=M completed=C/T lost_attempts=L`.
 SOAK_KILLS ?= 20
+SOAK_TIMED_KILLS ?= 25
+SOAK_SEEDS ?= 1
 soak: $(STAMP) system-packages
-	$(BIN)/python -m tests.soak --kills $(SOAK_KILLS)
+	$(BIN)/python -m tests.soak --kills $(SOAK_KILLS) --seeds $(SOAK_SEEDS)
+	$(BIN)/python -m tests.soak --timed --kills $(SOAK_TIMED_KILLS) --seeds $(SOAK_SEEDS)
 
 bench: $(STAMP) system-packages
 	@test -f bench/run.py || { echo "error: bench/run.py does not exist yet" >&2; exit 1; }

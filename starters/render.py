@@ -152,6 +152,8 @@ def print_status(
     if snap.failed_attempts:
         estimated = f", ${snap.estimated_cost_usd:.4f} of the cost estimated" if snap.estimated_cost_usd else ""
         say(console, f"[dim]{snap.failed_attempts} failed model attempt(s) charged{estimated}[/dim]")
+    if snap.lost_attempts:
+        say(console, f"[dim]{snap.lost_attempts} attempt(s) lost to worker deaths, retried[/dim]")
     for dimension, fraction in snap.budget.items():
         label = BUDGET_LABELS.get(dimension, dimension)
         say(console, f"budget {label:<13} {budget_bar(fraction)} {fraction:>4.0%}{_budget_note(dimension, snap)}")

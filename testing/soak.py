@@ -64,12 +64,21 @@ class SoakReport:
     goals: int = 0
     model_kills: int = 0
     model_extra_requests: int = 0
+    lost_attempts: int = 0
+    model_requests_unexplained: int = 0
+    # The timed soak's counts, from history (testing/timed_soak.py).
+    attempts_cut: int = 0
+    scheduled_again: int = 0
+    kill_kinds: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
+
+    def kinds_text(self) -> str:
+        return ", ".join(f"{count} {kind}" for kind, count in sorted(self.kill_kinds.items()))
 
     def line(self) -> str:
         return (
             f"soak: kills={self.kills} effects={self.effects} duplicates={self.duplicates} "
-            f"missing={self.missing} completed={self.completed}/{self.goals}"
+            f"missing={self.missing} completed={self.completed}/{self.goals} lost_attempts={self.lost_attempts}"
         )
 
 
@@ -129,13 +138,18 @@ def soak_steps(goal: int, rng: random.Random, ledger_url: str) -> list[SoakStep]
 
 
 def soak_plan(steps: list[SoakStep]) -> Plan:
+    return Plan.model_validate({"steps": soak_plan_steps(steps)})
+
+
+def soak_plan_steps(steps: list[SoakStep]) -> list[dict]:
+    """The plan's steps as a plan file has them."""
     plan_steps = []
     for index, step in enumerate(steps):
         body = {"name": step.name, "kind": "llm" if step.kind == "llm" else "tool", **step.step}
         if index:
             body["needs"] = [steps[index - 1].name]  # a chain: one activity in flight at a time
         plan_steps.append(body)
-    return Plan.model_validate({"steps": plan_steps})
+    return plan_steps
 
 
 def choose_fault(rng: random.Random, steps: list[SoakStep], current: int, goal_id: str, workspace: str) -> str | None:
@@ -248,12 +262,15 @@ async def _one_goal(rig, report, rng, root, seed, kills, max_kills_per_goal, mai
     finally:
         if not result_task.done():
             result_task.cancel()
-    _check_goal(report, number, steps, repo, result, mail, ledger, model)
+    check_goal(report, number, steps, repo, result, mail, ledger, model)
     finished = "succeeded" if result and result.outcome == "succeeded" else "NOT completed"
     say(f"goal {number}: {finished}; {report.line()}")
 
 
-def _check_goal(report, number, steps, repo, result, mail, ledger, model) -> None:
+def check_goal(report, number, steps, repo, result, mail, ledger, model) -> None:
+    """Compare what the services, the repository and the model saw with goal `number`'s plan."""
+    if result is not None:
+        report.lost_attempts += result.lost_attempts
     if result is not None and result.outcome == "succeeded":
         report.completed += 1
     elif result is not None:
@@ -294,3 +311,8 @@ def _check_goal(report, number, steps, repo, result, mail, ledger, model) -> Non
         if r["last_message"].startswith("step: summary") and f"summarise goal {number}." in r["last_message"]
     )
     report.model_extra_requests += max(0, calls - 1)
+    lost = result.lost_by_step.get("summary", 0) if result is not None else 0
+    if calls > 1 + lost:
+        # Each attempt sends the request once: one more per attempt lost, never more.
+        report.model_requests_unexplained += calls - 1 - lost
+        report.problems.append(f"goal {number}: the model call was sent {calls} times, {lost} attempt(s) lost")

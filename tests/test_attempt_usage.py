@@ -223,6 +223,23 @@ def test_a_last_attempt_that_died_is_charged_at_the_estimate_with_the_earlier_re
     assert estimate_kind(None, "llm").tokens_p80 > 0
 
 
+def test_attempts_that_died_before_their_first_beat_are_counted_lost_up_to_the_policys_maximum():
+    """An activity out of attempts made its policy's maximum: those after the last beat died
+    before beating (a worker killed within a second of the attempt's start)."""
+    earlier = {"attempt": 1, "outcome": "HTTP 500", "known": True}
+    timeout = TimeoutError(
+        "heartbeat timeout",
+        type=TimeoutType.HEARTBEAT,
+        last_heartbeat_details=[{"attempt": 2, "failed_attempts": [earlier]}],
+    )
+
+    records = attempts_of_failure(activity_error(timeout), attempts=6)
+
+    assert [(r.attempt, r.lost) for r in records] == [(1, False)] + [(n, True) for n in range(2, 7)]
+    # Goals recorded before counted up to the last beat's attempt.
+    assert [r.attempt for r in attempts_of_failure(activity_error(timeout))] == [1, 2]
+
+
 def test_a_lost_background_call_is_charged_once_however_many_attempts_polled_it():
     polled = {"attempt": 4, "handle": "resp_1", "handle_kind": "openai-response", "handle_attempt": 2}
     timeout = TimeoutError("heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[polled])

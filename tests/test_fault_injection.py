@@ -20,6 +20,7 @@ import pytest
 from testing.fakes import MAIL_KEY, MailAPI
 from testing.repo import git, init_repo
 from testing.soak import run_soak
+from testing.timed_soak import run_timed_soak
 from tests.builders import spec
 from tests.helpers import activity_outcomes
 from workflows.contracts import Activities
@@ -175,3 +176,16 @@ async def test_reduced_soak(env, tmp_path):
     assert report.model_extra_requests <= report.model_kills  # an interrupted call is made at most once more
     assert report.effects >= 10 * report.goals
     assert time.monotonic() - started < 120
+
+
+async def test_reduced_timed_soak(env, tmp_path):
+    """A goal started with `perdure start` right after a kill, its workers killed every 2-5 s;
+    `make soak` runs the full count over several seeds."""
+    started = time.monotonic()
+    report = await run_timed_soak(env.client, tmp_path, kills=3, seed=11, goals=1)
+    print(report.line(), report.kinds_text())
+    assert report.kills == 3 and report.kill_kinds["start"] == 1
+    assert report.problems == []  # the start among them
+    assert (report.duplicates, report.missing, report.completed, report.effects) == (0, 0, 1, 10)
+    assert report.model_requests_unexplained == 0
+    assert time.monotonic() - started < 180

@@ -14,7 +14,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.helpers import run_ids, running_worker, start
-from workflows.goal.patches import BASELINE_PATCH, PARKS_HOLD_VERDICTS_PATCH, UNSUCCESSFUL_GOALS_FAIL_PATCH
+from workflows.goal.patches import (
+    BASELINE_PATCH,
+    PARKS_HOLD_VERDICTS_PATCH,
+    UNSUCCESSFUL_GOALS_FAIL_PATCH,
+    WORKER_LOSS_PATCH,
+)
 
 
 def change_version_upserts(history) -> int:
@@ -62,6 +67,6 @@ async def test_the_first_run_records_one_patch_marker_and_the_runs_after_it_none
     assert result.outcome == "succeeded"
     markers = [patch_markers(h) for h in histories]
     # The baseline and each change made after it, then nothing: carried.
-    first = [BASELINE_PATCH, PARKS_HOLD_VERDICTS_PATCH, UNSUCCESSFUL_GOALS_FAIL_PATCH]
+    first = [BASELINE_PATCH, PARKS_HOLD_VERDICTS_PATCH, UNSUCCESSFUL_GOALS_FAIL_PATCH, WORKER_LOSS_PATCH]
     assert len(runs) >= 3 and markers == [first] + [[]] * (len(runs) - 1), markers
     assert [change_version_upserts(h) for h in histories] == [len(first)] + [0] * (len(runs) - 1)

@@ -620,6 +620,8 @@ class GoalResult(BaseModel):
     own_calls: dict[str, OwnCalls] = Field(
         default_factory=dict, description="Its own model calls (planning, drift checks, ...) by kind: in the totals."
     )
+    lost_attempts: int = Field(default=0, description="Attempts of its calls that died with their worker.")
+    lost_by_step: dict[str, int] = Field(default_factory=dict, description="Those per step.")
 
 
 # --- progress -----------------------------------------------------------------
@@ -728,6 +730,7 @@ class ProgressSnapshot(BaseModel):
     budget: dict[str, float] = Field(default_factory=dict, description="Fraction used per budgeted dimension.")
     active_seconds: float = Field(default=0.0, description="Active time so far (what max_wall_seconds counts).")
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out; charged too.")
+    lost_attempts: int = Field(default=0, description="Attempts that died with their worker, scheduled again.")
     estimated_cost_usd: float = Field(
         default=0.0, description="The part of cost_usd charged at an estimate (attempts whose usage is unknown)."
     )

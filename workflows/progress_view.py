@@ -46,6 +46,7 @@ def progress_snapshot(
         active_seconds=round(active_seconds, 1),
         deadline=state.spec.budget.deadline,
         failed_attempts=state.ledger.failed_attempts,
+        lost_attempts=state.ledger.lost_attempts,
         estimated_cost_usd=state.ledger.estimated_cost_usd,
         tool_calls=state.ledger.tool_calls,
         nodes=[node_view(n) for n in nodes],

@@ -97,6 +97,9 @@ class ModelAttempt(BaseModel):
     outcome: str = Field(description="Why it failed, for a person: 'HTTP 503', 'worker lost', ...")
     # Plain fields rather than a contracts.Usage: workflows.contracts imports this module.
     known: bool = Field(default=False, description="False: cannot be known (charged at the kind's P80, estimated).")
+    lost: bool = Field(
+        default=False, description="It died with its worker (no record of its own): not a failure of the call."
+    )
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     cost_usd: float = Field(default=0.0, ge=0)
@@ -149,7 +152,9 @@ def unaccounted_attempts(details: Any, through: int, *, handle_pays: bool) -> li
             continue
         if isinstance(handle_from, int) and attempt >= handle_from:
             if handle_pays and attempt == handle_from:
-                lost.append(ModelAttempt(attempt=attempt, outcome=f"its background call {info['handle']} was lost"))
+                lost.append(
+                    ModelAttempt(attempt=attempt, outcome=f"its background call {info['handle']} was lost", lost=True)
+                )
             continue
-        lost.append(ModelAttempt(attempt=attempt, outcome="worker lost while the call was in flight"))
+        lost.append(ModelAttempt(attempt=attempt, outcome="worker lost while the call was in flight", lost=True))
     return lost

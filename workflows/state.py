@@ -152,6 +152,12 @@ class Ledger(BaseModel):
     )
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
+    lost_attempts: int = Field(
+        default=0, description="Attempts of its calls that died with their worker (workflows/goal/lost_workers.py)."
+    )
+    lost_by_step: dict[str, int] = Field(
+        default_factory=dict, description="Those per step (calls outside steps under LOST_OUTSIDE_STEPS)."
+    )
     by_kind: dict[str, KindStats] = Field(default_factory=dict)
     own_calls: dict[str, OwnCalls] = Field(
         default_factory=dict,

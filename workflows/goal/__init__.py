@@ -16,6 +16,7 @@ workflow itself:
     spend.py         budget and density gates, estimates, charges, emergency stop
     effect_guard.py  confirmations, uncertain outcomes, compensations, rollback
     tool_runner.py   how one tool call runs (read segments, retries, timeouts)
+    lost_workers.py  whether a call whose attempts dead workers used up runs again
     publisher.py     progress query, UI details, search attributes
     closing.py       outcome, report, result
 

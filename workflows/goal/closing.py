@@ -20,7 +20,7 @@ from workflows.goal.context import GoalContext
 from workflows.goal.memory import GoalMemoryRoom
 from workflows.progress_view import owned_objects
 from workflows.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
-from workflows.state import CompensationRecord, Node, RetiredNode
+from workflows.state import CompensationRecord, Ledger, Node, RetiredNode
 from workflows.statuses import NodeStatus
 
 
@@ -80,6 +80,8 @@ class Closing:
             cost_usd=state.ledger.cost_usd,
             objects=owned_objects(state),
             own_calls=state.ledger.own_calls,
+            lost_attempts=state.ledger.lost_attempts,
+            lost_by_step=dict(state.ledger.lost_by_step),
         )
         state.phase = "failed" if outcome == "failed" else "finished"
         self._publish()
@@ -123,6 +125,7 @@ class Closing:
         notes += [_compensation_note(r) for r in state.compensations]
         notes += [f"{t.what}: {t.text()}" for t in state.timers if t.node is None]  # the park's timers
         notes += self._memory.notes()
+        notes += lost_note(state.ledger)
         return notes
 
 
@@ -132,6 +135,18 @@ def _nothing_succeeded(nodes: list[Node]) -> str:
     counts = Counter(n.status for n in nodes)
     ended = [f"{counts[status]} {status}" for status in get_args(NodeStatus) if counts[status]]
     return f"no step succeeded ({', '.join(ended)})"
+
+
+def lost_note(ledger: Ledger) -> list[str]:
+    """How many attempts died with their worker, per step (workflows/goal/lost_workers.py)."""
+    if not ledger.lost_attempts:
+        return []
+    steps = ", ".join(f"{step}: {count}" for step, count in ledger.lost_by_step.items())
+    return [
+        f"{ledger.lost_attempts} attempt(s) lost to worker deaths ({steps}): retried without counting "
+        "against their calls' retries while the budget allowed (the gate log says when it did not); "
+        "a lost model attempt is charged at its step's estimate, as it may have been billed"
+    ]
 
 
 def _compensation_note(record: CompensationRecord) -> str:

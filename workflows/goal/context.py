@@ -49,6 +49,7 @@ from workflows.goal.patches import (
     VERIFY_QUESTION_PATCH,
     VOID_WAITS_PATCH,
     WAITS_PATCH,
+    WORKER_LOSS_PATCH,
     WRITES_PREPARED_HERE_PATCH,
     patched_here,
 )
@@ -117,6 +118,7 @@ class GoalContext:
         self.runs_bounded_by_nodes = self.dispatches_in_passes = False
         self.bounds_own_calls = False
         self.parks_hold_verdicts = self.unsuccessful_goals_fail = False
+        self.schedules_lost_calls_again = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -167,6 +169,8 @@ class GoalContext:
             self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
         self.parks_hold_verdicts = self._patched(PARKS_HOLD_VERDICTS_PATCH)
         self.unsuccessful_goals_fail = self._patched(UNSUCCESSFUL_GOALS_FAIL_PATCH)
+        # Last: histories recorded before it have the markers above in this order.
+        self.schedules_lost_calls_again = self._patched(WORKER_LOSS_PATCH)
 
     def continue_as_new_due(self) -> bool:
         """The run should end at its next safe point: its history is long (or the server's

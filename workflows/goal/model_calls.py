@@ -9,8 +9,10 @@ read from data in history, so replay charges the same: the successful result's
 `failed_attempts` (workflows/retries.py `with_attempts`); the failing ApplicationError's
 details, when the activity failed for good; or, when its last attempt timed out (the
 worker died), that attempt's last heartbeat details, where attempts that left no record
-are the ones that died with their worker. A record without usage is charged at the
-node kind's P80 estimate, marked estimated (Spend.charge_failed_attempts).
+are the ones that died with their worker (marked `lost`). A record without usage is
+charged at the node kind's P80 estimate, marked estimated (Spend.charge_failed_attempts).
+A call whose attempts dead workers used up is scheduled again while the goal allows,
+with the attempts the model's own failures left it (lost_workers.py).
 
 A call whose resource has a quota and whose slot is later (QuotaWait, activities/quota.py)
 waits here on a durable timer, shown on its node, and runs again with its slot's key; a
@@ -22,6 +24,7 @@ input and a result type in workflows/contracts.py and a call to `ModelCalls.run`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
@@ -32,10 +35,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 from workflows.contracts import ModelContext, Usage
 from workflows.goal.context import GoalContext
 from workflows.goal.inbox import Inbox
+from workflows.goal.lost_workers import LostWorkers, out_of_attempts
 from workflows.goal.spend import Spend
 from workflows.quota import QUOTA_KEY, QUOTA_WAIT, slot_text, waited_seconds, waited_text
 from workflows.retries import (
     MODEL_OPTIONS,
+    MODEL_RETRY,
     ModelAttempt,
     failed_attempts_in,
     unaccounted_attempts,
@@ -59,10 +64,11 @@ UNNODED_KIND = "llm"
 
 
 class ModelCalls:
-    def __init__(self, ctx: GoalContext, inbox: Inbox, spend: Spend) -> None:
+    def __init__(self, ctx: GoalContext, inbox: Inbox, spend: Spend, lost: LostWorkers) -> None:
         self._ctx = ctx
         self._inbox = inbox
         self._spend = spend
+        self._lost = lost
 
     def context(self, boundary: str, node: Node | None = None) -> ModelContext:
         """The context for a model call about to start: pending steers apply here."""
@@ -91,35 +97,54 @@ class ModelCalls:
     ) -> R:
         """One model activity; its usage, and its failed attempts', are charged to the goal
         (and to `node`, or to the kind of the goal's own calls it is, `own`: contracts.OWN_CALL_KINDS)
-        as it returns. An ActivityError (out of retries) propagates once its failed attempts are
-        charged: what it means is the caller's call."""
+        as it returns. An activity that dead workers ran out of attempts is scheduled again while
+        the goal allows (lost_workers.py), with the attempts the model's own failures left it. An
+        ActivityError (out of retries) propagates once its failed attempts are charged: what it
+        means is the caller's call."""
         kind = node.kind if node is not None else UNNODED_KIND
-        try:
-            while True:
-                try:
-                    result = await workflow.execute_activity(
-                        activity, payload, result_type=with_attempts(result_type), summary=summary, **MODEL_OPTIONS
-                    )
-                    break
-                except ActivityError as err:
-                    wait = quota_wait_of(err)
-                    if wait is None:
-                        raise
-                for attempt in failed_attempts_in(wait):
-                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
-                await self._wait_for_quota(wait, node)
-                payload = with_quota_key(payload, str(wait["key"]))
-        except ActivityError as err:
-            # Goals recorded before failed attempts were charged keep their ledger (and the
-            # budget decisions it drove) as it was.
-            if self._ctx.budgets_by_time_and_wrap_up:
-                for attempt in attempts_of_failure(err):
-                    self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
-            raise
-        for attempt in getattr(result, "failed_attempts", []):
-            self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
+        lost_again = self._lost.enabled
+        own_failures = lost = 0
+        while True:
+            options = MODEL_OPTIONS if not lost_again else model_options(own_failures)
+            try:
+                result = await workflow.execute_activity(
+                    activity, payload, result_type=with_attempts(result_type), summary=summary, **options
+                )
+                break
+            except ActivityError as err:
+                wait = quota_wait_of(err)
+                # Goals recorded before failed attempts were charged keep their ledger (and the
+                # budget decisions it drove) as it was.
+                if wait is not None:
+                    attempts = failed_attempts_in(wait)
+                elif self._ctx.budgets_by_time_and_wrap_up:
+                    made = options["retry_policy"].maximum_attempts if lost_again and out_of_attempts(err) else None
+                    attempts = attempts_of_failure(err, made)
+                else:
+                    attempts = []
+                self._charge(attempts, kind, node, own)
+                if wait is not None:
+                    own_failures += sum(1 for a in attempts if not a.lost)
+                    await self._wait_for_quota(wait, node)
+                    payload = with_quota_key(payload, str(wait["key"]))
+                    continue
+                if not lost_again or not out_of_attempts(err) or not any(a.lost for a in attempts):
+                    raise
+                own_failures += sum(1 for a in attempts if not a.lost)
+                lost += sum(1 for a in attempts if a.lost)
+                if own_failures >= MODEL_RETRY.maximum_attempts or not self._lost.again(node, summary, lost):
+                    raise
+        self._charge(getattr(result, "failed_attempts", []), kind, node, own)
         self._spend.charge(result.usage, node, own)
         return result  # type: ignore[return-value]  # a subclass of result_type
+
+    def _charge(self, attempts: list[ModelAttempt], kind: str, node: Node | None, own: str | None) -> None:
+        """Charge failed attempts; those that died with their worker are counted as lost too
+        (lost_workers.py), in goals that schedule such calls again."""
+        for attempt in attempts:
+            self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
+        if self._lost.enabled:
+            self._lost.count(node, sum(1 for a in attempts if a.lost))
 
     async def _wait_for_quota(self, wait: dict, node: Node | None) -> None:
         """Until the call's slot, on a durable timer; the node shows it meanwhile and keeps,
@@ -155,8 +180,10 @@ def with_quota_key(payload: BaseModel, key: str) -> BaseModel:
     return payload.model_copy(update={"context": context.model_copy(update={"quota_key": key})})
 
 
-def attempts_of_failure(err: ActivityError) -> list[ModelAttempt]:
-    """The failed attempts of an activity that failed for good, from what history holds."""
+def attempts_of_failure(err: ActivityError, attempts: int | None = None) -> list[ModelAttempt]:
+    """The failed attempts of an activity that failed for good, from what history holds.
+    `attempts`: how many it made, when known (its retry policy's maximum, reached); else,
+    as goals recorded before counted, up to the attempt of its last beat."""
     cause = err.cause
     if isinstance(cause, ApplicationError):
         return failed_attempts_in(cause.details)
@@ -165,8 +192,16 @@ def attempts_of_failure(err: ActivityError) -> list[ModelAttempt]:
         info = details[0] if details and isinstance(details[0], dict) else {}
         # No heartbeat at all: the one attempt died before its first beat, maybe mid-request.
         through = info.get("attempt") if isinstance(info.get("attempt"), int) else 1
+        # The last attempt may have died before its first beat: the beat is an earlier one's.
+        through = max(through, attempts or 0)
         return failed_attempts_in(info) + unaccounted_attempts(info, through, handle_pays=True)
     return []
+
+
+def model_options(own_failures: int) -> dict:
+    """MODEL_OPTIONS for a call scheduled again: the attempts the model's own failures left it."""
+    remaining = max(1, (MODEL_RETRY.maximum_attempts or 1) - own_failures)
+    return {**MODEL_OPTIONS, "retry_policy": replace(MODEL_RETRY, maximum_attempts=remaining)}
 
 
 def usage_of(attempt: ModelAttempt) -> Usage | None:

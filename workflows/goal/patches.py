@@ -159,6 +159,10 @@ PARKS_HOLD_VERDICTS_PATCH = "parks-hold-budget-verdicts"
 # aborted goal's workflow fails with its result in the failure (it completed), so the Temporal
 # UI's list shows it as not completed (closing.py, workflow.py).
 UNSUCCESSFUL_GOALS_FAIL_PATCH = "unsuccessful-goals-fail"
+# Issue 34, item 4: an activity whose attempts dead workers used up is scheduled again while
+# the goal's budget allows; the model's or tool's own failures keep their limit
+# (workflows/goal/lost_workers.py).
+WORKER_LOSS_PATCH = "worker-loss-scheduled-again"
 
 
 def patched_here(state: GoalState, patch: str) -> bool:

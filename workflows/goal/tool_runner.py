@@ -1,6 +1,7 @@
 """How the goal runs one tool call: where (a local activity in a read segment, or
 an activity with its own checkpoint), with which timeouts and retries, and what
-a write that ran out of attempts becomes (uncertain, never failed), and what a node's
+a write that ran out of attempts becomes (uncertain, never failed; scheduled again when dead
+workers used them up and a second run is harmless, lost_workers.py), and what a node's
 call carries for the workspace's versions: its fencing token (the node's run and the
 workflow task making the call), and for a versioned write the version of each file the
 node, or a step it needs, last read or wrote (from their fingerprints).
@@ -19,11 +20,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import segments
 from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
 from workflows.effects import command_replay
+from workflows.goal.lost_workers import LostWorkers, last_attempt_lost
 from workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
 from workflows.goal.read_batch import ReadBatcher
 from workflows.retries import HEARTBEAT_TIMEOUT, ONCE_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
@@ -58,9 +61,12 @@ class ToolRunner:
         state: GoalState,
         devices: Devices | None = None,
         tools: Callable[[], Mapping[str, ToolSpec]] = lambda: TOOL_SPECS,
+        lost: LostWorkers | None = None,
     ) -> None:
         self._state = state
         self._devices = devices
+        # Calls whose attempts dead workers used up are scheduled again (None: never).
+        self._lost = lost
         # The goal's tool table (GoalContext.tools): the built-in tools and its MCP ones.
         self._tools = tools
         # Local activities started in the current workflow task, and the shared break
@@ -118,15 +124,7 @@ class ToolRunner:
                     )
             else:
                 self._batches.forget_ahead()
-                result = await workflow.execute_activity(
-                    Activities.RUN_TOOL,
-                    self._fenced(tool_input, node),
-                    result_type=ToolResult,
-                    start_to_close_timeout=tool_timeout(tool_input, spec),
-                    heartbeat_timeout=tool_heartbeat(tool_input, spec),
-                    retry_policy=retry,
-                    summary=summary,
-                )
+                result = await self._activity(tool_input, spec, retry, summary, node)
         except ActivityError as err:
             if spec is None or spec.risk not in ("remote-write", "irreversible"):
                 raise
@@ -147,6 +145,35 @@ class ToolRunner:
         if node is not None and result.fingerprints:
             keep_fingerprints(node, result)
         return result
+
+    async def _activity(
+        self, tool_input: ToolInput, spec: ToolSpec | None, retry: RetryPolicy, summary: str, node: Node | None
+    ) -> ToolResult:
+        """The call as an activity with its own checkpoint. One whose last attempt died with
+        its worker is scheduled again, while the goal allows it, when a second run is
+        harmless (lost_workers.py); it gets its whole retry policy again (a tool's attempts
+        leave no record of why each ended), and counts one attempt lost: the last."""
+        lost = 0
+        while True:
+            try:
+                return await workflow.execute_activity(
+                    Activities.RUN_TOOL,
+                    self._fenced(tool_input, node),
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input, spec),
+                    heartbeat_timeout=tool_heartbeat(tool_input, spec),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+            except ActivityError as err:
+                if self._lost is None or not self._lost.enabled or not last_attempt_lost(err):
+                    raise
+                if not runs_again_harmlessly(tool_input, spec):
+                    raise
+                lost += 1
+                self._lost.count(node, 1)
+                if not self._lost.again(node, summary, lost):
+                    raise
 
     def _fenced(self, tool_input: ToolInput, node: Node | None) -> ToolInput:
         """The call as a node makes it in this workflow task: with its fencing token, and for
@@ -265,6 +292,16 @@ def tool_heartbeat(tool_input: ToolInput, spec: ToolSpec | None) -> timedelta:
     if spec is not None and spec.replay == "once" and not _replay_safe_command(tool_input):
         return max(timeout, ONCE_HEARTBEAT)
     return timeout
+
+
+def runs_again_harmlessly(tool_input: ToolInput, spec: ToolSpec | None) -> bool:
+    """A second run of the call, as a new activity (attempt 1 again, no earlier heartbeat),
+    can do no harm: a read or workspace write (`safe`), a write re-sent under its key
+    (`keyed`) or looked up first (`check`), a replay-safe command. Never a `once` tool: its
+    new first attempt would send it again."""
+    if tool_input.tool == "run_command":
+        return _replay_safe_command(tool_input)
+    return spec is not None and spec.replay in ("safe", "keyed", "check")
 
 
 def _replay_safe_command(tool_input: ToolInput) -> bool:

@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.goal.devices import Devices
     from workflows.goal.effect_guard import EffectGuard
     from workflows.goal.inbox import Inbox
+    from workflows.goal.lost_workers import LostWorkers
     from workflows.goal.model_calls import ModelCalls
     from workflows.goal.nodes import NodeDeps, node_runners
     from workflows.goal.pause import Pause
@@ -98,9 +99,10 @@ class GoalWorkflow:
             self._events.on_receipt,
         )
         self._publisher = Publisher(ctx, self._spend, self._events)
-        calls = ModelCalls(ctx, self._inbox, self._spend)
+        lost = LostWorkers(ctx, self._spend)
+        calls = ModelCalls(ctx, self._inbox, self._spend, lost)
         self._devices = Devices(ctx)
-        tools = ToolRunner(state, self._devices, ctx.tools)
+        tools = ToolRunner(state, self._devices, ctx.tools, lost)
         self._guard = EffectGuard(ctx, tools, self._devices)
         runners = node_runners(NodeDeps(ctx, calls, self._guard, tools, self._pause, self._spend))
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
