@@ -50,8 +50,10 @@ FAULT_SHARE = 0.4
 """The share of workers also given a fault point; the timer kills them if it is not reached first."""
 FAULT_TOOLS = ("send_email", "http_request", "git_commit")
 SERVICE_DELAY_S = 0.5
-MODEL_REPLY_S = 2.0
-"""Services answer slowly, so a kill at a random time lands in a call as often as between calls."""
+MODEL_REPLY_S = 4.0
+"""Services answer slowly, so a kill at a random time lands in a call as often as between calls;
+a worker that lives 2-5 s seldom sees the model's reply, so the model step loses attempt after
+attempt (six in a row failed the step before lost attempts were told from failures)."""
 START_TIMEOUT_S = 120
 FINISH_TIMEOUT_S = 300
 """How long the last worker has to finish every goal once the kills are made."""

@@ -62,7 +62,8 @@ async def _main(kills: int, seeds: list[int], timed: bool) -> int:
         f"lost attempt; wall {time.monotonic() - started:.0f}s"
     )
     cut = cut_text(total) if timed else ""
-    say(f"all {len(reports)} run(s), seeds {','.join(str(s) for s in seeds)}: kills by kind {total.kinds_text()}{cut}")
+    kinds = total.kinds_text() or "at chosen steps"
+    say(f"all {len(reports)} run(s), seeds {','.join(str(s) for s in seeds)}: kills by kind: {kinds}{cut}")
     say(total.line())
     return 0 if all(_ok(report, kills, timed) for _, report in reports) else 1
 

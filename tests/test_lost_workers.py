@@ -1,12 +1,22 @@
 """The rules of workflows/goal/lost_workers.py that need no worker: which activity failures
 are a dead worker's, which tool calls may run again as a new activity, and what a model
-call scheduled again is allowed. The goal's behaviour is tests/test_worker_loss.py's."""
+call scheduled again is allowed. The goal's behaviour with real workers killed is tests/test_worker_loss.py's."""
 
 from __future__ import annotations
 
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
+import asyncio
 
-from workflows.contracts import ToolInput
+import pytest
+from temporalio import activity
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
+from temporalio.worker import Worker
+
+from activities.report import ReportActivities
+from tests.builders import llm, spec
+from tests.helpers import run_goal
+from workflows.contracts import Activities, Budget, GenerateInput, GenerateResult, ToolInput
+from workflows.estimates import KIND_DEFAULTS
+from workflows.goal import GoalWorkflow
 from workflows.goal.lost_workers import last_attempt_lost
 from workflows.goal.model_calls import model_options
 from workflows.goal.tool_runner import runs_again_harmlessly
@@ -67,3 +77,36 @@ def test_a_model_call_scheduled_again_keeps_the_attempts_its_own_failures_left()
     assert {k: v for k, v in model_options(2).items() if k != "retry_policy"} == {
         k: v for k, v in MODEL_OPTIONS.items() if k != "retry_policy"
     }
+
+
+@pytest.mark.slow
+async def test_a_call_whose_lost_attempts_the_budget_cannot_take_is_not_scheduled_again(
+    env, task_queue, store, workspace
+):
+    """A model call whose every attempt times out (a worker that never answers, here one
+    whose activity hangs without a heartbeat) is charged each lost attempt at its kind's P80;
+    once one more attempt would not fit the budget, the step fails, and the gate log says why."""
+    attempts: list[int] = []
+
+    @activity.defn(name=Activities.GENERATE)
+    async def generate(payload: GenerateInput) -> GenerateResult:
+        attempts.append(activity.info().attempt)
+        await asyncio.sleep(60)  # no heartbeat: the server judges the worker dead
+        raise AssertionError("never reached")
+
+    activities = [generate, ReportActivities(store).write_report]
+    p80 = KIND_DEFAULTS["llm"].tokens_p80
+    maximum = MODEL_RETRY.maximum_attempts
+    # Room for the step and its first activity's lost attempts, not for one more.
+    limit = Budget(max_tokens=maximum * p80 + p80 // 2)
+    goal_spec = spec(workspace, plan={"steps": [llm("summary")]}, budget=limit, drift_every=0)
+    async with Worker(env.client, task_queue=task_queue, workflows=[GoalWorkflow], activities=activities):
+        handle, result = await asyncio.wait_for(run_goal(env, task_queue, goal_spec), 90)
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert attempts == list(range(1, maximum + 1))  # one activity: not scheduled again
+    assert result.outcome != "succeeded" and result.failed_steps == ["summary"]
+    assert (result.lost_attempts, result.lost_by_step) == (maximum, {"summary": maximum})
+    assert snapshot.failed_attempts == maximum and snapshot.tokens == maximum * p80  # each charged at the P80
+    [entry] = [e for e in snapshot.gate_log if "lost to worker deaths" in e]
+    assert f"{maximum} attempt(s) lost to worker deaths; not again: the budget cannot take one more attempt" in entry

@@ -13,9 +13,10 @@ commands; a `once` tool's lost attempt stays a question for a person). Each lost
 attempt is charged as possibly billed, like any failed attempt.
 
 It is scheduled again while the goal allows it: the goal is not stopping, its step was
-not told to stop, no budget is spent (a wrap-up step may go past it, as the gates let
-it), and the call has lost fewer than LOST_PER_CALL attempts: a call timing out that
-often is more likely stuck on a live worker than unlucky. Every decision is in the gate
+not told to stop, the budget gate would let one more attempt start (its kind's P80
+estimate fits what is left; a wrap-up step may go past the budget, as the gates let it),
+and the call has lost fewer than LOST_PER_CALL attempts: a call timing out that often is
+more likely stuck on a live worker than unlucky. Every decision is in the gate
 log; the ledger counts lost attempts per step, which status, the report and the result show.
 
 Workflow code: decides from what history holds; schedules nothing itself. Goals recorded
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from temporalio.exceptions import ActivityError, RetryState, TimeoutError, TimeoutType
 
+from workflows import budget
 from workflows.goal.context import GoalContext
 from workflows.goal.spend import Spend
 from workflows.state import Node
@@ -65,15 +67,16 @@ class LostWorkers:
         step = node.name if node is not None else LOST_OUTSIDE_STEPS
         ledger.lost_by_step[step] = ledger.lost_by_step.get(step, 0) + lost
 
-    def again(self, node: Node | None, summary: str, lost_in_call: int) -> bool:
-        """Whether a call (`summary`) whose activity dead workers ended, `lost_in_call`
-        attempts lost so far, is scheduled again; the decision goes to the gate log."""
-        refusal = self._refusal(node, lost_in_call)
+    def again(self, node: Node | None, summary: str, lost_in_call: int, kind: str) -> bool:
+        """Whether a call (`summary`, estimated as a node of `kind`) whose activity dead
+        workers ended, `lost_in_call` attempts lost so far, is scheduled again; the decision
+        goes to the gate log."""
+        refusal = self._refusal(node, lost_in_call, kind)
         what = f"{summary}: {lost_in_call} attempt(s) lost to worker deaths"
         self._ctx.log_gate(f"{what}; scheduled again" if refusal is None else f"{what}; not again: {refusal}")
         return refusal is None
 
-    def _refusal(self, node: Node | None, lost_in_call: int) -> str | None:
+    def _refusal(self, node: Node | None, lost_in_call: int, kind: str) -> str | None:
         state = self._ctx.state
         if state.pause.mode == "aborting":
             return "the goal is stopping"
@@ -81,9 +84,17 @@ class LostWorkers:
             return "its step was told to stop"
         if lost_in_call >= LOST_PER_CALL:
             return f"{LOST_PER_CALL} lost is the most a call is given (it may be stuck, not unlucky)"
-        spent = {d: f for d, f in self._spend.fractions().items() if f >= 1.0}
-        if spent and not self._wrap_up(node):
-            return "the budget is spent (" + ", ".join(f"{d} at {f:.0%}" for d, f in spent.items()) + ")"
+        # The gate a step passes to start, for one more attempt: money counted before it is spent.
+        decision = budget.gate(
+            state.spec.budget,
+            self._spend.actual_use(),
+            self._spend.estimate(kind),
+            node_kind=kind,
+            wrap_up=self._wrap_up(node),
+            soft_fraction=state.spec.soft_gate,
+        )
+        if decision.action in ("skip", "wrap_up_only"):
+            return f"the budget cannot take one more attempt: {decision.reason}"
         return None
 
     def _wrap_up(self, node: Node | None) -> bool:

@@ -132,7 +132,7 @@ class ModelCalls:
                     raise
                 own_failures += sum(1 for a in attempts if not a.lost)
                 lost += sum(1 for a in attempts if a.lost)
-                if own_failures >= MODEL_RETRY.maximum_attempts or not self._lost.again(node, summary, lost):
+                if own_failures >= MODEL_RETRY.maximum_attempts or not self._lost.again(node, summary, lost, kind):
                     raise
         self._charge(getattr(result, "failed_attempts", []), kind, node, own)
         self._spend.charge(result.usage, node, own)

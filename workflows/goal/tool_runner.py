@@ -172,7 +172,7 @@ class ToolRunner:
                     raise
                 lost += 1
                 self._lost.count(node, 1)
-                if not self._lost.again(node, summary, lost):
+                if not self._lost.again(node, summary, lost, "tool"):
                     raise
 
     def _fenced(self, tool_input: ToolInput, node: Node | None) -> ToolInput:
