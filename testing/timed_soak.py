@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
+from starters import goals
 from testing.crash import PERDURE, CrashRig, WorkerProcess
 from testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from testing.repo import init_repo
@@ -252,7 +253,7 @@ async def _finish(rig: CrashRig, plans: list[SoakGoal], report: SoakReport) -> N
     for goal in plans:
         handle: WorkflowHandle = rig.client.get_workflow_handle(goal.goal_id, result_type=GoalResult)
         try:
-            goal.result = await asyncio.wait_for(handle.result(), max(1.0, deadline - time.monotonic()))
+            goal.result = await asyncio.wait_for(goals.ended(handle), max(1.0, deadline - time.monotonic()))
             cut, ran_out = attempts_cut(await handle.fetch_history())
             report.attempts_cut += cut
             report.scheduled_again += ran_out
@@ -260,5 +261,5 @@ async def _finish(rig: CrashRig, plans: list[SoakGoal], report: SoakReport) -> N
             report.problems.append(f"goal {goal.number}: not finished {FINISH_TIMEOUT_S}s after the last kill")
         except RPCError as err:
             report.problems.append(f"goal {goal.number}: no goal {goal.goal_id} ({err.message}): its start was lost")
-        except WorkflowFailureError as err:
-            report.problems.append(f"goal {goal.number}: the workflow failed: {err.cause or err}")
+        except goals.EndedWithoutResult as err:
+            report.problems.append(f"goal {goal.number}: ended without a result: {err}")

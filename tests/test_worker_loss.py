@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 from temporalio.client import WorkflowHandle
 
+from starters import goals
 from testing.crash import PERDURE, CrashRig
 from testing.fakes import MAIL_KEY, MailAPI
 from tests.builders import spec
@@ -54,7 +55,7 @@ def summary_then_email() -> Plan:
 async def killed_then_finished(rig: CrashRig, handle: WorkflowHandle, fault: str, kills: int) -> GoalResult:
     """`kills` workers in a row die at `fault`, each followed at once by the next (up while
     the server waits out the dead one's heartbeat timeout); then one finishes the goal."""
-    ended = asyncio.create_task(handle.result())
+    ended = asyncio.create_task(goals.ended(handle))
     worker = rig.start_worker(fault=fault)
     for kill in range(1, kills + 1):
         deadline = time.monotonic() + KILL_WITHIN_S
