@@ -243,7 +243,9 @@ async def test_the_goal_list_puts_a_parked_goal_first_and_a_premise_is_narrowed_
         await page.wait_for(f"{premise} !== null")
         await page.evaluate(f"{premise}.querySelector('input').value = 'module_a'")
         await page.evaluate(f"{premise}.querySelector('button').click()")
-        receipt = await page.wait_for("document.querySelector('.narrow-receipt')?.textContent")
+        # The narrow is an update the page's server waits on; under a loaded 2-core CI run it
+        # once took over 30 s to come back (alone: well under a second).
+        receipt = await page.wait_for("document.querySelector('.narrow-receipt')?.textContent", timeout_s=90)
         narrowed = await page.wait_for(f"{premise}?.dataset.value === 'module_a'")
         await page.wait_for("document.getElementById('plan-version').options.length === 2")
         for handle in (older, newer):
