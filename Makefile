@@ -9,7 +9,7 @@ BASE_STAMP := $(VENV)/.installed-base
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install system-packages demo demo-crash test test-fast soak bench bench-peers server-start server-stop histories clean distclean
+.PHONY: install system-packages demo demo-crash test test-fast smoke-installed soak bench bench-peers server-start server-stop histories clean distclean
 
 install: $(STAMP) system-packages
 
@@ -102,6 +102,12 @@ test: $(STAMP) system-packages
 test-fast: export PERDURE_HYPOTHESIS_PROFILE := fast
 test-fast: $(STAMP) system-packages
 	$(call run_pytest,-m "not process and not slow" -n $(TEST_WORKERS))
+
+# perdure as a user installs it (tests/smoke_installed.py): the wheel and the sdist built, the
+# wheel installed into a fresh venv outside the checkout, and there the dev server, a worker, a
+# device, a goal with every node kind, `perdure ui` and `perdure mcp`. About 40 s; .ci/run runs it.
+smoke-installed: $(STAMP)
+	$(BIN)/python tests/smoke_installed.py
 
 # Seeded random worker kills across goals with remote effects (own dev server): kills aimed
 # at steps, then kills every 2-5 s and during `perdure start` (testing/timed_soak.py), per seed.
