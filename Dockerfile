@@ -1,5 +1,13 @@
 # The perdure orchestrator worker for docker-compose.yml (`perdure worker`).
 # Stateless: goal state lives in Temporal, artifacts on the volume at /data.
+
+# Stage 1 builds perdure's wheel from the build context; the image installs that wheel, so it
+# runs exactly what `make smoke-installed` installs and checks, never the source tree.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY . /src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist /src
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,9 +27,8 @@ RUN useradd --create-home --uid 10001 perdure \
     && mkdir -p /data \
     && chown perdure:perdure /data
 
-WORKDIR /app
-COPY . /app
-RUN pip install /app
+COPY --from=wheel /dist /dist
+RUN pip install /dist/perdure-*.whl && rm -rf /dist
 
 # A new named volume mounted on /data starts with this directory's owner, so
 # the non-root worker can write artifacts there.

@@ -8,12 +8,14 @@ is compared with `workflows/search_attributes.py`.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -161,13 +163,56 @@ def test_dockerfile_installs_perdure_and_runs_the_worker_unprivileged() -> None:
         for line in (ROOT / "Dockerfile").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert lines[0] == "FROM python:3.11-slim"
-    assert any(re.match(r"RUN pip install (\.|/app)$", line) for line in lines)
+    assert [line for line in lines if line.startswith("FROM ")][-1] == "FROM python:3.11-slim"
     users = [line for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("USER root", "USER 0")
     assert lines[-1] == 'CMD ["perdure", "worker"]'
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "temporal-dev/data", ".git"} <= set(ignored)
+
+
+def _docker_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore's patterns leave path (or a folder above it) out of the build context."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatch(prefix, pattern) or (pattern.startswith("**/") and fnmatch.fnmatch(prefix, pattern[3:]))
+        for pattern in patterns
+        for prefix in prefixes
+    )
+
+
+def test_the_image_installs_the_wheel_built_from_a_context_that_holds_every_package() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    # The final stage installs a built wheel (what `make smoke-installed` checks), not the source tree.
+    final = dockerfile.split("\nFROM ")[-1]
+    assert re.search(r"^RUN pip install /dist/perdure-\*\.whl", final, re.M), final
+    assert not re.search(r"^RUN pip install (\.|/app|/src)\b", final, re.M)
+    assert re.search(r"^COPY --from=wheel /dist /dist$", final, re.M)
+    # Every COPY source from the build context exists and .dockerignore keeps it.
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+    sources = [
+        source
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for source in line.split()[1:-1]
+    ]
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert source == "." or not _docker_ignored(source, patterns), source
+    # What the wheel is built from: pyproject.toml, its readme, each package and its package data.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = ["pyproject.toml", project["project"]["readme"]]
+    for include in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        needed += [p.relative_to(ROOT).as_posix() for p in ROOT.glob(include.rstrip("*")) if p.is_dir()]
+    for package, globs in project["tool"]["setuptools"]["package-data"].items():
+        for pattern in globs:
+            needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / package.replace(".", "/")).glob(pattern)]
+    assert len(needed) > 8
+    left_out = [path for path in needed if not (ROOT / path).exists() or _docker_ignored(path, patterns)]
+    assert not left_out, f"the build context leaves out {left_out}"
 
 
 def test_the_worker_image_and_containers_can_run_the_command_sandbox() -> None:
