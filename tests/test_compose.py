@@ -268,6 +268,9 @@ def ci_checkout(tmp_path: Path) -> Path:
     shutil.copy2(ROOT / "Makefile", checkout / "Makefile")
     shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
     (checkout / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    # A stand-in for the installed-wheel smoke (it builds and installs perdure: minutes, checked by itself).
+    (checkout / "tests").mkdir()
+    (checkout / "tests" / "smoke_installed.py").write_text("print('stand-in smoke ran')\n")
     venv = checkout / ".venv"
     venv.mkdir()
     real_venv = Path(sys.prefix)
@@ -302,6 +305,7 @@ def test_ci_run_passes_when_no_tests_are_collected(ci_checkout: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "collected no tests (exit 5)" in result.stdout
     assert "pip install" not in result.stdout  # the stamp was honoured
+    assert result.stdout.rstrip().endswith("stand-in smoke ran")  # after the suite, the installed smoke
 
 
 @pytest.mark.process
@@ -312,6 +316,7 @@ def test_ci_run_fails_when_a_test_fails(ci_checkout: Path) -> None:
     result = run_ci(ci_checkout, failing)
     assert result.returncode != 0
     assert "1 failed" in result.stdout
+    assert "smoke ran" not in result.stdout
 
 
 @pytest.mark.process
