@@ -469,3 +469,18 @@ async def run_ids(handle) -> list[str]:
         if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
             return ids
         ids.append(last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+
+
+def plant_canaries(planted: str, worker_home: Path, perdure_home: Path, payload_store: Path) -> list[Path]:
+    """Files holding `planted` where a process perdure starts must not look: the worker's
+    home, the perdure home and its artifact store, the payload store. Returns their paths."""
+    paths = [
+        worker_home / ".perdure" / "planted",
+        perdure_home / "planted",
+        perdure_home / "artifacts" / "planted",
+        payload_store / f"planted-{uuid.uuid4().hex[:8]}",
+    ]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(planted)
+    return paths

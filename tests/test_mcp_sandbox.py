@@ -31,7 +31,7 @@ from runtime.plugin import PerdurePlugin
 from testing.crash import CrashRig
 from testing.http import PingServer
 from tests.builders import spec
-from tests.helpers import files_text, history_text, perdure_result, perdure_status
+from tests.helpers import files_text, history_text, perdure_result, perdure_status, plant_canaries
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.mcp_tools import McpArgs, McpTool
 
@@ -79,15 +79,7 @@ async def test_a_worker_s_keys_and_files_reach_no_mcp_server_and_so_nothing_the_
     monkeypatch.setenv(KEY_FILE_ENV, str(key_file))
     client = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
     rig = CrashRig(client, tmp_path / "rig")
-    planted_files = [
-        worker_home / ".perdure" / "planted",
-        rig.home / "planted",
-        rig.home / "artifacts" / "planted",
-        payload_store / f"planted-{uuid.uuid4().hex[:8]}",
-    ]
-    for path in planted_files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(planted)
+    planted_files = plant_canaries(planted, worker_home, rig.home, payload_store)
     rig.config.write_text(probe_table("probe") + f"# {planted}\n")
     routes = {
         "environ": "cat /proc/*/environ | tr '\\0' '\\n'",

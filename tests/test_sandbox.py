@@ -31,7 +31,15 @@ from activities.tools import ToolActivities
 from testing.crash import write_model_config
 from testing.http import PingServer
 from tests.builders import agent, spec
-from tests.helpers import files_text, history_text, perdure_result, perdure_status, running_worker, start
+from tests.helpers import (
+    files_text,
+    history_text,
+    perdure_result,
+    perdure_status,
+    plant_canaries,
+    running_worker,
+    start,
+)
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
 from workflows.contracts import ToolInput, ToolResult
 
@@ -298,15 +306,7 @@ async def test_a_worker_s_keys_and_files_reach_no_command_and_so_nothing_the_goa
     worker_home = tmp_path / "worker-home"
     monkeypatch.setenv("HOME", str(worker_home))
     rig = crash_rig()
-    planted_files = [
-        worker_home / ".perdure" / "planted",
-        rig.home / "planted",
-        rig.home / "artifacts" / "planted",
-        payload_store / f"planted-{uuid.uuid4().hex[:8]}",
-    ]
-    for path in planted_files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(planted)
+    planted_files = plant_canaries(planted, worker_home, rig.home, payload_store)
     routes = {
         "every environ": "cat /proc/*/environ | tr '\\0' '\\n'",
         # Failing with the keys first: a failed command's output tail is in its error, which
