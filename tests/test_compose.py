@@ -286,7 +286,10 @@ def ci_checkout(tmp_path: Path) -> Path:
 
 def run_ci(checkout: Path, tests: Path) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "PYTEST_ARGS": f"-p no:cacheprovider {tests}"}
-    environment.pop("MAKEFLAGS", None)
+    # Run as from a shell, not as a make inside `make test`: a nested make (MAKELEVEL set) prints
+    # "Entering/Leaving directory" around its output, which hid the smoke's last line in CI.
+    for inherited in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):
+        environment.pop(inherited, None)
     return subprocess.run(
         [str(checkout / ".ci" / "run")], cwd=tests, env=environment, capture_output=True, text=True, timeout=120
     )
