@@ -50,14 +50,14 @@ define ensure_venv
 endef
 
 # Redone whenever pyproject.toml changes (a new dependency or entry point).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(ensure_venv)
 	$(BIN)/python -m pip install -e '.[dev]'
 	@touch $@
 
 # What `make demo` needs: perdure and its runtime dependencies, not the test extras
 # (a venv that already has the dev install has them all).
-$(BASE_STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml setup.py
 	$(ensure_venv)
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else $(BIN)/python -m pip install -e .; fi
 	@touch $@
@@ -68,7 +68,7 @@ demo: $(BASE_STAMP) system-packages
 # A worker SIGKILLed right after the mail API accepted an email; a new worker
 # finishes the goal; the ledgers show each effect once.
 demo-crash: $(STAMP) system-packages
-	$(BIN)/python -m starters.demo_crash
+	$(BIN)/python -m perdure.starters.demo_crash
 
 # pytest exits with 5 when it collects no tests (an empty suite, or a
 # PYTEST_ARGS filter matching nothing). That is not a failure here; make

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runtime.codec import (
+from perdure.runtime.codec import (
     MAGIC,
     DecryptionError,
     Keyring,
@@ -29,10 +29,10 @@ from runtime.codec import (
     seal,
     unseal,
 )
-from runtime.files import write_atomically
-from runtime.settings import perdure_home
-from workflows.canonical import sha256_digest
-from workflows.contracts import ArtifactRef
+from perdure.runtime.files import write_atomically
+from perdure.runtime.settings import perdure_home
+from perdure.workflows.shared.canonical import sha256_digest
+from perdure.workflows.shared.contracts import ArtifactRef
 
 
 class ArtifactMissing(LookupError):

@@ -6,7 +6,7 @@ background beats in between, so a heartbeat timeout notices a killed worker in
 seconds while a slow call is still healthy, and a cancellation reaches the
 activity (the SDK delivers it only through heartbeats). It must not decide
 anything from a heartbeat; reading the previous attempt's details is
-`workflows.effects`' business.
+`perdure.workflows.shared.effects`' business.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from activities.models.config import ModelProfile
+from perdure.activities.models.profiles import ModelProfile
 
 _TRACER = trace.get_tracer("perdure")
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from activities.models.config import ModelConfig, ModelProfile
 from bench.common import (
     Section,
     event_seconds,
@@ -42,9 +41,10 @@ from bench.common import (
     slope_ms,
 )
 from bench.raw import RawAgentInput, RawAgentWorkflow
-from testing.scripted import ScriptedServer
-from workflows.contracts import Activities
-from workflows.tool_specs import TOOL_SPECS
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 KEYS = ("agent_turn_overhead_pct", "raw_agent_turn_overhead_pct")
 PROFILE = "bench-agent"

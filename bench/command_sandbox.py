@@ -1,6 +1,6 @@
 """What the bubblewrap sandbox adds to one shell command (`command_sandbox_ms`).
 
-A `true` command is started and awaited through activities/sandbox.py, REPEATS
+A `true` command is started and awaited through activities/tools/sandbox.py, REPEATS
 times in the sandbox and REPEATS times unsandboxed (PERDURE_UNSANDBOXED_COMMANDS=1),
 alternating so that a busy moment of the machine costs both alike. The figure is
 the median sandboxed run minus the median unsandboxed one: bwrap's own start
@@ -21,11 +21,11 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities import sandbox
-from activities.artifacts import ArtifactStore
-from activities.tools import ToolActivities
 from bench.common import Section, median, parse_options, run_standalone
-from workflows.contracts import ToolInput
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools import sandbox
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.workflows.shared.contracts import ToolInput
 
 KEY = "command_sandbox_ms"
 KEYS = (KEY,)

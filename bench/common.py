@@ -25,17 +25,17 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.artifacts import ArtifactStore
-from activities.model_activities import ModelActivities
-from activities.models.config import ModelConfig
-from activities.tools import ToolActivities
-from runtime.converter import STORE_ENV, THRESHOLD_ENV
-from testing.servers import dev_server_options
-from workers import heap
-from workers.orchestrator import build_worker
-from workflows.contracts import GoalResult, GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.model_activities import ModelActivities
+from perdure.activities.models.profiles import ModelConfig
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.runtime.converter import STORE_ENV, THRESHOLD_ENV
+from perdure.testing.servers import dev_server_options
+from perdure.workers import heap
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

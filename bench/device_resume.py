@@ -1,7 +1,7 @@
 """How soon a step waiting for an offline device starts once the device is back
 (`device_resume_s`).
 
-A perdure worker and the device daemon's own code (`workers.device.run_device`, the
+A perdure worker and the device daemon's own code (`perdure.workers.device.run_device`, the
 same announce, lease and activities `perdure device` runs) in this process. Each
 repeat: the device announces itself and stops, so the registry knows it offline; a
 goal's read step on it waits as `offline`; then the daemon starts again. The figure is
@@ -37,10 +37,10 @@ from bench.common import (
     run_standalone,
 )
 from bench.common import start_goal as start_bench_goal
-from workers.device import run_device
-from workflows.contracts import ProgressSnapshot
-from workflows.device_contracts import DeviceActivities, DeviceListing, RegistryQueries, registry_id
-from workflows.goal import GoalWorkflow
+from perdure.workers.device import run_device
+from perdure.workflows.devices.device_contracts import DeviceActivities, DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import ProgressSnapshot
 
 KEY = "device_resume_s"
 KEYS = (KEY,)

@@ -2,7 +2,7 @@
 
 perdure's own calls are those no step asked for: planning, repairs, re-plans, drift
 checks, verification questions. Each goal here runs on a profile that speaks the real
-OpenAI wire format to the scripted model server (testing/scripted.py), which reports
+OpenAI wire format to the scripted model server (activities/models/scripted.py), which reports
 usage (chars / 4) as the real APIs do; the figures are the goal's own ledger, by kind
 (GoalResult.own_calls), so they count what a provider would have billed.
 
@@ -25,7 +25,6 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from activities.models.config import ModelConfig, ModelProfile, builtin_profiles
 from bench.common import (
     Section,
     goal_spec,
@@ -36,9 +35,10 @@ from bench.common import (
     run_goal,
     run_standalone,
 )
-from starters import demo
-from testing.scripted import ScriptedServer
-from workflows.contracts import GoalResult, GoalSpec
+from perdure.activities.models.profiles import ModelConfig, ModelProfile, builtin_profiles
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.starters import demo
+from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 KEYS = (
     "overhead_token_ratio",

@@ -60,7 +60,7 @@ from bench.common import (
     start_goal,
 )
 from bench.overhead import run_perdure, run_raw
-from testing.crash import CrashRig, open_writer, serve_fifo
+from perdure.testing.crash import CrashRig, open_writer, serve_fifo
 
 PEERS_DIR = ROOT / "bench" / "peers"
 PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"

@@ -1,7 +1,7 @@
 """Many goals on one rate-limited model API wait in one line (`quota_efficiency`).
 
 `goals` goals of `calls` independent llm steps each, all started at once, call one
-profile whose quota (config `[quotas.NAME]`, workflows/quota.py) is the scripted
+profile whose quota (config `[quotas.NAME]`, workflows/quota/quota_workflow.py) is the scripted
 server's own limit: `rpm` requests a minute, past which the server answers 429 with
 Retry-After in the OpenAI wire format. Measured: the 429s the server sent, the
 failed model attempts the goals saw (their ledgers), and the run's wall time from
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from activities.models.config import ModelConfig, ModelProfile
 from bench.common import Section, goal_spec, make_workspace, new_id, parse_options, perdure_worker, run_standalone
 from bench.common import start_goal as start_bench_goal
-from testing.scripted import ScriptedServer
-from workflows.goal import GoalWorkflow
-from workflows.quota import STATE_QUERY, QuotaLimits, QuotaState, quota_workflow_id
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.quota.quota_workflow import STATE_QUERY, QuotaLimits, QuotaState, quota_workflow_id
 
 KEY = "quota_efficiency"
 KEYS = (KEY,)
@@ -46,7 +46,7 @@ class QuotaRun:
     waits: list[str]
     span_s: float = 0.0
     # The quota service's reservation keys: a key ending in "/late" is a slot retaken by a
-    # call that came back too late for its own (activities/quota.py).
+    # call that came back too late for its own (activities/quota/quota_admission.py).
     keys: list[str] = field(default_factory=list)
 
     @property

@@ -21,9 +21,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 # The contracts are pure pydantic; passing them through avoids re-importing
-# pydantic in the sandbox for every run, exactly as workflows/goal/workflow.py does.
+# pydantic in the sandbox for every run, exactly as workflows/goal/goal_workflow.py does.
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import (
+    from perdure.workflows.shared.contracts import (
         Activities,
         AgentTurnInput,
         AgentTurnResult,
@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ToolInput,
         ToolResult,
     )
-    from workflows.retries import MODEL_OPTIONS
+    from perdure.workflows.shared.retries import MODEL_OPTIONS
 
 RawMode = Literal["sequential", "local", "concurrent"]
 

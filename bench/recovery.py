@@ -38,9 +38,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench import recovery_command
 from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
-from testing.crash import CrashRig, open_writer, serve_fifo
-from testing.fakes import LedgerAPI
-from testing.scripted import ScriptedServer
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.testing.crash import CrashRig, open_writer, serve_fifo
+from perdure.testing.fakes import LedgerAPI
 
 # Each kind's figure, in the order they are measured; `recovery_s` is the worst.
 KINDS = ("recovery_write_s", "recovery_read_s", "recovery_model_s", recovery_command.KEY)

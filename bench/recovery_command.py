@@ -29,8 +29,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
-from testing.crash import CrashRig, WorkerProcess
-from workflows.contracts import Activities
+from perdure.testing.crash import CrashRig, WorkerProcess
+from perdure.workflows.shared.contracts import Activities
 
 KEY = "recovery_command_s"
 KEYS = (KEY,)

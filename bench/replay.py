@@ -19,9 +19,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from bench.common import ROOT, Section, median, parse_options
-from runtime.plugin import PerdurePlugin
-from workflows.goal import GoalWorkflow
-from workflows.watchdog import WatchdogWorkflow
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
 KEYS = ("replay_s",)
 HISTORIES = ROOT / "tests" / "histories"

@@ -47,12 +47,12 @@ from bench.common import (
     run_chain,
     start_goal,
 )
-from runtime.converter import STORE_ENV, data_converter
-from runtime.plugin import PerdurePlugin
-from workflows.goal import GoalWorkflow
-from workflows.migrations import load_state
-from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
+from perdure.runtime.converter import STORE_ENV, data_converter
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workflows.goal.contracts.migrations import load_state
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
 KEYS = ("nodes_10k_wall_s", "max_events_per_run", "workflow_task_ms_per_node")
 TARGET_NODES = 10_000

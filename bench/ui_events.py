@@ -32,7 +32,6 @@ import httpx
 import uvicorn
 from temporalio.client import Client
 
-from activities.models.config import ModelConfig, ModelProfile
 from bench.common import (
     Section,
     goal_spec,
@@ -45,8 +44,9 @@ from bench.common import (
     run_standalone,
 )
 from bench.common import start_goal as start_bench_goal
-from starters.ui_server import build_app
-from testing.scripted import ScriptedServer
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.starters.ui_server import build_app
 
 KEYS = ("ui_event_latency_ms", "stream_events_per_node", "token_events_per_node")
 MODEL_NODES = 5

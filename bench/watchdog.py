@@ -23,18 +23,18 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.models.config import ModelConfig
 from bench.common import parse_options
-from runtime.plugin import PerdurePlugin
-from workers.orchestrator import build_worker
-from workflows.contracts import GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.messages import Park
-from workflows.search_attributes import ALL_KEYS
-from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput, WatchdogResult
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Park
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalSpec
+from perdure.workflows.shared.search_attributes import ALL_KEYS
+from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogResult
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
 KEY = "watchdog_run_s_100_goals"
 GATE = "while [ ! -f GO ]; do sleep 0.5; done; echo gate open"

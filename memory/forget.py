@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from memory.store import MemoryStore, MemoryStoreError
-from memory.summaries import Summarizer, summarizer_for
-from workflows.memory_contracts import MEMORY_ID, Memory, NewMemory
+from perdure.memory.store import MemoryStore, MemoryStoreError
+from perdure.memory.summaries import Summarizer, summarizer_for
+from perdure.workflows.goal.contracts.memory_contracts import MEMORY_ID, Memory, NewMemory
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.types.json import Jsonb
 
-from memory.store import MemoryStore, MemoryStoreError
-from workflows.memory_contracts import Layer, Memory
+from perdure.memory.store import MemoryStore, MemoryStoreError
+from perdure.workflows.goal.contracts.memory_contracts import Layer, Memory
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS perdure_memories (

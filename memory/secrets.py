@@ -1,7 +1,7 @@
 """What a memory must never hold: a secret. Every text is scrubbed before it is stored.
 
 The worker's own secrets are redacted with the scrubber the effect tools use
-(activities/credentials.py `redact`): the values of the credentials the config file
+(activities/tools/credentials.py `redact`): the values of the credentials the config file
 declares, of the model profiles' key variables and of the payload keys. Shapes that
 are secrets wherever they come from (API keys, tokens, private keys, bearer headers)
 are redacted too, since a tool's output may carry someone else's.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from activities.credentials import REDACTED, declared, redact
+from perdure.activities.tools.credentials import REDACTED, declared, redact
 
 # Secrets shorter than this are not looked for: a short value would redact ordinary words.
 MIN_SECRET_CHARS = 8
@@ -36,7 +36,7 @@ def worker_secrets() -> list[str]:
     except Exception:  # noqa: BLE001 - an unreadable [credentials] table leaves the shapes to catch keys
         pass
     try:
-        from activities.models.config import load_model_config
+        from perdure.activities.models.profiles import load_model_config
 
         names |= {p.api_key_env for p in load_model_config().profiles.values() if p.api_key_env}
     except Exception:  # noqa: BLE001 - an unreadable profile file is the worker's problem, not memory's

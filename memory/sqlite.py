@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from memory.store import MemoryStore, MemoryStoreError
-from workflows.memory_contracts import Layer, Memory
+from perdure.memory.store import MemoryStore, MemoryStoreError
+from perdure.workflows.goal.contracts.memory_contracts import Layer, Memory
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (

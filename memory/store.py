@@ -3,7 +3,7 @@ what every backend does the same way (ids, scrubbing, what may be written, recal
 and the primitives each backend (memory/sqlite.py, memory/postgres.py) implements.
 
 Worker- and CLI-side only: it does I/O. The goal reaches it through the
-`perdure.memory.*` activities (activities/memory_activities.py); `perdure forget` and
+`perdure.memory.*` activities (activities/goal/memory_activities.py); `perdure forget` and
 `perdure memory` open it directly.
 
     PERDURE_MEMORY_URL   postgresql://user:pass@host/db (several hosts share memory), or
@@ -27,9 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from memory.secrets import scrub, worker_secrets
-from runtime import settings
-from workflows.memory_contracts import MAX_TEXT, SHOWN_CHARS, Layer, Memory, NewMemory, Recalled
+from perdure.memory.secrets import scrub, worker_secrets
+from perdure.runtime import settings
+from perdure.workflows.goal.contracts.memory_contracts import MAX_TEXT, SHOWN_CHARS, Layer, Memory, NewMemory, Recalled
 
 URL_ENV = "PERDURE_MEMORY_URL"
 SQLITE_NAME = "memory.sqlite3"
@@ -65,7 +65,7 @@ def open_store(url: str | None = None, *, create: bool = True, home: Path | None
     url = url or store_url(home)
     scheme = urlsplit(url).scheme
     if scheme in ("postgresql", "postgres"):
-        from memory.postgres import PostgresStore
+        from perdure.memory.postgres import PostgresStore
 
         return PostgresStore(url)
     if scheme == "sqlite":
@@ -80,7 +80,7 @@ def open_store(url: str | None = None, *, create: bool = True, home: Path | None
             raise NoMemoryStore(
                 f"no memory store yet at {path} (a worker creates it when a goal first recalls or writes a memory)"
             )
-        from memory.sqlite import SqliteStore
+        from perdure.memory.sqlite import SqliteStore
 
         return SqliteStore(path)
     raise MemoryStoreError(

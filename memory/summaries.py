@@ -9,10 +9,10 @@ import os
 from datetime import datetime
 from typing import Protocol
 
-from activities.models.config import ModelConfig, ModelConfigInvalid, UnknownModelProfile, load_model_config
-from activities.models.providers import ChatMessage, ChatRequest, provider_for
-from memory.store import MemoryStore, MemoryStoreError
-from workflows.memory_contracts import Memory, MemorySource, NewMemory, Scope
+from perdure.activities.models.profiles import ModelConfig, ModelConfigInvalid, UnknownModelProfile, load_model_config
+from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
+from perdure.memory.store import MemoryStore, MemoryStoreError
+from perdure.workflows.goal.contracts.memory_contracts import Memory, MemorySource, NewMemory, Scope
 
 PROFILE_ENV = "PERDURE_MEMORY_PROFILE"
 SUMMARY_MARKER = "PERDURE-MEMORY-SUMMARY"

@@ -16,10 +16,10 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.envconfig import ClientConnectConfig
 
-from runtime import settings
-from runtime.plugin import PerdurePlugin
-from runtime.settings import TemporalConfigError
-from runtime.telemetry import metrics_runtime, tracing_plugins
+from perdure.runtime import settings
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.runtime.settings import TemporalConfigError
+from perdure.runtime.telemetry import metrics_runtime, tracing_plugins
 
 
 class ServerUnavailable(RuntimeError):

@@ -52,10 +52,10 @@ from temporalio.converter import (
     StorageDriverSelectContext,
 )
 
-from runtime.codec import CiphertextPayloadConverter, EncryptionCodec, key_id_of, keyring_from_env
-from runtime.payload_store import DiskPayloadDriver
-from runtime.settings import perdure_home
-from workflows.state import GoalInput, UndecryptedInput
+from perdure.runtime.codec import CiphertextPayloadConverter, EncryptionCodec, key_id_of, keyring_from_env
+from perdure.runtime.payload_store import DiskPayloadDriver
+from perdure.runtime.settings import perdure_home
+from perdure.workflows.goal.contracts.state import GoalInput, UndecryptedInput
 
 STORE_ENV = "PERDURE_PAYLOAD_STORE"
 THRESHOLD_ENV = "PERDURE_PAYLOAD_THRESHOLD_BYTES"

@@ -29,7 +29,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from runtime.files import write_once
+from perdure.runtime.files import write_once
 
 DRIVER_NAME = "perdure.disk"
 """Written into every reference in history: renaming it orphans stored payloads."""

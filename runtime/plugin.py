@@ -26,7 +26,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from runtime.converter import data_converter
+from perdure.runtime.converter import data_converter
 
 PLUGIN_NAME = "perdure"
 
@@ -35,16 +35,16 @@ PLUGIN_NAME = "perdure"
 # imports without `imports_passed_through`) into a fresh sandbox per run so that
 # module-level state cannot leak between runs: for the goal workflow that is
 # ~90 KB more per cached run and, where no bytecode cache is written
-# (PYTHONDONTWRITEBYTECODE), ~10 ms to compile workflows/goal/workflow.py again
+# (PYTHONDONTWRITEBYTECODE), ~10 ms to compile workflows/goal/goal_workflow.py again
 # for every run started or replayed. These modules hold no mutable module state:
-# constants only, and `workflows.retries.with_attempts`, a pure cache of pydantic
+# constants only, and `perdure.workflows.shared.retries.with_attempts`, a pure cache of pydantic
 # classes (tests/test_sandbox_passthrough.py checks a replay of every golden
 # history leaves every module's values as they were). The collaborators were
 # already passed through one import at a time. Runtime restrictions on builtins
 # still apply; determinism is what the golden histories check, and
 # tests/test_workflow_code_sources.py scans these modules for the clock, randomness,
 # the environment and the disk, which the sandbox no longer stops at run time.
-WORKFLOW_MODULES = ("workflows", "workers.capabilities")
+WORKFLOW_MODULES = ("perdure.workflows", "perdure.workers.worker_capabilities")
 
 
 def passing_workflow_modules_through(runner: WorkflowRunner | None) -> WorkflowRunner:

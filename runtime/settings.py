@@ -36,7 +36,7 @@ from urllib.parse import quote
 
 from temporalio.envconfig import ClientConfigProfile
 
-from workflows.contracts import GOAL_WORKFLOW, TASK_QUEUE
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW, TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"

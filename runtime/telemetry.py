@@ -20,7 +20,7 @@ scraped, and must not take a worker's port); `otlp`, pushed to
 `OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL` is `http/protobuf`) every
 `OTEL_METRIC_EXPORT_INTERVAL` ms. Either is a Temporal `Runtime` whose telemetry exports
 (one per process), given to the clients `connect` makes: its workers then export
-Temporal's `temporal_*` metrics and perdure's own `perdure_*` (workflows/metrics.py)
+Temporal's `temporal_*` metrics and perdure's own `perdure_*` (workflows/shared/metrics.py)
 through the same meter. A worker whose Prometheus port is taken runs on without it and
 says so. This module reads the environment; it must not decide what is measured.
 """
@@ -42,7 +42,7 @@ from temporalio.runtime import (
     TelemetryConfig,
 )
 
-from workflows.metrics import HISTOGRAM_BUCKETS
+from perdure.workflows.shared.metrics import HISTOGRAM_BUCKETS
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from activities.models.config import PROVIDER_ENV
+from perdure.activities.models.profiles import PROVIDER_ENV
 
 # How long `perdure ui` may take to answer on its port (its imports take ~2 s on a slow machine).
 UI_READY_S = 15.0

@@ -1,6 +1,6 @@
 """The `perdure` command line: start, watch and inspect goals; run workers and
 the embedded server. User-facing output goes through rich; goal logic stays in
-the workflow and the client helpers in `starters.goals`.
+the workflow and the client helpers in `perdure.starters.goals`.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from rich.markup import escape
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from runtime import settings, telemetry
-from runtime.connect import ServerUnavailable, connect
-from starters import capabilities, deploy_cli, goals, memory_cli, render, router_cli
-from starters import watchdog_cli as wd
-from starters.consoles import cli_console
-from workers import deployment
-from workflows.contracts import DEFAULT_MAX_TOKENS
-from workflows.device_contracts import LEASE_S
-from workflows.plan import describe_validation_error
-from workflows.tool_specs import DEFAULT_TOOLS
+from perdure.runtime import settings, telemetry
+from perdure.runtime.connect import ServerUnavailable, connect
+from perdure.starters import deploy_cli, goals, memory_cli, render, router_cli
+from perdure.starters import start_checks as capabilities
+from perdure.starters import watchdog_cli as wd
+from perdure.starters.consoles import cli_console
+from perdure.workers import deployment
+from perdure.workflows.devices.device_contracts import LEASE_S
+from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.shared.contracts import DEFAULT_MAX_TOKENS
+from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 app = typer.Typer(
     help="perdure: durable AI agents on Temporal.",
@@ -296,7 +297,7 @@ def status(
     """Show a goal's progress snapshot."""
 
     async def _status() -> None:
-        from starters import steering
+        from perdure.starters import steer_client as steering
 
         client = await connect()
         desc = await goals.describe(client, goal_id)
@@ -400,7 +401,7 @@ def history(
             from temporalio.api.history.v1 import History
             from temporalio.client import WorkflowHistory
 
-            from runtime.codec import decode_history
+            from perdure.runtime.codec import decode_history
 
             plain = await decode_history(History(events=hist.events), codec)
             hist = WorkflowHistory(hist.workflow_id, list(plain.events))
@@ -425,7 +426,7 @@ RequestId = Annotated[
 def _send(goal_id: str, message_type: type, request_id: str | None, **fields: Any) -> None:
     from pydantic import ValidationError
 
-    from starters import steering
+    from perdure.starters import steer_client as steering
 
     rid = request_id or steering.new_request_id()
     try:
@@ -469,7 +470,7 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
 @app.command()
 def steer(goal_id: str, text: str, request_id: RequestId = None) -> None:
     """Guide the goal; applied at the next model turn and kept from then on."""
-    from workflows.messages import Steer
+    from perdure.workflows.goal.contracts.messages import Steer
 
     _send(goal_id, Steer, request_id, text=text)
 
@@ -477,7 +478,7 @@ def steer(goal_id: str, text: str, request_id: RequestId = None) -> None:
 @app.command()
 def queue(goal_id: str, text: str, request_id: RequestId = None) -> None:
     """Queue follow-up work, planned when the current work is done."""
-    from workflows.messages import Queue
+    from perdure.workflows.goal.contracts.messages import Queue
 
     _send(goal_id, Queue, request_id, text=text)
 
@@ -491,7 +492,7 @@ def answer(
     request_id: RequestId = None,
 ) -> None:
     """Answer a question the goal asked (see `perdure status`)."""
-    from workflows.messages import Answer
+    from perdure.workflows.goal.contracts.messages import Answer
 
     _send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text)
 
@@ -505,7 +506,7 @@ def approve(
     request_id: RequestId = None,
 ) -> None:
     """Approve (or --reject) what a confirmation question proposes."""
-    from workflows.messages import Approve
+    from perdure.workflows.goal.contracts.messages import Approve
 
     _send(goal_id, Approve, request_id, question_id=question_id, approved=not reject, text=text)
 
@@ -519,7 +520,7 @@ def park(
     request_id: RequestId = None,
 ) -> None:
     """Pause dispatching until resume (or --until); no stall checks while parked."""
-    from workflows.messages import Park
+    from perdure.workflows.goal.contracts.messages import Park
 
     wake = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
     _send(goal_id, Park, request_id, reason=reason, until=wake, expiry_hours=expiry_hours)
@@ -528,7 +529,7 @@ def park(
 @app.command()
 def resume(goal_id: str, request_id: RequestId = None) -> None:
     """Resume a parked goal."""
-    from workflows.messages import Resume
+    from perdure.workflows.goal.contracts.messages import Resume
 
     _send(goal_id, Resume, request_id)
 
@@ -541,7 +542,7 @@ def narrow(
     request_id: RequestId = None,
 ) -> None:
     """Change premises: void the work they invalidate, keep the rest."""
-    from workflows.messages import Narrow
+    from perdure.workflows.goal.contracts.messages import Narrow
 
     _send(goal_id, Narrow, request_id, premises=_key_values(premises), why=why)
 
@@ -582,7 +583,7 @@ def rewind(
     request_id: RequestId = None,
 ) -> None:
     """Void a step and what depends on it, and record why it was wrong."""
-    from workflows.messages import Rewind
+    from perdure.workflows.goal.contracts.messages import Rewind
 
     _send(goal_id, Rewind, request_id, node=node, why=why)
 
@@ -605,7 +606,7 @@ def fork(
 ) -> None:
     """Start a new goal from GOAL's plan that reuses its finished work before NODE and runs NODE on anew.
     GOAL is only read (a worker answers the read, also for a finished goal)."""
-    from starters import fork as forking
+    from perdure.starters import fork as forking
 
     premises = _key_values(set_premise or [])
     gid = new_id or forking.fork_id(goal_id)
@@ -638,7 +639,7 @@ def diff_goals(
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
     """Compare two goals step by step (a goal and its fork): status, output digest, reused or run, tokens, cost."""
-    from starters import fork as forking
+    from perdure.starters import fork as forking
 
     async def _diff() -> None:
         client = await connect()
@@ -664,7 +665,7 @@ def abort(
     request_id: RequestId = None,
 ) -> None:
     """Stop dispatching and finish with the report and the unfinished list."""
-    from workflows.messages import Abort
+    from perdure.workflows.goal.contracts.messages import Abort
 
     _send(goal_id, Abort, request_id, reason=reason, rollback=rollback)
 
@@ -675,7 +676,7 @@ def show_inbox(
     router: Annotated[bool, typer.Option("--router", help="Your router's messages and routing decisions.")] = False,
 ) -> None:
     """Every message sent to a goal and its receipt (with --router: what the router decided, and why)."""
-    from starters import steering
+    from perdure.starters import steer_client as steering
 
     if router:
         return router_cli.show_router(run, connect, console)
@@ -726,10 +727,10 @@ def worker(
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
     the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
-    from activities.mcp.config import load_mcp_servers
-    from activities.mcp.tools import McpServers
-    from workers.deployment import worker_version
-    from workers.orchestrator import configure_logging, run_orchestrator
+    from perdure.activities.mcp.mcp_calls import McpServers
+    from perdure.activities.mcp.mcp_config import load_mcp_servers
+    from perdure.workers.deployment import worker_version
+    from perdure.workers.orchestrator import configure_logging, run_orchestrator
 
     if unversioned and (build_id is not None or no_promote):
         refuse(UserError("--unversioned takes no --build-id or --no-promote"))
@@ -784,9 +785,9 @@ def device(
     It connects out to Temporal as `perdure worker` does (PERDURE_TEMPORAL, a Temporal
     profile, PERDURE_NAMESPACE, PERDURE_TASK_QUEUE of the workers), keeps no goal state,
     and runs until Ctrl-C."""
-    from runtime.connect import connect as connect_client
-    from workers.device import DeviceConfigError, device_config, parse_approval, parse_tools, run_device
-    from workers.orchestrator import configure_logging
+    from perdure.runtime.connect import connect as connect_client
+    from perdure.workers.device import DeviceConfigError, device_config, parse_approval, parse_tools, run_device
+    from perdure.workers.orchestrator import configure_logging
 
     try:
         config = device_config(
@@ -845,7 +846,7 @@ def devices(
     as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False,
 ) -> None:
     """List the devices: online or offline, since when, last seen, tools, running steps."""
-    from starters import devices as listing
+    from perdure.starters import devices_cli as listing
 
     async def _devices() -> None:
         view = await listing.device_views(await connect())
@@ -875,7 +876,7 @@ def ui(
 
     import uvicorn
 
-    from starters.ui_server import build_app
+    from perdure.starters.ui_server import build_app
 
     async def _serve(sock: socket.socket) -> None:
         client = await connect()
@@ -912,7 +913,7 @@ def mcp(
     """Serve perdure to MCP clients (agents, IDEs): start, steer and answer goals, read progress and reports.
 
     Over stdio by default (the client starts `perdure mcp`); with --http PORT, over streamable HTTP."""
-    from starters.mcp_server import build_server
+    from perdure.starters.mcp_server import build_server
 
     server = build_server()
     if http is None:
@@ -955,8 +956,8 @@ def codec_server(
     """Serve Temporal's remote codec protocol (POST /decode, /encode) with the payload keys, for the
     Temporal UI (`--ui-codec-endpoint`) and `temporal --codec-endpoint`. A bearer token is required
     when PERDURE_CODEC_TOKEN is set."""
-    from runtime.codec import KEY_FILE_ENV, KEYS_ENV, keyring_from_env
-    from starters.codec_server import TOKEN_ENV, CodecServer, CodecServerConfig, origin_of, ui_origins
+    from perdure.runtime.codec import KEY_FILE_ENV, KEYS_ENV, keyring_from_env
+    from perdure.starters.codec_server import TOKEN_ENV, CodecServer, CodecServerConfig, origin_of, ui_origins
 
     try:
         keyring = keyring_from_env()
@@ -986,7 +987,7 @@ def codec_server(
 @app.command()
 def demo() -> None:
     """Run the demo goal end to end on the embedded server."""
-    from starters.demo import run_demo
+    from perdure.starters.demo import run_demo
 
     run(lambda: run_demo(console))
 
@@ -1082,7 +1083,7 @@ def server_start(
     ui_port: Annotated[int | None, typer.Option(help="UI port (default: from PERDURE_UI, else 8233).")] = None,
 ) -> None:
     """Start the embedded dev server (reuses a running one)."""
-    from starters import devserver
+    from perdure.starters import devserver
 
     default_port, default_ui_port = settings.dev_server_ports()
     port, ui_port = port or default_port, ui_port or default_ui_port
@@ -1099,8 +1100,8 @@ def server_start(
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the embedded dev server, the demo worker and the demo's `perdure ui` (by pid only)."""
-    from starters import devserver
-    from starters.background import stop_worker
+    from perdure.starters import devserver
+    from perdure.starters.background import stop_worker
 
     if stop_worker(devserver.dev_dir() / "data"):
         console.print("demo worker stopped")
@@ -1112,7 +1113,7 @@ def server_stop() -> None:
 @server_app.command("status")
 def server_status() -> None:
     """Show whether the embedded dev server runs."""
-    from starters import devserver
+    from perdure.starters import devserver
 
     port, ui_port = settings.dev_server_ports()
     status = devserver.dev_server_status(port=port, ui_port=ui_port)

@@ -36,7 +36,7 @@ import structlog
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
-from runtime.codec import DecryptionError, EncryptionCodec, Keyring
+from perdure.runtime.codec import DecryptionError, EncryptionCodec, Keyring
 
 log = structlog.get_logger(__name__)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from activities.models.config import default_provider_from_env
-from runtime import settings
-from runtime.connect import connect
-from starters import devserver, goals, render
-from starters.background import ensure_ui, ensure_worker
-from workflows.contracts import Budget, GoalSpec
+from perdure.activities.models.profiles import default_provider_from_env
+from perdure.runtime import settings
+from perdure.runtime.connect import connect
+from perdure.starters import devserver, goals, render
+from perdure.starters.background import ensure_ui, ensure_worker
+from perdure.workflows.shared.contracts import Budget, GoalSpec
 
 DEMO_GOAL = (
     "Read the project notes in this workspace (notes/ideas.md and notes/todo.md) and write SUMMARY.md "

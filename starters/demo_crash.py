@@ -2,7 +2,7 @@
 every effect exactly once.
 
 Runs on the embedded dev server (started if needed). Serves a mail API and a
-bookkeeping ledger API locally (`testing.fakes`, both honouring
+bookkeeping ledger API locally (`perdure.testing.fakes`, both honouring
 `Idempotency-Key`), starts a goal from a plan that notifies three customers
 and books a credit for each, and runs it on a `perdure worker` subprocess whose
 fault point (PERDURE_FAULT) SIGKILLs it right after the mail API accepted the
@@ -30,15 +30,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from activities.artifacts import default_store
-from runtime import settings
-from runtime.connect import connect
-from starters import devserver, goals
-from testing.fakes import LedgerAPI, MailAPI
-from workflows.contracts import GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.plan import Plan
-from workflows.state import GoalInput
+from perdure.activities.artifacts import default_store
+from perdure.runtime import settings
+from perdure.runtime.connect import connect
+from perdure.starters import devserver, goals
+from perdure.testing.fakes import LedgerAPI, MailAPI
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalSpec
 
 CUSTOMERS = [
     ("ada@example.com", "Ada", 1500),

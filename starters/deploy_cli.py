@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from runtime.connect import connect
-from workers import deployment
+from perdure.runtime.connect import connect
+from perdure.workers import deployment
 
 app = typer.Typer(
     help="Worker versions: which goals run on which build, and which build is current.", no_args_is_help=True
@@ -33,7 +33,7 @@ def _goals(ids: list[str]) -> str:
 @app.command("status")
 def status() -> None:
     """Each version of the deployment, whether it is current, and the open goals on it."""
-    from starters import cli
+    from perdure.starters import cli
 
     async def _status() -> None:
         found = await deployment.status(await connect())
@@ -58,7 +58,7 @@ def promote(
     build_id: Annotated[str, typer.Argument(help="The build id to make current (see `perdure deploy status`).")],
 ) -> None:
     """Make a version current: new goals, and goals at their next run boundary, go to its workers."""
-    from starters import cli
+    from perdure.starters import cli
 
     async def _promote() -> None:
         version = deployment.worker_version(build_id)
@@ -78,7 +78,7 @@ def move(
     The new build replays the goal's current run on its code: safe when that code
     replays the run's history (the golden histories test this; see the README,
     "Changing workflow code safely")."""
-    from starters import cli, goals
+    from perdure.starters import cli, goals
 
     async def _move() -> None:
         client = await connect()

@@ -17,6 +17,7 @@ nothing; the CLI decides what the user sees.
 from __future__ import annotations
 
 import fcntl
+import importlib.resources
 import json
 import os
 import shutil
@@ -33,9 +34,9 @@ from typing import Any, Literal
 
 import yaml
 
-from runtime.files import write_atomically
-from runtime.settings import perdure_home
-from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
+from perdure.runtime.files import write_atomically
+from perdure.runtime.settings import perdure_home
+from perdure.workflows.shared.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
 
 HOST = "127.0.0.1"
 DEFAULT_NAMESPACE = "default"
@@ -46,6 +47,8 @@ LOCK_FILE = "server.lock"
 DYNAMIC_CONFIG_FILE = "dynamic-config.yaml"
 
 _REPO_DEV_DIR = Path(__file__).resolve().parents[1] / "temporal-dev"
+# The dynamic config shipped in the wheel (temporal-dev/ installs as perdure.temporal_dev).
+_SHIPPED_DEV_DIR = Path(str(importlib.resources.files("perdure.temporal_dev")))
 
 # Every client-side CLI call names its server explicitly; the user's Temporal
 # env vars or config profile (TLS, API key, a cloud address) must not leak in.
@@ -133,7 +136,7 @@ def _data_dir(data_dir: Path | str | None) -> Path:
 
 def dynamic_config_path() -> Path | None:
     """The dynamic config file applied to the dev server, if there is one."""
-    for candidate in (dev_dir() / DYNAMIC_CONFIG_FILE, _REPO_DEV_DIR / DYNAMIC_CONFIG_FILE):
+    for candidate in (dev_dir() / DYNAMIC_CONFIG_FILE, _SHIPPED_DEV_DIR / DYNAMIC_CONFIG_FILE):
         if candidate.is_file():
             return candidate
     return None

@@ -2,9 +2,9 @@
 `fork_point` query), build the forked goal's spec from it, say what the fork reuses and
 what it runs anew, and compare two goals step by step.
 
-Talks to Temporal only through queries and the start in `starters.goals`; never sends the
+Talks to Temporal only through queries and the start in `perdure.starters.goals`; never sends the
 original anything, so forking leaves it as it was. What may be reused is decided by the
-goal itself, in workflows/forking.py.
+goal itself, in workflows/goal/rules/forking.py.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from rich.markup import escape
 from temporalio.client import Client, WorkflowQueryFailedError, WorkflowQueryRejectedError
 from temporalio.service import RPCError
 
-from starters import goals
-from starters.capabilities import has_pollers
-from workflows.contracts import ForkOrigin, GoalSpec, ProgressSnapshot
-from workflows.forking import ForkPoint, ForkPointInput
-from workflows.goal import GoalWorkflow
-from workflows.plan import describe_validation_error
+from perdure.starters import goals
+from perdure.starters.start_checks import has_pollers
+from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules.forking import ForkPoint, ForkPointInput
+from perdure.workflows.shared.contracts import ForkOrigin, GoalSpec, ProgressSnapshot
 
 # A healthy worker answers in milliseconds; a finished goal is replayed first (its whole history).
 QUERY_TIMEOUT_S = 10.0

@@ -40,10 +40,20 @@ from temporalio.exceptions import ApplicationError, CancelledError, TerminatedEr
 from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.artifacts import ArtifactMissing, default_store
-from runtime import settings
-from workflows import search_attributes as sa
-from workflows.contracts import (
+from perdure.activities.artifacts import ArtifactMissing, default_store
+from perdure.runtime import settings
+from perdure.workflows.goal.contracts.plan import (
+    AgentStep,
+    Plan,
+    SubgoalStep,
+    ToolStep,
+    describe_validation_error,
+    parse_plan,
+)
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared import search_attributes as sa
+from perdure.workflows.shared.contracts import (
     DEFAULT_MAX_TOKENS,
     GOAL_MEMO,
     GOAL_WORKFLOW,
@@ -53,12 +63,9 @@ from workflows.contracts import (
     ProgressSnapshot,
     goal_memo,
 )
-from workflows.goal import GoalWorkflow
-from workflows.mcp_tools import is_mcp_tool
-from workflows.plan import AgentStep, Plan, SubgoalStep, ToolStep, describe_validation_error, parse_plan
-from workflows.state import GoalInput
-from workflows.statuses import Phase
-from workflows.tool_specs import TOOL_SPECS
+from perdure.workflows.shared.mcp_tools import is_mcp_tool
+from perdure.workflows.shared.statuses import Phase
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 
 class GoalNotFound(LookupError):

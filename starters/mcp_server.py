@@ -34,12 +34,13 @@ from pydantic import BaseModel, Field, ValidationError
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime import settings
-from runtime.connect import ServerUnavailable, connect
-from starters import capabilities, goals, steering
-from starters.start_requests import StartRequest, start_spec
-from workflows.contracts import ProgressSnapshot
-from workflows.messages import (
+from perdure.runtime import settings
+from perdure.runtime.connect import ServerUnavailable, connect
+from perdure.starters import goals
+from perdure.starters import start_checks as capabilities
+from perdure.starters import steer_client as steering
+from perdure.starters.start_requests import StartRequest, start_spec
+from perdure.workflows.goal.contracts.messages import (
     REQUEST_ID,
     Abort,
     Answer,
@@ -53,7 +54,8 @@ from workflows.messages import (
     Rewind,
     Steer,
 )
-from workflows.plan import describe_validation_error
+from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.shared.contracts import ProgressSnapshot
 
 INSTRUCTIONS = (
     "perdure runs long goals durably on Temporal. Start one with start_goal, follow it with goal_status "
@@ -225,7 +227,7 @@ class PerdureMCP(MCPServer):
 
 
 def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> PerdureMCP:
-    """The MCP server over the goals on the configured Temporal (runtime.connect)."""
+    """The MCP server over the goals on the configured Temporal (perdure.runtime.connect)."""
     temporal = _Temporal(connect_to)
     server = PerdureMCP("perdure", instructions=INSTRUCTIONS, log_level="WARNING")
 

@@ -20,12 +20,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from memory.forget import ForgetReport, forget
-from memory.store import MemoryStore, MemoryStoreError, open_store
-from memory.summaries import summarize, summarizer_for
-from workflows.durations import duration_text
-from workflows.memory_contracts import Memory, MemorySource, NewMemory
-from workflows.memory_rules import SHELF_LIFE
+from perdure.memory.forget import ForgetReport, forget
+from perdure.memory.store import MemoryStore, MemoryStoreError, open_store
+from perdure.memory.summaries import summarize, summarizer_for
+from perdure.workflows.goal.contracts.memory_contracts import Memory, MemorySource, NewMemory
+from perdure.workflows.goal.rules.memory_rules import SHELF_LIFE
+from perdure.workflows.shared.durations import duration_text
 
 app = typer.Typer()
 memory_app = typer.Typer(help="The memory store: list, show, add and summarise memories.", no_args_is_help=True)
@@ -36,14 +36,14 @@ TEXT_CHARS = 90
 
 
 def _console():
-    from starters import cli
+    from perdure.starters import cli
 
     return cli.console
 
 
 def _with_store(work: Callable[[MemoryStore], Any], create: bool = False) -> Any:
     """Run `work` on this machine's store; a store problem is the command's one-line error."""
-    from starters import cli
+    from perdure.starters import cli
 
     store = None
     try:
@@ -118,7 +118,7 @@ def list_command(
     all_: Annotated[bool, typer.Option("--all", help="Revoked memories too.")] = False,
 ) -> None:
     """List memories, newest first: id, layer and kind, where it applies, age, source, text."""
-    from starters import cli
+    from perdure.starters import cli
 
     if layer is not None and layer not in LAYERS:
         cli.refuse(ValueError(f"unknown layer '{layer}'; one of {', '.join(LAYERS)}"))
@@ -209,7 +209,7 @@ def add_command(
     days: Annotated[float | None, typer.Option(help="Shelf life in days (default 365).")] = None,
 ) -> None:
     """Remember a note (a semantic memory a person wrote), with its source."""
-    from starters import cli
+    from perdure.starters import cli
 
     if scope not in ("project", "global"):
         cli.refuse(ValueError(f"unknown scope '{scope}'; project or global"))

@@ -19,16 +19,16 @@ from rich.text import Text
 from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError
 
-from runtime import settings
-from starters import goals
-from starters.fork import GoalDiff, StepSide
-from workers.deployment import Pinning
-from workflows import search_attributes as sa
-from workflows.contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
-from workflows.durations import duration_text
-from workflows.messages import InboxView, Receipt
-from workflows.own_calls import own_call_lines
-from workflows.statuses import IN_FLIGHT
+from perdure.runtime import settings
+from perdure.starters import goals
+from perdure.starters.fork import GoalDiff, StepSide
+from perdure.workers.deployment import Pinning
+from perdure.workflows.goal.contracts.messages import InboxView, Receipt
+from perdure.workflows.goal.rules.own_calls import own_call_lines
+from perdure.workflows.shared import search_attributes as sa
+from perdure.workflows.shared.contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
+from perdure.workflows.shared.durations import duration_text
+from perdure.workflows.shared.statuses import IN_FLIGHT
 
 STATUS_STYLE = {
     "succeeded": "green",

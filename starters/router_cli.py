@@ -14,12 +14,12 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime import settings
-from starters import router_client
-from starters.render import say as show
-from starters.steering import new_request_id
-from workflows.memory_rules import CARD_QUESTION, offer_listing
-from workflows.router_contracts import CardAction, KeptMemories, Pick, RouterView, Routing, Say
+from perdure.runtime import settings
+from perdure.starters import router_client
+from perdure.starters.render import say as show
+from perdure.starters.steer_client import new_request_id
+from perdure.workflows.goal.rules.memory_rules import CARD_QUESTION, offer_listing
+from perdure.workflows.router.router_contracts import CardAction, KeptMemories, Pick, RouterView, Routing, Say
 
 
 def _pick(value: str) -> Pick:

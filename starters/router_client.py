@@ -1,4 +1,4 @@
-"""Sending a message to the user's router (workflows/router.py) and reading what it decided.
+"""Sending a message to the user's router (workflows/router/router_workflow.py) and reading what it decided.
 
 The router is started on first use (start with id-conflict policy USE_EXISTING, so two
 first messages at once start one router). A message goes as an update when a worker
@@ -24,9 +24,9 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime import settings
-from workflows.router import RouterWorkflow
-from workflows.router_contracts import RouterHandlers, RouterInput, RouterView, Routing, Say, router_id
+from perdure.runtime import settings
+from perdure.workflows.router.router_contracts import RouterHandlers, RouterInput, RouterView, Routing, Say, router_id
+from perdure.workflows.router.router_workflow import RouterWorkflow
 
 # A running worker takes an update at its next workflow task, well within this; past it
 # no worker is there to take the message. (Whether one polls is no answer: a worker that

@@ -3,7 +3,7 @@ server's `start_goal` tool takes (`StartRequest`), and the spec and goal id `per
 would build from the same options (`start_spec`).
 
 Owns the translation and its refusals only; starting, checking against a worker and
-answering a repeated start are starters/goals.py's and starters/capabilities.py's.
+answering a repeated start are starters/goals.py's and starters/start_checks.py's.
 Client-side only; holds no state.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from starters import goals, render
-from workflows.contracts import GoalSpec
-from workflows.messages import REQUEST_ID
-from workflows.tool_specs import DEFAULT_TOOLS
+from perdure.starters import goals, render
+from perdure.workflows.goal.contracts.messages import REQUEST_ID
+from perdure.workflows.shared.contracts import GoalSpec
+from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 
 class StartRequest(BaseModel):

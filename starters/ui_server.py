@@ -18,7 +18,7 @@ events, and a JSON API for reading goals and sending them messages.
     POST /api/goals/{id}/messages       a steering message, as JSON: {"kind": "steer", "text": ...};
                                         the same messages, request ids and receipts as the CLI
                                         (a request_id is made when the body has none)
-    POST /api/say                       a message to the user's router (workflows/router.py), as JSON:
+    POST /api/say                       a message to the user's router (workflows/router/router_workflow.py), as JSON:
                                         {"text": ...} and optionally `perdure say`'s fields (goal_id,
                                         new, queue, pick, card, workspace, request_id): the decision,
                                         or 202 when no worker answered (routed once one runs)
@@ -28,7 +28,7 @@ events, and a JSON API for reading goals and sending them messages.
                                         cards, inbox, premises with narrow, rewind on a node, the report
 
 Events are read from both of the goal's topics: its own events and the model activities'
-live output (workflows/events.py, EVENTS_TOPIC and TOKENS_TOPIC), in the stream's order.
+live output (workflows/goal/contracts/events.py, EVENTS_TOPIC and TOKENS_TOPIC), in the stream's order.
 
 Events come from the goal's Workflow Stream (workflows/goal/stream.py) through the SDK's
 client, which follows continue-as-new; the server keeps no state of its own, so any
@@ -60,14 +60,16 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime import settings
-from starters import capabilities, goals, router_client, steering
-from starters.start_requests import StartRequest, start_spec
-from workflows import search_attributes as sa
-from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC
-from workflows.messages import parse_message
-from workflows.plan import describe_validation_error
-from workflows.router_contracts import Say
+from perdure.runtime import settings
+from perdure.starters import goals, router_client
+from perdure.starters import start_checks as capabilities
+from perdure.starters import steer_client as steering
+from perdure.starters.start_requests import StartRequest, start_spec
+from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC
+from perdure.workflows.goal.contracts.messages import parse_message
+from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.router.router_contracts import Say
+from perdure.workflows.shared import search_attributes as sa
 
 READ_EVERY = timedelta(milliseconds=100)
 # Idle reads between looks at whether the goal has closed (a goal that ended without an
@@ -140,7 +142,7 @@ async def _json_body(request: Request) -> tuple[Any, JSONResponse | None]:
 
 
 def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
-    """The ASGI app, on a connected client (runtime.connect.connect). Only requests naming
+    """The ASGI app, on a connected client (perdure.runtime.connect.connect). Only requests naming
     one of `hosts` are served (default: this machine's names), so a page elsewhere that
     rebinds a name to 127.0.0.1 cannot read goals through the user's browser."""
 

@@ -29,7 +29,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.watchdog_memory import (
+from perdure.activities.watchdog.watchdog_memory import (
     RuleError,
     change_rules,
     load_memory,
@@ -39,9 +39,9 @@ from activities.watchdog_memory import (
     parse_scope,
     rules_path,
 )
-from runtime import settings
-from workers.watchdog_schedule import schedule_id
-from workflows.watchdog_contracts import (
+from perdure.runtime import settings
+from perdure.workers.watchdog_schedule import schedule_id
+from perdure.workflows.watchdog.watchdog_contracts import (
     Finding,
     Incident,
     RuleBook,
@@ -50,7 +50,7 @@ from workflows.watchdog_contracts import (
     WatchdogResult,
     WatchdogRules,
 )
-from workflows.watchdog_rules import scope_rank, span
+from perdure.workflows.watchdog.watchdog_rules import scope_rank, span
 
 KIND_STYLE = {
     "healthy": "green",
@@ -349,8 +349,8 @@ def add_commands(watchdog_app: typer.Typer, console: Console, err_console: Conso
         profile: Annotated[str | None, typer.Option(help="Model profile (default: the judge_profile rule).")] = None,
     ) -> None:
         """Ask the watchdog about goals; it reads their progress and its history, and may propose a change."""
-        from activities.models.config import load_model_config
-        from runtime.connect import connect
+        from perdure.activities.models.profiles import load_model_config
+        from perdure.runtime.connect import connect
 
         queue = settings.task_queue()
         book, _ = load_rules(rules_path(settings.perdure_home(), queue))
@@ -410,13 +410,13 @@ class AskTools:
         if tool in ("progress", "pending") and goal:
             handle = (await self.client()).get_workflow_handle(goal)
             if tool == "progress":
-                from workflows.goal import GoalWorkflow
+                from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
                 snapshot = await handle.query(GoalWorkflow.progress)
                 return snapshot.model_dump_json(
                     include={"phase", "running", "percent_done", "last_progress_at", "conclusions", "gate_log"}
                 )
-            from activities.visibility import pending_view
+            from perdure.activities.watchdog.watchdog_visibility import pending_view
 
             desc = await handle.describe()
             return json.dumps(
@@ -435,8 +435,8 @@ async def ask_watchdog(
     turns: int = ASK_TURNS,
 ) -> dict | None:
     """The conversation; returns the applied proposal (None when nothing was applied)."""
-    from activities.models.attempts import ModelAttemptState
-    from activities.models.providers import ChatMessage, ChatRequest, provider_for
+    from perdure.activities.models.attempts import ModelAttemptState
+    from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
 
     chosen = config.resolve(profile)
     messages = [ChatMessage(role="system", content=ASK_SYSTEM), ChatMessage(role="user", content=question)]
@@ -502,8 +502,8 @@ async def _offer(console: Console, proposal: dict, tools: AskTools, confirm) -> 
             "applied: " + ("; ".join(f"v{c.version} {c.scope} {c.rule}={_value(c.new)}" for c in made) or "unchanged")
         )
     else:
-        from workflows.goal import GoalWorkflow
-        from workflows.messages import Steer
+        from perdure.workflows.goal.contracts.messages import Steer
+        from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
         text = _nudge_text(proposal)
         rid = "wd-ask-" + hashlib.sha256(f"{where}\n{text}".encode()).hexdigest()[:16]
@@ -524,8 +524,8 @@ def _nudge_text(proposal: dict) -> str:
 
 async def _nudge_refused(goal_id: str, proposal: dict, tools: AskTools) -> str | None:
     """Why a nudge cannot be sent (checked before the maintainer is asked), or None."""
-    from workflows.contracts import GOAL_WORKFLOW
-    from workflows.messages import Steer
+    from perdure.workflows.goal.contracts.messages import Steer
+    from perdure.workflows.shared.contracts import GOAL_WORKFLOW
 
     try:
         Steer(request_id="wd-ask-check", text=_nudge_text(proposal))

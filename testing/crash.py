@@ -36,13 +36,13 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
-from activities.artifacts import ArtifactStore
-from starters import goals
-from testing.fakes import FakeService
-from testing.scripted import ScriptedServer
-from workflows.contracts import GoalResult, GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.starters import goals
+from perdure.testing.fakes import FakeService
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 HOST = socket.gethostname()

@@ -33,8 +33,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from testing.http import BackgroundHTTPServer, JSONHandler, serve_until_interrupted
-from workflows.canonical import digest_of
+from perdure.testing.http import BackgroundHTTPServer, JSONHandler, serve_until_interrupted
+from perdure.workflows.shared.canonical import digest_of
 
 Reply = tuple[int, Any, dict[str, str]]
 

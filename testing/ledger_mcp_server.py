@@ -2,7 +2,7 @@
 every tool call it receives to a ledger file (JSON lines), so a test counts calls where
 they land, not where perdure thinks it sent them.
 
-    python -m testing.ledger_mcp_server --ledger /tmp/ledger.jsonl [--hold /tmp/hold]
+    python -m perdure.testing.ledger_mcp_server --ledger /tmp/ledger.jsonl [--hold /tmp/hold]
 
 Each ledger line: the tool, its arguments, the effect key perdure sent in the request's
 `_meta` (`perdure/effect_key`), the server's pid and a random id of its process (in a

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from testing.http import BackgroundHTTPServer, JSONHandler
+from perdure.testing.http import BackgroundHTTPServer, JSONHandler
 
 SIGNALS = {
     "/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse),

@@ -1,4 +1,4 @@
-"""The web UI's screenshots in docs/: `python -m testing.screenshots` (add `--out DIR` to
+"""The web UI's screenshots in docs/: `python -m perdure.testing.screenshots` (add `--out DIR` to
 write them elsewhere). Not a test, and not run by one: the pictures change only when
 someone means them to.
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from activities.artifacts import ArtifactStore
-from activities.models.config import ModelConfig
-from runtime import converter
-from testing.browser import Browser
-from testing.servers import dev_server_options, free_ports
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import converter
+from perdure.testing.browser import Browser
+from perdure.testing.servers import dev_server_options, free_ports
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 GATE = "while [ ! -f GO ]; do sleep 0.05; done; echo gate open"
@@ -47,8 +47,8 @@ def _steps() -> list[dict]:
 async def _shoot(out: Path) -> list[tuple[Path, int]]:
     from temporalio.testing import WorkflowEnvironment
 
-    from starters.ui_server import build_app
-    from workers.orchestrator import build_worker
+    from perdure.starters.ui_server import build_app
+    from perdure.workers.orchestrator import build_worker
 
     scratch = Path(tempfile.mkdtemp(prefix="perdure-shots-"))
     os.environ["PERDURE_HOME"] = str(scratch)

@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from runtime.plugin import PerdurePlugin
-from starters.devserver import dynamic_config_argv
-from workflows.search_attributes import ALL_KEYS
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters.devserver import dynamic_config_argv
+from perdure.workflows.shared.search_attributes import ALL_KEYS
 
 BIN = Path(sys.executable).parent
 DEV_SERVER_STARTUP = timedelta(seconds=30)

@@ -30,15 +30,15 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from starters import goals
-from testing.crash import CrashRig
-from testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
-from testing.repo import git, init_repo
-from testing.scripted import ScriptedServer
-from workflows.contracts import Activities, GoalSpec
-from workflows.effects import effect_key_for
-from workflows.plan import Plan
-from workflows.tool_specs import TOOL_SPECS
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.starters import goals
+from perdure.testing.crash import CrashRig
+from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
+from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.shared.contracts import Activities, GoalSpec
+from perdure.workflows.shared.effects import effect_key_for
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 EFFECT_POINTS = ("before_effect", "after_effect", "after_receipt")
 MODEL_KILL_AFTER_S = 0.3

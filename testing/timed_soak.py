@@ -35,13 +35,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from starters import goals
-from testing.crash import PERDURE, CrashRig, WorkerProcess
-from testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
-from testing.repo import init_repo
-from testing.scripted import ScriptedServer
-from testing.soak import EFFECT_POINTS, SoakReport, SoakStep, check_goal, soak_plan_steps, soak_steps
-from workflows.contracts import GoalResult
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.starters import goals
+from perdure.testing.crash import PERDURE, CrashRig, WorkerProcess
+from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
+from perdure.testing.repo import init_repo
+from perdure.testing.soak import EFFECT_POINTS, SoakReport, SoakStep, check_goal, soak_plan_steps, soak_steps
+from perdure.workflows.shared.contracts import GoalResult
 
 LIFE_S = (2.0, 5.0)
 """How long a worker lives once it polls, drawn per worker."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities.models.config import ModelProfile
-from testing.scripted import ScriptedServer
-from workflows.contracts import GoalSpec
+from perdure.activities.models.profiles import ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.workflows.shared.contracts import GoalSpec
 
 # --- goals -------------------------------------------------------------------------
 

@@ -23,12 +23,12 @@ import uvicorn
 from hypothesis import settings
 from temporalio.testing import WorkflowEnvironment
 
-from activities.artifacts import ArtifactStore
-from runtime import converter
-from starters.ui_server import build_app
-from testing.crash import CrashRig
-from testing.fakes import FakeService
-from testing.scripted import ScriptedServer
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.runtime import converter
+from perdure.starters.ui_server import build_app
+from perdure.testing.crash import CrashRig
+from perdure.testing.fakes import FakeService
 from tests.device_rig import InProcessDevice
 from tests.helpers import dev_server_options, free_ports
 

@@ -12,9 +12,8 @@ from temporalio.client import WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
-from activities.device_tools import DeviceSessionState, DeviceToolActivities
-from tests.helpers import wait_until
-from workflows.device_contracts import (
+from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities
+from perdure.workflows.devices.device_contracts import (
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,
     DeviceAnnouncement,
@@ -26,6 +25,7 @@ from workflows.device_contracts import (
     device_queue,
     registry_id,
 )
+from tests.helpers import wait_until
 
 
 class InProcessDevice:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 
-from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
+from perdure.workers.workflow_types import ORCHESTRATOR_WORKFLOWS
 
 # A history whose payloads repeat itself is kept gzipped (`NAME.json.gz`).
 HISTORIES = sorted(p for p in (Path(__file__).parent / "histories").iterdir() if p.name.endswith((".json", ".json.gz")))

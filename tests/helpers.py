@@ -32,18 +32,18 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
-from activities.artifacts import ArtifactStore
-from activities.mcp.tools import McpServers
-from activities.models.config import ModelConfig, ModelProfile
-from runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
-from starters import cli, goals
-from testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.mcp.mcp_calls import McpServers
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
+from perdure.starters import cli, goals
+from perdure.testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot, ToolBatchResult
 from tests.builders import scripted_profile, spec
-from workers.orchestrator import build_worker
-from workflows.contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot, ToolBatchResult
-from workflows.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -198,7 +198,7 @@ async def perdure_result(env, goal_id: str, home: Path) -> str:
 
 
 async def submit(handle: WorkflowHandle, message):
-    """Send a steering message (a `workflows.messages` model) by update; returns its receipt."""
+    """Send a steering message (a `perdure.workflows.goal.contracts.messages` model) by update; returns its receipt."""
     return await handle.execute_update(GoalWorkflow.submit, message.model_dump(mode="json"))
 
 

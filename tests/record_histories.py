@@ -26,28 +26,34 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.mcp.config import servers_from
-from activities.mcp.tools import McpServers
-from activities.models.config import ModelConfig
-from runtime.plugin import PerdurePlugin
-from starters import goals
-from testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
-from testing.scripted import ScriptedServer
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.mcp.mcp_calls import McpServers
+from perdure.activities.mcp.mcp_config import servers_from
+from perdure.activities.models.profiles import ModelConfig
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters import goals
+from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
+from perdure.workers.orchestrator import build_worker
+from perdure.workers.worker_capabilities import CapabilitiesInput, CapabilitiesWorkflow
+from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve, Park, Resume, Steer
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.offers.worker_offers import (
+    OFFER_SIGNAL,
+    OFFERS_MEMO,
+    OfferAnnouncement,
+    PublishedOffer,
+    worker_offers_id,
+)
+from perdure.workflows.shared.contracts import Budget, GoalResult
+from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogRules
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests import goldens
 from tests.builders import STEP_REPLY, agent, demo_script, gate, llm, openai_profile, spec, write_notes
 from tests.device_rig import InProcessDevice
 from tests.helpers import command_batches, dev_server_options, statuses, submit, wait_until
-from workers.capabilities import CapabilitiesInput, CapabilitiesWorkflow
-from workers.orchestrator import build_worker
-from workflows.contracts import Budget, GoalResult
-from workflows.device_contracts import DeviceListing, RegistryQueries, registry_id
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Approve, Park, Resume, Steer
-from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput, WatchdogRules
-from workflows.worker_offers import OFFER_SIGNAL, OFFERS_MEMO, OfferAnnouncement, PublishedOffer, worker_offers_id
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -780,9 +786,9 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
     one it is unsure of (asked, then picked), a light request answered; it continues as new
     after three routed messages with the question still open, and the pick lands in the new
     run. Kept: the first run's history and the last's."""
-    from starters import router_client
-    from workflows.router import RouterWorkflow
-    from workflows.router_contracts import Pick, RouterInput, Say, router_id
+    from perdure.starters import router_client
+    from perdure.workflows.router.router_contracts import Pick, RouterInput, Say, router_id
+    from perdure.workflows.router.router_workflow import RouterWorkflow
 
     def choice(target: str, confidence: float = 0.9) -> str:
         return json.dumps({"target": target, "mode": "steer", "confidence": confidence, "reason": "recorded"})
@@ -842,9 +848,9 @@ async def record_router_starts_a_goal(env: WorkflowEnvironment, out: Path) -> No
     """A user's router starts a goal for a message that asks for one (`--new`), and the goal
     ends while the router runs. Recorded before the router's goals carried their text in their
     memo (patch `router-goal-text-memo`): its replay starts the goal without one."""
-    from starters import router_client
-    from workflows.router import RouterWorkflow
-    from workflows.router_contracts import RouterInput, Say, router_id
+    from perdure.starters import router_client
+    from perdure.workflows.router.router_contracts import RouterInput, Say, router_id
+    from perdure.workflows.router.router_workflow import RouterWorkflow
 
     plan = {"steps": [{"name": "look", "kind": "tool", "tool": "list_dir", "args": {}}]}
     async with rig(env, {"replies": [{"when": "PERDURE-PLANNER", "json": plan}]}) as (workspace, task_queue):
@@ -870,8 +876,8 @@ async def record_goal_memory(env: WorkflowEnvironment, out: Path) -> None:
     """A goal using memory: a project memory recalled into a step's input, the step's
     conclusion written and recalled by the next step, the end-of-goal card answered so
     the conclusion is kept for the project."""
-    from memory.store import open_store
-    from workflows.memory_contracts import MemorySource, NewMemory
+    from perdure.memory.store import open_store
+    from perdure.workflows.goal.contracts.memory_contracts import MemorySource, NewMemory
 
     script = {
         "replies": [
@@ -923,9 +929,9 @@ async def record_memory_card_to_router(env: WorkflowEnvironment, out: Path) -> N
     answer promoting it)."""
     from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-    from starters import router_client
-    from workflows.router_contracts import CardAction, RouterHandlers, RouterView, Say, router_id
-    from workflows.search_attributes import OWNER
+    from perdure.starters import router_client
+    from perdure.workflows.router.router_contracts import CardAction, RouterHandlers, RouterView, Say, router_id
+    from perdure.workflows.shared.search_attributes import OWNER
 
     concluded = "CONCLUSION: the build step must run before the tests = true"
     script = {"replies": [{"when": "PERDURE-STEP", "content": concluded}]}
@@ -976,7 +982,14 @@ async def _reserve(env: WorkflowEnvironment, task_queue: str, key: str, limits) 
     from temporalio.client import WithStartWorkflowOperation
     from temporalio.common import WorkflowIDConflictPolicy
 
-    from workflows.quota import QUOTA_WORKFLOW, RESERVE_UPDATE, QuotaRequest, QuotaSlot, QuotaState, quota_workflow_id
+    from perdure.workflows.quota.quota_workflow import (
+        QUOTA_WORKFLOW,
+        RESERVE_UPDATE,
+        QuotaRequest,
+        QuotaSlot,
+        QuotaState,
+        quota_workflow_id,
+    )
 
     start = WithStartWorkflowOperation(
         QUOTA_WORKFLOW,
@@ -996,7 +1009,7 @@ async def _reserve(env: WorkflowEnvironment, task_queue: str, key: str, limits) 
 async def record_quota_slots(env: WorkflowEnvironment, out: Path) -> None:
     """A resource's quota service handing out spaced slots by requests and tokens, one key
     asking twice (the same slot)."""
-    from workflows.quota import QuotaLimits, quota_workflow_id
+    from perdure.workflows.quota.quota_workflow import QuotaLimits, quota_workflow_id
 
     limits = QuotaLimits(requests_per_minute=120, tokens_per_minute=60_000)
     async with rig(env) as (_, task_queue):
@@ -1007,7 +1020,7 @@ async def record_quota_slots(env: WorkflowEnvironment, out: Path) -> None:
 
 async def record_quota_places(env: WorkflowEnvironment, out: Path) -> None:
     """Concurrency places: two held, a third caller queued, a release, the queued one admitted."""
-    from workflows.quota import RELEASE_SIGNAL, QuotaLimits, quota_workflow_id
+    from perdure.workflows.quota.quota_workflow import RELEASE_SIGNAL, QuotaLimits, quota_workflow_id
 
     limits = QuotaLimits(concurrency=2, requests_per_minute=600)
     async with rig(env) as (_, task_queue):
@@ -1046,7 +1059,7 @@ async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
     """A goal using the tools of an MCP server (testing/ledger_mcp_server.py): the catalogue
     listed once, a safe read called directly, then a once write through the effect rules."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["-m", "testing.ledger_mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
+        args = ["-m", "perdure.testing.ledger_mcp_server", "--ledger", str(Path(tmp) / "ledger.jsonl")]
         table = {"command": sys.executable, "args": args, "writable": [tmp]}
         table["tools"] = {"echo": {"risk": "read", "replay": "safe"}}
         servers = McpServers(servers_from({"notes": table}, "recorder"))

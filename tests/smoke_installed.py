@@ -5,7 +5,7 @@ under the offline profile, `perdure ui` and `perdure mcp`. A smoke, not the suit
 smoke-installed` (called by .ci/run after `make test`).
 
 Only the installed `perdure` command and its public HTTP/MCP interfaces are driven, never an
-internal module path, so moving the code into one package does not change this script. Each step
+internal module path (the wheel's contents are checked by name: only `perdure/` and its dist-info). Each step
 prints its name; a failure names the step and exits 1.
 
 Run: .venv/bin/python tests/smoke_installed.py [--keep]
@@ -147,23 +147,26 @@ def plan(device_root: Path) -> dict:
 def smoke(work: Path) -> None:
     wheel, _ = build(work / "dist")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("workflows/goal/__init__.py", "workflows/goal/nodes/__init__.py", "activities/mcp/__init__.py",
-                   "activities/models/scripts/demo.yaml", "starters/ui_assets/index.html"):  # fmt: skip
+    for needed in ("perdure/__init__.py", "perdure/workflows/goal/goal_workflow.py",
+                   "perdure/workflows/goal/nodes/__init__.py", "perdure/activities/mcp/__init__.py",
+                   "perdure/activities/models/scripts/demo.yaml", "perdure/starters/ui_assets/index.html",
+                   "perdure/temporal_dev/dynamic-config.yaml"):  # fmt: skip
         if needed not in names:
             raise SmokeFailed(f"wheel contents: {needed} is missing from {wheel.name}")
-    leaked = sorted({n.split("/")[0] for n in names} & {"tests", "bench", "docs"})
-    if leaked:
-        raise SmokeFailed(f"wheel contents: {leaked} must not be installed")
+    # One installed name: the package and its metadata, nothing else at the top of site-packages.
+    tops = sorted({n.split("/")[0] for n in names} - {"perdure"})
+    if len(tops) != 1 or not (tops[0].startswith("perdure-") and tops[0].endswith(".dist-info")):
+        raise SmokeFailed(f"wheel contents: top-level names other than perdure/: {tops}")
     bin_ = install(wheel, work / "venv")
     outside = work / "cwd"
     outside.mkdir()
     perdure = str(bin_ / "perdure")
 
     step("the installed code is the venv's, not the checkout's")
-    where = run([str(bin_ / "python"), "-c", "import workflows; print(workflows.__file__)"], "import", cwd=outside)
+    where = run([str(bin_ / "python"), "-c", "import perdure.workflows as w; print(w.__file__)"], "import", cwd=outside)
     site = str(work / "venv")
     if not where.stdout.strip().startswith(site) or "site-packages" not in where.stdout:
-        raise SmokeFailed(f"import workflows: {where.stdout.strip()} is not in {site}'s site-packages")
+        raise SmokeFailed(f"import perdure.workflows: {where.stdout.strip()} is not in {site}'s site-packages")
 
     step("perdure --version")
     version = run([perdure, "--version"], "perdure --version", cwd=outside)

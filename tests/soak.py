@@ -23,9 +23,9 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from runtime import converter
-from testing.soak import SoakReport, run_soak
-from testing.timed_soak import run_timed_soak
+from perdure.runtime import converter
+from perdure.testing.soak import SoakReport, run_soak
+from perdure.testing.timed_soak import run_timed_soak
 from tests.helpers import dev_server_options
 
 SUMMED = ("kills", "effects", "duplicates", "missing", "completed", "goals", "model_kills", "model_extra_requests")

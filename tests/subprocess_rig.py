@@ -19,8 +19,8 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
-from runtime import converter
-from starters import devserver
+from perdure.runtime import converter
+from perdure.starters import devserver
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")

@@ -12,15 +12,15 @@ import pytest
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
 from temporalio.testing import ActivityEnvironment
 
-from activities.model_activities import ModelActivities
-from activities.models.config import ModelConfig
+from perdure.activities.models.model_activities import ModelActivities
+from perdure.activities.models.profiles import ModelConfig
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.model_calls import attempts_of_failure, usage_of
+from perdure.workflows.goal.rules.estimates import estimate_kind
+from perdure.workflows.shared.contracts import GenerateInput, ModelContext
 from tests.builders import llm, openai_profile, spec
 from tests.helpers import calls_for, perdure_status, run_goal, running_worker
-from workflows.contracts import GenerateInput, ModelContext
-from workflows.estimates import estimate_kind
-from workflows.goal import GoalWorkflow
-from workflows.goal.model_calls import attempts_of_failure, usage_of
-from workflows.plan import Plan
 
 # Waits on purpose (replies slower than a timeout, background calls polled): not in test-fast.
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from bench.common import max_payload_bytes, next_run_id, slope_ms
 from bench.max_goals import Level, cycle_steps, sample, task_times
 from bench.run import judge
 from bench.scale import predict
-from workflows.plan import Plan
+from perdure.workflows.goal.contracts.plan import Plan
 
 
 def test_slope_cancels_the_fixed_cost():

@@ -1,5 +1,5 @@
 """A goal's runs are bounded by what a worker taking it over must replay inside one
-workflow task (workflows/run_boundary.py): a run ends once more steps settled in it than
+workflow task (workflows/shared/run_boundary.py): a run ends once more steps settled in it than
 its task timeout is sized for (or than `continue_as_new_after_nodes`), and a run whose
 plan outgrew its workflow task timeout ends so the next one starts with a longer timeout."""
 
@@ -11,12 +11,17 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowHandle
 
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalSpec
+from perdure.workflows.shared.run_boundary import (
+    TASK_TIMEOUT_CEILING,
+    TASK_TIMEOUT_FLOOR,
+    goal_task_timeout,
+    steps_per_run,
+)
 from tests.builders import spec
 from tests.helpers import local_activities, new_goal_id, run_goal, run_ids, running_worker
-from workflows.contracts import GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.run_boundary import TASK_TIMEOUT_CEILING, TASK_TIMEOUT_FLOOR, goal_task_timeout, steps_per_run
-from workflows.state import GoalInput
 
 
 def read_chain(workspace: Path, count: int) -> list[dict]:

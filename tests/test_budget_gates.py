@@ -9,6 +9,9 @@ import asyncio
 import pytest
 from temporalio.api.enums.v1 import EventType
 
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Park, Resume
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Activities, Budget
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile
 from tests.helpers import (
     calls_for,
@@ -20,9 +23,6 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from workflows.contracts import Activities, Budget
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Park, Resume
 
 USAGE = {"input_tokens": 500, "output_tokens": 500}
 

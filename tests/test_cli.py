@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from testing.crash import write_model_config
+from perdure.testing.crash import write_model_config
+from perdure.workflows.goal.contracts.state import GoalInput, GoalState
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, SUMMARY_TEXT, chain, demo_script, spec, write_notes
 from tests.helpers import workflow_task_failures
 from tests.subprocess_rig import PERDURE, perdure, worker_process
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput, GoalState
 
 pytestmark = pytest.mark.process
 

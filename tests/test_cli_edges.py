@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.crash import write_model_config
+from perdure.testing.crash import write_model_config
 from tests.builders import spec
 from tests.helpers import run_goal, running_worker
 from tests.subprocess_rig import perdure, user_env, worker_process
@@ -129,7 +129,7 @@ async def test_status_of_a_finished_goal_no_worker_answers_for_shows_what_the_go
 def test_a_commands_spans_are_exported_before_it_exits(env, tmp_path, task_queue):
     """The CLI leaves with os._exit (sdk-python #300): its spans must be sent first, or the
     trace of a goal has no start."""
-    from testing.otlp import OtlpReceiver
+    from perdure.testing.otlp import OtlpReceiver
 
     workspace = tmp_path / "ws"
     workspace.mkdir()

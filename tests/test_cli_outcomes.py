@@ -16,12 +16,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from starters import cli
+from perdure.starters import cli
+from perdure.workflows.goal.contracts.messages import Abort, Steer
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, submit, wait_until
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Steer
-from workflows.state import GoalInput
 
 GATE_THEN_LIST = [gate(), {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["gate"], "args": {}}]
 
@@ -268,9 +268,9 @@ async def test_quoted_text_prints_as_written_brackets_emoji_codes_and_control_ch
 async def test_report_totals_add_up_with_a_row_for_calls_outside_steps(tmp_path):
     from temporalio.testing import ActivityEnvironment
 
-    from activities.artifacts import ArtifactStore
-    from activities.report import ReportActivities
-    from workflows.contracts import ReportInput, StepOutcome
+    from perdure.activities.artifacts import ArtifactStore
+    from perdure.activities.goal.report import ReportActivities
+    from perdure.workflows.shared.contracts import ReportInput, StepOutcome
 
     store = ArtifactStore(tmp_path / "artifacts")
     steps = [StepOutcome(name="write", kind="llm", status="succeeded", tokens=1625, cost_usd=0.002)]
@@ -349,8 +349,8 @@ async def test_a_closed_goal_whose_result_cannot_be_read_here_lists_as_unknown_n
 
     from temporalio.client import WorkflowExecutionStatus
 
-    from runtime.payload_store import PayloadMissing
-    from starters import goals as goal_client
+    from perdure.runtime.payload_store import PayloadMissing
+    from perdure.starters import goals as goal_client
 
     async def unreadable(client, wf):
         raise PayloadMissing("the result's payload is in a store this machine does not see")

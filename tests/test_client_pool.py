@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from activities.client_pool import http_client, pooled
+from perdure.activities.client_pool import http_client, pooled
 
 
 async def test_one_client_per_purpose_in_a_loop():

@@ -35,11 +35,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from typer.testing import CliRunner
 
-from activities.artifacts import ArtifactCorrupt, ArtifactStore
-from activities.models.config import ModelConfig
 from bench.common import payloads_in
-from runtime import converter
-from runtime.codec import (
+from perdure.activities.artifacts import ArtifactCorrupt, ArtifactStore
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import converter
+from perdure.runtime.codec import (
     ENCODING,
     KEY_FILE_ENV,
     KEY_ID_METADATA,
@@ -55,15 +55,15 @@ from runtime.codec import (
     new_key_entry,
     parse_keys,
 )
-from runtime.converter import data_converter
-from runtime.plugin import PerdurePlugin
-from starters import cli, goals
-from starters.codec_server import CodecServer, CodecServerConfig, ui_origins
+from perdure.runtime.converter import data_converter
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters import cli, goals
+from perdure.starters.codec_server import CodecServer, CodecServerConfig, ui_origins
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.shared.contracts import GoalResult
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id
-from workers.orchestrator import build_worker
-from workflows.contracts import GoalResult
 
 
 def fixed_key(key_id: str) -> str:
@@ -571,7 +571,7 @@ def test_compose_runs_encrypted_with_the_ui_decrypting_through_the_codec_server(
 
 
 async def test_a_stuck_goals_failure_reads_as_its_message_with_encryption_on(keys):
-    from starters.goals import failure_message
+    from perdure.starters.goals import failure_message
 
     keys(KEY_A)
     failure = Failure()
@@ -584,8 +584,8 @@ async def test_a_stuck_goals_failure_reads_as_its_message_with_encryption_on(key
 
 
 def test_the_watchdogs_memory_file_is_sealed_and_read_back_with_the_keys(keys, tmp_path: Path):
-    from activities.watchdog_memory import load_memory, memory_path, save_memory
-    from workflows.watchdog_contracts import GoalMemory, WatchdogMemory
+    from perdure.activities.watchdog.watchdog_memory import load_memory, memory_path, save_memory
+    from perdure.workflows.watchdog.watchdog_contracts import GoalMemory, WatchdogMemory
 
     keys(KEY_A)
     path = memory_path(tmp_path, "perdure")

@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.model_activities import agent_tools
-from activities.tools import ToolActivities
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.model_activities import agent_tools
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.workflows.goal.contracts.messages import Answer
+from perdure.workflows.goal.contracts.plan import Plan, parse_plan
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
+from perdure.workflows.shared.effects import command_replay, read_only_command
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
+from perdure.workflows.shared.tool_specs import RunCommandArgs as Args
 from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.helpers import running_worker, start, statuses, submit, wait_until
-from workflows.contracts import ToolInput, ToolResult
-from workflows.effects import command_replay, read_only_command
-from workflows.messages import Answer
-from workflows.plan import Plan, parse_plan
-from workflows.tool_specs import TOOL_SPECS
-from workflows.tool_specs import RunCommandArgs as Args
 
 APPEND = "echo ran >> runs.log; sleep 5"
 """One line per run that happened; the sleep keeps it running until the test kills its worker."""

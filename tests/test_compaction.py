@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.compaction import (
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.compaction import (
     COMPACTED_HEADER,
     ERROR_PREFIX,
     KEEP_LAST_UNITS,
@@ -21,16 +21,16 @@ from activities.compaction import (
     render,
     work_units,
 )
-from activities.model_activities import ModelActivities, agent_tools
-from activities.models.config import ModelConfig
-from activities.models.providers import ChatMessage, ChatToolCall
-from testing.scripted import ScriptedServer, seen_anthropic, seen_openai
+from perdure.activities.models.model_activities import ModelActivities, agent_tools
+from perdure.activities.models.profiles import ModelConfig
+from perdure.activities.models.providers import ChatMessage, ChatToolCall
+from perdure.activities.models.scripted import ScriptedServer, seen_anthropic, seen_openai
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.canonical import sha256_digest
+from perdure.workflows.shared.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
+from perdure.workflows.shared.tool_specs import COMPACTION_TOOL
 from tests.builders import anthropic_profile, openai_profile, spec
 from tests.helpers import run_goal, running_worker
-from workflows.canonical import sha256_digest
-from workflows.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
-from workflows.goal import GoalWorkflow
-from workflows.tool_specs import COMPACTION_TOOL
 
 CONSTRAINT = "Never write outside docs/; keep every file under 200 lines."
 
@@ -386,7 +386,7 @@ async def test_a_turn_over_the_models_context_window_is_compacted_to_fit_whateve
     """A profile whose window holds 9,000 characters of messages beside the reply and the
     tools' schemas: with no threshold of the goal's (None: never), the turns that would not fit
     are compacted to fit, and every request sent fits (issue 34)."""
-    from activities.models import context_window
+    from perdure.activities.models import context_window
 
     fits = 9_000
     tools = context_window.tools_chars(agent_tools(["read_file", "list_dir", COMPACTION_TOOL]))

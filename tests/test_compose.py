@@ -3,11 +3,12 @@ dev-server argv, and the CI entry point's exit codes.
 
 There is no Docker engine here, so compose is parsed, not run. What must agree
 with the code, above all the custom search attributes every server registers,
-is compared with `workflows/search_attributes.py`.
+is compared with `workflows/shared/search_attributes.py`.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import os
@@ -23,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from runtime import converter
-from runtime.payload_store import DiskPayloadDriver
-from starters import devserver
-from workflows.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
+from perdure.runtime import converter
+from perdure.runtime.payload_store import DiskPayloadDriver
+from perdure.starters import devserver
+from perdure.workflows.shared.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -182,6 +183,13 @@ def _docker_ignored(path: str, patterns: list[str]) -> bool:
     )
 
 
+def _setup_roots() -> dict[str, str]:
+    """setup.py's ROOTS: package name -> the repository folder it installs from."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    found = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "ROOTS")
+    return ast.literal_eval(found.value)
+
+
 def test_the_image_installs_the_wheel_built_from_a_context_that_holds_every_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     # The final stage installs a built wheel (what `make smoke-installed` checks), not the source tree.
@@ -202,14 +210,17 @@ def test_the_image_installs_the_wheel_built_from_a_context_that_holds_every_pack
     for source in sources:
         assert (ROOT / source).exists(), source
         assert source == "." or not _docker_ignored(source, patterns), source
-    # What the wheel is built from: pyproject.toml, its readme, each package and its package data.
+    # What the wheel is built from: pyproject.toml, setup.py, the readme, each folder setup.py maps
+    # into the package and the package data pyproject names.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = ["pyproject.toml", project["project"]["readme"]]
-    for include in project["tool"]["setuptools"]["packages"]["find"]["include"]:
-        needed += [p.relative_to(ROOT).as_posix() for p in ROOT.glob(include.rstrip("*")) if p.is_dir()]
+    needed = ["pyproject.toml", "setup.py", project["project"]["readme"]]
+    roots = _setup_roots()
+    needed += list(roots.values())
     for package, globs in project["tool"]["setuptools"]["package-data"].items():
+        root = max((name for name in roots if package == name or package.startswith(name + ".")), key=len)
+        folder = ROOT / roots[root] / package.removeprefix(root).lstrip(".").replace(".", "/")
         for pattern in globs:
-            needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / package.replace(".", "/")).glob(pattern)]
+            needed += [p.relative_to(ROOT).as_posix() for p in folder.glob(pattern)]
     assert len(needed) > 8
     left_out = [path for path in needed if not (ROOT / path).exists() or _docker_ignored(path, patterns)]
     assert not left_out, f"the build context leaves out {left_out}"
@@ -268,6 +279,7 @@ def ci_checkout(tmp_path: Path) -> Path:
     shutil.copy2(ROOT / "Makefile", checkout / "Makefile")
     shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
     (checkout / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup()\n")
     # A stand-in for the installed-wheel smoke (it builds and installs perdure: minutes, checked by itself).
     (checkout / "tests").mkdir()
     (checkout / "tests" / "smoke_installed.py").write_text("print('stand-in smoke ran')\n")
@@ -431,7 +443,7 @@ def test_perdure_s_processes_send_traces_and_metrics_to_the_collector(
 ) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from runtime import telemetry
+    from perdure.runtime import telemetry
 
     assert depends(service)["otel-collector"]["condition"] == "service_started"
     variables = {key: value for key, value in env(service).items() if key.startswith("OTEL_")}

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from testing.fakes import FakeService, Reply
+from perdure.testing.fakes import FakeService, Reply
+from perdure.workflows.goal.contracts.plan import parse_plan
+from perdure.workflows.shared.tool_specs import HttpRequestArgs
 from tests.builders import STEP_REPLY, openai_profile
 from tests.helpers import goal_result, running_worker, start
-from workflows.plan import parse_plan
-from workflows.tool_specs import HttpRequestArgs
 
 CANARY = "canary-7d1c0f9e2b"
 
@@ -113,8 +113,8 @@ async def test_an_error_answer_that_echoes_the_credential_is_redacted(
 def test_an_error_answer_of_a_service_echoing_the_workers_key_is_redacted(monkeypatch):
     import httpx
 
-    from activities.effect_tools import check_status
-    from activities.tool_errors import ToolError
+    from perdure.activities.tools.effect_tools import check_status
+    from perdure.activities.tools.tool_errors import ToolError
 
     monkeypatch.setenv("PERDURE_PAYMENTS_KEY", CANARY)
     echoed = httpx.Response(403, json={"error": f"bad key Bearer {CANARY}"})

@@ -21,7 +21,7 @@ def test_demo_crash_shows_each_effect_once(tmp_path):
     env, _, _ = isolated_demo_env(tmp_path)
     try:
         demo = subprocess.run(
-            [BIN / "python", "-m", "starters.demo_crash"],
+            [BIN / "python", "-m", "perdure.starters.demo_crash"],
             cwd=ROOT,
             env=env,
             capture_output=True,

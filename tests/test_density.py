@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.density import (
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.rules.density import (
     BranchProgress,
     branch_progress,
     branch_roots,
@@ -14,7 +15,6 @@ from workflows.density import (
     fair_share_limit,
     verdict_for_step,
 )
-from workflows.state import Node
 
 NEEDS = {"a": [], "b": [], "c": ["a", "b"], "d": ["c"], "e": ["a"], "f": ["e"]}
 

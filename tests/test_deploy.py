@@ -17,13 +17,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from typer.testing import CliRunner
 
-from activities.models.config import ModelConfig
-from starters.cli import app
+from perdure.activities.models.profiles import ModelConfig
+from perdure.starters.cli import app
+from perdure.workers import deployment
+from perdure.workers.orchestrator import build_worker
 from tests.builders import gate
 from tests.helpers import free_ports, start, statuses, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
-from workers import deployment
-from workers.orchestrator import build_worker
 
 TOOLS = ["run_command", "read_file"]
 

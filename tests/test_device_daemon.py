@@ -35,23 +35,22 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
-from activities import sandbox
-from activities.device_tools import (
+from perdure.activities.devices.device_tools import (
     DeviceSessionState,
     DeviceSuperseded,
     DeviceToolActivities,
     capped_output,
     clear_scratch,
 )
-from runtime.plugin import PerdurePlugin
-from starters import cli
-from starters.devices import DevicesView, DeviceView, device_views, print_devices
-from testing.http import PingServer
-from testing.repo import git, init_repo
-from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process
-from workers import device as daemon
-from workers.device import DeviceConfigError, device_config, parse_approval, parse_tools
-from workflows.device_contracts import (
+from perdure.activities.tools import sandbox
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters import cli
+from perdure.starters.devices_cli import DevicesView, DeviceView, device_views, print_devices
+from perdure.testing.http import PingServer
+from perdure.testing.repo import git, init_repo
+from perdure.workers import device as daemon
+from perdure.workers.device import DeviceConfigError, device_config, parse_approval, parse_tools
+from perdure.workflows.devices.device_contracts import (
     DEVICE_TOOLS,
     MAX_DEVICE_PAYLOAD,
     DeviceActivities,
@@ -65,7 +64,8 @@ from workflows.device_contracts import (
     RunningCall,
     device_queue,
 )
-from workflows.device_registry import DeviceRegistryWorkflow
+from perdure.workflows.devices.device_registry import DeviceRegistryWorkflow
+from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process
 
 needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
 

@@ -16,12 +16,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.device_tools import DeviceSessionState, DeviceToolActivities
-from runtime.plugin import PerdurePlugin
-from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
-from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
-from workers import device as daemon
-from workflows.device_contracts import (
+from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workers import device as daemon
+from perdure.workflows.devices.device_contracts import (
     DeviceActivities,
     DeviceToolInput,
     DeviceToolResult,
@@ -30,9 +28,11 @@ from workflows.device_contracts import (
     device_queue,
     registry_id,
 )
-from workflows.device_registry import DeviceRegistryWorkflow
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Approve
+from perdure.workflows.devices.device_registry import DeviceRegistryWorkflow
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
+from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
 
 
 def timers_started(history) -> int:

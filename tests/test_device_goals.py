@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.device_rig import question_of, registry_says, write_on
 from tests.helpers import goal_result, run_goal, running_worker, start, statuses, submit, wait_until
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Approve
 
 
 @pytest.mark.slow

@@ -19,14 +19,14 @@ import pytest
 import yaml
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
-from activities.artifacts import ArtifactStore
-from testing.repo import git, init_repo
+from perdure.activities.artifacts import ArtifactStore
+from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalResult, GoalSpec, ProgressSnapshot
 from tests.builders import spec
 from tests.helpers import new_goal_id
 from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process
-from workflows.contracts import GoalResult, GoalSpec, ProgressSnapshot
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
 
 pytestmark = pytest.mark.process
 

@@ -27,16 +27,16 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from starters.devserver import (
+from perdure.starters.devserver import (
     DevServerError,
     dev_server_argv,
     dev_server_status,
     start_dev_server,
     stop_dev_server,
 )
+from perdure.workflows.shared.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 from tests.helpers import dev_server_options, free_ports
 from tests.subprocess_rig import kill_raw, registered_attributes, spawn_raw_server
-from workflows.search_attributes import ALL_KEYS, CUSTOM_SEARCH_ATTRIBUTES, GOAL_STATUS
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 

@@ -10,8 +10,13 @@ from collections import Counter
 
 import pytest
 
-from testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
-from testing.repo import git, init_repo
+from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
+from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.shared.effects import effect_key_for
+from perdure.workflows.shared.tool_specs import HttpRequestArgs
 from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
 from tests.helpers import (
     goal_result,
@@ -23,11 +28,6 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from workflows.contracts import Activities
-from workflows.effects import effect_key_for
-from workflows.messages import Abort, Answer, Approve
-from workflows.plan import Plan
-from workflows.tool_specs import HttpRequestArgs
 
 RECIPIENTS = ["ada", "grace", "alan", "edsger", "barbara"]
 

@@ -14,12 +14,12 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.tools import ToolActivities
-from testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
-from testing.repo import git, init_repo
-from workflows.contracts import ToolInput, ToolResult
-from workflows.effects import done_details, intent_details
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
+from perdure.testing.repo import git, init_repo
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
+from perdure.workflows.shared.effects import done_details, intent_details
 
 NOTICE = {"to": "ada@example.com", "subject": "Maintenance", "body": "Down on Saturday."}
 PAYMENT = {"amount_cents": 1250, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 7"}

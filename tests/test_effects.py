@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from activities.artifacts import ArtifactStore
-from activities.tools import ToolActivities
-from workflows.contracts import ArtifactRef, ToolInput
-from workflows.effects import (
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.workflows.shared.contracts import ArtifactRef, ToolInput
+from perdure.workflows.shared.effects import (
     compensation_for,
     decide_retry,
     done_details,
@@ -24,7 +24,7 @@ from workflows.effects import (
     last_heartbeat,
     prepared_in_workflow,
 )
-from workflows.tool_specs import (
+from perdure.workflows.shared.tool_specs import (
     DEFAULT_TOOLS,
     TOOL_SPECS,
     GitCommitArgs,

@@ -13,12 +13,12 @@ import asyncio
 
 import pytest
 
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.workflows.goal.contracts.messages import Abort, Approve, Rewind
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Budget
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
-from workflows.contracts import Budget
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Approve, Rewind
 
 # Waits on purpose (chains across continue-as-new, services slow to answer): not in test-fast.
 pytestmark = pytest.mark.slow

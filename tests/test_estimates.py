@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.estimates import (
+from perdure.workflows.goal.contracts.state import KindStats
+from perdure.workflows.goal.rules.estimates import (
     BLEND_SAMPLES,
     DEFAULT_PRICE_PER_1K_TOKENS_USD,
     KIND_DEFAULTS,
@@ -14,7 +15,6 @@ from workflows.estimates import (
     estimate_kind,
     quantile,
 )
-from workflows.state import KindStats
 
 floats = st.floats(min_value=0, max_value=1e6, allow_nan=False)
 

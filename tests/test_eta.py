@@ -7,8 +7,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.eta import coarse_range_text, estimate_eta
-from workflows.state import KindStats
+from perdure.workflows.goal.contracts.state import KindStats
+from perdure.workflows.goal.rules.eta import coarse_range_text, estimate_eta
 
 UNIT = r"(?:min|h|day|days)"
 COARSE = re.compile(

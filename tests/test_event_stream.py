@@ -10,13 +10,20 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
-from runtime.converter import data_converter
+from perdure.runtime.converter import data_converter
+from perdure.workflows.goal import stream as goal_stream
+from perdure.workflows.goal.contracts.events import (
+    EVENTS_TOPIC,
+    GateDecision,
+    GoalView,
+    NodeChanged,
+    parse_event,
+    reduce,
+)
+from perdure.workflows.goal.contracts.messages import Approve, Steer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import chain, gate, openai_profile
 from tests.helpers import running_worker, start, submit, wait_until
-from workflows.events import EVENTS_TOPIC, GateDecision, GoalView, NodeChanged, parse_event, reduce
-from workflows.goal import GoalWorkflow
-from workflows.goal import stream as goal_stream
-from workflows.messages import Approve, Steer
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 
 AUTH = {"Authorization": "Bearer k"}
 MESSAGE = {"from": "ops@example.com", "to": ["a@example.com"], "subject": "Hi", "text": "hello"}

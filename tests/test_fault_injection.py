@@ -17,14 +17,14 @@ from collections import Counter
 
 import pytest
 
-from testing.fakes import MAIL_KEY, MailAPI
-from testing.repo import git, init_repo
-from testing.soak import run_soak
-from testing.timed_soak import run_timed_soak
+from perdure.testing.fakes import MAIL_KEY, MailAPI
+from perdure.testing.repo import git, init_repo
+from perdure.testing.soak import run_soak
+from perdure.testing.timed_soak import run_timed_soak
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.shared.contracts import Activities
 from tests.builders import spec
 from tests.helpers import activity_outcomes
-from workflows.contracts import Activities
-from workflows.plan import Plan
 
 pytestmark = pytest.mark.process
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from activities.faults import Fault, fault_point, parse_fault
+from perdure.activities.faults import Fault, fault_point, parse_fault
 
 
 def test_parse_fault():
@@ -50,7 +50,7 @@ def test_fault_point_ignores_other_points_and_subjects(monkeypatch):
 
 SCRIPT = """
 import sys
-from activities.faults import fault_point
+from perdure.activities.faults import fault_point
 for i in range(1, 6):
     print(i, flush=True)
     fault_point(sys.argv[1], sys.argv[2], effect_key=sys.argv[3])
@@ -87,7 +87,7 @@ def test_fault_point_aims_at_one_effect_key():
 @pytest.mark.process
 def test_fault_point_with_a_delay_kills_later():
     code = (
-        "import time\nfrom activities.faults import fault_point\n"
+        "import time\nfrom perdure.activities.faults import fault_point\n"
         "fault_point('model_call', 'test')\nprint('in flight', flush=True)\ntime.sleep(10)\nprint('finished')"
     )
     started = time.monotonic()

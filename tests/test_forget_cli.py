@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from starters import cli
+from perdure.starters import cli
 
 SUMMARY_MARK = "PERDURE-MEMORY-SUMMARY"
 

@@ -1,6 +1,6 @@
 """`perdure fork` and `perdure diff` (issue 20, section 2): a fork pays only from its node on.
 
-The fork point is pure (workflows/forking.py) and tested on states built here; the rest runs
+The fork point is pure (workflows/goal/rules/forking.py) and tested on states built here; the rest runs
 the CLI in this process (typer's CliRunner) against the session's dev server, with the
 production worker in this process too, and counts model requests at the scripted server.
 """
@@ -16,15 +16,15 @@ from unittest import mock
 import pytest
 from typer.testing import CliRunner
 
-from starters import cli
+from perdure.starters import cli
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.state import GoalInput, GoalState, Node, PlanVersion, RetiredNode
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules.forking import ForkPointInput, fork_point
+from perdure.workflows.shared.contracts import ArtifactRef, GoalResult
+from perdure.workflows.shared.graph import node_key
 from tests.builders import chain, gate, llm, openai_profile, spec
 from tests.helpers import calls_for, new_goal_id, running_worker, wait_until
-from workflows.contracts import ArtifactRef, GoalResult
-from workflows.forking import ForkPointInput, fork_point
-from workflows.goal import GoalWorkflow
-from workflows.graph import node_key
-from workflows.plan import Plan
-from workflows.state import GoalInput, GoalState, Node, PlanVersion, RetiredNode
 
 STEP_REPLY = {"replies": [{"when": "PERDURE-STEP", "content": "step done"}]}
 

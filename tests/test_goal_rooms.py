@@ -11,12 +11,12 @@ from typing import get_args
 
 import pytest
 
-from workflows.estimates import KIND_DEFAULTS
-from workflows.goal.inbox import LATER_KINDS
-from workflows.goal.nodes import RUNNERS
-from workflows.goal.steering import Steering
-from workflows.messages import UserMessage
-from workflows.plan import NodeKind
+from perdure.workflows.goal.contracts.messages import UserMessage
+from perdure.workflows.goal.contracts.plan import NodeKind
+from perdure.workflows.goal.inbox import LATER_KINDS
+from perdure.workflows.goal.nodes import RUNNERS
+from perdure.workflows.goal.rules.estimates import KIND_DEFAULTS
+from perdure.workflows.goal.steering import Steering
 
 
 def message_kinds() -> set[str]:
@@ -42,9 +42,9 @@ def test_a_node_kind_without_a_runner_stops_the_import():
     # A new step type in the plan with no runner registered: the goal package must not load.
     code = (
         "from typing import Literal\n"
-        "import workflows.plan as plan\n"
+        "import perdure.workflows.goal.contracts.plan as plan\n"
         "plan.NodeKind = Literal['tool', 'llm', 'agent', 'device']\n"
-        "import workflows.goal\n"
+        "import perdure.workflows.goal\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0

@@ -8,6 +8,8 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Activities, GoalResult
 from tests.builders import SUMMARY_TEXT, anthropic_profile, demo_script, openai_profile, spec, write_notes
 from tests.helpers import (
     largest_event_bytes,
@@ -18,8 +20,6 @@ from tests.helpers import (
     started_attempts,
     tool_timeline,
 )
-from workflows.contracts import Activities, GoalResult
-from workflows.goal import GoalWorkflow
 
 
 @pytest.mark.slow

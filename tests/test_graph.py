@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows import graph
-from workflows.plan import LlmStep, Plan, ToolStep
-from workflows.state import Node
+from perdure.workflows.goal.contracts.plan import LlmStep, Plan, ToolStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.shared import graph
 
 names = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
 text = st.text(min_size=1, max_size=40)

@@ -25,13 +25,14 @@ from temporalio.service import RPCError
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from runtime.plugin import PerdurePlugin
-from starters import goals, steering
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters import goals
+from perdure.starters import steer_client as steering
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Escalate, Park, Resume, Steer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.inbox import Inbox
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import calls_for, goal_result, running_worker, start, submit, workflow_task_failures
-from workflows.goal import GoalWorkflow
-from workflows.goal.inbox import Inbox
-from workflows.messages import Abort, Answer, Escalate, Park, Resume, Steer
 
 FAST = settings(
     max_examples=12,

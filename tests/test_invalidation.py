@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.graph import downstream
-from workflows.invalidation import held_by, invalidate_by_premise, invalidate_from
-from workflows.plan import LlmStep, Plan
-from workflows.statuses import STARTED
+from perdure.workflows.goal.contracts.plan import LlmStep, Plan
+from perdure.workflows.goal.rules.invalidation import held_by, invalidate_by_premise, invalidate_from
+from perdure.workflows.shared.graph import downstream
+from perdure.workflows.shared.statuses import STARTED
 
 VALUES = ["all", "module_a", "module_b"]
 

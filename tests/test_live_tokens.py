@@ -14,8 +14,19 @@ import pytest
 from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStreamClient
 from temporalio.converter import DataConverter
 
-from activities.models.attempts import ModelAttemptState, ModelError
-from activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
+from perdure.activities.models.attempts import ModelAttemptState, ModelError
+from perdure.activities.models.providers import ChatMessage, ChatRequest, ChatTool, provider_for
+from perdure.workflows.goal.contracts.events import (
+    EVENTS_TOPIC,
+    TOKENS_TOPIC,
+    GoalView,
+    NodeChanged,
+    TokenDelta,
+    TokenRetry,
+    parse_event,
+    reduce,
+)
+from perdure.workflows.goal.contracts.messages import Abort
 from tests.builders import agent, gate, llm, scripted_profile
 from tests.helpers import (
     calls_for,
@@ -27,17 +38,6 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from workflows.events import (
-    EVENTS_TOPIC,
-    TOKENS_TOPIC,
-    GoalView,
-    NodeChanged,
-    TokenDelta,
-    TokenRetry,
-    parse_event,
-    reduce,
-)
-from workflows.messages import Abort
 
 WORDS = " ".join(f"word{i}" for i in range(24))
 TOOL = ChatTool(name="read_file", description="Read a file.", json_schema={"type": "object"})

@@ -22,15 +22,15 @@ from temporalio.client import (
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import WorkflowEnvironment
 
-from starters.render import print_status
+from perdure.starters.render import print_status
+from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, parse_event
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Resume
+from perdure.workflows.goal.contracts.migrations import StateFromNewerCode, StateRefused, load_state
+from perdure.workflows.goal.contracts.plan import LlmStep, Plan
+from perdure.workflows.goal.contracts.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, chain, openai_profile, spec
 from tests.helpers import dev_server_options, new_goal_id, running_worker, submit, wait_until
-from workflows.events import EVENTS_TOPIC, parse_event
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Resume
-from workflows.migrations import StateFromNewerCode, StateRefused, load_state
-from workflows.plan import LlmStep, Plan
-from workflows.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
 
 
 @pytest_asyncio.fixture(scope="module")

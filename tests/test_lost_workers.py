@@ -11,17 +11,17 @@ from temporalio import activity
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
 from temporalio.worker import Worker
 
-from activities.report import ReportActivities
+from perdure.activities.goal.report import ReportActivities
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.lost_workers import last_attempt_lost
+from perdure.workflows.goal.model_calls import model_options
+from perdure.workflows.goal.rules.estimates import KIND_DEFAULTS
+from perdure.workflows.goal.tool_runner import runs_again_harmlessly
+from perdure.workflows.shared.contracts import Activities, Budget, GenerateInput, GenerateResult, ToolInput
+from perdure.workflows.shared.retries import MODEL_OPTIONS, MODEL_RETRY
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 from tests.builders import llm, spec
 from tests.helpers import run_goal
-from workflows.contracts import Activities, Budget, GenerateInput, GenerateResult, ToolInput
-from workflows.estimates import KIND_DEFAULTS
-from workflows.goal import GoalWorkflow
-from workflows.goal.lost_workers import last_attempt_lost
-from workflows.goal.model_calls import model_options
-from workflows.goal.tool_runner import runs_again_harmlessly
-from workflows.retries import MODEL_OPTIONS, MODEL_RETRY
-from workflows.tool_specs import TOOL_SPECS
 
 
 def failed(cause: BaseException, retry_state: RetryState = RetryState.MAXIMUM_ATTEMPTS_REACHED) -> ActivityError:

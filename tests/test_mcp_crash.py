@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from testing.ledger_mcp_server import read_ledger
+from perdure.testing.ledger_mcp_server import read_ledger
+from perdure.workflows.goal.contracts.messages import Answer
 from tests.builders import spec
 from tests.helpers import statuses, submit, wait_until
-from workflows.messages import Answer
 
 pytestmark = pytest.mark.process
 
@@ -32,7 +32,8 @@ def mcp_table(directory: Path, tool_policy: str) -> str:
     return (
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(directory / "ledger.jsonl"))}, '
+        f'args = ["-m", "perdure.testing.ledger_mcp_server", "--ledger", '
+        f"{json.dumps(str(directory / 'ledger.jsonl'))}, "
         f'"--hold", {json.dumps(str(directory / "hold"))}]\n'
         f"writable = [{json.dumps(str(directory))}]\n" + tool_policy
     )

@@ -22,18 +22,25 @@ import pytest
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
 
-from activities import sandbox
-from activities.mcp.config import McpConfigInvalid, load_mcp_servers
-from activities.mcp.tools import McpServers, call_tool
-from activities.tool_errors import ToolError
-from runtime.codec import KEY_FILE_ENV, KEYS_ENV, EncryptionCodec, decode_history, keyring_from_env, new_key_entry
-from runtime.plugin import PerdurePlugin
-from testing.crash import CrashRig
-from testing.http import PingServer
+from perdure.activities.mcp.mcp_calls import McpServers, call_tool
+from perdure.activities.mcp.mcp_config import McpConfigInvalid, load_mcp_servers
+from perdure.activities.tools import sandbox
+from perdure.activities.tools.tool_errors import ToolError
+from perdure.runtime.codec import (
+    KEY_FILE_ENV,
+    KEYS_ENV,
+    EncryptionCodec,
+    decode_history,
+    keyring_from_env,
+    new_key_entry,
+)
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.testing.crash import CrashRig
+from perdure.testing.http import PingServer
+from perdure.workflows.shared.mcp_tools import McpArgs, McpTool
 from tests.builders import spec
 from tests.helpers import files_text, history_text, perdure_result, perdure_status, plant_canaries
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
-from workflows.mcp_tools import McpArgs, McpTool
 
 pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
 
@@ -46,7 +53,7 @@ def probe_table(name: str, extra: str = "") -> str:
     return (
         f"[mcp_servers.{name}]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--secret-env", "{SECRET_ENV}"]\n'
+        f'args = ["-m", "perdure.testing.ledger_mcp_server", "--secret-env", "{SECRET_ENV}"]\n'
         f'env = ["{SECRET_ENV}"]\n' + extra
     )
 

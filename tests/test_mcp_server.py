@@ -23,9 +23,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from activities.artifacts import ArtifactStore
-from starters.mcp_server import build_server
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.activities.artifacts import ArtifactStore
+from perdure.starters.mcp_server import build_server
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
 from tests.helpers import free_ports, goal_result, running_worker
 from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, stop, user_env

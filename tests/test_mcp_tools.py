@@ -20,23 +20,23 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import ActivityEnvironment
 
-from activities.mcp.config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
-from activities.mcp.tools import McpServers
-from activities.model_activities import agent_tools, tool_catalogue
-from activities.tools import ToolActivities
-from starters.capabilities import start_problems
-from starters.goals import plan_from_mapping, plan_tools
-from testing.ledger_mcp_server import read_ledger
+from perdure.activities.mcp.mcp_calls import McpServers
+from perdure.activities.mcp.mcp_config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
+from perdure.activities.models.model_activities import agent_tools, tool_catalogue
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.starters.goals import plan_from_mapping, plan_tools
+from perdure.starters.start_checks import start_problems
+from perdure.testing.ledger_mcp_server import read_ledger
+from perdure.workers.worker_capabilities import CapabilitiesResult
+from perdure.workflows.goal.contracts.messages import Approve
+from perdure.workflows.goal.contracts.plan import Plan, check_plan
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import ToolInput
+from perdure.workflows.shared.mcp_tools import McpTool, mcp_tool_name, tool_table
 from tests.builders import agent, openai_profile, spec
 from tests.helpers import free_ports, goal_result, running_worker, start, submit, wait_until
 from tests.subprocess_rig import PERDURE, stop
-from workers.capabilities import CapabilitiesResult
-from workflows.contracts import ToolInput
-from workflows.goal import GoalWorkflow
-from workflows.mcp_tools import McpTool, mcp_tool_name, tool_table
-from workflows.messages import Approve
-from workflows.plan import Plan, check_plan
-from workflows.state import GoalInput
 
 SECRET_ENV = "PERDURE_TEST_MCP_TOKEN"
 SECRET = "mcp-secret-7f3a9c1e5b"
@@ -57,7 +57,8 @@ def notes_config(tmp_path: Path, tools: str = "", extra: str = "") -> Path:
     config.write_text(
         "[mcp_servers.notes]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", {json.dumps(str(directory / "ledger.jsonl"))}, '
+        f'args = ["-m", "perdure.testing.ledger_mcp_server", "--ledger", '
+        f"{json.dumps(str(directory / 'ledger.jsonl'))}, "
         f'"--hold", {json.dumps(str(directory / "hold"))}, "--secret-env", "{SECRET_ENV}"]\n'
         f'env = ["{SECRET_ENV}"]\n'
         f"writable = [{json.dumps(str(directory))}]\n" + extra + tools
@@ -251,7 +252,7 @@ def _broken_config(tmp_path: Path) -> dict:
     config.write_text(
         "[mcp_servers.broken]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f'args = ["-m", "testing.ledger_mcp_server", "--ledger", "{tmp_path / "x"}", "--fail-start"]\n'
+        f'args = ["-m", "perdure.testing.ledger_mcp_server", "--ledger", "{tmp_path / "x"}", "--fail-start"]\n'
     )
     return load_mcp_servers(config)
 
@@ -336,7 +337,7 @@ def http_notes(tmp_path: Path):
     (port,) = free_ports(1)
     ledger_file = str(ledger_dir(tmp_path) / "ledger.jsonl")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testing.ledger_mcp_server", "--ledger", ledger_file, "--http", str(port)],
+        [sys.executable, "-m", "perdure.testing.ledger_mcp_server", "--ledger", ledger_file, "--http", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -24,8 +24,14 @@ from rich.console import Console
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from typer.testing import CliRunner
 
-from memory.store import open_store
-from starters import cli
+from perdure.memory.store import open_store
+from perdure.starters import cli
+from perdure.workflows.goal.contracts.memory_contracts import MemorySource, NewMemory
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.router.router_contracts import RouterHandlers, RouterView, router_id
+from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.shared.search_attributes import OWNER
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import (
     LOCAL_ACTIVITY_MARKER,
@@ -35,12 +41,6 @@ from tests.helpers import (
     running_worker,
     wait_until,
 )
-from workflows.contracts import Activities
-from workflows.goal import GoalWorkflow
-from workflows.memory_contracts import MemorySource, NewMemory
-from workflows.router_contracts import RouterHandlers, RouterView, router_id
-from workflows.search_attributes import OWNER
-from workflows.state import GoalInput
 
 NOW = datetime.now(UTC)
 

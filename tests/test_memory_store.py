@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from memory.forget import NothingToForget, forget
-from memory.store import MemoryStore, MemoryStoreError, NoMemoryStore, open_store
-from memory.summaries import ExtractSummarizer, summarize
-from workflows.memory_contracts import MemorySource, NewMemory
+from perdure.memory.forget import NothingToForget, forget
+from perdure.memory.store import MemoryStore, MemoryStoreError, NoMemoryStore, open_store
+from perdure.memory.summaries import ExtractSummarizer, summarize
+from perdure.workflows.goal.contracts.memory_contracts import MemorySource, NewMemory
 
 PG_BIN = Path("/usr/local/bin")
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics (runtime/telemetry.py, workflows/metrics.py): off by default; asked
+"""OpenTelemetry metrics (runtime/telemetry.py, workflows/shared/metrics.py): off by default; asked
 for by the standard variables, a worker serves Temporal's runtime metrics and perdure's own
 on a Prometheus endpoint (scraped here over HTTP) or pushes them over OTLP; the goal's
 counts are what it did, a replayed history adds nothing, and the watchdog's scan is gauges."""
@@ -19,24 +19,24 @@ from temporalio.runtime import MetricBuffer, OpenTelemetryConfig, PrometheusConf
 from temporalio.worker import Replayer
 from typer.testing import CliRunner
 
-from activities.models.config import ModelConfig
-from runtime import telemetry
-from runtime.connect import connect
-from runtime.plugin import PerdurePlugin
-from starters.cli import app
-from testing.otlp import OtlpReceiver
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import telemetry
+from perdure.runtime.connect import connect
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters.cli import app
+from perdure.testing.otlp import OtlpReceiver
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Answer
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared import metrics
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Budget
+from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import agent, gate, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
 from tests.helpers import free_ports, goal_result, new_goal_id, statuses, submit, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
-from workers.orchestrator import build_worker
-from workflows import metrics
-from workflows.contracts import GOAL_WORKFLOW, Budget
-from workflows.goal import GoalWorkflow
-from workflows.messages import Answer
-from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput
 
 USAGE = {"input_tokens": 40, "output_tokens": 6}
 SCRIPT = {"replies": [{"when": "PERDURE-STEP", "content": "step done", "usage": USAGE}]}

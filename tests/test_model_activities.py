@@ -8,8 +8,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.model_activities import (
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.model_activities import (
     EXAMPLE_PLAN,
     LAST_TURN_NOTE,
     MAX_TOOL_RESULT_CHARS,
@@ -17,9 +17,10 @@ from activities.model_activities import (
     ModelActivities,
     parse_plan_reply,
 )
-from activities.models.config import ModelConfig, ModelProfile
-from testing.scripted import ScriptedServer
-from workflows.contracts import (
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.workflows.goal.contracts.plan import parse_plan
+from perdure.workflows.shared.contracts import (
     Activities,
     AgentTurnInput,
     GenerateInput,
@@ -27,8 +28,7 @@ from workflows.contracts import (
     PlanInput,
     ToolResult,
 )
-from workflows.plan import parse_plan
-from workflows.tool_specs import DEFAULT_TOOLS
+from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 CONSTRAINT = "Never delete files; keep the README under 200 words."
 GOOD_PLAN = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.models.config import (
+from perdure.activities.models.profiles import (
     DEFAULT_SCRIPT,
     ModelConfigInvalid,
     ModelProfile,
@@ -172,7 +172,7 @@ def test_keys_are_never_part_of_a_profile(monkeypatch, tmp_path):
 
 
 def test_default_meaning_a_profile_the_config_does_not_define_is_refused_with_the_names_known():
-    from activities.models.config import ModelConfig, ModelProfile, UnknownModelProfile
+    from perdure.activities.models.profiles import ModelConfig, ModelProfile, UnknownModelProfile
 
     config = ModelConfig(profiles={"mine": ModelProfile(name="mine", provider="scripted", model="m")})
     with pytest.raises(UnknownModelProfile, match="profile 'default' means '.+' here .+ known profiles: mine"):

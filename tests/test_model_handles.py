@@ -14,16 +14,16 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.model_activities import ModelActivities
-from activities.models.config import ModelConfig, ModelProfile
-from activities.models.providers import BATCH_HANDLE, RESPONSE_HANDLE
+from perdure.activities.models.model_activities import ModelActivities
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.providers import BATCH_HANDLE, RESPONSE_HANDLE
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import AgentTurnInput, GenerateInput, ModelContext
 from tests.builders import agent, anthropic_profile, llm, openai_profile, spec
 from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
-from workflows.contracts import AgentTurnInput, GenerateInput, ModelContext
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort
-from workflows.plan import Plan
-from workflows.state import GoalInput
 
 # Waits on purpose (replies slower than a timeout, background calls polled): not in test-fast.
 pytestmark = pytest.mark.slow
@@ -240,7 +240,7 @@ async def test_a_worker_killed_while_it_polls_is_followed_by_one_polling_the_sam
 
 
 def test_a_config_file_sets_background_mode_and_its_threshold(tmp_path):
-    from activities.models.config import ModelConfigInvalid, load_model_config
+    from perdure.activities.models.profiles import ModelConfigInvalid, load_model_config
 
     path = tmp_path / "config.toml"
     path.write_text(

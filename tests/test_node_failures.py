@@ -16,8 +16,11 @@ from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
-from activities.report import ReportActivities
-from runtime.plugin import PerdurePlugin
+from perdure.activities.goal.report import ReportActivities
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.nodes.llm import LlmNode
+from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.helpers import (
     local_activities,
@@ -28,9 +31,6 @@ from tests.helpers import (
     statuses,
     workflow_task_failures,
 )
-from workflows.contracts import Activities, ToolInput, ToolResult
-from workflows.goal import GoalWorkflow
-from workflows.goal.nodes.llm import LlmNode
 
 READ = {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}}
 # Needs the read: abandoned once it failed, so it never reaches a model.

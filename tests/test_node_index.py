@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows import graph
-from workflows.contracts import NodeStatus
-from workflows.node_index import NodeIndex
-from workflows.plan import LlmStep, Plan, ToolStep
-from workflows.state import Node
-from workflows.statuses import TERMINAL
+from perdure.workflows.goal.contracts.plan import LlmStep, Plan, ToolStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.rules.node_index import NodeIndex
+from perdure.workflows.shared import graph
+from perdure.workflows.shared.contracts import NodeStatus
+from perdure.workflows.shared.statuses import TERMINAL
 
 STATUSES: list[NodeStatus] = [
     "pending",

@@ -3,7 +3,7 @@ model ran and nothing was done: no model key, the default profile, the CLI as a 
 (`perdure worker` and `perdure start ... --watch` as subprocesses).
 
 The default offline profile answers the demo by its hand-written script and anything else by
-the offline policy of testing/scripted.py, over the OpenAI wire format, at no cost. Unit tests
+the offline policy of activities/models/scripted.py, over the OpenAI wire format, at no cost. Unit tests
 of the policy check what it derives from a request: the refusal to plan a goal's text (and the
 plan for queued work), the router's light answer to a question, the watchdog judge's offline
 verdict, the step text naming its inputs, the tool calls and their schema-built arguments.
@@ -19,9 +19,9 @@ import openai
 import pytest
 import yaml
 
-from testing.scripted import ScriptedServer, schema_arguments
+from perdure.activities.models.scripted import ScriptedServer, schema_arguments
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 from tests.subprocess_rig import perdure, user_env, worker_process
-from workflows.tool_specs import TOOL_SPECS
 
 NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
 

@@ -16,13 +16,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from activities.models.config import ModelProfile, load_model_config
-from starters import cli
+from perdure.activities.models.profiles import ModelProfile, load_model_config
+from perdure.starters import cli
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Budget, GoalResult, GoalSpec
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.helpers import new_goal_id, perdure_status, run_goal, running_worker, start
-from workflows.contracts import Budget, GoalResult, GoalSpec
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
 
 ON_TRACK = {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "the plan still serves the goal"}}
 
@@ -258,8 +258,8 @@ async def test_a_goal_started_with_no_budget_gets_the_default_and_start_says_so(
 
 
 def plan_and_nodes(count: int, finished: int):
-    from workflows.plan import Plan
-    from workflows.state import Node
+    from perdure.workflows.goal.contracts.plan import Plan
+    from perdure.workflows.goal.contracts.state import Node
 
     steps = [
         {"name": f"read-{i:05d}", "kind": "tool", "tool": "read_file", "args": {"path": f"notes/{i:05d}.md"}}
@@ -275,7 +275,7 @@ def plan_and_nodes(count: int, finished: int):
 
 
 def test_a_drift_outline_is_as_long_for_3000_steps_as_for_30():
-    from workflows.drift_outline import OUTLINE_CHARS, outline
+    from perdure.workflows.goal.rules.drift_outline import OUTLINE_CHARS, outline
 
     small, large = (outline(*plan_and_nodes(count, count // 2)) for count in (30, 3_000))
     assert (large.steps, large.finished, large.kinds) == (3_000, 1_500, {"tool": 3_000})
@@ -286,8 +286,8 @@ def test_a_drift_outline_is_as_long_for_3000_steps_as_for_30():
 
 
 def test_the_watchdogs_judge_is_shown_as_much_of_a_goal_of_3000_steps_as_of_30():
-    from workflows.watchdog_contracts import GoalObservation
-    from workflows.watchdog_rules import judge_prompt
+    from perdure.workflows.watchdog.watchdog_contracts import GoalObservation
+    from perdure.workflows.watchdog.watchdog_rules import judge_prompt
 
     def prompt(finished: int) -> str:
         plan = [f"read-{i:05d} (tool): succeeded" for i in range(30)]  # the scan shows the first 30

@@ -13,13 +13,13 @@ import json
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from tests.helpers import run_ids, running_worker, start
-from workflows.goal.patches import (
+from perdure.workflows.goal.patches import (
     BASELINE_PATCH,
     PARKS_HOLD_VERDICTS_PATCH,
     UNSUCCESSFUL_GOALS_FAIL_PATCH,
     WORKER_LOSS_PATCH,
 )
+from tests.helpers import run_ids, running_worker, start
 
 
 def change_version_upserts(history) -> int:

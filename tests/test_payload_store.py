@@ -18,18 +18,18 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverClaim, StorageDriverRetrieveContext, StorageDriverStoreContext
 from temporalio.worker import Replayer
 
-from activities.models.config import ModelConfig
 from bench.common import payloads_in
-from runtime import converter
-from runtime.converter import PayloadStoreConfigError, data_converter
-from runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
-from runtime.plugin import PerdurePlugin
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import converter
+from perdure.runtime.converter import PayloadStoreConfigError, data_converter
+from perdure.runtime.payload_store import DRIVER_NAME, DiskPayloadDriver, PayloadCorrupt, PayloadMissing
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import demo_script, openai_profile, spec, write_notes
 from tests.helpers import new_goal_id
-from workers.orchestrator import build_worker
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
-from workflows.watchdog import WatchdogWorkflow
 
 REFERENCE_TYPE = b"temporal.api.sdk.v1.ExternalStorageReference"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workflows.plan import parse_plan
+from perdure.workflows.goal.contracts.plan import parse_plan
 
 TOOLS = ["read_file", "write_file", "list_dir"]
 

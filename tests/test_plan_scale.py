@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflows.plan import Plan, ToolStep
+from perdure.workflows.goal.contracts.plan import Plan, ToolStep
 
 
 def big_plan(n: int) -> Plan:

@@ -14,13 +14,13 @@ from datetime import timedelta
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow
 
-from starters.capabilities import published_offers
+from perdure.starters.start_checks import published_offers
+from perdure.workers import plumbing, watchdog_schedule
+from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW
+from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.builders import gate
 from tests.helpers import running_worker, start
-from workers import plumbing, watchdog_schedule
-from workflows.contracts import GOAL_WORKFLOW
-from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
-from workflows.worker_offers import WORKER_OFFERS_WORKFLOW
 
 pytestmark = pytest.mark.slow  # waits for the schedule to fire
 

@@ -18,7 +18,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime.codec import new_key_entry
+from perdure.runtime.codec import new_key_entry
 from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = pytest.mark.process

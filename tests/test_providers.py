@@ -12,8 +12,8 @@ from email.utils import format_datetime
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.models.config import ModelProfile
-from activities.models.providers import (
+from perdure.activities.models.profiles import ModelProfile
+from perdure.activities.models.providers import (
     AnthropicProvider,
     ChatMessage,
     ChatRequest,
@@ -25,7 +25,7 @@ from activities.models.providers import (
     retry_after,
     scripted_server,
 )
-from testing.scripted import ScriptedServer
+from perdure.activities.models.scripted import ScriptedServer
 
 SECRET = "sk-test-SECRET123"
 
@@ -301,15 +301,15 @@ def sdks_loaded(probe: str) -> str:
 def test_the_worker_and_the_cli_load_no_model_sdk_until_a_profile_calls_one():
     # openai is ~13 MB of a worker's memory and ~0.3 s of every CLI command's start
     # (its whole typed API surface); anthropic more.
-    assert sdks_loaded("import workers.orchestrator, starters.cli").strip() == "[]"
+    assert sdks_loaded("import perdure.workers.orchestrator, perdure.starters.cli").strip() == "[]"
 
 
 @pytest.mark.slow
 def test_a_worker_whose_profiles_call_openai_loads_it_with_its_start_up_heap():
     # Loaded before the worker freezes its start-up heap (workers/heap.py), not at the first call.
     probe = (
-        "from activities.models.config import ModelProfile\n"
-        "from activities.models.providers import import_profiles_sdk\n"
+        "from perdure.activities.models.profiles import ModelProfile\n"
+        "from perdure.activities.models.providers import import_profiles_sdk\n"
         "import_profiles_sdk([ModelProfile(name='c', provider='anthropic', model='m')])\n"
         "print(sorted({'openai', 'anthropic'} & set(sys.modules)))\n"
         "import_profiles_sdk([ModelProfile(name='s', provider='scripted', model='m', script='s.yaml')])"

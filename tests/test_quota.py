@@ -1,4 +1,5 @@
-"""Quota as a shared resource (workflows/quota.py, activities/quota.py): goals calling one
+"""Quota as a shared resource (workflows/quota/quota_workflow.py,
+activities/quota/quota_admission.py): goals calling one
 rate-limited API wait in one line for slots instead of meeting its 429s, the wait is
 shown on the step, and a waiting goal keeps its slot across a worker restart.
 
@@ -16,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from activities.models.config import ModelConfig, ModelProfile
 from bench.common import goal_spec, make_workspace, perdure_worker
 from bench.common import start_goal as start_bench_goal
 from bench.quota import PROFILE, llm_steps, run_quota
-from testing.scripted import ScriptedServer
+from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.quota.quota_workflow import QuotaLimits
 from tests.helpers import wait_until
-from workflows.goal import GoalWorkflow
-from workflows.quota import QuotaLimits
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ async def test_goals_sharing_a_quota_see_no_429_and_run_at_the_limits_pace(env, 
 def start_activities_late(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """A worker slow to start activities, as a loaded one is: every call coming back at its
     slot (the goal's timer fired, the activity scheduled again) reaches admission this late."""
-    import activities.model_activities as model_activities
+    import perdure.activities.models.model_activities as model_activities
 
     admitted = model_activities.admitted
 

@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from activities.models.config import ModelConfigInvalid, load_model_config
-from workflows.estimates import own_seconds
-from workflows.quota import QUOTA_KEY, slot_text, waited_seconds, waited_text
-from workflows.state import Node
+from perdure.activities.models.profiles import ModelConfigInvalid, load_model_config
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.rules.estimates import own_seconds
+from perdure.workflows.quota.quota_workflow import QUOTA_KEY, slot_text, waited_seconds, waited_text
 
 
 def test_a_quotas_table_declares_a_resource_that_profiles_draw_on(tmp_path):

@@ -1,5 +1,5 @@
 """Quotas for HTTP hosts: `[quotas."HOST"]` spaces every goal's http_get requests to that
-host (workflows/quota.py, activities/quota.py host_admitted), waiting in the activity;
+host (workflows/quota/quota_workflow.py, activities/quota/quota_admission.py host_admitted), waiting in the activity;
 a slot too far for a read to wait is refused with the reason. A real HTTP server here
 counts when requests arrive."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from activities.models.config import ModelConfig
 from bench.common import goal_spec, make_workspace, perdure_worker
 from bench.common import start_goal as start_bench_goal
+from perdure.activities.models.profiles import ModelConfig
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.quota.quota_workflow import QuotaLimits
 from tests.helpers import goal_result
-from workflows.goal import GoalWorkflow
-from workflows.quota import QuotaLimits
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ async def test_a_hosts_quota_spaces_every_goals_requests_to_it(env, tmp_path: Pa
     assert [n.status for n in nodes] == ["succeeded"] * 6
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     # 120 a minute: a slot every 0.5 s (and 3 %); a request may leave up to 0.25 s after its
-    # slot (activities/quota.py LATE), so two arrivals are never closer than 0.25 s.
+    # slot (activities/quota/quota_admission.py LATE), so two arrivals are never closer than 0.25 s.
     assert len(times) == 6 and min(gaps) >= 0.25, gaps
     assert times[-1] - times[0] >= 5 * 0.5 - 0.25, gaps
 

@@ -1,4 +1,4 @@
-"""The quota service's concurrency places (workflows/quota.py), asked as activities ask it:
+"""The quota service's concurrency places (workflows/quota/quota_workflow.py), asked as activities ask it:
 by update-with-start, keyed by the caller, released by signal."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from runtime.plugin import PerdurePlugin
-from workflows.quota import (
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workflows.quota.quota_workflow import (
     QUOTA_WORKFLOW,
     RELEASE_SIGNAL,
     RESERVE_UPDATE,
@@ -81,7 +81,7 @@ async def test_a_place_whose_release_never_comes_lapses_after_hold_s(env) -> Non
 
 @pytest.mark.slow
 async def test_a_caller_that_stopped_asking_loses_its_place_in_the_line(env, monkeypatch) -> None:
-    from workflows import quota
+    from perdure.workflows.quota import quota_workflow as quota
 
     # Unsandboxed, so the shortened time reaches the workflow code (the sandbox imports its own copy).
     monkeypatch.setattr(quota, "WAITING_FORGOTTEN", quota.timedelta(seconds=1))

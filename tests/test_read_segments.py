@@ -20,10 +20,17 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.report import ReportActivities
-from activities.tools import ToolActivities
-from activities.workspace_versions import WorkspaceVersions
-from testing.fakes import LedgerAPI
+from perdure.activities.goal.report import ReportActivities
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.tools.workspace_versions import WorkspaceVersions
+from perdure.testing.fakes import LedgerAPI
+from perdure.workflows.goal import scheduler
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.read_batch import BATCH_MAX_CALLS
+from perdure.workflows.goal.tool_runner import SEGMENT_MAX_CALLS
+from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult
 from tests.builders import openai_profile, spec
 from tests.helpers import (
     goal_result,
@@ -36,12 +43,6 @@ from tests.helpers import (
     submit,
     tool_timeline,
 )
-from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult
-from workflows.goal import GoalWorkflow, scheduler
-from workflows.goal.read_batch import BATCH_MAX_CALLS
-from workflows.goal.tool_runner import SEGMENT_MAX_CALLS
-from workflows.messages import Abort
-from workflows.state import GoalInput
 
 WRITES_AFTER = (7, 14, 20)  # a remote write after the 7th, 14th and 20th read
 

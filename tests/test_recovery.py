@@ -16,10 +16,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
-from testing.crash import open_writer, serve_fifo
+from perdure.testing.crash import open_writer, serve_fifo
+from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT
 from tests.builders import spec
-from workflows.contracts import Activities
-from workflows.retries import HEARTBEAT_TIMEOUT
 
 pytestmark = pytest.mark.process
 

@@ -5,7 +5,7 @@ the re-plan keeps finished work (no kept step is asked again: requests counted a
 scripted server), the constraints and the rejected paths, and does with the steps in
 flight what the trigger's policy says, per step: a remote write in flight is let finish
 and discarded (counted at the fake ledger) while a read is cancelled. Statements are read
-from the whole output, not its preview. Plus the detectors of workflows/evidence.py, pure.
+from the whole output, not its preview. Plus the detectors of workflows/goal/rules/evidence.py, pure.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from temporalio.api.enums.v1 import EventType
 
-from testing.fakes import LedgerAPI
+from perdure.testing.fakes import LedgerAPI
+from perdure.workflows.goal.contracts.messages import Rewind
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules import evidence
+from perdure.workflows.goal.rules.evidence import EvidenceLog
 from tests.builders import agent, gate, llm, openai_profile, spec
 from tests.helpers import (
     calls_for,
@@ -34,11 +39,6 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from workflows import evidence
-from workflows.evidence import EvidenceLog
-from workflows.goal import GoalWorkflow
-from workflows.messages import Rewind
-from workflows.state import GoalInput
 
 CONSTRAINT = "Do not modify notes/."  # tests.builders.spec's constraint: the planner must still be told it
 REVISE = "Revise the current plan"

@@ -12,15 +12,15 @@ from temporalio import workflow
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from runtime.plugin import PerdurePlugin
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workers.worker_capabilities import CAPABILITIES_WORKFLOW
+from perdure.workflows.devices.device_contracts import DEVICE_REGISTRY_WORKFLOW
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
+from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Activities, GoalResult
+from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.goldens import HISTORIES, WORKFLOWS, load
-from workers.capabilities import CAPABILITIES_WORKFLOW
-from workflows.contracts import GOAL_WORKFLOW, Activities, GoalResult
-from workflows.device_contracts import DEVICE_REGISTRY_WORKFLOW
-from workflows.router_contracts import ROUTER_WORKFLOW
-from workflows.state import GoalInput
-from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
-from workflows.worker_offers import WORKER_OFFERS_WORKFLOW
 
 
 def test_there_is_a_golden_history_per_workflow_type():

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
-from activities.report import EXCERPT_CHARS, OUTPUT_CAP_CHARS, ReportActivities
-from workflows.contracts import ReportInput, ReportResult, StepOutcome
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.goal.report import EXCERPT_CHARS, OUTPUT_CAP_CHARS, ReportActivities
+from perdure.workflows.shared.contracts import ReportInput, ReportResult, StepOutcome
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
-from activities.artifacts import ArtifactStore
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.activities.artifacts import ArtifactStore
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.workflows.goal.contracts.messages import Queue
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import perdure_status, running_worker, start, statuses, submit, wait_until
-from workflows.goal import GoalWorkflow
-from workflows.messages import Queue
 
 WRITE = {"name": "save", "kind": "tool", "tool": "write_file", "args": {"path": "OUT.md", "content": "saved\n"}}
 FETCH = {"name": "fetch", "kind": "tool", "tool": "read_file", "args": {"path": "missing.md"}}

@@ -12,14 +12,14 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 import pytest
 
-from activities.models.attempts import ModelAttemptState, ModelError
-from activities.models.config import ModelProfile
-from activities.models.providers import ChatMessage, ChatRequest, provider_for
-from testing.http import BackgroundHTTPServer
+from perdure.activities.models.attempts import ModelAttemptState, ModelError
+from perdure.activities.models.profiles import ModelProfile
+from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
+from perdure.testing.http import BackgroundHTTPServer
+from perdure.workflows.goal.contracts.events import GoalView, NodeChanged, TokenDelta, reduce
+from perdure.workflows.goal.contracts.messages import Rewind
 from tests.builders import gate, llm
 from tests.helpers import events_until_end, live_goal_profile, running_worker, start, statuses, submit, wait_until
-from workflows.events import GoalView, NodeChanged, TokenDelta, reduce
-from workflows.messages import Rewind
 
 SECRET = "sk-review19b-SECRET"
 TEXT_BLOCK = {"type": "text", "text": ""}

@@ -2,7 +2,7 @@
 after the independent local work unless the plan pins it, and steps writing the same
 target run one after the other. From outside: the fake mail service's ledger, the
 order of activities in the goal's history, and `perdure status --why`; then the pure
-rules of workflows/risk_order.py.
+rules of workflows/goal/rules/risk_order.py.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from starters import cli
-from testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI
+from perdure.starters import cli
+from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI
+from perdure.workflows.goal.contracts.messages import Approve, Steer
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules import risk_order
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile, write_notes
 from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
-from workflows import risk_order
-from workflows.goal import GoalWorkflow
-from workflows.messages import Approve, Steer
-from workflows.plan import Plan
 
 MAIL = {"to": "owner@example.com", "subject": "Done", "body": "The notes are summarised."}
 

@@ -22,16 +22,24 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from starters import goals, router_client
+from perdure.starters import goals, router_client
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.router.router_contracts import (
+    CardAction,
+    Pick,
+    RouterHandlers,
+    RouterInput,
+    RouterView,
+    Say,
+    router_id,
+)
+from perdure.workflows.router.router_workflow import RouterWorkflow
+from perdure.workflows.shared.contracts import GoalResult
+from perdure.workflows.shared.search_attributes import OWNER
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import running_worker, wait_until
-from workflows.contracts import GoalResult
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort
-from workflows.router import RouterWorkflow
-from workflows.router_contracts import CardAction, Pick, RouterHandlers, RouterInput, RouterView, Say, router_id
-from workflows.search_attributes import OWNER
-from workflows.state import GoalInput
 
 
 def writes(path: str) -> list[dict]:
@@ -462,7 +470,7 @@ async def goal_with_card(env, task_queue, workspace, goal_id: str, user: str, st
 
 
 def semantic_texts(home: Path, goal_id: str) -> list[str]:
-    from memory.store import open_store
+    from perdure.memory.store import open_store
 
     memory = open_store(home=home, create=False)
     try:
@@ -601,8 +609,8 @@ async def test_an_unanswered_memory_card_is_dropped_when_its_memories_shelf_life
 
 
 def test_offline_the_router_picks_the_goal_sharing_most_words_and_else_a_new_one():
-    from activities.router_activities import ANSWER_PROMPT, CHOOSE_PROMPT
-    from testing.scripted import offline_reply
+    from perdure.activities.models.scripted import offline_reply
+    from perdure.activities.router.router_activities import ANSWER_PROMPT, CHOOSE_PROMPT
 
     def body(system: str, user: str) -> dict:
         return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}

@@ -1,4 +1,4 @@
-"""runtime.connect: the standard Temporal client configuration (profile file, TEMPORAL_*
+"""perdure.runtime.connect: the standard Temporal client configuration (profile file, TEMPORAL_*
 variables, TLS, API key) with perdure's variables and arguments on top; a real connect
 through a profile file; configuration mistakes as clear errors, in the CLI without a traceback.
 """
@@ -14,10 +14,10 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
-from runtime import connect as runtime_connect
-from runtime.connect import connect, connect_config
-from runtime.plugin import PerdurePlugin
-from runtime.settings import TemporalConfigError
+from perdure.runtime import connect as runtime_connect
+from perdure.runtime.connect import connect, connect_config
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.runtime.settings import TemporalConfigError
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 

@@ -1,4 +1,4 @@
-"""runtime.files: write-then-rename leaves the old file or the whole new one, and no temp file."""
+"""perdure.runtime.files: write-then-rename leaves the old file or the whole new one, and no temp file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.files import write_atomically, write_once
+from perdure.runtime.files import write_atomically, write_once
 
 
 def test_replaces_the_file_and_leaves_no_temp_file(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""runtime.plugin: a client connected with PerdurePlugin, the worker built on it and a
+"""perdure.runtime.plugin: a client connected with PerdurePlugin, the worker built on it and a
 Replayer given it read and write payloads the same way (pydantic values, large ones
 through the payload store), shown by a round trip through the session's dev server.
 """
@@ -13,8 +13,8 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
-from runtime import converter
-from runtime.plugin import PLUGIN_NAME, PerdurePlugin
+from perdure.runtime import converter
+from perdure.runtime.plugin import PLUGIN_NAME, PerdurePlugin
 
 
 class Parcel(BaseModel):

@@ -1,4 +1,4 @@
-"""Every shell command runs in the bubblewrap sandbox (activities/sandbox.py).
+"""Every shell command runs in the bubblewrap sandbox (activities/tools/sandbox.py).
 
 From the command's side: the workspace is writable and is $HOME, /etc is read-only,
 /tmp is private, no process of the worker is visible and none of its environment,
@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities import sandbox
-from activities.artifacts import ArtifactStore
-from activities.tools import ToolActivities
-from testing.crash import write_model_config
-from testing.http import PingServer
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools import sandbox
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.testing.crash import write_model_config
+from perdure.testing.http import PingServer
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 from tests.builders import agent, spec
 from tests.helpers import (
     files_text,
@@ -41,7 +42,6 @@ from tests.helpers import (
     start,
 )
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
-from workflows.contracts import ToolInput, ToolResult
 
 pytestmark = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="needs bwrap (make system-packages)")
 

@@ -13,9 +13,9 @@ from types import ModuleType
 import pytest
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-from runtime.plugin import WORKFLOW_MODULES, PerdurePlugin, passing_workflow_modules_through
+from perdure.runtime.plugin import WORKFLOW_MODULES, PerdurePlugin, passing_workflow_modules_through
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.goldens import HISTORIES, WORKFLOWS, load
-from workflows.goal import GoalWorkflow
 
 
 async def test_a_replayed_goal_runs_the_workers_own_workflow_class(monkeypatch):
@@ -69,7 +69,7 @@ def module_state() -> dict[str, str]:
 async def test_replaying_every_golden_history_leaves_the_passed_through_modules_as_they_were():
     # Passing a module through is only safe when no run changes what another run reads from it.
     before = module_state()
-    assert any(key.startswith("workflows.goal.workflow.") for key in before)
+    assert any(key.startswith("perdure.workflows.goal.goal_workflow.") for key in before)
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()])
     for path in HISTORIES:
         await replayer.replay_workflow(load(path))

@@ -14,7 +14,7 @@ import openai
 import pydantic
 import pytest
 
-from testing.scripted import NO_MATCH, ScriptedServer, load_script
+from perdure.activities.models.scripted import NO_MATCH, ScriptedServer, load_script
 
 SCRIPT = {
     "replies": [
@@ -204,7 +204,7 @@ def test_module_entry_point_serves_until_killed(tmp_path: Path):
     script = tmp_path / "s.yaml"
     script.write_text("replies:\n  - content: from the cli\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testing.scripted", "--script", str(script)],
+        [sys.executable, "-m", "perdure.activities.models.scripted", "--script", str(script)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[1],

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.segments import DEFAULT_LOCAL_UP_TO_S, batches, place, place_tool
-from workflows.tool_specs import TOOL_SPECS, ReadFileArgs, ToolSpec
+from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S, batches, place, place_tool
+from perdure.workflows.shared.tool_specs import TOOL_SPECS, ReadFileArgs, ToolSpec
 
 
 def tool(risk: str, replay: str = "safe", expected_s: float | None = 0.1) -> ToolSpec:
@@ -84,6 +84,6 @@ def test_batches_keep_the_models_order_and_never_group_an_activity(local):
 
 
 def test_default_limit_is_the_goal_specs_default():
-    from workflows.contracts import GoalSpec
+    from perdure.workflows.shared.contracts import GoalSpec
 
     assert GoalSpec(goal="g", workspace="/w").local_activities_up_to_s == DEFAULT_LOCAL_UP_TO_S

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import hashlib
 
-from starters.goals import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
-from workflows.contracts import GoalSpec
-from workflows.plan import VerifySpec
+from perdure.starters.goals import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
+from perdure.workflows.goal.contracts.plan import VerifySpec
+from perdure.workflows.shared.contracts import GoalSpec
 
 # GoalSpec's fields when start digests were first compared; every field since is "later".
 FIELDS_WHEN_DIGESTS_BEGAN = {
@@ -36,7 +36,7 @@ def test_a_later_field_set_away_from_its_default_changes_the_digest():
 
 
 def test_a_plan_file_spec_digests_as_it_did_before_steps_had_verify_writes_and_defer():
-    from starters.goals import LATER_STEP_FIELDS
+    from perdure.starters.goals import LATER_STEP_FIELDS
 
     steps = [{"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "ñotes.md"}}]
     spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w", plan={"steps": steps})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflows.stall import (
+from perdure.workflows.goal.rules.stall import (
     LADDER,
     StallState,
     ask_human_message,

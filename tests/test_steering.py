@@ -12,6 +12,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Narrow, Park, Queue, Rewind, Steer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared import search_attributes as sa
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile, tool_then_answer
 from tests.helpers import (
     calls_for,
@@ -23,9 +26,6 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from workflows import search_attributes as sa
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Answer, Narrow, Park, Queue, Rewind, Steer
 
 
 async def test_steer_sent_without_a_worker_is_applied_once_when_one_starts(env, task_queue, store, workspace, scripted):

@@ -11,12 +11,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
+from perdure.workflows.goal.contracts.messages import Abort, Park, Resume, Steer
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalResult, Signals
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
 from tests.helpers import goal_result, perdure_status, running_worker, start, statuses, submit, wait_until
-from workflows.contracts import GoalResult, Signals
-from workflows.goal import GoalWorkflow
-from workflows.messages import Abort, Park, Resume, Steer
-from workflows.state import GoalInput
 
 
 def read(name: str, path: str) -> dict:
@@ -130,7 +130,7 @@ async def wait_until_inbox_has(handle, request_id: str) -> None:
 def test_a_subgoal_step_refuses_a_budget_share_outside_zero_to_one(share):
     from pydantic import ValidationError
 
-    from workflows.plan import Plan
+    from perdure.workflows.goal.contracts.plan import Plan
 
     with pytest.raises(ValidationError, match="budget_share"):
         Plan.model_validate({"steps": [subgoal("x", [read("r", "a.md")], budget_share=share)]})
@@ -139,7 +139,7 @@ def test_a_subgoal_step_refuses_a_budget_share_outside_zero_to_one(share):
 def test_a_subgoal_step_needs_a_goal_or_a_plan():
     from pydantic import ValidationError
 
-    from workflows.plan import Plan
+    from perdure.workflows.goal.contracts.plan import Plan
 
     with pytest.raises(ValidationError, match="needs a goal \\(text\\) or a plan"):
         Plan.model_validate({"steps": [{"name": "x", "kind": "subgoal"}]})
@@ -283,9 +283,9 @@ def test_a_tool_named_only_in_a_subgoals_plan_is_allowed_by_the_start_that_names
     """`perdure start --plan`, the web UI and the MCP server allow the tools a plan file names;
     a subgoal's own plan and its `tools` are part of that file, so its tools are allowed too
     (the goal would otherwise start, then fail with "tool 'http_request' is not allowed")."""
-    from starters import goals
-    from starters.start_requests import StartRequest, start_spec
-    from workflows.plan import check_plan
+    from perdure.starters import goals
+    from perdure.starters.start_requests import StartRequest, start_spec
+    from perdure.workflows.goal.contracts.plan import check_plan
 
     post = {"name": "post", "kind": "tool", "tool": "http_request",
             "args": {"method": "POST", "url": "http://127.0.0.1:9/notes", "body": {"a": 1}}}  # fmt: skip

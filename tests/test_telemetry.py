@@ -12,15 +12,15 @@ from temporalio.client import Client
 from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
 from temporalio.worker import Replayer
 
-from activities.models.config import ModelConfig
-from runtime import telemetry
-from runtime.plugin import PerdurePlugin
-from testing.fakes import LedgerAPI
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import telemetry
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.testing.fakes import LedgerAPI
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
-from workers.orchestrator import build_worker
-from workflows.goal import GoalWorkflow
-from workflows.state import GoalInput
 
 EXPORTED = InMemorySpanExporter()
 
@@ -89,7 +89,7 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
 def test_an_unknown_exporter_is_a_one_line_error_of_any_command(monkeypatch):
     from typer.testing import CliRunner
 
-    from starters.cli import app
+    from perdure.starters.cli import app
 
     result = CliRunner().invoke(app, ["status", "some-goal"], env={telemetry.EXPORTER_ENV: "zipkin", "COLUMNS": "200"})
     assert result.exit_code == 2, result.output
@@ -100,7 +100,7 @@ def test_otlp_over_http_sends_spans_to_the_collector_s_traces_path(monkeypatch):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from testing.otlp import OtlpReceiver
+    from perdure.testing.otlp import OtlpReceiver
 
     with OtlpReceiver() as collector:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.base_url)

@@ -15,13 +15,13 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import fingerprints
-from activities.artifacts import ArtifactStore
-from activities.sandbox import command_env
-from activities.tools import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools import fingerprints
+from perdure.activities.tools.run_tool import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
+from perdure.activities.tools.sandbox import command_env
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
+from perdure.workflows.shared.tool_specs import TOOL_SPECS, ReadFileArgs
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
-from workflows.contracts import ToolInput, ToolResult
-from workflows.tool_specs import TOOL_SPECS, ReadFileArgs
 
 
 @pytest.fixture
@@ -312,7 +312,7 @@ async def test_run_command_environment_is_scrubbed(
 async def test_run_command_heartbeats_while_waiting(
     store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.tools.HEARTBEAT_EVERY_S", 0.1)
+    monkeypatch.setattr("perdure.activities.tools.run_tool.HEARTBEAT_EVERY_S", 0.1)
     env = ActivityEnvironment()
     beats: list[tuple] = []
     env.on_heartbeat = lambda *details: beats.append(details)

@@ -27,11 +27,19 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from activities.artifacts import ArtifactStore
-from activities.models.config import ModelConfig
-from runtime import settings
-from starters import cli, goals
-from testing.scripted import ScriptedServer
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.profiles import ModelConfig
+from perdure.activities.models.scripted import ScriptedServer
+from perdure.runtime import settings
+from perdure.starters import cli, goals
+from perdure.workers import plumbing, watchdog_schedule
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.offers.worker_offers import worker_offers_id
+from perdure.workflows.quota.quota_workflow import QUOTA_WORKFLOW
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW
+from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.builders import DEMO_PLAN, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, load
 from tests.helpers import (
@@ -43,14 +51,6 @@ from tests.helpers import (
     new_goal_id,
     scheduled_activities,
 )
-from workers import plumbing, watchdog_schedule
-from workers.orchestrator import build_worker
-from workflows.contracts import GOAL_WORKFLOW
-from workflows.goal import GoalWorkflow
-from workflows.quota import QUOTA_WORKFLOW
-from workflows.state import GoalInput
-from workflows.watchdog_contracts import WATCHDOG_WORKFLOW
-from workflows.worker_offers import worker_offers_id
 
 GOAL_TEXT = "Summarise the notes into SUMMARY.md for the UI"
 # What the Temporal UI (2.x) shows instead of a page it could not load: a workflow it could

@@ -22,14 +22,14 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from starters import goals
-from starters.ui_server import build_app
-from testing.browser import CHROMIUM, Browser
+from perdure.starters import goals
+from perdure.starters.ui_server import build_app
+from perdure.testing.browser import CHROMIUM, Browser
+from perdure.workflows.goal.contracts.events import token_delta_id, token_retry_id
+from perdure.workflows.goal.contracts.messages import Abort, Park
 from tests.builders import gate, llm, scripted_profile, spec
 from tests.device_rig import write_on
 from tests.helpers import free_ports, goal_result, local_activities, running_worker, start, submit, wait_until
-from workflows.events import token_delta_id, token_retry_id
-from workflows.messages import Abort, Park
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium (make installs it)"),

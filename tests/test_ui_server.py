@@ -11,13 +11,13 @@ import uuid
 import httpx
 import pytest
 
-from starters import goals, router_client
+from perdure.starters import goals, router_client
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.router.router_contracts import Say
+from perdure.workflows.shared.contracts import GOAL_MEMO
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import CHROMIUM, chromium, goal_result, running_worker, start, wait_until
-from workflows.contracts import GOAL_MEMO
-from workflows.goal import GoalWorkflow
-from workflows.router_contracts import Say
-from workflows.state import GoalInput
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}

@@ -9,13 +9,13 @@ import asyncio
 
 import pytest
 
-from activities.models.config import ModelConfig
+from perdure.activities.models.profiles import ModelConfig
+from perdure.workers.code_version import code_version
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Park, Resume
 from tests.builders import gate
 from tests.helpers import local_activities, start, submit, wait_until
 from tests.verify_rig import checks_made
-from workers.code_version import code_version
-from workers.orchestrator import build_worker
-from workflows.messages import Park, Resume
 
 
 def read(name: str, path: str) -> dict:

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.verification import expected_digest, timeline
+from perdure.workflows.shared.contracts import Fingerprint
 from tests.builders import gate, llm, openai_profile
 from tests.helpers import running_worker, scheduled_activities, start, wait_until
 from tests.verify_rig import checked, park_then_resume, read, runs_of
-from workflows.contracts import Fingerprint
-from workflows.goal.verification import expected_digest, timeline
-from workflows.state import Node
 
 TOOLS = ["read_file", "list_dir", "write_file", "run_command"]
 

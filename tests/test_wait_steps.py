@@ -14,16 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from activities.models.config import ModelConfig
+from perdure.activities.models.profiles import ModelConfig
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Answer, Park
+from perdure.workflows.goal.contracts.plan import parse_plan
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules.timing import TimerEvents, judge, late_cause, lateness_text
+from perdure.workflows.shared.contracts import GoalResult
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import local_activities, perdure_status, submit, wait_until
-from workers.orchestrator import build_worker
-from workflows.contracts import GoalResult
-from workflows.goal import GoalWorkflow
-from workflows.messages import Answer, Park
-from workflows.plan import parse_plan
-from workflows.state import GoalInput
-from workflows.timing import TimerEvents, judge, late_cause, lateness_text
 
 STEP_REPLY = {"policy": "offline", "replies": [{"when": "step: ", "content": "done"}]}
 LATE = re.compile(r"checked at (?:\d{4}-\d{2}-\d{2} )?[0-9:]+ UTC, ((?:\d+ (?:d|h|min|s) ?)+) late, late")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.workflows.goal.contracts.messages import Answer, Approve, Park, Resume, Rewind, Steer
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, agent, llm, openai_profile, tool_then_answer
 from tests.helpers import calls_for, running_worker, start, statuses, submit, wait_until
-from workflows.goal import GoalWorkflow
-from workflows.messages import Answer, Approve, Park, Resume, Rewind, Steer
 
 # Waits on purpose (chains across continue-as-new, services slow to answer): not in test-fast.
 pytestmark = pytest.mark.slow

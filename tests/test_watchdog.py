@@ -18,19 +18,19 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
-from activities.report import ReportActivities
-from activities.tools import ToolActivities
-from activities.visibility import VisibilityActivities
-from activities.watchdog_memory import memory_path
-from starters.cli import app
+from perdure.activities.goal.report import ReportActivities
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.watchdog.watchdog_memory import memory_path
+from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
+from perdure.starters.cli import app
+from perdure.workers import orchestrator, watchdog_schedule
+from perdure.workflows.goal.contracts.messages import Answer, Park
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Activities, GenerateInput, GenerateResult, ToolInput, ToolResult, Usage
+from perdure.workflows.watchdog.watchdog_contracts import ScanInput, WatchdogInput, WatchdogResult
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import goal_result, local_activities, running_worker, start, statuses, submit, wait_until
-from workers import orchestrator, watchdog_schedule
-from workflows.contracts import Activities, GenerateInput, GenerateResult, ToolInput, ToolResult, Usage
-from workflows.goal import GoalWorkflow
-from workflows.messages import Answer, Park
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import ScanInput, WatchdogInput, WatchdogResult
 
 # Waits on purpose (retried activities reaching an attempt, query timeouts, schedules): not in test-fast.
 pytestmark = pytest.mark.slow

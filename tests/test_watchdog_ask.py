@@ -9,8 +9,8 @@ import json
 
 from typer.testing import CliRunner
 
-from activities.watchdog_memory import load_rules, rules_path
-from starters.cli import app
+from perdure.activities.watchdog.watchdog_memory import load_rules, rules_path
+from perdure.starters.cli import app
 
 ANSWER = {
     "answer": "review-1 is not stuck: its agent step runs long but keeps reading new files; "

@@ -17,10 +17,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from typer.testing import CliRunner
 
-from starters.cli import app
+from perdure.starters.cli import app
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import running_worker, start, statuses, wait_until
-from workflows.goal import GoalWorkflow
 
 pytestmark = pytest.mark.slow
 

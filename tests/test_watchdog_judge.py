@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from starters.cli import app
+from perdure.starters.cli import app
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogResult, WatchdogRules
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import gate, llm, openai_profile
 from tests.helpers import running_worker, start, statuses, wait_until
-from workflows.goal import GoalWorkflow
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput, WatchdogResult, WatchdogRules
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ async def test_a_malformed_verdict_acts_on_nothing_and_over_budget_is_rules_only
         assert "malformed" in report.output and "no action" in report.output, report.output
         # A new episode (one more informative step would start it) is simulated by forgetting
         # the verdict: the budget of one call a day is spent, so it is rules only and said so.
-        from activities.watchdog_memory import load_memory, memory_path, save_memory
+        from perdure.activities.watchdog.watchdog_memory import load_memory, memory_path, save_memory
 
         path = memory_path(store.root.parent, task_queue)
         memory, _ = load_memory(path)

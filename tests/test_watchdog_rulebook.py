@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from activities.watchdog_memory import load_rules, rules_path
-from starters.cli import app
+from perdure.activities.watchdog.watchdog_memory import load_rules, rules_path
+from perdure.starters.cli import app
+from perdure.workers import watchdog_schedule
+from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogResult, WatchdogRules
+from perdure.workflows.watchdog.watchdog_rules import effective_rules
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import STEP_REPLY, gate, openai_profile
 from tests.helpers import running_worker, start, statuses, wait_until
-from workers import watchdog_schedule
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WatchdogInput, WatchdogResult, WatchdogRules
-from workflows.watchdog_rules import effective_rules
 
 
 def cli(home, queue: str, *args: str, user: str = "alice"):

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows.messages import REQUEST_ID
-from workflows.watchdog_contracts import (
+from perdure.workflows.goal.contracts.messages import REQUEST_ID
+from perdure.workflows.watchdog.watchdog_contracts import (
     GoalObservation,
     InterventionOutcome,
     PendingActivityView,
     WatchdogMemory,
     WatchdogRules,
 )
-from workflows.watchdog_rules import (
+from perdure.workflows.watchdog.watchdog_rules import (
     ambiguity,
     assess,
     episode_of,

@@ -11,14 +11,14 @@ from datetime import timedelta
 
 import pytest
 
-from activities.models.config import ModelConfig
+from perdure.activities.models.profiles import ModelConfig
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Answer, Narrow, Park, Queue
+from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import GoalResult
 from tests.builders import llm, openai_profile, spec
 from tests.helpers import run_ids, submit, wait_until
-from workers.orchestrator import build_worker
-from workflows.contracts import GoalResult
-from workflows.goal import GoalWorkflow
-from workflows.messages import Answer, Narrow, Park, Queue
-from workflows.state import GoalInput
 
 pytestmark = pytest.mark.slow
 

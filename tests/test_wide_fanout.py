@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from testing.fakes import LedgerAPI
+from perdure.testing.fakes import LedgerAPI
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.scheduler import STARTS_PER_TASK
 from tests.helpers import goal_result, run_ids, running_worker, start, submit, wait_until, workflow_task_failures
-from workflows.goal.scheduler import STARTS_PER_TASK
-from workflows.messages import Abort
 
 WRITES = 1_200
 

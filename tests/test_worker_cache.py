@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from activities.artifacts import ArtifactStore
-from activities.mcp.tools import McpServers
-from activities.models.config import ModelConfig
-from runtime import settings
-from workers.orchestrator import build_worker
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.mcp.mcp_calls import McpServers
+from perdure.activities.models.profiles import ModelConfig
+from perdure.runtime import settings
+from perdure.workers.orchestrator import build_worker
 
 
 def cached_runs(env, task_queue: str, tmp_path) -> int:

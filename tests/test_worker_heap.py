@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from workers import heap
+from perdure.workers import heap
 
 
 @pytest.fixture

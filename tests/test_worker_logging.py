@@ -9,9 +9,9 @@ import pytest
 
 SCRIPT = """
 import logging, structlog
-from workers.orchestrator import configure_logging
+from perdure.workers.orchestrator import configure_logging
 configure_logging()
-logging.getLogger("activities.tools").info(
+logging.getLogger("perdure.activities.tools.run_tool").info(
     "tool ran", extra={"tool": "read_file", "effect_key": "k1", "temporal_activity": {"activity_id": "7"}}
 )
 structlog.get_logger("workers").info("worker polling", task_queue="perdure")
@@ -32,7 +32,7 @@ def test_worker_logs_print_the_structured_fields_of_stdlib_and_structlog_records
 
 SWAPPED = """
 import io, logging, sys
-from workers.orchestrator import configure_logging
+from perdure.workers.orchestrator import configure_logging
 first = sys.stderr = io.StringIO()
 configure_logging()  # set up while a test runner had swapped stderr
 first.close()

@@ -18,14 +18,14 @@ from collections import Counter
 import pytest
 from temporalio.client import WorkflowHandle
 
-from starters import goals
-from testing.crash import PERDURE, CrashRig
-from testing.fakes import MAIL_KEY, MailAPI
+from perdure.starters import goals
+from perdure.testing.crash import PERDURE, CrashRig
+from perdure.testing.fakes import MAIL_KEY, MailAPI
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.shared.contracts import Activities, GoalResult
+from perdure.workflows.shared.retries import MODEL_RETRY, RETRY_BY_POLICY
 from tests.builders import spec
 from tests.helpers import activity_outcomes
-from workflows.contracts import Activities, GoalResult
-from workflows.plan import Plan
-from workflows.retries import MODEL_RETRY, RETRY_BY_POLICY
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.plugin import WORKFLOW_MODULES
+from perdure.runtime.plugin import WORKFLOW_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 

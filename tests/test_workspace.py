@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from activities.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
+from perdure.activities.tools.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace, workspace_root
 
 
 @pytest.fixture

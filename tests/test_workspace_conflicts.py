@@ -31,18 +31,19 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities import sandbox, tools
-from activities.artifacts import ArtifactStore
-from activities.models.config import ModelConfig
-from activities.tools import ToolActivities
-from activities.workspace_versions import Basis, FenceToken, WorkspaceVersions, WriteRefused
-from runtime.plugin import PerdurePlugin
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.models.profiles import ModelConfig
+from perdure.activities.tools import run_tool as tools
+from perdure.activities.tools import sandbox
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.tools.workspace_versions import Basis, FenceToken, WorkspaceVersions, WriteRefused
+from perdure.runtime.plugin import PerdurePlugin
+from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.messages import Rewind
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import ToolInput, ToolResult, WorkspaceFence
 from tests.builders import agent, openai_profile
 from tests.helpers import running_worker, start, statuses, submit
-from workers.orchestrator import build_worker
-from workflows.contracts import ToolInput, ToolResult, WorkspaceFence
-from workflows.goal import GoalWorkflow
-from workflows.messages import Rewind
 
 ORIGINAL = "# Poster notes\n- colours: blue and grey\n- title at the top\n"
 PERSON = ORIGINAL + "- a person's line: make it warmer\n"
@@ -329,7 +330,7 @@ class HeldWrites(ToolActivities):
 async def held_worker(client: Client, task_queue: str, store: ArtifactStore, server) -> AsyncIterator[HeldWrites]:
     HeldWrites.made = []
     config = ModelConfig(profiles={"test": openai_profile(server)})
-    with mock.patch("workers.orchestrator.ToolActivities", HeldWrites):
+    with mock.patch("perdure.workers.orchestrator.ToolActivities", HeldWrites):
         worker = build_worker(client, task_queue=task_queue, store=store, model_config=config)
     (tools_of_worker,) = HeldWrites.made
     async with worker:

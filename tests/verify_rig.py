@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from perdure.workflows.goal.contracts.messages import Park, Resume
+from perdure.workflows.shared.contracts import Activities
 from tests.helpers import local_activities, scheduled_activities, submit, wait_until
-from workflows.contracts import Activities
-from workflows.messages import Park, Resume
 
 
 def read(name: str, path: str) -> dict:

@@ -38,9 +38,9 @@ from temporalio.common import (
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkerDeploymentConfig
 
-from runtime import settings
-from workers.code_version import code_version
-from workflows.contracts import GOAL_WORKFLOW
+from perdure.runtime import settings
+from perdure.workers.code_version import code_version
+from perdure.workflows.shared.contracts import GOAL_WORKFLOW
 
 # The system search attribute visibility keeps a run's version in, as `<deployment>:<build id>`.
 VERSION_KEY = SearchAttributeKey.for_keyword("TemporalWorkerDeploymentVersion")

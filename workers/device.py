@@ -2,7 +2,7 @@
 
 A Temporal worker on the user's own machine, polling `perdure-device-NAME` with
 outbound connections only, that runs the device activities of
-activities/device_tools.py inside DIR. It announces itself to the device registry
+activities/devices/device_tools.py inside DIR. It announces itself to the device registry
 (an update-with-start on the registry workflow, which answers with this session's
 generation), then serves the lease the registry schedules on its queue and the goals'
 tool calls, until Ctrl-C, SIGTERM, or a call for a newer session of the same device
@@ -41,10 +41,10 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities import sandbox
-from activities.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
-from runtime import settings
-from workflows.device_contracts import (
+from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
+from perdure.activities.tools import sandbox
+from perdure.runtime import settings
+from perdure.workflows.devices.device_contracts import (
     DEVICE_NAME,
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,
@@ -293,7 +293,7 @@ async def run_device(
 ) -> None:
     """Run the daemon until SIGINT/SIGTERM, until a newer session of the device takes over,
     or until the task running it is cancelled. `client` must keep payloads inline
-    (`runtime.connect.connect(payload_store=False)`)."""
+    (`perdure.runtime.connect.connect(payload_store=False)`)."""
     config = device_config(
         name=name,
         root=root,
@@ -436,7 +436,7 @@ async def _keep_announced(client: Client, config: DeviceConfig, state: DeviceSes
         log.warning(f"device {config.name} held no lease for {lapse_s:g} s; announcing it again")
         state.session = uuid.uuid4().hex
         # Until the answer comes, a lease or call of the new session may already arrive: it
-        # is this daemon's, not a replacement's (activities/device_tools.py).
+        # is this daemon's, not a replacement's (activities/devices/device_tools.py).
         state.announcing = True
         try:
             session = await announce(client, _announcement(config, state), queue)

@@ -1,5 +1,5 @@
 """A worker publishes what it offers while it runs: a worker plugin that signals the offers
-workflow of its task queue (workflows/worker_offers.py) when the worker starts and again
+workflow of its task queue (workflows/offers/worker_offers.py) when the worker starts and again
 whenever the offer changes (a config.toml reloaded), so `perdure start` and `perdure
 profiles` read it from the server with no worker answering them.
 
@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
 
-from workers import plumbing
-from workers.capabilities import CapabilitiesActivities
-from workflows.worker_offers import (
+from perdure.workers import plumbing
+from perdure.workers.worker_capabilities import CapabilitiesActivities
+from perdure.workflows.offers.worker_offers import (
     OFFER_SIGNAL,
     OfferAnnouncement,
     WorkerOffersInput,

@@ -1,6 +1,6 @@
 """The orchestrator worker: goal workflows plus model, tool and report activities,
 the watchdog (its workflow, its activities, and its schedule), what the worker
-offers (workers/capabilities.py, published while it runs by workers/offer_publisher.py
+offers (workers/worker_capabilities.py, published while it runs by workers/offer_publisher.py
 for `perdure profiles` and `perdure start`),
 and the device registry with the workers' half of a device call (workers/device.py
 is the device's own worker).
@@ -23,34 +23,34 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities import sandbox
-from activities.artifacts import ArtifactStore, default_store
-from activities.device_calls import DeviceCallActivities
-from activities.mcp.config import load_mcp_servers
-from activities.mcp.launch import start_warnings
-from activities.mcp.tools import McpServers
-from activities.memory_activities import MemoryActivities
-from activities.model_activities import ModelActivities
-from activities.models.config import ModelConfig, load_model_config
-from activities.models.providers import import_profiles_sdk
-from activities.report import ReportActivities
-from activities.router_activities import RouterIO
-from activities.timer_history import TimingActivities
-from activities.tools import ToolActivities
-from activities.verification import VerificationActivities, VerifyQuestionActivities
-from activities.visibility import VisibilityActivities
-from activities.watchdog_model import WatchdogModelActivities
-from runtime import settings
-from runtime.codec import keyring_of
-from workers import deployment, heap, watchdog_schedule
-from workers.capabilities import CapabilitiesActivities
-from workers.code_version import code_version
-from workers.lost_worker import ReleaseAfterLostWorker
-from workers.offer_publisher import offer_publisher
-from workers.workflow_types import ORCHESTRATOR_WORKFLOWS
-from workflows.contracts import TASK_QUEUE
-from workflows.retries import HEARTBEAT_THROTTLE
-from workflows.worker_offers import VersionedWorkerOffersWorkflow, WorkerOffersWorkflow
+from perdure.activities.artifacts import ArtifactStore, default_store
+from perdure.activities.devices.device_calls import DeviceCallActivities
+from perdure.activities.goal.memory_activities import MemoryActivities
+from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
+from perdure.activities.goal.report import ReportActivities
+from perdure.activities.goal.timer_history import TimingActivities
+from perdure.activities.mcp.launch import start_warnings
+from perdure.activities.mcp.mcp_calls import McpServers
+from perdure.activities.mcp.mcp_config import load_mcp_servers
+from perdure.activities.models.model_activities import ModelActivities
+from perdure.activities.models.profiles import ModelConfig, load_model_config
+from perdure.activities.models.providers import import_profiles_sdk
+from perdure.activities.router.router_activities import RouterIO
+from perdure.activities.tools import sandbox
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.watchdog.watchdog_model import WatchdogModelActivities
+from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
+from perdure.runtime import settings
+from perdure.runtime.codec import keyring_of
+from perdure.workers import deployment, heap, watchdog_schedule
+from perdure.workers.code_version import code_version
+from perdure.workers.lost_worker import ReleaseAfterLostWorker
+from perdure.workers.offer_publisher import offer_publisher
+from perdure.workers.worker_capabilities import CapabilitiesActivities
+from perdure.workers.workflow_types import ORCHESTRATOR_WORKFLOWS
+from perdure.workflows.offers.worker_offers import VersionedWorkerOffersWorkflow, WorkerOffersWorkflow
+from perdure.workflows.shared.contracts import TASK_QUEUE
+from perdure.workflows.shared.retries import HEARTBEAT_THROTTLE
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +95,7 @@ def build_worker(
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     worker_options.setdefault("max_cached_workflows", settings.workflow_cache())
     # Heartbeats reach the server about every second whatever an activity's heartbeat
-    # timeout, so a short timeout still leaves a live worker slack (workflows/retries.py).
+    # timeout, so a short timeout still leaves a live worker slack (workflows/shared/retries.py).
     worker_options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     # A retry after a lost worker: the goal's next task is not held for the dead worker.
     worker_options["interceptors"] = [*worker_options.get("interceptors", ()), ReleaseAfterLostWorker()]

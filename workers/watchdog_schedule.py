@@ -35,10 +35,10 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from workers import plumbing
-from workflows.contracts import TASK_QUEUE
-from workflows.watchdog import WatchdogWorkflow
-from workflows.watchdog_contracts import WATCHDOG_ID, WATCHDOG_WORKFLOW, WatchdogInput
+from perdure.workers import plumbing
+from perdure.workflows.shared.contracts import TASK_QUEUE
+from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_ID, WATCHDOG_WORKFLOW, WatchdogInput
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
 DEFAULT_INTERVAL_S = 60.0
 INTERVAL_ENV = "PERDURE_WATCHDOG_INTERVAL_S"

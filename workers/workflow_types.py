@@ -5,13 +5,13 @@ workflow sandbox imports may import it."""
 
 from __future__ import annotations
 
-from workers.capabilities import CapabilitiesWorkflow
-from workflows.device_registry import DeviceRegistryWorkflow
-from workflows.goal import GoalWorkflow
-from workflows.quota import QuotaWorkflow
-from workflows.router import RouterWorkflow
-from workflows.watchdog import WatchdogWorkflow
-from workflows.worker_offers import WorkerOffersWorkflow
+from perdure.workers.worker_capabilities import CapabilitiesWorkflow
+from perdure.workflows.devices.device_registry import DeviceRegistryWorkflow
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.offers.worker_offers import WorkerOffersWorkflow
+from perdure.workflows.quota.quota_workflow import QuotaWorkflow
+from perdure.workflows.router.router_workflow import RouterWorkflow
+from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
 ORCHESTRATOR_WORKFLOWS = [
     GoalWorkflow,

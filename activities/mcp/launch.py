@@ -1,5 +1,5 @@
 """How a stdio MCP server's process is started: in the sandbox shell commands run in
-(activities/sandbox.py), unless its config table says `sandbox = false`.
+(activities/tools/sandbox.py), unless its config table says `sandbox = false`.
 
 A sandboxed server gets what a command gets: new PID, IPC and UTS namespaces with a
 fresh /proc (no process of the worker to read), no capabilities, the system
@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from activities import sandbox
-from activities.mcp.config import McpConfigInvalid, McpServer, resolve_env
-from runtime import settings
+from perdure.activities.mcp.mcp_config import McpConfigInvalid, McpServer, resolve_env
+from perdure.activities.tools import sandbox
+from perdure.runtime import settings
 
 if TYPE_CHECKING:
     from mcp.client.stdio import StdioServerParameters

@@ -19,9 +19,9 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models.timeouts import attempt_deadline
-from workflows.contracts import Usage
-from workflows.retries import ModelAttempt, failed_attempts_in, unaccounted_attempts, with_attempts
+from perdure.activities.models.timeouts import attempt_deadline
+from perdure.workflows.shared.contracts import Usage
+from perdure.workflows.shared.retries import ModelAttempt, failed_attempts_in, unaccounted_attempts, with_attempts
 
 R = TypeVar("R", bound=BaseModel)
 

@@ -5,9 +5,9 @@ and some providers bill what they read of it; a 3 MB prompt must cost nothing. E
 model call of perdure's (steps, agent turns, the planner, drift checks, verification, the
 router, the watchdog's judge) is measured here first: its prompt (messages, tool calls,
 tool schemas) in characters, as tokens at CHARS_PER_TOKEN, plus the reply it allows. A
-call over its profile's window (activities/models/config.py `ModelProfile.window`) leaves
+call over its profile's window (activities/models/profiles.py `ModelProfile.window`) leaves
 as a non-retryable `ContextWindowExceeded` that names the call and the sizes; an agent
-turn is compacted to fit first (activities/model_activities.py). A profile whose window
+turn is compacted to fit first (activities/models/model_activities.py). A profile whose window
 is unknown is not judged.
 
 The estimate errs high on purpose: English prose runs about four characters a token on
@@ -23,9 +23,9 @@ import math
 
 from temporalio.exceptions import ApplicationError
 
-from activities.compaction import prompt_chars
-from activities.models.config import ModelProfile
-from activities.models.providers import ChatRequest, ChatTool
+from perdure.activities.models.compaction import prompt_chars
+from perdure.activities.models.profiles import ModelProfile
+from perdure.activities.models.providers import ChatRequest, ChatTool
 
 CHARS_PER_TOKEN = 3
 CONTEXT_WINDOW_EXCEEDED = "ContextWindowExceeded"

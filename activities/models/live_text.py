@@ -25,7 +25,7 @@ from types import TracebackType
 from temporalio import activity
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
-from workflows.events import (
+from perdure.workflows.goal.contracts.events import (
     MAX_TOKEN_DELTA_CHARS,
     TOKENS_TOPIC,
     TokenDelta,

@@ -29,15 +29,15 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.client_pool import pooled
-from activities.models.attempts import ModelAttemptState, ModelError
-from activities.models.config import ModelProfile
-from activities.models.timeouts import MIN_REPLY_WAIT_S, reply_timed_out, request_timeout
-from workflows.contracts import Usage
+from perdure.activities.client_pool import pooled
+from perdure.activities.models.attempts import ModelAttemptState, ModelError
+from perdure.activities.models.profiles import ModelProfile
+from perdure.activities.models.timeouts import MIN_REPLY_WAIT_S, reply_timed_out, request_timeout
+from perdure.workflows.shared.contracts import Usage
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
 NO_KEY = "unused"
-# The error type of the scripted server's offline refusal (testing/scripted.py, spelled out
+# The error type of the scripted server's offline refusal (activities/models/scripted.py, spelled out
 # there too: this module imports the scripted server only when a profile uses it).
 OFFLINE_ERROR_TYPE = "perdure_offline"
 # Handle kinds, as heartbeat details name them (activities/models/attempts.py).
@@ -54,7 +54,7 @@ JSON_ONLY = "Reply with a single JSON value only: no prose, no code fences."
 
 
 if TYPE_CHECKING:
-    from testing.scripted import ScriptedServer
+    from perdure.activities.models.scripted import ScriptedServer
 
 
 class ChatToolCall(BaseModel):
@@ -850,7 +850,7 @@ def scripted_server(script: str) -> ScriptedServer:
     with _scripted_lock:
         server = _scripted_servers.get(key)
         if server is None:
-            from testing.scripted import ScriptedServer
+            from perdure.activities.models.scripted import ScriptedServer
 
             server = ScriptedServer(Path(key)).start()
             _scripted_servers[key] = server

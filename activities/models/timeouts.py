@@ -1,6 +1,6 @@
 """How long a model client waits, derived from the activity's attempt in this one place.
 
-The attempt (workflows/retries.py MODEL_TIMEOUT, or whatever start-to-close the
+The attempt (workflows/shared/retries.py MODEL_TIMEOUT, or whatever start-to-close the
 activity was scheduled with) is the outer limit; the client's wait for a reply is what
 is left of it less MODEL_REPLY_MARGIN. Never the other way round: a client that gave
 up first would end a request the activity still waits for, and the retry would send
@@ -16,8 +16,8 @@ import time
 import httpx2
 from temporalio import activity
 
-from activities.models.config import ModelProfile
-from workflows.retries import MODEL_REPLY_MARGIN, MODEL_TIMEOUT
+from perdure.activities.models.profiles import ModelProfile
+from perdure.workflows.shared.retries import MODEL_REPLY_MARGIN, MODEL_TIMEOUT
 
 # The shortest wait ever given, so a late start still gets a real request.
 MIN_REPLY_WAIT_S = 1.0

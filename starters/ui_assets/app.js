@@ -6,7 +6,7 @@
 const main = document.getElementById("main");
 const where = document.getElementById("where");
 
-// Node statuses (workflows/statuses.py): void work, and work given up or left out.
+// Node statuses (workflows/shared/statuses.py): void work, and work given up or left out.
 const VOID = new Set(["invalidated", "abandoned"]);
 // What a rewind acts on (STARTED): work that ran, or started and waits.
 const STARTED = new Set(["succeeded", "failed", "running", "uncertain", "blocked", "parked", "offline"]);
@@ -254,7 +254,7 @@ function drawTail(g, live) {
 // --- one goal: live model output -----------------------------------------------------
 
 // The live text of a node's latest (turn, attempt), as GoalView._reduce_live keeps it
-// (workflows/events.py): a later turn or attempt replaces it, an earlier one is
+// (workflows/goal/contracts/events.py): a later turn or attempt replaces it, an earlier one is
 // dropped, a retry marker empties it. An event seen twice (by id) changes nothing.
 function reduceLive(state, event) {
   if (state.seen.has(event.id)) return false;

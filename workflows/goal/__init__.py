@@ -21,32 +21,29 @@ workflow itself:
     closing.py       outcome, report, result
 
 Where do I add ...
-- a steering verb: its message type and what its turn must find (`turn_problem`) in workflows/messages.py,
+- a steering verb: its message type and what its turn must find (`turn_problem`)
+  in workflows/goal/contracts/messages.py,
   a method returning `Applied` in steering.py and its entry in `Steering.verbs`;
   the CLI verb in starters/.
-- a node kind: a step type in workflows/plan.py (`STEP_TYPES`; `NodeKind` follows),
+- a node kind: a step type in workflows/goal/contracts/plan.py (`STEP_TYPES`; `NodeKind` follows),
   a runner in nodes/ and its entry in `nodes.node_runners` (a kind without one
-  fails at start-up); its cost before any history in workflows/estimates.py
+  fails at start-up); its cost before any history in workflows/goal/rules/estimates.py
   (`KIND_DEFAULTS`, else it is assumed as heavy as an agent).
 - a budget rule: spend.py, in `Spend.admit` (before a node starts) or in
-  `Spend.charge` (after a model call); the arithmetic itself in workflows/budget.py.
+  `Spend.charge` (after a model call); the arithmetic itself in workflows/shared/budget.py.
 - a model call of the goal's own (no step asked for it): `ModelCalls.run(..., own=KIND)`
   with a KIND of contracts.OWN_CALL_KINDS, so status, report and result show it on its
-  line; what it is shown bounded however large the plan (workflows/drift_outline.py is
+  line; what it is shown bounded however large the plan (workflows/goal/rules/drift_outline.py is
   the example); an optional one asks `Spend.own_call_refused` first.
 - a tool: its spec (risk class, replay policy, argument model) in
-  workflows/tool_specs.py and its implementation in activities/tools.py (or
-  activities/effect_tools.py for effects on the outside world); nothing here
+  workflows/shared/tool_specs.py and its implementation in activities/tools/run_tool.py (or
+  activities/tools/effect_tools.py for effects on the outside world); nothing here
   changes, the effect guard and the tool runner read the spec.
 - a model provider: activities/models/providers.py (a `ChatProvider`, chosen in
-  `provider_for`) and its profile fields in activities/models/config.py; nothing
+  `provider_for`) and its profile fields in activities/models/profiles.py; nothing
   here changes, a goal names a profile, never a provider.
 
 Determinism: these rooms only reorganise what one class did; history is the same
 (goldens in tests/histories/ replay). A change to what any room decides goes
 behind `workflow.patched` (tool_runner.py has the examples).
 """
-
-from workflows.goal.workflow import GoalWorkflow
-
-__all__ = ["GoalWorkflow"]

@@ -14,14 +14,14 @@ from typing import get_args
 
 from temporalio import workflow
 
-from workflows import graph, metrics
-from workflows.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
-from workflows.goal.context import GoalContext
-from workflows.goal.memory import GoalMemoryRoom
-from workflows.progress_view import owned_objects
-from workflows.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
-from workflows.state import CompensationRecord, Ledger, Node, RetiredNode
-from workflows.statuses import NodeStatus
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, RetiredNode
+from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.rules.progress_view import owned_objects
+from perdure.workflows.shared import graph, metrics
+from perdure.workflows.shared.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
+from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
+from perdure.workflows.shared.statuses import NodeStatus
 
 
 class Closing:

@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
-from workflows import metrics
-from workflows.contracts import ArtifactRef, Signals, SubgoalOutcome
-from workflows.goal.patches import (
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.plan import Plan, PlanStep
+from perdure.workflows.goal.contracts.state import GoalState, Node, Question
+from perdure.workflows.goal.patches import (
     AGENT_WAITS_PATCH,
     BASELINE_PATCH,
     BUDGET_CLOCK_PATCH,
@@ -53,14 +54,13 @@ from workflows.goal.patches import (
     WRITES_PREPARED_HERE_PATCH,
     patched_here,
 )
-from workflows.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
-from workflows.messages import Abort
-from workflows.node_index import NodeIndex
-from workflows.plan import Plan, PlanStep
-from workflows.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
-from workflows.state import GoalState, Node, Question
-from workflows.statuses import RAN, STARTED, TERMINAL, NodeStatus
-from workflows.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
+from perdure.workflows.goal.rules.node_index import NodeIndex
+from perdure.workflows.shared import metrics
+from perdure.workflows.shared.contracts import ArtifactRef, Signals, SubgoalOutcome
+from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
+from perdure.workflows.shared.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
+from perdure.workflows.shared.statuses import RAN, STARTED, TERMINAL, NodeStatus
+from perdure.workflows.shared.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
 
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
@@ -126,7 +126,7 @@ class GoalContext:
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
         self.on_receipt: Callable[[Any], None] | None = None
-        # The goal's perdure_* metrics (workflows/metrics.py): the SDK's replay-safe meter, or
+        # The goal's perdure_* metrics (workflows/shared/metrics.py): the SDK's replay-safe meter, or
         # none where a room is exercised outside a workflow.
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
 
@@ -290,7 +290,7 @@ class GoalContext:
         return refs
 
     def index(self) -> NodeIndex:
-        """Statuses and ready steps without a scan of every node (workflows/node_index.py);
+        """Statuses and ready steps without a scan of every node (workflows/goal/rules/node_index.py);
         built again when the plan or the node table changes."""
         state = self.state
         if self._index is None or not self._index.fits(state.plan, state.nodes):

@@ -23,14 +23,14 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, TimeoutError
 
-from workflows import questions
-from workflows.contracts import Activities, PreparedEffect, ToolInput, ToolResult
-from workflows.effects import command_key, prepared_in_workflow
-from workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
-from workflows.goal.devices import Devices
-from workflows.goal.tool_runner import ToolRunner, failure_message
-from workflows.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
-from workflows.tool_specs import COMMAND_TOOLS, WRITE_RISKS, ToolSpec
+from perdure.workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
+from perdure.workflows.goal.contracts.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
+from perdure.workflows.goal.device_placement import Devices
+from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.tool_runner import ToolRunner, failure_message
+from perdure.workflows.shared.contracts import Activities, PreparedEffect, ToolInput, ToolResult
+from perdure.workflows.shared.effects import command_key, prepared_in_workflow
+from perdure.workflows.shared.tool_specs import COMMAND_TOOLS, WRITE_RISKS, ToolSpec
 
 COMMAND_TOOL = "run_command"
 PREPARE_TIMEOUT = timedelta(seconds=30)

@@ -3,7 +3,7 @@ a receipt, or a refusal that says why.
 
 Workflow code. The rules (what is well formed, what is refused at the door, what
 must wait for its turn, what makes two sends the same message) are pure, in
-workflows/messages.py; this room records what they decide and settles entries as
+workflows/goal/contracts/messages.py; this room records what they decide and settles entries as
 the steering room applies them, in the order they were sent.
 
 Handlers hand over raw arguments: a signal cannot be refused at the door (the
@@ -20,10 +20,8 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from workflows.contracts import Signals, Updates
-from workflows.goal.context import GoalContext
-from workflows.goal.patches import IN_ORDER_PATCH, patched_here
-from workflows.messages import (
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.messages import (
     MAX_REFUSALS,
     InboxEntry,
     InboxView,
@@ -40,8 +38,10 @@ from workflows.messages import (
     request_id_of,
     turn_problem,
 )
-from workflows.raw_values import decode_raw
-from workflows.statuses import ENDED_PHASES
+from perdure.workflows.goal.patches import IN_ORDER_PATCH, patched_here
+from perdure.workflows.shared.contracts import Signals, Updates
+from perdure.workflows.shared.raw_values import decode_raw
+from perdure.workflows.shared.statuses import ENDED_PHASES
 
 # Applied at the next model-turn boundary or when the goal would be idle, not at the loop's safe point.
 LATER_KINDS = ("steer", "queue")

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from temporalio.exceptions import ActivityError, RetryState, TimeoutError, TimeoutType
 
-from workflows import budget
-from workflows.goal.context import GoalContext
-from workflows.goal.spend import Spend
-from workflows.state import Node
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.shared import budget
 
 # A call scheduled again after this many of its attempts died is left to fail (module docstring).
 LOST_PER_CALL = 30

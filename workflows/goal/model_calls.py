@@ -6,7 +6,7 @@ and agent turns all call through here; a call no step asked for is booked by its
 
 Failed attempts (the provider bills them) reach the ledger by one of three ways, all
 read from data in history, so replay charges the same: the successful result's
-`failed_attempts` (workflows/retries.py `with_attempts`); the failing ApplicationError's
+`failed_attempts` (workflows/shared/retries.py `with_attempts`); the failing ApplicationError's
 details, when the activity failed for good; or, when its last attempt timed out (the
 worker died), that attempt's last heartbeat details, where attempts that left no record
 are the ones that died with their worker (marked `lost`). A record without usage is
@@ -14,12 +14,12 @@ charged at the node kind's P80 estimate, marked estimated (Spend.charge_failed_a
 A call whose attempts dead workers used up is scheduled again while the goal allows,
 with the attempts the model's own failures left it (lost_workers.py).
 
-A call whose resource has a quota and whose slot is later (QuotaWait, activities/quota.py)
+A call whose resource has a quota and whose slot is later (QuotaWait, activities/quota/quota_admission.py)
 waits here on a durable timer, shown on its node, and runs again with its slot's key; a
 resource without a quota never takes this path, so existing histories replay unchanged.
 
 Workflow code: it schedules activities. A new model-backed activity needs only an
-input and a result type in workflows/contracts.py and a call to `ModelCalls.run`.
+input and a result type in workflows/shared/contracts.py and a call to `ModelCalls.run`.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
-from workflows.contracts import ModelContext, Usage
-from workflows.goal.context import GoalContext
-from workflows.goal.inbox import Inbox
-from workflows.goal.lost_workers import LostWorkers, out_of_attempts
-from workflows.goal.spend import Spend
-from workflows.quota import QUOTA_KEY, QUOTA_WAIT, slot_text, waited_seconds, waited_text
-from workflows.retries import (
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.inbox import Inbox
+from perdure.workflows.goal.lost_workers import LostWorkers, out_of_attempts
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.quota.quota_workflow import QUOTA_KEY, QUOTA_WAIT, slot_text, waited_seconds, waited_text
+from perdure.workflows.shared.contracts import ModelContext, Usage
+from perdure.workflows.shared.retries import (
     MODEL_OPTIONS,
     MODEL_RETRY,
     ModelAttempt,
@@ -46,7 +47,6 @@ from workflows.retries import (
     unaccounted_attempts,
     with_attempts,
 )
-from workflows.state import Node
 
 
 class _Charged(Protocol):
@@ -54,9 +54,9 @@ class _Charged(Protocol):
 
 
 R = TypeVar("R", bound=_Charged)
-# How long before its quota slot a waiting call is scheduled again (less than activities/quota.py
+# How long before its quota slot a waiting call is scheduled again (less than activities/quota/quota_admission.py
 # ADMIT_WITHIN): what a timer, a workflow task and an activity start may take on a loaded worker.
-# A call back later than its slot loses it (activities/quota.py LATE); 0.5 s was too little on
+# A call back later than its slot loses it (activities/quota/quota_admission.py LATE); 0.5 s was too little on
 # 2 loaded cores (a suite run saw most calls retake their slots, and the line grow fourfold).
 SLOT_LEAD = timedelta(seconds=2)
 # What a failed attempt of a call outside any node (planner, drift check) is estimated as.
@@ -164,7 +164,7 @@ class ModelCalls:
 
 
 def quota_wait_of(err: ActivityError) -> dict | None:
-    """The slot a call must wait for (activities/quota.py's QuotaWait), or None."""
+    """The slot a call must wait for (activities/quota/quota_admission.py's QuotaWait), or None."""
     cause = err.cause
     if isinstance(cause, ApplicationError) and cause.type == QUOTA_WAIT and cause.details:
         details = cause.details[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from workflows.state import GoalState
+from perdure.workflows.goal.contracts.state import GoalState
 
 # Goals recorded before writes were prepared (effect_guard.py) run them the old way.
 EFFECTS_FIRST_PATCH = "effects-first"
@@ -58,16 +58,16 @@ VERIFY_PATCH = "verify-after-long-waits"
 # A step's `verify: {question}` is asked of a model after those checks (workflows/goal/verification.py).
 VERIFY_QUESTION_PATCH = "verify-by-question"
 # The plan is revised when settled steps' evidence calls for it: a contradicted
-# conclusion, repeated results, declining new information (workflows/evidence.py).
+# conclusion, repeated results, declining new information (workflows/goal/rules/evidence.py).
 REPLAN_ON_EVIDENCE_PATCH = "replan-on-evidence"
 # Remote-write and irreversible steps go after the independent local work, and steps
-# whose write sets overlap run one after the other (workflows/risk_order.py).
+# whose write sets overlap run one after the other (workflows/goal/rules/risk_order.py).
 RISK_ORDER_PATCH = "risk-order"
 # Goals recorded before a re-plan on evidence could let a step whose write is in flight
-# finish and discard it (workflows/evidence.py) wait for every write in flight first.
+# finish and discard it (workflows/goal/rules/evidence.py) wait for every write in flight first.
 REPLAN_DISCARDS_PATCH = "replan-discards-in-flight"
 # Memories are recalled for llm and agent steps, written as steps settle, and offered for
-# keeping across goals at the end (workflows/goal/memory.py).
+# keeping across goals at the end (workflows/goal/goal_memory.py).
 MEMORY_PATCH = "memory"
 # The end-of-goal memory card goes to the owner's router and the goal ends at once (it
 # asked and waited up to an hour before); episodic writes read the whole output's statements.
@@ -150,7 +150,7 @@ BASELINED = frozenset(
 
 # Changes since the baseline, each with its own marker (not in BASELINED).
 # Issue 34: a drift check is shown a bounded outline of the plan, and is not sent when the
-# budget cannot afford it (workflows/drift_outline.py, budget.own_call_gate).
+# budget cannot afford it (workflows/goal/rules/drift_outline.py, budget.own_call_gate).
 OWN_CALLS_BOUNDED_PATCH = "own-calls-bounded"
 # Issue 34: a parked goal gets no budget verdict (a charge or the clock past a budget while a
 # step runs on); it is judged when it resumes (spend.py).

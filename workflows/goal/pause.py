@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from workflows import questions, timing
-from workflows.goal.context import GoalContext, NodeWaiting
-from workflows.goal.verify_due import note_wait_ended
-from workflows.state import Node
+from perdure.workflows.goal.context import GoalContext, NodeWaiting
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.rules import questions, timing
+from perdure.workflows.goal.verify_due import note_wait_ended
 
 
 class Pause:

@@ -1,5 +1,5 @@
 """Plans: the first plan (a plan file, or the planner model with repairs), the drift
-check every few finished nodes, the re-plan on evidence (workflows/evidence.py judges
+check every few finished nodes, the re-plan on evidence (workflows/goal/rules/evidence.py judges
 the settled steps; this room feeds it and acts on its trigger), and the follow-up plan
 for queued work.
 
@@ -15,22 +15,30 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows import drift_outline, evidence
-from workflows.contracts import Activities, ArtifactRef, DriftInput, DriftResult, PlanInput, PlanResult, PlanRevision
-from workflows.device_contracts import DevicePresence
-from workflows.evidence import EvidenceTrigger
-from workflows.goal.context import GoalContext, GoalFailed
-from workflows.goal.devices import Devices
-from workflows.goal.inbox import Inbox
-from workflows.goal.model_calls import ModelCalls
-from workflows.goal.scheduler import Scheduler
-from workflows.goal.spend import Spend
-from workflows.goal.tool_runner import failure_message
-from workflows.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
-from workflows.messages import InboxEntry
-from workflows.plan import Plan, check_plan
-from workflows.state import Node, PlanVersion
-from workflows.statuses import IN_FLIGHT
+from perdure.workflows.devices.device_contracts import DevicePresence
+from perdure.workflows.goal.context import GoalContext, GoalFailed
+from perdure.workflows.goal.contracts.messages import InboxEntry
+from perdure.workflows.goal.contracts.plan import Plan, check_plan
+from perdure.workflows.goal.contracts.state import Node, PlanVersion
+from perdure.workflows.goal.device_placement import Devices
+from perdure.workflows.goal.inbox import Inbox
+from perdure.workflows.goal.model_calls import ModelCalls
+from perdure.workflows.goal.rules import drift_outline, evidence
+from perdure.workflows.goal.rules.evidence import EvidenceTrigger
+from perdure.workflows.goal.scheduler import Scheduler
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.goal.tool_runner import failure_message
+from perdure.workflows.shared.contracts import (
+    Activities,
+    ArtifactRef,
+    DriftInput,
+    DriftResult,
+    PlanInput,
+    PlanResult,
+    PlanRevision,
+)
+from perdure.workflows.shared.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
+from perdure.workflows.shared.statuses import IN_FLIGHT
 
 MCP_CATALOGUE_TIMEOUT = timedelta(seconds=90)
 MCP_CATALOGUE_HEARTBEAT = timedelta(seconds=10)
@@ -119,7 +127,7 @@ class Planner:
 
     async def check_drift(self) -> None:
         """Does finishing this plan still satisfy the goal? If not, replan. The call is shown
-        a bounded outline of the plan (workflows/drift_outline.py), and is not sent when the
+        a bounded outline of the plan (workflows/goal/rules/drift_outline.py), and is not sent when the
         budget cannot afford it (goals recorded before: the whole plan, always sent)."""
         state = self._ctx.state
         state.drift_checks += 1

@@ -4,22 +4,22 @@ goals by (phase, percent done, cost, parked, needs a person, last progress).
 
 Workflow code: it upserts search attributes (history events) and sets the current
 details (served by a query). What the snapshot and details say is pure, in
-workflows/progress_view.py; this room decides when to publish.
+workflows/goal/rules/progress_view.py; this room decides when to publish.
 """
 
 from __future__ import annotations
 
 from temporalio import workflow
 
-from workflows import search_attributes as sa
-from workflows.budget import budget_fractions
-from workflows.contracts import ProgressSnapshot
-from workflows.eta import Eta, estimate_eta
-from workflows.goal.context import GoalContext
-from workflows.goal.spend import Spend
-from workflows.goal.stream import EventStream
-from workflows.progress_view import details_markdown, progress_snapshot
-from workflows.statuses import CLOSED_PHASES, ENDED_PHASES, TERMINAL
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.rules.eta import Eta, estimate_eta
+from perdure.workflows.goal.rules.progress_view import details_markdown, progress_snapshot
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.goal.stream import EventStream
+from perdure.workflows.shared import search_attributes as sa
+from perdure.workflows.shared.budget import budget_fractions
+from perdure.workflows.shared.contracts import ProgressSnapshot
+from perdure.workflows.shared.statuses import CLOSED_PHASES, ENDED_PHASES, TERMINAL
 
 
 class Publisher:

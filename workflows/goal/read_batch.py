@@ -1,6 +1,6 @@
 """Reads run together as one local activity, and a chain of reads ahead of its steps.
 
-A read segment's calls (workflows/segments.py) are replay-safe, so where they run is
+A read segment's calls (workflows/goal/rules/segments.py) are replay-safe, so where they run is
 free to choose. Each local activity costs the worker a round trip between the SDK's
 core and Python, a workflow activation and its payload conversions: a few
 milliseconds, far more than reading a small file. So the calls that nodes make in one
@@ -36,14 +36,14 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
-from workflows import segments
-from workflows.canonical import canonical_json
-from workflows.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
-from workflows.goal.patches import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
-from workflows.plan import Plan, ToolStep
-from workflows.retries import MODEL_HEARTBEAT, TOOL_RETRY
-from workflows.state import GoalState, Node
-from workflows.tool_specs import TOOL_SPECS
+from perdure.workflows.goal.contracts.plan import Plan, ToolStep
+from perdure.workflows.goal.contracts.state import GoalState, Node
+from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
+from perdure.workflows.goal.rules import segments
+from perdure.workflows.shared.canonical import canonical_json
+from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
+from perdure.workflows.shared.retries import MODEL_HEARTBEAT, TOOL_RETRY
+from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 SUMMARY_NAMES = 6
 # Calls in one local activity at most; more made together run as several side by side.

@@ -18,18 +18,19 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
-from workflows import graph, risk_order
-from workflows.contracts import Usage
-from workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
-from workflows.goal.devices import Devices
-from workflows.goal.memory import GoalMemoryRoom
-from workflows.goal.nodes import NodeRunner
-from workflows.goal.spend import Spend
-from workflows.goal.tool_runner import failure_message
-from workflows.messages import Abort
-from workflows.plan import Plan, PlanStep
-from workflows.state import Node, PlanDiff, PlanVersion, RetiredNode
-from workflows.statuses import IN_FLIGHT, NodeStatus
+from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
+from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.plan import Plan, PlanStep
+from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
+from perdure.workflows.goal.device_placement import Devices
+from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.nodes import NodeRunner
+from perdure.workflows.goal.rules import risk_order
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.goal.tool_runner import failure_message
+from perdure.workflows.shared import graph
+from perdure.workflows.shared.contracts import Usage
+from perdure.workflows.shared.statuses import IN_FLIGHT, NodeStatus
 
 # The most nodes started in one workflow task (over all its passes); the rest start in the
 # next, after a 1 ms timer. A remote write's ScheduleActivityTask command is about 1 KB, so 5,000 writes
@@ -165,7 +166,7 @@ class Scheduler:
 
     def dispatch_ready(self) -> None:
         """Start every ready node the open questions do not hold, the risk order does not
-        hold back (workflows/risk_order.py) and the gates admit."""
+        hold back (workflows/goal/rules/risk_order.py) and the gates admit."""
         state = self._ctx.state
         if state.evidence.pending is not None:
             return  # a re-plan on evidence waits for the steps it lets finish: nothing starts under the old plan

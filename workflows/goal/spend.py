@@ -5,7 +5,7 @@ emergency stop, by a charge past the budget or by the clock (held while the goal
 parked, and judged as it resumes).
 
 Workflow code, deciding from the ledger in the state; the rules themselves are
-pure (workflows/budget.py, density.py, estimates.py). A new budget rule is a
+pure (workflows/shared/budget.py, density.py, estimates.py). A new budget rule is a
 branch of `admit` (before dispatch) or of `charge` (after a call).
 """
 
@@ -17,15 +17,20 @@ from typing import Literal
 
 from temporalio import workflow
 
-from workflows import budget, metrics
-from workflows.contracts import Budget, OwnCalls, Usage
-from workflows.density import fair_share_limit, verdict_for_step
-from workflows.estimates import DEFAULT_PRICE_PER_1K_TOKENS_USD, KindEstimate, estimate_kind, own_seconds
-from workflows.goal.context import GoalContext
-from workflows.goal.pause import Pause
-from workflows.plan import PlanStep, SubgoalStep
-from workflows.state import KindStats, Node
-from workflows.statuses import IN_FLIGHT
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.plan import PlanStep, SubgoalStep
+from perdure.workflows.goal.contracts.state import KindStats, Node
+from perdure.workflows.goal.pause import Pause
+from perdure.workflows.goal.rules.density import fair_share_limit, verdict_for_step
+from perdure.workflows.goal.rules.estimates import (
+    DEFAULT_PRICE_PER_1K_TOKENS_USD,
+    KindEstimate,
+    estimate_kind,
+    own_seconds,
+)
+from perdure.workflows.shared import budget, metrics
+from perdure.workflows.shared.contracts import Budget, OwnCalls, Usage
+from perdure.workflows.shared.statuses import IN_FLIGHT
 
 # Keeps the per-kind ledger bounded however long the goal runs.
 LEDGER_SAMPLES = 200
@@ -187,7 +192,7 @@ class Spend:
         return estimate
 
     def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:
-        """The budget a subgoal starts with (workflows/budget.py subgoal_grant)."""
+        """The budget a subgoal starts with (workflows/shared/budget.py subgoal_grant)."""
         limits = self._ctx.state.spec.budget
         if not self._ctx.subgoals_reserve_slices:
             return budget.child_budget(limits, step.budget_share)

@@ -2,7 +2,7 @@
 point (park, resume, abort, rewind, narrow, answer or approve, escalate), and
 what an answer to each kind of question means.
 
-Workflow code. A new verb: its message type in workflows/messages.py (with what
+Workflow code. A new verb: its message type in workflows/goal/contracts/messages.py (with what
 its turn must find in `turn_problem`), a method here returning an `Applied`, and
 one entry in `Steering.verbs`. Steer and queue are not verbs: the model calls and
 the planner apply them at their own boundaries.
@@ -16,14 +16,14 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows import questions
-from workflows.goal.context import GoalContext
-from workflows.goal.inbox import LATER_KINDS, Inbox
-from workflows.goal.pause import Pause
-from workflows.goal.scheduler import Scheduler
-from workflows.invalidation import held_by, invalidate_by_premise, invalidate_from
-from workflows.messages import InboxEntry, chosen_option
-from workflows.state import PlanDiff, RejectedPath
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.messages import InboxEntry, chosen_option
+from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
+from perdure.workflows.goal.inbox import LATER_KINDS, Inbox
+from perdure.workflows.goal.pause import Pause
+from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.rules.invalidation import held_by, invalidate_by_premise, invalidate_from
+from perdure.workflows.goal.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

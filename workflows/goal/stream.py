@@ -1,4 +1,4 @@
-"""The goal's durable event stream (workflows/events.py): what it publishes and when, on
+"""The goal's durable event stream (workflows/goal/contracts/events.py): what it publishes and when, on
 its Workflow Stream, and the stream's state carried across continue-as-new.
 
 Publishing from the workflow adds nothing to history (the log lives in the workflow;
@@ -30,7 +30,8 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStream, WorkflowStreamState
 
-from workflows.events import (
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.events import (
     EVENTS_TOPIC,
     STREAM_EVENTS_KEPT,
     TOKEN_EVENT_ADAPTER,
@@ -46,10 +47,9 @@ from workflows.events import (
     TokenDelta,
     TokenRetry,
 )
-from workflows.goal.context import GoalContext
-from workflows.messages import InboxEntry
-from workflows.state import Node
-from workflows.statuses import TERMINAL
+from perdure.workflows.goal.contracts.messages import InboxEntry
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.shared.statuses import TERMINAL
 
 # The SDK's publish signal and offset query (temporalio.contrib.workflow_streams).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"

@@ -23,18 +23,24 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows import segments
-from workflows.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
-from workflows.effects import command_replay
-from workflows.goal.lost_workers import LostWorkers, last_attempt_lost
-from workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
-from workflows.goal.read_batch import ReadBatcher
-from workflows.retries import HEARTBEAT_TIMEOUT, ONCE_HEARTBEAT, RETRY_BY_POLICY, TOOL_RETRY, TOOL_TIMEOUT
-from workflows.state import GoalState, Node
-from workflows.tool_specs import TOOL_SPECS, VERSIONED_WRITES, RunCommandArgs, ToolSpec
+from perdure.workflows.goal.contracts.state import GoalState, Node
+from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
+from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
+from perdure.workflows.goal.read_batch import ReadBatcher
+from perdure.workflows.goal.rules import segments
+from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
+from perdure.workflows.shared.effects import command_replay
+from perdure.workflows.shared.retries import (
+    HEARTBEAT_TIMEOUT,
+    ONCE_HEARTBEAT,
+    RETRY_BY_POLICY,
+    TOOL_RETRY,
+    TOOL_TIMEOUT,
+)
+from perdure.workflows.shared.tool_specs import TOOL_SPECS, VERSIONED_WRITES, RunCommandArgs, ToolSpec
 
 if TYPE_CHECKING:
-    from workflows.goal.devices import Devices
+    from perdure.workflows.goal.device_placement import Devices
 
 # Local activities started in one workflow task before the goal ends it with a 1 ms
 # timer: the task (and what a crash inside it re-runs) stays short however wide the
@@ -305,7 +311,7 @@ def runs_again_harmlessly(tool_input: ToolInput, spec: ToolSpec | None) -> bool:
 
 
 def _replay_safe_command(tool_input: ToolInput) -> bool:
-    """A run_command call whose own arguments say a second run is harmless (workflows/effects.py);
+    """A run_command call whose own arguments say a second run is harmless (workflows/shared/effects.py);
     arguments stored by reference or still holding templates are not looked into."""
     if tool_input.tool != "run_command" or tool_input.args is None:
         return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from workflows.state import UndecryptedInput
+from perdure.workflows.goal.contracts.state import UndecryptedInput
 
 UNREADABLE_INPUT = "GoalInputUnreadable"
 

@@ -4,7 +4,7 @@ new work starts, and what no longer holds is voided as a rewind would void it.
 When: a park at least `verify_after_s` long ends (a resume, or its wake time), or a run
 continued as new starts after that long without progress (workflows/goal/verify_due.py). What: every
 succeeded step of the current plan, as deep as its `verify` (or the goal's
-recovery_mode) says, in one activity (activities/verification.py): existence (its output
+recovery_mode) says, in one activity (activities/goal/recheck.py): existence (its output
 artifact, the files it wrote), fingerprint (the files it read are as the goal last knew
 them, the URLs it fetched return the same body: re-fetched when the goal may call
 http_get, as the tool itself may whatever `allow_network` says), semantic (its `verify`
@@ -49,15 +49,10 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.contracts import Activities, Fingerprint, ModelContext
-from workflows.goal.context import GoalContext
-from workflows.goal.model_calls import ModelCalls
-from workflows.goal.scheduler import Scheduler
-from workflows.goal.tool_runner import failure_message
-from workflows.invalidation import invalidate_nodes
-from workflows.plan import PlanStep
-from workflows.state import Node, PlanDiff, Verification
-from workflows.verify_contracts import (
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.plan import PlanStep
+from perdure.workflows.goal.contracts.state import Node, PlanDiff, Verification
+from perdure.workflows.goal.contracts.verify_contracts import (
     REFETCH_TIMEOUT_S,
     NodeCheck,
     QuestionInput,
@@ -66,6 +61,11 @@ from workflows.verify_contracts import (
     VerifyResult,
     source_key,
 )
+from perdure.workflows.goal.model_calls import ModelCalls
+from perdure.workflows.goal.rules.invalidation import invalidate_nodes
+from perdure.workflows.goal.scheduler import Scheduler
+from perdure.workflows.goal.tool_runner import failure_message
+from perdure.workflows.shared.contracts import Activities, Fingerprint, ModelContext
 
 VERIFY_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 VERIFY_HEARTBEAT = timedelta(seconds=60)

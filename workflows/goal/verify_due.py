@@ -11,8 +11,8 @@ from datetime import datetime
 
 from temporalio import workflow
 
-from workflows.durations import duration_text
-from workflows.state import GoalState
+from perdure.workflows.goal.contracts.state import GoalState
+from perdure.workflows.shared.durations import duration_text
 
 # Build ids a goal remembers: a rolling deploy that flips between two versions checks once
 # per version, not on every flip.

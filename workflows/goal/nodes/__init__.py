@@ -2,7 +2,7 @@
 its output. The scheduler looks the runner up by the step's kind; settling the
 outcome (status, twins, downstream) stays in the scheduler.
 
-A new node kind: a step type in workflows/plan.py (STEP_TYPES), a runner module
+A new node kind: a step type in workflows/goal/contracts/plan.py (STEP_TYPES), a runner module
 here taking `NodeDeps`, and one entry in `RUNNERS`; a kind without a runner stops
 the worker at import, before any goal runs.
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import get_args
 
-from workflows.goal.nodes.agent import AgentNode
-from workflows.goal.nodes.base import NodeDeps, NodeRunner
-from workflows.goal.nodes.llm import LlmNode
-from workflows.goal.nodes.subgoal import SubgoalNode
-from workflows.goal.nodes.tool import ToolNode
-from workflows.goal.nodes.wait import WaitNode
-from workflows.plan import NodeKind
+from perdure.workflows.goal.contracts.plan import NodeKind
+from perdure.workflows.goal.nodes.agent import AgentNode
+from perdure.workflows.goal.nodes.base import NodeDeps, NodeRunner
+from perdure.workflows.goal.nodes.llm import LlmNode
+from perdure.workflows.goal.nodes.subgoal import SubgoalNode
+from perdure.workflows.goal.nodes.tool import ToolNode
+from perdure.workflows.goal.nodes.wait import WaitNode
 
 RUNNERS: dict[str, type[NodeRunner]] = {
     "tool": ToolNode,

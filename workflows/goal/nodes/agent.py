@@ -13,8 +13,14 @@ import asyncio
 
 from temporalio import workflow
 
-from workflows import metrics, questions, segments, stall
-from workflows.contracts import (
+from perdure.workflows.goal.context import NodeFailed, short_key
+from perdure.workflows.goal.contracts.plan import AgentStep
+from perdure.workflows.goal.contracts.state import AgentProgress, Node, RejectedPath
+from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.goal.rules import questions, segments, stall
+from perdure.workflows.shared import metrics
+from perdure.workflows.shared.contracts import (
     Activities,
     AgentTurnInput,
     AgentTurnResult,
@@ -23,12 +29,7 @@ from workflows.contracts import (
     ToolInput,
     ToolResult,
 )
-from workflows.goal.context import NodeFailed, short_key
-from workflows.goal.memory import GoalMemoryRoom
-from workflows.goal.nodes.base import NodeDeps
-from workflows.plan import AgentStep
-from workflows.state import AgentProgress, Node, RejectedPath
-from workflows.tool_specs import COMPACTION_TOOL
+from perdure.workflows.shared.tool_specs import COMPACTION_TOOL
 
 
 class AgentNode:

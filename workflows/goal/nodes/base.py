@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from workflows.contracts import ArtifactRef
-from workflows.goal.context import GoalContext
-from workflows.goal.effect_guard import EffectGuard
-from workflows.goal.model_calls import ModelCalls
-from workflows.goal.pause import Pause
-from workflows.goal.spend import Spend
-from workflows.goal.tool_runner import ToolRunner
-from workflows.plan import PlanStep
-from workflows.state import Node
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.plan import PlanStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.effect_guard import EffectGuard
+from perdure.workflows.goal.model_calls import ModelCalls
+from perdure.workflows.goal.pause import Pause
+from perdure.workflows.goal.spend import Spend
+from perdure.workflows.goal.tool_runner import ToolRunner
+from perdure.workflows.shared.contracts import ArtifactRef
 
 
 @dataclass(frozen=True)

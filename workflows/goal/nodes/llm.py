@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from workflows.contracts import Activities, ArtifactRef, GenerateInput, GenerateResult
-from workflows.goal.context import short_key
-from workflows.goal.memory import GoalMemoryRoom
-from workflows.goal.nodes.base import NodeDeps
-from workflows.plan import LlmStep
-from workflows.state import Node
+from perdure.workflows.goal.context import short_key
+from perdure.workflows.goal.contracts.plan import LlmStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.shared.contracts import Activities, ArtifactRef, GenerateInput, GenerateResult
 
 
 class LlmNode:

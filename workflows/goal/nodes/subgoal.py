@@ -26,8 +26,12 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
-from workflows.budget import child_budget
-from workflows.contracts import (
+from perdure.workflows.goal.context import NodeFailed, NodeWaiting
+from perdure.workflows.goal.contracts.plan import SubgoalStep
+from perdure.workflows.goal.contracts.state import GoalInput, Node
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.shared.budget import child_budget
+from perdure.workflows.shared.contracts import (
     GOAL_WORKFLOW,
     ArtifactRef,
     GoalResult,
@@ -36,10 +40,6 @@ from workflows.contracts import (
     SubgoalOutcome,
     Usage,
 )
-from workflows.goal.context import NodeFailed, NodeWaiting
-from workflows.goal.nodes.base import NodeDeps
-from workflows.plan import SubgoalStep
-from workflows.state import GoalInput, Node
 
 SUBGOAL_WAIT = "subgoal:"
 

@@ -24,20 +24,20 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.canonical import canonical_json
-from workflows.contracts import Activities, ArtifactRef, Fingerprint, ToolInput
-from workflows.goal.context import NodeFailed, short_key
-from workflows.goal.nodes.base import NodeDeps
-from workflows.goal.tool_runner import MAX_FINGERPRINTS
-from workflows.plan import ToolStep
-from workflows.state import Node
-from workflows.verify_contracts import VerifyInput, VerifyResult, source_key
+from perdure.workflows.goal.context import NodeFailed, short_key
+from perdure.workflows.goal.contracts.plan import ToolStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.contracts.verify_contracts import VerifyInput, VerifyResult, source_key
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.goal.tool_runner import MAX_FINGERPRINTS
+from perdure.workflows.shared.canonical import canonical_json
+from perdure.workflows.shared.contracts import Activities, ArtifactRef, Fingerprint, ToolInput
 
 # A look at most digests this many sources (two fingerprints each when the step changed them).
 MAX_LOOKED = MAX_FINGERPRINTS // 2
 LOOK_TIMEOUT = timedelta(seconds=60)
 LOOK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
-# The depths at which what a step read is compared again (workflows/plan.py VerifyDepth).
+# The depths at which what a step read is compared again (workflows/goal/contracts/plan.py VerifyDepth).
 READS_CHECKED = ("fingerprint", "semantic")
 
 

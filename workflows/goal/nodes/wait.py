@@ -1,5 +1,5 @@
 """A wait node: a durable timer until the step's planned time, then a sentence saying when
-the goal acted and how late (workflows/timing.py), kept as the step's output so a later
+the goal acted and how late (workflows/goal/rules/timing.py), kept as the step's output so a later
 step's model reads it.
 
 Workflow code. The planned time is read off the plan and the node (`until`, or the node's
@@ -17,16 +17,16 @@ from datetime import datetime
 
 from temporalio import workflow
 
-from workflows import timing
-from workflows.contracts import Activities, ArtifactRef, ToolResult
-from workflows.device_contracts import DeviceOutput, DeviceToolResult
-from workflows.goal.context import GoalContext, NodeWaiting
-from workflows.goal.devices import LOCAL_RETRY, LOCAL_TIMEOUT
-from workflows.goal.nodes.base import NodeDeps
-from workflows.goal.patches import LATE_CAUSE_PATCH, patched_here
-from workflows.plan import WaitStep
-from workflows.state import Node
-from workflows.wait_contracts import WaitOutput, WaitOutputInput
+from perdure.workflows.devices.device_contracts import DeviceOutput, DeviceToolResult
+from perdure.workflows.goal.context import GoalContext, NodeWaiting
+from perdure.workflows.goal.contracts.plan import WaitStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.contracts.wait_contracts import WaitOutput, WaitOutputInput
+from perdure.workflows.goal.device_placement import LOCAL_RETRY, LOCAL_TIMEOUT
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.goal.patches import LATE_CAUSE_PATCH, patched_here
+from perdure.workflows.goal.rules import timing
+from perdure.workflows.shared.contracts import Activities, ArtifactRef, ToolResult
 
 # node.waiting_on while the wait is state: why it let go of its task.
 WAIT_CARRIED = "wait:carried"

@@ -1,0 +1,1 @@
+"""Device calls: the worker's side and the device daemon's side."""

@@ -1,0 +1,1 @@
+"""A model call's admission by its resource's quota."""

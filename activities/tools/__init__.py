@@ -1,0 +1,1 @@
+"""The goal's tools: the tool activity, remote-write effects, the sandbox and workspaces."""

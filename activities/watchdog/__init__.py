@@ -1,0 +1,1 @@
+"""The watchdog's activities: what the server knows, its memory, its model call."""

@@ -1,0 +1,46 @@
+"""perdure: a durable runtime for AI agents that work on one goal for hours or days, on Temporal.
+
+The public API. Everything else under `perdure.` is the runtime's own rooms (see the docs'
+architecture page) and may change between versions:
+
+    connect        a Temporal client with perdure's data converter, from the standard
+                   Temporal configuration (profile file, TEMPORAL_* variables) and PERDURE_*
+    PerdurePlugin  the same converter and sandbox settings for your own clients and workers
+    Plan           a plan file's model (`perdure start --plan FILE` takes its YAML or JSON)
+    GoalSpec       what starts a goal: its text or plan, budget, model profile, devices
+    GoalResult     what a finished goal returns
+    GoalWorkflow   the goal's workflow type, for replaying a goal's history in your tests
+
+Names load on first use, so `import perdure` costs nothing (the workflow sandbox imports it).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perdure.runtime.connect import connect
+    from perdure.runtime.plugin import PerdurePlugin
+    from perdure.workflows.goal.contracts.plan import Plan
+    from perdure.workflows.goal.goal_workflow import GoalWorkflow
+    from perdure.workflows.shared.contracts import GoalResult, GoalSpec
+
+_PUBLIC = {
+    "connect": "perdure.runtime.connect",
+    "PerdurePlugin": "perdure.runtime.plugin",
+    "Plan": "perdure.workflows.goal.contracts.plan",
+    "GoalSpec": "perdure.workflows.shared.contracts",
+    "GoalResult": "perdure.workflows.shared.contracts",
+    "GoalWorkflow": "perdure.workflows.goal.goal_workflow",
+}
+
+__all__ = ["GoalResult", "GoalSpec", "GoalWorkflow", "Plan", "PerdurePlugin", "__version__", "connect"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return metadata.version("perdure")
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'perdure' has no attribute {name!r}")

@@ -1,0 +1,206 @@
+"""Sending user messages to a goal: an update when a worker answers (the
+receipt comes back at once, a bad message is refused with its reason), else a
+signal, which the server stores durably until a worker applies it. Both carry
+the same request id, so a message that lands both ways is still one message, and
+either way the goal judges it in the order it was sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from perdure.starters import goals
+from perdure.starters import start_checks as capabilities
+from perdure.workflows.goal.contracts.messages import InboxView, Receipt
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.contracts import Signals, Updates
+
+UPDATE_WAIT = timedelta(seconds=5)
+
+
+class MessageRejected(ValueError):
+    """The goal refused the message; the text says why."""
+
+
+class GoalEnded(ValueError):
+    """The goal has ended; it takes no more messages (the text says how it ended)."""
+
+
+def new_request_id(prefix: str = "cli") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a message got in: the goal's receipt when a worker judged it at once, else None:
+    the server stored it by signal, and the goal judges it in the order it was sent once a
+    worker runs it. `stuck` is why a worker cannot (its workflow task fails), when so."""
+
+    receipt: Receipt | None
+    stuck: str | None = None
+
+
+async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
+    """Send a message to a goal that exists and is open, as every client does (the CLI, the
+    MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
+    desc = await goals.describe(client, goal_id)
+    if goals.is_open(desc):
+        try:
+            return await _deliver_to_open(client, desc, message)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # The goal may have finished between the describe and the send: the server then
+            # says "workflow execution already completed", or "workflow update was aborted by
+            # closing workflow" for an update it had taken. Answer as for an ended goal.
+            again = await goals.describe(client, goal_id)
+            if goals.is_open(again) and again.run_id != desc.run_id:
+                # A new run under the id (a goal started again after it ended): send to it.
+                return await _deliver_to_open(client, again, message)
+            if goals.is_open(again):
+                raise
+            desc = again
+    return await _answer_ended(client, desc, message)
+
+
+def ended_meanwhile(err: RPCError) -> bool:
+    """The server's answer to a signal or update sent to a workflow that has just closed."""
+    return err.status == RPCStatusCode.NOT_FOUND and (
+        "already completed" in err.message or "aborted by closing workflow" in err.message
+    )
+
+
+async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
+    failure = await goals.workflow_task_failure(client, desc)
+    if failure is not None:
+        # The server takes no update while the goal's workflow task fails; a signal is
+        # still stored, and applied in its turn once a worker can run the goal again.
+        await send_by_signal(client, desc.id, message)
+        return Delivery(None, stuck=failure)
+    if not await capabilities.has_pollers(client, desc.task_queue):
+        # No worker polls the goal's queue: an update would only wait out its timeout first.
+        await send_by_signal(client, desc.id, message)
+        return Delivery(None)
+    return Delivery(await send(client, desc.id, message))
+
+
+async def _answer_ended(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
+    earlier = (
+        await earlier_receipt(client, desc.id, message)
+        if await capabilities.has_pollers(client, desc.task_queue)
+        else None
+    )
+    if earlier is not None:
+        return Delivery(earlier)  # a retry of a message the goal took before it ended
+    raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
+
+
+async def earlier_receipt(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
+    """The receipt of this very message (its request id and kind) from the ended goal's
+    inbox: a client retrying a send whose answer it lost, after the goal went on to finish,
+    gets the answer it missed (a worker answers the query by replaying the goal). None when
+    the goal never took it, or nobody answered."""
+    request_id = getattr(message, "request_id", None)
+    if not request_id:
+        return None
+    try:
+        view = await inbox(client, goal_id, timeout_s=2)
+    except (RPCError, WorkflowQueryFailedError):
+        return None
+    kind = getattr(message, "kind", None)
+    return next((r for r in view.entries if r.request_id == request_id and r.kind == kind), None)
+
+
+async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
+    """The receipt, or None when no worker answered and the message went by signal.
+    A receipt may say "rejected": the message was admitted, and at its turn (after every
+    message sent before it) it could not apply; the note says why."""
+    handle = client.get_workflow_handle(goal_id)
+    payload = message.model_dump(mode="json")
+    try:
+        return await handle.execute_update(GoalWorkflow.submit, payload, rpc_timeout=UPDATE_WAIT)
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        raise MessageRejected(getattr(cause, "message", None) or str(cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        pass  # no worker answered in time: fall back to durable admission
+    except RPCError as err:
+        # FAILED_PRECONDITION: the goal's workflow task is failing (the server takes no update
+        # then); the signal is still stored, and applied once a worker can run the goal.
+        # RESOURCE_EXHAUSTED: the goal's in-flight updates are at Temporal's limit (ten).
+        if err.status not in (
+            RPCStatusCode.DEADLINE_EXCEEDED,
+            RPCStatusCode.UNAVAILABLE,
+            RPCStatusCode.CANCELLED,
+            RPCStatusCode.FAILED_PRECONDITION,
+            RPCStatusCode.RESOURCE_EXHAUSTED,
+        ):
+            raise
+    await send_by_signal(client, goal_id, message)
+    return None
+
+
+async def send_by_signal(client: Client, goal_id: str, message: BaseModel) -> None:
+    """Durable admission: the server stores the message whether or not a worker runs."""
+    handle = client.get_workflow_handle(goal_id)
+    await handle.signal(GoalWorkflow.message_signal, message.model_dump(mode="json"))
+
+
+class AdmittedMessage(BaseModel):
+    """A message as the server holds it in the goal's history, before any worker judged it."""
+
+    request_id: str
+    kind: str
+    via: str  # "signal" or "update"
+    at: datetime | None = None
+
+
+async def admitted(client: Client, goal_id: str) -> list[AdmittedMessage]:
+    """Every `message` signal and accepted `submit` update in the goal's history, decoded
+    with the client's data converter (so encrypted payloads read too): what `inbox` shows
+    when no worker answers its query. A payload that is not a message object is listed
+    with a kind of '?'."""
+    history = await client.get_workflow_handle(goal_id).fetch_history()
+    found = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            if attrs.signal_name != Signals.MESSAGE:
+                continue
+            payloads, via = attrs.input.payloads, "signal"
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name != Updates.SUBMIT:
+                continue
+            payloads, via = request.input.args.payloads, "update"
+        else:
+            continue
+        values = await client.data_converter.decode(list(payloads)) if payloads else []
+        fields = values[0] if len(values) == 1 and isinstance(values[0], dict) else {}
+        found.append(
+            AdmittedMessage(
+                request_id=str(fields.get("request_id") or "(no id)"),
+                kind=str(fields.get("kind") or "?"),
+                via=via,
+                at=event.event_time.ToDatetime(tzinfo=UTC),
+            )
+        )
+    return found
+
+
+async def inbox(client: Client, goal_id: str, timeout_s: float = 5) -> InboxView:
+    handle = client.get_workflow_handle(goal_id)
+    return await handle.query(GoalWorkflow.inbox, rpc_timeout=timedelta(seconds=timeout_s))

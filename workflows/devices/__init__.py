@@ -1,0 +1,1 @@
+"""The device registry: one long-lived workflow that knows which devices are online."""

@@ -1,0 +1,290 @@
+"""User messages to a running goal, their receipts, and the admission rules.
+
+A message is admitted once per client request id: the same id with the same
+content is the same message (a retry), the same id with other content is
+refused. Two moments judge a message. At the door (`door_problem`), only what
+holds whatever arrived before it: the payload is one well-formed message
+(`parse_arguments`, for any number and shape of raw arguments), its id is not
+reused for other content, the goal has not ended. At its turn (`turn_problem`),
+in the order messages were sent, what depends on the goal's state: a resume
+finds the park sent before it applied, a second answer finds the question
+answered. Pure: the goal's inbox (workflows/goal/inbox.py) records what these
+decide and keys retries by `content_digest`; nothing here touches Temporal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.shared.canonical import digest_of
+from perdure.workflows.shared.statuses import ENDED_PHASES, RAN
+
+if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
+    from perdure.workflows.goal.contracts.state import GoalState
+
+MAX_TEXT = 8_000
+REQUEST_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+# A refusal keeps at most this much of its reason, and the goal at most this many refusals.
+MAX_REASON = 600
+MAX_REFUSALS = 100
+EXAMPLE = '{"request_id": "r1", "kind": "steer", "text": "..."}'
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(pattern=REQUEST_ID, description="Client-chosen id; a retry reuses it.")
+
+
+class Steer(_Message):
+    """Guidance applied at the next model-turn boundary and kept for the rest of the goal."""
+
+    kind: Literal["steer"] = "steer"
+    text: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+class Queue(_Message):
+    """Follow-up work planned when the goal would otherwise be idle."""
+
+    kind: Literal["queue"] = "queue"
+    text: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+class Answer(_Message):
+    kind: Literal["answer"] = "answer"
+    question_id: str = Field(min_length=1, max_length=64)
+    choice: str = Field(min_length=1, max_length=64, description="One of the question's option ids.")
+    text: str | None = Field(default=None, max_length=MAX_TEXT)
+
+
+class Approve(_Message):
+    kind: Literal["approve"] = "approve"
+    question_id: str = Field(min_length=1, max_length=64)
+    approved: bool = True
+    text: str | None = Field(default=None, max_length=MAX_TEXT)
+
+
+class Park(_Message):
+    kind: Literal["park"] = "park"
+    reason: str = Field(min_length=1, max_length=MAX_TEXT)
+    until: datetime | None = Field(default=None, description="Wake at this time; otherwise wait for resume.")
+    expiry_hours: float = Field(default=48, gt=0, le=24 * 365)
+
+
+class Resume(_Message):
+    kind: Literal["resume"] = "resume"
+
+
+class Narrow(_Message):
+    kind: Literal["narrow"] = "narrow"
+    premises: dict[str, str] = Field(min_length=1, description="Premise key -> new value.")
+    why: str | None = Field(default=None, max_length=MAX_TEXT)
+
+
+class Rewind(_Message):
+    kind: Literal["rewind"] = "rewind"
+    node: str = Field(min_length=1, max_length=64)
+    why: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+class Abort(_Message):
+    kind: Literal["abort"] = "abort"
+    reason: str = Field(default="aborted by the user", max_length=MAX_TEXT)
+    rollback: bool = False
+
+
+class Escalate(_Message):
+    """From the watchdog: something needs a person's look; asked as a question on the goal."""
+
+    kind: Literal["escalate"] = "escalate"
+    finding: str = Field(min_length=1, max_length=64, description="What the watchdog classified, e.g. stalled.")
+    detail: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+UserMessage = Annotated[
+    Steer | Queue | Answer | Approve | Park | Resume | Narrow | Rewind | Abort | Escalate,
+    Field(discriminator="kind"),
+]
+USER_MESSAGE = TypeAdapter(UserMessage)
+
+ReceiptStatus = Literal["pending", "applied", "rejected"]
+
+
+class InboxEntry(BaseModel):
+    request_id: str
+    kind: str
+    digest: str
+    message: UserMessage
+    via: Literal["signal", "update"]
+    status: ReceiptStatus = "pending"
+    note: str | None = Field(default=None, description="What applying it did, or why it was rejected.")
+    detail: dict[str, Any] = Field(default_factory=dict)
+    received_at: datetime
+    settled_at: datetime | None = None
+
+
+class Refusal(BaseModel):
+    """A message refused at the door (malformed, or an id reused with other content)."""
+
+    request_id: str | None
+    reason: str
+    received_at: datetime
+
+
+class Receipt(BaseModel):
+    request_id: str
+    kind: str
+    status: ReceiptStatus
+    note: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class InboxView(BaseModel):
+    entries: list[Receipt]
+    refused: list[Refusal]
+
+
+def content_digest(message: BaseModel) -> str:
+    """Digest of everything but the request id: what makes two sends the same message."""
+    return digest_of(message.model_dump(mode="json", exclude={"request_id"}))
+
+
+def parse_message(raw: Any) -> tuple[Any, str | None]:
+    """Validate an untrusted payload. Returns (message, None) or (None, reason)."""
+    if not isinstance(raw, dict):
+        return None, f"malformed message: expected a JSON object with request_id and kind, got {_json_type(raw)}"
+    try:
+        return USER_MESSAGE.validate_python(raw), None
+    except ValidationError as err:
+        return None, bounded("malformed message: " + describe_validation_error(err, root="(message)"))
+
+
+def parse_arguments(args: Sequence[Any], handler: str) -> tuple[Any, str | None]:
+    """A message from a handler's raw, decoded arguments, however many came (a signal
+    sent with no input, or with two, is the easiest mistake with the Temporal CLI).
+    Returns (message, None) or (None, reason)."""
+    if len(args) != 1:
+        got = "no argument" if not args else f"{len(args)} arguments"
+        return None, (
+            f"the {handler} carries {got}; it takes exactly one JSON object, e.g. "
+            f"{EXAMPLE} (with the temporal CLI: --input '<that object>')"
+        )
+    return parse_message(args[0])
+
+
+def request_id_of(raw: Any) -> str | None:
+    """The request id of an untrusted payload, for a refusal's record, if it has a valid one."""
+    value = raw.get("request_id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and re.match(REQUEST_ID, value) else None
+
+
+def bounded(reason: str) -> str:
+    """A refusal reason as it is kept in the goal's state: a payload of any size names
+    its fields in the reason, so the reason is cut, never the state grown."""
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}
+    return names.get(type(value), type(value).__name__)
+
+
+def receipt_of(entry: InboxEntry) -> Receipt:
+    return Receipt(
+        request_id=entry.request_id, kind=entry.kind, status=entry.status, note=entry.note, detail=entry.detail
+    )
+
+
+def find_entry(inbox: list[InboxEntry], request_id: str) -> InboxEntry | None:
+    return next((e for e in inbox if e.request_id == request_id), None)
+
+
+def chosen_option(message: Answer | Approve) -> str:
+    """The option id an answer or an approval picks."""
+    if isinstance(message, Answer):
+        return message.choice
+    return "approve" if message.approved else "reject"
+
+
+def door_problem(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
+    """Why a well-formed message is refused at the door, or None: what is true whatever
+    arrived before it and whenever it is read (a request id reused for other content,
+    a goal that has ended, a carried state that cannot load, where only an abort gets in).
+    A retry of an admitted message (same id, same content) is not a problem."""
+    existing = find_entry(state.inbox, message.request_id)
+    if existing is not None:
+        if existing.digest != content_digest(message):
+            return (
+                f"request id '{message.request_id}' was already used for a different {existing.kind} message; "
+                "use a new request id for a new message"
+            )
+        return None
+    if state.phase in ENDED_PHASES:
+        return f"the goal has ended ({state.phase}); it takes no more messages"
+    if load_problem and message.kind != "abort":
+        return f"{load_problem}; it can only be aborted"
+    return None
+
+
+def turn_problem(state: GoalState, message: Any, ran: frozenset[str] = RAN) -> str | None:
+    """Why an admitted message cannot apply when its turn comes, or None. Judged on the
+    state every message before it left, so a resume sent right after a park finds the
+    goal parked however the two arrived; the message is then settled "rejected" with
+    this reason. `ran`: the statuses a rewind may act on."""
+    if state.pause.mode == "aborting" and message.kind != "abort":
+        return "the goal is being aborted"
+    kind = message.kind
+    if kind == "rewind":
+        if state.plan is None or message.node not in state.nodes:
+            known = ", ".join(state.nodes) or "none yet"
+            return f"unknown step '{message.node}' (steps: {known})"
+        if state.nodes[message.node].status not in ran:
+            return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
+    elif kind == "narrow":
+        unknown = sorted(set(message.premises) - set(state.premises))
+        if unknown:
+            known = ", ".join(f"{k}={v}" for k, v in sorted(state.premises.items())) or "none"
+            return f"unknown premise key(s): {', '.join(unknown)} (this goal's premises: {known})"
+    elif kind in ("answer", "approve"):
+        question = next((q for q in state.questions if q.id == message.question_id), None)
+        if question is None:
+            return f"no question '{message.question_id}' on this goal"
+        if question.status != "open":
+            return f"question '{message.question_id}' is already answered"
+        choice = chosen_option(message)
+        if choice not in {o.id for o in question.options}:
+            options = ", ".join(o.id for o in question.options)
+            return f"'{choice}' is not an option of {question.id} (options: {options})"
+    elif kind == "park" and state.pause.mode == "parked":
+        return f"the goal is already parked ({state.pause.reason})"
+    elif kind == "resume" and state.pause.mode != "parked":
+        return "the goal is not parked"
+    return None
+
+
+def admission_problem_at_the_door(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
+    """The rule before in-order admission (runs that started without the patch
+    `inbox-in-order`): every check at the door, against the state as it was then, and a
+    second answer to a question refused while the first still waits to be applied."""
+    problem = door_problem(state, message, load_problem)
+    if problem or find_entry(state.inbox, message.request_id) is not None:
+        return problem
+    problem = turn_problem(state, message)
+    if problem is None and message.kind in ("answer", "approve") and _answer_pending(state.inbox, message.question_id):
+        return f"question '{message.question_id}' is already answered"
+    return problem
+
+
+def _answer_pending(inbox: list[InboxEntry], question_id: str) -> bool:
+    return any(
+        e.status == "pending" and e.kind in ("answer", "approve") and e.message.question_id == question_id
+        for e in inbox
+    )

@@ -1,0 +1,450 @@
+"""The goal's one state object: what continue-as-new will carry.
+
+Everything the goal knows lives here (plan versions, nodes, output cache,
+ledger, phase), so a new run can resume from it. `schema_version` gates
+loading: a state written by another version must be migrated explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer, model_validator
+from temporalio.contrib.workflow_streams import WorkflowStreamState
+
+from perdure.workflows.devices.device_contracts import DevicePresence
+from perdure.workflows.goal.contracts.memory_contracts import GoalMemory, Recalled
+from perdure.workflows.goal.contracts.messages import InboxEntry, Refusal
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.rules.evidence import EvidenceLog
+from perdure.workflows.goal.rules.stall import StallAction, StallState
+from perdure.workflows.goal.rules.timing import TimerRecord
+from perdure.workflows.shared.contracts import (
+    AgentTurnResult,
+    ArtifactRef,
+    Budget,
+    Compensation,
+    ContextCompaction,
+    Fingerprint,
+    GoalResult,
+    GoalSpec,
+    NodeKind,
+    OwnCalls,
+    SubgoalOutcome,
+    ToolResult,
+)
+from perdure.workflows.shared.mcp_tools import McpCatalogue
+from perdure.workflows.shared.statuses import NodeStatus, Phase
+
+SCHEMA_VERSION = 10
+
+
+class AgentProgress(BaseModel):
+    """Where an agent node's loop stands, kept in the node so the loop can stop while it
+    waits for a person (an approval, an uncertain effect, a stall card, a park) and go
+    on from here in a later task or run, without asking the model for the turn again."""
+
+    turn: int = Field(default=0, description="The last turn whose model call returned.")
+    transcript: ArtifactRef | None = None
+    pending: AgentTurnResult | None = Field(
+        default=None, description="That turn's answer while its tool calls and stall judgement are not done."
+    )
+    done: dict[int, ToolResult] = Field(
+        default_factory=dict, description="Results of the pending turn's tool calls so far, by call index."
+    )
+    stall_action: StallAction | None = Field(
+        default=None, description="The stall rung that asked a person about the pending turn."
+    )
+    stall_question: str | None = None
+    tool_results: list[ToolResult] = Field(default_factory=list, description="For the next turn's prompt.")
+    notes: list[str] = Field(default_factory=list, description="Runtime notes for the next turn's prompt.")
+
+
+class Node(BaseModel):
+    """One plan step as executed. `key` is set once the step is ready."""
+
+    name: str
+    kind: NodeKind
+    needs: list[str] = Field(default_factory=list)
+    status: NodeStatus = "pending"
+    key: str | None = None
+    output: ArtifactRef | None = None
+    preview: str = ""
+    error: str | None = None
+    reused: bool = False
+    runs: int = Field(default=0, description="Times dispatched; a result from an older run is ignored.")
+    guidance_seen: int = Field(default=0, description="How much of the goal's guidance this node's model has seen.")
+    degraded: bool = False
+    stall: StallState = Field(default_factory=StallState)
+    turns: int = 0
+    compactions: list[ContextCompaction] = Field(
+        default_factory=list, description="Agent turns whose prompt was compacted, oldest first."
+    )
+    tokens: int = 0
+    cost_usd: float = 0.0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    child: str | None = Field(default=None, description="A subgoal: the id of the goal it started.")
+    budget_granted: Budget | None = Field(default=None, description="A subgoal: the budget its child started with.")
+    fingerprints: list[Fingerprint] = Field(
+        default_factory=list,
+        description="Workspace files its tool calls read or wrote, with their digests then (the latest per file).",
+    )
+    placements: dict[str, str] = Field(
+        default_factory=dict, description="Tool -> where its calls ran and why (workflows/goal/rules/segments.py)."
+    )
+    waiting_on: str | None = Field(
+        default=None,
+        description="The question this node waits on with no task of its own: the wait is state, so it "
+        "crosses continue-as-new, and the node runs again once the question is answered.",
+    )
+    agent: AgentProgress | None = Field(default=None, description="An agent node's loop, while it has not settled.")
+    statements: list[str] | None = Field(
+        default=None,
+        description="An llm or agent node's statement lines, read from its whole output "
+        "(workflows/goal/rules/evidence.py), "
+        "until the evidence log takes them in; None: none were returned (a result recorded before).",
+    )
+    memories: list[str] = Field(
+        default_factory=list, description="The memory ids attached to its model input (workflows/goal/goal_memory.py)."
+    )
+    recalled: list[Recalled] = Field(
+        default_factory=list, description="Those memories as its model input shows them, until it settles."
+    )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "status":
+            # The goal keeps an index of statuses (workflows/goal/rules/node_index.py); a write it
+            # did not see would leave it wrong, so there is one door.
+            raise AttributeError("a node's status changes only through NodeIndex.set_status")
+        super().__setattr__(name, value)
+
+
+class RetiredNode(BaseModel):
+    """Work a plan change left out after it had run, failed or been given up. Kept, never
+    run again, so the report, the progress query and the outcome still count it."""
+
+    node: Node
+    plan_version: int = Field(description="The last plan version that had the step.")
+    dropped_by: int = Field(description="The plan version that removed or changed it.")
+
+
+class KindStats(BaseModel):
+    runs: int = 0
+    seconds: list[float] = Field(default_factory=list)
+    costs_usd: list[float] = Field(default_factory=list)
+    tokens: list[int] = Field(default_factory=list)
+
+
+class Ledger(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    model_calls: int = 0
+    tool_calls: int = 0
+    active_seconds: float = Field(
+        default=0.0, description="Active time up to `active_since` (or up to now, when not active)."
+    )
+    active_since: datetime | None = Field(default=None, description="When the current active stretch began.")
+    active_tracked: bool = Field(
+        default=False, description="Active time is counted (a state carried from older code counted calendar time)."
+    )
+    failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
+    estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
+    lost_attempts: int = Field(
+        default=0, description="Attempts of its calls that died with their worker (workflows/goal/lost_workers.py)."
+    )
+    lost_by_step: dict[str, int] = Field(
+        default_factory=dict, description="Those per step (calls outside steps under LOST_OUTSIDE_STEPS)."
+    )
+    by_kind: dict[str, KindStats] = Field(default_factory=dict)
+    own_calls: dict[str, OwnCalls] = Field(
+        default_factory=dict,
+        description="The goal's own model calls by kind (contracts.OWN_CALL_KINDS), also in the totals above.",
+    )
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class PlanDiff(BaseModel):
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    invalidated: list[str] = Field(default_factory=list)
+    kept: list[str] = Field(default_factory=list)
+    to_confirm: list[str] = Field(default_factory=list)
+
+
+class PlanVersion(BaseModel):
+    version: int
+    plan: Plan | None = Field(
+        description="Never None in a loaded state. In the carried form, None means the same plan as the "
+        "version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version."
+    )
+    reason: str
+    source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift", "verify", "evidence"]
+    diff: PlanDiff = Field(default_factory=PlanDiff)
+
+
+class QuestionOption(BaseModel):
+    id: str
+    label: str
+    cost: str = Field(default="", description="What choosing it costs, in words (time, money, redone work).")
+
+
+class Question(BaseModel):
+    """A human checkpoint. Open questions are asked together, as one batch."""
+
+    id: str
+    topic: Literal[
+        "park_expired",
+        "narrow_confirm",
+        "uncertain_effect",
+        "confirm_effect",
+        "stalled",
+        "escalation",
+        "confirm_device_call",
+        "device_offline",
+        "memory_candidates",
+    ]
+    title: str
+    done: str = Field(description="What the goal has done so far.")
+    stuck: str = Field(description="Where it is stuck and why it needs a person.")
+    options: list[QuestionOption]
+    recommendation: str
+    status: Literal["open", "answered", "closed"] = Field(default="open", description="closed: the goal ended first.")
+    answer: str | None = None
+    answer_text: str | None = None
+    asked_at: datetime
+    answered_at: datetime | None = None
+    nodes: list[str] = Field(default_factory=list, description="Nodes this question decides about.")
+    hold: list[str] = Field(default_factory=list, description="Pending nodes that wait for the answer.")
+    effect_key: str | None = Field(default=None, description="The effect a confirmation or uncertain card is about.")
+
+
+class PauseState(BaseModel):
+    mode: Literal["running", "parked", "aborting"] = "running"
+    reason: str | None = None
+    parked_at: datetime | None = None
+    parked_since: datetime | None = Field(default=None, description="When this park began (an extension keeps it).")
+    wake_at: datetime | None = None
+    expires_at: datetime | None = None
+    expiry_asked: bool = False
+    rollback: bool = False
+    emergency: bool = Field(default=False, description="Aborting because a budget ran out while work ran.")
+
+
+class CompensationRecord(BaseModel):
+    """How to undo one effect, recorded before the effect is sent; run newest first on
+    abort with rollback for every effect that happened or may have happened."""
+
+    node: str
+    effect_key: str
+    compensation: Compensation
+    # Whether the effect happened: in flight, then happened, maybe (the outcome is
+    # unknown) or not_happened. Records from before effects were prepared were written
+    # only after the effect succeeded: "happened".
+    effect: Literal["in_flight", "happened", "maybe", "not_happened"] = "happened"
+    status: Literal["registered", "done", "failed", "not_needed"] = "registered"
+    note: str | None = None
+    device: str | None = Field(default=None, description="The device the effect happened on; its undo runs there.")
+
+
+class DeviceWait(BaseModel):
+    """A node waiting for its device to be online: since when, and the card that asks a
+    person once the wait is longer than the step's or goal's device_wait_s."""
+
+    device: str
+    since: datetime
+    question: str | None = None
+
+
+class EffectRecord(BaseModel):
+    """A remote write that happened, by effect key: a later call with the same key (a
+    voided node run again) reuses this outcome instead of sending the effect twice."""
+
+    node: str
+    tool: str
+    output: ArtifactRef | None = None
+    preview: str = ""
+
+
+class Verification(BaseModel):
+    """One check of the finished steps before the goal went on (workflows/goal/verification.py)."""
+
+    at: datetime
+    why: str
+    kept: list[str] = Field(default_factory=list)
+    void: dict[str, str] = Field(default_factory=dict, description="Step -> why it no longer holds.")
+    downstream: list[str] = Field(default_factory=list, description="Void because they rest on those.")
+    problem: str | None = Field(default=None, description="The check could not be made: nothing was voided.")
+    unchecked: dict[str, str] = Field(
+        default_factory=dict,
+        description="Step -> what of it could not be checked, so it was kept: a URL not re-fetched, a "
+        "question the model's answer did not settle.",
+    )
+
+    def summary(self) -> str:
+        if self.problem:
+            return f"re-verification failed ({self.problem}): kept everything"
+        reasons = "; ".join(f"{name}: {why}" for name, why in list(self.void.items())[:3])
+        void = len(self.void) + len(self.downstream)
+        said = f"re-verified: {len(self.kept)} kept, {void} void" + (f" ({reasons})" if reasons else "")
+        if self.unchecked:
+            notes = "; ".join(f"{name}: {why}" for name, why in list(self.unchecked.items())[:3])
+            more = f" (and {len(self.unchecked) - 3} more)" if len(self.unchecked) > 3 else ""
+            said += f"; kept without a full check: {notes}{more}"
+        return said
+
+
+class RejectedPath(BaseModel):
+    node: str
+    why: str
+    output_preview: str = ""
+    at: datetime
+
+    def for_prompt(self) -> str:
+        shown = f" (its output began: {self.output_preview})" if self.output_preview else ""
+        return f"step '{self.node}' was rejected: {self.why}{shown}"
+
+
+class GoalState(BaseModel):
+    # Unknown fields are an error, not something to drop: see workflows/goal/contracts/migrations.py.
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    spec: GoalSpec
+    phase: Phase = "planning"
+    plan_versions: list[PlanVersion] = Field(default_factory=list)
+    nodes: dict[str, Node] = Field(default_factory=dict)
+    retired_nodes: list[RetiredNode] = Field(
+        default_factory=list, description="Work of earlier plan versions the current plan left out, oldest first."
+    )
+    outputs_by_key: dict[str, ArtifactRef] = Field(default_factory=dict)
+    ledger: Ledger = Field(default_factory=Ledger)
+    failure: str | None = None
+    result: GoalResult | None = None
+    premises: dict[str, str] = Field(default_factory=dict)
+    guidance: list[str] = Field(default_factory=list)
+    inbox: list[InboxEntry] = Field(default_factory=list)
+    refused: list[Refusal] = Field(default_factory=list)
+    questions: list[Question] = Field(default_factory=list)
+    pause: PauseState = Field(default_factory=PauseState)
+    rejected_paths: list[RejectedPath] = Field(default_factory=list)
+    abort_reason: str | None = None
+    started_at: datetime | None = None
+    last_progress_at: datetime | None = None
+    runs: int = Field(default=1, description="Runs in the continue-as-new chain so far, this one included.")
+    compensations: list[CompensationRecord] = Field(default_factory=list)
+    effects: dict[str, EffectRecord] = Field(default_factory=dict, description="Effect key -> a write that happened.")
+    drift_checks: int = 0
+    gate_log: list[str] = Field(default_factory=list)
+    devices: dict[str, DevicePresence] = Field(
+        default_factory=dict,
+        description="The devices the plan names, as the registry last said (workflows/goal/device_placement.py).",
+    )
+    device_waits: dict[str, DeviceWait] = Field(default_factory=dict, description="Node -> its wait for its device.")
+    device_moves: dict[str, str] = Field(
+        default_factory=dict, description="Node -> the device a person chose for it when its own stayed offline."
+    )
+    subgoal_outcomes: dict[str, SubgoalOutcome] = Field(
+        default_factory=dict, description="Child goal id -> how it ended, until its step has taken it."
+    )
+    verify_due: str | None = Field(
+        default=None, description="Why the finished steps are to be checked before new work starts."
+    )
+    verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
+    patches: list[str] = Field(
+        default_factory=list, description="The behaviour changes (workflow.patched) the chain's runs have."
+    )
+    code_versions: list[str] = Field(
+        default_factory=list, description="Build ids of the workers that have run this goal, oldest first (bounded)."
+    )
+    evidence: EvidenceLog = Field(
+        default_factory=EvidenceLog,
+        description="Conclusions and outcomes of settled steps, for re-planning on evidence "
+        "(workflows/goal/rules/evidence.py).",
+    )
+    memory: GoalMemory = Field(
+        default_factory=GoalMemory,
+        description="The memory ids its steps used, revocations it was told, what it wrote "
+        "(workflows/goal/goal_memory.py).",
+    )
+    timers: list[TimerRecord] = Field(
+        default_factory=list,
+        description="The wait steps' and the park's timers it acted on: planned, acted, how late (timing.py).",
+    )
+    mcp: McpCatalogue | None = Field(
+        default=None,
+        description="The tools of the MCP servers the goal names, as listed when it started "
+        "(workflows/shared/mcp_tools.py); "
+        "None: it names none, or has not listed them yet.",
+    )
+
+    @field_serializer("plan_versions", mode="wrap")
+    def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:
+        dumped = handler(versions)
+        for i in range(1, len(versions)):
+            before, plan = versions[i - 1].plan, versions[i].plan
+            if plan is before or plan == before:
+                dumped[i]["plan"] = None
+        return dumped
+
+    @model_validator(mode="after")
+    def _share_repeated_plans(self) -> GoalState:
+        for i, version in enumerate(self.plan_versions):
+            if version.plan is None:
+                if i == 0:
+                    raise ValueError("plan v1 has no plan")
+                version.plan = self.plan_versions[i - 1].plan
+        return self
+
+    def open_questions(self) -> list[Question]:
+        return [q for q in self.questions if q.status == "open"]
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.plan_versions[-1].plan if self.plan_versions else None
+
+
+@dataclass(frozen=True)
+class UndecryptedInput:
+    """What a worker with no payload keys is given for a goal's input that a client encrypted
+    (runtime/converter.py), in place of the GoalInput it cannot read: the goal then ends
+    saying why, instead of failing every workflow task on the input (a stuck goal)."""
+
+    key_id: str
+
+    def problem(self, fresh: bool) -> str:
+        """`fresh`: the goal has done nothing yet, and ends."""
+        what = (
+            f"this worker cannot read the goal: its input is encrypted with payload key '{self.key_id}' and the "
+            "worker has no payload keys"
+        )
+        if not fresh:
+            return what + "; a worker with the key carries it on"
+        return (
+            what + ". Nothing was done. Give every worker the keys the CLI has (PERDURE_PAYLOAD_KEYS or "
+            "PERDURE_PAYLOAD_KEY_FILE), then start the goal again with --replace"
+        )
+
+
+class GoalInput(BaseModel):
+    """Workflow input: the spec, plus the carried state when continuing as new.
+
+    The state travels as JSON text (a plain mapping in runs started by earlier
+    versions), so an old or damaged one reaches the workflow's own loader (and a
+    clear refusal) instead of failing in the decoder. Text, because a goal of
+    thousands of nodes must load within its first workflow task: validated from
+    text in one pass it loads about twice as fast as through a mapping
+    (workflows/goal/contracts/migrations.py).
+    """
+
+    spec: GoalSpec
+    state: str | dict | None = None
+    stream: WorkflowStreamState | None = Field(
+        default=None, description="The event stream's log and publishers, carried across continue-as-new."
+    )

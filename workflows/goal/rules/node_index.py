@@ -1,0 +1,126 @@
+"""Which nodes are in which status, and which pending steps are ready. Pure.
+
+The goal's loop asks these questions on every pass and after every node that
+settles; answered by scanning every node they made a goal of n nodes cost
+O(n^2) (a 10,000-node goal spent most of its time counting). The index is kept
+as statuses change, so each answer costs what changed, not the size of the goal.
+
+Every status change goes through `set_status`: `Node` refuses a direct write of
+its status (workflows/goal/contracts/state.py), so the index cannot silently fall out of step.
+Answers come in the order of the plan (ready steps) or of the goal's node table
+(everything else), as the scans they replace did: dispatch order is recorded in
+history and must not depend on hashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from pydantic import BaseModel
+
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
+
+
+class NodeIndex:
+    def __init__(self, plan: Plan | None, nodes: Mapping[str, Node]) -> None:
+        self.plan = plan
+        self.size = len(nodes)
+        self._nodes = nodes
+        self._position = {name: i for i, name in enumerate(nodes)}
+        self._by_status: dict[str, dict[str, None]] = {}
+        self._kinds: dict[str, dict[str, int]] = {}  # status -> kind -> count
+        for node in nodes.values():
+            self._enter(node.name, node.kind, node.status)
+        steps = plan.steps if plan is not None else []
+        self._step_position = {s.name: i for i, s in enumerate(steps)}
+        self._needs = {s.name: s.needs for s in steps}
+        # Wrap-up steps (list what is unfinished, notify the owner) run once their needs
+        # have ended, however they ended.
+        self._wrap_up = {s.name for s in steps if s.wrap_up}
+        self._dependants: dict[str, list[str]] = {s.name: [] for s in steps}
+        for step in steps:
+            for dep in step.needs:
+                self._dependants[dep].append(step.name)
+        self._ready = {s.name for s in steps if self._is_ready(s.name)}
+
+    def fits(self, plan: Plan | None, nodes: Mapping[str, Node]) -> bool:
+        """Whether this index was built for this plan and node table (a new plan
+        version, or nodes added or dropped with it, needs a new index)."""
+        return plan is self.plan and len(nodes) == self.size and nodes is self._nodes
+
+    # --- the one door for status changes --------------------------------------------
+
+    def set_status(self, node: Node, status: NodeStatus) -> None:
+        old = node.status
+        if old == status:
+            return
+        BaseModel.__setattr__(node, "status", status)
+        name = node.name
+        if self._nodes.get(name) is not node:
+            return  # not (or no longer) in the goal's node table: a voided run's node
+        self._leave(name, node.kind, old)
+        self._enter(name, node.kind, status)
+        if name in self._needs:
+            if status == "pending" and self._is_ready(name):
+                self._ready.add(name)
+            elif old == "pending":
+                self._ready.discard(name)
+        if status == "succeeded":
+            self._ready.update(d for d in self._dependants.get(name, ()) if self._is_ready(d))
+        elif old == "succeeded":
+            self._ready.difference_update(self._dependants.get(name, ()))
+        if self._wrap_up and (status in TERMINAL or old in TERMINAL):
+            for dependant in self._dependants.get(name, ()):
+                if dependant in self._wrap_up:
+                    (self._ready.add if self._is_ready(dependant) else self._ready.discard)(dependant)
+
+    # --- answers --------------------------------------------------------------------
+
+    def ready(self) -> list[str]:
+        """Pending steps whose dependencies all succeeded (a wrap-up step's: all ended),
+        in plan order."""
+        return sorted(self._ready, key=self._step_position.__getitem__)
+
+    def count(self, statuses: Collection[str]) -> int:
+        return sum(len(self._by_status.get(s, ())) for s in statuses)
+
+    def count_of_kinds(self, statuses: Collection[str], kinds: Collection[str]) -> int:
+        """Nodes of any of `kinds` in any of `statuses`."""
+        return sum(self._kinds.get(s, {}).get(k, 0) for s in statuses for k in kinds)
+
+    def any(self, statuses: Collection[str]) -> bool:
+        return any(self._by_status.get(s) for s in statuses)
+
+    def names(self, statuses: Collection[str]) -> list[str]:
+        """Nodes in any of `statuses`, in the order of the goal's node table."""
+        found = [name for s in statuses for name in self._by_status.get(s, ())]
+        return sorted(found, key=self._position.__getitem__)
+
+    def unsettled_by_kind(self) -> dict[str, int]:
+        """Kind -> nodes not yet in a terminal status."""
+        counts: dict[str, int] = {}
+        for status, kinds in self._kinds.items():
+            if status not in TERMINAL:
+                for kind, n in kinds.items():
+                    counts[kind] = counts.get(kind, 0) + n
+        return {kind: n for kind, n in counts.items() if n}
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    def _is_ready(self, name: str) -> bool:
+        nodes = self._nodes
+        if nodes[name].status != "pending":
+            return False
+        settled = TERMINAL if name in self._wrap_up else ("succeeded",)
+        return all(nodes[d].status in settled for d in self._needs[name])
+
+    def _enter(self, name: str, kind: str, status: str) -> None:
+        self._by_status.setdefault(status, {})[name] = None
+        kinds = self._kinds.setdefault(status, {})
+        kinds[kind] = kinds.get(kind, 0) + 1
+
+    def _leave(self, name: str, kind: str, status: str) -> None:
+        self._by_status[status].pop(name, None)
+        self._kinds[status][kind] -= 1

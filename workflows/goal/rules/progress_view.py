@@ -1,0 +1,191 @@
+"""What a goal shows about itself: the `progress` query's snapshot and the
+markdown the Temporal UI shows as the workflow's current details. Pure.
+
+The goal works out the figures that need its clock or its index (percent done,
+budget fractions, ETA, active time) and hands them in; everything else is read off the state.
+"""
+
+from __future__ import annotations
+
+from perdure.workflows.goal.contracts.state import GoalState, Node
+from perdure.workflows.goal.rules.eta import Eta
+from perdure.workflows.goal.rules.node_index import NodeIndex
+from perdure.workflows.goal.rules.questions import done_so_far
+from perdure.workflows.goal.rules.risk_order import ORDER_KEYS
+from perdure.workflows.quota.quota_workflow import QUOTA_KEY
+from perdure.workflows.shared.contracts import NodeView, ProgressSnapshot, QuestionView
+from perdure.workflows.shared.statuses import IN_FLIGHT
+
+GOAL_SHOWN = 300
+OBJECTS_SHOWN = 50
+
+
+def progress_snapshot(
+    state: GoalState,
+    goal_id: str,
+    percent: int,
+    fractions: dict[str, float],
+    eta: Eta | None,
+    active_seconds: float = 0.0,
+) -> ProgressSnapshot:
+    nodes = list(state.nodes.values())
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.status] = counts.get(node.status, 0) + 1
+    open_questions = state.open_questions()
+    return ProgressSnapshot(
+        goal_id=goal_id,
+        phase=state.phase,
+        plan_version=len(state.plan_versions),
+        counts=counts,
+        running=[n.name for n in nodes if n.status == "running"],
+        percent_done=percent,
+        tokens=state.ledger.tokens,
+        cost_usd=state.ledger.cost_usd,
+        model_calls=state.ledger.model_calls,
+        active_seconds=round(active_seconds, 1),
+        deadline=state.spec.budget.deadline,
+        failed_attempts=state.ledger.failed_attempts,
+        lost_attempts=state.ledger.lost_attempts,
+        estimated_cost_usd=state.ledger.estimated_cost_usd,
+        tool_calls=state.ledger.tool_calls,
+        nodes=[node_view(n) for n in nodes],
+        earlier=[node_view(r.node, r.plan_version) for r in state.retired_nodes],
+        results={n.name: n.output.digest for n in nodes if n.output is not None},
+        report=state.result.report if state.result else None,
+        failure=state.failure,
+        parked=state.pause.mode == "parked",
+        pause_reason=state.pause.reason,
+        premises=state.premises,
+        questions=[
+            QuestionView(
+                id=q.id,
+                topic=q.topic,
+                asked_at=q.asked_at,
+                title=q.title,
+                done=done,
+                stuck=q.stuck,
+                options=[o.model_dump() for o in q.options],
+                recommendation=q.recommendation,
+            )
+            for q, done in zip(open_questions, done_so_far(state, open_questions), strict=True)
+        ],
+        pending_messages=sum(1 for e in state.inbox if e.status == "pending"),
+        budget=fractions,
+        degraded=any(n.degraded for n in nodes if n.status in IN_FLIGHT),
+        eta=eta.text if eta else None,
+        eta_confidence=eta.confidence if eta else None,
+        conclusions=[
+            f"{n.name}: {n.preview}" for n in nodes if n.status == "succeeded" and n.kind != "tool" and n.preview
+        ][-5:],
+        gate_log=state.gate_log[-10:],
+        started_at=state.started_at,
+        runs=state.runs,
+        last_progress_at=state.last_progress_at or state.started_at,
+        stall_after_s=state.spec.stall_after_s,
+        stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
+        park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
+        oldest_question_at=min((q.asked_at for q in open_questions), default=None),
+        devices=device_lines(state),
+        waiting_for_devices=waits_for_devices(state),
+        forked_from=state.spec.forked_from,
+        own_calls=state.ledger.own_calls,
+        goal=state.spec.goal[:GOAL_SHOWN],
+        workspace=state.spec.workspace,
+        objects=owned_objects(state),
+    )
+
+
+def owned_objects(state: GoalState) -> list[str]:
+    """What a message may name to mean this goal: the workspace files it wrote or its plan
+    writes, and the digests of what it made (the router binds messages by them)."""
+    found: list[str] = []
+
+    def add(name: str | None) -> None:
+        if name and name not in found and len(found) < OBJECTS_SHOWN:
+            found.append(name)
+
+    for step in state.plan.steps if state.plan else []:
+        args = getattr(step, "args", None)
+        if getattr(step, "tool", None) == "write_file" and isinstance(args, dict):
+            add(str(args.get("path") or "").removeprefix("./"))
+    for node in state.nodes.values():
+        for fingerprint in node.fingerprints:
+            if fingerprint.kind == "wrote":
+                add(fingerprint.source.partition(":")[2].removeprefix("./"))
+    for node in state.nodes.values():
+        add(node.output.digest if node.output else None)
+    return found
+
+
+def node_view(node: Node, plan_version: int | None = None) -> NodeView:
+    return NodeView(
+        name=node.name,
+        kind=node.kind,
+        status=node.status,
+        key=node.key,
+        preview=node.preview,
+        error=node.error,
+        placements={tool: why for tool, why in node.placements.items() if tool not in (*ORDER_KEYS, QUOTA_KEY)},
+        compactions=len(node.compactions),
+        plan_version=plan_version,
+        waiting_for_device=_device_waited_for(node),
+        needs=list(node.needs),
+        tokens=node.tokens,
+        cost_usd=node.cost_usd,
+        # A quota wait holds the step back too: shown where risk order's holds are (perdure status).
+        held_back=[node.placements[key] for key in (*ORDER_KEYS, QUOTA_KEY) if key in node.placements],
+        child=node.child,
+        quota=node.placements.get(QUOTA_KEY),
+        read_at=min((p.at for p in node.fingerprints if p.kind == "read"), default=None),
+    )
+
+
+def _device_waited_for(node: Node) -> str | None:
+    waiting = node.waiting_on or ""
+    return waiting.removeprefix("device:") if node.status == "offline" and waiting.startswith("device:") else None
+
+
+def waits_for_devices(state: GoalState) -> dict[str, str]:
+    """Node -> the device it waits for, of the nodes offline now."""
+    nodes = state.nodes
+    return {n: w.device for n, w in state.device_waits.items() if n in nodes and nodes[n].status == "offline"}
+
+
+def device_lines(state: GoalState) -> dict[str, str]:
+    """Each device the goal uses, as the registry last said: online or offline, since when."""
+    lines = {}
+    for name, presence in sorted(state.devices.items()):
+        if not presence.known:
+            lines[name] = "never seen"
+            continue
+        since = f" since {presence.since:%Y-%m-%d %H:%M:%S} UTC" if presence.since else ""
+        lines[name] = f"{'online' if presence.online else 'offline'}{since} · session {presence.generation}"
+    return lines
+
+
+def details_markdown(
+    state: GoalState, index: NodeIndex, percent: int, fractions: dict[str, float], eta: Eta | None
+) -> str:
+    """The UI's current details: a few lines, from the index, never a scan of every node."""
+    running = index.names(("running",))
+    lines = [
+        f"**{state.phase}** · {percent}% · {index.count(('succeeded',))}/{len(state.nodes)} nodes succeeded",
+        f"running: {', '.join(running) or '—'}",
+        f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
+        f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",
+    ]
+    if fractions:
+        lines.append("budget: " + " · ".join(f"{k} {v:.0%}" for k, v in fractions.items()))
+    if eta:
+        lines.append(f"ETA: {eta.text}")
+    if state.pause.mode == "parked":
+        lines.append(f"parked: {state.pause.reason}")
+    waiting = sorted(set(waits_for_devices(state).values()))
+    if waiting:
+        lines.append(f"waiting for device {', '.join(waiting)} (offline)")
+    for question in state.open_questions():
+        lines.append(f"**needs you** ({question.id}): {question.title}")
+    if state.failure:
+        lines.append(f"failure: {state.failure}")
+    return "\n\n".join(lines)

@@ -1,0 +1,81 @@
+"""Where a tool call runs: checkpoint at side-effect boundaries, not at every step.
+
+A regular activity costs a round trip through the server's task queues (tens of
+milliseconds) and gives the step its own checkpoint in history. A read does not
+need one: running it again after a crash is free and harmless. So short reads,
+and other short calls whose replay policy is `safe`, run as *local activities*
+on the worker that runs the goal; consecutive ones form a segment whose results
+are written to history together at the next workflow-task boundary. Anything
+that reaches the outside world (`remote-write`, `irreversible`) is a regular
+activity with its own checkpoint, so a segment always ends before it; so is any
+call expected to take long, which needs heartbeats to notice a lost worker.
+
+This module is the one place that rule lives. Pure: the workflow calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from perdure.workflows.shared.tool_specs import TOOL_SPECS, ToolSpec
+
+Where = Literal["local", "activity"]
+
+DEFAULT_LOCAL_UP_TO_S = 2.0
+"""Calls expected to take longer than this stay regular activities with heartbeats.
+A local activity holds the goal's workflow task open while it runs; past a couple of
+seconds a crash costs more time to notice than the saved round trip is worth."""
+
+
+class Placement(BaseModel):
+    where: Where
+    why: str
+
+    @property
+    def local(self) -> bool:
+        return self.where == "local"
+
+    def describe(self) -> str:
+        return f"{'local activity' if self.local else 'activity'}: {self.why}"
+
+
+def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S) -> Placement:
+    """Decide from the tool's risk class, replay policy and expected duration."""
+    if spec is None:
+        return Placement(where="activity", why="unknown tool: the activity reports the error")
+    if spec.risk in ("remote-write", "irreversible"):
+        return Placement(where="activity", why=f"{spec.risk}: a side effect gets its own checkpoint")
+    if spec.replay != "safe":
+        return Placement(where="activity", why=f"replay policy '{spec.replay}': re-running it is not free")
+    if spec.expected_s is None:
+        return Placement(where="activity", why="duration not known in advance: heartbeats notice a lost worker")
+    if local_up_to_s <= 0:
+        return Placement(where="activity", why="local activities are turned off for this goal")
+    if spec.expected_s > local_up_to_s:
+        return Placement(
+            where="activity",
+            why=f"expected {spec.expected_s:g} s > {local_up_to_s:g} s: long calls heartbeat as activities",
+        )
+    return Placement(
+        where="local",
+        why=f"{spec.risk}, safe to re-run, expected ≤ {spec.expected_s:g} s: checkpointed with its segment",
+    )
+
+
+def place_tool(tool: str, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S) -> Placement:
+    return place(TOOL_SPECS.get(tool), local_up_to_s)
+
+
+def batches(local: list[bool]) -> list[list[int]]:
+    """Split calls (in the model's order) into groups that run one after another:
+    consecutive local calls run together, every other call alone, so no read is
+    moved across a write."""
+    groups: list[list[int]] = []
+    for index, is_local in enumerate(local):
+        if is_local and groups and local[groups[-1][0]]:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups

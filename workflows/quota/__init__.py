@@ -1,0 +1,1 @@
+"""The quota service: one long-lived workflow per external resource."""

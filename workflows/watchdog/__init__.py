@@ -1,0 +1,1 @@
+"""The watchdog: a scheduled workflow that judges every open goal's progress."""
