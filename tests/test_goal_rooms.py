@@ -44,7 +44,7 @@ def test_a_node_kind_without_a_runner_stops_the_import():
         "from typing import Literal\n"
         "import perdure.workflows.goal.contracts.plan as plan\n"
         "plan.NodeKind = Literal['tool', 'llm', 'agent', 'device']\n"
-        "import perdure.workflows.goal\n"
+        "import perdure.workflows.goal.goal_workflow\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0

@@ -6,6 +6,7 @@ workflow) reads a source that differs between a run and its replay, or imports o
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,10 @@ FORBIDDEN_BUILTINS = {"open", "input"}
 def workflow_files() -> list[Path]:
     files: list[Path] = []
     for module in WORKFLOW_MODULES:
-        path = ROOT / module.replace(".", "/")
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        path = Path(spec.origin)
+        files += sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
     return files
 
 
