@@ -9,7 +9,7 @@ BASE_STAMP := $(VENV)/.installed-base
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := install
-.PHONY: install system-packages demo demo-crash test test-fast smoke-installed soak bench bench-peers server-start server-stop histories clean distclean
+.PHONY: install system-packages demo demo-crash test test-fast smoke-installed docs soak bench bench-peers server-start server-stop histories clean distclean
 
 install: $(STAMP) system-packages
 
@@ -108,6 +108,12 @@ test-fast: $(STAMP) system-packages
 # device, a goal with every node kind, `perdure ui` and `perdure mcp`. About 40 s; .ci/run runs it.
 smoke-installed: $(STAMP)
 	$(BIN)/python tests/smoke_installed.py
+
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, a page
+# left out of the nav, or a reference page whose code moved fails the build. .ci/run runs it.
+# The two variables silence the banners mkdocs' plugins print about MkDocs 2 on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet
 
 # Seeded random worker kills across goals with remote effects (own dev server): kills aimed
 # at steps, then kills every 2-5 s and during `perdure start` (testing/timed_soak.py), per seed.
