@@ -16,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PERDURE_HOME=/data
 
-# bubblewrap: the sandbox every shell command runs in (README, "Shell commands run in a
+# bubblewrap: the sandbox every shell command runs in (docs/guide/security.md, "Shell commands run in a
 # sandbox"); the container must allow the user namespaces it needs (docker-compose.yml).
 # git: the git tools.
 RUN apt-get update \

@@ -29,7 +29,7 @@ system-packages:
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
 	      echo "warning: could not install$$missing; install them yourself (apt-get install$$missing)" >&2; \
 	  else \
-	    echo "note: perdure wants$$missing: run 'sudo apt-get install$$missing' (see README, Set-up)" >&2; \
+	    echo "note: perdure wants$$missing: run 'sudo apt-get install$$missing' (see README.md, Two commands)" >&2; \
 	  fi; \
 	fi
 
@@ -112,8 +112,9 @@ smoke-installed: $(STAMP)
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, a page
 # left out of the nav, or a reference page whose code moved fails the build. .ci/run runs it.
 # The two variables silence the banners mkdocs' plugins print about MkDocs 2 on every build.
+# No --quiet: it hides the warnings --strict counts, and the build then passes a broken link.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 # Seeded random worker kills across goals with remote effects (own dev server): kills aimed
 # at steps, then kills every 2-5 s and during `perdure start` (testing/timed_soak.py), per seed.

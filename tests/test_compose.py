@@ -283,6 +283,10 @@ def ci_checkout(tmp_path: Path) -> Path:
     # A stand-in for the installed-wheel smoke (it builds and installs perdure: minutes, checked by itself).
     (checkout / "tests").mkdir()
     (checkout / "tests" / "smoke_installed.py").write_text("print('stand-in smoke ran')\n")
+    # A one-page site for `make docs` (the real one is built by `make docs` itself, in CI).
+    (checkout / "mkdocs.yml").write_text("site_name: scratch\nnav:\n  - Home: index.md\n")
+    (checkout / "docs").mkdir()
+    (checkout / "docs" / "index.md").write_text("# scratch\n\nSee [home](index.md).\n")
     venv = checkout / ".venv"
     venv.mkdir()
     real_venv = Path(sys.prefix)
@@ -321,6 +325,7 @@ def test_ci_run_passes_when_no_tests_are_collected(ci_checkout: Path) -> None:
     assert "collected no tests (exit 5)" in result.stdout
     assert "pip install" not in result.stdout  # the stamp was honoured
     assert result.stdout.rstrip().endswith("stand-in smoke ran")  # after the suite, the installed smoke
+    assert (ci_checkout / "site" / "index.html").is_file()  # and the docs were built before it
 
 
 @pytest.mark.process
@@ -331,6 +336,18 @@ def test_ci_run_fails_when_a_test_fails(ci_checkout: Path) -> None:
     result = run_ci(ci_checkout, failing)
     assert result.returncode != 0
     assert "1 failed" in result.stdout
+    assert "smoke ran" not in result.stdout
+
+
+@pytest.mark.process
+def test_ci_run_fails_when_the_docs_have_a_broken_link(ci_checkout: Path) -> None:
+    (ci_checkout / "docs" / "index.md").write_text("# scratch\n\nSee [the guide](guide.md).\n")
+    empty = ci_checkout / "no_tests"
+    empty.mkdir()
+    result = run_ci(ci_checkout, empty)
+    assert result.returncode != 0
+    assert "collected no tests (exit 5)" in result.stdout  # the suite ran first
+    assert "guide.md" in result.stderr and "docs] Error" in result.stderr
     assert "smoke ran" not in result.stdout
 
 
@@ -361,7 +378,7 @@ def test_make_refuses_a_python_older_than_3_11(tmp_path: Path, ci_checkout: Path
 def test_makefile_has_the_entry_points() -> None:
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([\w.-]+):", makefile, re.MULTILINE))
-    wanted = {"demo", "test", "test-fast", "bench", "server-start", "server-stop", "histories", "clean"}
+    wanted = {"demo", "test", "test-fast", "docs", "bench", "server-start", "server-stop", "histories", "clean"}
     assert wanted <= targets
     phony = set(re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split())
     assert wanted <= phony
