@@ -622,3 +622,19 @@ async def test_a_goal_whose_input_the_worker_cannot_decrypt_fails_at_once_saying
     kinds = [e.event_type for e in history.events]
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds
     assert kinds[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
+
+
+async def test_the_router_lists_a_goal_whose_input_it_cannot_decrypt_without_its_text(keys) -> None:
+    """A closed goal started by a client with a payload key the router's worker lacks is
+    still a candidate (by its id and status), not an AttributeError on the undecryptable
+    input (seen in a process run: `'UndecryptedInput' object has no attribute 'spec'`)."""
+    from types import SimpleNamespace
+
+    from perdure.activities.router.router_activities import RouterIO
+    from perdure.workflows.goal.contracts.state import GoalInput
+
+    keys(new_key_entry("client-key"))
+    sealed = await data_converter(payload_store=False).encode([GoalInput(spec=spec(Path("/tmp"), goal="secret"))])
+    keys()
+    router = RouterIO(SimpleNamespace(data_converter=data_converter(payload_store=False)), ModelConfig(profiles={}))
+    assert await router._decoded(sealed, GoalInput) is None

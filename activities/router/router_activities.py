@@ -134,9 +134,10 @@ class RouterIO:
     async def _decoded(self, payloads, kind):
         try:
             [value] = await self.client.data_converter.decode(payloads, [kind])
-            return value
         except Exception:  # noqa: BLE001 - an unreadable old goal is still a candidate, by its summary
             return None
+        # A worker without the client's payload key gets an UndecryptedInput for a GoalInput.
+        return value if isinstance(value, kind) else None
 
     @activity.defn(name=RouterActivities.CHOOSE)
     async def choose(self, input: ChooseInput) -> ChooseResult:
