@@ -47,7 +47,7 @@ PROFILE_ENV = "TEMPORAL_PROFILE"
 DEFAULT_DEPLOYMENT = "perdure"
 # The SDK's own default. A goal out of the cache replays its whole run on its next
 # workflow task, so the cache should hold every goal a worker serves: a cached goal
-# costs about half a megabyte (README, Benchmarks), a replay up to seconds for a long run.
+# costs about half a megabyte (docs/operations/benchmarks.md), a replay up to seconds for a long run.
 DEFAULT_WORKFLOW_CACHE = 1000
 WORKFLOW_CACHE_ENV = "PERDURE_WORKFLOW_CACHE"
 

@@ -206,7 +206,7 @@ def dev_server_argv(port: int, ui_port: int, data_dir: Path | str | None = None)
         argv += ["--search-attribute", f"{name}={type_name}"]
     codec = os.environ.get(CODEC_ENDPOINT_ENV, "").strip()
     if codec:
-        # The UI decrypts payloads through `perdure codec-server` (README, Encryption).
+        # The UI decrypts payloads through `perdure codec-server` (docs/guide/security.md).
         argv += ["--ui-codec-endpoint", codec]
     return argv
 

@@ -1,4 +1,4 @@
-"""Recovery with the timeouts perdure chooses (README, "Checkpoints and recovery"): real
+"""Recovery with the timeouts perdure chooses (docs/guide/recovery.md): real
 `perdure worker` processes, one SIGKILLed in the middle of a step, a standby taking over;
 and a worker that is busy, not dead, never judged dead. Figures belong to the benchmarks
 (bench/recovery.py): bounds here are generous, and what is asserted is what happened.

@@ -1,5 +1,5 @@
 """How many goal runs an orchestrator worker keeps in memory (its sticky workflow cache):
-the SDK's 1,000 unless PERDURE_WORKFLOW_CACHE says otherwise (README, Benchmarks: what a
+the SDK's 1,000 unless PERDURE_WORKFLOW_CACHE says otherwise (docs/operations/benchmarks.md: what a
 cached goal costs, and what a goal out of the cache costs on its next task)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ worker's client was made with (runtime/telemetry.py), next to Temporal's own
 event, so workflow code may record anywhere.
 
 Pure and deterministic: it reads no clock and no environment, and holds no state but
-the instruments it has made. The README's metric table lists `CATALOGUE`.
+the instruments it has made. docs/guide/observability.md lists `CATALOGUE`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 model attempt cost (`ModelAttempt`), as both sides of a model activity read it.
 
 Recovery after a worker dies mid-step = the heartbeat timeout (when the server
-notices) + the first retry interval (README, "Checkpoints and recovery"). A retry
+notices) + the first retry interval (docs/guide/recovery.md). A retry
 that follows a lost worker needs no back-off; later ones (a failing service)
 still back off.
 
