@@ -45,9 +45,9 @@ from bench.common import (
     slope_ms,
 )
 from bench.raw import RawMode, RawToolsInput, RawToolsWorkflow
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.testing.fakes import LedgerAPI
 from perdure.workflows.shared.contracts import Activities, ToolInput
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 KEYS = (
     "node_overhead_ratio",

@@ -44,7 +44,14 @@ PLUGIN_NAME = "perdure"
 # still apply; determinism is what the golden histories check, and
 # tests/test_workflow_code_sources.py scans these modules for the clock, randomness,
 # the environment and the disk, which the sandbox no longer stops at run time.
-WORKFLOW_MODULES = ("perdure.workflows", "perdure.workers.worker_capabilities")
+# The built-in tools' declarations (perdure.activities.tools.catalogue) are workflow code
+# too: the goal validates their arguments and makes their effect keys itself; each of
+# their modules is pure at import (its worker-side code is imported when it runs).
+WORKFLOW_MODULES = (
+    "perdure.workflows",
+    "perdure.workers.worker_capabilities",
+    "perdure.activities.tools.catalogue",
+)
 
 
 def passing_workflow_modules_through(runner: WorkflowRunner | None) -> WorkflowRunner:

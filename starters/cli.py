@@ -19,6 +19,7 @@ from rich.markup import escape
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.runtime import settings, telemetry
 from perdure.runtime.connect import ServerUnavailable, connect
 from perdure.starters import deploy_cli, goals, memory_cli, render, router_cli
@@ -29,7 +30,6 @@ from perdure.workers import deployment
 from perdure.workflows.devices.device_contracts import LEASE_S
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.shared.contracts import DEFAULT_MAX_TOKENS
-from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 app = typer.Typer(
     help="perdure: durable AI agents on Temporal.",

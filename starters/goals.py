@@ -41,6 +41,7 @@ from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.activities.artifacts import ArtifactMissing, default_store
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.runtime import settings
 from perdure.workflows.goal.contracts.plan import (
     AgentStep,
@@ -65,7 +66,6 @@ from perdure.workflows.shared.contracts import (
 )
 from perdure.workflows.shared.mcp_tools import is_mcp_tool
 from perdure.workflows.shared.statuses import Phase
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 
 class GoalNotFound(LookupError):

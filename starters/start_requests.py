@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.starters import goals, render
 from perdure.workflows.goal.contracts.messages import REQUEST_ID
 from perdure.workflows.shared.contracts import GoalSpec
-from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 
 class StartRequest(BaseModel):

@@ -31,6 +31,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from perdure.activities.models.scripted import ScriptedServer
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.starters import goals
 from perdure.testing.crash import CrashRig
 from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
@@ -38,7 +39,6 @@ from perdure.testing.repo import git, init_repo
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.shared.contracts import Activities, GoalSpec
 from perdure.workflows.shared.effects import effect_key_for
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 EFFECT_POINTS = ("before_effect", "after_effect", "after_receipt")
 MODEL_KILL_AFTER_S = 0.3

@@ -20,13 +20,13 @@ from temporalio.testing import ActivityEnvironment
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.model_activities import agent_tools
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.activities.tools.catalogue.command_tool import RunCommandArgs as Args
+from perdure.activities.tools.catalogue.command_tool import command_replay, read_only_command
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.workflows.goal.contracts.messages import Answer
 from perdure.workflows.goal.contracts.plan import Plan, parse_plan
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
-from perdure.workflows.shared.effects import command_replay, read_only_command
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
-from perdure.workflows.shared.tool_specs import RunCommandArgs as Args
 from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.helpers import running_worker, start, statuses, submit, wait_until
 

@@ -25,10 +25,10 @@ from perdure.activities.models.model_activities import ModelActivities, agent_to
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.providers import ChatMessage, ChatToolCall
 from perdure.activities.models.scripted import ScriptedServer, seen_anthropic, seen_openai
+from perdure.activities.tools.catalogue import COMPACTION_TOOL
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.canonical import sha256_digest
 from perdure.workflows.shared.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
-from perdure.workflows.shared.tool_specs import COMPACTION_TOOL
 from tests.builders import anthropic_profile, openai_profile, spec
 from tests.helpers import run_goal, running_worker
 

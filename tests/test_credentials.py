@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from perdure.activities.tools.catalogue.http_tools import HttpRequestArgs
 from perdure.testing.fakes import FakeService, Reply
 from perdure.workflows.goal.contracts.plan import parse_plan
-from perdure.workflows.shared.tool_specs import HttpRequestArgs
 from tests.builders import STEP_REPLY, openai_profile
 from tests.helpers import goal_result, running_worker, start
 
@@ -113,8 +113,8 @@ async def test_an_error_answer_that_echoes_the_credential_is_redacted(
 def test_an_error_answer_of_a_service_echoing_the_workers_key_is_redacted(monkeypatch):
     import httpx
 
-    from perdure.activities.tools.effect_tools import check_status
-    from perdure.activities.tools.tool_errors import ToolError
+    from perdure.activities.tools.catalogue.tool_errors import ToolError
+    from perdure.activities.tools.http_calls import check_status
 
     monkeypatch.setenv("PERDURE_PAYMENTS_KEY", CANARY)
     echoed = httpx.Response(403, json={"error": f"bad key Bearer {CANARY}"})

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from perdure.activities.tools.catalogue import DEVICE_TOOLS
 from perdure.workflows.devices.device_contracts import call_risk, needs_approval
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep, check_plan, devices_named, parse_plan
 from perdure.workflows.shared.canonical import digest_of
 from perdure.workflows.shared.graph import node_key
-from perdure.workflows.shared.tool_specs import DEVICE_TOOLS
 
 ALL = list(DEVICE_TOOLS) + ["http_get"]
 

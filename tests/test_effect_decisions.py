@@ -10,13 +10,13 @@ from collections import Counter
 
 import pytest
 
+from perdure.activities.tools.catalogue.http_tools import HttpRequestArgs
 from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
 from perdure.testing.repo import git, init_repo
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.shared.contracts import Activities
 from perdure.workflows.shared.effects import effect_key_for
-from perdure.workflows.shared.tool_specs import HttpRequestArgs
 from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
 from tests.helpers import (
     goal_result,

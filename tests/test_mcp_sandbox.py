@@ -25,7 +25,7 @@ from temporalio.client import Client
 from perdure.activities.mcp.mcp_calls import McpServers, call_tool
 from perdure.activities.mcp.mcp_config import McpConfigInvalid, load_mcp_servers
 from perdure.activities.tools import sandbox
-from perdure.activities.tools.tool_errors import ToolError
+from perdure.activities.tools.catalogue.tool_errors import ToolError
 from perdure.runtime.codec import (
     KEY_FILE_ENV,
     KEYS_ENV,

@@ -19,6 +19,7 @@ from perdure.activities.models.model_activities import (
 )
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
 from perdure.activities.models.scripted import ScriptedServer
+from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.plan import parse_plan
 from perdure.workflows.shared.contracts import (
     Activities,
@@ -28,7 +29,6 @@ from perdure.workflows.shared.contracts import (
     PlanInput,
     ToolResult,
 )
-from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS
 
 CONSTRAINT = "Never delete files; keep the README under 200 words."
 GOOD_PLAN = {

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from perdure.activities.models.scripted import ScriptedServer, schema_arguments
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from tests.subprocess_rig import perdure, user_env, worker_process
 
 NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"

@@ -6,8 +6,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.activities.tools.catalogue.file_tools import ReadFileArgs
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S, batches, place, place_tool
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, ReadFileArgs, ToolSpec
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 
 def tool(risk: str, replay: str = "safe", expected_s: float | None = 0.1) -> ToolSpec:

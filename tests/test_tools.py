@@ -17,10 +17,14 @@ from temporalio.testing import ActivityEnvironment
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.tools import fingerprints
-from perdure.activities.tools.run_tool import COMMAND_OUTPUT_CAP, ToolActivities, ToolError, read_file
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.activities.tools.catalogue.file_tools import ReadFileArgs
+from perdure.activities.tools.catalogue.tool_errors import ToolError
+from perdure.activities.tools.command_runs import COMMAND_OUTPUT_CAP
+from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.sandbox import command_env
+from perdure.activities.tools.workspace_files import read_file
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, ReadFileArgs
 from tests.subprocess_rig import marker_sleep, process_gone, process_running
 
 
@@ -170,7 +174,7 @@ async def test_malformed_json_args_ref(store: ArtifactStore, ws: Path) -> None:
 async def test_unknown_tool(store: ArtifactStore, ws: Path) -> None:
     result = await run(store, ws, "rm_rf", {})
     assert not result.ok and result.risk is None
-    known = ToolActivities(store).functions
+    known = ToolActivities(store).tools
     assert result.error == f"unknown tool 'rm_rf' (known: {', '.join(sorted(known))})"
 
 
@@ -216,7 +220,7 @@ async def test_model_written_args_are_literal(store: ArtifactStore, ws: Path) ->
 
 
 def test_every_spec_has_an_implementation(store: ArtifactStore) -> None:
-    assert set(ToolActivities(store).functions) == set(TOOL_SPECS)
+    assert set(ToolActivities(store).tools) == set(TOOL_SPECS)
 
 
 # --- read_artifact ----------------------------------------------------------------------
@@ -312,7 +316,7 @@ async def test_run_command_environment_is_scrubbed(
 async def test_run_command_heartbeats_while_waiting(
     store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("perdure.activities.tools.run_tool.HEARTBEAT_EVERY_S", 0.1)
+    monkeypatch.setattr("perdure.activities.tools.command_runs.HEARTBEAT_EVERY_S", 0.1)
     env = ActivityEnvironment()
     beats: list[tuple] = []
     env.on_heartbeat = lambda *details: beats.append(details)

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.goal.recheck import VerificationActivities, parse_verdict, question_system_prompt, shown_url
 from perdure.activities.models.scripted import offline_reply
+from perdure.activities.tools.catalogue.http_tools import HttpGetArgs
 from perdure.activities.tools.fingerprints import fingerprints_of, url_digest
-from perdure.activities.tools.run_tool import http_get
+from perdure.activities.tools.http_calls import http_get
 from perdure.testing.fakes import FakeService
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.contracts.verify_contracts import NodeCheck, VerifyInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.tool_specs import HttpGetArgs
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, scheduled_activities, start, statuses, wait_until
 from tests.verify_rig import checked, park_then_resume, read, runs_of

@@ -33,8 +33,8 @@ from temporalio.worker import Worker
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.profiles import ModelConfig
-from perdure.activities.tools import run_tool as tools
-from perdure.activities.tools import sandbox
+from perdure.activities.tools import sandbox, workspace_files
+from perdure.activities.tools.catalogue.tool_base import LocalCall, LocalTool
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.workspace_versions import Basis, FenceToken, WorkspaceVersions, WriteRefused
 from perdure.runtime.plugin import PerdurePlugin
@@ -306,24 +306,28 @@ class HeldWrites(ToolActivities):
         super().__init__(store, **options)
         self.waiting, self.release = threading.Event(), threading.Event()
         self.finished = threading.Event()
-        real = self.functions["write_file"]
+        real = self.tools["write_file"]
+        held = self
         HeldWrites.made.append(self)
 
-        async def write_file(root, args, *, call=None):
-            if not args.content.startswith(HELD):
-                return await real(root, args, call=call)
+        class HeldWriteFile(LocalTool):
+            spec = real.spec
 
-            def stuck() -> str:
-                self.waiting.set()
-                assert self.release.wait(120)
-                try:
-                    return tools._write_file_sync(root, args, call)
-                finally:
-                    self.finished.set()
+            async def run(self, call: LocalCall, args):
+                if not args.content.startswith(HELD):
+                    return await real.run(call, args)
 
-            return await asyncio.to_thread(stuck)
+                def stuck() -> str:
+                    held.waiting.set()
+                    assert held.release.wait(120)
+                    try:
+                        return workspace_files._write_file_sync(call.root, args, call.file)
+                    finally:
+                        held.finished.set()
 
-        self.functions["write_file"] = write_file
+                return await asyncio.to_thread(stuck)
+
+        self.tools["write_file"] = HeldWriteFile()
 
 
 @contextlib.asynccontextmanager

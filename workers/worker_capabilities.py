@@ -23,8 +23,8 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     # Pure data and the profile table; the workflow only names the activity.
     from perdure.activities.models.profiles import ModelConfig, UnknownModelProfile
+    from perdure.activities.tools.catalogue import TOOL_SPECS
     from perdure.workflows.offers.worker_offers import CapabilitiesResult, ProfileOffer
-    from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 CAPABILITIES_ACTIVITY = "perdure.capabilities"
 CAPABILITIES_WORKFLOW = "PerdureCapabilities"

@@ -11,7 +11,7 @@ command, exits as expected). The first failing check of a node is its reason; ev
 read that changed is also listed (a question's evidence). Nothing here changes the
 workspace or the goal.
 
-URLs are re-fetched by the http_get tool itself (activities/tools/run_tool.py: the same URL
+URLs are re-fetched by the http_get tool itself (activities/tools/http_calls.py: the same URL
 rules, client, redirects, cap and decoding), under the tool's own rule: when the goal
 may call http_get, whatever its `allow_network` (which is about shell commands). A
 fetch that fails (unreachable, a timeout, an HTTP error status) keeps the step and says
@@ -43,9 +43,12 @@ from perdure.activities.heartbeat import Heartbeat
 from perdure.activities.models.model_activities import ModelActivities, cap, constraints_block, goal_message
 from perdure.activities.models.providers import ChatMessage, ChatRequest
 from perdure.activities.tools import sandbox
+from perdure.activities.tools.catalogue.command_tool import RunCommandArgs
+from perdure.activities.tools.catalogue.http_tools import HttpGetArgs
+from perdure.activities.tools.catalogue.tool_errors import ToolError
+from perdure.activities.tools.command_runs import run_command
 from perdure.activities.tools.fingerprints import URL_PREFIX, digest_of_source, url_cap, url_digest
-from perdure.activities.tools.run_tool import http_get, run_command
-from perdure.activities.tools.tool_errors import ToolError
+from perdure.activities.tools.http_calls import http_get
 from perdure.workflows.goal.contracts.verify_contracts import (
     NodeCheck,
     QuestionInput,
@@ -55,7 +58,6 @@ from perdure.workflows.goal.contracts.verify_contracts import (
     VerifyResult,
 )
 from perdure.workflows.shared.contracts import Activities, Fingerprint
-from perdure.workflows.shared.tool_specs import HttpGetArgs, RunCommandArgs
 
 # The marker lets the scripted server (and a person reading a transcript) tell the call apart.
 VERIFY_MARKER = "PERDURE-VERIFY"

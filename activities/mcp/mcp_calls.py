@@ -6,8 +6,8 @@ class and replay policy the worker's config.toml declares); the goal keeps the a
 that server, never raised: the goal says why and does not retry in a loop.
 
 A call runs through `run_tool` (activities/tools/run_tool.py) like every tool: a read with replay
-`safe` is called directly; anything else is an `EffectTool` whose `send` is the MCP call,
-so `run_effect` (activities/tools/effect_tools.py) gives it an effect key (sent in the
+`safe` is a `LocalTool` called directly; anything else is an `EffectTool` whose `send` is the MCP call,
+so `run_effect` (activities/tools/effect_runner.py) gives it an effect key (sent in the
 request's `_meta`), the intent and done heartbeats, the refusal of an unconfirmed
 irreversible call and the retry decision of its replay policy: a `once` call whose
 attempt was interrupted is `uncertain`, never sent again. The receipt holds the output's
@@ -26,11 +26,11 @@ from perdure.activities.artifacts import ArtifactMissing
 from perdure.activities.heartbeat import Heartbeat
 from perdure.activities.mcp.mcp_config import McpServer, McpToolPolicy
 from perdure.activities.mcp.mcp_session import catalogue_entries, connect
-from perdure.activities.tools.effect_tools import EffectCall, EffectTool
-from perdure.activities.tools.tool_errors import ToolError
+from perdure.activities.tools.catalogue.tool_base import EffectCall, EffectTool, LocalCall, LocalTool
+from perdure.activities.tools.catalogue.tool_errors import OutcomeUnknown, ToolError
 from perdure.workflows.shared.contracts import Activities
-from perdure.workflows.shared.mcp_tools import McpArgs, McpCatalogue, McpCatalogueInput, McpTool
-from perdure.workflows.shared.tool_specs import RiskClass
+from perdure.workflows.shared.mcp_tools import McpArgs, McpCatalogue, McpCatalogueInput, McpDeclaration, McpTool
+from perdure.workflows.shared.tool_specs import Effect, RiskClass
 
 SERVERS_LISTED_AT_ONCE = 4
 RISKS: tuple[str, ...] = get_args(RiskClass)
@@ -101,12 +101,32 @@ class McpServers:
         return catalogue
 
 
+class McpReadTool(LocalTool):
+    """One MCP tool that is safe to run again: called directly; no answer is a failure the
+    model or the step sees, and running it again is free."""
+
+    def __init__(self, servers: McpServers, tool: McpTool) -> None:
+        self._servers = servers
+        self._tool = tool
+        self.spec = tool.spec()
+
+    async def run(self, call: LocalCall, args: McpArgs) -> str:
+        try:
+            return await call_tool(self._servers, self._tool, args, effect_key=None)
+        except OutcomeUnknown as err:
+            raise ToolError(str(err)) from None
+
+
 class McpEffectTool(EffectTool):
     """One MCP tool, called through the effect protocol."""
 
     def __init__(self, servers: McpServers, tool: McpTool) -> None:
         self._servers = servers
         self._tool = tool
+        self.spec = tool.spec()
+
+    def effect(self, args: McpArgs, workspace: str) -> Effect:
+        return McpDeclaration(self._tool.name).effect(args, workspace)
 
     def target(self, args: McpArgs) -> str:
         return f"MCP server '{self._tool.server}' (tool {self._tool.tool})"

@@ -3,7 +3,7 @@ session), list its tools, call one. A session per activity call: a server proces
 exactly as long as the call that needs it, and a worker's death ends it with the worker.
 
 Failures are sorted by what they say about the call, for the effect rules of
-activities/tools/effect_tools.py: a server that cannot be started or reached, or that refuses
+activities/tools/effect_runner.py: a server that cannot be started or reached, or that refuses
 the request with an error, is a ToolError (the call did not happen; a goal sees it as a
 step failure or a model as data); a connection lost or a timeout after the request went
 out is OutcomeUnknown (it may have happened). A stdio server is started as
@@ -27,8 +27,8 @@ import httpx2
 from perdure.activities.mcp.launch import stdio_parameters
 from perdure.activities.mcp.mcp_config import McpConfigInvalid, McpServer, resolve_headers, secret_values
 from perdure.activities.tools import credentials
+from perdure.activities.tools.catalogue.tool_errors import OutcomeUnknown, ToolError
 from perdure.activities.tools.sandbox import SandboxUnavailable
-from perdure.activities.tools.tool_errors import OutcomeUnknown, ToolError
 from perdure.workflows.shared.mcp_tools import McpTool, mcp_tool_name
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ from perdure.activities.models.providers import ChatMessage, ChatRequest, ChatRe
 from perdure.activities.models.usage_metrics import count_reply
 from perdure.activities.quota.quota_admission import QuotaWaitError, admitted
 from perdure.activities.spans import model_call_span
+from perdure.activities.tools.catalogue import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS
 from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, Plan, parse_plan
 from perdure.workflows.goal.rules.evidence import statement_lines
 from perdure.workflows.shared.contracts import (
@@ -54,7 +55,7 @@ from perdure.workflows.shared.contracts import (
     Usage,
 )
 from perdure.workflows.shared.mcp_tools import McpTool, tool_table
-from perdure.workflows.shared.tool_specs import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS, ToolSpec
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"

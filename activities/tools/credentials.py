@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perdure.activities.tools.tool_errors import ToolError
+from perdure.activities.tools.catalogue.tool_errors import ToolError
 from perdure.runtime import settings
 
 REDACTED = "[redacted]"

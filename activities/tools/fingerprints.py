@@ -22,9 +22,11 @@ import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
 
+from perdure.activities.tools.catalogue.file_tools import ListDirArgs, ReadFileArgs, WriteFileArgs
+from perdure.activities.tools.catalogue.http_tools import HttpGetArgs
 from perdure.activities.tools.workspace import WorkspaceEscape, WorkspaceMissing, resolve_in_workspace
 from perdure.workflows.shared.contracts import Fingerprint
-from perdure.workflows.shared.tool_specs import HttpGetArgs, ListDirArgs, ReadFileArgs, ToolArgs, WriteFileArgs
+from perdure.workflows.shared.tool_specs import ToolArgs
 
 URL_PREFIX = "url:"
 _CAP_MARK = ";max_bytes="

@@ -1,7 +1,7 @@
 """The sandbox every shell command of a goal runs in: bubblewrap (`bwrap`).
 
 Owns how a command's process is started, what it can reach and how it ends, for
-every tool that runs a command (`run_command`: activities/tools/run_tool.py) and for stdio MCP
+every tool that runs a command (`run_command`: activities/tools/command_runs.py) and for stdio MCP
 servers (activities/mcp/launch.py, which also binds paths a server needs). A
 command gets new PID, IPC and UTS namespaces with a fresh `/proc` (the worker and
 its other processes are not there to read), no capabilities, the workspace

@@ -1,6 +1,6 @@
 """Versioned, fenced writes to workspace files: the check-and-write, and the fence store.
 
-Two rules every versioned workspace write follows (activities/tools/run_tool.py write_file):
+Two rules every versioned workspace write follows (activities/tools/workspace_files.py write_file):
 
 - A write is based on a version of its file: the sha256 of the bytes its writer last
   read or wrote (`Basis`), or the knowledge that the file did not exist. If the file

@@ -35,10 +35,10 @@ Where do I add ...
   with a KIND of contracts.OWN_CALL_KINDS, so status, report and result show it on its
   line; what it is shown bounded however large the plan (workflows/goal/rules/drift_outline.py is
   the example); an optional one asks `Spend.own_call_refused` first.
-- a tool: its spec (risk class, replay policy, argument model) in
-  workflows/shared/tool_specs.py and its implementation in activities/tools/run_tool.py (or
-  activities/tools/effect_tools.py for effects on the outside world); nothing here
-  changes, the effect guard and the tool runner read the spec.
+- a tool (with a compensation): one module of activities/tools/catalogue/ (its arguments,
+  risk class, replay policy, effect key, lookup, compensation and implementation,
+  declared together) listed in that package's TOOL_MODULES; nothing here changes, the
+  effect guard and the tool runner read the declaration.
 - a model provider: activities/models/providers.py (a `ChatProvider`, chosen in
   `provider_for`) and its profile fields in activities/models/profiles.py; nothing
   here changes, a goal names a profile, never a provider.

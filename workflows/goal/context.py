@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import GoalState, Node, Question
@@ -60,7 +61,7 @@ from perdure.workflows.shared.contracts import ArtifactRef, Signals, SubgoalOutc
 from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
 from perdure.workflows.shared.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
 from perdure.workflows.shared.statuses import RAN, STARTED, TERMINAL, NodeStatus
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, WRITE_RISKS, ToolSpec
+from perdure.workflows.shared.tool_specs import WRITE_RISKS, ToolSpec
 
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200

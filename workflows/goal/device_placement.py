@@ -28,6 +28,8 @@ from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError, TimeoutType
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, decide_command_retry
 from perdure.workflows.devices.device_contracts import (
     DEVICE_TOOLS,
     DeviceActivities,
@@ -50,8 +52,6 @@ from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.tool_runner import tool_timeout
 from perdure.workflows.shared.canonical import canonical_json, digest_of
 from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult
-from perdure.workflows.shared.effects import decide_command_retry
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, RunCommandArgs
 
 WRITES = ("remote-write", "irreversible")
 

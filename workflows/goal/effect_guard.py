@@ -23,6 +23,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, TimeoutError
 
+from perdure.activities.tools.catalogue import COMMAND_TOOLS
 from perdure.workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
 from perdure.workflows.goal.contracts.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from perdure.workflows.goal.device_placement import Devices
@@ -30,7 +31,7 @@ from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.tool_runner import ToolRunner, failure_message
 from perdure.workflows.shared.contracts import Activities, PreparedEffect, ToolInput, ToolResult
 from perdure.workflows.shared.effects import command_key, prepared_in_workflow
-from perdure.workflows.shared.tool_specs import COMMAND_TOOLS, WRITE_RISKS, ToolSpec
+from perdure.workflows.shared.tool_specs import WRITE_RISKS, ToolSpec
 
 COMMAND_TOOL = "run_command"
 PREPARE_TIMEOUT = timedelta(seconds=30)

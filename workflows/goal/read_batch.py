@@ -36,6 +36,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
@@ -43,7 +44,6 @@ from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.canonical import canonical_json
 from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
 from perdure.workflows.shared.retries import MODEL_HEARTBEAT, TOOL_RETRY
-from perdure.workflows.shared.tool_specs import TOOL_SPECS
 
 SUMMARY_NAMES = 6
 # Calls in one local activity at most; more made together run as several side by side.

@@ -23,13 +23,14 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from perdure.activities.tools.catalogue import TOOL_SPECS, VERSIONED_WRITES
+from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, command_replay
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
 from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
 from perdure.workflows.goal.read_batch import ReadBatcher
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
-from perdure.workflows.shared.effects import command_replay
 from perdure.workflows.shared.retries import (
     HEARTBEAT_TIMEOUT,
     ONCE_HEARTBEAT,
@@ -37,7 +38,7 @@ from perdure.workflows.shared.retries import (
     TOOL_RETRY,
     TOOL_TIMEOUT,
 )
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, VERSIONED_WRITES, RunCommandArgs, ToolSpec
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 if TYPE_CHECKING:
     from perdure.workflows.goal.device_placement import Devices

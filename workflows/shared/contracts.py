@@ -13,12 +13,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.mcp_tools import McpTool
 from perdure.workflows.shared.run_boundary import goal_task_timeout
 from perdure.workflows.shared.statuses import NodeStatus
-from perdure.workflows.shared.tool_specs import DEFAULT_TOOLS, ApprovalRule, RiskClass
+from perdure.workflows.shared.tool_specs import ApprovalRule, Compensation, RiskClass
 
 TASK_QUEUE = "perdure"
 GOAL_WORKFLOW = "GoalWorkflow"
@@ -380,14 +381,6 @@ class ToolCall(BaseModel):
     tool: str
     args: ArtifactRef = Field(description="The arguments as the model wrote them (JSON text).")
     preview: str = Field(default="", description="A short rendering of the arguments, for people and stall checks.")
-
-
-class Compensation(BaseModel):
-    """The tool call that undoes one effect; itself keyed, so running it twice undoes once."""
-
-    tool: str
-    args: dict
-    reason: str
 
 
 class Fingerprint(BaseModel):

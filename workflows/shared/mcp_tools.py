@@ -1,5 +1,5 @@
 """Tools from MCP servers: how their names read, what a goal keeps of their catalogue,
-and how a catalogue entry becomes a perdure ToolSpec.
+and how a catalogue entry becomes a perdure ToolSpec and declaration.
 
 The worker's config.toml names MCP servers and declares a risk class and a replay
 policy per tool (activities/mcp/mcp_config.py); the catalogue activity lists each server's
@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
-from perdure.workflows.shared.tool_specs import ONCE_TIMEOUTS, TOOL_SPECS, ReplayPolicy, RiskClass, ToolArgs, ToolSpec
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.workflows.shared.tool_specs import ONCE_TIMEOUTS, Effect, ReplayPolicy, RiskClass, Tool, ToolArgs, ToolSpec
 
 with workflow.unsafe.imports_passed_through():
     # Pure validation library; loaded once for every workflow run, not per sandbox.
@@ -61,6 +62,17 @@ class McpArgs(ToolArgs):
     """An MCP tool's arguments: any JSON object; `McpTool.input_schema` checks it."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class McpDeclaration(Tool):
+    """What every MCP tool's call reaches, does and sends: the tool on its server is the
+    target, the arguments are the whole request. It has no compensation."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def effect(self, args: McpArgs, workspace: str) -> Effect:
+        return Effect(f"mcp:{self.name}", "call", args.model_dump(mode="json"))
 
 
 class McpTool(BaseModel):

@@ -17,9 +17,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
 from perdure.workflows.goal.rules.timing import DURATION_FORMAT, parse_duration
 from perdure.workflows.shared.mcp_tools import is_mcp_tool, schema_problems
-from perdure.workflows.shared.tool_specs import DEVICE_NAME, DEVICE_TOOLS, TOOL_SPECS, ToolSpec
+from perdure.workflows.shared.tool_specs import DEVICE_NAME, ToolSpec
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")

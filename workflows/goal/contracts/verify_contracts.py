@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from perdure.workflows.goal.contracts.plan import VerifyDepth
 from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ModelContext, Usage
 
-# What one re-fetch of a URL may take (activities/tools/run_tool.py's HTTP_TIMEOUT_S): the
+# What one re-fetch of a URL may take (activities/tools/http_calls.py's HTTP_TIMEOUT_S): the
 # check's activity is given that much more per URL it re-fetches.
 REFETCH_TIMEOUT_S = 30
 

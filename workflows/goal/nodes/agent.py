@@ -13,6 +13,7 @@ import asyncio
 
 from temporalio import workflow
 
+from perdure.activities.tools.catalogue import COMPACTION_TOOL
 from perdure.workflows.goal.context import NodeFailed, short_key
 from perdure.workflows.goal.contracts.plan import AgentStep
 from perdure.workflows.goal.contracts.state import AgentProgress, Node, RejectedPath
@@ -29,7 +30,6 @@ from perdure.workflows.shared.contracts import (
     ToolInput,
     ToolResult,
 )
-from perdure.workflows.shared.tool_specs import COMPACTION_TOOL
 
 
 class AgentNode:

@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.shared.statuses import TERMINAL
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, ToolSpec
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 RISKY = ("irreversible", "remote-write")  # the order is the rank: the first is the graver
 # Placement keys of the two decisions (a node's other placements are keyed by tool name).

@@ -19,7 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from perdure.workflows.shared.tool_specs import TOOL_SPECS, ToolSpec
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 Where = Literal["local", "activity"]
 

@@ -1,7 +1,7 @@
 """Exceptions a tool raises to say how it failed; the tool activity turns them into results.
 
-Kept apart from the tool implementations so both `activities/tools/run_tool.py` and
-`activities/tools/effect_tools.py` can raise them without importing each other.
+Part of every tool's contract (activities/tools/catalogue/tool_base.py): a tool module
+imports them at module level, so they stay plain exceptions, pure at import.
 """
 
 from __future__ import annotations
