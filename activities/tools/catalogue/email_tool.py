@@ -41,19 +41,10 @@ class SendEmail(EffectTool):
         return args.to
 
     async def send(self, call: EffectCall, args: SendEmailArgs) -> dict:
-        from perdure.activities.tools.http_calls import (
-            bearer,
-            check_status,
-            excerpt,
-            http_call,
-            json_reply,
-            replayed,
-            service_url,
-            setting,
-        )
+        from perdure.activities.tools import http_calls as http
 
-        base = service_url(call.tool, "PERDURE_MAIL_URL", "mail")
-        sender = setting("PERDURE_MAIL_FROM") or DEFAULT_MAIL_FROM
+        base = http.service_url(call.tool, "PERDURE_MAIL_URL", "mail")
+        sender = http.setting("PERDURE_MAIL_FROM") or DEFAULT_MAIL_FROM
         domain = sender.rstrip(">").rpartition("@")[2] or "perdure.invalid"
         message = {
             "from": sender,
@@ -63,13 +54,13 @@ class SendEmail(EffectTool):
             # The key as Message-ID too: a mail server or client that sees it twice knows it is one message.
             "headers": {"Message-ID": f"<{call.key}@{domain}>"},
         }
-        headers = {"Idempotency-Key": call.key, **bearer("PERDURE_MAIL_KEY")}
-        response = await http_call("POST", f"{base}/emails", body=message, headers=headers)
-        check_status(response, "the mail API")
-        reply = json_reply(response, "the mail API")
+        headers = {"Idempotency-Key": call.key, **http.bearer("PERDURE_MAIL_KEY")}
+        response = await http.http_call("POST", f"{base}/emails", body=message, headers=headers)
+        http.check_status(response, "the mail API")
+        reply = http.json_reply(response, "the mail API")
         if not isinstance(reply, dict) or not reply.get("id"):
-            raise OutcomeUnknown(f"the mail API accepted the message but returned no id: {excerpt(response)}")
-        return {"message_id": str(reply["id"]), "to": args.to, **replayed(response)}
+            raise OutcomeUnknown(f"the mail API accepted the message but returned no id: {http.excerpt(response)}")
+        return {"message_id": str(reply["id"]), "to": args.to, **http.replayed(response)}
 
     def describe(self, call: EffectCall, args: SendEmailArgs, receipt: dict) -> str:
         return f"sent '{args.subject}' to {args.to} (message id {receipt.get('message_id')}{how_confirmed(receipt)})"

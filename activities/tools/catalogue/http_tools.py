@@ -140,7 +140,7 @@ class HttpRequest(EffectTool):
 
     async def send(self, call: EffectCall, args: HttpRequestArgs) -> dict:
         from perdure.activities.tools import credentials
-        from perdure.activities.tools.http_calls import check_status, http_call, redacted, replayed
+        from perdure.activities.tools import http_calls as http
 
         headers = {k: v for k, v in args.headers.items() if k.lower() != "idempotency-key"}
         headers["Idempotency-Key"] = call.key
@@ -152,11 +152,11 @@ class HttpRequest(EffectTool):
             sent_secrets.append(secret)
         what = f"{args.method} {args.url}"
         try:
-            response = await http_call(args.method, args.url, body=args.body, headers=headers)
-            check_status(response, what)
+            response = await http.http_call(args.method, args.url, body=args.body, headers=headers)
+            http.check_status(response, what)
         except (ToolError, NotSent, OutcomeUnknown) as err:
             if sent_secrets:  # a service may echo what it was sent
-                raise redacted(err, sent_secrets) from None
+                raise http.redacted(err, sent_secrets) from None
             raise
         body = response.content[: args.max_bytes].decode(response.encoding or "utf-8", errors="replace")
         body = credentials.redact(body, sent_secrets)
@@ -168,7 +168,7 @@ class HttpRequest(EffectTool):
         receipt: dict = {"status": response.status_code, "body": call.store.put_text(body).digest}
         if isinstance(parsed, dict) and isinstance(parsed.get("id"), (str, int)):
             receipt["id"] = parsed["id"]
-        return {**receipt, **replayed(response)}
+        return {**receipt, **http.replayed(response)}
 
     def describe(self, call: EffectCall, args: HttpRequestArgs, receipt: dict) -> str:
         head = f"{args.method} {args.url} -> HTTP {receipt.get('status')}"

@@ -64,24 +64,16 @@ class MakePayment(EffectTool):
         return f"the payments API (payee {args.recipient})"
 
     async def send(self, call: EffectCall, args: MakePaymentArgs) -> dict:
-        from perdure.activities.tools.http_calls import (
-            bearer,
-            check_status,
-            excerpt,
-            http_call,
-            json_reply,
-            replayed,
-            service_url,
-        )
+        from perdure.activities.tools import http_calls as http
 
-        base = service_url(call.tool, "PERDURE_PAYMENTS_URL", "payments")
-        headers = {"Idempotency-Key": call.key, **bearer("PERDURE_PAYMENTS_KEY")}
-        response = await http_call("POST", f"{base}/payments", body=args.model_dump(mode="json"), headers=headers)
-        check_status(response, "the payments API")
-        reply = json_reply(response, "the payments API")
+        base = http.service_url(call.tool, "PERDURE_PAYMENTS_URL", "payments")
+        headers = {"Idempotency-Key": call.key, **http.bearer("PERDURE_PAYMENTS_KEY")}
+        response = await http.http_call("POST", f"{base}/payments", body=args.model_dump(mode="json"), headers=headers)
+        http.check_status(response, "the payments API")
+        reply = http.json_reply(response, "the payments API")
         if not isinstance(reply, dict) or not reply.get("id"):
-            raise OutcomeUnknown(f"the payments API answered without a payment id: {excerpt(response)}")
-        return {"payment_id": str(reply["id"]), "status": str(reply.get("status", "")), **replayed(response)}
+            raise OutcomeUnknown(f"the payments API answered without a payment id: {http.excerpt(response)}")
+        return {"payment_id": str(reply["id"]), "status": str(reply.get("status", "")), **http.replayed(response)}
 
     def describe(self, call: EffectCall, args: MakePaymentArgs, receipt: dict) -> str:
         amount = f"{args.amount_cents / 100:.2f} {args.currency}"
@@ -106,36 +98,29 @@ class RefundPayment(EffectTool):
         return f"the payments API (refund of {args.payment_id or args.payment_key})"
 
     async def send(self, call: EffectCall, args: RefundPaymentArgs) -> dict:
-        from perdure.activities.tools.http_calls import (
-            bearer,
-            check_status,
-            http_call,
-            json_reply,
-            replayed,
-            service_url,
-        )
+        from perdure.activities.tools import http_calls as http
 
-        base = service_url(call.tool, "PERDURE_PAYMENTS_URL", "payments")
-        auth = bearer("PERDURE_PAYMENTS_KEY")
+        base = http.service_url(call.tool, "PERDURE_PAYMENTS_URL", "payments")
+        auth = http.bearer("PERDURE_PAYMENTS_KEY")
         payment_id = args.payment_id
         if payment_id is None:
             # A compensation is registered before its payment is sent, so it may name
             # the payment only by its key; a payment that never happened needs no refund.
-            response = await http_call("GET", f"{base}/payments?idempotency_key={args.payment_key}", headers=auth)
-            check_status(response, "the payments API")
-            found = (json_reply(response, "the payments API") or {}).get("data") or []
+            response = await http.http_call("GET", f"{base}/payments?idempotency_key={args.payment_key}", headers=auth)
+            http.check_status(response, "the payments API")
+            found = (http.json_reply(response, "the payments API") or {}).get("data") or []
             if not found:
                 return {"refund_id": None, "payment_id": None}
             payment_id = str(found[0]["id"])
         headers = {"Idempotency-Key": call.key, **auth}
         body = {"payment_id": payment_id, "reason": args.reason}
-        response = await http_call("POST", f"{base}/refunds", body=body, headers=headers)
+        response = await http.http_call("POST", f"{base}/refunds", body=body, headers=headers)
         if response.status_code == 400 and "already_refunded" in response.text:
-            existing = (json_reply(response, "the payments API").get("error") or {}).get("refund_id")
+            existing = (http.json_reply(response, "the payments API").get("error") or {}).get("refund_id")
             return {"refund_id": existing, "payment_id": payment_id, "already": True}
-        check_status(response, "the payments API")
-        reply = json_reply(response, "the payments API")
-        return {"refund_id": str(reply.get("id")), "payment_id": payment_id, **replayed(response)}
+        http.check_status(response, "the payments API")
+        reply = http.json_reply(response, "the payments API")
+        return {"refund_id": str(reply.get("id")), "payment_id": payment_id, **http.replayed(response)}
 
     def describe(self, call: EffectCall, args: RefundPaymentArgs, receipt: dict) -> str:
         if receipt.get("payment_id") is None:

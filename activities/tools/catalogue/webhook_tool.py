@@ -38,14 +38,14 @@ class NotifyWebhook(EffectTool):
         return args.url
 
     async def send(self, call: EffectCall, args: NotifyWebhookArgs) -> dict:
-        from perdure.activities.tools.http_calls import excerpt, http_call
+        from perdure.activities.tools import http_calls as http
 
         # The key travels for the receiver's logs; this receiver is assumed not to deduplicate.
-        response = await http_call("POST", args.url, body=args.payload, headers={"X-Perdure-Effect-Key": call.key})
+        response = await http.http_call("POST", args.url, body=args.payload, headers={"X-Perdure-Effect-Key": call.key})
         status = response.status_code
         if 200 <= status < 300:
             return {"status": status}
-        shown = excerpt(response)
+        shown = http.excerpt(response)
         if status == 429:
             raise NotSent(f"the webhook answered HTTP 429 (rate-limited): {shown}")
         if status == 408 or status >= 500:
