@@ -43,10 +43,9 @@ from perdure.workflows.goal.contracts.plan import template_refs
 from perdure.workflows.shared.canonical import canonical_json, digest_of
 from perdure.workflows.shared.contracts import PreparedEffect, ToolInput
 from perdure.workflows.shared.mcp_tools import McpDeclaration, is_mcp_tool
-from perdure.workflows.shared.tool_specs import EFFECT_KEY, Compensation, Effect, ReplayPolicy, Tool, ToolArgs
+from perdure.workflows.shared.tool_specs import Compensation, Effect, ReplayPolicy, Tool, ToolArgs
 
 EffectDecision = Literal["send", "reuse", "lookup", "uncertain"]
-EFFECT_KEY_PATTERN = EFFECT_KEY
 
 INTENT = "intent"
 DONE = "done"
