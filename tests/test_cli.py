@@ -317,7 +317,7 @@ async def test_status_and_abort_of_a_goal_whose_workflow_task_fails_say_why_and_
     """A goal stuck for a reason outside it (here a worker older than the state it carries):
     status and abort show the worker's failure message and the way out, at once, instead of
     "Workflow Task in failed state" or a query timeout."""
-    newer = GoalState(spec=spec(tmp_path)).model_dump(mode="json") | {"schema_version": 99}
+    newer = GoalState(spec=spec(tmp_path)).model_dump(mode="json") | {"schema_version": "99.0"}
     handle = await env.client.start_workflow(
         GoalWorkflow.run,
         GoalInput(spec=spec(tmp_path, plan={"steps": chain(1)}), state=json.dumps(newer)),
@@ -333,7 +333,7 @@ async def test_status_and_abort_of_a_goal_whose_workflow_task_fails_say_why_and_
         status = perdure("status", "cli-stuck-1", env=cli_worker)
         assert status.returncode == 0, status.stderr
         assert "stuck: every workflow task of this goal fails" in status.stdout
-        assert "the carried state is schema v99, newer than this worker's" in status.stdout
+        assert "the carried state is schema v99.0, newer than this worker's" in status.stdout
         assert "run a worker with that perdure version" in status.stdout
         assert "temporal workflow terminate --workflow-id cli-stuck-1" in status.stdout.replace("\n", " ")
 
@@ -341,7 +341,7 @@ async def test_status_and_abort_of_a_goal_whose_workflow_task_fails_say_why_and_
         assert aborted.returncode == 1
         said = aborted.stderr.replace("\n", " ")
         assert "goal cli-stuck-1 is stuck: its workflow task fails" in said
-        assert "the carried state is schema v99, newer than this worker's" in said
+        assert "the carried state is schema v99.0, newer than this worker's" in said
         assert "abort stored by the server (request id ab-1); it is applied once a worker can run" in said
         assert time.monotonic() - begin < 15  # no query or update left waiting for a task that cannot run
         assert "Traceback" not in status.stderr + aborted.stderr

@@ -2,8 +2,6 @@
 judged in the order they were sent, whatever batch they arrive in, and a signal or an
 update of any shape (no argument, several, not an object, huge, not even decodable)
 is refused with a reason while the goal goes on, never failing its workflow task.
-Goals that ran before messages were judged in their turn still replay (patch
-`inbox-in-order`).
 """
 
 from __future__ import annotations
@@ -12,25 +10,20 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from temporalio.api.common.v1 import Payload
-from temporalio.client import WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.service import RPCError
-from temporalio.worker import Replayer
-from temporalio.workflow import NondeterminismError
 
-from perdure.runtime.plugin import PerdurePlugin
 from perdure.starters import goals
 from perdure.starters import steer_client as steering
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Escalate, Park, Resume, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.goal.inbox import Inbox
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import calls_for, goal_result, running_worker, start, submit, workflow_task_failures
 
@@ -357,18 +350,6 @@ async def test_random_raw_signals_and_updates_never_fail_a_workflow_task(env, st
         history = await handle.fetch_history()
     assert workflow_task_failures(history) == []
     assert result.outcome in ("succeeded", "aborted")
-
-
-async def test_a_goal_recorded_before_in_order_admission_replays_behind_its_patch(monkeypatch):
-    """The golden history of a resume refused at the door replays as it ran; judged in order
-    (what a run without the patch marker would do), the same history is nondeterministic."""
-    path = Path(__file__).parent / "histories" / "goal-v1-resume-behind-park-before-in-order.json"
-    history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
-    replayer = Replayer(workflows=[GoalWorkflow], plugins=[PerdurePlugin()])
-    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
-    monkeypatch.setattr(Inbox, "_decide_order", lambda self: True)
-    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    assert isinstance(replayed.replay_failure, NondeterminismError)
 
 
 async def test_a_message_retried_after_the_goal_ended_gets_its_receipt_and_a_new_one_is_refused(

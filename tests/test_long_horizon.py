@@ -16,13 +16,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
-    WorkflowHistory,
     WorkflowUpdateFailedError,
 )
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import WorkflowEnvironment
 
 from perdure.starters.render import print_status
+from perdure.workflows.goal.contracts import migrations
 from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, parse_event
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Resume
 from perdure.workflows.goal.contracts.migrations import StateFromNewerCode, StateRefused, load_state
@@ -100,31 +100,51 @@ async def test_continue_as_new_keeps_receipts_questions_and_results(
     assert state.spec.plan is None and [s.name for s in state.plan.steps] == [s["name"] for s in chain(12)]
 
 
-def v1_state(**overrides) -> dict:
-    current = GoalState(spec=spec(Path("/tmp/ws"), premises={"scope": "all"})).model_dump(mode="json")
-    data = {k: v for k, v in current.items() if k not in ("premises",)}
-    return {**data, "schema_version": 1, **overrides}
+def current_state(**overrides) -> dict:
+    state = GoalState(spec=spec(Path("/tmp/ws"), premises={"scope": "all"}), premises={"scope": "all"})
+    return {**state.model_dump(mode="json"), **overrides}
 
 
-@pytest.mark.parametrize("carried", [v1_state(), json.dumps(v1_state())], ids=["mapping", "text"])
-def test_an_older_state_is_migrated(carried):
-    state = load_state(carried)
-    assert state.schema_version == SCHEMA_VERSION
-    assert state.premises == {"scope": "all"}  # v1 kept them only in the spec
+def older_state() -> dict:
+    """A state of a synthetic schema v0.9, before the goal-level premises: they were only in
+    the spec. Migrations restart at 1.0, so the tests register the step they load through."""
+    data = {k: v for k, v in current_state().items() if k != "premises"}
+    return {**data, "schema_version": "0.9"}
 
 
-def test_a_v3_state_carried_by_a_recorded_run_migrates_with_no_work_retired_and_no_effects_recorded():
-    golden = Path(__file__).parent / "histories" / "goal-v1-text-state-continue-as-new-last-run.json"
-    history = WorkflowHistory.from_json(golden.stem, golden.read_text(encoding="utf-8"))
-    carried = GoalInput.model_validate_json(
-        history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data
-    )
-    v3 = json.loads(carried.state)
-    assert v3["schema_version"] == 3 and "retired_nodes" not in v3
-    for state in (load_state(carried.state), load_state(v3)):
-        assert state.schema_version == SCHEMA_VERSION == 10 and state.patches == [] and state.mcp is None
-        assert state.retired_nodes == [] and state.effects == {} and state.verifications == []
-        assert {n.name: n.status for n in state.nodes.values()} == {k: v["status"] for k, v in v3["nodes"].items()}
+def premises_from_spec(data: dict) -> dict:
+    # Defaulting the new field to {} would silently drop them: copied over.
+    return {**data, "premises": dict(data["spec"].get("premises") or {}), "schema_version": SCHEMA_VERSION}
+
+
+@pytest.mark.parametrize("as_text", [False, True], ids=["mapping", "text"])
+def test_an_older_state_is_migrated(as_text, monkeypatch):
+    monkeypatch.setitem(migrations.MIGRATIONS, "0.9", premises_from_spec)
+    state = load_state(json.dumps(older_state()) if as_text else older_state())
+    assert state.schema_version == SCHEMA_VERSION == "1.0"
+    assert state.premises == {"scope": "all"}  # v0.9 kept them only in the spec
+
+
+def test_an_older_state_without_a_migration_is_refused():
+    with pytest.raises(StateRefused) as refused:
+        load_state(json.dumps(older_state()))
+    assert "no migration from schema v0.9 to v1.0" in str(refused.value)
+
+
+def test_a_migration_that_does_not_move_the_state_on_is_refused_not_looped(monkeypatch):
+    monkeypatch.setitem(migrations.MIGRATIONS, "0.9", lambda data: data)
+    with pytest.raises(StateRefused) as refused:
+        load_state(older_state())
+    assert "did not move the state on" in str(refused.value)
+
+
+@pytest.mark.parametrize("version", [3, 10])
+def test_a_state_carried_by_code_before_1_0_is_refused_not_taken_for_newer_code(version):
+    """Development versions counted schema versions up to 10; 1.0 restarts at "1.0" and
+    reads none of them. An integer is refused with the reason, never waited on as newer."""
+    with pytest.raises(StateRefused) as refused:
+        load_state(json.dumps(current_state(schema_version=version)))
+    assert f"schema v{version}, written by perdure before 1.0" in str(refused.value)
 
 
 def test_a_plan_kept_by_a_new_version_is_carried_once():
@@ -151,14 +171,14 @@ def test_a_current_state_round_trips_through_text():
     [
         (["a list"], "is a list, not a mapping"),
         ("{not json", "is not JSON"),
-        (json.dumps({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}), "mystery: Extra inputs"),
-        ({"spec": {}}, "has no integer schema_version"),
-        ({**v1_state(), "schema_version": SCHEMA_VERSION, "mystery": 1}, "mystery: Extra inputs are not permitted"),
-        ({**v1_state(), "schema_version": SCHEMA_VERSION, "phase": "dancing"}, "phase: Input should be"),
+        (json.dumps(current_state(mystery=1)), "mystery: Extra inputs"),
+        ({"spec": {}}, 'has no schema_version of the form "MAJOR.MINOR"'),
+        ({**current_state(), "schema_version": "one"}, 'has no schema_version of the form "MAJOR.MINOR"'),
+        (current_state(mystery=1), "mystery: Extra inputs are not permitted"),
+        (current_state(phase="dancing"), "phase: Input should be"),
         (
             {
-                **v1_state(),
-                "schema_version": SCHEMA_VERSION,
+                **current_state(),
                 "plan_versions": [{"version": 1, "plan": None, "reason": "r", "source": "planner"}],
             },
             "plan v1 has no plan",
@@ -171,12 +191,14 @@ def test_a_state_that_cannot_be_read_is_refused(data, reason):
     assert reason in str(refused.value)
 
 
-@pytest.mark.parametrize("carried", [v1_state(schema_version=99), json.dumps(v1_state(schema_version=99))])
+@pytest.mark.parametrize(
+    "carried", [current_state(schema_version="99.0"), json.dumps(current_state(schema_version="99.0"))]
+)
 def test_a_state_from_newer_code_is_not_refused_but_left_for_a_newer_worker(carried):
     with pytest.raises(StateFromNewerCode) as newer:
         load_state(carried)
     assert not isinstance(newer.value, StateRefused)
-    assert "schema v99, newer than this worker's" in str(newer.value)
+    assert "schema v99.0, newer than this worker's" in str(newer.value)
 
 
 async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_queue, store, workspace, scripted):
@@ -185,7 +207,7 @@ async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await env.client.start_workflow(
             GoalWorkflow.run,
-            GoalInput(spec=goal_spec, state={**v1_state(), "phase": "dancing"}),
+            GoalInput(spec=goal_spec, state=json.dumps(current_state(phase="dancing"))),
             id=new_goal_id("corrupt"),
             task_queue=task_queue,
         )
@@ -222,7 +244,7 @@ async def test_a_run_carrying_a_state_from_newer_code_waits_for_a_newer_worker(
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await env.client.start_workflow(
             GoalWorkflow.run,
-            GoalInput(spec=goal_spec, state=json.dumps(v1_state(schema_version=99))),
+            GoalInput(spec=goal_spec, state=json.dumps(current_state(schema_version="99.0"))),
             id=new_goal_id("newer"),
             task_queue=task_queue,
         )
@@ -237,7 +259,7 @@ async def test_a_run_carrying_a_state_from_newer_code_waits_for_a_newer_worker(
             if failures:
                 break
             await asyncio.sleep(0.1)
-        assert failures and "schema v99, newer than this worker's v" in failures[0]
+        assert failures and "schema v99.0, newer than this worker's v" in failures[0]
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         await handle.terminate("test over")
     assert server.requests() == []

@@ -5,9 +5,7 @@ holds afterwards (episodic conclusions, read from the whole output, and failures
 semantic memories a person kept), the end-of-goal card (sent to the owner's router, the
 goal ending at once; answered there through `perdure say --card`; a goal without an
 owner sends none), and the history (every memory call a `perdure.memory.*` local
-activity, the ids given in its result). The card as goals recorded before the router
-took it asked it (a question, closed unanswered after an hour) is the golden history
-goal-v1-memory, replayed by tests/test_replay.py.
+activity, the ids given in its result).
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.read_batch import BATCH_MAX_CALLS
-from perdure.workflows.goal.tool_runner import SEGMENT_MAX_CALLS
 from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult
 from tests.builders import openai_profile, spec
 from tests.helpers import (
@@ -173,7 +172,7 @@ async def test_a_wide_read_segment_is_cut_into_workflow_tasks_of_bounded_size(
 ):
     (workspace / "pages").mkdir()
     steps = []
-    for i in range(SEGMENT_MAX_CALLS + 50):
+    for i in range(BATCH_MAX_CALLS + 50):
         (workspace / f"pages/{i}.md").write_text(f"page {i}\n")
         steps.append({"name": f"read-{i:03d}", "kind": "tool", "tool": "read_file", "args": {"path": f"pages/{i}.md"}})
     server = scripted({"replies": []})

@@ -17,6 +17,7 @@ from perdure.workers.worker_capabilities import CAPABILITIES_WORKFLOW
 from perdure.workflows.devices.device_contracts import DEVICE_REGISTRY_WORKFLOW
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
+from perdure.workflows.quota.quota_workflow import QUOTA_WORKFLOW
 from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW
 from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Activities, GoalResult
 from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
@@ -27,9 +28,11 @@ def test_there_is_a_golden_history_per_workflow_type():
     recorded = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in HISTORIES}
     types = {
         *(GOAL_WORKFLOW, WATCHDOG_WORKFLOW, CAPABILITIES_WORKFLOW, DEVICE_REGISTRY_WORKFLOW, ROUTER_WORKFLOW),
-        WORKER_OFFERS_WORKFLOW,
+        *(WORKER_OFFERS_WORKFLOW, QUOTA_WORKFLOW),
     }
     assert types <= recorded
+    # Every workflow type the worker registers, so a new one cannot go without a golden.
+    assert {w.__temporal_workflow_definition.name for w in WORKFLOWS} <= recorded
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

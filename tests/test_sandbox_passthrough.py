@@ -29,7 +29,7 @@ async def test_a_replayed_goal_runs_the_workers_own_workflow_class(monkeypatch):
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(GoalWorkflow, "__init__", counting_init)
-    golden = next(p for p in HISTORIES if p.stem == "goal-v1-demo")
+    golden = next(p for p in HISTORIES if p.stem == "goal-1.0-demo")
     await Replayer(workflows=[GoalWorkflow], plugins=[PerdurePlugin()]).replay_workflow(load(golden))
     assert len(constructed) == 1
 

@@ -161,13 +161,8 @@ class ModelActivities:
     @activity.defn(name=Activities.DRIFT_CHECK)
     async def drift_check(self, input: DriftInput) -> DriftResult:
         """Would finishing the current plan satisfy the goal? One structured model call, shown
-        a bounded outline of the plan (the whole plan, when scheduled by older goals)."""
-        if input.outline is not None:
-            shown = outline_block(input.outline)
-        else:
-            finished = "\n".join(f"- {name}: {text}" for name, text in sorted(input.finished.items())) or "(none)"
-            plan = json.dumps(input.plan.model_dump(mode="json") if input.plan else {}, sort_keys=True)
-            shown = [f"Current plan:\n{plan}", f"Finished steps:\n{finished}"]
+        a bounded outline of the plan."""
+        shown = outline_block(input.outline)
         messages = [
             ChatMessage(role="system", content=drift_system_prompt(input.context)),
             ChatMessage(

@@ -59,9 +59,6 @@ CONTINUE_AS_NEW_AFTER_EVENTS = 5_000
 # A lease picked up by a daemon of an older session is handed out again after this.
 SUPERSEDED_RETRY = timedelta(seconds=1)
 MAX_WATCHED_PER_GOAL = 64
-# Registries recorded before held a second lease for a device announced in a run's
-# first activation (the announce, then the run method, each scheduled one).
-ONE_LEASE_PATCH = "one-lease-per-session"
 
 
 @workflow.defn(name=DEVICE_REGISTRY_WORKFLOW)
@@ -192,7 +189,7 @@ class DeviceRegistryWorkflow:
     def _hold_lease(self, name: str) -> None:
         record = self._state.devices[name]
         held = self._leases.get(name)
-        if held is not None and not held.done() and workflow.patched(ONE_LEASE_PATCH):
+        if held is not None and not held.done():
             # An announce handled in a run's first activation already holds it (updates
             # run before the run method, which holds the leases of the online devices).
             return

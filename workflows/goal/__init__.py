@@ -43,7 +43,12 @@ Where do I add ...
   `provider_for`) and its profile fields in activities/models/profiles.py; nothing
   here changes, a goal names a profile, never a provider.
 
-Determinism: these rooms only reorganise what one class did; history is the same
-(goldens in tests/histories/ replay). A change to what any room decides goes
-behind `workflow.patched` (tool_runner.py has the examples).
+Changing what a room decides (the policy since 1.0): a running goal stays pinned to
+the worker deployment version that started it, so a change to workflow code ships as
+a new deployment version, and goals started before it finish on the old one; the
+golden histories in tests/histories/ are recorded again for the new version. There is
+no baseline and no `workflow.patched` call in the 1.0 code. Add one only where a goal
+must move to new code mid-run (a fix a running goal cannot wait for), and say in a
+comment beside it when it will be retired (the version after which no goal that
+started before the patch can still be running); retire it then.
 """

@@ -90,12 +90,10 @@ class Closing:
 
     def fails_workflow(self, result: GoalResult) -> bool:
         """Whether the goal's workflow ends failed (its result in the failure's details, where
-        `perdure result` and a parent goal read it): a goal that failed, and, since
-        `unsuccessful-goals-fail`, one that was aborted, so that the Temporal UI's list,
-        which shows a workflow's status and not perdure's outcome, does not call it Completed."""
-        if self._ctx.state.failure:
-            return True
-        return self._ctx.unsuccessful_goals_fail and result.outcome in ("failed", "aborted")
+        `perdure result` and a parent goal read it): a goal that failed or was aborted, so that
+        the Temporal UI's list, which shows a workflow's status and not perdure's outcome, does
+        not call it Completed."""
+        return bool(self._ctx.state.failure) or result.outcome in ("failed", "aborted")
 
     def _close_questions(self, outcome: Outcome) -> None:
         """No question stays open on an ended goal: each says why it was never answered."""
@@ -112,7 +110,7 @@ class Closing:
         # A step that failed in a plan version since left out still failed: not a success.
         if nodes and all(n.status == "succeeded" for n in nodes) and not setbacks:
             return "succeeded"
-        if self._ctx.unsuccessful_goals_fail and nodes and not any(n.status == "succeeded" for n in nodes):
+        if nodes and not any(n.status == "succeeded" for n in nodes):
             return "failed"  # nothing of the plan was done: not even part of it
         return "partial"
 

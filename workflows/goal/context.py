@@ -17,51 +17,16 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
-from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import GoalState, Node, Question
-from perdure.workflows.goal.patches import (
-    AGENT_WAITS_PATCH,
-    BASELINE_PATCH,
-    BUDGET_CLOCK_PATCH,
-    COMMAND_REPLAY_PATCH,
-    DEVICE_WAIT_TIMER_PATCH,
-    DEVICES_PATCH,
-    DISPATCH_PASSES_PATCH,
-    EFFECTS_FIRST_PATCH,
-    MCP_TOOLS_PATCH,
-    MEMORY_CARD_PATCH,
-    MEMORY_PATCH,
-    NODE_ERRORS_SETTLE_PATCH,
-    NODES_PER_RUN_PATCH,
-    OWN_CALLS_BOUNDED_PATCH,
-    OWN_CHANGES_PATCH,
-    PARKS_HOLD_VERDICTS_PATCH,
-    READ_AHEAD_PATCH,
-    READ_BATCHES_PATCH,
-    READ_COMMITS_PATCH,
-    REPLAN_DISCARDS_PATCH,
-    REPLAN_ON_EVIDENCE_PATCH,
-    RISK_ORDER_PATCH,
-    SUBGOAL_SLICES_PATCH,
-    UNSUCCESSFUL_GOALS_FAIL_PATCH,
-    VERIFY_ON_NEW_CODE_PATCH,
-    VERIFY_PATCH,
-    VERIFY_QUESTION_PATCH,
-    VOID_WAITS_PATCH,
-    WAITS_PATCH,
-    WORKER_LOSS_PATCH,
-    WRITES_PREPARED_HERE_PATCH,
-    patched_here,
-)
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.shared import metrics
 from perdure.workflows.shared.contracts import ArtifactRef, Signals, SubgoalOutcome
-from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, names_mcp_tools, tool_table
+from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, tool_table
 from perdure.workflows.shared.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
-from perdure.workflows.shared.statuses import RAN, STARTED, TERMINAL, NodeStatus
-from perdure.workflows.shared.tool_specs import WRITE_RISKS, ToolSpec
+from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
@@ -106,20 +71,6 @@ class GoalContext:
         self.writes_in_flight: dict[str, int] = {}
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
-        self.effects_first = self.waits_are_state = self.node_errors_settle = self.agent_waits_are_state = False
-        self.void_reaches_waits = self.budgets_by_time_and_wrap_up = False
-        self.commands_ask = self.lists_devices = self.device_timers_of_offline = self.verifies_after_waits = False
-        self.verifies_by_question = False
-        self.replans_on_evidence = self.uses_memory = self.memory_card_to_router = False
-        self.orders_risk = self.verifies_on_new_code = self.subgoals_reserve_slices = False
-        self.looks_around_commands = False
-        self.replan_discards_in_flight = False
-        self.lists_mcp_tools = False
-        self.prepares_writes_here = False
-        self.runs_bounded_by_nodes = self.dispatches_in_passes = False
-        self.bounds_own_calls = False
-        self.parks_hold_verdicts = self.unsuccessful_goals_fail = False
-        self.schedules_lost_calls_again = False
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
         self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
@@ -131,78 +82,24 @@ class GoalContext:
         # none where a room is exercised outside a workflow.
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
 
-    def decide_patches(self) -> None:
-        """Which of the goal's behaviour changes this run has: called first in every run.
-        A run with the baseline has every change it stands for, in one marker (patches.py)."""
-        self._carried_patches = set(self.state.patches)
-        self._patched(BASELINE_PATCH)
-        self.effects_first = self._patched(EFFECTS_FIRST_PATCH)
-        self.waits_are_state = self._patched(WAITS_PATCH)
-        self.node_errors_settle = self._patched(NODE_ERRORS_SETTLE_PATCH)
-        self.agent_waits_are_state = self._patched(AGENT_WAITS_PATCH)
-        self.void_reaches_waits = self._patched(VOID_WAITS_PATCH)
-        self.commands_ask = self._patched(COMMAND_REPLAY_PATCH)
-        self.budgets_by_time_and_wrap_up = self._patched(BUDGET_CLOCK_PATCH)
-        self.lists_devices = self._patched(DEVICES_PATCH)
-        self.device_timers_of_offline = self._patched(DEVICE_WAIT_TIMER_PATCH)
-        self.verifies_after_waits = self._patched(VERIFY_PATCH)
-        self.verifies_by_question = self._patched(VERIFY_QUESTION_PATCH)
-        self.replans_on_evidence = self._patched(REPLAN_ON_EVIDENCE_PATCH)
-        self.orders_risk = self._patched(RISK_ORDER_PATCH)
-        self.replan_discards_in_flight = self._patched(REPLAN_DISCARDS_PATCH)
-        self.uses_memory = self._patched(MEMORY_PATCH)
-        self.memory_card_to_router = self._patched(MEMORY_CARD_PATCH)
-        self.verifies_on_new_code = self._patched(VERIFY_ON_NEW_CODE_PATCH)
-        self.subgoals_reserve_slices = self._patched(SUBGOAL_SLICES_PATCH)
-        self.looks_around_commands = self._patched(OWN_CHANGES_PATCH)
-        self.runs_bounded_by_nodes = self._patched(NODES_PER_RUN_PATCH)
-        self.dispatches_in_passes = self._patched(DISPATCH_PASSES_PATCH)
-        # Only goals that may check for drift: every other goal's history has no marker for it.
-        if self.state.spec.drift_every != 0:
-            self.bounds_own_calls = self._patched(OWN_CALLS_BOUNDED_PATCH)
-        # Read by the tool runner from the state's patches (it has no context).
-        self._patched(READ_BATCHES_PATCH)
-        self._patched(READ_AHEAD_PATCH)
-        self._patched(READ_COMMITS_PATCH)
-        if names_mcp_tools(self.state.spec.allowed_tools):
-            self.lists_mcp_tools = self._patched(MCP_TOOLS_PATCH)
-        if any(TOOL_SPECS[t].risk in WRITE_RISKS for t in self.state.spec.allowed_tools if t in TOOL_SPECS):
-            self.prepares_writes_here = self._patched(WRITES_PREPARED_HERE_PATCH)
-        self.parks_hold_verdicts = self._patched(PARKS_HOLD_VERDICTS_PATCH)
-        self.unsuccessful_goals_fail = self._patched(UNSUCCESSFUL_GOALS_FAIL_PATCH)
-        # Last: histories recorded before it have the markers above in this order.
-        self.schedules_lost_calls_again = self._patched(WORKER_LOSS_PATCH)
-
     def continue_as_new_due(self) -> bool:
         """The run should end at its next safe point: its history is long (or the server's
         current version changed), enough steps settled in it to bound its replay, or its
         plan grew past what its workflow task timeout lets a replay take."""
         spec = self.state.spec
-        if self.runs_bounded_by_nodes:
-            timeout = workflow.info().task_timeout
-            # More than the timeout is sized for: a run that settles each step of its plan once
-            # ends on its own, with no continue-as-new just before its end.
-            if self.settled_this_run > (spec.continue_as_new_after_nodes or steps_per_run(timeout)):
-                return True
-            if self.next_task_timeout() > timeout:
-                return True
+        timeout = workflow.info().task_timeout
+        # More than the timeout is sized for: a run that settles each step of its plan once
+        # ends on its own, with no continue-as-new just before its end.
+        if self.settled_this_run > (spec.continue_as_new_after_nodes or steps_per_run(timeout)):
+            return True
+        if self.next_task_timeout() > timeout:
+            return True
         return continue_as_new_due(spec.continue_as_new_after_events)
 
     def next_task_timeout(self) -> timedelta:
         """The workflow task timeout the next run gets: what its plan needs, never shorter
         than this run's (a goal started with a longer one keeps it)."""
         return max(goal_task_timeout(len(self.state.nodes)), workflow.info().task_timeout)
-
-    def _patched(self, patch: str) -> bool:
-        """`workflow.patched`, once per chain of runs: a run continued from one that had the
-        patch has it too (its carried state, its input, says so) and records no marker of
-        its own, so a run's events go to its work. So does a run with the baseline, for every
-        change the baseline stands for. A run whose input names no patches (the first, or one
-        carried by older code) asks the SDK, marker and all."""
-        on = patch in self._carried_patches or patched_here(self.state, patch)
-        if on and patch not in self.state.patches:
-            self.state.patches.append(patch)
-        return on
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a
@@ -250,16 +147,6 @@ class GoalContext:
         if any(child == outcome.child_id for _, child in self.children()):
             self.state.subgoal_outcomes.setdefault(outcome.child_id, outcome)
             self.wake()
-
-    def ran(self) -> frozenset[str]:
-        """The statuses a rewind or narrow acts on in this run."""
-        return STARTED if self.void_reaches_waits else RAN
-
-    def suspends(self, node: Node) -> bool:
-        """Whether this node's waits end its task (the wait is state) or hold it."""
-        if node.kind == "tool":
-            return self.waits_are_state
-        return node.kind == "agent" and self.agent_waits_are_state
 
     def tools(self) -> Mapping[str, ToolSpec]:
         """The goal's tool table: the built-in tools and those of its MCP catalogue."""
@@ -318,16 +205,14 @@ class GoalContext:
         if node.name in self.stopping:
             raise NodeStopped(f"stopped before its next step: {self.state.abort_reason or 'its work was voided'}")
 
-    async def ask(
-        self, node: Node, question: Question, status: NodeStatus = "blocked", *, suspend: bool = False
-    ) -> str:
+    async def ask(self, node: Node, question: Question, status: NodeStatus = "blocked") -> str:
         """Ask a person and block this node (only) until the answer comes. A question
         asked before (the node runs again after its answer) returns that answer.
 
-        With `suspend` the wait is state, not a coroutine: the node's task ends here and
+        The wait is state, not a coroutine: the node's task ends here (NodeWaiting) and
         the scheduler runs the node again once the question is answered, in this run or
-        a later one (continue-as-new does not wait for a person). Without it the node
-        waits inside its task (goals recorded before the waits were state; see `suspends`)."""
+        a later one (continue-as-new does not wait for a person). Tool and agent nodes ask;
+        their runners start again from what the state holds."""
         self.stop_point(node)
         if question.status == "answered":
             return question.answer or ""
@@ -335,12 +220,8 @@ class GoalContext:
             self.state.questions.append(question)
         self.set_status(node, status)
         self.wake()  # the loop re-judges the phase: the goal may now await a person
-        if suspend:
-            node.waiting_on = question.id
-            raise NodeWaiting(f"waiting for the answer to {question.id}")
-        await workflow.wait_condition(lambda: question.status == "answered")
-        self.set_status(node, "running")
-        return question.answer or ""
+        node.waiting_on = question.id
+        raise NodeWaiting(f"waiting for the answer to {question.id}")
 
     def question_about(self, node: Node, effect_key: str, topic: str) -> Question | None:
         """The card this node already asked about this effect (it runs again after an answer)."""

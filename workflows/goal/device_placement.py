@@ -212,12 +212,10 @@ class Devices:
     def time_to_deadline(self) -> timedelta | None:
         """Until the earliest wait past which a person is asked; None without such a wait."""
         state = self._ctx.state
-        offline_only = self._ctx.device_timers_of_offline
         due = [
             self._deadline(name, wait)
             for name, wait in state.device_waits.items()
-            if not wait.question
-            and (not offline_only or (name in state.nodes and state.nodes[name].status == "offline"))
+            if not wait.question and name in state.nodes and state.nodes[name].status == "offline"
         ]
         if not due:
             return None
@@ -309,7 +307,7 @@ class Devices:
             presence.root,
             key,
         )
-        answer = await self._ctx.ask(node, question, suspend=self._ctx.suspends(node))
+        answer = await self._ctx.ask(node, question)
         return None if answer == "approve" else question
 
     # --- the call ----------------------------------------------------------------------

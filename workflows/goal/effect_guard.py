@@ -59,11 +59,12 @@ class EffectGuard:
             tool_input = on_device
         if tool_input.tool in COMMAND_TOOLS:
             tool_input = self._with_network(tool_input, node)
-        if spec is not None and spec.risk in WRITE_RISKS and self._ctx.effects_first:
+        if spec is not None and spec.risk in WRITE_RISKS:
             return await self._write(spec, tool_input, summary, node, why)
-        if spec is not None and tool_input.tool == COMMAND_TOOL and self._ctx.commands_ask:
+        if spec is not None and tool_input.tool == COMMAND_TOOL:
             return await self._command(spec, tool_input, summary, node)
-        return await self._call_unprepared(spec, tool_input, summary, node, what, why)
+        # Reads and local writes: nothing to prepare, confirm or undo.
+        return await self._tools.execute(tool_input, summary, node)
 
     async def _for_device(
         self, spec: ToolSpec, tool_input: ToolInput, node: Node, device: str, what: str
@@ -126,7 +127,7 @@ class EffectGuard:
         question = earlier or questions.uncertain_effect(
             self._ctx.state, workflow.now(), node.name, tool_input.tool, key, result.error or ""
         )
-        answer = await self._ctx.ask(node, question, status="uncertain", suspend=self._ctx.suspends(node))
+        answer = await self._ctx.ask(node, question, status="uncertain")
         if answer in ("happened", "not_happened"):
             resolved = tool_input.model_copy(update={"resolution": answer})
             result = await again(resolved, f"{summary} · {answer.replace('_', ' ')}")
@@ -175,11 +176,9 @@ class EffectGuard:
     async def _write(self, spec: ToolSpec, tool_input: ToolInput, summary: str, node: Node, why: str) -> ToolResult:
         state = self._ctx.state
         self._ctx.stop_point(node)
-        # The node's waits for a person are state (context.ask), not a held task.
-        suspend = self._ctx.suspends(node)
         # Prepared here when nothing of it is in the artifact store: the same function the
         # activity runs, so the same key, without a local activity's round trip per write.
-        prepared = prepared_in_workflow(tool_input) if self._ctx.prepares_writes_here else None
+        prepared = prepared_in_workflow(tool_input)
         if prepared is None:
             prepared = await workflow.execute_local_activity(
                 Activities.PREPARE_EFFECT,
@@ -211,7 +210,7 @@ class EffectGuard:
             question = self._ctx.question_about(node, key, "confirm_effect") or questions.confirm_effect(
                 state, workflow.now(), node.name, tool_input.tool, what, why, effect_key=key
             )
-            if await self._ctx.ask(node, question, suspend=suspend) != "approve":
+            if await self._ctx.ask(node, question) != "approve":
                 return self._person_refused(tool_input, spec, node, question, what)
             self._ctx.stop_point(node)
             tool_input = tool_input.model_copy(update={"confirmed": True})
@@ -289,31 +288,6 @@ class EffectGuard:
 
     def _refused(self, tool_input: ToolInput, spec: ToolSpec, error: str) -> ToolResult:
         return ToolResult(call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=error)
-
-    async def _call_unprepared(
-        self, spec: ToolSpec | None, tool_input: ToolInput, summary: str, node: Node, what: str, why: str
-    ) -> ToolResult:
-        """Reads and local writes; and every call of goals recorded before effects-first."""
-        state = self._ctx.state
-        if spec is not None and spec.risk == "irreversible":
-            question = questions.confirm_effect(state, workflow.now(), node.name, tool_input.tool, what, why)
-            if await self._ctx.ask(node, question) != "approve":
-                return self._person_refused(tool_input, spec, node, question, what)
-            tool_input = tool_input.model_copy(update={"confirmed": True})
-        result = await self._tools.execute(tool_input, summary, node)
-        if result.uncertain:
-            question = questions.uncertain_effect(
-                state, workflow.now(), node.name, tool_input.tool, result.effect_key or "?", result.error or ""
-            )
-            answer = await self._ctx.ask(node, question, status="uncertain")
-            if answer in ("happened", "not_happened"):
-                resolved = tool_input.model_copy(update={"resolution": answer})
-                result = await self._tools.execute(resolved, f"{summary} · {answer.replace('_', ' ')}", node)
-        if result.ok and result.compensation is not None and result.effect_key:
-            state.compensations.append(
-                CompensationRecord(node=node.name, effect_key=result.effect_key, compensation=result.compensation)
-            )
-        return result
 
     async def roll_back(self) -> None:
         """Abort with rollback: undo, newest first, every effect that happened or may have

@@ -17,8 +17,8 @@ as new misses nothing, and no goal's history grows for a forget that does not co
 it. The cost is one local activity per model turn, and only in goals that used memories.
 
 Where the end-of-goal card goes. A goal whose work is done does not stay open for a
-person (`perdure watch`, `perdure result`, scripts and parent goals wait for its end): since
-patch memory-card-to-router it sends the card to its owner's router (`router-OWNER`, the
+person (`perdure watch`, `perdure result`, scripts and parent goals wait for its end): it
+sends the card to its owner's router (`router-OWNER`, the
 owner its PerdureOwner search attribute), which keeps it in the user's one inbox that
 outlives goals, and ends. The signal is awaited, a server round trip and not the router's
 handling: a signal still unsent when the workflow completes is never sent. A router that
@@ -27,16 +27,14 @@ starts it as a child with parent-close policy ABANDON (it outlives the goal; a r
 started meanwhile makes the start fail harmlessly, one that ended is replaced) and signals
 again. Chosen over starting the router first every time: a goal then records a child start
 only when the user has no router, and the common case is one signal. Whatever fails, the
-goal ends as it would have and its report says where the candidates are. Goals recorded
-before the patch ask the card as a question and wait up to CARD_WAIT, as they did.
+goal ends as it would have and its report says where the candidates are.
 
 Constructed by each room that needs it (scheduler, llm and agent runners, closing): all
-it knows is in the state, except the timer of an open card, kept by the scheduler's.
+it knows is in the state.
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -49,8 +47,6 @@ from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.memory_contracts import (
     MemoryOffer,
     MemoryOffered,
-    PromoteInput,
-    PromoteResult,
     RecallInput,
     RecallResult,
     RecordInput,
@@ -65,7 +61,6 @@ from perdure.workflows.goal.rules import memory_rules
 from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW, RouterHandlers, RouterInput, router_id
 from perdure.workflows.shared.contracts import Activities
 from perdure.workflows.shared.search_attributes import OWNER
-from perdure.workflows.shared.statuses import IN_FLIGHT
 
 MEMORY_TIMEOUT = timedelta(seconds=20)
 MEMORY_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
@@ -75,18 +70,13 @@ MODEL_KINDS = ("llm", "agent")
 class GoalMemoryRoom:
     def __init__(self, ctx: GoalContext) -> None:
         self._ctx = ctx
-        self._card_timer: asyncio.Task | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self._ctx.uses_memory
 
     # --- recall -------------------------------------------------------------------------
 
     def wants_recall(self, step: PlanStep, node: Node) -> bool:
         """An llm step, or an agent step before its first turn: a resumed agent's
         memories are in its transcript already."""
-        if not self.enabled or step.kind not in MODEL_KINDS:
+        if step.kind not in MODEL_KINDS:
             return False
         return node.agent is None or (node.agent.turn == 0 and node.agent.pending is None)
 
@@ -121,8 +111,6 @@ class GoalMemoryRoom:
     async def untold_revocations(self, node: Node) -> list[Revocation]:
         """The revocations of memories this goal used that no model turn was told yet;
         from now on they count as told (this turn tells them)."""
-        if not self.enabled:
-            return []
         memory = self._ctx.state.memory
         ids = self._unchecked()
         if ids and memory.checked_at != workflow.now():
@@ -174,12 +162,8 @@ class GoalMemoryRoom:
         is written by the goal's next memory call (the next step's recall writes first,
         so that step may already recall them) and at the end: no write holds a step's
         task, and the outbox crosses continue-as-new in the state."""
-        if not self.enabled:
-            return
         memory = self._ctx.state.memory
         if not node.reused and node.status in ("succeeded", "failed"):
-            # Goals recorded before read the preview: what they wrote (and so asked) stays as it was.
-            statements = node.statements if self._ctx.memory_card_to_router else None
             memory.outbox += memory_rules.settled_memories(
                 self._ctx.goal_id,
                 node.name,
@@ -189,7 +173,7 @@ class GoalMemoryRoom:
                 node.preview,
                 node.error,
                 workflow.now(),
-                statements,
+                node.statements,
             )
         if node.memories and node.name not in memory.drop_pending:
             memory.drop_pending.append(node.name)
@@ -204,7 +188,7 @@ class GoalMemoryRoom:
     def compacted(self, node: Node) -> None:
         """An agent's prompt was compacted: what its working memory held is gone from it."""
         memory = self._ctx.state.memory
-        if self.enabled and node.memories and node.name not in memory.drop_pending:
+        if node.memories and node.name not in memory.drop_pending:
             memory.drop_pending.append(node.name)
 
     def _queue_rejected(self) -> None:
@@ -242,8 +226,6 @@ class GoalMemoryRoom:
 
     async def flush(self, summary: str = "memory record") -> None:
         """Write what the outbox holds (at the end of the goal)."""
-        if not self.enabled:
-            return
         self._queue_rejected()
         sent = self._outgoing()
         if sent is None:
@@ -253,84 +235,11 @@ class GoalMemoryRoom:
 
     # --- the end-of-goal card -----------------------------------------------------------
 
-    def ask_card_when_done(self) -> None:
-        """Goals recorded before patch memory-card-to-router: once the goal's work is over
-        (nothing in flight or ready, no open question, nothing queued), ask a person which
-        verified conclusions to keep across goals; the card closes by itself after
-        CARD_WAIT. A subgoal asks none: its parent ends later. Later goals offer them at
-        their end (`at_close`); a card asked before the patch is still seen through."""
-        state = self._ctx.state
-        if not self.enabled or state.spec.parent is not None:
-            return
-        card = state.memory.card
-        if card is None:
-            if self._ctx.memory_card_to_router or not self._work_is_over():
-                return
-            found = memory_rules.candidates(state)
-            if not found:
-                return
-            question, card = memory_rules.memory_card(state, workflow.now(), found)
-            state.questions.append(question)
-            state.memory.card = card
-            self._ctx.log_gate(f"memory: asked {question.id} about {len(found)} candidate(s) to keep across goals")
-        question = next(q for q in state.questions if q.id == card.question)
-        if question.status == "open" and self._card_timer is None:
-            self._card_timer = asyncio.create_task(self._close_unanswered(card.question))
-
-    def _work_is_over(self) -> bool:
-        state, index = self._ctx.state, self._ctx.index()
-        queued = any(e.status == "pending" and e.kind == "queue" for e in state.inbox)
-        return (
-            state.pause.mode == "running"
-            and not index.any(IN_FLIGHT)
-            and not index.ready()
-            and not state.open_questions()
-            and not queued
-        )
-
-    async def _close_unanswered(self, question_id: str) -> None:
-        state = self._ctx.state
-        card = state.memory.card
-        assert card is not None
-        question = next(q for q in state.questions if q.id == question_id)
-        left = card.until - workflow.now()
-        try:
-            if left <= timedelta(0):
-                raise TimeoutError
-            await workflow.wait_condition(
-                lambda: question.status != "open", timeout=left, timeout_summary="memory card: unanswered"
-            )
-        except TimeoutError:
-            if question.status == "open":
-                question.status, question.answered_at = "closed", workflow.now()
-                question.answer_text = "not answered in time: nothing was kept across goals"
-                self._ctx.wake()
-
     async def at_close(self) -> None:
-        """As the goal ends: write the rejected paths not written yet, and keep what the
-        card's answer chose as semantic memories."""
-        if not self.enabled:
-            return
+        """As the goal ends: write the rejected paths not written yet, and offer the verified
+        conclusions for keeping across goals to the owner's router."""
         await self.flush()
-        state = self._ctx.state
-        card = state.memory.card
-        if card is None and self._ctx.memory_card_to_router:
-            return await self._offer()
-        if card is None or card.done:
-            return
-        card.done = True
-        question = next(q for q in state.questions if q.id == card.question)
-        if question.status != "answered":
-            return
-        ids, scope = memory_rules.chosen(card.candidates, question.answer, question.answer_text, state.memory.written)
-        if not ids:
-            return
-        payload = PromoteInput(
-            goal_id=self._ctx.goal_id, ids=ids, scope=scope, workspace=state.spec.workspace, at=workflow.now()
-        )
-        result = await self._call(Activities.MEMORY_PROMOTE, payload, PromoteResult, f"memory keep {len(ids)}")
-        if result is not None:
-            card.promoted = result.promoted
+        await self._offer()
 
     async def _offer(self) -> None:
         """Send the card to the owner's router, once; a subgoal sends none (its parent
@@ -390,7 +299,7 @@ class GoalMemoryRoom:
             notes.append(f"memory: steps were given {len(memory.used)} memories")
         if memory.revoked:
             notes.append("memory: revoked since used: " + ", ".join(r.id for r in memory.revoked))
-        card, offered = memory.card, memory.offered
+        offered = memory.offered
         if offered is not None and offered.router is not None:
             notes.append(f"memory: {offered.candidates} conclusions offered for keeping: see perdure inbox --router")
         elif offered is not None:
@@ -398,10 +307,6 @@ class GoalMemoryRoom:
                 f"memory: {offered.candidates} verified conclusions were not offered for keeping ({offered.problem}); "
                 f"they stay this goal's episodic memories: perdure memory list --goal {self._ctx.goal_id}"
             )
-        if card is not None and card.promoted:
-            notes.append("memory: kept across goals: " + ", ".join(card.promoted.values()))
-        elif card is not None:
-            notes.append("memory: nothing kept across goals")
         if memory.problems:
             notes.append(f"memory: {memory.problems} memory call(s) failed; the goal went on without them")
         return notes

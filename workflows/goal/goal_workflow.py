@@ -137,7 +137,6 @@ class GoalWorkflow:
             raise refuse_undecrypted(self._undecrypted)
         if self._newer_state is not None:
             raise self._newer_state
-        self._ctx.decide_patches()
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
@@ -145,9 +144,8 @@ class GoalWorkflow:
             note_wait_ended(state, state.last_progress_at, "continued as new")
         else:
             self._ctx.metrics.add(metrics.GOALS_STARTED, 1)
-        if self._ctx.budgets_by_time_and_wrap_up:
-            self._spend.start_counting_active_time()
-            self._clock = asyncio.create_task(self._budget_clock())
+        self._spend.mark_activity(True)  # planning, or resuming work carried over
+        self._clock = asyncio.create_task(self._budget_clock())
         try:
             if state.plan is None:
                 await self._planner.make_plan()
@@ -263,8 +261,7 @@ class GoalWorkflow:
         while True:
             self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
-            if self._ctx.verifies_on_new_code:
-                note_code_version(state)
+            note_code_version(state)
             if self._verifier.pending():
                 await self._verifier.run()  # after a long wait: what no longer holds is void first
             # Only work with a task delays the boundary: a node waiting for a person is
@@ -279,11 +276,10 @@ class GoalWorkflow:
                 self._scheduler.resume_waiting()
                 # Re-planning on evidence (planner.py): a trigger that waits for the work in
                 # flight lets nothing new start meanwhile.
-                evidence = self._planner.evidence_trigger() if self._ctx.replans_on_evidence else None
+                evidence = self._planner.evidence_trigger()
                 if evidence is None or evidence.in_flight != "wait":
                     self._scheduler.dispatch_ready()
-                if self._ctx.replans_on_evidence:
-                    self._planner.watch_in_flight()
+                self._planner.watch_in_flight()
                 if evidence is not None and self._planner.may_replan_now(evidence):
                     await self._planner.replan_on_evidence(evidence)
                     continue
@@ -293,7 +289,7 @@ class GoalWorkflow:
                     continue
             running = index().any(IN_FLIGHT) or self._scheduler.starting_in_next_task()
             if not running and state.pause.mode == "running" and not state.open_questions():
-                if self._ctx.budgets_by_time_and_wrap_up and index().ready():
+                if index().ready():
                     continue  # made ready during the pass (a wrap-up step whose need was refused)
                 queued = self._inbox.pending(("queue",))
                 if not queued:
@@ -301,8 +297,7 @@ class GoalWorkflow:
                 await self._planner.plan_follow_up(queued)
                 continue
             state.phase = self._waiting_phase()
-            if self._ctx.budgets_by_time_and_wrap_up:
-                self._spend.mark_activity(self._active())
+            self._spend.mark_activity(self._active())
             self._publisher.publish()
             timeout, summary = self._pause.timeout(), None
             device_wait = self._devices.time_to_deadline()

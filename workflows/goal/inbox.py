@@ -28,7 +28,6 @@ from perdure.workflows.goal.contracts.messages import (
     Receipt,
     Refusal,
     UserMessage,
-    admission_problem_at_the_door,
     bounded,
     content_digest,
     door_problem,
@@ -38,7 +37,6 @@ from perdure.workflows.goal.contracts.messages import (
     request_id_of,
     turn_problem,
 )
-from perdure.workflows.goal.patches import IN_ORDER_PATCH, patched_here
 from perdure.workflows.shared.contracts import Signals, Updates
 from perdure.workflows.shared.raw_values import decode_raw
 from perdure.workflows.shared.statuses import ENDED_PHASES
@@ -52,9 +50,6 @@ class Inbox:
         self._ctx = ctx
         # The carried state could not be loaded: only an abort is admitted.
         self._load_problem = load_problem
-        # Decided once per run, at the first message (workflow.patched cannot be called
-        # from a validator, which is read-only): see IN_ORDER_PATCH.
-        self._in_order: bool | None = None
 
     def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
         """Durable admission without a worker. Every signal reaches this one (dynamic)
@@ -79,7 +74,7 @@ class Inbox:
         nothing is recorded (a validator cannot change state). What depends on the messages
         before it is judged at its turn and comes back as a rejected receipt."""
         message, problem = parse_arguments(args, f"'{Updates.SUBMIT}' update")
-        problem = problem or self._door(message, deciding=False)
+        problem = problem or self._door(message)
         if problem:
             raise ValueError(problem)
 
@@ -88,7 +83,6 @@ class Inbox:
         turn, except steer and queue, which apply later by design (after planning, if a
         plan is being made)."""
         message, _ = parse_arguments(args, f"'{Updates.SUBMIT}' update")
-        self._decide_order()
         state = self._ctx.state
         entry = find_entry(state.inbox, message.request_id) or self._admit(message, "update")
         if entry.kind not in LATER_KINDS:
@@ -96,11 +90,8 @@ class Inbox:
         return receipt_of(entry)
 
     def turn_problem(self, entry: InboxEntry) -> str | None:
-        """Why an admitted message cannot apply now that its turn has come (None in runs
-        that judged everything at the door)."""
-        if not self._in_order:
-            return None
-        return turn_problem(self._ctx.state, entry.message, self._ctx.ran())
+        """Why an admitted message cannot apply now that its turn has come, or None."""
+        return turn_problem(self._ctx.state, entry.message)
 
     def view(self) -> InboxView:
         state = self._ctx.state
@@ -121,19 +112,8 @@ class Inbox:
             if entry.status == "pending":
                 self.settle(entry, "rejected", f"the goal ended before this {entry.kind} could be applied")
 
-    def _decide_order(self) -> bool:
-        if self._in_order is None:
-            self._in_order = patched_here(self._ctx.state, IN_ORDER_PATCH)
-        return self._in_order
-
-    def _door(self, message: UserMessage, deciding: bool = True) -> str | None:
-        # A validator runs only for a new update, never in replay, where the patch would
-        # be taken: before the run has decided, judge as the handler then will.
-        in_order = self._decide_order() if deciding else self._in_order is not False
-        state = self._ctx.state
-        if in_order:
-            return door_problem(state, message, self._load_problem)
-        return admission_problem_at_the_door(state, message, self._load_problem)
+    def _door(self, message: UserMessage) -> str | None:
+        return door_problem(self._ctx.state, message, self._load_problem)
 
     def _admit(self, message: UserMessage, via: str) -> InboxEntry:
         entry = InboxEntry(

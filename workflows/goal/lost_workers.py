@@ -19,8 +19,7 @@ and the call has lost fewer than LOST_PER_CALL attempts: a call timing out that 
 more likely stuck on a live worker than unlucky. Every decision is in the gate
 log; the ledger counts lost attempts per step, which status, the report and the result show.
 
-Workflow code: decides from what history holds; schedules nothing itself. Goals recorded
-before it (patch WORKER_LOSS_PATCH) fail the call as before.
+Workflow code: decides from what history holds; schedules nothing itself.
 """
 
 from __future__ import annotations
@@ -53,10 +52,6 @@ class LostWorkers:
     def __init__(self, ctx: GoalContext, spend: Spend) -> None:
         self._ctx = ctx
         self._spend = spend
-
-    @property
-    def enabled(self) -> bool:
-        return self._ctx.schedules_lost_calls_again
 
     def count(self, node: Node | None, lost: int) -> None:
         """Book `lost` attempts of a call of `node` (None: a call outside the steps)."""

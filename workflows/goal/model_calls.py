@@ -16,7 +16,7 @@ with the attempts the model's own failures left it (lost_workers.py).
 
 A call whose resource has a quota and whose slot is later (QuotaWait, activities/quota/quota_admission.py)
 waits here on a durable timer, shown on its node, and runs again with its slot's key; a
-resource without a quota never takes this path, so existing histories replay unchanged.
+resource without a quota never takes this path.
 
 Workflow code: it schedules activities. A new model-backed activity needs only an
 input and a result type in workflows/shared/contracts.py and a call to `ModelCalls.run`.
@@ -102,10 +102,9 @@ class ModelCalls:
         ActivityError (out of retries) propagates once its failed attempts are charged: what it
         means is the caller's call."""
         kind = node.kind if node is not None else UNNODED_KIND
-        lost_again = self._lost.enabled
         own_failures = lost = 0
         while True:
-            options = MODEL_OPTIONS if not lost_again else model_options(own_failures)
+            options = model_options(own_failures)
             try:
                 result = await workflow.execute_activity(
                     activity, payload, result_type=with_attempts(result_type), summary=summary, **options
@@ -113,22 +112,18 @@ class ModelCalls:
                 break
             except ActivityError as err:
                 wait = quota_wait_of(err)
-                # Goals recorded before failed attempts were charged keep their ledger (and the
-                # budget decisions it drove) as it was.
                 if wait is not None:
                     attempts = failed_attempts_in(wait)
-                elif self._ctx.budgets_by_time_and_wrap_up:
-                    made = options["retry_policy"].maximum_attempts if lost_again and out_of_attempts(err) else None
-                    attempts = attempts_of_failure(err, made)
                 else:
-                    attempts = []
+                    made = options["retry_policy"].maximum_attempts if out_of_attempts(err) else None
+                    attempts = attempts_of_failure(err, made)
                 self._charge(attempts, kind, node, own)
                 if wait is not None:
                     own_failures += sum(1 for a in attempts if not a.lost)
                     await self._wait_for_quota(wait, node)
                     payload = with_quota_key(payload, str(wait["key"]))
                     continue
-                if not lost_again or not out_of_attempts(err) or not any(a.lost for a in attempts):
+                if not out_of_attempts(err) or not any(a.lost for a in attempts):
                     raise
                 own_failures += sum(1 for a in attempts if not a.lost)
                 lost += sum(1 for a in attempts if a.lost)
@@ -140,11 +135,10 @@ class ModelCalls:
 
     def _charge(self, attempts: list[ModelAttempt], kind: str, node: Node | None, own: str | None) -> None:
         """Charge failed attempts; those that died with their worker are counted as lost too
-        (lost_workers.py), in goals that schedule such calls again."""
+        (lost_workers.py)."""
         for attempt in attempts:
             self._spend.charge_failed_attempts(usage_of(attempt), kind, node, own)
-        if self._lost.enabled:
-            self._lost.count(node, sum(1 for a in attempts if a.lost))
+        self._lost.count(node, sum(1 for a in attempts if a.lost))
 
     async def _wait_for_quota(self, wait: dict, node: Node | None) -> None:
         """Until the call's slot, on a durable timer; the node shows it meanwhile and keeps,
@@ -182,8 +176,8 @@ def with_quota_key(payload: BaseModel, key: str) -> BaseModel:
 
 def attempts_of_failure(err: ActivityError, attempts: int | None = None) -> list[ModelAttempt]:
     """The failed attempts of an activity that failed for good, from what history holds.
-    `attempts`: how many it made, when known (its retry policy's maximum, reached); else,
-    as goals recorded before counted, up to the attempt of its last beat."""
+    `attempts`: how many it made, when known (its retry policy's maximum, reached); else
+    up to the attempt of its last beat."""
     cause = err.cause
     if isinstance(cause, ApplicationError):
         return failed_attempts_in(cause.details)

@@ -98,13 +98,10 @@ class Pause:
 
     async def hold_while_parked(self, node: Node) -> None:
         """An agent does not start a new turn while the goal is parked (and is not judged
-        meanwhile). Where its waits are state, its task ends here (the park crosses
-        continue-as-new) and the scheduler runs it again on resume."""
+        meanwhile): its task ends here, the wait is state (the park crosses continue-as-new),
+        and the scheduler runs it again on resume."""
         if self._ctx.state.pause.mode != "parked":
             return
         self._ctx.set_status(node, "parked")
         self._ctx.wake()
-        if self._ctx.suspends(node):
-            raise NodeWaiting("parked: waiting for the goal to resume")
-        await workflow.wait_condition(lambda: self._ctx.state.pause.mode != "parked")
-        self._ctx.set_status(node, "running")
+        raise NodeWaiting("parked: waiting for the goal to resume")

@@ -70,10 +70,10 @@ class Planner:
 
     async def make_plan(self) -> None:
         state, spec = self._ctx.state, self._ctx.state.spec
-        if self._ctx.lists_mcp_tools and state.mcp is None:
+        if names_mcp_tools(spec.allowed_tools) and state.mcp is None:
             await self._list_mcp_tools()
         if spec.plan is not None:
-            devices = await self._devices.check_plan_devices(spec.plan) if self._ctx.lists_devices else None
+            devices = await self._devices.check_plan_devices(spec.plan)
             problems = self._mcp_problems() + check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
@@ -128,20 +128,17 @@ class Planner:
     async def check_drift(self) -> None:
         """Does finishing this plan still satisfy the goal? If not, replan. The call is shown
         a bounded outline of the plan (workflows/goal/rules/drift_outline.py), and is not sent when the
-        budget cannot afford it (goals recorded before: the whole plan, always sent)."""
+        budget cannot afford it."""
         state = self._ctx.state
         state.drift_checks += 1
         summary = f"drift check {state.drift_checks}"
-        if self._ctx.bounds_own_calls:
-            outline = drift_outline.outline(self._ctx.plan(), state.nodes)
-            tokens = drift_outline.call_tokens(outline, state)
-            refused = self._spend.own_call_refused(summary, self._spend.call_estimate(tokens))
-            if refused is not None:
-                self._ctx.log_gate(refused)
-                return
-            payload = DriftInput(context=self._calls.context(summary), outline=outline)
-        else:
-            payload = DriftInput(context=self._calls.context(summary), plan=self._ctx.plan(), finished=self._finished())
+        outline = drift_outline.outline(self._ctx.plan(), state.nodes)
+        tokens = drift_outline.call_tokens(outline, state)
+        refused = self._spend.own_call_refused(summary, self._spend.call_estimate(tokens))
+        if refused is not None:
+            self._ctx.log_gate(refused)
+            return
+        payload = DriftInput(context=self._calls.context(summary), outline=outline)
         try:
             verdict = await self._calls.run(Activities.DRIFT_CHECK, payload, DriftResult, summary, own="drift check")
         except ActivityError as err:
@@ -196,8 +193,9 @@ class Planner:
         pending = self._ctx.state.evidence.pending
         if pending is not None:
             return not self._scheduler.finishing(pending.let_finish)
-        if self._ctx.writes_in_flight and not (self._ctx.replan_discards_in_flight and trigger.in_flight == "cancel"):
-            # Recorded before steps could be let finish: every write in flight settled first.
+        if self._ctx.writes_in_flight and trigger.in_flight != "cancel":
+            # A write in flight is never cut off: a trigger that cancels lets it finish (and
+            # discards its step); any other waits for it to settle.
             return False
         if trigger.in_flight == "wait" and self._scheduler.busy():
             running = self._ctx.index().names(("running",))
@@ -238,9 +236,6 @@ class Planner:
         if trigger.in_flight != "cancel":
             done = f"waited for {', '.join(waited)}" if waited else "nothing was in flight"
             self._adopt(trigger, plan, done, valid)
-            return
-        if not self._ctx.replan_discards_in_flight:
-            self._adopt(trigger, plan, self._cut_or_kept(current, plan), valid)
             return
         choices = self._choices(current, plan)
         said = {name: f"{choice}: {why}" for name, (choice, why) in choices.items()}
@@ -287,18 +282,6 @@ class Planner:
         self._scheduler.adopt_plan(plan, "evidence", reason)
         evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
         self._ctx.log_gate(f"re-planned on evidence as plan v{len(state.plan_versions)}: {reason}")
-
-    def _cut_or_kept(self, current: Plan, plan: Plan) -> str:
-        """Goals recorded before each step in flight was judged on its own: those the new
-        plan changes or drops are cut off, the others go on."""
-        old = {s.name: s for s in current.steps}
-        new = {s.name: s for s in plan.steps}
-        in_flight = self._ctx.index().names(IN_FLIGHT)
-        cut = [n for n in in_flight if new.get(n) != old[n]]
-        going_on = [n for n in in_flight if n not in cut]
-        return (f"cancelled {', '.join(cut)}" if cut else "nothing cancelled") + (
-            f"; {', '.join(going_on)} go on, unchanged" if going_on else ""
-        )
 
     def _choices(self, current: Plan, plan: Plan) -> dict[str, tuple[evidence.InFlightChoice, str]]:
         """Step in flight -> what happens to it and why, under a trigger that cancels."""
@@ -379,13 +362,10 @@ class Planner:
         rejection: str | None = None
         attempts = spec.max_plan_repairs + 1
         label = "replan" if revision else "plan"
-        described: dict[str, str] | None = None
-        offered: dict[str, list[str]] | None = None
-        if self._ctx.lists_devices:
-            # The planner is told which devices exist; a plan naming another is refused.
-            listing = await self._devices.listing()
-            offered = listing.offered()
-            described = {d.name: describe_device(d) for d in listing.devices} if offered is not None else None
+        # The planner is told which devices exist; a plan naming another is refused.
+        listing = await self._devices.listing()
+        offered = listing.offered()
+        described = {d.name: describe_device(d) for d in listing.devices} if offered is not None else None
         for attempt in range(1, attempts + 1):
             summary = label if attempt == 1 else f"{label} · repair {attempt - 1} of {spec.max_plan_repairs}"
             own = "repair" if attempt > 1 else "re-planning" if revision else "planning"

@@ -21,8 +21,7 @@ When the activation's other work is done is known by a wait condition: the SDK
 checks conditions only once every ready coroutine has run, so by then every node
 started in this activation has made its call. A call that raised in the batch (not
 a tool error, which is data) is run again alone by its caller, with the retry policy
-it has without a batch: errors keep their meaning and their retries. Goals recorded
-before these existed never batch (patch `read-batches`) or read ahead (`read-ahead`).
+it has without a batch: errors keep their meaning and their retries.
 
 Workflow code.
 """
@@ -39,7 +38,6 @@ from temporalio.exceptions import FailureError
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep
 from perdure.workflows.goal.contracts.state import GoalState, Node
-from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_BATCHES_PATCH, READ_COMMITS_PATCH
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.canonical import canonical_json
 from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
@@ -84,12 +82,6 @@ class ReadBatcher:
         # (history length when the workflow task started, bytes its local activities returned)
         self._spent = (0, 0)
 
-    def enabled(self) -> bool:
-        """Decided as each run starts (GoalContext.decide_patches, patch `read-batches`), never
-        here: asked first after a local activity in the same workflow task, a patch's
-        marker would be met by replay before the code asks for it."""
-        return READ_BATCHES_PATCH in self._state.patches
-
     def read_ahead(self, node: Node | None, tool_input: ToolInput) -> ToolResult | None:
         """The result a batch read ahead for this node's call, if it still stands."""
         if node is None or not self._ahead:
@@ -131,7 +123,7 @@ class ReadBatcher:
         room = self._local_room()
         # Only a batch of reads reads ahead: a write beside them could change what is read.
         only_reads = all(_risk(c.tool_input.tool) == "read" for c in waiting)
-        can_read_ahead = waiting and only_reads and READ_AHEAD_PATCH in self._state.patches and room > len(waiting)
+        can_read_ahead = waiting and only_reads and room > len(waiting)
         ahead = self._reads_ahead(waiting, room - len(waiting)) if can_read_ahead else []
         if len(waiting) + len(ahead) < 2 and room > 0:
             for call in waiting:
@@ -202,8 +194,6 @@ class ReadBatcher:
 
     def _local_room(self) -> int:
         """Calls this activation may still place in local activities (LOCAL_BYTES_PER_TASK)."""
-        if READ_COMMITS_PATCH not in self._state.patches:
-            return 1 << 30  # goals recorded before the limit: every call local, as then
         started, spent = self._spent
         length = workflow.info().get_current_history_length()
         if length != started:

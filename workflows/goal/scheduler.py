@@ -119,13 +119,7 @@ class Scheduler:
     def busy(self) -> bool:
         """Work that holds the goal in this run: a node's task, or a twin sharing one.
         A node waiting for a person, or parked, has no task: it is state, carried."""
-        if self._tasks:
-            return True
-        if self._ctx.agent_waits_are_state:
-            return False
-        # Runs recorded before: a twin in flight without a task of its own held the boundary.
-        nodes = self._ctx.state.nodes
-        return any(nodes[name].waiting_on is None for name in self._ctx.index().names(IN_FLIGHT))
+        return bool(self._tasks)
 
     def resume_waiting(self) -> None:
         """Run again every node whose question was answered (in this run or an earlier
@@ -172,22 +166,18 @@ class Scheduler:
             return  # a re-plan on evidence waits for the steps it lets finish: nothing starts under the old plan
         held = {name for q in state.open_questions() for name in q.hold}
         committed = self._spend.new_pass()
-        ready = self._ctx.index().ready()
-        order = None
-        if self._ctx.orders_risk:
-            nodes = state.nodes
-            order = risk_order.OrderPass(
-                risk_order.risk_facts(self._ctx.plan(), self._ctx.tools()),
-                ready,
-                self._ctx.index().names(IN_FLIGHT),
-                lambda name: nodes[name].status,
-            )
-            ready = order.order()
-        for name in ready:
+        nodes = state.nodes
+        order = risk_order.OrderPass(
+            risk_order.risk_facts(self._ctx.plan(), self._ctx.tools()),
+            self._ctx.index().ready(),
+            self._ctx.index().names(IN_FLIGHT),
+            lambda name: nodes[name].status,
+        )
+        for name in order.order():
             step = self._ctx.plan().step(name)
             if name in held:
                 continue
-            if order is not None and self._held_back(order, name):
+            if self._held_back(order, name):
                 continue
             if self._task_is_full():
                 break  # before the gate, which logs what it decides
@@ -197,22 +187,16 @@ class Scheduler:
             if admission.action != "run":
                 continue
             self._dispatch(step)
-            if order is not None:
-                risk_order.record_start(state.nodes[name].placements, workflow.now())
+            risk_order.record_start(state.nodes[name].placements, workflow.now())
             if state.nodes[name].status in IN_FLIGHT:
                 self._count_start()
                 # Now in flight: reserve its P80 for the next step's gate.
                 self._spend.reserve(committed, step.kind, estimate=self._spend.estimate_of(step, committed))
-                if order is not None:
-                    order.claim(name)
-        # Nothing left to run: the end-of-goal card about what to keep across goals.
-        self._memory.ask_card_when_done()
+                order.claim(name)
 
     def _task_is_full(self) -> bool:
         """STARTS_PER_TASK nodes started in this workflow task: the rest start in the
-        next, after a 1 ms timer. Goals recorded before starts were bounded started them all."""
-        if not self._ctx.dispatches_in_passes:
-            return False
+        next, after a 1 ms timer."""
         length, started = self._task_starts
         if length != workflow.info().get_current_history_length() or started < STARTS_PER_TASK:
             return False
@@ -263,8 +247,7 @@ class Scheduler:
         diff = PlanDiff(added=added, removed=removed)
         self.record_plan_version(source, reason, diff, plan)
         self.materialise_nodes()
-        if self._ctx.agent_waits_are_state:
-            self._release_orphaned_twins()
+        self._release_orphaned_twins()
         return diff
 
     def _retire(self, node: Node, version: int) -> None:
@@ -319,10 +302,7 @@ class Scheduler:
         now: back to pending, so it runs on its own. A twin waiting for a person (no
         task, still in flight) is still its owner."""
         nodes = self._ctx.state.nodes
-        if self._ctx.agent_waits_are_state:
-            owners = {n.key for n in nodes.values() if not n.reused and n.status in IN_FLIGHT}
-        else:  # runs recorded before: only an owner with a task was waited on
-            owners = {n.key for n in nodes.values() if n.name in self._tasks}
+        owners = {n.key for n in nodes.values() if not n.reused and n.status in IN_FLIGHT}
         for node in nodes.values():
             if node.status == "running" and node.reused and node.name not in self._tasks and node.key not in owners:
                 self._ctx.set_status(node, "pending")
@@ -520,8 +500,6 @@ class Scheduler:
                 return
             if node.runs != run or node.status != "running":
                 return
-            if not self._ctx.node_errors_settle:
-                raise  # recorded before the fix: the task ended here and the node stayed running
             if self._settled_after_void(node):
                 pass
             elif node.name in self._discarding:
@@ -566,8 +544,7 @@ class Scheduler:
         self._void_after_settle.discard(node.name)
         self._ctx.stopping.discard(node.name)
         self._reset(node)
-        if self._ctx.agent_waits_are_state:
-            self._release_orphaned_twins()
+        self._release_orphaned_twins()
         return True
 
     def _discard(self, node: Node, status: NodeStatus, error: str) -> None:

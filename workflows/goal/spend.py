@@ -96,24 +96,12 @@ class Spend:
         return budget.BudgetUse(
             tokens=state.ledger.tokens,
             cost_usd=state.ledger.cost_usd,
-            wall_seconds=self.active_seconds() if self._ctx.budgets_by_time_and_wrap_up else calendar,
+            wall_seconds=self.active_seconds(),
             calendar_seconds=calendar,
             deadline_seconds=(deadline - started).total_seconds() if deadline else None,
         )
 
     # --- active time and the budget clock -----------------------------------------
-
-    def start_counting_active_time(self) -> None:
-        """As a run with active-time accounting starts. A goal carried from a run that
-        counted calendar time takes that time as active: it was charged, and a goal must not
-        get its wall budget back by being upgraded."""
-        state = self._ctx.state
-        ledger = state.ledger
-        if not ledger.active_tracked:
-            if state.runs and state.started_at:
-                ledger.active_seconds = (workflow.now() - state.started_at).total_seconds()
-            ledger.active_tracked = True
-        self.mark_activity(True)  # planning, or resuming work carried over
 
     def mark_activity(self, active: bool) -> None:
         """The goal is active (work in flight or ready to run) or idle (parked, or
@@ -155,8 +143,7 @@ class Spend:
         have charged or timed it past a budget): it is judged as it resumes. Work still in
         flight then is stopped as the clock would stop it; with none, the hard gate
         refuses the next step."""
-        if self._ctx.parks_hold_verdicts:
-            self._check_emergency(at_limit=True)
+        self._check_emergency(at_limit=True)
 
     def fractions(self) -> dict[str, float]:
         return budget.budget_fractions(self._ctx.state.spec.budget, self.actual_use())
@@ -167,7 +154,7 @@ class Spend:
         nodes = self._ctx.state.nodes
         for name in self._ctx.index().names(IN_FLIGHT):
             node = nodes[name]
-            if node.kind == "subgoal" and self._ctx.subgoals_reserve_slices:
+            if node.kind == "subgoal":
                 # A child holds its grant; one not started yet is granted from this figure.
                 if node.budget_granted is not None:
                     held = budget.grant_estimate(node.budget_granted, self.estimate("subgoal"))
@@ -187,15 +174,13 @@ class Spend:
         """What `step` is expected to spend: its kind's estimate; a subgoal, the budget it
         would be granted now."""
         estimate = self.estimate(step.kind)
-        if isinstance(step, SubgoalStep) and self._ctx.subgoals_reserve_slices:
+        if isinstance(step, SubgoalStep):
             return budget.grant_estimate(self.grant(step, committed), estimate)
         return estimate
 
     def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:
         """The budget a subgoal starts with (workflows/shared/budget.py subgoal_grant)."""
         limits = self._ctx.state.spec.budget
-        if not self._ctx.subgoals_reserve_slices:
-            return budget.child_budget(limits, step.budget_share)
         return budget.subgoal_grant(limits, step.budget_share, committed or self.committed())
 
     def estimate(self, kind: str) -> KindEstimate:
@@ -285,9 +270,9 @@ class Spend:
         state = self._ctx.state
         if state.pause.mode == "aborting":
             return
-        if state.pause.mode == "parked" and self._ctx.parks_hold_verdicts:
+        if state.pause.mode == "parked":
             return  # parking costs nothing, over lunch too: judged at resume
-        if self._ctx.budgets_by_time_and_wrap_up and not self._ordinary_work_in_flight():
+        if not self._ordinary_work_in_flight():
             return  # only wrap-up steps run: they may go past the budget, by design
         decision = budget.emergency_check(state.spec.budget, self.actual_use(), at_limit=at_limit)
         if decision is not None:

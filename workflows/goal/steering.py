@@ -105,7 +105,7 @@ class Steering:
         state, node, why = self._ctx.state, entry.message.node, entry.message.why
         target = state.nodes[node]
         state.rejected_paths.append(RejectedPath(node=node, why=why, output_preview=target.preview, at=workflow.now()))
-        invalidation = invalidate_from(self._ctx.plan(), self._statuses(), node, self._ctx.ran())
+        invalidation = invalidate_from(self._ctx.plan(), self._statuses(), node)
         self._scheduler.void(invalidation.void)
         self._scheduler.record_plan_version(
             "rewind", f"rewind of '{node}': {why}", PlanDiff(invalidated=invalidation.void, kept=invalidation.kept)
@@ -116,7 +116,7 @@ class Steering:
     def _narrow(self, entry: InboxEntry) -> Applied:
         state, changes, why = self._ctx.state, entry.message.premises, entry.message.why
         plan = self._ctx.plan()
-        invalidation = invalidate_by_premise(plan, self._statuses(), changes, self._ctx.ran())
+        invalidation = invalidate_by_premise(plan, self._statuses(), changes)
         state.premises = {**state.premises, **changes}
         self._scheduler.void(invalidation.void)
         if invalidation.to_confirm:

@@ -13,7 +13,6 @@ compensations) are the effect guard's (effect_guard.py), which calls this.
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -27,7 +26,6 @@ from perdure.activities.tools.catalogue import TOOL_SPECS, VERSIONED_WRITES
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, command_replay
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
-from perdure.workflows.goal.patches import READ_AHEAD_PATCH, READ_SEGMENTS_PATCH, SEGMENT_CAP_PATCH, patched_here
 from perdure.workflows.goal.read_batch import ReadBatcher
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
@@ -43,10 +41,6 @@ from perdure.workflows.shared.tool_specs import ToolSpec
 if TYPE_CHECKING:
     from perdure.workflows.goal.device_placement import Devices
 
-# Local activities started in one workflow task before the goal ends it with a 1 ms
-# timer: the task (and what a crash inside it re-runs) stays short however wide the
-# read-only part of a goal is.
-SEGMENT_MAX_CALLS = 100
 # run_command is `once` unless replay-safe, and the activity tells which: a safe command
 # keeps the retries it had as a `safe` tool; one that is not answers uncertain on its
 # second attempt, so the third is never reached.
@@ -76,24 +70,13 @@ class ToolRunner:
         self._lost = lost
         # The goal's tool table (GoalContext.tools): the built-in tools and its MCP ones.
         self._tools = tools
-        # Local activities started in the current workflow task, and the shared break
-        # that ends a segment grown past SEGMENT_MAX_CALLS.
-        self._segment = (0, 0)  # (history length when the task started, calls)
-        self._segment_break: asyncio.Task | None = None
         self._batches = ReadBatcher(state)
-
-    def segments_enabled(self) -> bool:
-        """Goals recorded before read segments existed replay their reads as activities."""
-        return patched_here(self._state, READ_SEGMENTS_PATCH)
 
     def placement(self, tool: str, node: Node | None = None) -> segments.Placement:
         if self._devices is not None and self._devices.runs_on(node, tool):
             # On a device: an activity on its queue, never in a read segment of the workers'.
             return segments.Placement(where="activity", why="runs on the step's device")
-        placement = segments.place(self._tools().get(tool), self._state.spec.local_activities_up_to_s)
-        if placement.local and not self.segments_enabled():
-            return segments.Placement(where="activity", why="goal started before read segments existed")
-        return placement
+        return segments.place(self._tools().get(tool), self._state.spec.local_activities_up_to_s)
 
     async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
@@ -115,9 +98,7 @@ class ToolRunner:
                 result = self._batches.read_ahead(node, tool_input)
                 self._batches.forget_ahead(tool_input.tool)  # a local write voids what was read ahead
                 if result is None:
-                    await self._segment_room()
                     fenced = self._fenced(tool_input, node)
-                if result is None and self._batches.enabled():
                     # With the other reads of this activation, as one local activity.
                     result = await self._batches.run(fenced, summary, tool_timeout(tool_input, spec), node)
                 if result is None:
@@ -173,7 +154,7 @@ class ToolRunner:
                     summary=summary,
                 )
             except ActivityError as err:
-                if self._lost is None or not self._lost.enabled or not last_attempt_lost(err):
+                if self._lost is None or not last_attempt_lost(err):
                     raise
                 if not runs_again_harmlessly(tool_input, spec):
                     raise
@@ -202,31 +183,6 @@ class ToolRunner:
         if tool_input.tool in VERSIONED_WRITES:
             update["based_on"] = versions_seen(self._state, node, tool_input)
         return tool_input.model_copy(update=update)
-
-    async def _segment_room(self) -> None:
-        """Count this local call in the current workflow task; past SEGMENT_MAX_CALLS, wait
-        for a short timer, which ends the task once the calls in flight are done. Every
-        caller waiting meanwhile shares the one timer.
-
-        Runs with `read-ahead` take no break: a server with the default timer-queue shift
-        (`history.timerProcessorMaxTimeShift`, 1 s; perdure's own servers set 10 ms) fires
-        even a 1 ms timer about a second later, a second per 100 reads. Their calls go
-        in local activities of at most BATCH_MAX_CALLS (read_batch.py), and the workflow
-        task is ended by the SDK's own heartbeat once its local activities have run for
-        most of the task timeout, which bounds what a crash re-runs by time instead."""
-        if READ_AHEAD_PATCH in self._state.patches:
-            return
-        while True:
-            started, calls = self._segment
-            length = workflow.info().get_current_history_length()
-            if length != started:
-                started, calls = length, 0  # a new workflow task: a new segment
-            if calls < SEGMENT_MAX_CALLS or not patched_here(self._state, SEGMENT_CAP_PATCH):
-                break
-            if self._segment_break is None or self._segment_break.done():
-                self._segment_break = asyncio.create_task(workflow.sleep(timedelta(milliseconds=1)))
-            await asyncio.shield(self._segment_break)
-        self._segment = (started, calls + 1)
 
 
 def keep_fingerprints(node: Node, result: ToolResult) -> None:

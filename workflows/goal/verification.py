@@ -92,8 +92,6 @@ class Verifier:
     async def run(self) -> None:
         state = self._ctx.state
         why, state.verify_due = state.verify_due or "", None
-        if not self._ctx.verifies_after_waits:
-            return  # a goal recorded before verification existed replays without it
         known = timeline(state.nodes.values())
         checks = [c for c in (self._check(s, known) for s in self._ctx.plan().steps) if c is not None]
         if not checks:
@@ -120,10 +118,9 @@ class Verifier:
             record.kept = [c.node for c in checks]
         else:
             void, unchecked = dict(result.void), dict(result.unchecked)
-            if self._ctx.verifies_by_question:
-                await self._ask_questions(void, unchecked, result.changed)
+            await self._ask_questions(void, unchecked, result.changed)
             record.void, record.unchecked = void, unchecked
-            invalidation = invalidate_nodes(self._ctx.plan(), self._statuses(), list(void), self._ctx.ran())
+            invalidation = invalidate_nodes(self._ctx.plan(), self._statuses(), list(void))
             record.kept = invalidation.kept
             record.downstream = [name for name in invalidation.void if name not in void]
             if invalidation.void:
@@ -160,7 +157,7 @@ class Verifier:
     async def _ask_questions(self, void: dict[str, str], unchecked: dict[str, str], changed: list[str]) -> None:
         """Ask each still-holding question step, in plan order; a VOID answer joins `void`."""
         plan, recovery_mode = self._ctx.plan(), self._ctx.state.spec.recovery_mode
-        voided = set(invalidate_nodes(plan, self._statuses(), list(void), self._ctx.ran()).void)
+        voided = set(invalidate_nodes(plan, self._statuses(), list(void)).void)
         for step in plan.steps:
             spec = step.verify
             node = self._ctx.state.nodes[step.name]
@@ -176,7 +173,7 @@ class Verifier:
                 continue
             if answer.verdict == "void":
                 void[step.name] = f"the model judged its conclusion no longer holds: {answer.reason}"
-                voided.update(invalidate_nodes(plan, self._statuses(), [step.name], self._ctx.ran()).void)
+                voided.update(invalidate_nodes(plan, self._statuses(), [step.name]).void)
             elif answer.verdict == "unjudged":
                 note = f"its question could not be judged ({answer.reason})"
                 unchecked[step.name] = _joined(unchecked.get(step.name), note)

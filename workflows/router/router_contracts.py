@@ -13,9 +13,6 @@ from perdure.workflows.goal.contracts.memory_contracts import MemoryOffer
 from perdure.workflows.goal.contracts.messages import MAX_TEXT, REQUEST_ID
 
 ROUTER_WORKFLOW = "RouterWorkflow"
-# Goals the router starts carry their text in their memo (a list of goals shows it); a router
-# history recorded before started them without one, and replays so.
-GOAL_MEMO_PATCH = "router-goal-text-memo"
 ROUTER_SCHEMA_VERSION = 1
 
 

@@ -52,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.contracts.state import GoalInput
     from perdure.workflows.goal.rules import memory_rules
     from perdure.workflows.router.router_contracts import (
-        GOAL_MEMO_PATCH,
         ROUTER_WORKFLOW,
         AnswerInput,
         AnswerResult,
@@ -386,7 +385,7 @@ class RouterWorkflow:
                 task_timeout=spec.task_timeout(),
                 static_summary=goal_text[:200],
                 search_attributes=TypedSearchAttributes([SearchAttributePair(OWNER, state.user)]),
-                memo=goal_memo(goal_text) if workflow.patched(GOAL_MEMO_PATCH) else None,
+                memo=goal_memo(goal_text),  # a list of goals shows their text
             )
         except WorkflowAlreadyStartedError:
             pass  # this very message started it in an earlier run

@@ -331,8 +331,8 @@ class PlanInput(BaseModel):
     rejection: str | None = Field(default=None, description="Why the previous reply was invalid.")
     devices: dict[str, str] | None = Field(
         default=None,
-        description="Device name -> what it offers (tools, online or not), for the planner; None: no registry "
-        "was asked (goals recorded before devices).",
+        description="Device name -> what it offers (tools, online or not), for the planner; None: the registry "
+        "could not be asked.",
     )
     device_tools: dict[str, list[str]] | None = Field(
         default=None, description="Device name -> the tools it offers: a plan naming another device is refused."
@@ -363,8 +363,7 @@ class GenerateInput(BaseModel):
 _STATEMENTS = (
     "statement lines (CONCLUSION, ROOT CAUSE) of the whole output, as workflows/goal/rules/evidence.py reads "
     "them (at most "
-    "its MAX_STATEMENTS, of at most MAX_STATEMENT_CHARS). None: not read (a result recorded before they were: "
-    "the evidence log reads its preview)."
+    "its MAX_STATEMENTS, of at most MAX_STATEMENT_CHARS). None: not read (the evidence log reads its preview)."
 )
 
 
@@ -688,9 +687,7 @@ class DriftOutline(BaseModel):
 
 class DriftInput(BaseModel):
     context: ModelContext
-    plan: Plan | None = Field(default=None, description="Scheduled by goals before the outline: the whole plan.")
-    finished: dict[str, str] = Field(default_factory=dict, description="Finished step -> output preview.")
-    outline: DriftOutline | None = None
+    outline: DriftOutline
 
 
 class DriftResult(BaseModel):

@@ -114,8 +114,7 @@ class Attempted(BaseModel):
 @cache
 def with_attempts(result_type: type[BaseModel]) -> type[BaseModel]:
     """`result_type` with `failed_attempts`: what the activity returns and the workflow
-    decodes. A result recorded without the field (older workers, faked activities)
-    decodes with none, so replaying an old history charges what it charged then."""
+    decodes. A result without the field (a faked activity) decodes with none."""
     return create_model(f"{result_type.__name__}WithAttempts", __base__=(result_type, Attempted))
 
 

@@ -32,11 +32,9 @@ Phase = Literal[
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "uncertain", "invalidated", "abandoned"})
 # Work that holds the goal open: continue-as-new, an abort or a budget refusal waits for it.
 IN_FLIGHT: frozenset[str] = frozenset({"running", "blocked", "parked", "offline", "uncertain"})
-# A node whose work was started: what a rewind may act on and what invalidation must judge.
-RAN: frozenset[str] = frozenset({"succeeded", "failed", "running", "uncertain"})
-# RAN and the started work that waits (for a person, or a park) with no activity in
-# flight: what a rewind or narrow acts on in runs with the patch `void-reaches-waits`.
-STARTED: frozenset[str] = RAN | {"blocked", "parked", "offline"}
+# A node whose work was started, including work that waits (for a person, a park, its
+# device) with no activity in flight: what a rewind may act on and what invalidation judges.
+STARTED: frozenset[str] = frozenset({"succeeded", "failed", "running", "uncertain", "blocked", "parked", "offline"})
 
 # A goal in these phases takes no more messages and is not judged by the watchdog.
 ENDED_PHASES: frozenset[str] = frozenset({"reporting", "finished", "failed"})

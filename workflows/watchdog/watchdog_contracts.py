@@ -32,11 +32,6 @@ class WatchdogActivities:
     JUDGE = "perdure.watchdog.judge"
 
 
-JUDGE_PATCH = "watchdog-model-judgement"
-# The watchdog asks the model about a goal whose recent conclusions share no term with its text.
-DRIFT_TRIGGER_PATCH = "watchdog-drift-trigger"
-
-
 FindingKind = Literal[
     "healthy",
     "parked",
@@ -346,7 +341,7 @@ class RuleBook(BaseModel):
 class RecallResult(BaseModel):
     memory: WatchdogMemory
     note: str | None = Field(default=None, description="Why a fresh memory was used (missing, unreadable).")
-    rules: RuleBook | None = Field(default=None, description="The rule book; None in runs recorded before it.")
+    rules: RuleBook = Field(default_factory=RuleBook, description="The rule book (empty: none set, or unreadable).")
     rules_note: str | None = Field(default=None, description="Why the rule book could not be read.")
 
 

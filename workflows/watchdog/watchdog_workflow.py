@@ -32,9 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.shared.statuses import Phase
     from perdure.workflows.watchdog import watchdog_rules as rules
     from perdure.workflows.watchdog.watchdog_contracts import (
-        DRIFT_TRIGGER_PATCH,
         INFRASTRUCTURE_KINDS,
-        JUDGE_PATCH,
         WATCHDOG_STATE_QUERY,
         WATCHDOG_WORKFLOW,
         Assessment,
@@ -99,9 +97,7 @@ class WatchdogWorkflow:
         state.goals = len(scan.goals)
         assessment = rules.assess(scan.goals, memory, now, input.rules, recalled.rules)
         verdicts: list[Verdict] = []
-        judge_note: str | None = None
-        if workflow.patched(JUDGE_PATCH):
-            verdicts, judge_note = await self._judge(scan.goals, assessment, memory, now, input, recalled)
+        verdicts, judge_note = await self._judge(scan.goals, assessment, memory, now, input, recalled)
         state.findings = [f for f in assessment.findings if f.kind != "healthy"]
         record_scan(metrics.PerdureMeter(workflow.metric_meter()), scan.goals, state.findings, now)
         state.phase = "intervening"
@@ -124,9 +120,8 @@ class WatchdogWorkflow:
         memory = rules.remember(
             memory, scan.goals, assessment, outcomes, now, workflow.info().workflow_id, scan.seconds
         )
-        if workflow.patched(JUDGE_PATCH):
-            memory.verdicts, memory.judge_usage = dict(previous.verdicts), dict(previous.judge_usage)
-            rules.remember_verdicts(memory, verdicts, judge_note, now)
+        memory.verdicts, memory.judge_usage = dict(previous.verdicts), dict(previous.judge_usage)
+        rules.remember_verdicts(memory, verdicts, judge_note, now)
         state.phase = "remembering"
         await workflow.execute_activity(
             WatchdogActivities.REMEMBER,
@@ -170,9 +165,8 @@ class WatchdogWorkflow:
         for goal in sorted(goals, key=lambda g: g.goal_id):
             why = rules.ambiguity(goal, assessment.findings, now)
             if why is None:
-                # Asked since the drift trigger came (patched: an older run did not ask).
-                drift = rules.off_goal(goal, assessment.findings)
-                why = drift if drift is not None and workflow.patched(DRIFT_TRIGGER_PATCH) else None
+                # Recent conclusions that share no term with the goal's text: the model is asked too.
+                why = rules.off_goal(goal, assessment.findings)
             if why is None:
                 continue
             episode = rules.judge_episode(goal)

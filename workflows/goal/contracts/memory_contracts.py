@@ -201,21 +201,11 @@ class WrittenMemory(BaseModel):
     expires_at: datetime | None = Field(default=None, description="Its shelf life's end, as written.")
 
 
-class MemoryCard(BaseModel):
-    """The end-of-goal card listing the semantic candidates."""
-
-    question: str
-    candidates: list[WrittenMemory]
-    until: datetime = Field(description="Unanswered by then, it closes and nothing is promoted.")
-    promoted: dict[str, str] = Field(default_factory=dict, description="Episodic id -> semantic id.")
-    done: bool = Field(default=False, description="The answer was acted on (or there was none to act on).")
-
-
 class MemoryOffer(BaseModel):
-    """The end-of-goal card as a goal sends it to its owner's router (patch
-    memory-card-to-router): the verified conclusions it offers for keeping across goals.
-    The router holds it until a person answers (`perdure say --card GOAL:memory=CHOICE`)
-    or until the shelf life of its memories ends."""
+    """The end-of-goal card as a goal sends it to its owner's router: the verified
+    conclusions it offers for keeping across goals. The router holds it until a person
+    answers (`perdure say --card GOAL:memory=CHOICE`) or until the shelf life of its
+    memories ends."""
 
     goal_id: str = Field(min_length=1, max_length=200)
     workspace: str = Field(min_length=1, max_length=4_000)
@@ -249,7 +239,6 @@ class GoalMemory(BaseModel):
     drop_pending: list[str] = Field(
         default_factory=list, description="Nodes whose working memories go with the next memory call."
     )
-    card: MemoryCard | None = None
     offered: MemoryOffered | None = Field(default=None, description="The card sent to the owner's router.")
     problems: int = Field(default=0, description="Memory calls that failed (the goal went on without them).")
     checked_at: datetime | None = Field(

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.shared.canonical import digest_of
-from perdure.workflows.shared.statuses import ENDED_PHASES, RAN
+from perdure.workflows.shared.statuses import ENDED_PHASES, STARTED
 
 if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
     from perdure.workflows.goal.contracts.state import GoalState
@@ -234,11 +234,11 @@ def door_problem(state: GoalState, message: Any, load_problem: str | None = None
     return None
 
 
-def turn_problem(state: GoalState, message: Any, ran: frozenset[str] = RAN) -> str | None:
+def turn_problem(state: GoalState, message: Any) -> str | None:
     """Why an admitted message cannot apply when its turn comes, or None. Judged on the
     state every message before it left, so a resume sent right after a park finds the
     goal parked however the two arrived; the message is then settled "rejected" with
-    this reason. `ran`: the statuses a rewind may act on."""
+    this reason."""
     if state.pause.mode == "aborting" and message.kind != "abort":
         return "the goal is being aborted"
     kind = message.kind
@@ -246,7 +246,7 @@ def turn_problem(state: GoalState, message: Any, ran: frozenset[str] = RAN) -> s
         if state.plan is None or message.node not in state.nodes:
             known = ", ".join(state.nodes) or "none yet"
             return f"unknown step '{message.node}' (steps: {known})"
-        if state.nodes[message.node].status not in ran:
+        if state.nodes[message.node].status not in STARTED:
             return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
     elif kind == "narrow":
         unknown = sorted(set(message.premises) - set(state.premises))
@@ -268,23 +268,3 @@ def turn_problem(state: GoalState, message: Any, ran: frozenset[str] = RAN) -> s
     elif kind == "resume" and state.pause.mode != "parked":
         return "the goal is not parked"
     return None
-
-
-def admission_problem_at_the_door(state: GoalState, message: Any, load_problem: str | None = None) -> str | None:
-    """The rule before in-order admission (runs that started without the patch
-    `inbox-in-order`): every check at the door, against the state as it was then, and a
-    second answer to a question refused while the first still waits to be applied."""
-    problem = door_problem(state, message, load_problem)
-    if problem or find_entry(state.inbox, message.request_id) is not None:
-        return problem
-    problem = turn_problem(state, message)
-    if problem is None and message.kind in ("answer", "approve") and _answer_pending(state.inbox, message.question_id):
-        return f"question '{message.question_id}' is already answered"
-    return problem
-
-
-def _answer_pending(inbox: list[InboxEntry], question_id: str) -> bool:
-    return any(
-        e.status == "pending" and e.kind in ("answer", "approve") and e.message.question_id == question_id
-        for e in inbox
-    )

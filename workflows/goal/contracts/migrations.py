@@ -1,18 +1,26 @@
 """Loading a carried goal state written by another version of this code. Pure.
 
-Continue-as-new carries the goal's whole state as JSON text (earlier versions:
-a plain mapping). A state of
-an older `schema_version` goes through the migration functions below, one
-version at a time; a state this code cannot read (unknown fields, invalid
-values, no migration) is refused with the reason, never half-loaded. A state
-from newer code is neither: it waits for a worker that has that code
-(StateFromNewerCode).
+Continue-as-new carries the goal's whole state as JSON text. A state of an older
+`schema_version` goes through the migration functions in MIGRATIONS, one version at
+a time; a state this code cannot read (unknown fields, invalid values, no migration)
+is refused with the reason, never half-loaded. A state from newer code is neither:
+it waits for a worker that has that code (StateFromNewerCode).
+
+Versions are "MAJOR.MINOR" text and restart at perdure 1.0 ("1.0"). Text, not the
+integer the development versions counted up to 10: a state carried by code before 1.0
+has an integer version, which this loader refuses with that reason instead of taking
+it for a newer 1.x state and waiting for ever. No pre-1.0 state is read (worker
+deployment versions pin a running goal to the code that started it, so none reaches
+1.0 code), and MIGRATIONS starts empty: a change to GoalState that a running chain
+must carry across continue-as-new bumps SCHEMA_VERSION and adds the step from the
+version before it here, with a test that loads a state of that version.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +29,8 @@ from pydantic import ValidationError
 
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.goal.contracts.state import SCHEMA_VERSION, GoalState
+
+VERSION = re.compile(r"(\d+)\.(\d+)")
 
 
 class StateRefused(ValueError):
@@ -34,86 +44,19 @@ class StateFromNewerCode(Exception):
     workflow task, which Temporal retries until a worker with the newer code takes it."""
 
 
-def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    # v1 had no goal-level premises: they lived only in the spec. Defaulting the
-    # new field to {} would silently drop them, so copy them over.
-    spec = data.get("spec") or {}
-    return {**data, "premises": dict(spec.get("premises") or {}), "schema_version": 2}
-
-
-def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
-    # v3 lets a plan version omit a plan equal to the one before; v2 always wrote it
-    # out, which v3 still reads. Only the version changes. (A v2 worker cannot decode
-    # a v3 run's input at all, the state being text: its workflow task fails and is
-    # retried until a v3 worker takes it, as with StateFromNewerCode below.)
-    return {**data, "schema_version": 3}
-
-
-def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
-    # v4 keeps the work a plan change left out (`retired_nodes`). v3 dropped those nodes
-    # from the state when the plan changed, so what a v3 run dropped is gone: the list
-    # starts empty and that goal's report shows its current plan's work only, as before.
-    return {"retired_nodes": [], **data, "schema_version": 4}
-
-
-def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
-    # v5 records effects before they are sent (compensations know whether their effect
-    # happened; `effects` keeps the writes that happened, by key) and lets a tool step
-    # wait for a person as state (`waiting_on`, a question's `effect_key`). A v4 run
-    # recorded compensations only after their effect succeeded: those happened.
-    return {"effects": {}, **data, "schema_version": 5}
-
-
-def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
-    # v6 knows devices: the presence of those the plan names, nodes waiting for one
-    # (status `offline`), the device a person moved a node to. A v5 goal had none.
-    return {**data, "schema_version": 6}
-
-
-def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
-    # v7 checks finished work after a long wait: nodes keep the fingerprints of what they
-    # read and wrote, the pause when it began, the goal its checks. A v6 node recorded no
-    # fingerprints, so a check of it goes only as deep as its artifacts.
-    return {**data, "schema_version": 7}
-
-
-def _v7_to_v8(data: dict[str, Any]) -> dict[str, Any]:
-    # v8 re-plans on evidence: the goal keeps the conclusions its steps stated and the
-    # outcomes it judges (`evidence`), and a plan version may come from `evidence`; nodes
-    # may be subgoals (`child`). A v7 goal had none: it starts judging from here.
-    return {**data, "schema_version": 8}
-
-
-def _v8_to_v9(data: dict[str, Any]) -> dict[str, Any]:
-    # v9 carries the patches its runs have (`patches`: a continued run takes them from its
-    # input instead of recording markers again), the build ids that ran it, a subgoal's
-    # granted budget, memory ids and statements on nodes, and what a check left unchecked.
-    # A v8 goal had none of these: every default means "not yet", so only the version changes.
-    return {**data, "schema_version": 9}
-
-
-def _v9_to_v10(data: dict[str, Any]) -> dict[str, Any]:
-    # v10 keeps the catalogue of the MCP servers a goal names (`mcp`). A v9 goal named
-    # none it could use: None means "not listed", so only the version changes.
-    return {**data, "schema_version": 10}
-
-
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    1: _v1_to_v2,
-    2: _v2_to_v3,
-    3: _v3_to_v4,
-    4: _v4_to_v5,
-    5: _v5_to_v6,
-    6: _v6_to_v7,
-    7: _v7_to_v8,
-    8: _v8_to_v9,
-    9: _v9_to_v10,
-}
+# Version -> the step that turns a state of that version into one of the next.
+MIGRATIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def load_state(data: Any) -> GoalState:
     with _collector_paused():
         return _load(data)
+
+
+def version_key(version: Any) -> tuple[int, int] | None:
+    """A "MAJOR.MINOR" version as numbers to compare, or None when it is not one."""
+    found = VERSION.fullmatch(version) if isinstance(version, str) else None
+    return (int(found[1]), int(found[2])) if found else None
 
 
 @contextmanager
@@ -140,19 +83,28 @@ def _load(data: Any) -> GoalState:
     if not isinstance(data, dict):
         raise StateRefused(f"the carried state is a {type(data).__name__}, not a mapping")
     version = data.get("schema_version")
-    if not isinstance(version, int):
-        raise StateRefused("the carried state has no integer schema_version")
-    if version > SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool):
+        raise StateRefused(
+            f"the carried state is schema v{version}, written by perdure before 1.0, which this version does not read"
+        )
+    found, current = version_key(version), version_key(SCHEMA_VERSION)
+    assert current is not None
+    if found is None:
+        raise StateRefused('the carried state has no schema_version of the form "MAJOR.MINOR"')
+    if found > current:
         raise StateFromNewerCode(
             f"the carried state is schema v{version}, newer than this worker's v{SCHEMA_VERSION}; "
             "this workflow task is retried until a worker with the newer code takes it"
         )
-    while version < SCHEMA_VERSION:
+    while found < current:
         migrate = MIGRATIONS.get(version)
         if migrate is None:
-            raise StateRefused(f"no migration from schema v{version} to v{version + 1}")
+            raise StateRefused(f"no migration from schema v{version} to v{SCHEMA_VERSION}")
         data = migrate(data)
-        version = data["schema_version"]
+        after = version_key(data.get("schema_version"))
+        if after is None or after <= found:
+            raise StateRefused(f"the migration from schema v{version} did not move the state on")
+        version, found = data["schema_version"], after
     try:
         return GoalState.model_validate(data)
     except ValidationError as err:

@@ -38,7 +38,8 @@ from perdure.workflows.shared.contracts import (
 from perdure.workflows.shared.mcp_tools import McpCatalogue
 from perdure.workflows.shared.statuses import NodeStatus, Phase
 
-SCHEMA_VERSION = 10
+# "MAJOR.MINOR", restarted at perdure 1.0 (workflows/goal/contracts/migrations.py says why).
+SCHEMA_VERSION = "1.0"
 
 
 class AgentProgress(BaseModel):
@@ -105,7 +106,7 @@ class Node(BaseModel):
         default=None,
         description="An llm or agent node's statement lines, read from its whole output "
         "(workflows/goal/rules/evidence.py), "
-        "until the evidence log takes them in; None: none were returned (a result recorded before).",
+        "until the evidence log takes them in; None: none were returned.",
     )
     memories: list[str] = Field(
         default_factory=list, description="The memory ids attached to its model input (workflows/goal/goal_memory.py)."
@@ -148,9 +149,6 @@ class Ledger(BaseModel):
         default=0.0, description="Active time up to `active_since` (or up to now, when not active)."
     )
     active_since: datetime | None = Field(default=None, description="When the current active stretch began.")
-    active_tracked: bool = Field(
-        default=False, description="Active time is counted (a state carried from older code counted calendar time)."
-    )
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
     lost_attempts: int = Field(
@@ -208,7 +206,6 @@ class Question(BaseModel):
         "escalation",
         "confirm_device_call",
         "device_offline",
-        "memory_candidates",
     ]
     title: str
     done: str = Field(description="What the goal has done so far.")
@@ -315,7 +312,7 @@ class GoalState(BaseModel):
     # Unknown fields are an error, not something to drop: see workflows/goal/contracts/migrations.py.
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: str = SCHEMA_VERSION
     spec: GoalSpec
     phase: Phase = "planning"
     plan_versions: list[PlanVersion] = Field(default_factory=list)
@@ -357,9 +354,6 @@ class GoalState(BaseModel):
         default=None, description="Why the finished steps are to be checked before new work starts."
     )
     verifications: list[Verification] = Field(default_factory=list, description="Checks of finished work so far.")
-    patches: list[str] = Field(
-        default_factory=list, description="The behaviour changes (workflow.patched) the chain's runs have."
-    )
     code_versions: list[str] = Field(
         default_factory=list, description="Build ids of the workers that have run this goal, oldest first (bounded)."
     )
@@ -435,16 +429,15 @@ class UndecryptedInput:
 class GoalInput(BaseModel):
     """Workflow input: the spec, plus the carried state when continuing as new.
 
-    The state travels as JSON text (a plain mapping in runs started by earlier
-    versions), so an old or damaged one reaches the workflow's own loader (and a
-    clear refusal) instead of failing in the decoder. Text, because a goal of
+    The state travels as JSON text, so an old or damaged one reaches the workflow's
+    own loader (and a clear refusal) instead of failing in the decoder. Text, because a goal of
     thousands of nodes must load within its first workflow task: validated from
     text in one pass it loads about twice as fast as through a mapping
     (workflows/goal/contracts/migrations.py).
     """
 
     spec: GoalSpec
-    state: str | dict | None = None
+    state: str | None = None
     stream: WorkflowStreamState | None = Field(
         default=None, description="The event stream's log and publishers, carried across continue-as-new."
     )

@@ -113,8 +113,6 @@ class AgentNode:
                 progress.done[index] = await self._tool_call(step, node, turn, index, calls[index], offered)
             return progress.done[index]
 
-        if not self._tools.segments_enabled():
-            return [await one(i) for i in range(len(calls))]
         # A device's calls are not batched: one that waits for its device ends the node's
         # task, and a sibling still running under gather would be left without one.
         local = [c.tool in offered and self._tools.placement(c.tool, node).local for c in calls]
@@ -178,7 +176,7 @@ class AgentNode:
                 question = questions.stalled(state, workflow.now(), step.name, message)
                 progress.stall_action, progress.stall_question = action, question.id
         if question is not None:
-            if await self._ctx.ask(node, question, suspend=self._ctx.suspends(node)) == "continue":
+            if await self._ctx.ask(node, question) == "continue":
                 return [f"A person reviewed the stall and said to continue. {question.answer_text or ''}".strip()]
         state.rejected_paths.append(
             RejectedPath(

@@ -10,9 +10,8 @@ that already differs from what the goal last knew was edited from outside, and s
 so. A change made by someone else while the call runs cannot be told from the step's.
 Only sources already read by steps whose reads a check compares (depth fingerprint or
 semantic) are looked at, the newest read first, at most MAX_LOOKED; a look that fails
-only leaves the stricter rule: the change counts as one from outside. Goals recorded
-before this (patch `own-changes-around-commands`) look at nothing; steps on a device
-neither (their files are on the device).
+only leaves the stricter rule: the change counts as one from outside. Steps on a device
+look at nothing (their files are on the device).
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ class ToolNode:
 
     def _to_look_at(self, step: ToolStep) -> list[str]:
         """The sources read by the goal's steps that this call may change, the newest read first."""
-        if not self._ctx.looks_around_commands or step.device is not None:
+        if step.device is not None:
             return []
         if step.tool == "run_command":
             changes = None  # anything in the workspace

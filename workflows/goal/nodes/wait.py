@@ -17,16 +17,14 @@ from datetime import datetime
 
 from temporalio import workflow
 
-from perdure.workflows.devices.device_contracts import DeviceOutput, DeviceToolResult
 from perdure.workflows.goal.context import GoalContext, NodeWaiting
 from perdure.workflows.goal.contracts.plan import WaitStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.contracts.wait_contracts import WaitOutput, WaitOutputInput
 from perdure.workflows.goal.device_placement import LOCAL_RETRY, LOCAL_TIMEOUT
 from perdure.workflows.goal.nodes.base import NodeDeps
-from perdure.workflows.goal.patches import LATE_CAUSE_PATCH, patched_here
 from perdure.workflows.goal.rules import timing
-from perdure.workflows.shared.contracts import Activities, ArtifactRef, ToolResult
+from perdure.workflows.shared.contracts import Activities, ArtifactRef
 
 # node.waiting_on while the wait is state: why it let go of its task.
 WAIT_CARRIED = "wait:carried"
@@ -78,20 +76,15 @@ class WaitNode:
         parked = node.preview.endswith(HELD_BY_PARK)
         node.waiting_on = None
         ctx.set_status(node, "running")  # the scheduler settles only a running node
-        if patched_here(ctx.state, LATE_CAUSE_PATCH):
-            # One at a time: steps acting together (after an outage) keep their order, and their
-            # local activities, which read history for a while, never resolve out of order.
-            async with self._keeping:
-                entry, output = await self._kept_with_cause(step, planned, parked)
-        else:
+        # One at a time: steps acting together (after an outage) keep their order, and their
+        # local activities, which read history for a while, never resolve out of order.
+        async with self._keeping:
             entry, output = await self._kept(step, planned, parked)
         timing.record(state.timers, entry)
         node.preview = entry.text()
         return output, entry.text()
 
-    async def _kept_with_cause(
-        self, step: WaitStep, planned: datetime, parked: bool
-    ) -> tuple[timing.TimerRecord, ArtifactRef]:
+    async def _kept(self, step: WaitStep, planned: datetime, parked: bool) -> tuple[timing.TimerRecord, ArtifactRef]:
         """Judged and kept by one local activity, which reads why a late timer was late off
         the goal's history (whether the server or the worker was missing)."""
         out = await workflow.execute_local_activity(
@@ -110,24 +103,6 @@ class WaitNode:
         )
         assert out.stored.output is not None
         return out.record, out.stored.output
-
-    async def _kept(self, step: WaitStep, planned: datetime, parked: bool) -> tuple[timing.TimerRecord, ArtifactRef]:
-        """Goals started before the patch: judged here, the cause unknown, kept by the device store."""
-        entry = timing.judge(f"wait step {step.name}", planned, workflow.now(), node=step.name, parked=parked)
-        stored = await workflow.execute_local_activity(
-            Activities.STORE_DEVICE_OUTPUT,
-            DeviceOutput(
-                result=DeviceToolResult(
-                    tool="wait", ok=True, generation=0, output=f"wait step '{step.name}': {entry.text()}"
-                )
-            ),
-            result_type=ToolResult,
-            start_to_close_timeout=LOCAL_TIMEOUT,
-            retry_policy=LOCAL_RETRY,
-            summary=f"keep output · wait {step.name}",
-        )
-        assert stored.output is not None
-        return entry, stored.output
 
     def _let_go(self, node: Node, waiting: str, why: str) -> None:
         """End the task; the wait is state (the node parked, no task) until the scheduler

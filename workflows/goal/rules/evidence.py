@@ -20,8 +20,8 @@ or an output that is one JSON object {"conclusions": [{"claim": …, "holds": �
 "root_cause": …}. The model activities read them from the whole output with
 `statement_lines` (this module's parser, so the activity and the workflow read alike)
 and return them as lines in their result; `record_settled` reads those lines. A result
-recorded before they did has none: its statements are read from the step's preview (the
-first 200 characters of its output), as they were then.
+without them (None) has its statements read from the step's preview (the first 200
+characters of its output).
 
 Re-planning is sparse by design: after a re-plan on evidence, at least N more steps
 must settle and a minimum time pass before the next (`spacing_left`), and each
@@ -58,8 +58,6 @@ TriggerKind = Literal["conflicting evidence", "isomorphic results", "declining v
 #   and their results are part of what it is told;
 # - let finish and discard: never a trigger's policy, the one a step that `cancel` would
 #   cut off gets when an effect of its own is in the air (`in_flight_choice`).
-# Goals recorded before `let finish and discard` (patch replan-discards-in-flight) wait
-# for every write in flight before a trigger that cancels asks the planner.
 InFlightPolicy = Literal["wait", "cancel", "let finish and discard"]
 # What one step in flight gets under a trigger that cancels (`go on`: the new plan keeps it unchanged).
 InFlightChoice = Literal["cancel", "let finish and discard", "go on"]
@@ -287,9 +285,8 @@ def record_settled(
     """Take in one step that settled by its own work: `text` is its output's preview
     (succeeded) or its error (failed); `states_findings`: its conclusions and root cause
     are read (a model's step), from `statements` (the lines its activity read from the
-    whole output) or, for a result recorded before activities returned them (None), from
-    the preview. `is_current(node, key)`: that step's output still stands (not voided or
-    run again since)."""
+    whole output) or, for a result without them (None), from the preview.
+    `is_current(node, key)`: that step's output still stands (not voided or run again since)."""
     if plan_version != log.plan_version:
         # Each trigger judges the steps of the current plan only: a new plan has answered the rest.
         log.recent, log.plan_version = [], plan_version

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.shared.graph import downstream
-from perdure.workflows.shared.statuses import RAN
+from perdure.workflows.shared.statuses import STARTED
 
 
 class Invalidation(BaseModel):
@@ -27,15 +27,12 @@ class Invalidation(BaseModel):
     to_confirm: list[str] = Field(default_factory=list)
 
 
-def invalidate_by_premise(
-    plan: Plan, statuses: Mapping[str, str], changes: Mapping[str, str], ran: frozenset[str] = RAN
-) -> Invalidation:
-    """Split the nodes that have run into void / kept / to-confirm for new premise values.
-    `ran`: the statuses that count as having run."""
+def invalidate_by_premise(plan: Plan, statuses: Mapping[str, str], changes: Mapping[str, str]) -> Invalidation:
+    """Split the nodes that have run (STARTED) into void / kept / to-confirm for new premise values."""
     directly_void: set[str] = set()
     directly_unsure: set[str] = set()
     for step in plan.steps:
-        if statuses.get(step.name) not in ran:
+        if statuses.get(step.name) not in STARTED:
             continue
         for key, new_value in changes.items():
             if key not in step.premises:
@@ -45,32 +42,28 @@ def invalidate_by_premise(
                 directly_unsure.add(step.name)
             elif new_value not in valid_for:
                 directly_void.add(step.name)
-    return _close(plan, statuses, directly_void, directly_unsure - directly_void, ran)
+    return _close(plan, statuses, directly_void, directly_unsure - directly_void)
 
 
-def invalidate_from(plan: Plan, statuses: Mapping[str, str], node: str, ran: frozenset[str] = RAN) -> Invalidation:
+def invalidate_from(plan: Plan, statuses: Mapping[str, str], node: str) -> Invalidation:
     """A rewind: the node and everything downstream of it is void."""
-    return invalidate_nodes(plan, statuses, [node], ran)
+    return invalidate_nodes(plan, statuses, [node])
 
 
-def invalidate_nodes(
-    plan: Plan, statuses: Mapping[str, str], nodes: list[str], ran: frozenset[str] = RAN
-) -> Invalidation:
+def invalidate_nodes(plan: Plan, statuses: Mapping[str, str], nodes: list[str]) -> Invalidation:
     """Nodes that no longer hold (a rewind, a failed check): they and everything
     downstream of them are void."""
-    return _close(plan, statuses, set(nodes), set(), ran)
+    return _close(plan, statuses, set(nodes), set())
 
 
-def _close(
-    plan: Plan, statuses: Mapping[str, str], void: set[str], unsure: set[str], ran_statuses: frozenset[str]
-) -> Invalidation:
+def _close(plan: Plan, statuses: Mapping[str, str], void: set[str], unsure: set[str]) -> Invalidation:
     void = set(void)
     for name in list(void):
         void.update(downstream(plan, name))
     unsure = set(unsure) - void
     for name in list(unsure):
         unsure.update(d for d in downstream(plan, name) if d not in void)
-    ran = {s.name for s in plan.steps if statuses.get(s.name) in ran_statuses}
+    ran = {s.name for s in plan.steps if statuses.get(s.name) in STARTED}
     order = [s.name for s in plan.steps]
     return Invalidation(
         void=[n for n in order if n in void and n in ran],

@@ -4,16 +4,15 @@ asks for, how attached memories and revocations read in a model's input, and the
 end-of-goal card of semantic candidates. No I/O: the goal's memory room
 (workflows/goal/goal_memory.py) calls these and the memory activities do the rest.
 
-The end-of-goal card lists the candidates for semantic memory. Goals recorded before patch
-memory-card-to-router ask it as a question and wait up to CARD_WAIT for the answer; later
-ones send it to their owner's router (`memory_offer`), which keeps it until a person
-answers it there (the answers read by `chosen` either way).
+The end-of-goal card lists the candidates for semantic memory. A goal sends it to its
+owner's router (`memory_offer`), which keeps it until a person answers it there (the
+answers read by `chosen`).
 
 The reusability test (what an episodic memory must pass to be written):
 - a conclusion (`CONCLUSION: <claim> = true|false`) or a root cause (`ROOT CAUSE: …`) that
   a step which succeeded by its own work (an llm or agent step, not reused) states in its
   output: read from the whole output (the statement lines its activity returned,
-  workflows/goal/rules/evidence.py), or from its preview for a result recorded before those;
+  workflows/goal/rules/evidence.py), or from its preview for a result without those;
 - its claim says something: at least REUSABLE_MIN_WORDS words of which at least two are
   not filler, at most 160 characters;
 - it is not about one run: it names no goal id, temporary directory, timestamp or long
@@ -30,7 +29,6 @@ from datetime import datetime, timedelta
 
 from perdure.workflows.goal.contracts.memory_contracts import (
     SHOWN_CHARS,
-    MemoryCard,
     MemoryKind,
     MemoryOffer,
     MemorySource,
@@ -39,7 +37,7 @@ from perdure.workflows.goal.contracts.memory_contracts import (
     Revocation,
     WrittenMemory,
 )
-from perdure.workflows.goal.contracts.state import GoalState, Question, QuestionOption, RejectedPath
+from perdure.workflows.goal.contracts.state import GoalState, RejectedPath
 from perdure.workflows.goal.rules.evidence import claim_key, read_statement_lines, read_statements
 from perdure.workflows.shared.durations import duration_text
 
@@ -57,11 +55,7 @@ SHELF_LIFE: dict[str, timedelta] = {
 }
 REUSABLE_MIN_WORDS = 3
 MAX_CLAIM_CHARS = 160
-# An unanswered end-of-goal card closes after this long, and nothing is promoted: a
-# finished goal is not held open for a card a person may never read.
-CARD_WAIT = timedelta(hours=1)
 MAX_CANDIDATES = 12
-CARD_TOPIC = "memory_candidates"
 # The question id of the card a router holds: `perdure say --card GOAL:memory=CHOICE`.
 CARD_QUESTION = "memory"
 MAX_WRITTEN_KEPT = 200
@@ -105,7 +99,7 @@ def settled_memories(
 ) -> list[NewMemory]:
     """What a settled step leaves: its reusable statements when it succeeded, its failure
     always when it failed (tool steps too). `statements`: the lines its activity read from
-    the whole output; None (a result recorded before them): read from the preview."""
+    the whole output; None (a result without them): read from the preview."""
     source = MemorySource(kind="node", goal=goal_id, node=name, node_key=node_key)
     if status == "failed":
         text = f"step '{name}' ({kind}) failed: {error or 'no error given'}"
@@ -239,29 +233,6 @@ def candidates(state: GoalState) -> list[WrittenMemory]:
         seen.add(identity)
         found.append(w)
     return found[:MAX_CANDIDATES]
-
-
-def memory_card(state: GoalState, now: datetime, found: list[WrittenMemory]) -> tuple[Question, MemoryCard]:
-    listing = "\n".join(f"{i}. {w.text} (step '{w.node}')" for i, w in enumerate(found, start=1))
-    question = Question(
-        id=f"q{len(state.questions) + 1}",
-        topic=CARD_TOPIC,
-        title=f"Keep what this goal learned? {len(found)} candidate(s) for memory across goals",
-        done="the goal's steps have ended; it reports once this card is answered or closes",
-        stuck=f"These verified conclusions could help later goals:\n{listing}\n"
-        f"Unanswered, the card closes after {duration_text(CARD_WAIT.total_seconds())} and nothing is kept.",
-        options=[
-            QuestionOption(id="project", label="Keep them all for this project", cost="later goals here see them"),
-            QuestionOption(id="global", label="Keep them all everywhere", cost="every later goal sees them"),
-            QuestionOption(
-                id="choose", label="Keep some (--text '1 3', add 'global' for everywhere)", cost="as listed"
-            ),
-            QuestionOption(id="skip", label="Keep none", cost="nothing"),
-        ],
-        recommendation="project, unless one is wrong (choose) or holds beyond this project (global)",
-        asked_at=now,
-    )
-    return question, MemoryCard(question=question.id, candidates=found, until=now + CARD_WAIT)
 
 
 def chosen(

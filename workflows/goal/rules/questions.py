@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from perdure.workflows.goal.contracts.state import GoalState, Question, QuestionOption
-from perdure.workflows.goal.rules.memory_rules import CARD_TOPIC
 from perdure.workflows.shared.durations import duration_text
 
 
@@ -23,10 +22,9 @@ def _done_summary(state: GoalState) -> str:
 
 def done_so_far(state: GoalState, asked: list[Question]) -> list[str]:
     """What each card shows as done: the goal's work as it stands now, since steps go on while
-    a card waits; the summary it was asked with would be stale. The memory card keeps its own
-    words (it is asked once the steps have ended, and says what the goal waits for)."""
-    now = _done_summary(state) if any(q.topic != CARD_TOPIC for q in asked) else ""
-    return [q.done if q.topic == CARD_TOPIC else now for q in asked]
+    a card waits; the summary it was asked with would be stale."""
+    now = _done_summary(state) if asked else ""
+    return [now for _ in asked]
 
 
 def next_question_id(state: GoalState) -> str:
