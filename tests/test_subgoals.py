@@ -202,7 +202,13 @@ async def test_a_parent_continues_as_new_while_its_subgoal_runs_and_still_hears_
     env, task_queue, store, workspace
 ):
     (workspace / "notes.md").write_text("a note\n")
-    reads = [read(f"r{i:02d}", "notes.md") | {"args": {"path": "notes.md", "max_bytes": 100 + i}} for i in range(12)]
+    # A chain: each read completes in a workflow task of its own, so the first run passes 60
+    # events however loaded the machine (reads ready together may all complete in one task).
+    reads = [
+        read(f"r{i:02d}", "notes.md")
+        | {"args": {"path": "notes.md", "max_bytes": 100 + i}, "needs": [f"r{i - 1:02d}"] if i else []}
+        for i in range(12)
+    ]
     steps = [subgoal("waiting", [gate()]), *reads]
     async with running_worker(env, task_queue, store):
         handle = await start(
