@@ -139,7 +139,7 @@ class Routing(BaseModel):
     request_id: str
     text: str = Field(description="The message (cut).")
     at: datetime
-    digest: str = Field(default="", description="Of the message but its request id: a retry sends the same.")
+    digest: str = Field(description="Of the message but its request id: a retry sends the same.")
     status: Literal["pending", "routed", "asked", "failed"] = "pending"
     by: RoutedBy | None = None
     action: Action | None = None

@@ -211,7 +211,7 @@ class RouterWorkflow:
         known = self._find(say.request_id)
         if known is None:
             return None
-        if not known.digest or known.digest == content_digest(say):  # no digest: kept by an older router
+        if known.digest == content_digest(say):
             return None
         return f"request id '{say.request_id}' was already used for another message; a retry must send the same one"
 

@@ -241,10 +241,9 @@ class CompensationRecord(BaseModel):
     node: str
     effect_key: str
     compensation: Compensation
-    # Whether the effect happened: in flight, then happened, maybe (the outcome is
-    # unknown) or not_happened. Records from before effects were prepared were written
-    # only after the effect succeeded: "happened".
-    effect: Literal["in_flight", "happened", "maybe", "not_happened"] = "happened"
+    # Whether the effect happened: in flight (recorded before it is sent), then happened,
+    # maybe (the outcome is unknown) or not_happened.
+    effect: Literal["in_flight", "happened", "maybe", "not_happened"] = "in_flight"
     status: Literal["registered", "done", "failed", "not_needed"] = "registered"
     note: str | None = None
     device: str | None = Field(default=None, description="The device the effect happened on; its undo runs there.")
@@ -430,9 +429,9 @@ class GoalInput(BaseModel):
     """Workflow input: the spec, plus the carried state when continuing as new.
 
     The state travels as JSON text, so an old or damaged one reaches the workflow's
-    own loader (and a clear refusal) instead of failing in the decoder. Text, because a goal of
-    thousands of nodes must load within its first workflow task: validated from
-    text in one pass it loads about twice as fast as through a mapping
+    own loader (and a clear refusal) instead of failing in the decoder. Text, because
+    a goal of thousands of nodes must load within its first workflow task: validated
+    from text in one pass it loads about twice as fast as through a mapping
     (workflows/goal/contracts/migrations.py).
     """
 
