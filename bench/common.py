@@ -111,7 +111,7 @@ def goal_spec(workspace: Path, steps: list[dict], **overrides) -> GoalSpec:
 
 
 async def start_goal(client: Client, task_queue: str, spec: GoalSpec, prefix: str) -> WorkflowHandle:
-    """Start a goal with the options `perdure start` uses (starters/goals.py), on any task queue."""
+    """Start a goal with the options `perdure start` uses (starters/client/), on any task queue."""
     return await client.start_workflow(
         GoalWorkflow.run,
         GoalInput(spec=spec),

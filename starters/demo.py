@@ -23,8 +23,11 @@ from rich.console import Console
 from perdure.activities.models.profiles import default_provider_from_env
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
-from perdure.starters import devserver, goals, render
+from perdure.starters import devserver, render
 from perdure.starters.background import ensure_ui, ensure_worker
+from perdure.starters.client import PerdureClient
+from perdure.starters.client.goal_specs import new_goal_id
+from perdure.starters.client.goal_starts import start_goal
 from perdure.workflows.shared.contracts import Budget, GoalSpec
 
 DEMO_GOAL = (
@@ -124,7 +127,7 @@ async def run_demo(console: Console) -> None:
     console.print(
         f"Temporal dev server {'reused' if server.reused else 'started'} at {server.address}; UI {server.ui_url}"
     )
-    client = await connect()
+    client = PerdureClient(await connect())
     pid, reused = ensure_worker(devserver.dev_dir() / "data")
     console.print(
         f"worker {'reused' if reused else 'started'} (pid {pid}, log {devserver.dev_dir() / 'data' / 'worker.log'})"
@@ -142,8 +145,8 @@ async def run_demo(console: Console) -> None:
         workspace=str(workspace),
         budget=Budget().with_default_tokens(),  # as `perdure start` gives a goal with no budget
     )
-    goal_id = render.new_goal_id("demo")
-    await goals.start_goal(client, spec, goal_id)
+    goal_id = new_goal_id("demo")
+    await start_goal(client.temporal, spec, goal_id)
     console.print(f"goal [bold]{goal_id}[/bold] on model profile '{profile}', workspace {workspace}")
     console.print(f"UI: {settings.goal_ui_link(goal_id)}")
     console.print(f"its task graph, live: http://127.0.0.1:{page}/goals/{goal_id}")

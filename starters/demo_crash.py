@@ -33,7 +33,8 @@ from rich.console import Console
 from perdure.activities.artifacts import default_store
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
-from perdure.starters import devserver, goals
+from perdure.starters import devserver
+from perdure.starters.client.goal_reads import ended
 from perdure.testing.fakes import LedgerAPI, MailAPI
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -162,7 +163,7 @@ async def run_demo_crash(console: Console) -> bool:
             "activity once its heartbeat timeout notices worker 1 is gone; the retry sends the same "
             "Idempotency-Key, so the mail API answers from its idempotency store instead of sending again."
         )
-        result = await asyncio.wait_for(goals.ended(handle), 300)
+        result = await asyncio.wait_for(ended(handle), 300)
         console.print(f"\ngoal outcome: [bold]{result.outcome}[/bold]")
         store = default_store()
         for name, ref in result.outputs.items():

@@ -5,8 +5,8 @@ Tools: `start_goal`; the steering verbs `steer`, `queue`, `answer`, `approve`, `
 `resume`, `narrow`, `rewind`, `abort`; and the reads `goal_status`, `goal_inbox`,
 `goal_report`. Resources: `perdure://goals/{goal_id}/progress` (JSON) and
 `perdure://goals/{goal_id}/report` (markdown). Each does what the CLI and the web UI do,
-through the same helpers (starters/goals.py, steering.py, start_requests.py,
-capabilities.py), so a message sent here gets the same request id rules and receipts.
+through the same client (starters/client/), so a message sent here gets the same request
+id rules and receipts.
 
 A mutating call takes an optional `request_id`; without one the server makes one, and the
 result names it (`request_id_made`): calling again with that id is a retry, deduplicated by
@@ -36,10 +36,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.runtime import settings
 from perdure.runtime.connect import ServerUnavailable, connect
-from perdure.starters import goals
-from perdure.starters import start_checks as capabilities
-from perdure.starters import steer_client as steering
-from perdure.starters.start_requests import StartRequest, start_spec
+from perdure.starters.client import PerdureClient
+from perdure.starters.client.client_errors import (
+    EndedWithoutResult,
+    GoalNotFound,
+    ResultUnreadable,
+    StillRunning,
+)
+from perdure.starters.client.goal_reads import ClosedReport
+from perdure.starters.client.goal_specs import GOAL_ID_PATTERN, StartRequest, start_spec
+from perdure.starters.client.message_delivery import InboxResult
 from perdure.workflows.goal.contracts.messages import (
     REQUEST_ID,
     Abort,
@@ -48,8 +54,6 @@ from perdure.workflows.goal.contracts.messages import (
     Narrow,
     Park,
     Queue,
-    Receipt,
-    Refusal,
     Resume,
     Rewind,
     Steer,
@@ -77,9 +81,7 @@ def _like(model: type[BaseModel], name: str, description: str | None = None) -> 
     return Annotated[field.annotation, field, Field(description=description or field.description)]
 
 
-GoalId = Annotated[
-    str, Field(pattern=goals.GOAL_ID_PATTERN.pattern, description="The goal's id, as start_goal returned it.")
-]
+GoalId = Annotated[str, Field(pattern=GOAL_ID_PATTERN.pattern, description="The goal's id, as start_goal returned it.")]
 RequestId = Annotated[
     str | None,
     Field(
@@ -129,29 +131,19 @@ class SendResult(BaseModel):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
-class InboxResult(BaseModel):
-    goal_id: str
-    source: Literal["goal", "server history"] = Field(
-        description="goal: the goal's own receipts; server history: what the server admitted (no worker answered)."
-    )
-    entries: list[Receipt] = Field(default_factory=list)
-    refused: list[Refusal] = Field(default_factory=list)
-    admitted: list[steering.AdmittedMessage] = Field(default_factory=list)
-
-
 class _Temporal:
-    """The server's one Temporal client, connected at the first call that needs it and
-    again after a failed try, so the server outlives a Temporal that is down."""
+    """The server's one client, connected at the first call that needs it and again after
+    a failed try, so the server outlives a Temporal that is down."""
 
     def __init__(self, connect_to: Callable[[], Awaitable[Client]]) -> None:
         self._connect_to = connect_to
-        self._client: Client | None = None
+        self._client: PerdureClient | None = None
         self._lock = asyncio.Lock()
 
-    async def client(self) -> Client:
+    async def client(self) -> PerdureClient:
         async with self._lock:
             if self._client is None:
-                self._client = await self._connect_to()
+                self._client = PerdureClient(await self._connect_to())
             return self._client
 
 
@@ -160,7 +152,7 @@ def _plainly(error: type[Exception] = ToolError, missing: type[Exception] = Tool
     """What went wrong, as `error` (a tool error, or a resource error) in words a caller acts on."""
     try:
         yield
-    except goals.GoalNotFound as err:
+    except GoalNotFound as err:
         raise missing(str(err)) from None
     except (ServerUnavailable, settings.TemporalConfigError, ValueError) as err:
         # ValueError: a refusal perdure worded (a bad plan, a start that clashes, a rejected message).
@@ -232,13 +224,13 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
     server = PerdureMCP("perdure", instructions=INSTRUCTIONS, log_level="WARNING")
 
     async def send(goal_id: str, kind: type[BaseModel], request_id: str | None, **fields: Any) -> SendResult:
-        rid = request_id or steering.new_request_id("mcp")
+        rid = request_id or PerdureClient.new_request_id("mcp")
         try:
             message = kind(request_id=rid, **fields)
         except ValidationError as err:
             raise ToolError(describe_validation_error(err)) from None
         with _plainly():
-            delivery = await steering.deliver(await temporal.client(), goal_id, message)
+            delivery = await (await temporal.client()).send(goal_id, message)
         said = SendResult(
             goal_id=goal_id, request_id=rid, request_id_made=request_id is None, kind=message.kind, status="pending",
             via="signal",
@@ -271,15 +263,13 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
         starts nothing new. The workspace is a directory on the workers' machine."""
         made = body.id is None and body.request_id is None
         if made:
-            body = body.model_copy(update={"request_id": steering.new_request_id("mcp")})
+            body = body.model_copy(update={"request_id": PerdureClient.new_request_id("mcp")})
         with _plainly():
             spec, goal_id = start_spec(body)
-            client = await temporal.client()
-            warnings = await capabilities.start_warnings(client, spec)
-            answer = await goals.start_or_existing(client, spec, goal_id, replace=body.replace)
+            answer = await (await temporal.client()).start(spec, goal_id, replace=body.replace)
         return StartResult(
             goal_id=answer.goal_id, started=answer.started, text=answer.text, request_id=body.request_id,
-            request_id_made=made, warnings=warnings,
+            request_id_made=made, warnings=list(answer.warnings),
         )  # fmt: skip
 
     @server.tool(annotations=MUTATES)
@@ -340,27 +330,20 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
         """Stop the goal: it dispatches nothing more and finishes with its report and the unfinished list."""
         return await send(goal_id, Abort, request_id, reason=reason, rollback=rollback)
 
-    async def answering(goal_id: str) -> tuple[Client, bool]:
-        """The client, and whether a worker polls the goal's task queue (only then can it
-        answer a query; else the query would wait out its timeout). GoalNotFound when none."""
-        client = await temporal.client()
-        desc = await goals.describe(client, goal_id)
-        return client, await capabilities.has_pollers(client, desc.task_queue)
-
     async def progress(goal_id: str, missing: type[Exception] = ToolError, error: type[Exception] = ToolError):
         with _plainly(error, missing):
-            client, polled = await answering(goal_id)
-            if not polled:
+            client = await temporal.client()
+            if not await client.worker_polls(goal_id):
                 raise error(f"no worker runs the goal, so it cannot answer: {_NO_WORKER}")
-            return await goals.progress(client, goal_id, timeout_s=QUERY_TIMEOUT_S)
+            return await client.progress(goal_id, timeout_s=QUERY_TIMEOUT_S)
 
     async def report(goal_id: str, missing: type[Exception] = ToolError, error: type[Exception] = ToolError):
         with _plainly(error, missing):
             try:
-                return await goals.closed_report(await temporal.client(), goal_id)
-            except (goals.StillRunning, goals.ResultUnreadable) as err:
+                return await (await temporal.client()).report(goal_id)
+            except (StillRunning, ResultUnreadable) as err:
                 raise error(str(err)) from None
-            except goals.EndedWithoutResult as ended:
+            except EndedWithoutResult as ended:
                 raise error(f"the goal ended without a report: {ended}") from None
 
     @server.tool(annotations=READS)
@@ -373,19 +356,10 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
         """Every message sent to the goal with its receipt (pending, applied, rejected and why); with no
         worker running, what the server admitted."""
         with _plainly():
-            client, polled = await answering(goal_id)
-            try:
-                if not polled:
-                    raise WorkflowQueryFailedError("no worker polls the goal's task queue")
-                view = await steering.inbox(client, goal_id, timeout_s=QUERY_TIMEOUT_S)
-            except (RPCError, WorkflowQueryFailedError):
-                # No worker answered the query: the history still holds every message admitted.
-                admitted = await steering.admitted(client, goal_id)
-                return InboxResult(goal_id=goal_id, source="server history", admitted=admitted)
-        return InboxResult(goal_id=goal_id, source="goal", entries=view.entries, refused=view.refused)
+            return await (await temporal.client()).messages(goal_id, timeout_s=QUERY_TIMEOUT_S)
 
     @server.tool(annotations=READS)
-    async def goal_report(goal_id: GoalId) -> goals.ClosedReport:
+    async def goal_report(goal_id: GoalId) -> ClosedReport:
         """A goal's report (markdown) and how it ended, once it has ended."""
         return await report(goal_id)
 

@@ -1,4 +1,4 @@
-"""How goals look in a terminal: ids, status tables, live progress, reports.
+"""How goals look in a terminal: status tables, live progress, receipts, reports.
 
 Presentation only; every fact comes from the server or the goal's query.
 """
@@ -6,9 +6,7 @@ Presentation only; every fact comes from the server or the goal's query.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
-import uuid
 from datetime import UTC, datetime
 
 from rich.console import Console
@@ -16,12 +14,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client, WorkflowExecutionDescription
+from temporalio.client import WorkflowExecutionDescription
 from temporalio.service import RPCError
 
 from perdure.runtime import settings
-from perdure.starters import goals
-from perdure.starters.fork import GoalDiff, StepSide
+from perdure.starters.client import PerdureClient
+from perdure.starters.client.client_errors import EndedWithoutResult
+from perdure.starters.client.goal_forks import GoalDiff, StepSide
+from perdure.starters.client.goal_reads import PendingActivity, is_open, read_report
+from perdure.starters.client.message_delivery import InboxResult
 from perdure.workers.deployment import Pinning
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt
 from perdure.workflows.goal.rules.own_calls import own_call_lines
@@ -55,20 +56,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def printable(text: str) -> str:
     """Text from a tool, a model or a file, safe for a terminal: control characters as \\xNN."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def new_goal_id(goal: str) -> str:
-    return f"goal-{_slug(goal)}-{uuid.uuid4().hex[:6]}"
-
-
-def request_goal_id(request_id: str) -> str:
-    """The goal id a start with this request id names, whatever else it carries: a retry
-    finds its goal, and other content under the same request id finds it too (and is refused)."""
-    return f"goal-{_slug(request_id)}-{hashlib.sha256(request_id.encode()).hexdigest()[:6]}"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:32].rstrip("-") or "goal"
 
 
 def status_name(desc) -> str:
@@ -237,7 +224,7 @@ def budget_bar(fraction: float, width: int = 20) -> str:
     return f"[{colour}]{'█' * filled}[/{colour}]{'░' * (width - filled)}"
 
 
-def print_activities(console: Console, pending: list[goals.PendingActivity]) -> None:
+def print_activities(console: Console, pending: list[PendingActivity]) -> None:
     """What each running activity is for and what it last reported (its heartbeat)."""
     for activity in pending:
         details = f" · {printable(activity.heartbeat[:160])}" if activity.heartbeat else ""
@@ -268,7 +255,7 @@ def print_receipt(console: Console, receipt: Receipt) -> None:
             say(console, f"  {key}: {escape(', '.join(receipt.detail[key])) or '—'}")
 
 
-def print_inbox(console: Console, view: InboxView) -> None:
+def print_inbox(console: Console, view: InboxView | InboxResult) -> None:
     table = Table("request id", "kind", "status", "note")
     for entry in view.entries:
         table.add_row(Text(entry.request_id), entry.kind, entry.status, Text(entry.note or ""))
@@ -357,13 +344,13 @@ def print_result(console: Console, result: GoalResult) -> None:
     # shares this module's imports, never uses.
     from rich.markdown import Markdown
 
-    say(console, Markdown(goals.read_report(result)))
+    say(console, Markdown(read_report(result)))
 
 
-def print_published(console: Console, goal_id: str, ended: GoalResult | goals.EndedWithoutResult) -> None:
+def print_published(console: Console, goal_id: str, ended: GoalResult | EndedWithoutResult) -> None:
     """`perdure status` of a finished goal no worker answered for: how it ended, as its result
     (in the close event) says; no worker is needed to read it."""
-    if isinstance(ended, goals.EndedWithoutResult):
+    if isinstance(ended, EndedWithoutResult):
         print_no_result(console, goal_id, ended)
         return
     print_ending(console, ended)
@@ -436,7 +423,7 @@ def _usd_delta(delta: float) -> str:
     return f"{'-' if delta < 0 else '+'}${abs(delta):.4f}"
 
 
-def print_no_result(console: Console, goal_id: str, ended: goals.EndedWithoutResult) -> None:
+def print_no_result(console: Console, goal_id: str, ended: EndedWithoutResult) -> None:
     """A goal that ended with no report: terminated, timed out, cancelled, or failed outside the goal."""
     say(console, Text.assemble(("goal ended without a result: ", "red"), str(ended)))
     say(
@@ -445,7 +432,7 @@ def print_no_result(console: Console, goal_id: str, ended: goals.EndedWithoutRes
     )
 
 
-async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 0.5) -> GoalResult | None:
+async def watch(client: PerdureClient, goal_id: str, console: Console, poll_s: float = 0.5) -> GoalResult | None:
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
@@ -455,17 +442,17 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("starting", total=100)
         while True:
-            desc = await goals.describe(client, goal_id)
-            if not goals.is_open(desc):
+            desc = await client.describe(goal_id)
+            if not is_open(desc):
                 # The last frame says how it ended, not the phase seen one poll before.
                 try:
-                    final = (await goals.progress(client, goal_id, timeout_s=3)).phase
+                    final = (await client.progress(goal_id, timeout_s=3)).phase
                 except RPCError:
                     final = status_name(desc).lower()
                 bar.update(task, completed=100, description=final)
                 break
             try:
-                snap = await goals.progress(client, goal_id, timeout_s=3)
+                snap = await client.progress(goal_id, timeout_s=3)
                 running = ", ".join(snap.running) or "—"
                 extras = [f"{k} {v:.0%}" for k, v in snap.budget.items()]
                 if snap.eta:
@@ -475,13 +462,13 @@ async def watch(client: Client, goal_id: str, console: Console, poll_s: float = 
                 tail = f" · {' · '.join(extras)}" if extras else ""
                 bar.update(task, completed=snap.percent_done, description=f"{snap.phase} · running: {running}{tail}")
             except RPCError:
-                failure = await goals.workflow_task_failure(client, desc)
+                failure = await client.stuck(desc)
                 waiting = f"stuck: {failure[:100]} (perdure status {goal_id})" if failure else "waiting for a worker"
                 bar.update(task, description=escape(waiting))
             await asyncio.sleep(poll_s)
     try:
-        result = await goals.result(client, goal_id)
-    except goals.EndedWithoutResult as ended:
+        result = await client.result(goal_id)
+    except EndedWithoutResult as ended:
         print_no_result(console, goal_id, ended)
         return None
     print_result(console, result)

@@ -27,25 +27,22 @@ events, and a JSON API for reading goals and sending them messages.
                                         graph live with its plan versions, live model output, question
                                         cards, inbox, premises with narrow, rewind on a node, the report
 
-Events are read from both of the goal's topics: its own events and the model activities'
-live output (workflows/goal/contracts/events.py, EVENTS_TOPIC and TOKENS_TOPIC), in the stream's order.
-
-Events come from the goal's Workflow Stream (workflows/goal/stream.py) through the SDK's
-client, which follows continue-as-new; the server keeps no state of its own, so any
-number may run. Client-side only.
+Every route reads or steers goals through the one client (starters/client/, as the CLI and
+the MCP server do): the events from both of a goal's topics, its own events and the model
+activities' live output, in the stream's order, following continue-as-new. The server
+keeps no state of its own, so any number may run. Client-side only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator, Awaitable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from rich.markup import escape
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -54,38 +51,43 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
-from temporalio.contrib.workflow_streams import PollInput, PollResult
-from temporalio.converter import PayloadConverter
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from perdure.runtime import settings
-from perdure.starters import goals, router_client
-from perdure.starters import start_checks as capabilities
-from perdure.starters import steer_client as steering
-from perdure.starters.start_requests import StartRequest, start_spec
-from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC
+from perdure.starters.client import PerdureClient
+from perdure.starters.client.client_errors import (
+    EndedWithoutResult,
+    GoalEnded,
+    GoalNotFound,
+    MessageRejected,
+    NotOffered,
+    ResultUnreadable,
+    SayRefused,
+    StartRefused,
+    StillRunning,
+)
+from perdure.starters.client.goal_events import StreamItem
+from perdure.starters.client.goal_reads import EXECUTION_STATUSES, PHASES, list_filters
+from perdure.starters.client.goal_specs import StartRequest, start_spec
+from perdure.starters.consoles import cli_console
 from perdure.workflows.goal.contracts.messages import parse_message
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.router.router_contracts import Say
 from perdure.workflows.shared import search_attributes as sa
 
-READ_EVERY = timedelta(milliseconds=100)
-# Idle reads between looks at whether the goal has closed (a goal that ended without an
-# `end` event: terminated, timed out).
-CLOSED_CHECK_EVERY = 20
-# The stream's poll, as a query (temporalio.contrib.workflow_streams registers it with its update).
-POLL_QUERY = "__temporal_workflow_stream_poll"
 MAX_BODY_BYTES = 256 * 1024
 ASSETS = Path(__file__).parent / "ui_assets"
 """The page: plain HTML, CSS and an ES module, served as they are (no build step)."""
+# What a start could not check (no worker's offer yet) is said where the server runs, as `perdure start` says it.
+_warnings = cli_console(stderr=True)
 
 
 async def _queried(query: Awaitable[BaseModel]) -> JSONResponse:
     """A goal's answer to a query as JSON, or why there is none (no worker, no such goal)."""
     try:
         answer = await query
+    except GoalNotFound:
+        return _error(404, "no such goal")
     except RPCError as err:
         return _rpc_error(err)
     except WorkflowQueryFailedError as err:
@@ -141,10 +143,11 @@ async def _json_body(request: Request) -> tuple[Any, JSONResponse | None]:
         return None, _error(400, "the body must be a JSON object")
 
 
-def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
+def build_app(temporal: Client, hosts: list[str] | None = None) -> Starlette:
     """The ASGI app, on a connected client (perdure.runtime.connect.connect). Only requests naming
     one of `hosts` are served (default: this machine's names), so a page elsewhere that
     rebinds a name to 127.0.0.1 cannot read goals through the user's browser."""
+    client = PerdureClient(temporal)
 
     async def list_goals(request: Request) -> JSONResponse:
         params = request.query_params
@@ -155,7 +158,7 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         if needs_human is None or parked is None:
             return _error(400, "`needs_human` and `parked` are 1 or 0")
         try:
-            filters = goals.list_filters(
+            filters = list_filters(
                 status=params.get("status") or None,
                 phase=params.get("phase") or None,
                 needs_human=needs_human,
@@ -171,8 +174,8 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         waiting = f"ExecutionStatus = 'Running' AND ({sa.NEEDS_HUMAN.name} = true OR {sa.PARKED.name} = true)"
         try:
             first, newest = await asyncio.gather(
-                goals.list_goals(client, f"{query} AND {waiting}" if query else waiting, limit=limit),
-                goals.list_goals(client, query, limit=limit),
+                client.list_goals(f"{query} AND {waiting}" if query else waiting, limit=limit),
+                client.list_goals(query, limit=limit),
             )
         except RPCError as err:
             if err.status == RPCStatusCode.INVALID_ARGUMENT:
@@ -182,12 +185,12 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         for e in newest:
             listed.setdefault(e.id, e)
         executions = sorted(listed.values(), key=lambda e: _waiting_on_a_person(e) is None)[:limit]
-        outcomes, texts = await asyncio.gather(goals.outcomes(client, executions), goals.goal_texts(client, executions))
+        outcomes, texts = await asyncio.gather(client.outcomes(executions), client.goal_texts(executions))
         return JSONResponse([_goal_row(e, outcomes.get(e.id), texts.get(e.id)) for e in executions])
 
     async def filter_values(request: Request) -> JSONResponse:
         del request
-        return JSONResponse({"statuses": list(goals.EXECUTION_STATUSES), "phases": list(goals.PHASES)})
+        return JSONResponse({"statuses": list(EXECUTION_STATUSES), "phases": list(PHASES)})
 
     async def start(request: Request) -> JSONResponse:
         raw, refusal = await _json_body(request)
@@ -204,38 +207,36 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         except ValueError as err:
             return _error(400, str(err))
         try:
-            await capabilities.check_start(client, spec)
-        except ValueError as err:  # a profile or tool the worker lacks
+            answer = await client.start(spec, goal_id, replace=body.replace)
+        except NotOffered as err:  # a profile or tool the worker lacks
             return _error(422, str(err))
-        except RPCError as err:
-            return _rpc_error(err)
-        try:
-            answer = await goals.start_or_existing(client, spec, goal_id, replace=body.replace)
-        except goals.StartRefused as err:
+        except StartRefused as err:
             return _error(409, str(err))
         except RPCError as err:
             return _rpc_error(err)
+        for warning in answer.warnings:
+            _warnings.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         return JSONResponse(
             {"goal_id": answer.goal_id, "started": answer.started, "text": answer.text, "page": f"/goals/{goal_id}"},
             status_code=201 if answer.started else 200,
         )
 
     async def goal(request: Request) -> JSONResponse:
-        return await _queried(goals.progress(client, request.path_params["goal_id"]))
+        return await _queried(client.progress(request.path_params["goal_id"]))
 
     async def inbox(request: Request) -> JSONResponse:
-        return await _queried(steering.inbox(client, request.path_params["goal_id"]))
+        return await _queried(client.inbox(request.path_params["goal_id"]))
 
     async def report(request: Request) -> JSONResponse:
         try:
-            found = await goals.closed_report(client, request.path_params["goal_id"])
-        except goals.GoalNotFound:
+            found = await client.report(request.path_params["goal_id"])
+        except GoalNotFound:
             return _error(404, "no such goal")
-        except goals.StillRunning as err:
+        except StillRunning as err:
             return _error(409, str(err))
-        except goals.EndedWithoutResult as ended:
+        except EndedWithoutResult as ended:
             return _error(404, f"the goal ended without a report: {ended}")
-        except goals.ResultUnreadable as err:
+        except ResultUnreadable as err:
             return _error(502, str(err))
         except RPCError as err:
             return _rpc_error(err)
@@ -247,23 +248,24 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         if refusal is not None:
             return refusal
         if isinstance(body, dict) and not body.get("request_id"):
-            body = {**body, "request_id": steering.new_request_id()}
+            body = {**body, "request_id": client.new_request_id()}
         message, problem = parse_message(body)
         if problem is not None:
             return _error(400, problem)
         try:
-            receipt = await steering.send(client, goal_id, message)
-        except steering.MessageRejected as err:
+            delivery = await client.send(goal_id, message)
+        except GoalNotFound:
+            return _error(404, "no such goal")
+        except MessageRejected as err:
             return _error(422, str(err))
+        except GoalEnded as err:
+            return _error(409, str(err))
         except RPCError as err:
-            if not steering.ended_meanwhile(err):
-                return _rpc_error(err)
-            earlier = await steering.earlier_receipt(client, goal_id, message)
-            if earlier is None:
-                return _error(409, "the goal has ended; it takes no more messages")
-            receipt = earlier  # a retry of a message the goal took before it ended
+            return _rpc_error(err)
+        receipt = delivery.receipt
         if receipt is None:
-            # No worker answered: stored durably by the server, judged in order once one runs.
+            # No worker answered (or its workflow task fails): stored durably by the server,
+            # judged in order once a worker can run the goal.
             return JSONResponse(
                 {"request_id": message.request_id, "kind": message.kind, "status": "pending", "via": "signal"},
                 status_code=202,
@@ -277,14 +279,14 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         if not isinstance(body, dict):
             return _error(400, 'the body must be a JSON object, e.g. {"text": "make the poster a bit warmer"}')
         # As POST /api/goals: a new goal works where this server was started unless told.
-        body = {"request_id": steering.new_request_id(), "workspace": str(Path.cwd()), **body}
+        body = {"request_id": client.new_request_id(), "workspace": str(Path.cwd()), **body}
         try:
             message = Say.model_validate(body)
         except ValidationError as err:
             return _error(400, describe_validation_error(err, root="(say)"))
         try:
-            routing = await router_client.say(client, settings.user(), message)
-        except router_client.SayRefused as err:
+            routing = await client.say(message)
+        except SayRefused as err:
             return _error(422, str(err))
         except RPCError as err:
             return _rpc_error(err)
@@ -293,19 +295,20 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
         return JSONResponse(routing.model_dump(mode="json"))
 
     async def router(request: Request) -> JSONResponse:
-        return await _queried(router_client.view(client, settings.user()))
+        return await _queried(client.router())
 
     async def events(request: Request) -> EventSourceResponse | JSONResponse:
         goal_id = request.path_params["goal_id"]
         start = _start_offset(request)
         if start is None:
             return _error(400, "`from` (or Last-Event-ID) must be a whole number, the offset to read from")
-        handle = client.get_workflow_handle(goal_id)
         try:
-            await handle.describe()
+            await client.describe(goal_id)
+        except GoalNotFound:
+            return _error(404, "no such goal")
         except RPCError as err:
             return _rpc_error(err)
-        return EventSourceResponse(_read_events(handle, client.data_converter.payload_converter, start), ping=15)
+        return EventSourceResponse(_server_sent(client.events(goal_id, start)), ping=15)
 
     async def page(request: Request) -> FileResponse:
         del request
@@ -332,44 +335,13 @@ def build_app(client: Client, hosts: list[str] | None = None) -> Starlette:
     )
 
 
-async def _read_events(
-    handle: WorkflowHandle, converter: PayloadConverter, offset: int
-) -> AsyncIterator[dict[str, Any]]:
-    """The goal's events from `offset`, read with the stream's poll QUERY every READ_EVERY:
-    a query takes none of the workflow's ten update slots (a long-poll update per open tab
-    would, and stay in flight after the tab closed) and adds nothing to its history. The
-    handle names no run, so each read goes to the latest run: continue-as-new is followed.
-    A reader behind the retained log gets a `reset` event (re-read the snapshot); a goal
-    that closed without an `end` event gets a `closed` one; then the response ends."""
-    idle = 0
-    while True:
-        try:
-            poll = PollInput(topics=[EVENTS_TOPIC, TOKENS_TOPIC], from_offset=offset)
-            batch = await handle.query(POLL_QUERY, poll, result_type=PollResult)
-        except (RPCError, WorkflowQueryFailedError) as err:
-            yield {"event": "closed", "data": json.dumps({"reason": f"the goal cannot be read: {err}"})}
-            return
-        if batch.items and batch.items[0].offset > offset:
-            yield {"event": "reset", "data": json.dumps({"from": offset, "kept_from": batch.items[0].offset})}
-        for item in batch.items:
-            payload = Payload()
-            payload.ParseFromString(base64.b64decode(item.data))
-            data = converter.from_payloads([payload])[0]
-            kind = data.get("type", "event") if isinstance(data, dict) else "event"
-            yield {"id": str(item.offset), "event": kind, "data": json.dumps(data)}
-            if kind == "end":
-                return
-        offset = max(offset, batch.next_offset)
-        if batch.more_ready:
-            continue
-        idle = 0 if batch.items else idle + 1
-        if idle and idle % CLOSED_CHECK_EVERY == 0:
-            desc = await handle.describe()
-            if desc.status != WorkflowExecutionStatus.RUNNING:
-                status = desc.status.name if desc.status else "closed"
-                yield {"event": "closed", "data": json.dumps({"reason": f"the goal is {status.lower()}"})}
-                return
-        await asyncio.sleep(READ_EVERY.total_seconds())
+async def _server_sent(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict[str, Any]]:
+    """The goal's stream as server-sent events: each event's SSE id is its stream offset (a
+    reconnecting EventSource resumes after it); a `reset` or `closed` notice has none, and
+    after `end` or `closed` the response ends."""
+    async for item in items:
+        event = {"event": item.kind, "data": json.dumps(item.data)}
+        yield event if item.offset is None else {"id": str(item.offset), **event}
 
 
 def _goal_row(execution: Any, outcome: str | None, goal: str | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.scripted import ScriptedServer
-from perdure.starters import goals
+from perdure.starters.client.goal_reads import ended
 from perdure.testing.fakes import FakeService
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -244,7 +244,7 @@ class CrashRig:
             )
 
     async def result(self, handle: WorkflowHandle, timeout_s: float = 120) -> GoalResult:
-        return await asyncio.wait_for(goals.ended(handle), timeout_s)
+        return await asyncio.wait_for(ended(handle), timeout_s)
 
     def close(self) -> None:
         for worker in self.workers:

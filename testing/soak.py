@@ -32,7 +32,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.activities.tools.catalogue import TOOL_SPECS
-from perdure.starters import goals
+from perdure.starters.client.goal_reads import ended
 from perdure.testing.crash import CrashRig
 from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from perdure.testing.repo import git, init_repo
@@ -230,7 +230,7 @@ async def _one_goal(rig, report, rng, root, seed, kills, max_kills_per_goal, mai
         allowed_tools=["send_email", "http_request", "write_file", "git_commit"],
     )
     handle = await rig.start_goal(spec, goal_id)
-    result_task = asyncio.create_task(goals.ended(handle))
+    result_task = asyncio.create_task(ended(handle))
     deadline = time.monotonic() + GOAL_TIMEOUT_S
     current, kills_here = -1, 0
     result = None

@@ -36,7 +36,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from perdure.activities.models.scripted import ScriptedServer
-from perdure.starters import goals
+from perdure.starters.client import goal_reads
+from perdure.starters.client.client_errors import EndedWithoutResult
 from perdure.testing.crash import PERDURE, CrashRig, WorkerProcess
 from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from perdure.testing.repo import init_repo
@@ -253,7 +254,7 @@ async def _finish(rig: CrashRig, plans: list[SoakGoal], report: SoakReport) -> N
     for goal in plans:
         handle: WorkflowHandle = rig.client.get_workflow_handle(goal.goal_id, result_type=GoalResult)
         try:
-            goal.result = await asyncio.wait_for(goals.ended(handle), max(1.0, deadline - time.monotonic()))
+            goal.result = await asyncio.wait_for(goal_reads.ended(handle), max(1.0, deadline - time.monotonic()))
             cut, ran_out = attempts_cut(await handle.fetch_history())
             report.attempts_cut += cut
             report.scheduled_again += ran_out
@@ -261,5 +262,5 @@ async def _finish(rig: CrashRig, plans: list[SoakGoal], report: SoakReport) -> N
             report.problems.append(f"goal {goal.number}: not finished {FINISH_TIMEOUT_S}s after the last kill")
         except RPCError as err:
             report.problems.append(f"goal {goal.number}: no goal {goal.goal_id} ({err.message}): its start was lost")
-        except goals.EndedWithoutResult as err:
+        except EndedWithoutResult as err:
             report.problems.append(f"goal {goal.number}: ended without a result: {err}")

@@ -21,7 +21,6 @@ from typing import Any
 from unittest import mock
 
 from google.protobuf.message import DecodeError, Message
-from rich.console import Console
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import History
@@ -36,7 +35,9 @@ from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
 from perdure.runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
-from perdure.starters import cli, goals
+from perdure.starters import cli
+from perdure.starters.cli import terminal
+from perdure.starters.client.goal_reads import ended
 from perdure.testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
@@ -129,7 +130,7 @@ async def start(env: WorkflowEnvironment, task_queue: str, workspace: Path, step
 async def goal_result(handle: WorkflowHandle) -> GoalResult:
     """The goal's result however it ended, read as `perdure result` reads it: a goal that
     failed or was aborted fails its workflow with the result in the failure."""
-    return await goals.ended(handle)
+    return await ended(handle)
 
 
 async def run_goal(
@@ -179,10 +180,10 @@ def statuses(snapshot: ProgressSnapshot) -> dict[str, str]:
 
 async def perdure_status(env: WorkflowEnvironment, goal_id: str, width: int = 400) -> str:
     """What `perdure status GOAL` prints, run in this process against the test's server.
-    The CLI's console is swapped for one `width` columns wide: the one it made at import
-    measured whatever terminal the test run had, and a narrow table wraps its cells."""
+    The CLI's console is made `width` columns wide: the one it made at import measured
+    whatever terminal the test run had, and a narrow table wraps its cells."""
     address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
-    with mock.patch.object(cli, "console", Console(width=width)):
+    with mock.patch.object(terminal.console, "_width", width):
         result = await asyncio.to_thread(CliRunner().invoke, cli.app, ["status", goal_id], env=address)
     assert result.exit_code == 0, result.output
     return result.output
@@ -191,7 +192,7 @@ async def perdure_status(env: WorkflowEnvironment, goal_id: str, width: int = 40
 async def perdure_result(env, goal_id: str, home: Path) -> str:
     """What `perdure result GOAL` prints, in this process (it reads the report from the store)."""
     variables = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_HOME": str(home)}
-    with mock.patch.object(cli, "console", Console(width=400)):
+    with mock.patch.object(terminal.console, "_width", 400):
         done = await asyncio.to_thread(CliRunner().invoke, cli.app, ["result", goal_id], env=variables)
     assert done.exit_code == 0, done.output
     return done.output

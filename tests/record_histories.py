@@ -35,7 +35,7 @@ from perdure.activities.mcp.mcp_config import servers_from
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.runtime.plugin import PerdurePlugin
-from perdure.starters import goals
+from perdure.starters.client import goal_reads
 from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
 from perdure.workers.orchestrator import build_worker
 from perdure.workers.worker_capabilities import CapabilitiesInput, CapabilitiesWorkflow
@@ -343,7 +343,7 @@ async def record_goal_parked_then_judged(env: WorkflowEnvironment, out: Path) ->
         await submit(handle, Park(request_id="p1", reason="lunch"))
         await wait_until(handle, lambda s: statuses(s)["spend"] != "running")
         await submit(handle, Resume(request_id="p2"))
-        result = await goals.ended(handle)
+        result = await goal_reads.ended(handle)
     assert result.outcome == "aborted" and "emergency stop: cost at" in (result.failure or ""), result.failure
     save(out, await handle.fetch_history())
 
@@ -419,7 +419,7 @@ async def record_goal_resume_behind_park(env: WorkflowEnvironment, out: Path) ->
             inbox = await handle.query(GoalWorkflow.inbox)
             assert [(e.kind, e.status) for e in inbox.entries] == [("park", "applied"), ("resume", "applied")], inbox
             await submit(handle, Abort(request_id="ab-1", reason="enough"))
-            await goals.ended(handle)
+            await goal_reads.ended(handle)
         save(out, await handle.fetch_history())
 
 
@@ -465,7 +465,7 @@ async def record_goal_approval_and_rollback(env: WorkflowEnvironment, out: Path)
             await submit(handle, Approve(request_id="ok-1", question_id="q1"))
             await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
             await submit(handle, Abort(request_id="ab-1", reason="wrong invoice", rollback=True))
-            result = await goals.ended(handle)
+            result = await goal_reads.ended(handle)
             (workspace / "GO").touch()
     assert result.outcome == "aborted", result.excerpt
     save(out, await handle.fetch_history())
@@ -554,7 +554,7 @@ async def record_goal_stall_ladder(env: WorkflowEnvironment, out: Path) -> None:
         )
         asked = await wait_until(handle, lambda s: s.questions, timeout_s=60)
         await submit(handle, Answer(request_id="st-1", question_id=asked.questions[0].id, choice="abandon"))
-        result = await goals.ended(handle)
+        result = await goal_reads.ended(handle)
     assert result.failed_steps == ["hunt"], result.excerpt
     save(out, await handle.fetch_history())
 
@@ -787,7 +787,7 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
     one it is unsure of (asked, then picked), a light request answered; it continues as new
     after three routed messages with the question still open, and the pick lands in the new
     run. Kept: the first run's history and the last's."""
-    from perdure.starters import router_client
+    from perdure.starters.client import router_calls
     from perdure.workflows.router.router_contracts import Pick, RouterInput, Say, router_id
     from perdure.workflows.router.router_workflow import RouterWorkflow
 
@@ -827,13 +827,13 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
                 ("r4", "what is a font for posters?"),
             ]:
                 message = Say(request_id=request_id, text=text, workspace=str(workspace))
-                await router_client.say(env.client, user, message, profile="test")
+                await router_calls.say(env.client, user, message, profile="test")
             while (
                 await env.client.get_workflow_handle(router_id(user)).describe()
             ).run_id == router.first_execution_run_id:
                 await asyncio.sleep(0.1)  # continued as new, the question still open
             pick = Say(request_id="r5", text="pick", pick=Pick(request_id="r3", choice="rec-poster"))
-            await router_client.say(env.client, user, pick, profile="test")
+            await router_calls.say(env.client, user, pick, profile="test")
         (workspace / "GO").write_text("")
         await goal.result()
         first = await env.client.get_workflow_handle(
@@ -848,7 +848,7 @@ async def record_router_routes(env: WorkflowEnvironment, out: Path) -> None:
 async def record_router_starts_a_goal(env: WorkflowEnvironment, out: Path) -> None:
     """A user's router starts a goal for a message that asks for one (`--new`), its text in
     the goal's memo, and the goal ends while the router runs."""
-    from perdure.starters import router_client
+    from perdure.starters.client import router_calls
     from perdure.workflows.router.router_contracts import RouterInput, Say, router_id
     from perdure.workflows.router.router_workflow import RouterWorkflow
 
@@ -860,7 +860,7 @@ async def record_router_starts_a_goal(env: WorkflowEnvironment, out: Path) -> No
         )
         with _env("PERDURE_TASK_QUEUE", task_queue):
             message = Say(request_id="r1", text="list what is here", workspace=str(workspace), new=True)
-            routing = await router_client.say(env.client, user, message, profile="test")
+            routing = await router_calls.say(env.client, user, message, profile="test")
         assert routing is not None and routing.action == "new goal", routing
         result = await env.client.get_workflow_handle(routing.goal_id, result_type=GoalResult).result()
         assert result.outcome == "succeeded", result.excerpt
@@ -933,7 +933,7 @@ async def record_memory_card_to_router(env: WorkflowEnvironment, out: Path) -> N
     answer promoting it)."""
     from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-    from perdure.starters import router_client
+    from perdure.starters.client import router_calls
     from perdure.workflows.router.router_contracts import CardAction, RouterHandlers, RouterView, Say, router_id
     from perdure.workflows.shared.search_attributes import OWNER
 
@@ -956,7 +956,7 @@ async def record_memory_card_to_router(env: WorkflowEnvironment, out: Path) -> N
         with _env("PERDURE_TASK_QUEUE", task_queue):
             card = CardAction(goal_id="rec-memory-card", question_id="memory", choice="project")
             answer = Say(request_id="keep-1", text="answer project", card=card)
-            await router_client.say(env.client, user, answer, profile="test")
+            await router_calls.say(env.client, user, answer, profile="test")
         save(out.with_name(f"{out.stem}-goal.json"), await goal.fetch_history())
         save(out.with_name(f"{out.stem}-router.json"), await router.fetch_history())
 

@@ -13,10 +13,13 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from perdure.runtime.connect import connect
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.workflows.goal.contracts.messages import Abort, Steer
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -35,7 +38,7 @@ async def perdure(env, home: Path, *args: str, code: int | None = 0):
         "PERDURE_CONFIG": str(home / "config.toml"),
     }
     # Wide, so a line of the output is a line of the text (the consoles measured no terminal).
-    with mock.patch.object(cli.console, "_width", 300), mock.patch.object(cli.err_console, "_width", 300):
+    with mock.patch.object(terminal.console, "_width", 300), mock.patch.object(terminal.err_console, "_width", 300):
         result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
     said = result.stdout + result.stderr
     assert "Traceback" not in said and result.exception is None or isinstance(result.exception, SystemExit), (
@@ -225,17 +228,17 @@ async def test_a_finished_goal_is_named_in_perdures_words_and_inbox_without_a_wo
 
     # The goal closing between perdure's look and its call: the server's words are translated.
     async def signal_it() -> None:
-        client = await cli.connect(env.client.service_client.config.target_host)
+        client = await connect(env.client.service_client.config.target_host)
         await client.get_workflow_handle(handle.id).signal(GoalWorkflow.message_signal, {})
 
     said = io.StringIO()
     address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
     with (
         mock.patch.dict("os.environ", address),
-        mock.patch.object(cli, "err_console", Console(file=said, width=300)),
-        pytest.raises(cli.typer.Exit),
+        mock.patch.object(terminal, "err_console", Console(file=said, width=300)),
+        pytest.raises(typer.Exit),
     ):
-        await asyncio.to_thread(cli.run, signal_it, handle.id)
+        await asyncio.to_thread(terminal.run, signal_it, handle.id)
     assert (
         said.getvalue().split()
         == f"error: goal {handle.id} has finished (outcome terminated); see `perdure result {handle.id}`".split()
@@ -308,7 +311,7 @@ def test_help_takes_dash_h_version_prints_and_worker_help_names_its_environment(
     assert runner.invoke(cli.app, ["-h"]).exit_code == 0
     version = runner.invoke(cli.app, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("perdure ")
-    with mock.patch.object(cli.console, "_width", 300):
+    with mock.patch.object(terminal.console, "_width", 300):
         worker = " ".join(runner.invoke(cli.app, ["worker", "-h"], env={"COLUMNS": "300"}).stdout.split())
         start = " ".join(runner.invoke(cli.app, ["start", "-h"], env={"COLUMNS": "300"}).stdout.split())
     for variable in ("PERDURE_TEMPORAL", "PERDURE_TASK_QUEUE", "PERDURE_CONFIG", "PERDURE_PAYLOAD_KEYS"):
@@ -350,7 +353,7 @@ async def test_a_closed_goal_whose_result_cannot_be_read_here_lists_as_unknown_n
     from temporalio.client import WorkflowExecutionStatus
 
     from perdure.runtime.payload_store import PayloadMissing
-    from perdure.starters import goals as goal_client
+    from perdure.starters.client import goal_reads as goal_client
 
     async def unreadable(client, wf):
         raise PayloadMissing("the result's payload is in a store this machine does not see")

@@ -57,7 +57,8 @@ from perdure.runtime.codec import (
 )
 from perdure.runtime.converter import data_converter
 from perdure.runtime.plugin import PerdurePlugin
-from perdure.starters import cli, goals
+from perdure.starters import cli
+from perdure.starters.client.goal_starts import start_goal
 from perdure.starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.shared.contracts import GoalResult
@@ -257,7 +258,7 @@ async def run_goal(client: Client, task_queue: str, workspace: Path, scripted, s
         write_notes(workspace)
     config = ModelConfig(profiles={"test": openai_profile(scripted(demo_script()))})
     async with build_worker(client, task_queue=task_queue, store=store, model_config=config):
-        handle = await goals.start_goal(client, spec(workspace, goal=goal), new_goal_id("sealed"))
+        handle = await start_goal(client, spec(workspace, goal=goal), new_goal_id("sealed"))
         result = await handle.result()
     assert result.outcome == "succeeded", result.excerpt
     return handle, result
@@ -571,7 +572,7 @@ def test_compose_runs_encrypted_with_the_ui_decrypting_through_the_codec_server(
 
 
 async def test_a_stuck_goals_failure_reads_as_its_message_with_encryption_on(keys):
-    from perdure.starters.goals import failure_message
+    from perdure.starters.client.goal_reads import failure_message
 
     keys(KEY_A)
     failure = Failure()
@@ -608,7 +609,7 @@ async def test_a_goal_whose_input_the_worker_cannot_decrypt_fails_at_once_saying
     keys(KEY_A)
     monkeypatch.setenv("PERDURE_TASK_QUEUE", task_queue)
     keyed = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
-    handle = await goals.start_goal(keyed, spec(workspace, goal=GOAL), new_goal_id("unreadable"))
+    handle = await start_goal(keyed, spec(workspace, goal=GOAL), new_goal_id("unreadable"))
     keys()
     keyless = build_worker(env.client, task_queue=task_queue, store=ArtifactStore(tmp_path / "artifacts"),
                            model_config=ModelConfig(profiles={}))  # fmt: skip

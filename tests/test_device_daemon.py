@@ -45,7 +45,8 @@ from perdure.activities.devices.device_tools import (
 from perdure.activities.tools import sandbox
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.starters import cli
-from perdure.starters.devices_cli import DevicesView, DeviceView, device_views, print_devices
+from perdure.starters.cli import terminal
+from perdure.starters.device_listing import DevicesView, DeviceView, device_views, print_devices
 from perdure.testing.http import PingServer
 from perdure.testing.repo import git, init_repo
 from perdure.workers import device as daemon
@@ -384,7 +385,7 @@ def test_tools_and_approval_rules_are_parsed_or_refused_with_the_choices():
 
 def test_cli_errors_are_one_line_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PERDURE_TEMPORAL", "127.0.0.1:1")
-    monkeypatch.setattr(cli.err_console, "width", 1000)  # one message, one line
+    monkeypatch.setattr(terminal.err_console, "width", 1000)  # one message, one line
     runner = CliRunner()
     cases = [
         (["--name", "Bad", "--root", str(tmp_path)], "device name 'Bad' is not allowed"),
@@ -404,7 +405,7 @@ def test_cli_errors_are_one_line_without_a_traceback(tmp_path: Path, monkeypatch
 
 def test_an_unusable_scratch_or_bad_payload_keys_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PERDURE_TEMPORAL", "127.0.0.1:1")
-    monkeypatch.setattr(cli.err_console, "width", 1000)
+    monkeypatch.setattr(terminal.err_console, "width", 1000)
     runner = CliRunner()
     a_file = tmp_path / "a-file"
     a_file.write_text("")

@@ -15,10 +15,10 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 
 SUMMARY_MARK = "PERDURE-MEMORY-SUMMARY"
 
@@ -27,8 +27,8 @@ def perdure(home: Path, *args: str, **env: str):
     """The CLI in this process, printing to a wide console (no wrapped lines)."""
     values = {"PERDURE_HOME": str(home), "PERDURE_MEMORY_URL": "", "PERDURE_MEMORY_PROFILE": "", **env}
     with (
-        mock.patch.object(cli, "console", Console(width=300)),
-        mock.patch.object(cli, "err_console", Console(width=300, stderr=True)),
+        mock.patch.object(terminal.console, "_width", 300),
+        mock.patch.object(terminal.err_console, "_width", 300),
     ):
         return CliRunner().invoke(cli.app, list(args), env=values)
 

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalInput, GoalState, Node, PlanVersion, RetiredNode
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -151,7 +152,7 @@ async def perdure(env, task_queue: str, home: Path, *args: str, code: int | None
         "PERDURE_HOME": str(home),
         "PERDURE_CONFIG": str(home / "config.toml"),
     }
-    with mock.patch.object(cli.console, "_width", 300), mock.patch.object(cli.err_console, "_width", 300):
+    with mock.patch.object(terminal.console, "_width", 300), mock.patch.object(terminal.err_console, "_width", 300):
         result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
     said = result.stdout + result.stderr
     assert "Traceback" not in said, said

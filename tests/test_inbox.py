@@ -20,8 +20,9 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from perdure.starters import goals
-from perdure.starters import steer_client as steering
+from perdure.starters.client import goal_reads
+from perdure.starters.client import message_delivery as steering
+from perdure.starters.client.client_errors import GoalEnded
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Escalate, Park, Resume, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
@@ -364,7 +365,7 @@ async def test_a_message_retried_after_the_goal_ended_gets_its_receipt_and_a_new
         (workspace / "GO").touch()
         await handle.result()
         retried = await steering.deliver(env.client, handle.id, Steer(request_id="s1", text="be brief"))
-        with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+        with pytest.raises(GoalEnded, match="it takes no more messages"):
             await steering.deliver(env.client, handle.id, Steer(request_id="s2", text="be brief"))
     assert (first.request_id, first.kind) == ("s1", "steer")
     # The receipt as the goal left it: a steer waits for a model turn, which this goal never had.
@@ -384,16 +385,16 @@ async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_g
         open_desc = await handle.describe()
         (workspace / "GO").touch()
         await handle.result()
-        real_describe, calls = goals.describe, []
+        real_describe, calls = goal_reads.describe, []
 
         async def describe_seen_before_it_finished(client, goal_id):
             # Each deliver's first look sees the goal open; a second look sees it as it is.
             calls.append(goal_id)
             return open_desc if len(calls) % 2 else await real_describe(client, goal_id)
 
-        monkeypatch.setattr(goals, "describe", describe_seen_before_it_finished)
+        monkeypatch.setattr(goal_reads, "describe", describe_seen_before_it_finished)
         retried = await steering.deliver(env.client, handle.id, Steer(request_id="s1", text="be brief"))
-        with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+        with pytest.raises(GoalEnded, match="it takes no more messages"):
             await steering.deliver(env.client, handle.id, Steer(request_id="s2", text="be brief"))
     assert len(calls) == 4  # each send saw the goal open first, then looked again
     assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
@@ -422,5 +423,5 @@ async def test_a_message_whose_update_the_goal_closes_under_is_answered_as_for_a
     await asyncio.sleep(1)
     assert not sending.done()
     await handle.terminate("closed while the update waited")
-    with pytest.raises(steering.GoalEnded, match="it takes no more messages"):
+    with pytest.raises(GoalEnded, match="it takes no more messages"):
         await asyncio.wait_for(sending, 30)

@@ -24,8 +24,8 @@ from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.mcp.mcp_config import McpConfigInvalid, load_mcp_servers, resolve_headers, servers_from
 from perdure.activities.models.model_activities import agent_tools, tool_catalogue
 from perdure.activities.tools.run_tool import ToolActivities
-from perdure.starters.goals import plan_from_mapping, plan_tools
-from perdure.starters.start_checks import start_problems
+from perdure.starters.client.goal_specs import plan_from_mapping, plan_tools
+from perdure.starters.client.start_checks import start_problems
 from perdure.testing.ledger_mcp_server import read_ledger
 from perdure.workers.worker_capabilities import CapabilitiesResult
 from perdure.workflows.goal.contracts.messages import Approve

@@ -18,12 +18,12 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from rich.console import Console
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from typer.testing import CliRunner
 
 from perdure.memory.store import open_store
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.workflows.goal.contracts.memory_contracts import MemorySource, NewMemory
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -165,7 +165,7 @@ async def test_a_goal_that_used_a_forgotten_memory_is_told_at_its_next_model_tur
         )
         await wait_until(handle, lambda s: "gate" in s.running)
         monkeypatch.setenv("PERDURE_HOME", str(tmp_path))
-        with mock.patch.object(cli, "console", Console(width=400)):
+        with mock.patch.object(terminal.console, "_width", 400):
             forgot = await asyncio.to_thread(CliRunner().invoke, cli.app, ["forget", str(colours)])
         assert forgot.exit_code == 0, forgot.output
         (workspace / "GO").touch()
@@ -225,7 +225,7 @@ async def perdure(env, task_queue: str, user: str, *args: str) -> str:
         "PERDURE_USER": user,
         "COLUMNS": "400",
     }
-    with mock.patch.object(cli, "console", Console(width=400)):
+    with mock.patch.object(terminal.console, "_width", 400):
         result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
     assert result.exit_code == 0, result.output
     return result.output

@@ -13,11 +13,11 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from perdure.activities.models.profiles import ModelProfile, load_model_config
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.contracts import Budget, GoalResult, GoalSpec
@@ -82,7 +82,7 @@ async def test_a_drift_check_asked_of_a_large_plan_is_shown_a_bounded_outline(
 
 def cli_result(env, home: Path, goal_id: str) -> str:
     variables = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_HOME": str(home)}
-    with mock.patch.object(cli, "console", Console(width=300)):
+    with mock.patch.object(terminal.console, "_width", 300):
         shown = CliRunner().invoke(cli.app, ["result", goal_id], env=variables)
     assert shown.exit_code == 0, shown.output
     return shown.output
@@ -212,7 +212,7 @@ def perdure_start(env, tmp_path: Path, task_queue: str, *args: str):
         "PERDURE_CONFIG": str(tmp_path / "config.toml"),
     }
     command = ["start", *args, "--plan", str(plan), "--profile", "test", "--workspace", str(tmp_path)]
-    with mock.patch.object(cli, "console", Console(width=300)):
+    with mock.patch.object(terminal.console, "_width", 300):
         return CliRunner().invoke(cli.app, command, env=variables)
 
 

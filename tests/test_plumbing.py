@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow
 
-from perdure.starters.start_checks import published_offers
+from perdure.starters.client.start_checks import published_offers
 from perdure.workers import plumbing, watchdog_schedule
 from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
 from perdure.workflows.shared.contracts import GOAL_WORKFLOW

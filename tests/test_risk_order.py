@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from unittest import mock
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI
 from perdure.workflows.goal.contracts.messages import Approve, Steer
 from perdure.workflows.goal.contracts.plan import Plan
@@ -53,7 +53,7 @@ def command(name: str, line: str, **extra) -> dict:
 
 async def status_why(env, goal_id: str) -> str:
     address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
-    with mock.patch.object(cli, "console", Console(width=400)):
+    with mock.patch.object(terminal.console, "_width", 400):
         ran = await asyncio.to_thread(CliRunner().invoke, cli.app, ["status", goal_id, "--why"], env=address)
     assert ran.exit_code == 0, ran.output
     return ran.output

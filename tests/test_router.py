@@ -22,7 +22,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from perdure.starters import goals, router_client
+from perdure.starters.client import goal_reads, router_calls
+from perdure.starters.client.client_errors import SayRefused
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -65,7 +66,7 @@ def user(monkeypatch, task_queue) -> str:
 
 async def said(env, user: str, text: str, request_id: str, workspace, **fields):
     message = Say(request_id=request_id, text=text, workspace=str(workspace), **fields)
-    return await router_client.say(env.client, user, message, profile="test")
+    return await router_calls.say(env.client, user, message, profile="test")
 
 
 async def inbox_of(env, goal_id: str):
@@ -165,7 +166,7 @@ async def test_an_unsure_choice_is_asked_back_and_the_users_pick_routes_it(
         picked = await said(env, user, "pick", "m-pick", workspace, pick=Pick(request_id="m-unsure", choice=report_id))
         wrong = await said(env, user, "pick", "m-pick-2", workspace, pick=Pick(request_id="m-unsure", choice=report_id))
         inbox = await inbox_of(env, report.id)
-        view = await router_client.view(env.client, user)
+        view = await router_calls.view(env.client, user)
     assert asked is not None and asked.status == "asked" and asked.goal_id is None
     assert asked.reason == "the model was unsure (maybe)" and {poster_id, report_id, "new", "answer"} <= set(
         asked.choices
@@ -216,7 +217,7 @@ async def test_a_light_request_is_answered_by_the_router_and_grows_into_a_goal_w
         needs = await said(env, user, "what will the weather be on Saturday?", "light-3", workspace)
         started = await goal_input(env, grown.goal_id)
         for goal_id in (grown.goal_id, needs.goal_id):
-            await goals.result(env.client, goal_id)  # offline, a goal's text is not planned: it fails
+            await goal_reads.result(env.client, goal_id)  # offline, a goal's text is not planned: it fails
     assert light is not None and (light.action, light.reply) == ("answered", "A bold sans-serif, such as Inter.")
     assert light.goal_id is None
     assert grown is not None and grown.action == "upgraded" and grown.goal_id
@@ -242,7 +243,7 @@ async def test_a_message_for_a_goal_that_has_ended_starts_a_follow_up_in_its_wor
             (workspace / "GO").write_text("")
         else:  # aborted: its workflow fails, the result (what it owns) in the failure
             await handle.signal(GoalWorkflow.message_signal, Abort(request_id="stop").model_dump(mode="json"))
-        await goals.ended(handle)
+        await goal_reads.ended(handle)
         routing = await said(env, user, "fix the typo in notes.md", "m-follow", workspace / "elsewhere")
         started = await goal_input(env, routing.goal_id)
     assert routing is not None and (routing.by, routing.action) == ("bound object", "follow-up goal"), routing
@@ -259,7 +260,7 @@ async def test_offline_a_question_is_answered_as_a_light_request_and_a_goal_made
     async with running_worker(env, task_queue, store, openai_profile(server)):
         question = await said(env, user, "what is a good font for posters?", "off-q", workspace)
         order = await said(env, user, "compose a haiku about penguins", "off-new", workspace)
-        result = await goals.result(env.client, order.goal_id)  # a failed goal still carries its result
+        result = await goal_reads.result(env.client, order.goal_id)  # a failed goal still carries its result
     assert question is not None and (question.action, question.goal_id) == ("answered", None), question
     assert question.reply.startswith("[offline] no model ran: ") and "not answered" in question.reply
     assert order is not None and order.action == "new goal"
@@ -305,15 +306,15 @@ async def test_messages_sent_while_no_worker_runs_are_kept_and_routed_in_order_o
     poster_id, _ = goal_ids(user)
     async with running_worker(env, task_queue, store, openai_profile(server)):
         poster = await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
-        await router_client.ensure_router(env.client, user, "test")
+        await router_calls.ensure_router(env.client, user, "test")
     handle = env.client.get_workflow_handle(router_id(user))
     # No worker: the update cannot be answered, so each message goes by signal.
-    router_client.ACCEPT_WAIT, wait = router_client.ACCEPT_WAIT.__class__(seconds=1), router_client.ACCEPT_WAIT
+    router_calls.ACCEPT_WAIT, wait = router_calls.ACCEPT_WAIT.__class__(seconds=1), router_calls.ACCEPT_WAIT
     try:
         first = await said(env, user, "poster.svg: bigger title", "offline-1", workspace)
         second = await said(env, user, "poster.svg: and a border", "offline-2", workspace)
     finally:
-        router_client.ACCEPT_WAIT = wait
+        router_calls.ACCEPT_WAIT = wait
     await handle.signal(RouterHandlers.SAY)  # no argument
     await handle.signal(RouterHandlers.SAY, {"request_id": "x", "text": 42})  # wrong type
     await handle.signal("sya", {"request_id": "x", "text": "typo in the signal name"})
@@ -336,7 +337,7 @@ async def wait_for_view(env, user: str, predicate, timeout_s: float = 30) -> Rou
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
-            view = await router_client.view(env.client, user)
+            view = await router_calls.view(env.client, user)
             if predicate(view):
                 return view
         except Exception:  # noqa: BLE001 - not answering yet
@@ -365,7 +366,7 @@ async def test_a_question_open_at_continue_as_new_is_carried_and_its_pick_lands_
         await said(env, user, "poster.svg: a border", "can-2", workspace)
         view = await wait_for_view(env, user, lambda v: v.runs == 2)
         picked = await said(env, user, "pick", "can-3", workspace, pick=Pick(request_id="can-1", choice=poster_id))
-        after = await router_client.view(env.client, user)
+        after = await router_calls.view(env.client, user)
         inbox = await inbox_of(env, poster.id)
     first_run = env.client.get_workflow_handle(router_id(user), run_id=router.first_execution_run_id)
     assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
@@ -505,7 +506,7 @@ async def test_a_memory_card_is_answered_by_number_through_the_json_api_and_skip
         skipped = await said(
             env, user, "skip", "skip-1", workspace, card=CardAction(goal_id=other, question_id="memory", choice="skip")
         )
-        after = await router_client.view(env.client, user)
+        after = await router_calls.view(env.client, user)
 
     assert [c.goal_id for c in held.cards] == [facts, other]
     assert [c.text for c in held.cards[0].candidates] == [
@@ -634,9 +635,9 @@ async def test_a_long_message_sent_again_is_the_same_message_and_another_under_i
         await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
         first = await said(env, user, long_text, "long-1", workspace)
         again = await said(env, user, long_text, "long-1", workspace)
-        with pytest.raises(router_client.SayRefused, match="already used for another message"):
+        with pytest.raises(SayRefused, match="already used for another message"):
             await said(env, user, "poster.svg: something else", "long-1", workspace)
-        view = await router_client.view(env.client, user)
+        view = await router_calls.view(env.client, user)
         inbox = await inbox_of(env, poster_id)
     assert first.status == again.status == "routed" and again.goal_id == poster_id
     assert [m.request_id for m in view.messages] == ["long-1"]
@@ -656,7 +657,7 @@ async def test_perdure_say_returns_within_seconds_when_no_worker_runs_and_a_retr
     poster_id, _ = goal_ids(user)
     async with running_worker(env, task_queue, store, openai_profile(server)):
         poster = await open_goal(env, task_queue, workspace, poster_id, "poster.svg")
-        await router_client.ensure_router(env.client, user, "test")
+        await router_calls.ensure_router(env.client, user, "test")
     cli_env = {**os.environ, "PERDURE_TEMPORAL": env.client.service_client.config.target_host, "PERDURE_USER": user}
     cli_env |= {"NO_COLOR": "1", "COLUMNS": "200"}
     say = [str(Path(sys.executable).parent / "perdure"), "say", "poster.svg: bigger title", "--request-id", "late-1"]

@@ -1,5 +1,5 @@
 """The digest `perdure start` compares to tell a retried start from a different goal under the
-same id (starters/goals.py spec_digest): a spec field added later must not change the
+same id (starters/client/goal_specs.py spec_digest): a spec field added later must not change the
 digest of a spec that leaves it at its default, or a start retried across an upgrade would
 be refused as "a different spec"."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from perdure.starters.goals import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
+from perdure.starters.client.goal_specs import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
 from perdure.workflows.goal.contracts.plan import VerifySpec
 from perdure.workflows.shared.contracts import GoalSpec
 
@@ -36,7 +36,7 @@ def test_a_later_field_set_away_from_its_default_changes_the_digest():
 
 
 def test_a_plan_file_spec_digests_as_it_did_before_steps_had_verify_writes_and_defer():
-    from perdure.starters.goals import LATER_STEP_FIELDS
+    from perdure.starters.client.goal_specs import LATER_STEP_FIELDS
 
     steps = [{"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "ñotes.md"}}]
     spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w", plan={"steps": steps})

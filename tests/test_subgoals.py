@@ -289,8 +289,7 @@ def test_a_tool_named_only_in_a_subgoals_plan_is_allowed_by_the_start_that_names
     """`perdure start --plan`, the web UI and the MCP server allow the tools a plan file names;
     a subgoal's own plan and its `tools` are part of that file, so its tools are allowed too
     (the goal would otherwise start, then fail with "tool 'http_request' is not allowed")."""
-    from perdure.starters import goals
-    from perdure.starters.start_requests import StartRequest, start_spec
+    from perdure.starters.client.goal_specs import StartRequest, load_plan_file, plan_tools, start_spec
     from perdure.workflows.goal.contracts.plan import check_plan
 
     post = {"name": "post", "kind": "tool", "tool": "http_request",
@@ -309,5 +308,5 @@ def test_a_tool_named_only_in_a_subgoals_plan_is_allowed_by_the_start_that_names
 
     path = tmp_path / "plan.yaml"
     path.write_text(__import__("yaml").safe_dump(plan))
-    parsed, _ = goals.load_plan_file(path)
-    assert {"http_request", "notify_webhook"} <= set(goals.plan_tools(parsed))
+    parsed, _ = load_plan_file(path)
+    assert {"http_request", "notify_webhook"} <= set(plan_tools(parsed))

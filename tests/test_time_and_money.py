@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 import pytest
-from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus
 from typer.testing import CliRunner
 
 from perdure.starters import cli
+from perdure.starters.cli import terminal
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.messages import Approve, Park, Resume
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -250,7 +250,7 @@ async def test_the_eta_is_in_the_progress_query_and_in_perdure_status_while_the_
 
 
 def test_start_refuses_a_deadline_in_the_past_or_not_a_time_with_a_clear_error():
-    with mock.patch.object(cli, "err_console", Console(width=200, stderr=True)):
+    with mock.patch.object(terminal.err_console, "_width", 200):
         for value, says in [("2001-01-01T09:00", "is in the past"), ("tomorrow", "is not an ISO 8601 time")]:
             result = CliRunner().invoke(cli.app, ["start", "a goal", "--deadline", value])
             assert result.exit_code == 2, result.output

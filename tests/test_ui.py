@@ -22,7 +22,6 @@ from urllib.parse import quote
 
 import pytest
 import pytest_asyncio
-from rich.console import Console
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
@@ -31,7 +30,9 @@ from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.runtime import settings
-from perdure.starters import cli, goals
+from perdure.starters import cli
+from perdure.starters.cli import terminal
+from perdure.starters.client.goal_starts import start_goal
 from perdure.workers import plumbing, watchdog_schedule
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -161,7 +162,7 @@ async def ui_goal(tmp_path_factory, payload_store) -> AsyncIterator[UiGoal]:
             with mock.patch.dict(os.environ, cli_env):
                 store = ArtifactStore(tmp / "home" / "artifacts")
                 async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
-                    handle = await goals.start_goal(env.client, spec(workspace, goal=GOAL_TEXT), new_goal_id("ui"))
+                    handle = await start_goal(env.client, spec(workspace, goal=GOAL_TEXT), new_goal_id("ui"))
                     result = await handle.result()
                     assert result.outcome == "succeeded", result.excerpt
                     await watchdog_schedule.ensure_watchdog_schedule(env.client, timedelta(hours=1), task_queue)
@@ -175,7 +176,7 @@ async def ui_goal(tmp_path_factory, payload_store) -> AsyncIterator[UiGoal]:
 
 async def perdure(variables: dict[str, str], *args: str) -> str:
     """What `perdure ARGS` prints, run in this process, on a console wide enough for a URL."""
-    with mock.patch.object(cli, "console", Console(width=400)):
+    with mock.patch.object(terminal.console, "_width", 400):
         result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
     assert result.exit_code == 0, result.output
     return result.output

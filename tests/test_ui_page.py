@@ -22,7 +22,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from perdure.starters import goals
+from perdure.starters.client.goal_starts import start_goal
 from perdure.starters.ui_server import build_app
 from perdure.testing.browser import CHROMIUM, Browser
 from perdure.workflows.goal.contracts.events import token_delta_id, token_retry_id
@@ -139,7 +139,7 @@ async def test_the_goal_list_and_a_goals_header_show_its_text_not_only_its_id(
     async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
         # A router-made id says nothing: the text is what a person recognises.
         goal = spec(workspace, goal=text, plan={"steps": [gate()]})
-        handle = await goals.start_goal(env.client, goal, f"goal-{task_queue[-10:]}")
+        handle = await start_goal(env.client, goal, f"goal-{task_queue[-10:]}")
         await wait_until(handle, lambda s: "gate" in s.running)
         ours = quote(f"WorkflowId = '{handle.id}'")
         await page.open(f"{ui}/?query={ours}")

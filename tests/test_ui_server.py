@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from perdure.starters import goals, router_client
+from perdure.starters.client import goal_reads, goal_starts, router_calls
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.router.router_contracts import Say
@@ -212,9 +212,9 @@ async def test_the_goal_list_names_each_goal_by_its_text_from_the_memo_it_starte
         running_worker(env, task_queue, store, openai_profile(server)),
         httpx.AsyncClient(base_url=ui, timeout=30) as http,
     ):
-        by_cli = await goals.start_goal(env.client, waits, f"cli-{task_queue}")
+        by_cli = await goal_starts.start_goal(env.client, waits, f"cli-{task_queue}")
         new = Say(request_id="r-new", text="Compose a haiku about penguins", workspace=str(workspace), new=True)
-        routed = await router_client.say(env.client, user, new, profile="test")  # a goal-… id of the router's
+        routed = await router_calls.say(env.client, user, new, profile="test")  # a goal-… id of the router's
         # Started without the memo (as before it existed): named by its static summary.
         older = await env.client.start_workflow(
             GoalWorkflow.run,
@@ -229,7 +229,7 @@ async def test_the_goal_list_names_each_goal_by_its_text_from_the_memo_it_starte
         memos = {wf.id: await wf.memo() async for wf in env.client.list_workflows(query)}
         for handle in (by_cli, older):
             await http.post(f"/api/goals/{handle.id}/messages", json={"kind": "abort"})
-            await goals.result(env.client, handle.id)
+            await goal_reads.result(env.client, handle.id)
     assert {r["id"]: r["goal"] for r in rows} == {
         by_cli.id: "Tidy the release notes",
         routed.goal_id: "Compose a haiku about penguins",

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from temporalio.client import WorkflowHandle
 
-from perdure.starters import goals
+from perdure.starters.client import goal_reads
 from perdure.testing.crash import PERDURE, CrashRig
 from perdure.testing.fakes import MAIL_KEY, MailAPI
 from perdure.workflows.goal.contracts.plan import Plan
@@ -55,7 +55,7 @@ def summary_then_email() -> Plan:
 async def killed_then_finished(rig: CrashRig, handle: WorkflowHandle, fault: str, kills: int) -> GoalResult:
     """`kills` workers in a row die at `fault`, each followed at once by the next (up while
     the server waits out the dead one's heartbeat timeout); then one finishes the goal."""
-    ended = asyncio.create_task(goals.ended(handle))
+    ended = asyncio.create_task(goal_reads.ended(handle))
     worker = rig.start_worker(fault=fault)
     for kill in range(1, kills + 1):
         deadline = time.monotonic() + KILL_WITHIN_S

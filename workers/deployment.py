@@ -8,7 +8,7 @@ workflows move at continue-as-new (they ask for AUTO_UPGRADE there, and the goal
 a new run soon after the current version changes): a goal that runs for weeks reaches
 new code at its next run boundary. Old workers keep draining the runs pinned to them.
 
-Owns the server calls; no printing (starters/deploy_cli.py renders) and no workflow code.
+Owns the server calls; no printing (starters/cli/deploy_commands.py renders) and no workflow code.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The device daemon: `perdure device --name NAME --root DIR` (starters/cli.py).
+"""The device daemon: `perdure device --name NAME --root DIR` (starters/cli/worker_commands.py).
 
 A Temporal worker on the user's own machine, polling `perdure-device-NAME` with
 outbound connections only, that runs the device activities of

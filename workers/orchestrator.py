@@ -7,7 +7,7 @@ is the device's own worker).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store, so any number of these can poll the `perdure` task queue.
-`perdure worker` (starters/cli.py) runs one on a client from runtime/connect.py.
+`perdure worker` (starters/cli/worker_commands.py) runs one on a client from runtime/connect.py.
 """
 
 from __future__ import annotations

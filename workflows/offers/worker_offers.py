@@ -9,7 +9,7 @@ Each worker signals its offer when it starts and again whenever it changes (its 
 reloaded); this workflow keeps the newest offer per worker and writes them into its memo,
 which DescribeWorkflowExecution returns with no worker running. Which offers count is the
 client's decision: those of the workers the task queue lists as polling
-(starters/start_checks.py). The workflow is started hidden from the Temporal UI's default
+(starters/client/start_checks.py). The workflow is started hidden from the Temporal UI's default
 list (workers/plumbing.py).
 
 Workflow code. Continues as new with its state; never reads a clock or the disk.

@@ -25,6 +25,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.runtime import settings
+from perdure.starters.client.client_errors import SayRefused
 from perdure.workflows.router.router_contracts import RouterHandlers, RouterInput, RouterView, Routing, Say, router_id
 from perdure.workflows.router.router_workflow import RouterWorkflow
 
@@ -41,10 +42,6 @@ FALLBACK = (
     RPCStatusCode.FAILED_PRECONDITION,
     RPCStatusCode.RESOURCE_EXHAUSTED,
 )
-
-
-class SayRefused(ValueError):
-    """The router refused the message at its door; the text says why."""
 
 
 async def ensure_router(client: Client, user: str, profile: str = "default") -> str:

@@ -23,11 +23,13 @@ from rich.table import Table
 from perdure.memory.forget import ForgetReport, forget
 from perdure.memory.store import MemoryStore, MemoryStoreError, open_store
 from perdure.memory.summaries import summarize, summarizer_for
+from perdure.starters.cli.terminal import console, refuse
 from perdure.workflows.goal.contracts.memory_contracts import Memory, MemorySource, NewMemory
 from perdure.workflows.goal.rules.memory_rules import SHELF_LIFE
 from perdure.workflows.shared.durations import duration_text
 
 app = typer.Typer()
+# `perdure memory …`, nested in this group beside `perdure forget`.
 memory_app = typer.Typer(help="The memory store: list, show, add and summarise memories.", no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
 
@@ -35,22 +37,14 @@ LAYERS = ("working", "episodic", "semantic")
 TEXT_CHARS = 90
 
 
-def _console():
-    from perdure.starters import cli
-
-    return cli.console
-
-
 def _with_store(work: Callable[[MemoryStore], Any], create: bool = False) -> Any:
     """Run `work` on this machine's store; a store problem is the command's one-line error."""
-    from perdure.starters import cli
-
     store = None
     try:
         store = open_store(create=create)
         return work(store)
     except (MemoryStoreError, ValueError, OSError) as err:
-        cli.refuse(err)
+        refuse(err)
     finally:
         if store is not None:
             store.close()
@@ -95,7 +89,6 @@ def forget_command(
         return asyncio.run(forget(store, target, datetime.now(UTC), profile))
 
     report: ForgetReport = _with_store(work)
-    console = _console()
     console.print(f"forgot {escape(report.matched)}")
     console.print(f"revoked ({len(report.revoked)}):")
     for memory in report.revoked:
@@ -118,12 +111,10 @@ def list_command(
     all_: Annotated[bool, typer.Option("--all", help="Revoked memories too.")] = False,
 ) -> None:
     """List memories, newest first: id, layer and kind, where it applies, age, source, text."""
-    from perdure.starters import cli
-
     if layer is not None and layer not in LAYERS:
-        cli.refuse(ValueError(f"unknown layer '{layer}'; one of {', '.join(LAYERS)}"))
+        refuse(ValueError(f"unknown layer '{layer}'; one of {', '.join(LAYERS)}"))
     memories: list[Memory] = _with_store(lambda store: store.listing(goal, layer, include_revoked=all_))  # type: ignore[arg-type]
-    console, now = _console(), datetime.now(UTC)
+    now = datetime.now(UTC)
     if not memories:
         console.print(
             "no memories" + (f" of goal {escape(goal)}" if goal else "") + (f" in layer {layer}" if layer else "")
@@ -178,7 +169,7 @@ def show_command(memory_id: Annotated[str, typer.Argument(help="A memory id (m-�
         return lines
 
     for line in _with_store(work):
-        _console().print(escape(line))
+        console.print(escape(line))
 
 
 def _tree(store: MemoryStore, ids: list[str], indent: str, seen: set[str], *, up: bool) -> list[str]:
@@ -209,10 +200,8 @@ def add_command(
     days: Annotated[float | None, typer.Option(help="Shelf life in days (default 365).")] = None,
 ) -> None:
     """Remember a note (a semantic memory a person wrote), with its source."""
-    from perdure.starters import cli
-
     if scope not in ("project", "global"):
-        cli.refuse(ValueError(f"unknown scope '{scope}'; project or global"))
+        refuse(ValueError(f"unknown scope '{scope}'; project or global"))
     now = datetime.now(UTC)
     source = MemorySource(kind="person")
     if file is not None:
@@ -220,7 +209,7 @@ def add_command(
         try:
             digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError as err:
-            cli.refuse(ValueError(f"cannot read {path}: {err.strerror or err}"))
+            refuse(ValueError(f"cannot read {path}: {err.strerror or err}"))
         source = MemorySource(kind="file", path=str(path), digest=digest)
     new = NewMemory(
         layer="semantic",
@@ -243,7 +232,7 @@ def add_command(
 
     memory: Memory = _with_store(work, create=True)
     redacted = f" ({memory.redacted} secret(s) redacted)" if memory.redacted else ""
-    _console().print(f"remembered {memory.id} · {escape(memory.where())} · {escape(memory.source.label())}{redacted}")
+    console.print(f"remembered {memory.id} · {escape(memory.where())} · {escape(memory.source.label())}{redacted}")
 
 
 @memory_app.command("summarize")
@@ -260,7 +249,7 @@ def summarize_command(
         return summary
 
     summary: Memory = _with_store(work, create=True)
-    _console().print(
+    console.print(
         f"summary {summary.id} (made by {summary.made_by}, from {', '.join(summary.derived_from)}): "
         f'"{escape(_clip(summary.text, 200))}"'
     )

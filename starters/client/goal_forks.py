@@ -1,9 +1,9 @@
-"""Client side of `perdure fork` and `perdure diff`: read a goal's fork point (its
-`fork_point` query), build the forked goal's spec from it, say what the fork reuses and
-what it runs anew, and compare two goals step by step.
+"""Forking and comparing goals: read a goal's fork point (its `fork_point` query), build
+the forked goal's spec from it, and compare two goals step by step (`perdure fork` and
+`perdure diff` print them).
 
-Talks to Temporal only through queries and the start in `perdure.starters.goals`; never sends the
-original anything, so forking leaves it as it was. What may be reused is decided by the
+Talks to Temporal only through queries (the fork is started as any goal is); never sends
+the original anything, so forking leaves it as it was. What may be reused is decided by the
 goal itself, in workflows/goal/rules/forking.py.
 """
 
@@ -14,13 +14,12 @@ import uuid
 from datetime import timedelta
 
 from pydantic import BaseModel, Field, ValidationError
-from rich.console import Console
-from rich.markup import escape
 from temporalio.client import Client, WorkflowQueryFailedError, WorkflowQueryRejectedError
 from temporalio.service import RPCError
 
-from perdure.starters import goals
-from perdure.starters.start_checks import has_pollers
+from perdure.starters.client import goal_reads
+from perdure.starters.client.client_errors import ForkRefused, NoAnswer
+from perdure.starters.client.start_checks import has_pollers
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules.forking import ForkPoint, ForkPointInput
@@ -32,19 +31,11 @@ QUERY_TIMEOUT_S = 10.0
 COST_EPSILON = 1e-9
 
 
-class ForkRefused(ValueError):
-    """The goal cannot be forked as asked (unknown node, step of an older plan, unknown premise)."""
-
-
-class NoAnswer(RuntimeError):
-    """No worker answered the goal's query: nothing can be read of it now. The text says what to do."""
-
-
 async def _query(client: Client, goal_id: str, query, *args, what: str):
     """Ask `goal_id` by query, or NoAnswer saying why not. A closed goal is answered by a
     worker too (it replays the history), so every query needs one."""
-    desc = await goals.describe(client, goal_id)
-    failure = await goals.workflow_task_failure(client, desc)
+    desc = await goal_reads.describe(client, goal_id)
+    failure = await goal_reads.workflow_task_failure(client, desc)
     if failure is not None:
         raise NoAnswer(f"goal {goal_id} is stuck (its workflow task fails: {failure}); see `perdure status {goal_id}`")
     queue = desc.task_queue
@@ -99,17 +90,6 @@ def fork_spec(
         return GoalSpec.model_validate(fields)
     except ValidationError as err:
         raise ForkRefused(describe_validation_error(err)) from None
-
-
-def print_fork_plan(console: Console, goal_id: str, point: ForkPoint) -> None:
-    """Which steps the fork takes as done and which it runs, and why."""
-    for warning in point.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    reused = ", ".join(point.reused) or "none"
-    console.print(f"reused from {escape(goal_id)} ({len(point.reused)}): {escape(reused)}")
-    console.print(f"run anew ({len(point.rerun)}):")
-    for name, why in point.rerun.items():
-        console.print(f"  {escape(name)}: {escape(why)}")
 
 
 # --- diff ---------------------------------------------------------------------------

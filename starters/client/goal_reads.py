@@ -1,364 +1,49 @@
-"""Client-side goal operations: build a spec, start, read progress and results.
+"""Reading goals: describe one, query its progress, say why it is stuck and what its
+running activities are doing, wait for its result and read its report, and list goals
+with their outcomes and texts.
 
-Used by the CLI and the demo; talks to Temporal only through the client and
-reads the local artifact store for full reports. Holds no goal state.
+Talks to Temporal only through the client and reads the local artifact store for full
+reports. Holds no goal state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import re
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import get_args
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import History
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowHistory,
     WorkflowHistoryEventFilterType,
 )
 from temporalio.client import WorkflowExecution as WorkflowExecution_
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
 from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.activities.artifacts import ArtifactMissing, default_store
-from perdure.activities.tools.catalogue import TOOL_SPECS
-from perdure.runtime import settings
-from perdure.workflows.goal.contracts.plan import (
-    AgentStep,
-    Plan,
-    SubgoalStep,
-    ToolStep,
-    describe_validation_error,
-    parse_plan,
-)
-from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.starters.client.client_errors import EndedWithoutResult, GoalNotFound, ResultUnreadable, StillRunning
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared import search_attributes as sa
-from perdure.workflows.shared.contracts import (
-    DEFAULT_MAX_TOKENS,
-    GOAL_MEMO,
-    GOAL_WORKFLOW,
-    Budget,
-    GoalResult,
-    GoalSpec,
-    ProgressSnapshot,
-    goal_memo,
-)
-from perdure.workflows.shared.mcp_tools import is_mcp_tool
+from perdure.workflows.shared.contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, ProgressSnapshot
 from perdure.workflows.shared.statuses import Phase
-
-
-class GoalNotFound(LookupError):
-    pass
-
-
-class BadPlanFile(ValueError):
-    pass
-
-
-class EndedWithoutResult(Exception):
-    """The goal closed with no GoalResult: terminated, timed out, cancelled, or failed outside
-    the goal's own ending (which always carries its report)."""
-
-
-SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s", "recovery_mode", "verify_after_s")
-"""Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
-
-
-def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[Plan, dict]:
-    """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:`, `premises:`,
-    the device settings `device_wait_s:` and `device_approval:`, and `stall_after_s:`.
-    Without `allowed_tools`, any known tool may appear (see `plan_tools`)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise BadPlanFile(f"cannot read plan file {path}: {err.strerror}") from None
-    except UnicodeDecodeError as err:
-        raise BadPlanFile(
-            f"{path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): "
-            "save it as UTF-8 (a plan is YAML or JSON)"
-        ) from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
-    return plan_from_mapping(data, allowed_tools, str(path))
-
-
-def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, where: str = "plan") -> tuple[Plan, dict]:
-    """A plan file's content, already parsed (a file, or the JSON `perdure ui` is sent):
-    the plan and its extras (`goal`, `constraints`, `premises`, the spec settings).
-    BadPlanFile says what is wrong, prefixed by `where`."""
-    if not isinstance(data, dict):
-        raise BadPlanFile(f"{where}: expected a mapping with a 'steps' list at the top level")
-    data = dict(data)
-    extras = {k: data.pop(k) for k in ("goal", "constraints", "premises", *SPEC_FIELDS_IN_PLAN) if k in data}
-    premises = extras.get("premises")
-    if premises is not None and (
-        not isinstance(premises, dict) or not all(isinstance(v, str) for v in premises.values())
-    ):
-        raise BadPlanFile(f"{where}: 'premises' must map each key to a string value, e.g. scope: all_modules")
-    constraints = extras.get("constraints")
-    if constraints is not None and (
-        not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints)
-    ):
-        # A single string would be taken letter by letter as constraints.
-        raise BadPlanFile(f"{where}: 'constraints' must be a list of strings, e.g. [\"touch only docs/\"]")
-    # Without a list, a plan allows what it names: any built-in tool, and MCP tools, which
-    # only a worker can list (the goal checks them against its servers' catalogue).
-    plan, problem = parse_plan(data, allowed_tools or [*TOOL_SPECS, *mcp_tools_named(data)])
-    if plan is None:
-        raise BadPlanFile(f"{where}: {problem}")
-    return plan, extras
-
-
-def mcp_tools_named(data: dict) -> list[str]:
-    """The MCP tools a raw plan's steps name (before it is validated), subgoals' plans included."""
-    steps = data.get("steps")
-    named = []
-    for step in steps if isinstance(steps, list) else []:
-        if not isinstance(step, dict):
-            continue
-        tools = step.get("tools")
-        for tool in [step.get("tool"), *(tools if isinstance(tools, list) else [])]:
-            if isinstance(tool, str) and is_mcp_tool(tool):
-                named.append(tool)
-        if isinstance(step.get("plan"), dict):
-            named += mcp_tools_named(step["plan"])
-    return named
-
-
-def plan_tools(plan: Plan) -> list[str]:
-    """Every tool a plan names, in its subgoals' plans and `tools` too: writing it into a
-    plan file is the user allowing it (a child may use only what its parent may)."""
-    named: set[str] = set()
-    for step in plan.steps:
-        if isinstance(step, ToolStep):
-            named.add(step.tool)
-        elif isinstance(step, AgentStep):
-            named.update(step.tools)
-        elif isinstance(step, SubgoalStep):
-            named.update(step.tools or [])
-            named.update(plan_tools(step.plan) if step.plan is not None else [])
-    return sorted(named)
-
-
-def build_spec(**fields) -> GoalSpec:
-    try:
-        return GoalSpec(**fields)
-    except ValidationError as err:
-        raise ValueError(describe_validation_error(err)) from None
-
-
-# Goal ids go into URLs (the UI link, the codec and HTTP APIs) and shell commands we print.
-GOAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-# Memo key of the digest of the spec a goal started with: a retried start compares it.
-SPEC_DIGEST_MEMO = "perdure_spec_digest"
-
-
-class StartRefused(ValueError):
-    """A start that would clash with the goal already holding the id; the text says why."""
-
-
-def check_goal_id(goal_id: str) -> None:
-    if not GOAL_ID_PATTERN.match(goal_id):
-        raise StartRefused(
-            f"goal id {goal_id!r} is not allowed: use 1-200 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (it goes into links and commands)"
-        )
-
-
-# Spec fields added after goals were already being started: left out of the digest while
-# at their defaults, so a start retried across an upgrade still matches the goal it started.
-LATER_SPEC_FIELDS = (
-    *("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent"),
-    *("evidence_window", "min_new_information", "evidence_spacing_s", "continue_as_new_after_nodes"),
-)
-
-
-# Plan step fields added since, with their defaults: left out of a plan's steps at those.
-LATER_STEP_FIELDS = {"verify": None, "writes": None, "defer": True}
-# A step's `verify` fields added after `verify` itself, likewise left out of it at their defaults.
-LATER_VERIFY_FIELDS = {"question": None}
-
-
-def spec_digest(spec: GoalSpec) -> str:
-    fields = GoalSpec.model_fields
-    unset = {n for n in LATER_SPEC_FIELDS if getattr(spec, n) == fields[n].get_default(call_default_factory=True)}
-    text = spec.model_dump_json(exclude=unset)
-    if spec.plan is not None:
-        data = json.loads(text)
-        _drop_later_step_fields(data["plan"])
-        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _drop_later_step_fields(plan: dict) -> None:
-    for step in plan.get("steps", []):
-        for name, default in LATER_STEP_FIELDS.items():
-            if name in step and step[name] == default:
-                del step[name]
-        if isinstance(step.get("verify"), dict):
-            for name, default in LATER_VERIFY_FIELDS.items():
-                if name in step["verify"] and step["verify"][name] == default:
-                    del step["verify"][name]
-        if isinstance(step.get("plan"), dict):
-            _drop_later_step_fields(step["plan"])  # a subgoal's own plan
-
-
-def static_details(spec: GoalSpec) -> str:
-    """What the Temporal UI shows in the goal's header and list: the goal and its limits (markdown)."""
-    plan = f"plan file ({len(spec.plan.steps)} steps)" if spec.plan is not None else "the planner"
-    lines = [
-        "**Goal:** " + _md_line(spec.goal),
-        "**Constraints:** " + ("; ".join(_md_line(c) for c in spec.constraints) or "none"),
-        "**Budget:** " + budget_text(spec.budget),
-        f"**Plan:** {plan} · profile `{spec.model_profile}` · tools: {', '.join(spec.allowed_tools) or 'none'}",
-    ]
-    return "\n\n".join(lines)[:20_000]
-
-
-def budget_text(budget: Budget) -> str:
-    """A budget's limits in a line: '2,000,000 tokens, $2.5, 3600 s active', or 'none'."""
-    limits = [
-        f"{budget.max_tokens:,} tokens" if budget.max_tokens else "",
-        f"${budget.max_cost_usd:g}" if budget.max_cost_usd else "",
-        f"{budget.max_wall_seconds} s active" if budget.max_wall_seconds else "",
-        f"deadline {budget.deadline.isoformat()}" if budget.deadline else "",
-    ]
-    return ", ".join(x for x in limits if x) or "none"
-
-
-def with_default_budget(limits: dict, no_budget: bool = False) -> dict:
-    """The budget fields a start asks for (`max_tokens`, `max_cost_usd`, `max_wall_seconds`,
-    `deadline`), with the default token limit (contracts.DEFAULT_MAX_TOKENS) when it names
-    neither a token nor a cost limit, unless `no_budget`, which asks for no limit at all
-    (ValueError when a limit is given beside it)."""
-    if no_budget:
-        if any(value is not None for value in limits.values()):
-            raise ValueError("no budget means no limit at all: give no token, cost, time or deadline limit with it")
-        return limits
-    if limits.get("max_tokens") is None and limits.get("max_cost_usd") is None:
-        return {**limits, "max_tokens": DEFAULT_MAX_TOKENS}
-    return limits
-
-
-def budget_line(budget: Budget, defaulted: bool) -> str:
-    """What `perdure start` says of the goal's budget."""
-    if defaulted:
-        return f"budget: {budget_text(budget)} (the default; --max-tokens or --max-cost set your own, --no-budget none)"
-    return f"budget: {budget_text(budget)}"
-
-
-def _md_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool = False) -> WorkflowHandle:
-    """Start the goal under `goal_id`. The server refuses an id another run holds (conflict
-    FAIL) and, unless `replace`, an id a finished run had (reuse REJECT_DUPLICATE), so two
-    starts racing cannot both win; `start` in the CLI decides before it gets here."""
-    check_goal_id(goal_id)
-    return await client.start_workflow(
-        GoalWorkflow.run,
-        GoalInput(spec=spec),
-        id=goal_id,
-        task_queue=settings.task_queue(),
-        static_summary=spec.goal[:200],
-        static_details=static_details(spec),
-        memo={SPEC_DIGEST_MEMO: spec_digest(spec), **goal_memo(spec.goal)},
-        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.OWNER, settings.user())]),
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE if replace else WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        task_timeout=spec.task_timeout(),
-    )
-
-
-@dataclass(frozen=True)
-class StartAnswer:
-    """What a start did: `started` a new goal, or found this very start already done."""
-
-    goal_id: str
-    started: bool
-    text: str
-
-
-async def start_or_existing(client: Client, spec: GoalSpec, goal_id: str, replace: bool = False) -> StartAnswer:
-    """Start the goal, or answer with the one already under `goal_id` when this start is a
-    retry of it (same spec); StartRefused for a different spec under a live id, and for a
-    finished goal's id without `replace`. The decision `perdure start` prints and the web
-    UI's POST /api/goals returns."""
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    existing = await existing_goal(client, goal_id)
-    if existing is not None:
-        same = await started_digest(existing) == spec_digest(spec)
-        if is_open(existing):
-            if not same:
-                raise StartRefused(
-                    f"goal {goal_id} is already running with a different spec; nothing started. Pick another "
-                    f"--id, or end that goal first (`perdure abort {goal_id}`)"
-                )
-            started = f"{existing.start_time:%Y-%m-%d %H:%M:%S}" if existing.start_time else "earlier"
-            text = f"goal {goal_id} already running with this spec (started {started}); nothing new started"
-            return StartAnswer(goal_id, False, text)
-        if same and not replace:
-            text = f"{await finished_text(client, existing)} (same spec; nothing new started)"
-            return StartAnswer(goal_id, False, text)
-        if not replace:
-            raise StartRefused(
-                f"{await finished_text(client, existing)}. To start a new goal under this id, add --replace: "
-                "the old run stays in the server's history until its retention ends, but perdure shows only "
-                "the new one from then on"
-            )
-    try:
-        await start_goal(client, spec, goal_id, replace=replace)
-    except WorkflowAlreadyStartedError:
-        # Another start won the race between our look and this one.
-        raise StartRefused(
-            f"goal {goal_id} was started meanwhile by someone else; see `perdure status {goal_id}`"
-        ) from None
-    replaced = " (replacing the finished goal of that id)" if existing is not None else ""
-    return StartAnswer(goal_id, True, f"goal {goal_id} started{replaced}")
 
 
 async def finished_text(client: Client, desc: WorkflowExecution_) -> str:
     return f"goal {desc.id} has finished (outcome {await outcome(client, desc)}); see `perdure result {desc.id}`"
-
-
-async def started_digest(desc: WorkflowExecutionDescription) -> str | None:
-    """The digest of the spec the goal started with (None for a goal started without one)."""
-    try:
-        return (await desc.memo()).get(SPEC_DIGEST_MEMO)
-    except Exception:  # a memo this client cannot decode (other keys): treat as unknown
-        return None
-
-
-async def existing_goal(client: Client, goal_id: str) -> WorkflowExecutionDescription | None:
-    try:
-        return await describe(client, goal_id)
-    except GoalNotFound:
-        return None
 
 
 async def outcome(client: Client, desc: WorkflowExecution_) -> str:
@@ -484,9 +169,14 @@ async def failure_message(converter: DataConverter, failure: Failure) -> str:
 
 
 async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> ProgressSnapshot:
-    """Query the goal. Raises RPCError when no worker answers in time."""
+    """Query the goal. GoalNotFound when there is none; RPCError when no worker answers in time."""
     handle = client.get_workflow_handle(goal_id)
-    return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
+    try:
+        return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise GoalNotFound(f"no goal with id '{goal_id}' (list goals with `perdure ls`)") from None
+        raise
 
 
 def unanswered_text(desc: WorkflowExecutionDescription, err: RPCError) -> str:
@@ -549,14 +239,6 @@ def _ending(cause: BaseException | None) -> str:
     if isinstance(cause, CancelledError):
         return "cancelled"
     return f"failed: {cause}" if cause is not None else "failed"
-
-
-class StillRunning(Exception):
-    """The goal has not ended: its report is written when it does."""
-
-
-class ResultUnreadable(Exception):
-    """The goal's result is in a payload store this machine does not see, or encrypted with a key it lacks."""
 
 
 class ClosedReport(BaseModel):
@@ -673,3 +355,16 @@ async def list_goals(client: Client, query: str | None = None, limit: int = 50) 
     async for wf in client.list_workflows(full, limit=limit):
         goals.append(wf)
     return goals
+
+
+async def history(client: Client, goal_id: str, *, encoded: bool = False) -> WorkflowHistory:
+    """The goal's event history (its latest run), its payloads decrypted with the client's
+    codec unless `encoded` (as the server holds them: encrypted, if keys are on)."""
+    found = await client.get_workflow_handle(goal_id).fetch_history()
+    codec = client.data_converter.payload_codec
+    if codec is None or encoded:
+        return found
+    from perdure.runtime.codec import decode_history
+
+    plain = await decode_history(History(events=found.events), codec)
+    return WorkflowHistory(found.workflow_id, list(plain.events))

@@ -13,6 +13,8 @@ import typer
 from rich.markup import escape
 
 from perdure.runtime.connect import connect
+from perdure.starters.cli.terminal import console, run
+from perdure.starters.client import PerdureClient
 from perdure.workers import deployment
 
 app = typer.Typer(
@@ -33,11 +35,10 @@ def _goals(ids: list[str]) -> str:
 @app.command("status")
 def status() -> None:
     """Each version of the deployment, whether it is current, and the open goals on it."""
-    from perdure.starters import cli
 
     async def _status() -> None:
         found = await deployment.status(await connect())
-        say = cli.console.print
+        say = console.print
         if found.current is None and not found.versions:
             say(
                 f"deployment {escape(found.name)}: no versioned worker has polled this server yet "
@@ -50,7 +51,7 @@ def status() -> None:
         if found.unversioned_goals:
             say(f"  not on a version of it  {escape(_goals(found.unversioned_goals))}")
 
-    cli.run(_status)
+    run(_status)
 
 
 @app.command("promote")
@@ -58,14 +59,13 @@ def promote(
     build_id: Annotated[str, typer.Argument(help="The build id to make current (see `perdure deploy status`).")],
 ) -> None:
     """Make a version current: new goals, and goals at their next run boundary, go to its workers."""
-    from perdure.starters import cli
 
     async def _promote() -> None:
         version = deployment.worker_version(build_id)
         outcome = await deployment.promote(await connect(), version, wait_s=0)
-        cli.console.print(f"{escape(version.deployment_name)} {escape(build_id)}: {outcome}")
+        console.print(f"{escape(version.deployment_name)} {escape(build_id)}: {outcome}")
 
-    cli.run(_promote)
+    run(_promote)
 
 
 @app.command("move")
@@ -78,12 +78,11 @@ def move(
     The new build replays the goal's current run on its code: safe when that code
     replays the run's history (the golden histories test this; see the README,
     "Changing workflow code safely")."""
-    from perdure.starters import cli, goals
 
     async def _move() -> None:
-        client = await connect()
-        await goals.describe(client, goal_id)
-        outcome = await deployment.move(client, goal_id, to)
-        cli.console.print(f"goal {escape(goal_id)}: {escape(outcome)}")
+        client = await PerdureClient.connect()
+        await client.describe(goal_id)
+        outcome = await deployment.move(client.temporal, goal_id, to)
+        console.print(f"goal {escape(goal_id)}: {escape(outcome)}")
 
-    cli.run(_move, goal_id)
+    run(_move, goal_id)

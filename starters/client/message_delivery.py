@@ -2,7 +2,8 @@
 receipt comes back at once, a bad message is refused with its reason), else a
 signal, which the server stores durably until a worker applies it. Both carry
 the same request id, so a message that lands both ways is still one message, and
-either way the goal judges it in the order it was sent.
+either way the goal judges it in the order it was sent. And reading what a goal
+received: its inbox with receipts, or what the server admitted when no worker answers.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
@@ -22,21 +24,14 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from perdure.starters import goals
-from perdure.starters import start_checks as capabilities
-from perdure.workflows.goal.contracts.messages import InboxView, Receipt
+from perdure.starters.client import goal_reads
+from perdure.starters.client import start_checks as capabilities
+from perdure.starters.client.client_errors import GoalEnded, MessageRejected
+from perdure.workflows.goal.contracts.messages import InboxView, Receipt, Refusal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.contracts import Signals, Updates
 
 UPDATE_WAIT = timedelta(seconds=5)
-
-
-class MessageRejected(ValueError):
-    """The goal refused the message; the text says why."""
-
-
-class GoalEnded(ValueError):
-    """The goal has ended; it takes no more messages (the text says how it ended)."""
 
 
 def new_request_id(prefix: str = "cli") -> str:
@@ -56,8 +51,8 @@ class Delivery:
 async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
     """Send a message to a goal that exists and is open, as every client does (the CLI, the
     MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
-    desc = await goals.describe(client, goal_id)
-    if goals.is_open(desc):
+    desc = await goal_reads.describe(client, goal_id)
+    if goal_reads.is_open(desc):
         try:
             return await _deliver_to_open(client, desc, message)
         except RPCError as err:
@@ -66,11 +61,11 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
             # The goal may have finished between the describe and the send: the server then
             # says "workflow execution already completed", or "workflow update was aborted by
             # closing workflow" for an update it had taken. Answer as for an ended goal.
-            again = await goals.describe(client, goal_id)
-            if goals.is_open(again) and again.run_id != desc.run_id:
+            again = await goal_reads.describe(client, goal_id)
+            if goal_reads.is_open(again) and again.run_id != desc.run_id:
                 # A new run under the id (a goal started again after it ended): send to it.
                 return await _deliver_to_open(client, again, message)
-            if goals.is_open(again):
+            if goal_reads.is_open(again):
                 raise
             desc = again
     return await _answer_ended(client, desc, message)
@@ -84,7 +79,7 @@ def ended_meanwhile(err: RPCError) -> bool:
 
 
 async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
-    failure = await goals.workflow_task_failure(client, desc)
+    failure = await goal_reads.workflow_task_failure(client, desc)
     if failure is not None:
         # The server takes no update while the goal's workflow task fails; a signal is
         # still stored, and applied in its turn once a worker can run the goal again.
@@ -105,7 +100,7 @@ async def _answer_ended(client: Client, desc: WorkflowExecutionDescription, mess
     )
     if earlier is not None:
         return Delivery(earlier)  # a retry of a message the goal took before it ended
-    raise GoalEnded(f"{await goals.finished_text(client, desc)}; it takes no more messages")
+    raise GoalEnded(f"{await goal_reads.finished_text(client, desc)}; it takes no more messages")
 
 
 async def earlier_receipt(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
@@ -204,3 +199,31 @@ async def admitted(client: Client, goal_id: str) -> list[AdmittedMessage]:
 async def inbox(client: Client, goal_id: str, timeout_s: float = 5) -> InboxView:
     handle = client.get_workflow_handle(goal_id)
     return await handle.query(GoalWorkflow.inbox, rpc_timeout=timedelta(seconds=timeout_s))
+
+
+class InboxResult(BaseModel):
+    """Every message sent to a goal with its receipt, from the goal; or, when no worker
+    answers for it, what the server admitted (its history holds every message)."""
+
+    goal_id: str
+    source: Literal["goal", "server history"] = Field(
+        description="goal: the goal's own receipts; server history: what the server admitted (no worker answered)."
+    )
+    entries: list[Receipt] = Field(default_factory=list)
+    refused: list[Refusal] = Field(default_factory=list)
+    admitted: list[AdmittedMessage] = Field(default_factory=list)
+
+
+async def messages(client: Client, goal_id: str, timeout_s: float = 5) -> InboxResult:
+    """The goal's inbox when a worker answers for it, else what the server admitted.
+    GoalNotFound when there is no such goal."""
+    desc = await goal_reads.describe(client, goal_id)
+    # Only a worker answers the query: with none polling, it would only wait out its timeout.
+    if await capabilities.has_pollers(client, desc.task_queue):
+        try:
+            view = await inbox(client, goal_id, timeout_s=timeout_s)
+        except (RPCError, WorkflowQueryFailedError):
+            pass  # no worker answered in time: the history still holds every message admitted
+        else:
+            return InboxResult(goal_id=goal_id, source="goal", entries=view.entries, refused=view.refused)
+    return InboxResult(goal_id=goal_id, source="server history", admitted=await admitted(client, goal_id))

@@ -1,4 +1,5 @@
-"""`perdure profiles`, and the checks `perdure start` makes against the workers before a goal exists.
+"""The checks a start makes against the workers before a goal exists, and what the workers
+offer (`perdure profiles` prints it).
 
 Owns reading what the workers of the goals' task queue offer: each worker publishes its
 offer while it runs (workers/offer_publisher.py) into the memo of the offers workflow
@@ -21,9 +22,6 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-import typer
-from rich.markup import escape
-from rich.table import Table
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -32,8 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.runtime import settings
 from perdure.runtime.codec import KEY_ID_METADATA, is_encrypted, keyring_of
-from perdure.runtime.connect import ServerUnavailable, connect
-from perdure.starters.consoles import cli_console
+from perdure.starters.client.client_errors import NotOffered, NoWorkerAnswered, OffersUnreadable
 from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
 from perdure.workflows.goal.contracts.plan import check_plan, devices_named
 from perdure.workflows.offers.worker_offers import OFFERS_MEMO, CapabilitiesResult, PublishedOffer, worker_offers_id
@@ -46,17 +43,6 @@ RPC_TIMEOUT = timedelta(seconds=5)
 PUBLISH_WAIT_S = 3.0
 # The devices are asked of the registry workflow by a query, which a worker must answer.
 DEVICES_TIMEOUT_S = 5.0
-
-console = cli_console()
-err_console = cli_console(stderr=True)
-
-
-class NoWorkerAnswered(RuntimeError):
-    """No worker polls the task queue, or none that polls has published its offer; the message says which."""
-
-
-class OffersUnreadable(RuntimeError):
-    """The published offers are there but cannot be decoded here (payload keys differ)."""
 
 
 async def poller_identities(client: Client, task_queue: str) -> set[str]:
@@ -176,17 +162,11 @@ def key_problem(offer: PublishedOffer, sends_with_key: str | None) -> str | None
     )
 
 
-async def check_start(client: Client, spec: GoalSpec) -> None:
-    """Refuse (ValueError) a goal naming a profile or tool the worker lacks; warn when the check cannot be made."""
-    for warning in await start_warnings(client, spec):
-        err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-
-
 NOT_CHECKED = "The goal is stored and waits for a worker (`perdure worker`)."
 
 
 async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
-    """What could not be checked (no worker's offer, the devices unread); ValueError when
+    """What could not be checked (no worker's offer, the devices unread); NotOffered when
     the goal names a profile, tool or device the workers lack. Never raises anything else:
     the check is advice, and the start must not be lost to it."""
     try:
@@ -215,7 +195,7 @@ async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
         else:
             problems += check_plan(spec.plan, spec.allowed_tools, devices)
     if problems:
-        raise ValueError("the goal was not started: " + "; ".join(problems))
+        raise NotOffered("the goal was not started: " + "; ".join(problems))
     return warnings
 
 
@@ -231,48 +211,3 @@ async def known_devices(client: Client) -> dict[str, list[str]]:
             return {}
         raise
     return {record.presence.name: list(record.presence.tools) for record in listing.devices}
-
-
-def profiles() -> None:
-    """List the model profiles and tools the workers on the task queue offer (as they published them)."""
-
-    async def _ask() -> list[PublishedOffer]:
-        return await live_offers(await connect())
-
-    try:
-        live = asyncio.run(_ask())
-    except (ServerUnavailable, settings.TemporalConfigError) as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(2) from None
-    except NoWorkerAnswered as err:
-        err_console.print(
-            f"[red]error:[/red] {escape(str(err))}. Profiles are what a worker knows (its config.toml and "
-            "environment): start one with `perdure worker`, then ask again."
-        )
-        raise typer.Exit(1) from None
-    except OffersUnreadable as err:
-        err_console.print(f"[red]error:[/red] {escape(str(err))}")
-        raise typer.Exit(1) from None
-    except RPCError as err:
-        err_console.print(f"[red]error from Temporal:[/red] {escape(err.message)}")
-        raise typer.Exit(1) from None
-    newest = live[0]
-    offer = newest.offer
-    table = Table(title=f"model profiles of the worker on task queue '{settings.task_queue()}'")
-    for column in ("profile", "provider", "model", "priced"):
-        table.add_column(column)
-    for p in offer.profiles:
-        name = f"{p.name} (default)" if p.name == offer.default_profile else p.name
-        table.add_row(name, p.provider, p.model, "yes" if p.priced else "free")
-    console.print(table)
-    console.print(f"default means: {offer.default_profile}")
-    console.print(f"tools: {', '.join(offer.tools)}")
-    if offer.mcp_servers:
-        console.print(f"MCP servers (tools mcp__SERVER__TOOL): {', '.join(offer.mcp_servers)}")
-    console.print(f"as published by worker {newest.worker} at {newest.published_at:%Y-%m-%d %H:%M:%S} UTC")
-    for other in live[1:]:
-        if other.offer != offer:
-            said = f"worker {other.worker} offers something else; a goal may run on either"
-            console.print(f"[yellow]warning:[/yellow] {escape(said)}")
-    if offer.config_problem:
-        console.print(f"[yellow]warning:[/yellow] {escape(offer.config_problem)} (the last good profiles are in use)")
