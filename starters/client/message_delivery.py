@@ -49,8 +49,8 @@ class Delivery:
 
 
 async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
-    """Send a message to a goal that exists and is open, as every client does (the CLI, the
-    MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
+    """Send a message to a goal that exists and is open, as every front end does (the CLI,
+    the web UI, the MCP server). GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
     desc = await goal_reads.describe(client, goal_id)
     if goal_reads.is_open(desc):
         try:
@@ -69,13 +69,6 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
                 raise
             desc = again
     return await _answer_ended(client, desc, message)
-
-
-def ended_meanwhile(err: RPCError) -> bool:
-    """The server's answer to a signal or update sent to a workflow that has just closed."""
-    return err.status == RPCStatusCode.NOT_FOUND and (
-        "already completed" in err.message or "aborted by closing workflow" in err.message
-    )
 
 
 async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
