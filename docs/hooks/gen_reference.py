@@ -20,7 +20,7 @@ from typing import Any
 import mkdocs_gen_files
 from pydantic import BaseModel
 
-from perdure.starters.goals import SPEC_FIELDS_IN_PLAN
+from perdure.starters.client.goal_specs import SPEC_FIELDS_IN_PLAN
 from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, MAX_STEPS, STEP_TYPES, Plan, VerifySpec
 from perdure.workflows.shared.contracts import GoalSpec
 

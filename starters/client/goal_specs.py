@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
 from perdure.starters.client.client_errors import BadPlanFile, StartRefused
 from perdure.workflows.goal.contracts.messages import REQUEST_ID
 from perdure.workflows.goal.contracts.plan import (
@@ -34,7 +35,6 @@ from perdure.workflows.goal.contracts.plan import (
 )
 from perdure.workflows.shared.contracts import DEFAULT_MAX_TOKENS, Budget, GoalSpec
 from perdure.workflows.shared.mcp_tools import is_mcp_tool
-from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
 
 SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s", "recovery_mode", "verify_after_s")
 """Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
