@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHistory
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionDescription, WorkflowHistory
 
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
@@ -148,14 +148,16 @@ class PerdureClient:
 
     # --- many goals -------------------------------------------------------------
 
-    async def list_goals(self, query: str | None = None, limit: int = 50) -> list:
+    async def list_goals(self, query: str | None = None, limit: int = 50) -> list[WorkflowExecution]:
         """Goals, newest first, matching a visibility query (goal_reads.list_filters makes one)."""
         return await goal_reads.list_goals(self.temporal, query, limit)
 
-    async def outcomes(self, executions: list) -> dict[str, str]:
+    async def outcomes(self, executions: list[WorkflowExecution]) -> dict[str, str]:
+        """Goal id -> how each closed goal of the listing ended ('?' where it cannot be read here)."""
         return await goal_reads.outcomes(self.temporal, executions)
 
-    async def goal_texts(self, executions: list) -> dict[str, str]:
+    async def goal_texts(self, executions: list[WorkflowExecution]) -> dict[str, str]:
+        """Goal id -> the goal's text, from the memo it started with."""
         return await goal_reads.goal_texts(self.temporal, executions)
 
     # --- the user's router ------------------------------------------------------
