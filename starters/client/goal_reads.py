@@ -60,8 +60,12 @@ async def describe(client: Client, goal_id: str) -> WorkflowExecutionDescription
         return await client.get_workflow_handle(goal_id).describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise GoalNotFound(f"no goal with id '{goal_id}' (list goals with `perdure ls`)") from None
+            raise not_found(goal_id) from None
         raise
+
+
+def not_found(goal_id: str) -> GoalNotFound:
+    return GoalNotFound(f"no goal with id '{goal_id}' (list goals with `perdure ls`)")
 
 
 def is_open(desc: WorkflowExecutionDescription) -> bool:
@@ -175,7 +179,7 @@ async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> Progre
         return await handle.query(GoalWorkflow.progress, rpc_timeout=timedelta(seconds=timeout_s))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise GoalNotFound(f"no goal with id '{goal_id}' (list goals with `perdure ls`)") from None
+            raise not_found(goal_id) from None
         raise
 
 
