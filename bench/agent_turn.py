@@ -44,7 +44,7 @@ from bench.raw import RawAgentInput, RawAgentWorkflow
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.activities.tools.catalogue import TOOL_SPECS
-from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 
 KEYS = ("agent_turn_overhead_pct", "raw_agent_turn_overhead_pct")
 PROFILE = "bench-agent"

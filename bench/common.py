@@ -33,9 +33,9 @@ from perdure.runtime.converter import STORE_ENV, THRESHOLD_ENV
 from perdure.testing.servers import dev_server_options
 from perdure.workers import heap
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

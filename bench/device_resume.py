@@ -39,8 +39,8 @@ from bench.common import (
 from bench.common import start_goal as start_bench_goal
 from perdure.workers.device import run_device
 from perdure.workflows.devices.device_contracts import DeviceActivities, DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.contracts.goal_contracts import ProgressSnapshot
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import ProgressSnapshot
 
 KEY = "device_resume_s"
 KEYS = (KEY,)

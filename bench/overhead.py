@@ -47,7 +47,8 @@ from bench.common import (
 from bench.raw import RawMode, RawToolsInput, RawToolsWorkflow
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.testing.fakes import LedgerAPI
-from perdure.workflows.shared.contracts import Activities, ToolInput
+from perdure.workflows.goal.contracts.goal_contracts import Activities
+from perdure.workflows.shared.contracts import ToolInput
 
 KEYS = (
     "node_overhead_ratio",

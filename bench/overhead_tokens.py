@@ -38,7 +38,7 @@ from bench.common import (
 from perdure.activities.models.profiles import ModelConfig, ModelProfile, builtin_profiles
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.starters import demo
-from perdure.workflows.shared.contracts import GoalResult, GoalSpec
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
 
 KEYS = (
     "overhead_token_ratio",

@@ -23,14 +23,13 @@ from temporalio.common import RetryPolicy
 # The contracts are pure pydantic; passing them through avoids re-importing
 # pydantic in the sandbox for every run, exactly as workflows/goal/goal_workflow.py does.
 with workflow.unsafe.imports_passed_through():
-    from perdure.workflows.shared.contracts import (
+    from perdure.workflows.goal.contracts.goal_contracts import (
         Activities,
         AgentTurnInput,
         AgentTurnResult,
         ModelContext,
-        ToolInput,
-        ToolResult,
     )
+    from perdure.workflows.shared.contracts import ToolInput, ToolResult
     from perdure.workflows.shared.retries import MODEL_OPTIONS
 
 RawMode = Literal["sequential", "local", "concurrent"]

@@ -30,7 +30,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.common import Section, event_seconds, goal_spec, make_workspace, parse_options, run_standalone, start_goal
 from perdure.testing.crash import CrashRig, WorkerProcess
-from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 
 KEY = "recovery_command_s"
 KEYS = (KEY,)

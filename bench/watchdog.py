@@ -28,10 +28,10 @@ from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.messages import Park
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalSpec
 from perdure.workflows.shared.search_attributes import ALL_KEYS
 from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogResult
 from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from perdure.runtime.connect import connect
     from perdure.runtime.plugin import PerdurePlugin
+    from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
     from perdure.workflows.goal.contracts.plan import Plan
     from perdure.workflows.goal.goal_workflow import GoalWorkflow
-    from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 _PUBLIC = {
     "connect": "perdure.runtime.connect",

@@ -36,7 +36,8 @@ from urllib.parse import quote
 
 from temporalio.envconfig import ClientConfigProfile
 
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW, TASK_QUEUE
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
+from perdure.workflows.shared.contracts import TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"

@@ -28,7 +28,7 @@ from perdure.starters.background import ensure_ui, ensure_worker
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.goal_specs import new_goal_id
 from perdure.starters.client.goal_starts import start_goal
-from perdure.workflows.shared.contracts import Budget, GoalSpec
+from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalSpec
 
 DEMO_GOAL = (
     "Read the project notes in this workspace (notes/ideas.md and notes/todo.md) and write SUMMARY.md "

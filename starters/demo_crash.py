@@ -36,10 +36,10 @@ from perdure.runtime.connect import connect
 from perdure.starters import devserver
 from perdure.starters.client.goal_reads import ended
 from perdure.testing.fakes import LedgerAPI, MailAPI
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalSpec
 
 CUSTOMERS = [
     ("ada@example.com", "Ada", 1500),

@@ -46,6 +46,7 @@ from perdure.starters.client.client_errors import (
 from perdure.starters.client.goal_reads import ClosedReport
 from perdure.starters.client.goal_specs import GOAL_ID_PATTERN, StartRequest, start_spec
 from perdure.starters.client.message_delivery import InboxResult
+from perdure.workflows.goal.contracts.goal_contracts import ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import (
     REQUEST_ID,
     Abort,
@@ -59,7 +60,6 @@ from perdure.workflows.goal.contracts.messages import (
     Steer,
 )
 from perdure.workflows.goal.contracts.plan import describe_validation_error
-from perdure.workflows.shared.contracts import ProgressSnapshot
 
 INSTRUCTIONS = (
     "perdure runs long goals durably on Temporal. Start one with start_goal, follow it with goal_status "

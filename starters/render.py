@@ -24,10 +24,10 @@ from perdure.starters.client.goal_forks import GoalDiff, StepSide
 from perdure.starters.client.goal_reads import PendingActivity, is_open, read_report
 from perdure.starters.client.message_delivery import InboxResult
 from perdure.workers.deployment import Pinning
+from perdure.workflows.goal.contracts.goal_contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt
 from perdure.workflows.goal.rules.own_calls import own_call_lines
 from perdure.workflows.shared import search_attributes as sa
-from perdure.workflows.shared.contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
 from perdure.workflows.shared.durations import duration_text
 from perdure.workflows.shared.statuses import IN_FLIGHT
 

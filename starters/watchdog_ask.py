@@ -27,8 +27,8 @@ from perdure.runtime import settings
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import GoalNotFound
 from perdure.starters.watchdog_view import read_memory, rule_value
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
 from perdure.workflows.goal.contracts.messages import Steer
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW
 
 # --- `perdure watchdog ask`: a short conversation with the watchdog ---------------------
 #

@@ -40,9 +40,9 @@ from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.starters.client.goal_reads import ended
 from perdure.testing.fakes import FakeService
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalResult, GoalSpec
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 HOST = socket.gethostname()

@@ -36,8 +36,8 @@ from perdure.starters.client.goal_reads import ended
 from perdure.testing.crash import CrashRig
 from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalSpec
 from perdure.workflows.goal.contracts.plan import Plan
-from perdure.workflows.shared.contracts import Activities, GoalSpec
 from perdure.workflows.shared.effects import effect_key_for
 
 EFFECT_POINTS = ("before_effect", "after_effect", "after_receipt")

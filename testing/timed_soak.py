@@ -42,7 +42,7 @@ from perdure.testing.crash import PERDURE, CrashRig, WorkerProcess
 from perdure.testing.fakes import MAIL_KEY, LedgerAPI, MailAPI
 from perdure.testing.repo import init_repo
 from perdure.testing.soak import EFFECT_POINTS, SoakReport, SoakStep, check_goal, soak_plan_steps, soak_steps
-from perdure.workflows.shared.contracts import GoalResult
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 
 LIFE_S = (2.0, 5.0)
 """How long a worker lives once it polls, drawn per worker."""

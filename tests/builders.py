@@ -11,7 +11,7 @@ from pathlib import Path
 
 from perdure.activities.models.profiles import ModelProfile
 from perdure.activities.models.scripted import ScriptedServer
-from perdure.workflows.shared.contracts import GoalSpec
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 
 # --- goals -------------------------------------------------------------------------
 

@@ -41,9 +41,10 @@ from perdure.starters.client.goal_reads import ended
 from perdure.testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot, ToolBatchResult
+from perdure.workflows.shared.contracts import ToolBatchResult
 from tests.builders import scripted_profile, spec
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"

@@ -40,6 +40,7 @@ from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, Pa
 from perdure.workers.orchestrator import build_worker
 from perdure.workers.worker_capabilities import CapabilitiesInput, CapabilitiesWorkflow
 from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalResult
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve, Park, Resume, Steer
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -50,7 +51,6 @@ from perdure.workflows.offers.worker_offers import (
     PublishedOffer,
     worker_offers_id,
 )
-from perdure.workflows.shared.contracts import Budget, GoalResult
 from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput, WatchdogRules
 from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests import goldens

@@ -14,11 +14,11 @@ from temporalio.testing import ActivityEnvironment
 
 from perdure.activities.models.model_activities import ModelActivities
 from perdure.activities.models.profiles import ModelConfig
+from perdure.workflows.goal.contracts.goal_contracts import GenerateInput, ModelContext
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.model_calls import attempts_of_failure, usage_of
 from perdure.workflows.goal.rules.estimates import estimate_kind
-from perdure.workflows.shared.contracts import GenerateInput, ModelContext
 from tests.builders import llm, openai_profile, spec
 from tests.helpers import calls_for, perdure_status, run_goal, running_worker
 

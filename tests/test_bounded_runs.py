@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowHandle
 
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalSpec
 from perdure.workflows.shared.run_boundary import (
     TASK_TIMEOUT_CEILING,
     TASK_TIMEOUT_FLOOR,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.state import KindStats
 from perdure.workflows.goal.rules.estimates import KindEstimate, estimate_kind
 from perdure.workflows.shared.budget import ACTION_SEVERITY, BudgetUse, budget_fractions, emergency_check, gate
-from perdure.workflows.shared.contracts import Budget
 
 SMALL = KindEstimate(
     tokens_p50=100,

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from temporalio.api.enums.v1 import EventType
 
+from perdure.workflows.goal.contracts.goal_contracts import Activities, Budget
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Park, Resume
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Activities, Budget
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile
 from tests.helpers import (
     calls_for,

@@ -273,7 +273,7 @@ async def test_report_totals_add_up_with_a_row_for_calls_outside_steps(tmp_path)
 
     from perdure.activities.artifacts import ArtifactStore
     from perdure.activities.goal.report import ReportActivities
-    from perdure.workflows.shared.contracts import ReportInput, StepOutcome
+    from perdure.workflows.goal.contracts.goal_contracts import ReportInput, StepOutcome
 
     store = ArtifactStore(tmp_path / "artifacts")
     steps = [StepOutcome(name="write", kind="llm", status="succeeded", tokens=1625, cost_usd=0.002)]

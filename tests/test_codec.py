@@ -61,7 +61,7 @@ from perdure.starters import cli
 from perdure.starters.client.goal_starts import start_goal
 from perdure.starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from perdure.workers.orchestrator import build_worker
-from perdure.workflows.shared.contracts import GoalResult
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id

@@ -26,9 +26,10 @@ from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.providers import ChatMessage, ChatToolCall
 from perdure.activities.models.scripted import ScriptedServer, seen_anthropic, seen_openai
 from perdure.activities.tools.catalogue import COMPACTION_TOOL
+from perdure.workflows.goal.contracts.goal_contracts import AgentTurnInput, AgentTurnResult, ModelContext
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.canonical import sha256_digest
-from perdure.workflows.shared.contracts import AgentTurnInput, AgentTurnResult, ModelContext, ToolResult
+from perdure.workflows.shared.contracts import ToolResult
 from tests.builders import anthropic_profile, openai_profile, spec
 from tests.helpers import run_goal, running_worker
 

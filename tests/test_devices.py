@@ -21,9 +21,9 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalResult, GoalSpec, ProgressSnapshot
 from tests.builders import spec
 from tests.helpers import new_goal_id
 from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process

@@ -13,9 +13,9 @@ import pytest
 from perdure.activities.tools.catalogue.http_tools import HttpRequestArgs
 from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
 from perdure.testing.repo import git, init_repo
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.goal.contracts.plan import Plan
-from perdure.workflows.shared.contracts import Activities
 from perdure.workflows.shared.effects import effect_key_for
 from tests.builders import agent, gate, openai_profile, spec, tool_then_answer
 from tests.helpers import (

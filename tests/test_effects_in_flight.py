@@ -14,9 +14,9 @@ import asyncio
 import pytest
 
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Abort, Approve, Rewind
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Budget
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
 

@@ -21,8 +21,8 @@ from perdure.testing.fakes import MAIL_KEY, MailAPI
 from perdure.testing.repo import git, init_repo
 from perdure.testing.soak import run_soak
 from perdure.testing.timed_soak import run_timed_soak
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import Plan
-from perdure.workflows.shared.contracts import Activities
 from tests.builders import spec
 from tests.helpers import activity_outcomes
 

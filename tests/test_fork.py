@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 
 from perdure.starters import cli
 from perdure.starters.cli import terminal
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalInput, GoalState, Node, PlanVersion, RetiredNode
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules.forking import ForkPointInput, fork_point
-from perdure.workflows.shared.contracts import ArtifactRef, GoalResult
+from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.graph import node_key
 from tests.builders import chain, gate, llm, openai_profile, spec
 from tests.helpers import calls_for, new_goal_id, running_worker, wait_until

@@ -8,8 +8,8 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalResult
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Activities, GoalResult
 from tests.builders import SUMMARY_TEXT, anthropic_profile, demo_script, openai_profile, spec, write_notes
 from tests.helpers import (
     largest_event_bytes,

@@ -13,12 +13,13 @@ from temporalio.worker import Worker
 
 from perdure.activities.goal.report import ReportActivities
 from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.workflows.goal.contracts.goal_contracts import Activities, Budget, GenerateInput, GenerateResult
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.lost_workers import last_attempt_lost
 from perdure.workflows.goal.model_calls import model_options
 from perdure.workflows.goal.rules.estimates import KIND_DEFAULTS
 from perdure.workflows.goal.tool_runner import runs_again_harmlessly
-from perdure.workflows.shared.contracts import Activities, Budget, GenerateInput, GenerateResult, ToolInput
+from perdure.workflows.shared.contracts import ToolInput
 from perdure.workflows.shared.retries import MODEL_OPTIONS, MODEL_RETRY
 from tests.builders import llm, spec
 from tests.helpers import run_goal

@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 from perdure.memory.store import open_store
 from perdure.starters import cli
 from perdure.starters.cli import terminal
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.memory_contracts import MemorySource, NewMemory
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.router.router_contracts import RouterHandlers, RouterView, router_id
-from perdure.workflows.shared.contracts import Activities
 from perdure.workflows.shared.search_attributes import OWNER
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import (

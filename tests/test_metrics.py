@@ -26,11 +26,11 @@ from perdure.runtime.plugin import PerdurePlugin
 from perdure.starters.cli import app
 from perdure.testing.otlp import OtlpReceiver
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, Budget
 from perdure.workflows.goal.contracts.messages import Answer
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared import metrics
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Budget
 from perdure.workflows.watchdog.watchdog_contracts import WatchdogInput
 from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import agent, gate, llm, openai_profile, spec

@@ -20,15 +20,15 @@ from perdure.activities.models.model_activities import (
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
-from perdure.workflows.goal.contracts.plan import parse_plan
-from perdure.workflows.shared.contracts import (
+from perdure.workflows.goal.contracts.goal_contracts import (
     Activities,
     AgentTurnInput,
     GenerateInput,
     ModelContext,
     PlanInput,
-    ToolResult,
 )
+from perdure.workflows.goal.contracts.plan import parse_plan
+from perdure.workflows.shared.contracts import ToolResult
 
 CONSTRAINT = "Never delete files; keep the README under 200 words."
 GOOD_PLAN = {

@@ -17,11 +17,11 @@ from temporalio.testing import ActivityEnvironment
 from perdure.activities.models.model_activities import ModelActivities
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
 from perdure.activities.models.providers import BATCH_HANDLE, RESPONSE_HANDLE
+from perdure.workflows.goal.contracts.goal_contracts import AgentTurnInput, GenerateInput, ModelContext
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import AgentTurnInput, GenerateInput, ModelContext
 from tests.builders import agent, anthropic_profile, llm, openai_profile, spec
 from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
 

@@ -18,9 +18,10 @@ from temporalio.worker import Replayer, Worker
 
 from perdure.activities.goal.report import ReportActivities
 from perdure.runtime.plugin import PerdurePlugin
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.nodes.llm import LlmNode
-from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.helpers import (
     local_activities,

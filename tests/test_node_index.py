@@ -15,8 +15,7 @@ from perdure.workflows.goal.contracts.plan import LlmStep, Plan, ToolStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.shared import graph
-from perdure.workflows.shared.contracts import NodeStatus
-from perdure.workflows.shared.statuses import TERMINAL
+from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
 
 STATUSES: list[NodeStatus] = [
     "pending",

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from perdure.activities.models.profiles import ModelProfile, load_model_config
 from perdure.starters import cli
 from perdure.starters.cli import terminal
+from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalResult, GoalSpec
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Budget, GoalResult, GoalSpec
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.helpers import new_goal_id, perdure_status, run_goal, running_worker, start
 

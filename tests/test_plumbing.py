@@ -16,8 +16,8 @@ from temporalio.client import ScheduleActionStartWorkflow
 
 from perdure.starters.client.start_checks import published_offers
 from perdure.workers import plumbing, watchdog_schedule
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
 from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW
 from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.builders import gate
 from tests.helpers import running_worker, start

@@ -25,11 +25,12 @@ from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.workspace_versions import WorkspaceVersions
 from perdure.testing.fakes import LedgerAPI
 from perdure.workflows.goal import scheduler
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.read_batch import BATCH_MAX_CALLS
-from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult
+from perdure.workflows.shared.contracts import ToolBatchInput, ToolBatchResult
 from tests.builders import openai_profile, spec
 from tests.helpers import (
     goal_result,

@@ -17,7 +17,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
 from perdure.testing.crash import open_writer, serve_fifo
-from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT
 from tests.builders import spec
 

@@ -15,11 +15,11 @@ from temporalio.workflow import NondeterminismError
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.workers.worker_capabilities import CAPABILITIES_WORKFLOW
 from perdure.workflows.devices.device_contracts import DEVICE_REGISTRY_WORKFLOW
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, Activities, GoalResult
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
 from perdure.workflows.quota.quota_workflow import QUOTA_WORKFLOW
 from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Activities, GoalResult
 from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.goldens import HISTORIES, WORKFLOWS, load
 

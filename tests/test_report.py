@@ -9,7 +9,7 @@ from temporalio.testing import ActivityEnvironment
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.goal.report import EXCERPT_CHARS, OUTPUT_CAP_CHARS, ReportActivities
-from perdure.workflows.shared.contracts import ReportInput, ReportResult, StepOutcome
+from perdure.workflows.goal.contracts.goal_contracts import ReportInput, ReportResult, StepOutcome
 
 
 @pytest.fixture

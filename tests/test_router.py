@@ -24,6 +24,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from perdure.starters.client import goal_reads, router_calls
 from perdure.starters.client.client_errors import SayRefused
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -37,7 +38,6 @@ from perdure.workflows.router.router_contracts import (
     router_id,
 )
 from perdure.workflows.router.router_workflow import RouterWorkflow
-from perdure.workflows.shared.contracts import GoalResult
 from perdure.workflows.shared.search_attributes import OWNER
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import running_worker, wait_until

@@ -86,6 +86,6 @@ def test_batches_keep_the_models_order_and_never_group_an_activity(local):
 
 
 def test_default_limit_is_the_goal_specs_default():
-    from perdure.workflows.shared.contracts import GoalSpec
+    from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 
     assert GoalSpec(goal="g", workspace="/w").local_activities_up_to_s == DEFAULT_LOCAL_UP_TO_S

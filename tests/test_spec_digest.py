@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 
 from perdure.starters.client.goal_specs import LATER_SPEC_FIELDS, LATER_VERIFY_FIELDS, spec_digest
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import VerifySpec
-from perdure.workflows.shared.contracts import GoalSpec
 
 # GoalSpec's fields when start digests were first compared; every field since is "later".
 FIELDS_WHEN_DIGESTS_BEGAN = {

@@ -11,10 +11,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, Signals
 from perdure.workflows.goal.contracts.messages import Abort, Park, Resume, Steer
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalResult, Signals
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
 from tests.helpers import goal_result, perdure_status, running_worker, start, statuses, submit, wait_until
 

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from perdure.starters import cli
 from perdure.starters.cli import terminal
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Approve, Park, Resume
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Budget
 from tests.builders import STEP_REPLY, llm, openai_profile
 from tests.helpers import goal_result, perdure_status, running_worker, start, statuses, submit, wait_until
 
@@ -284,7 +284,7 @@ async def test_a_branch_spending_far_over_its_fair_share_gets_no_successor_while
 
 def test_the_planner_is_told_of_wrap_up_steps_and_of_a_commands_replay_and_network_flags():
     from perdure.activities.models.model_activities import planner_system_prompt
-    from perdure.workflows.shared.contracts import ModelContext
+    from perdure.workflows.goal.contracts.goal_contracts import ModelContext
 
     prompt = planner_system_prompt(ModelContext(profile="test", goal="g"), ["run_command", "notify_webhook"])
     assert "`wrap_up: true` marks wrap-up work" in prompt and "runs even when the budget is spent" in prompt

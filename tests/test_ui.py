@@ -35,11 +35,11 @@ from perdure.starters.cli import terminal
 from perdure.starters.client.goal_starts import start_goal
 from perdure.workers import plumbing, watchdog_schedule
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.offers.worker_offers import worker_offers_id
 from perdure.workflows.quota.quota_workflow import QUOTA_WORKFLOW
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW
 from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
 from tests.builders import DEMO_PLAN, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, load

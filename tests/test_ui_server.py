@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from perdure.starters.client import goal_reads, goal_starts, router_calls
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_MEMO
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.router.router_contracts import Say
-from perdure.workflows.shared.contracts import GOAL_MEMO
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import CHROMIUM, chromium, goal_result, running_worker, start, wait_until
 

@@ -16,12 +16,12 @@ import pytest
 
 from perdure.activities.models.profiles import ModelConfig
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from perdure.workflows.goal.contracts.messages import Answer, Park
 from perdure.workflows.goal.contracts.plan import parse_plan
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules.timing import TimerEvents, judge, late_cause, lateness_text
-from perdure.workflows.shared.contracts import GoalResult
 from tests.builders import gate, llm, openai_profile, spec
 from tests.helpers import local_activities, perdure_status, submit, wait_until
 

@@ -24,9 +24,10 @@ from perdure.activities.watchdog.watchdog_memory import memory_path
 from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
 from perdure.starters.cli import app
 from perdure.workers import orchestrator, watchdog_schedule
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GenerateInput, GenerateResult, Usage
 from perdure.workflows.goal.contracts.messages import Answer, Park
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Activities, GenerateInput, GenerateResult, ToolInput, ToolResult, Usage
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 from perdure.workflows.watchdog.watchdog_contracts import ScanInput, WatchdogInput, WatchdogResult
 from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile

@@ -13,10 +13,10 @@ import pytest
 
 from perdure.activities.models.profiles import ModelConfig
 from perdure.workers.orchestrator import build_worker
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from perdure.workflows.goal.contracts.messages import Answer, Narrow, Park, Queue
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import GoalResult
 from tests.builders import llm, openai_profile, spec
 from tests.helpers import run_ids, submit, wait_until
 

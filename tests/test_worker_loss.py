@@ -21,8 +21,8 @@ from temporalio.client import WorkflowHandle
 from perdure.starters.client import goal_reads
 from perdure.testing.crash import PERDURE, CrashRig
 from perdure.testing.fakes import MAIL_KEY, MailAPI
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalResult
 from perdure.workflows.goal.contracts.plan import Plan
-from perdure.workflows.shared.contracts import Activities, GoalResult
 from perdure.workflows.shared.retries import MODEL_RETRY, RETRY_BY_POLICY
 from tests.builders import spec
 from tests.helpers import activity_outcomes

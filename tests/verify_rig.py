@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.messages import Park, Resume
-from perdure.workflows.shared.contracts import Activities
 from tests.helpers import local_activities, scheduled_activities, submit, wait_until
 
 

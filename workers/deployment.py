@@ -40,7 +40,7 @@ from temporalio.worker import WorkerDeploymentConfig
 
 from perdure.runtime import settings
 from perdure.workers.code_version import code_version
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
 
 # The system search attribute visibility keeps a run's version in, as `<deployment>:<build id>`.
 VERSION_KEY = SearchAttributeKey.for_keyword("TemporalWorkerDeploymentVersion")

@@ -25,8 +25,9 @@ from perdure.workflows.devices.device_contracts import (
     ResolvedCall,
     registry_id,
 )
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.shared.canonical import canonical_json
-from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 
 LIST_TIMEOUT_S = 5.0
 

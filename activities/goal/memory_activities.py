@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from perdure.memory.store import MemoryStore, MemoryStoreError, open_store, recalled
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.memory_contracts import (
     SHOWN_CHARS,
     MemorySource,
@@ -42,7 +43,6 @@ from perdure.workflows.goal.contracts.memory_contracts import (
     RevocationsResult,
 )
 from perdure.workflows.goal.rules.memory_rules import SHELF_LIFE, expires
-from perdure.workflows.shared.contracts import Activities
 
 
 class MemoryActivities:

@@ -49,6 +49,7 @@ from perdure.activities.tools.catalogue.tool_errors import ToolError
 from perdure.activities.tools.command_runs import run_command
 from perdure.activities.tools.fingerprints import URL_PREFIX, digest_of_source, url_cap, url_digest
 from perdure.activities.tools.http_calls import http_get
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.verify_contracts import (
     NodeCheck,
     QuestionInput,
@@ -57,7 +58,7 @@ from perdure.workflows.goal.contracts.verify_contracts import (
     VerifyInput,
     VerifyResult,
 )
-from perdure.workflows.shared.contracts import Activities, Fingerprint
+from perdure.workflows.shared.contracts import Fingerprint
 
 # The marker lets the scripted server (and a person reading a transcript) tell the call apart.
 VERIFY_MARKER = "PERDURE-VERIFY"

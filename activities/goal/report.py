@@ -18,8 +18,8 @@ from temporalio import activity
 from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from perdure.activities.faults import fault_point
 from perdure.activities.heartbeat import Heartbeat
+from perdure.workflows.goal.contracts.goal_contracts import Activities, ReportInput, ReportResult, StepOutcome
 from perdure.workflows.goal.rules.own_calls import own_call_lines
-from perdure.workflows.shared.contracts import Activities, ReportInput, ReportResult, StepOutcome
 
 OUTPUT_CAP_CHARS = 4_000
 """Characters of each step's output quoted in the report; the full output stays in the store."""

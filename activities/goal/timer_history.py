@@ -20,10 +20,11 @@ from temporalio.api.enums.v1 import EventType
 
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.tools.run_tool import preview
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.wait_contracts import WaitOutput, WaitOutputInput
 from perdure.workflows.goal.rules import timing
 from perdure.workflows.goal.rules.timing import TimerEvents
-from perdure.workflows.shared.contracts import Activities, ToolResult
+from perdure.workflows.shared.contracts import ToolResult
 
 
 class TimingActivities:

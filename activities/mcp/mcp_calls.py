@@ -28,7 +28,7 @@ from perdure.activities.mcp.mcp_config import McpServer, McpToolPolicy
 from perdure.activities.mcp.mcp_session import catalogue_entries, connect
 from perdure.activities.tools.catalogue.tool_base import EffectCall, EffectTool, LocalCall, LocalTool
 from perdure.activities.tools.catalogue.tool_errors import OutcomeUnknown, ToolError
-from perdure.workflows.shared.contracts import Activities
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.shared.mcp_tools import McpArgs, McpCatalogue, McpCatalogueInput, McpDeclaration, McpTool
 from perdure.workflows.shared.tool_specs import Effect, RiskClass
 

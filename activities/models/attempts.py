@@ -20,7 +20,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from perdure.activities.models.timeouts import attempt_deadline
-from perdure.workflows.shared.contracts import Usage
+from perdure.workflows.goal.contracts.goal_contracts import Usage
 from perdure.workflows.shared.retries import ModelAttempt, failed_attempts_in, unaccounted_attempts, with_attempts
 
 R = TypeVar("R", bound=BaseModel)

@@ -33,13 +33,10 @@ from perdure.activities.models.usage_metrics import count_reply
 from perdure.activities.quota.quota_admission import QuotaWaitError, admitted
 from perdure.activities.spans import model_call_span
 from perdure.activities.tools.catalogue import COMPACTION_TOOL, DEVICE_TOOLS, LOW_VALUE_TOOLS, TOOL_SPECS
-from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, Plan, parse_plan
-from perdure.workflows.goal.rules.evidence import statement_lines
-from perdure.workflows.shared.contracts import (
+from perdure.workflows.goal.contracts.goal_contracts import (
     Activities,
     AgentTurnInput,
     AgentTurnResult,
-    ArtifactRef,
     ContextCompaction,
     DriftInput,
     DriftOutline,
@@ -51,9 +48,11 @@ from perdure.workflows.shared.contracts import (
     PlanResult,
     PlanRevision,
     ToolCall,
-    ToolResult,
     Usage,
 )
+from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, Plan, parse_plan
+from perdure.workflows.goal.rules.evidence import statement_lines
+from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
 from perdure.workflows.shared.mcp_tools import McpTool, tool_table
 from perdure.workflows.shared.tool_specs import ToolSpec
 

@@ -33,7 +33,7 @@ from perdure.activities.client_pool import pooled
 from perdure.activities.models.attempts import ModelAttemptState, ModelError
 from perdure.activities.models.profiles import ModelProfile
 from perdure.activities.models.timeouts import MIN_REPLY_WAIT_S, reply_timed_out, request_timeout
-from perdure.workflows.shared.contracts import Usage
+from perdure.workflows.goal.contracts.goal_contracts import Usage
 
 # Servers such as Ollama or llama.cpp accept any key, but the SDKs insist on one.
 NO_KEY = "unused"

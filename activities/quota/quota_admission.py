@@ -31,6 +31,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.workflows.goal.contracts.goal_contracts import ModelContext
 from perdure.workflows.quota.quota_workflow import (
     QUOTA_WAIT,
     QUOTA_WORKFLOW,
@@ -42,7 +43,6 @@ from perdure.workflows.quota.quota_workflow import (
     QuotaState,
     quota_workflow_id,
 )
-from perdure.workflows.shared.contracts import ModelContext
 
 # A slot this close is waited for in the activity: a durable timer costs more than it, and
 # the goal's call comes back this early (workflows/goal/model_calls.py SLOT_LEAD).

@@ -23,6 +23,7 @@ from perdure.activities.models.attempts import ModelAttemptState
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
 from perdure.activities.models.usage_metrics import count_reply
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.router.router_contracts import (
     AnswerInput,
@@ -33,7 +34,6 @@ from perdure.workflows.router.router_contracts import (
     RouterActivities,
 )
 from perdure.workflows.shared import search_attributes as sa
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries
 
 CLOSE_EVENT = WorkflowHistoryEventFilterType.CLOSE_EVENT
 # Goals that ended longer ago than this are no longer candidates.

@@ -48,10 +48,10 @@ from perdure.activities.tools.fingerprints import fingerprints_of
 from perdure.activities.tools.workspace import WorkspaceMissing, workspace_root
 from perdure.activities.tools.workspace_files import FileCall
 from perdure.activities.tools.workspace_versions import FenceToken, WorkspaceVersions, superseded_message
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import TEMPLATE, describe_validation_error
 from perdure.workflows.quota.quota_workflow import QuotaLimits
 from perdure.workflows.shared.contracts import (
-    Activities,
     ArtifactRef,
     Fingerprint,
     PreparedEffect,

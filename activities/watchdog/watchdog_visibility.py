@@ -23,10 +23,10 @@ from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.activities.watchdog.watchdog_memory import load_memory, load_rules, memory_path, rules_path, save_memory
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import Escalate, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules.stall import fingerprint, normalise_output, novelty
-from perdure.workflows.shared.contracts import GOAL_WORKFLOW, ProgressSnapshot
 from perdure.workflows.watchdog.watchdog_contracts import (
     GoalObservation,
     InterveneInput,

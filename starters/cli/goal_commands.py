@@ -19,7 +19,7 @@ from perdure.starters.cli.terminal import UserError, console, err_console, key_v
 from perdure.starters.client import PerdureClient, goal_reads, goal_specs
 from perdure.starters.client.client_errors import BadPlanFile, EndedWithoutResult, GoalNotFound, StartRefused
 from perdure.workers import deployment
-from perdure.workflows.shared.contracts import DEFAULT_MAX_TOKENS
+from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_MAX_TOKENS
 
 app = typer.Typer()
 

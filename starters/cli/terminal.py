@@ -20,7 +20,7 @@ from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import BadPlanFile, GoalNotFound, StartRefused
 from perdure.starters.consoles import cli_console
 from perdure.starters.watchdog_view import WatchdogMissing
-from perdure.workflows.shared.contracts import GoalSpec
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 
 console = cli_console()
 err_console = cli_console(stderr=True)

@@ -20,10 +20,10 @@ from temporalio.service import RPCError
 from perdure.starters.client import goal_reads
 from perdure.starters.client.client_errors import ForkRefused, NoAnswer
 from perdure.starters.client.start_checks import has_pollers
+from perdure.workflows.goal.contracts.goal_contracts import ForkOrigin, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules.forking import ForkPoint, ForkPointInput
-from perdure.workflows.shared.contracts import ForkOrigin, GoalSpec, ProgressSnapshot
 
 # A healthy worker answers in milliseconds; a finished goal is replayed first (its whole history).
 QUERY_TIMEOUT_S = 10.0

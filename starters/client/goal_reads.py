@@ -36,9 +36,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.activities.artifacts import ArtifactMissing, default_store
 from perdure.starters.client.client_errors import EndedWithoutResult, GoalNotFound, ResultUnreadable, StillRunning
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, ProgressSnapshot
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared import search_attributes as sa
-from perdure.workflows.shared.contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, ProgressSnapshot
 from perdure.workflows.shared.statuses import Phase
 
 

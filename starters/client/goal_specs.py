@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
 from perdure.starters.client.client_errors import BadPlanFile, StartRefused
+from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_MAX_TOKENS, Budget, GoalSpec
 from perdure.workflows.goal.contracts.messages import REQUEST_ID
 from perdure.workflows.goal.contracts.plan import (
     AgentStep,
@@ -33,7 +34,6 @@ from perdure.workflows.goal.contracts.plan import (
     describe_validation_error,
     parse_plan,
 )
-from perdure.workflows.shared.contracts import DEFAULT_MAX_TOKENS, Budget, GoalSpec
 from perdure.workflows.shared.mcp_tools import is_mcp_tool
 
 SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s", "recovery_mode", "verify_after_s")

@@ -23,10 +23,10 @@ from perdure.runtime import settings
 from perdure.starters.client.client_errors import GoalNotFound, StartRefused
 from perdure.starters.client.goal_reads import describe, finished_text, is_open
 from perdure.starters.client.goal_specs import SPEC_DIGEST_MEMO, check_goal_id, spec_digest, static_details
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec, goal_memo
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared import search_attributes as sa
-from perdure.workflows.shared.contracts import GoalSpec, goal_memo
 
 
 async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool = False) -> WorkflowHandle:

@@ -27,9 +27,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from perdure.starters.client import goal_reads
 from perdure.starters.client import start_checks as capabilities
 from perdure.starters.client.client_errors import GoalEnded, MessageRejected
+from perdure.workflows.goal.contracts.goal_contracts import Signals, Updates
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt, Refusal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.contracts import Signals, Updates
 
 UPDATE_WAIT = timedelta(seconds=5)
 

@@ -34,11 +34,11 @@ from perdure.starters.client.goal_forks import GoalSide
 from perdure.starters.client.goal_reads import ClosedReport, PendingActivity
 from perdure.starters.client.goal_starts import StartAnswer
 from perdure.starters.client.message_delivery import AdmittedMessage, Delivery, InboxResult
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import InboxView
 from perdure.workflows.goal.rules.forking import ForkPoint
 from perdure.workflows.offers.worker_offers import PublishedOffer
 from perdure.workflows.router.router_contracts import RouterView, Routing, Say
-from perdure.workflows.shared.contracts import GoalResult, GoalSpec, ProgressSnapshot
 
 
 class PerdureClient:

@@ -32,9 +32,9 @@ from perdure.runtime import settings
 from perdure.runtime.codec import KEY_ID_METADATA, is_encrypted, keyring_of
 from perdure.starters.client.client_errors import NotOffered, NoWorkerAnswered, OffersUnreadable
 from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import check_plan, devices_named
 from perdure.workflows.offers.worker_offers import OFFERS_MEMO, CapabilitiesResult, PublishedOffer, worker_offers_id
-from perdure.workflows.shared.contracts import GoalSpec
 from perdure.workflows.shared.mcp_tools import is_mcp_tool, server_of
 
 # Each call to the server: a healthy one answers in milliseconds.

@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
 from perdure.activities.tools.catalogue.command_tool import read_only_command
-from perdure.workflows.shared.contracts import TASK_QUEUE, Compensation
-from perdure.workflows.shared.tool_specs import DEVICE_NAME, ApprovalRule, RiskClass
+from perdure.workflows.shared.contracts import TASK_QUEUE
+from perdure.workflows.shared.tool_specs import DEVICE_NAME, ApprovalRule, Compensation, RiskClass
 
 __all__ = ["DEVICE_NAME", "DEVICE_TOOLS", "ApprovalRule"]  # defined with the tool catalogue; part of these contracts
 

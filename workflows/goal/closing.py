@@ -15,11 +15,18 @@ from typing import get_args
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import (
+    Activities,
+    GoalResult,
+    Outcome,
+    ReportInput,
+    ReportResult,
+    StepOutcome,
+)
 from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.rules.progress_view import owned_objects
 from perdure.workflows.shared import graph, metrics
-from perdure.workflows.shared.contracts import Activities, GoalResult, Outcome, ReportInput, ReportResult, StepOutcome
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
 from perdure.workflows.shared.statuses import NodeStatus
 

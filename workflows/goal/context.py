@@ -17,12 +17,13 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
+from perdure.workflows.goal.contracts.goal_contracts import Signals, SubgoalOutcome
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import GoalState, Node, Question
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.shared import metrics
-from perdure.workflows.shared.contracts import ArtifactRef, Signals, SubgoalOutcome
+from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, tool_table
 from perdure.workflows.shared.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
 from perdure.workflows.shared.statuses import TERMINAL, NodeStatus

@@ -46,12 +46,13 @@ from perdure.workflows.devices.device_contracts import (
     registry_id,
 )
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeWaiting
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import AgentStep, Plan, ToolStep, devices_named
 from perdure.workflows.goal.contracts.state import DeviceWait, Node, Question
 from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.tool_runner import tool_timeout
 from perdure.workflows.shared.canonical import canonical_json, digest_of
-from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 
 WRITES = ("remote-write", "irreversible")
 

@@ -25,11 +25,12 @@ from temporalio.exceptions import ActivityError, TimeoutError
 
 from perdure.activities.tools.catalogue import COMMAND_TOOLS
 from perdure.workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.tool_runner import ToolRunner, failure_message
-from perdure.workflows.shared.contracts import Activities, PreparedEffect, ToolInput, ToolResult
+from perdure.workflows.shared.contracts import PreparedEffect, ToolInput, ToolResult
 from perdure.workflows.shared.effects import command_key, prepared_in_workflow
 from perdure.workflows.shared.tool_specs import WRITE_RISKS, ToolSpec
 

@@ -44,6 +44,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlrea
 from temporalio.workflow import ParentClosePolicy
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.memory_contracts import (
     MemoryOffer,
     MemoryOffered,
@@ -59,7 +60,6 @@ from perdure.workflows.goal.contracts.plan import PlanStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.rules import memory_rules
 from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW, RouterHandlers, RouterInput, router_id
-from perdure.workflows.shared.contracts import Activities
 from perdure.workflows.shared.search_attributes import OWNER
 
 MEMORY_TIMEOUT = timedelta(seconds=20)

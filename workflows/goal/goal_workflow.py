@@ -28,6 +28,15 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.devices.device_contracts import DEVICE_PRESENCE_SIGNAL
     from perdure.workflows.goal.closing import Closing
     from perdure.workflows.goal.context import GoalContext, GoalFailed
+    from perdure.workflows.goal.contracts.goal_contracts import (
+        GOAL_WORKFLOW,
+        GoalResult,
+        ProgressSnapshot,
+        Queries,
+        Signals,
+        SubgoalOutcome,
+        Updates,
+    )
     from perdure.workflows.goal.contracts.messages import InboxView, Receipt
     from perdure.workflows.goal.contracts.migrations import StateFromNewerCode, StateRefused, load_state
     from perdure.workflows.goal.contracts.state import GoalInput, GoalState, UndecryptedInput
@@ -50,15 +59,6 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.verification import Verifier
     from perdure.workflows.goal.verify_due import note_code_version, note_wait_ended
     from perdure.workflows.shared import metrics
-    from perdure.workflows.shared.contracts import (
-        GOAL_WORKFLOW,
-        GoalResult,
-        ProgressSnapshot,
-        Queries,
-        Signals,
-        SubgoalOutcome,
-        Updates,
-    )
     from perdure.workflows.shared.run_boundary import continue_on_current_version
     from perdure.workflows.shared.statuses import IN_FLIGHT
 

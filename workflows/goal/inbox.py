@@ -21,6 +21,7 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import Signals, Updates
 from perdure.workflows.goal.contracts.messages import (
     MAX_REFUSALS,
     InboxEntry,
@@ -37,7 +38,6 @@ from perdure.workflows.goal.contracts.messages import (
     request_id_of,
     turn_problem,
 )
-from perdure.workflows.shared.contracts import Signals, Updates
 from perdure.workflows.shared.raw_values import decode_raw
 from perdure.workflows.shared.statuses import ENDED_PHASES
 

@@ -19,7 +19,7 @@ waits here on a durable timer, shown on its node, and runs again with its slot's
 resource without a quota never takes this path.
 
 Workflow code: it schedules activities. A new model-backed activity needs only an
-input and a result type in workflows/shared/contracts.py and a call to `ModelCalls.run`.
+input and a result type in workflows/goal/contracts/goal_contracts.py and a call to `ModelCalls.run`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import ModelContext, Usage
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.lost_workers import LostWorkers, out_of_attempts
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.quota.quota_workflow import QUOTA_KEY, QUOTA_WAIT, slot_text, waited_seconds, waited_text
-from perdure.workflows.shared.contracts import ModelContext, Usage
 from perdure.workflows.shared.retries import (
     MODEL_OPTIONS,
     MODEL_RETRY,

@@ -17,6 +17,14 @@ from temporalio.exceptions import ActivityError
 
 from perdure.workflows.devices.device_contracts import DevicePresence
 from perdure.workflows.goal.context import GoalContext, GoalFailed
+from perdure.workflows.goal.contracts.goal_contracts import (
+    Activities,
+    DriftInput,
+    DriftResult,
+    PlanInput,
+    PlanResult,
+    PlanRevision,
+)
 from perdure.workflows.goal.contracts.messages import InboxEntry
 from perdure.workflows.goal.contracts.plan import Plan, check_plan
 from perdure.workflows.goal.contracts.state import Node, PlanVersion
@@ -28,15 +36,7 @@ from perdure.workflows.goal.rules.evidence import EvidenceTrigger
 from perdure.workflows.goal.scheduler import Scheduler
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
-from perdure.workflows.shared.contracts import (
-    Activities,
-    ArtifactRef,
-    DriftInput,
-    DriftResult,
-    PlanInput,
-    PlanResult,
-    PlanRevision,
-)
+from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
 from perdure.workflows.shared.statuses import IN_FLIGHT
 

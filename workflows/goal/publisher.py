@@ -12,13 +12,13 @@ from __future__ import annotations
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import ProgressSnapshot
 from perdure.workflows.goal.rules.eta import Eta, estimate_eta
 from perdure.workflows.goal.rules.progress_view import details_markdown, progress_snapshot
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.stream import EventStream
 from perdure.workflows.shared import search_attributes as sa
 from perdure.workflows.shared.budget import budget_fractions
-from perdure.workflows.shared.contracts import ProgressSnapshot
 from perdure.workflows.shared.statuses import CLOSED_PHASES, ENDED_PHASES, TERMINAL
 
 

@@ -36,11 +36,12 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.canonical import canonical_json
-from perdure.workflows.shared.contracts import Activities, ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
+from perdure.workflows.shared.contracts import ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
 from perdure.workflows.shared.retries import MODEL_HEARTBEAT, TOOL_RETRY
 
 SUMMARY_NAMES = 6

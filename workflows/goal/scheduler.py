@@ -19,6 +19,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TemporalError
 
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
+from perdure.workflows.goal.contracts.goal_contracts import Usage
 from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
@@ -29,7 +30,6 @@ from perdure.workflows.goal.rules import risk_order
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared import graph
-from perdure.workflows.shared.contracts import Usage
 from perdure.workflows.shared.statuses import IN_FLIGHT, NodeStatus
 
 # The most nodes started in one workflow task (over all its passes); the rest start in the

@@ -18,6 +18,7 @@ from typing import Literal
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import Budget, OwnCalls, Usage
 from perdure.workflows.goal.contracts.plan import PlanStep, SubgoalStep
 from perdure.workflows.goal.contracts.state import KindStats, Node
 from perdure.workflows.goal.pause import Pause
@@ -29,7 +30,6 @@ from perdure.workflows.goal.rules.estimates import (
     own_seconds,
 )
 from perdure.workflows.shared import budget, metrics
-from perdure.workflows.shared.contracts import Budget, OwnCalls, Usage
 from perdure.workflows.shared.statuses import IN_FLIGHT
 
 # Keeps the per-kind ledger bounded however long the goal runs.

@@ -24,11 +24,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from perdure.activities.tools.catalogue import TOOL_SPECS, VERSIONED_WRITES
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, command_replay
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
 from perdure.workflows.goal.read_batch import ReadBatcher
 from perdure.workflows.goal.rules import segments
-from perdure.workflows.shared.contracts import Activities, ToolInput, ToolResult, WorkspaceFence
+from perdure.workflows.shared.contracts import ToolInput, ToolResult, WorkspaceFence
 from perdure.workflows.shared.retries import (
     HEARTBEAT_TIMEOUT,
     ONCE_HEARTBEAT,

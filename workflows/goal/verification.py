@@ -50,6 +50,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.goal_contracts import Activities, ModelContext
 from perdure.workflows.goal.contracts.plan import PlanStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, Verification
 from perdure.workflows.goal.contracts.verify_contracts import (
@@ -65,7 +66,7 @@ from perdure.workflows.goal.model_calls import ModelCalls
 from perdure.workflows.goal.rules.invalidation import invalidate_nodes
 from perdure.workflows.goal.scheduler import Scheduler
 from perdure.workflows.goal.tool_runner import failure_message
-from perdure.workflows.shared.contracts import Activities, Fingerprint, ModelContext
+from perdure.workflows.shared.contracts import Fingerprint
 
 VERIFY_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 VERIFY_HEARTBEAT = timedelta(seconds=60)

@@ -46,6 +46,14 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from perdure.workflows.goal.contracts.goal_contracts import (
+        GOAL_WORKFLOW,
+        Activities,
+        Budget,
+        GoalSpec,
+        Signals,
+        goal_memo,
+    )
     from perdure.workflows.goal.contracts.memory_contracts import MemoryOffer, PromoteInput, PromoteResult
     from perdure.workflows.goal.contracts.messages import Answer, Queue, Steer, bounded, content_digest
     from perdure.workflows.goal.contracts.plan import describe_validation_error
@@ -79,7 +87,6 @@ with workflow.unsafe.imports_passed_through():
         open_thread,
         parse_choice,
     )
-    from perdure.workflows.shared.contracts import GOAL_WORKFLOW, Activities, Budget, GoalSpec, Signals, goal_memo
     from perdure.workflows.shared.raw_values import decode_raw
     from perdure.workflows.shared.run_boundary import continue_as_new_due, continue_on_current_version
     from perdure.workflows.shared.search_attributes import OWNER

@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.rules.estimates import KindEstimate, describe_basis
-from perdure.workflows.shared.contracts import Budget
 from perdure.workflows.shared.durations import duration_text
 
 GateAction = Literal["dispatch", "degraded", "skip", "wrap_up_only", "emergency_stop"]

@@ -15,28 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from perdure.workflows.devices.device_contracts import DevicePresence
+from perdure.workflows.goal.contracts.goal_contracts import (
+    AgentTurnResult,
+    Budget,
+    ContextCompaction,
+    GoalResult,
+    GoalSpec,
+    OwnCalls,
+    SubgoalOutcome,
+)
 from perdure.workflows.goal.contracts.memory_contracts import GoalMemory, Recalled
 from perdure.workflows.goal.contracts.messages import InboxEntry, Refusal
-from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.plan import NodeKind, Plan
 from perdure.workflows.goal.rules.evidence import EvidenceLog
 from perdure.workflows.goal.rules.stall import StallAction, StallState
 from perdure.workflows.goal.rules.timing import TimerRecord
-from perdure.workflows.shared.contracts import (
-    AgentTurnResult,
-    ArtifactRef,
-    Budget,
-    Compensation,
-    ContextCompaction,
-    Fingerprint,
-    GoalResult,
-    GoalSpec,
-    NodeKind,
-    OwnCalls,
-    SubgoalOutcome,
-    ToolResult,
-)
+from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ToolResult
 from perdure.workflows.shared.mcp_tools import McpCatalogue
 from perdure.workflows.shared.statuses import NodeStatus, Phase
+from perdure.workflows.shared.tool_specs import Compensation
 
 # "MAJOR.MINOR", restarted at perdure 1.0 (workflows/goal/contracts/migrations.py says why).
 SCHEMA_VERSION = "1.0"

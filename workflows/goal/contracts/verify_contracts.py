@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from perdure.workflows.goal.contracts.goal_contracts import ModelContext, Usage
 from perdure.workflows.goal.contracts.plan import VerifyDepth
-from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ModelContext, Usage
+from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint
 
 # What one re-fetch of a URL may take (activities/tools/http_calls.py's HTTP_TIMEOUT_S): the
 # check's activity is given that much more per URL it re-fetches.

@@ -15,21 +15,14 @@ from temporalio import workflow
 
 from perdure.activities.tools.catalogue import COMPACTION_TOOL
 from perdure.workflows.goal.context import NodeFailed, short_key
+from perdure.workflows.goal.contracts.goal_contracts import Activities, AgentTurnInput, AgentTurnResult, ToolCall
 from perdure.workflows.goal.contracts.plan import AgentStep
 from perdure.workflows.goal.contracts.state import AgentProgress, Node, RejectedPath
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes.base import NodeDeps
 from perdure.workflows.goal.rules import questions, segments, stall
 from perdure.workflows.shared import metrics
-from perdure.workflows.shared.contracts import (
-    Activities,
-    AgentTurnInput,
-    AgentTurnResult,
-    ArtifactRef,
-    ToolCall,
-    ToolInput,
-    ToolResult,
-)
+from perdure.workflows.shared.contracts import ArtifactRef, ToolInput, ToolResult
 
 
 class AgentNode:

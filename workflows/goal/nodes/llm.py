@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from perdure.workflows.goal.context import short_key
+from perdure.workflows.goal.contracts.goal_contracts import Activities, GenerateInput, GenerateResult
 from perdure.workflows.goal.contracts.plan import LlmStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes.base import NodeDeps
-from perdure.workflows.shared.contracts import Activities, ArtifactRef, GenerateInput, GenerateResult
+from perdure.workflows.shared.contracts import ArtifactRef
 
 
 class LlmNode:

@@ -27,19 +27,19 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 from perdure.workflows.goal.context import NodeFailed, NodeWaiting
-from perdure.workflows.goal.contracts.plan import SubgoalStep
-from perdure.workflows.goal.contracts.state import GoalInput, Node
-from perdure.workflows.goal.nodes.base import NodeDeps
-from perdure.workflows.shared.budget import child_budget
-from perdure.workflows.shared.contracts import (
+from perdure.workflows.goal.contracts.goal_contracts import (
     GOAL_WORKFLOW,
-    ArtifactRef,
     GoalResult,
     GoalSpec,
     ParentLink,
     SubgoalOutcome,
     Usage,
 )
+from perdure.workflows.goal.contracts.plan import SubgoalStep
+from perdure.workflows.goal.contracts.state import GoalInput, Node
+from perdure.workflows.goal.nodes.base import NodeDeps
+from perdure.workflows.shared.budget import child_budget
+from perdure.workflows.shared.contracts import ArtifactRef
 
 SUBGOAL_WAIT = "subgoal:"
 

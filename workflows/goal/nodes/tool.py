@@ -24,13 +24,14 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from perdure.workflows.goal.context import NodeFailed, short_key
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import ToolStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.contracts.verify_contracts import VerifyInput, VerifyResult, source_key
 from perdure.workflows.goal.nodes.base import NodeDeps
 from perdure.workflows.goal.tool_runner import MAX_FINGERPRINTS
 from perdure.workflows.shared.canonical import canonical_json
-from perdure.workflows.shared.contracts import Activities, ArtifactRef, Fingerprint, ToolInput
+from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ToolInput
 
 # A look at most digests this many sources (two fingerprints each when the step changed them).
 MAX_LOOKED = MAX_FINGERPRINTS // 2

@@ -18,13 +18,14 @@ from datetime import datetime
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext, NodeWaiting
+from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import WaitStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.contracts.wait_contracts import WaitOutput, WaitOutputInput
 from perdure.workflows.goal.device_placement import LOCAL_RETRY, LOCAL_TIMEOUT
 from perdure.workflows.goal.nodes.base import NodeDeps
 from perdure.workflows.goal.rules import timing
-from perdure.workflows.shared.contracts import Activities, ArtifactRef
+from perdure.workflows.shared.contracts import ArtifactRef
 
 # node.waiting_on while the wait is state: why it let go of its task.
 WAIT_CARRIED = "wait:carried"

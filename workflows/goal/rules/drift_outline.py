@@ -19,10 +19,10 @@ import heapq
 import json
 from collections.abc import Mapping
 
+from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_DRIFT_EVERY, DriftOutline
 from perdure.workflows.goal.contracts.plan import AgentStep, LlmStep, Plan, PlanStep, SubgoalStep, ToolStep, WaitStep
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules.node_index import NodeIndex
-from perdure.workflows.shared.contracts import DEFAULT_DRIFT_EVERY, DriftOutline
 
 UPCOMING_SHOWN = 12
 RECENT_SHOWN = 12

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalState
-from perdure.workflows.shared.contracts import ArtifactRef, GoalSpec
+from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.graph import downstream, node_key, topological_order
 
 FORK_POINT_QUERY = "fork_point"

@@ -6,7 +6,7 @@ them like any other spend (workflows/goal/spend.py books them). Pure.
 
 from __future__ import annotations
 
-from perdure.workflows.shared.contracts import OWN_CALL_KINDS, OwnCalls
+from perdure.workflows.goal.contracts.goal_contracts import OWN_CALL_KINDS, OwnCalls
 
 
 def own_call_lines(own_calls: dict[str, OwnCalls]) -> list[str]:

@@ -7,13 +7,13 @@ budget fractions, ETA, active time) and hands them in; everything else is read o
 
 from __future__ import annotations
 
+from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules.eta import Eta
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.goal.rules.questions import done_so_far
 from perdure.workflows.goal.rules.risk_order import ORDER_KEYS
 from perdure.workflows.quota.quota_workflow import QUOTA_KEY
-from perdure.workflows.shared.contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.shared.statuses import IN_FLIGHT
 
 GOAL_SHOWN = 300
