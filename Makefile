@@ -84,11 +84,12 @@ exit $$status
 endef
 
 # The whole suite in two passes: everything but the process tier, TEST_WORKERS at a time
-# (the tests mostly wait on dev servers and subprocesses: on 2 cores three take 178 s
-# where two took 250 s), then the process tier two at a time (each test has its own dev
-# server and worker processes; three at a time made its timing-sensitive kills and page
-# waits flaky on 2 cores: two failures in three clean-clone runs).
-TEST_WORKERS ?= 3
+# (the tests mostly wait on timers, dev servers and subprocesses: the whole of make test
+# used about one core of two; on 2 cores five take 243 s where three took 301 s), then the
+# process tier two at a time (each test has its own dev server and worker processes; three
+# at a time made its timing-sensitive kills and page waits flaky on 2 cores: two failures
+# in three clean-clone runs).
+TEST_WORKERS ?= 5
 PROCESS_WORKERS ?= 2
 test: $(STAMP) system-packages
 	$(call run_pytest,-m "not process" -n $(TEST_WORKERS))
