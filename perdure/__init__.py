@@ -3,6 +3,8 @@
 The public API. Everything else under `perdure.` is the runtime's own rooms (see the docs'
 architecture page) and may change between versions:
 
+    Client         start, steer, answer and read goals from Python (async, typed):
+                   `await perdure.Client.connect()`, configured as the `perdure` command is
     connect        a Temporal client with perdure's data converter, from the standard
                    Temporal configuration (profile file, TEMPORAL_* variables) and PERDURE_*
     PerdurePlugin  the same converter and sandbox settings for your own clients and workers
@@ -10,6 +12,11 @@ architecture page) and may change between versions:
     GoalSpec       what starts a goal: its text or plan, budget, model profile, devices
     GoalResult     what a finished goal returns
     GoalWorkflow   the goal's workflow type, for replaying a goal's history in your tests
+
+and what the client raises, each a `PerdureError` with a text that says why: GoalNotFound,
+InvalidRequest (nothing was sent), BadPlanFile, StartRefused, NotOffered, MessageRejected,
+GoalEnded, StillRunning, EndedWithoutResult, ResultUnreadable, NoWorkerAnswered; and
+ServerUnavailable (a RuntimeError) when no Temporal server answers.
 
 Names load on first use, so `import perdure` costs nothing (the workflow sandbox imports it).
 """
@@ -20,22 +27,79 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perdure.runtime.connect import connect
+    from perdure.runtime.connect import ServerUnavailable, connect
     from perdure.runtime.plugin import PerdurePlugin
+    from perdure.starters.client.client_errors import (
+        BadPlanFile,
+        EndedWithoutResult,
+        GoalEnded,
+        GoalNotFound,
+        InvalidRequest,
+        MessageRejected,
+        NotOffered,
+        NoWorkerAnswered,
+        PerdureError,
+        ResultUnreadable,
+        StartRefused,
+        StillRunning,
+    )
+    from perdure.starters.client.perdure_client import Client
     from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
     from perdure.workflows.goal.contracts.plan import Plan
     from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
+_ERRORS = "perdure.starters.client.client_errors"
 _PUBLIC = {
+    "Client": "perdure.starters.client.perdure_client",
     "connect": "perdure.runtime.connect",
+    "ServerUnavailable": "perdure.runtime.connect",
     "PerdurePlugin": "perdure.runtime.plugin",
     "Plan": "perdure.workflows.goal.contracts.plan",
-    "GoalSpec": "perdure.workflows.shared.contracts",
-    "GoalResult": "perdure.workflows.shared.contracts",
+    "GoalSpec": "perdure.workflows.goal.contracts.goal_contracts",
+    "GoalResult": "perdure.workflows.goal.contracts.goal_contracts",
     "GoalWorkflow": "perdure.workflows.goal.goal_workflow",
+    **{
+        name: _ERRORS
+        for name in (
+            "PerdureError",
+            "InvalidRequest",
+            "BadPlanFile",
+            "GoalNotFound",
+            "StartRefused",
+            "NotOffered",
+            "MessageRejected",
+            "GoalEnded",
+            "StillRunning",
+            "EndedWithoutResult",
+            "ResultUnreadable",
+            "NoWorkerAnswered",
+        )
+    },
 }
 
-__all__ = ["GoalResult", "GoalSpec", "GoalWorkflow", "Plan", "PerdurePlugin", "__version__", "connect"]
+__all__ = [
+    "BadPlanFile",
+    "Client",
+    "EndedWithoutResult",
+    "GoalEnded",
+    "GoalNotFound",
+    "GoalResult",
+    "GoalSpec",
+    "GoalWorkflow",
+    "InvalidRequest",
+    "MessageRejected",
+    "NoWorkerAnswered",
+    "NotOffered",
+    "PerdureError",
+    "PerdurePlugin",
+    "Plan",
+    "ResultUnreadable",
+    "ServerUnavailable",
+    "StartRefused",
+    "StillRunning",
+    "__version__",
+    "connect",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,9 +9,16 @@ before. The API key, TLS (client certificate and key, server CA, server name) an
 gRPC metadata come from the Temporal configuration alone, so the same CLI and
 workers reach a Temporal Cloud namespace. Every client carries `PerdurePlugin`,
 so it and the workers built on it share perdure's data converter.
+
+A process that made a client lets the SDK's threads settle before the interpreter tears
+down (`settle_at_exit`): without it a short program that finished correctly can die in
+the teardown (temporalio sdk-python issue 300).
 """
 
 from __future__ import annotations
+
+import atexit
+import time
 
 from temporalio.client import Client
 from temporalio.envconfig import ClientConnectConfig
@@ -52,6 +59,7 @@ async def connect(
     (runtime/telemetry.py); a command's client never takes the port."""
     config = connect_config(address, namespace)
     runtime = metrics_runtime(serve=worker)
+    settle_at_exit()
     try:
         plugins = [PerdurePlugin(payload_store=payload_store), *tracing_plugins()]
         return await Client.connect(**config, plugins=plugins, runtime=runtime)
@@ -61,3 +69,24 @@ async def connect(
             "`perdure server start`, or point perdure at your server: PERDURE_TEMPORAL, or TEMPORAL_ADDRESS "
             "or a Temporal profile (TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE; see the README's Configuration)."
         ) from None
+
+
+# How long the interpreter waits at exit, the GIL released, before tearing down.
+EXIT_SETTLE_S = 0.05
+_settling = False
+
+
+def settle_at_exit() -> None:
+    """Once per process: at exit, before the interpreter finalizes, wait EXIT_SETTLE_S.
+
+    The SDK's Rust threads still hold Python objects for a moment after each call's result
+    is handed over (they release them under the GIL); a program whose last call had just
+    returned then finalizes under them and aborts in PyGILState_Release (sdk-python issue
+    300: about one run in four of a one-call program on a loaded 2-core machine; none of
+    60 with this wait). atexit callbacks run before finalization begins, so the wait lets
+    those threads finish. The CLI leaves with os._exit and never waits.
+    """
+    global _settling
+    if not _settling:
+        _settling = True
+        atexit.register(time.sleep, EXIT_SETTLE_S)

@@ -266,7 +266,7 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
             body = body.model_copy(update={"request_id": PerdureClient.new_request_id("mcp")})
         with _plainly():
             spec, goal_id = start_spec(body)
-            answer = await (await temporal.client()).start(spec, goal_id, replace=body.replace)
+            answer = await (await temporal.client()).start_spec(spec, goal_id, replace=body.replace)
         return StartResult(
             goal_id=answer.goal_id, started=answer.started, text=answer.text, request_id=body.request_id,
             request_id_made=made, warnings=list(answer.warnings),

@@ -207,7 +207,7 @@ def build_app(temporal: Client, hosts: list[str] | None = None) -> Starlette:
         except ValueError as err:
             return _error(400, str(err))
         try:
-            answer = await client.start(spec, goal_id, replace=body.replace)
+            answer = await client.start_spec(spec, goal_id, replace=body.replace)
         except NotOffered as err:  # a profile or tool the worker lacks
             return _error(422, str(err))
         except StartRefused as err:

@@ -83,7 +83,7 @@ async def start_or_show(client: PerdureClient, spec: GoalSpec, gid: str, replace
     """Start the goal, or show the one already under `gid` (the client decides, as it does
     for the web UI's POST /api/goals); what could not be checked first is a warning."""
     try:
-        answer = await client.start(spec, gid, replace=replace)
+        answer = await client.start_spec(spec, gid, replace=replace)
     except StartRefused as err:
         raise UserError(str(err)) from None
     for warning in answer.warnings:

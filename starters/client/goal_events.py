@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.service import RPCError
 
-from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC
+from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC, GoalEvent, parse_event
 
 READ_EVERY = timedelta(milliseconds=100)
 # Idle reads between looks at whether the goal has closed (a goal that ended without an
@@ -41,6 +41,17 @@ class StreamItem(BaseModel):
     offset: int | None = Field(description="The event's stream offset; None for a notice.")
     kind: str = Field(description="The event's type (node, plan, question, end, ...), or reset / closed.")
     data: Any
+
+    @property
+    def event(self) -> GoalEvent | None:
+        """The event as its model in workflows/goal/contracts/events.py (NodeChanged,
+        QuestionChanged, GoalEnded, ...); None for a notice, or a shape this version does not know."""
+        if self.offset is None:
+            return None
+        try:
+            return parse_event(self.data)
+        except ValidationError:
+            return None
 
 
 async def events(client: Client, goal_id: str, offset: int = 0) -> AsyncIterator[StreamItem]:

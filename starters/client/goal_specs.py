@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
-from perdure.starters.client.client_errors import BadPlanFile, StartRefused
+from perdure.starters.client.client_errors import BadPlanFile, InvalidRequest, StartRefused
 from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_MAX_TOKENS, Budget, GoalSpec
 from perdure.workflows.goal.contracts.messages import REQUEST_ID
 from perdure.workflows.goal.contracts.plan import (
@@ -44,6 +46,11 @@ def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[
     """Read a YAML/JSON plan file: `steps:` plus optional `goal:`, `constraints:`, `premises:`,
     the device settings `device_wait_s:` and `device_approval:`, and `stall_after_s:`.
     Without `allowed_tools`, any known tool may appear (see `plan_tools`)."""
+    return plan_from_mapping(read_plan_file(path), allowed_tools, str(path))
+
+
+def read_plan_file(path: Path) -> object:
+    """A plan file's content, parsed as YAML or JSON (by its suffix) but not yet validated."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -54,10 +61,9 @@ def load_plan_file(path: Path, allowed_tools: list[str] | None = None) -> tuple[
             "save it as UTF-8 (a plan is YAML or JSON)"
         ) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise BadPlanFile(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
-    return plan_from_mapping(data, allowed_tools, str(path))
 
 
 def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, where: str = "plan") -> tuple[Plan, dict]:
@@ -122,7 +128,7 @@ def build_spec(**fields) -> GoalSpec:
     try:
         return GoalSpec(**fields)
     except ValidationError as err:
-        raise ValueError(describe_validation_error(err)) from None
+        raise InvalidRequest(describe_validation_error(err)) from None
 
 
 # Goal ids go into URLs (the UI link, the codec and HTTP APIs) and shell commands we print.
@@ -207,7 +213,7 @@ def with_default_budget(limits: dict, no_budget: bool = False) -> dict:
     (ValueError when a limit is given beside it)."""
     if no_budget:
         if any(value is not None for value in limits.values()):
-            raise ValueError("no budget means no limit at all: give no token, cost, time or deadline limit with it")
+            raise InvalidRequest("no budget means no limit at all: give no token, cost, time or deadline limit with it")
         return limits
     if limits.get("max_tokens") is None and limits.get("max_cost_usd") is None:
         return {**limits, "max_tokens": DEFAULT_MAX_TOKENS}
@@ -347,24 +353,24 @@ class StartRequest(BaseModel):
     replace: bool = Field(default=False, description="Reuse the id of a finished goal for a new one.")
 
 
-def start_spec(body: StartRequest) -> tuple[GoalSpec, str]:
-    """The spec and goal id `perdure start` would build from the same options; ValueError
-    (BadPlanFile, StartRefused are ValueErrors too) says what is wrong."""
-    plan, extras = plan_from_mapping(body.plan, body.tools, where="plan") if body.plan is not None else (None, {})
+def start_spec(body: StartRequest, where: str = "plan") -> tuple[GoalSpec, str]:
+    """The spec and goal id `perdure start` would build from the same options; InvalidRequest
+    or StartRefused (ValueErrors both) says what is wrong, `where` naming the plan's source."""
+    plan, extras = plan_from_mapping(body.plan, body.tools, where=where) if body.plan is not None else (None, {})
     options = with_plan(
         plan, extras, goal=body.goal, tools=body.tools, constraints=body.constraints, premises=body.premises
     )
-    if not options.goal:
-        raise ValueError("give the goal text (\"goal\"), or a plan with a 'goal' field")
+    if not (options.goal or "").strip():
+        raise InvalidRequest("give the goal text (\"goal\"), or a plan with a 'goal' field")
     try:
         workspace = Path(body.workspace).expanduser().resolve()
     except RuntimeError as err:  # "~someone" this machine has no home for, a symlink loop
-        raise ValueError(f"workspace {body.workspace!r}: {err}") from None
+        raise InvalidRequest(f"workspace {body.workspace!r}: {err}") from None
     deadline = body.deadline
     if deadline is not None:
         deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
         if deadline <= datetime.now(UTC):
-            raise ValueError(f"deadline {deadline.isoformat()} is in the past")
+            raise InvalidRequest(f"deadline {deadline.isoformat()} is in the past")
     limits = {"max_tokens": body.max_tokens, "max_cost_usd": body.max_cost, "max_wall_seconds": body.max_wall}
     spec, _ = spec_of(
         options,
@@ -384,3 +390,36 @@ def start_spec(body: StartRequest) -> tuple[GoalSpec, str]:
         goal_id = new_goal_id(options.goal)
     check_goal_id(goal_id)
     return spec, goal_id
+
+
+# --- a start as a Python program makes it (perdure.Client.start) ---------------------------
+
+PlanSource = Plan | Mapping[str, Any] | str | os.PathLike
+"""What `Client.start` takes as a plan: a Plan, a plan file's content, or its path."""
+
+
+def start_request(plan: PlanSource | None = None, **options: Any) -> tuple[StartRequest, str]:
+    """The StartRequest a program's options make, as the web UI and MCP server are sent one,
+    and where its plan came from (to name it in errors); InvalidRequest (BadPlanFile for the
+    plan) says what is wrong, before anything is sent."""
+    data, where = (None, "plan") if plan is None else plan_content(plan)
+    try:
+        return StartRequest(plan=data, **options), where
+    except ValidationError as err:
+        raise InvalidRequest(describe_validation_error(err, root="(start)")) from None
+
+
+def plan_content(plan: PlanSource) -> tuple[dict[str, Any], str]:
+    """A plan as a mapping (a Plan's fields, a mapping as it is, a file's content) and its source."""
+    if isinstance(plan, Plan):
+        return plan.model_dump(mode="json"), "plan"
+    if isinstance(plan, str | os.PathLike):
+        path = Path(plan).expanduser()
+        data, where = read_plan_file(path), str(path)
+    elif isinstance(plan, Mapping):
+        data, where = plan, "plan"
+    else:
+        raise BadPlanFile(f"plan: expected a perdure.Plan, a mapping or a plan file's path, not {type(plan).__name__}")
+    if not isinstance(data, Mapping):
+        raise BadPlanFile(f"{where}: expected a mapping with a 'steps' list at the top level")
+    return dict(data), where

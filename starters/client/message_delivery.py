@@ -42,10 +42,12 @@ def new_request_id(prefix: str = "cli") -> str:
 class Delivery:
     """How a message got in: the goal's receipt when a worker judged it at once, else None:
     the server stored it by signal, and the goal judges it in the order it was sent once a
-    worker runs it. `stuck` is why a worker cannot (its workflow task fails), when so."""
+    worker runs it. `stuck` is why a worker cannot (its workflow task fails), when so.
+    `request_id` is the message's: send it again under it to retry safely."""
 
     receipt: Receipt | None
     stuck: str | None = None
+    request_id: str | None = None
 
 
 async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:

@@ -1,28 +1,34 @@
-"""`PerdureClient`: the operations on goals that the CLI, the web UI's server and the MCP
-server share, over one temporalio Client, each implemented once (in the modules beside
-this one) and typed: start a goal (idempotent by id), send any steering message (each
-carries its request id), read a goal's progress, inbox, events, result and report, list
-goals, talk to the user's router, fork and compare goals.
+"""`Client` (public as `perdure.Client`; `PerdureClient` inside perdure, apart from
+temporalio's Client): the operations on goals that Python programs, the CLI, the web UI's
+server and the MCP server share, over one temporalio Client, each implemented once (in the
+modules beside this one) and typed: start a goal from text or a plan (idempotent by id),
+send any steering message (each carries its request id; one method per verb in
+steering_verbs.py), list and answer questions, read a goal's progress, inbox, events,
+result and report, list goals, talk to the user's router, fork and compare goals.
 
-The seed of issue 36's public `perdure.Client`; not exported yet. It decides nothing a
-front end says: each one turns the results and the errors (client_errors.py) into its own
-output (a line and an exit code, an HTTP status, an MCP tool error).
+It decides nothing a front end says: each one turns the results and the errors
+(client_errors.py) into its own output (a line and an exit code, an HTTP status, an MCP
+tool error, an exception a program catches).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionDescription, WorkflowHistory
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowExecution, WorkflowExecutionDescription, WorkflowHistory
 
 from perdure.runtime import settings
-from perdure.runtime.connect import connect
+from perdure.runtime.connect import connect, settle_at_exit
 from perdure.starters.client import (
     goal_events,
     goal_forks,
     goal_reads,
+    goal_specs,
     goal_starts,
     message_delivery,
     router_calls,
@@ -32,35 +38,105 @@ from perdure.starters.client.client_errors import EndedWithoutResult
 from perdure.starters.client.goal_events import StreamItem
 from perdure.starters.client.goal_forks import GoalSide
 from perdure.starters.client.goal_reads import ClosedReport, PendingActivity
+from perdure.starters.client.goal_specs import PlanSource
 from perdure.starters.client.goal_starts import StartAnswer
 from perdure.starters.client.message_delivery import AdmittedMessage, Delivery, InboxResult
-from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
+from perdure.starters.client.steering_verbs import SteeringVerbs
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.messages import InboxView
 from perdure.workflows.goal.rules.forking import ForkPoint
 from perdure.workflows.offers.worker_offers import PublishedOffer
 from perdure.workflows.router.router_contracts import RouterView, Routing, Say
 
 
-class PerdureClient:
-    """perdure's goals, as a program reaches them through Temporal (`temporal`: a connected
-    temporalio Client, perdure.runtime.connect's, whose data converter is the workers')."""
+class Client(SteeringVerbs):
+    """perdure's goals, as a program reaches them through Temporal.
 
-    def __init__(self, temporal: Client) -> None:
+    `await Client.connect()` connects as the `perdure` command does; `Client(temporal)`
+    wraps a temporalio Client you connected yourself, with perdure's data converter
+    (`perdure.connect()`, or `perdure.PerdurePlugin`). Every method is async; errors are
+    `perdure.PerdureError`s that say why (`perdure.GoalNotFound`, ...).
+    """
+
+    def __init__(self, temporal: TemporalClient) -> None:
         self.temporal = temporal
+        settle_at_exit()  # a client connected by the program itself, too
 
     @classmethod
-    async def connect(cls, address: str | None = None, namespace: str | None = None) -> PerdureClient:
-        """Connected as the CLI is: PERDURE_TEMPORAL (or a Temporal profile), PERDURE_NAMESPACE,
-        the payload keys and store. ServerUnavailable when no server answers."""
+    async def connect(cls, address: str | None = None, namespace: str | None = None) -> Client:
+        """Connected as the CLI is: PERDURE_TEMPORAL (or the Temporal profile file and
+        TEMPORAL_* variables), PERDURE_NAMESPACE, the payload keys and store; `address` and
+        `namespace` override them. ServerUnavailable when no server answers."""
         return cls(await connect(address, namespace))
 
     # --- starting ---------------------------------------------------------------
 
-    async def start(self, spec: GoalSpec, goal_id: str, *, replace: bool = False) -> StartAnswer:
-        """Start the goal under `goal_id` after checking it against what the workers offer
-        (NotOffered when they lack its profile, a tool or a device); a start repeated with
-        the same spec names the goal already there (`started` False). StartRefused for
-        another spec under a live id, or a finished goal's id without `replace`."""
+    async def start(
+        self,
+        goal: str | None = None,
+        *,
+        plan: PlanSource | None = None,
+        goal_id: str | None = None,
+        request_id: str | None = None,
+        workspace: str | os.PathLike = ".",
+        profile: str = "default",
+        tools: Sequence[str] | None = None,
+        constraints: Sequence[str] = (),
+        premises: Mapping[str, str] | None = None,
+        max_tokens: int | None = None,
+        max_cost: float | None = None,
+        max_wall: int | None = None,
+        deadline: datetime | None = None,
+        no_budget: bool = False,
+        allow_network: bool = False,
+        replace: bool = False,
+    ) -> StartAnswer:
+        """Start a goal from its text, a plan, or both, with `perdure start`'s options.
+
+        `plan` is a `perdure.Plan`, a plan file's content as a mapping, or a plan file's
+        path (YAML or JSON); a plan's own `goal` is the text when `goal` is not given.
+        Without `tools`, the goal may use the safe tools and those the plan names.
+        Without a token or cost limit the goal gets the default token budget
+        (`no_budget` for none). `workspace` is resolved here, and must be the same
+        path on the workers' machine.
+
+        Idempotent by id: with the same `goal_id` (or the same `request_id`, which
+        names the goal when no id is given) and the same options, a start repeated
+        names the goal already there (`started` False). Without either, each call
+        starts a new goal under an id made from its text (`StartAnswer.goal_id`).
+
+        Raises InvalidRequest (BadPlanFile for the plan) before anything is sent,
+        NotOffered when the workers lack its profile, a tool or a device, and
+        StartRefused for other options under a running goal's id, or a finished
+        goal's id without `replace`.
+        """
+        body, where = goal_specs.start_request(
+            plan,
+            goal=goal,
+            id=goal_id,
+            request_id=request_id,
+            workspace=os.fspath(workspace),
+            profile=profile,
+            tools=list(tools) if tools is not None else None,
+            constraints=list(constraints),
+            premises=dict(premises or {}),
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_wall=max_wall,
+            deadline=deadline,
+            no_budget=no_budget,
+            allow_network=allow_network,
+            replace=replace,
+        )
+        spec, gid = goal_specs.start_spec(body, where)
+        return await self.start_spec(spec, gid, replace=replace)
+
+    async def start_spec(self, spec: GoalSpec, goal_id: str, *, replace: bool = False) -> StartAnswer:
+        """Start a goal from a ready `perdure.GoalSpec` under `goal_id`, after checking it
+        against what the workers offer (NotOffered when they lack its profile, a tool or a
+        device); a start repeated with the same spec names the goal already there (`started`
+        False). StartRefused for another spec under a live id, or a finished goal's id
+        without `replace`."""
         warnings = await start_checks.start_warnings(self.temporal, spec)
         answer = await goal_starts.start_or_existing(self.temporal, spec, goal_id, replace)
         return dataclasses.replace(answer, warnings=tuple(warnings))
@@ -80,15 +156,24 @@ class PerdureClient:
 
     @staticmethod
     def new_request_id(prefix: str = "cli") -> str:
+        """A new request id, `PREFIX-` and 12 hex digits."""
         return message_delivery.new_request_id(prefix)
 
     async def send(self, goal_id: str, message: BaseModel) -> Delivery:
         """Send a steering message (a perdure.workflows.goal.contracts.messages model: steer,
-        queue, answer, approve, park, resume, narrow, rewind, abort) under its request id:
-        the goal's receipt when a worker judged it at once, else stored by the server and
-        judged in its turn. Sent again with the same request id, it is the same message.
-        GoalNotFound, GoalEnded, MessageRejected say why it was not taken."""
-        return await message_delivery.deliver(self.temporal, goal_id, message)
+        queue, answer, approve, park, resume, narrow, rewind, abort, escalate) under its
+        request id: the goal's receipt when a worker judged it at once, else stored by the
+        server and judged in its turn. Sent again with the same request id, it is the same
+        message. GoalNotFound, GoalEnded, MessageRejected say why it was not taken. The
+        verbs (`steer`, `approve`, ...) build the message and send it here."""
+        delivery = await message_delivery.deliver(self.temporal, goal_id, message)
+        return dataclasses.replace(delivery, request_id=getattr(message, "request_id", None))
+
+    async def questions(self, goal_id: str, timeout_s: float = 5) -> list[QuestionView]:
+        """The goal's open questions, each with its id, title and options (`option["id"]` is
+        what `answer` takes; a confirmation's are approve / reject, see `approve`). A worker
+        answers, as for `progress`."""
+        return (await self.progress(goal_id, timeout_s)).questions
 
     # --- reading a goal ---------------------------------------------------------
 
@@ -126,10 +211,14 @@ class PerdureClient:
     async def admitted(self, goal_id: str) -> list[AdmittedMessage]:
         return await message_delivery.admitted(self.temporal, goal_id)
 
-    def events(self, goal_id: str, offset: int = 0) -> AsyncIterator[StreamItem]:
-        """The goal's events from `offset` until it ends (look it up first: a goal that is
-        not there ends the iteration with a `closed` notice)."""
-        return goal_events.events(self.temporal, goal_id, offset)
+    async def events(self, goal_id: str, offset: int = 0) -> AsyncIterator[StreamItem]:
+        """The goal's events from `offset` (an item's `offset` + 1 resumes after it), until
+        its `end` event; a `closed` notice ends a goal that ended without one, a `reset`
+        notice says older events are no longer kept. `item.event` is the typed event. A
+        worker answers the reads. GoalNotFound (at the first item) when there is no goal."""
+        await self.describe(goal_id)
+        async for item in goal_events.events(self.temporal, goal_id, offset):
+            yield item
 
     async def result(self, goal_id: str, run_id: str | None = None) -> GoalResult:
         """Wait for the goal to end: its result however it ended (failed and aborted goals
