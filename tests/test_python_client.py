@@ -133,3 +133,24 @@ def test_every_public_name_loads():
     assert {"Client", "Plan", "GoalSpec", "GoalResult", "GoalNotFound", "InvalidRequest"} <= set(loaded)
     errors = [v for v in loaded.values() if isinstance(v, type) and issubclass(v, Exception)]
     assert all(issubclass(e, perdure.PerdureError) for e in errors if e is not perdure.ServerUnavailable)
+
+
+def test_the_generated_reference_shows_every_public_method_and_error():
+    import importlib.util
+
+    import perdure
+
+    spec = importlib.util.spec_from_file_location(
+        "gen_client_reference", ROOT / "docs" / "hooks" / "gen_client_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.page()
+    methods = {name for name in dir(perdure.Client) if not name.startswith("_")}
+    assert len(methods) > 30
+    assert {name for name in methods if f"### `{name}`" not in page} == set()
+    errors = {name for name in perdure.__all__ if isinstance(getattr(perdure, name), type)}
+    errors = {name for name in errors if issubclass(getattr(perdure, name), perdure.PerdureError)}
+    assert len(errors) >= 12 and {name for name in errors if f"### `{name}`" not in page} == set()
+    assert "reference/python-client.md" in (ROOT / "mkdocs.yml").read_text()

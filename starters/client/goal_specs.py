@@ -2,7 +2,7 @@
 and the plan mappings clients send, what a plan adds to a start's options, the budget a
 goal gets, goal ids, the digest a repeated start is compared by, and a start as data
 (`StartRequest`: what `perdure ui`'s POST /api/goals and `perdure mcp`'s `start_goal` take,
-by `perdure start`'s names).
+by `perdure start`'s names, and what `perdure.Client.start`'s arguments make).
 
 Pure: reads a plan file when asked, nothing else; starting is goal_starts.py's, and
 checking a spec against the workers start_checks.py's.

@@ -191,9 +191,12 @@ class Client(SteeringVerbs):
         return await goal_reads.workflow_task_failure(self.temporal, desc)
 
     async def pending_activities(self, desc: WorkflowExecutionDescription) -> list[PendingActivity]:
+        """The goal's activities running now: what each does, its attempt, its last heartbeat and failure."""
         return await goal_reads.pending_activities(self.temporal, desc)
 
     async def published_ending(self, desc: WorkflowExecutionDescription) -> GoalResult | EndedWithoutResult | None:
+        """How a closed goal ended, from its close event (no worker needed); None when this
+        machine cannot read it (a payload store or key it lacks)."""
         return await goal_reads.published_ending(self.temporal, desc)
 
     async def finished_text(self, goal_id: str) -> str:
@@ -209,6 +212,7 @@ class Client(SteeringVerbs):
         return await message_delivery.messages(self.temporal, goal_id, timeout_s)
 
     async def admitted(self, goal_id: str) -> list[AdmittedMessage]:
+        """Every message the server holds in the goal's history, before any worker judged it."""
         return await message_delivery.admitted(self.temporal, goal_id)
 
     async def events(self, goal_id: str, offset: int = 0) -> AsyncIterator[StreamItem]:
