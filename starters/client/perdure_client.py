@@ -54,8 +54,9 @@ class Client(SteeringVerbs):
 
     `await Client.connect()` connects as the `perdure` command does; `Client(temporal)`
     wraps a temporalio Client you connected yourself, with perdure's data converter
-    (`perdure.connect()`, or `perdure.PerdurePlugin`). Every method is async; errors are
-    `perdure.PerdureError`s that say why (`perdure.GoalNotFound`, ...).
+    (`perdure.connect()`, or `perdure.PerdurePlugin`). Every call that asks the server is a
+    coroutine (`events` an async iterator); errors are `perdure.PerdureError`s that say why
+    (`perdure.GoalNotFound`, ...).
     """
 
     def __init__(self, temporal: TemporalClient) -> None:
