@@ -83,7 +83,13 @@ async def test_a_goal_is_one_trace_from_its_start_call_and_a_replay_adds_no_span
     history = await handle.fetch_history()
     replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)])
     await replayer.replay_workflow(history)
-    assert len(EXPORTED.get_finished_spans()) == before, [s.name for s in EXPORTED.get_finished_spans()[before:]]
+    # Only the goal's: the worker's own offers workflow may close a span of its trace meanwhile.
+    added = [
+        s.name
+        for s in EXPORTED.get_finished_spans()[before:]
+        if s.context.trace_id == start.context.trace_id or "GoalWorkflow" in s.name
+    ]
+    assert added == [], added
 
 
 def test_an_unknown_exporter_is_a_one_line_error_of_any_command(monkeypatch):

@@ -42,7 +42,7 @@ from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.canonical import canonical_json
 from perdure.workflows.shared.contracts import ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
-from perdure.workflows.shared.retries import MODEL_HEARTBEAT, TOOL_RETRY
+from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, TOOL_RETRY
 
 SUMMARY_NAMES = 6
 # Calls in one local activity at most; more made together run as several side by side.
@@ -185,7 +185,7 @@ class ReadBatcher:
             else:
                 # Each call beats while it runs (activities/heartbeat.py): a lost worker is seen in seconds.
                 answered = await workflow.execute_activity(
-                    Activities.RUN_TOOLS, batch, heartbeat_timeout=MODEL_HEARTBEAT, **options
+                    Activities.RUN_TOOLS, batch, heartbeat_timeout=HEARTBEAT_TIMEOUT, **options
                 )
         except FailureError:
             # A local activity out of attempts raises its cause (an ApplicationError, a

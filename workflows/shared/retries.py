@@ -77,8 +77,10 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 # not replay-safe): a false "dead" becomes a question for a person, so 4 s of slack.
 ONCE_HEARTBEAT = timedelta(seconds=5)
 # Model activities heartbeat while they wait: a dead worker is noticed in seconds instead
-# of the full start-to-close timeout; a false "dead" re-sends (and pays for) the call.
-MODEL_HEARTBEAT = HEARTBEAT_TIMEOUT
+# of the full start-to-close timeout. A false "dead" re-sends (and pays for) the call, so
+# a live worker gets 4 s of slack, as a `once` call does: with 1 s, a worker whose event
+# loop stalled under load (2 cores, a CI run) paid for a slow reply twice.
+MODEL_HEARTBEAT = ONCE_HEARTBEAT
 TOOL_TIMEOUT = timedelta(minutes=2)
 
 # How every model activity is scheduled (planner, drift check, llm node, agent turn).
