@@ -12,6 +12,11 @@ architecture page) and may change between versions:
     GoalSpec       what starts a goal: its text or plan, budget, model profile, devices
     GoalResult     what a finished goal returns
     GoalWorkflow   the goal's workflow type, for replaying a goal's history in your tests
+    tool           declare a function of yours a tool (risk, replay policy, effect key,
+                   compensation, cost); `ToolCall` is what it is told of its call, `Undo`
+                   what a compensation is called with, `Effect` an effect key's material,
+                   `ToolError` a failure the model can act on, `OutcomeUnknown` a call that
+                   may have happened; `ToolDeclarationError` a declaration refused
 
 and what the client raises, each a `PerdureError` with a text that says why: GoalNotFound,
 InvalidRequest (nothing was sent), BadPlanFile, StartRefused, NotOffered, MessageRejected,
@@ -27,6 +32,8 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from perdure.activities.tools.catalogue.tool_errors import OutcomeUnknown, ToolError
+    from perdure.activities.tools.user.tool_decorator import ToolCall, ToolDeclarationError, Undo, tool
     from perdure.runtime.connect import ServerUnavailable, connect
     from perdure.runtime.plugin import PerdurePlugin
     from perdure.starters.client.client_errors import (
@@ -47,6 +54,7 @@ if TYPE_CHECKING:
     from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
     from perdure.workflows.goal.contracts.plan import Plan
     from perdure.workflows.goal.goal_workflow import GoalWorkflow
+    from perdure.workflows.shared.tool_specs import Effect
 
 _ERRORS = "perdure.starters.client.client_errors"
 _PUBLIC = {
@@ -75,11 +83,19 @@ _PUBLIC = {
             "NoWorkerAnswered",
         )
     },
+    "tool": "perdure.activities.tools.user.tool_decorator",
+    "ToolCall": "perdure.activities.tools.user.tool_decorator",
+    "ToolDeclarationError": "perdure.activities.tools.user.tool_decorator",
+    "Undo": "perdure.activities.tools.user.tool_decorator",
+    "Effect": "perdure.workflows.shared.tool_specs",
+    "ToolError": "perdure.activities.tools.catalogue.tool_errors",
+    "OutcomeUnknown": "perdure.activities.tools.catalogue.tool_errors",
 }
 
 __all__ = [
     "BadPlanFile",
     "Client",
+    "Effect",
     "EndedWithoutResult",
     "GoalEnded",
     "GoalNotFound",
@@ -90,6 +106,7 @@ __all__ = [
     "MessageRejected",
     "NoWorkerAnswered",
     "NotOffered",
+    "OutcomeUnknown",
     "PerdureError",
     "PerdurePlugin",
     "Plan",
@@ -97,8 +114,13 @@ __all__ = [
     "ServerUnavailable",
     "StartRefused",
     "StillRunning",
+    "ToolCall",
+    "ToolDeclarationError",
+    "ToolError",
+    "Undo",
     "__version__",
     "connect",
+    "tool",
 ]
 
 

@@ -34,6 +34,7 @@ from typer.testing import CliRunner
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
+from perdure.activities.tools.user.tool_modules import Toolbox
 from perdure.runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
 from perdure.starters import cli
 from perdure.starters.cli import terminal
@@ -60,12 +61,18 @@ async def running_worker(
     store: ArtifactStore,
     *profiles: ModelProfile,
     mcp: McpServers | None = None,
+    user_tools: Toolbox | None = None,
 ) -> AsyncIterator[Worker]:
     """The production worker (every workflow and activity) on `task_queue`, with these model
-    profiles and MCP servers (none unless given)."""
+    profiles, MCP servers and user tools (none unless given)."""
     config = ModelConfig(profiles={p.name: p for p in profiles})
     worker = build_worker(
-        env.client, task_queue=task_queue, store=store, model_config=config, mcp_servers=mcp or McpServers({})
+        env.client,
+        task_queue=task_queue,
+        store=store,
+        model_config=config,
+        mcp_servers=mcp or McpServers({}),
+        user_tools=user_tools,
     )
     async with worker:
         yield worker

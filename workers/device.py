@@ -17,6 +17,7 @@ encrypt them. It must not decide anything about goals: the registry and the goal
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import platform
 import re
@@ -24,7 +25,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -43,6 +44,8 @@ from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
 from perdure.activities.tools import sandbox
+from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.activities.tools.user.tool_modules import Toolbox, ToolLoadError, load_toolbox
 from perdure.runtime import settings
 from perdure.workflows.devices.device_contracts import (
     DEVICE_NAME,
@@ -60,6 +63,7 @@ from perdure.workflows.devices.device_contracts import (
     device_queue,
     registry_id,
 )
+from perdure.workflows.shared.user_tools import is_user_tool_name
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -99,6 +103,8 @@ class DeviceConfig:
     lease_s: float
     scratch: Path
     replace: bool = False  # take the name over from an online daemon working in another root
+    user_tools: Toolbox = field(default_factory=Toolbox)
+    """The user's own tools it offers (their names are in `tools` too)."""
 
 
 def device_identity(name: str) -> str:
@@ -109,6 +115,28 @@ def device_identity(name: str) -> str:
 
 def identity_prefix(name: str) -> str:
     return f"perdure-device {name}@"
+
+
+def device_tools(text: str | None) -> tuple[frozenset[str], Toolbox]:
+    """`--tools a,b,mypkg.tools`: built-in device tools by name, and modules of the user's own
+    tools (each declared `devices=True`), whose tools it offers; None: the built-in device tools."""
+    if text is None:
+        return frozenset(DEVICE_TOOLS), Toolbox()
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise DeviceConfigError(f"--tools names no tool; a device can offer: {', '.join(DEVICE_TOOLS)}")
+    modules = [item for item in items if item not in DEVICE_TOOLS]
+    for item in modules:
+        if "." not in item and importlib.util.find_spec(item) is None:
+            raise DeviceConfigError(
+                f"unknown device tool {item}; a device can offer: {', '.join(DEVICE_TOOLS)}, and your own tools "
+                "by their module (e.g. mypkg.tools)"
+            )
+    try:
+        toolbox = load_toolbox(modules, with_entry_points=False) if modules else Toolbox()
+    except ToolLoadError as err:
+        raise DeviceConfigError(str(err)) from None
+    return frozenset(item for item in items if item in DEVICE_TOOLS) | set(toolbox.declarations), toolbox
 
 
 def parse_tools(text: str | None) -> frozenset[str]:
@@ -136,9 +164,10 @@ def parse_approval(items: list[str]) -> dict[str, ApprovalRule]:
         tool, rule = tool.strip(), re.sub(r"\s+", "", rule)
         if not sep or not tool:
             raise DeviceConfigError(f"--approve '{item}' is not TOOL=RULE (e.g. run_command=always)")
-        if tool != "*" and tool not in DEVICE_TOOLS:
+        if tool != "*" and tool not in DEVICE_TOOLS and not is_user_tool_name(tool, TOOL_SPECS):
             raise DeviceConfigError(
-                f"--approve '{item}': {tool} is not a device tool; give one of {', '.join(DEVICE_TOOLS)}, or *"
+                f"--approve '{item}': {tool} is not a device tool; give one of {', '.join(DEVICE_TOOLS)}, "
+                "one of your own the device offers, or *"
             )
         if rule not in APPROVAL_RULES:
             raise DeviceConfigError(f"--approve '{item}': the rule must be one of {', '.join(APPROVAL_RULES)}")
@@ -156,8 +185,11 @@ def device_config(
     lease_s: float = LEASE_S,
     scratch: Path | str | None = None,
     replace: bool = False,
+    user_tools: Toolbox | None = None,
 ) -> DeviceConfig:
-    """The options checked: a valid name, an existing root (made absolute), known tools."""
+    """The options checked: a valid name, an existing root (made absolute), known tools (the
+    built-in device tools, and `user_tools` declared for devices, with --network when they
+    reach the network)."""
     if not re.fullmatch(DEVICE_NAME, name):
         raise DeviceConfigError(
             f"device name '{name}' is not allowed: lower-case letters, digits and '-', starting with a "
@@ -169,16 +201,28 @@ def device_config(
     if not where.is_dir():
         raise DeviceConfigError(f"--root {where} is not a directory")
     real_root = where.resolve()
-    offered = frozenset(DEVICE_TOOLS) if tools is None else tools
-    unknown = sorted(offered - set(DEVICE_TOOLS))
+    own = user_tools or Toolbox()
+    offered = (frozenset(DEVICE_TOOLS) if tools is None else tools) | set(own.declarations)
+    unknown = sorted(offered - set(DEVICE_TOOLS) - set(own.declarations))
     if unknown or not offered:
         raise DeviceConfigError(
             f"a device offers some of {', '.join(DEVICE_TOOLS)}; got {', '.join(unknown) or 'none'}"
         )
+    for declared in own.declarations.values():
+        if not declared.devices:
+            raise DeviceConfigError(
+                f"tool {declared.name} ({declared.module}) is not declared for devices: @perdure.tool(devices=True)"
+            )
+        if declared.network and not network:
+            raise DeviceConfigError(f"tool {declared.name} reaches the network: start the device with --network")
     if not 1 <= lease_s <= 600:
         raise DeviceConfigError(f"--lease-s {lease_s:g} is out of range: give 1 to 600 seconds")
     rules = approval or {}
-    bad = sorted(k for k, v in rules.items() if (k != "*" and k not in DEVICE_TOOLS) or v not in APPROVAL_RULES)
+    bad = sorted(
+        k
+        for k, v in rules.items()
+        if (k != "*" and k not in DEVICE_TOOLS and k not in own.declarations) or v not in APPROVAL_RULES
+    )
     if bad:
         raise DeviceConfigError(f"approval rules for {', '.join(bad)} cannot be used")
     place = (
@@ -206,6 +250,7 @@ def device_config(
         lease_s=lease_s,
         scratch=place,
         replace=replace,
+        user_tools=own,
     )
 
 
@@ -290,6 +335,7 @@ async def run_device(
     task_queue: str | None = None,
     on_online: Callable[[DeviceConfig, DeviceSession], None] | None = None,
     state: DeviceSessionState | None = None,
+    user_tools: Toolbox | None = None,
 ) -> None:
     """Run the daemon until SIGINT/SIGTERM, until a newer session of the device takes over,
     or until the task running it is cancelled. `client` must keep payloads inline
@@ -303,6 +349,7 @@ async def run_device(
         lease_s=lease_s,
         scratch=scratch,
         replace=replace,
+        user_tools=user_tools,
     )
     queue = task_queue or settings.task_queue()
     state = state or DeviceSessionState(name=config.name)
@@ -335,7 +382,9 @@ async def _serve(
     """Poll the device's queue until told to stop, then let the running calls finish."""
     state.generation = session.generation
     state.lease_seen = time.monotonic()
-    acts = DeviceToolActivities(config.root, config.tools, config.network, state, config.scratch)
+    acts = DeviceToolActivities(
+        config.root, config.tools, config.network, state, config.scratch, config.user_tools.implementations()
+    )
     own_queue = device_queue(config.name, queue)
     worker = Worker(
         client,
@@ -405,7 +454,7 @@ def _announcement(config: DeviceConfig, state: DeviceSessionState, replace: bool
         root=str(config.root),
         os=platform.platform(),
         version=perdure_version(),
-        tools=[tool for tool in DEVICE_TOOLS if tool in config.tools],
+        tools=[tool for tool in DEVICE_TOOLS if tool in config.tools] + sorted(config.user_tools.declarations),
         network=config.network,
         approval=config.approval,
         lease_s=config.lease_s,

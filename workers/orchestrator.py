@@ -38,6 +38,7 @@ from perdure.activities.models.providers import import_profiles_sdk
 from perdure.activities.router.router_activities import RouterIO
 from perdure.activities.tools import sandbox
 from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.tools.user.tool_modules import Toolbox
 from perdure.activities.watchdog.watchdog_model import WatchdogModelActivities
 from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
 from perdure.runtime import settings
@@ -69,9 +70,12 @@ def build_worker(
     store: ArtifactStore | None = None,
     model_config: ModelConfig | None = None,
     mcp_servers: McpServers | None = None,
+    user_tools: Toolbox | None = None,
     **worker_options,
 ) -> Worker:
     store = store or default_store()
+    # The user's own tools (`perdure worker --tools`, entry points), loaded and checked before.
+    user_tools = user_tools or Toolbox()
     # Watched: a profile added to config.toml is used without restarting the worker.
     model_config = model_config or load_model_config(watch=True)
     import_profiles_sdk(model_config.profiles.values())
@@ -81,13 +85,18 @@ def build_worker(
     models = ModelActivities(model_config, store)
     keyring = keyring_of(client.data_converter)
     offers = CapabilitiesActivities(
-        model_config, mcp_servers=sorted(mcp_servers.servers), payload_keys=list(keyring.key_ids) if keyring else []
+        model_config,
+        mcp_servers=sorted(mcp_servers.servers),
+        payload_keys=list(keyring.key_ids) if keyring else [],
+        user_tools=user_tools.offers(),
     )
-    tools = ToolActivities(store, quotas=lambda: model_config.quotas, mcp=mcp_servers)
+    tools = ToolActivities(
+        store, quotas=lambda: model_config.quotas, mcp=mcp_servers, user_tools=user_tools.implementations()
+    )
     verification = VerificationActivities(store)
     questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
-    devices = DeviceCallActivities(store, client)
+    devices = DeviceCallActivities(store, client, tools)
     # The watchdog's memory lives next to the artifact store, which workers share.
     watchdog = VisibilityActivities(client, home=store.root.parent)
     # So does the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
@@ -118,6 +127,7 @@ def build_worker(
             tools.run_tools,
             tools.prepare_effect,
             mcp_servers.catalogue,
+            user_tools.catalogue,
             verification.verify_nodes,
             *TimingActivities(store).activities(),
             *questions.activities(),
@@ -209,15 +219,17 @@ async def run_orchestrator(
     version: WorkerDeploymentVersion | None = None,
     promote: bool = True,
     mcp_servers: McpServers | None = None,
+    user_tools: Toolbox | None = None,
 ) -> None:
     """Run the worker until it is stopped. With a `version`, it is a Worker Deployment
     version (workers/deployment.py) and, when `promote`, becomes current once it polls,
     unless it was current before (an old build restarted to drain its pinned goals).
-    `mcp_servers`: config.toml's, read before connecting (else read here)."""
+    `mcp_servers`: config.toml's, read before connecting (else read here); `user_tools`: the
+    user's own tools, loaded before connecting (none when not given)."""
     task_queue = task_queue or settings.task_queue()
     options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
     mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
-    worker = build_worker(client, task_queue=task_queue, mcp_servers=mcp_servers, **options)
+    worker = build_worker(client, task_queue=task_queue, mcp_servers=mcp_servers, user_tools=user_tools, **options)
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)
@@ -225,6 +237,8 @@ async def run_orchestrator(
         log.warning(unsandboxed_server)
     versioned = {} if version is None else {"deployment": version.deployment_name, "build_id": version.build_id}
     heap.settle()
+    if user_tools is not None and user_tools.declarations:
+        log.info("user tools loaded", tools=sorted(user_tools.declarations), sources=user_tools.sources)
     log.info("worker polling", task_queue=task_queue, namespace=client.namespace, **versioned)
     # The server knows the version once the worker polls: promote beside the running worker.
     promoting = asyncio.create_task(_promote(client, version)) if version is not None and promote else None

@@ -1,5 +1,6 @@
-"""What a worker offers, computed on the worker itself: its model profiles, its tools, the
-MCP servers its config.toml names and the ids of its payload keys.
+"""What a worker offers, computed on the worker itself: its model profiles, its tools (the
+user's own among them, with their declarations as data), the MCP servers its config.toml
+names and the ids of its payload keys.
 
 `CapabilitiesActivities.offer()` is what the worker publishes while it runs
 (workers/offer_publisher.py, read by `perdure profiles` and the checks of `perdure start`
@@ -25,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.activities.models.profiles import ModelConfig, UnknownModelProfile
     from perdure.activities.tools.catalogue import TOOL_SPECS
     from perdure.workflows.offers.worker_offers import CapabilitiesResult, ProfileOffer
+    from perdure.workflows.shared.user_tools import UserTool
 
 CAPABILITIES_ACTIVITY = "perdure.capabilities"
 CAPABILITIES_WORKFLOW = "PerdureCapabilities"
@@ -40,11 +42,16 @@ class CapabilitiesActivities:
     """Register with a Worker as `activities=[CapabilitiesActivities(config).capabilities]`."""
 
     def __init__(
-        self, config: ModelConfig, mcp_servers: list[str] | None = None, payload_keys: list[str] | None = None
+        self,
+        config: ModelConfig,
+        mcp_servers: list[str] | None = None,
+        payload_keys: list[str] | None = None,
+        user_tools: list[UserTool] | None = None,
     ) -> None:
         self.config = config
         self.mcp_servers = mcp_servers or []
         self.payload_keys = payload_keys
+        self.user_tools = user_tools or []
 
     def offer(self) -> CapabilitiesResult:
         """What this worker offers now (a changed config file is read again first)."""
@@ -64,7 +71,8 @@ class CapabilitiesActivities:
         return CapabilitiesResult(
             profiles=profiles,
             default_profile=default,
-            tools=sorted(TOOL_SPECS),
+            tools=sorted([*TOOL_SPECS, *(t.name for t in self.user_tools)]),
+            user_tools=self.user_tools,
             mcp_servers=self.mcp_servers,
             config_problem=self.config.problem,
             payload_keys=self.payload_keys,

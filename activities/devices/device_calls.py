@@ -33,9 +33,10 @@ LIST_TIMEOUT_S = 5.0
 
 
 class DeviceCallActivities:
-    def __init__(self, store: ArtifactStore, client: Client) -> None:
+    def __init__(self, store: ArtifactStore, client: Client, tools: ToolActivities | None = None) -> None:
         self._store = store
-        self._tools = ToolActivities(store)
+        # The worker's tool activities (with the user tools it loads): a call is resolved by its tool's rules.
+        self._tools = tools or ToolActivities(store)
         self._client = client
 
     def activities(self) -> list:
@@ -71,6 +72,7 @@ class DeviceCallActivities:
             uncertain=result.uncertain,
             receipt=result.receipt,
             compensation=result.compensation,
+            cost_usd=result.cost_usd,
         )
 
     @activity.defn(name=Activities.LIST_DEVICES)

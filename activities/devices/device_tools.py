@@ -23,6 +23,7 @@ import asyncio
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +44,7 @@ from perdure.workflows.devices.device_contracts import (
     RunningCall,
 )
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
+from perdure.workflows.shared.tool_specs import Tool
 
 CALL_DIR_PREFIX = "call-"
 """A call's directory in the scratch; only these are removed when a daemon starts."""
@@ -116,10 +118,18 @@ class DeviceToolActivities:
     """Register `run_tool` and `lease` with the device's worker."""
 
     def __init__(
-        self, root: Path, tools: frozenset[str], network: bool, state: DeviceSessionState, scratch: Path
+        self,
+        root: Path,
+        tools: frozenset[str],
+        network: bool,
+        state: DeviceSessionState,
+        scratch: Path,
+        user_tools: Mapping[str, Tool] | None = None,
     ) -> None:
         self.root = root
         self.tools = tools
+        # The user's own tools the daemon loaded (`perdure device --tools mypkg.tools`).
+        self.user_tools = dict(user_tools or {})
         self.network = network
         self.state = state
         self.scratch = scratch
@@ -171,7 +181,7 @@ class DeviceToolActivities:
         call_dir = self.scratch / f"{CALL_DIR_PREFIX}{uuid.uuid4().hex}"
         scratch = _CallScratch(self.scratch, call_dir)
         try:
-            result = await ToolActivities(scratch).run_tool(self._tool_input(input))
+            result = await ToolActivities(scratch, user_tools=self.user_tools).run_tool(self._tool_input(input))
             output = scratch.get_text(result.output) if result.output is not None else None
         finally:
             state.running.pop(running_key, None)
@@ -205,6 +215,7 @@ class DeviceToolActivities:
             effect_key=result.effect_key,
             receipt=result.receipt,
             compensation=result.compensation,
+            cost_usd=result.cost_usd,
         )
 
     @activity.defn(name=DeviceActivities.LEASE)

@@ -55,6 +55,7 @@ from perdure.workflows.goal.rules.evidence import statement_lines
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
 from perdure.workflows.shared.mcp_tools import McpTool, tool_table
 from perdure.workflows.shared.tool_specs import ToolSpec
+from perdure.workflows.shared.user_tools import UserTool
 
 # Markers let the scripted server (and a person reading a transcript) tell the calls apart.
 PLANNER_MARKER = "PERDURE-PLANNER"
@@ -112,7 +113,9 @@ class ModelActivities:
         messages = [
             ChatMessage(
                 role="system",
-                content=planner_system_prompt(input.context, input.allowed_tools, input.devices, input.mcp_tools),
+                content=planner_system_prompt(
+                    input.context, input.allowed_tools, input.devices, input.mcp_tools, input.user_tools
+                ),
             ),
             ChatMessage(
                 role="user",
@@ -132,7 +135,7 @@ class ModelActivities:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
             raw = self.store.put_text(response.text)
             plan, error = parse_plan_reply(
-                response.text, input.allowed_tools, input.device_tools, tool_table(input.mcp_tools)
+                response.text, input.allowed_tools, input.device_tools, tool_table(input.mcp_tools, input.user_tools)
             )
             if error:
                 activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
@@ -207,7 +210,7 @@ class ModelActivities:
         # may read one in full (the workflow allows the call on exactly these turns).
         offered = [*input.tools, COMPACTION_TOOL] if compacted and COMPACTION_TOOL not in input.tools else input.tools
         named = core_tools(offered) if input.context.degraded else offered
-        tools = [] if last_turn else agent_tools(named, input.mcp_tools)
+        tools = [] if last_turn else agent_tools(named, input.mcp_tools, input.user_tools)
         sent = compacted.messages if compacted else messages
         response, usage = await self._chat(input.context, ChatRequest(messages=sent, tools=tools), attempt)
 
@@ -343,7 +346,9 @@ class ModelActivities:
         fits = context_window.prompt_chars_allowed(profile, profile.max_output_tokens)
         if fits is not None:
             # What the tools' schemas take of the window (the compaction tool's included) is not the messages'.
-            fits -= context_window.tools_chars(agent_tools([*input.tools, COMPACTION_TOOL], input.mcp_tools))
+            fits -= context_window.tools_chars(
+                agent_tools([*input.tools, COMPACTION_TOOL], input.mcp_tools, input.user_tools)
+            )
             threshold = fits if threshold is None else min(threshold, fits)
         compacted = compact_prompt(messages, threshold)
         if compacted is None:
@@ -523,13 +528,13 @@ def parse_drift_reply(text: str) -> tuple[bool, str]:
         return True, f"unreadable drift verdict, assumed on track: {preview(text, 120)}"
 
 
-def tool_catalogue(allowed_tools: list[str], mcp_tools: list[McpTool] = ()) -> str:
+def tool_catalogue(allowed_tools: list[str], mcp_tools: list[McpTool] = (), user_tools: list[UserTool] = ()) -> str:
     allowed = set(allowed_tools)
     # Catalogue order, not the caller's order, keeps the prompt prefix stable for caching.
     entries = [
         f"- {spec.name} (risk: {spec.risk}): {spec.description}\n"
         f"  arguments (JSON schema): {json.dumps(spec.json_schema(), sort_keys=True)}"
-        for spec in tool_table(mcp_tools).values()
+        for spec in tool_table(mcp_tools, user_tools).values()
         if spec.name in allowed
     ]
     return "Tools the plan may use:\n" + ("\n".join(entries) if entries else "(none: use only llm steps)")
@@ -552,13 +557,14 @@ def planner_system_prompt(
     allowed_tools: list[str],
     devices: dict[str, str] | None = None,
     mcp_tools: list[McpTool] = (),
+    user_tools: list[UserTool] = (),
 ) -> str:
     return "\n\n".join(
         [
             f"[{PLANNER_MARKER}]\nYou are the planner of perdure, a durable runtime that carries out one goal "
             "as a graph of steps. You write the plan; the runtime runs it.",
             constraints_block(context.constraints),
-            tool_catalogue(allowed_tools, mcp_tools),
+            tool_catalogue(allowed_tools, mcp_tools, user_tools),
             *([device_catalogue(devices)] if devices else []),
             "Step kinds:\n"
             "- llm: one model call with `prompt`; its text output goes to the steps that need it.\n"
@@ -625,8 +631,8 @@ def agent_system_prompt(context: ModelContext, max_turns: int) -> str:
     )
 
 
-def agent_tools(names: list[str], mcp_tools: list[McpTool] = ()) -> list[ChatTool]:
-    table = tool_table(mcp_tools)
+def agent_tools(names: list[str], mcp_tools: list[McpTool] = (), user_tools: list[UserTool] = ()) -> list[ChatTool]:
+    table = tool_table(mcp_tools, user_tools)
     return [
         ChatTool(name=spec.name, description=f"{spec.description} (risk: {spec.risk})", json_schema=spec.json_schema())
         for name in names

@@ -1,7 +1,8 @@
 """The runner that makes each effect happen once: the worker's half of the side-effect protocol.
 
 For every call of an effect tool (activities/tools/catalogue/tool_base.py `EffectTool`:
-the built-in remote writes, and MCP tools that are not `safe` reads), `run_effect`:
+the built-in remote writes, MCP tools that are not `safe` reads, and the writes of a user's
+own tools, activities/tools/user/), `run_effect`:
 1. derives the effect key from the resolved arguments (`perdure.workflows.shared.effects`), so
    every attempt of the same logical effect carries the same key;
 2. refuses an `irreversible` tool unless the workflow says a human confirmed it;
@@ -33,31 +34,35 @@ from temporalio.exceptions import ApplicationError
 from perdure.activities.artifacts import ArtifactStore, preview
 from perdure.activities.faults import fault_point
 from perdure.activities.heartbeat import Heartbeat
-from perdure.activities.tools.catalogue.tool_base import EffectCall, EffectTool
+from perdure.activities.tools.catalogue.tool_base import CallMeter, EffectCall, EffectTool
 from perdure.activities.tools.catalogue.tool_errors import NotSent, OutcomeUnknown, ToolError
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
 from perdure.workflows.shared.effects import (
-    compensation_for,
     decide_retry,
     done_details,
     effect_key,
-    effect_of,
     intent_details,
     last_heartbeat,
 )
 from perdure.workflows.shared.tool_specs import Compensation, ToolArgs, ToolSpec
 
+COST = "cost_usd"
+"""A receipt's record of what the effect cost (a user tool's `call.cost`), when it cost anything."""
+
 
 async def run_effect(
     impl: EffectTool, spec: ToolSpec, input: ToolInput, args: ToolArgs, store: ArtifactStore, beat: Heartbeat
 ) -> ToolResult:
-    effect = effect_of(input.tool, args, input.workspace)
+    # The implementation is the declaration: a user tool's rules are known only here.
+    effect = impl.effect(args, input.workspace)
     assert effect is not None, f"{input.tool} has no effect description"
     key = effect_key(input.goal_id, *effect)
     # On the tool call's span (activities/spans.py), when tracing is on.
     trace.get_current_span().set_attribute("perdure.effect_key", key)
-    call = EffectCall(goal_id=input.goal_id, tool=input.tool, workspace=Path(input.workspace), key=key, store=store)
-    outcome = _Outcome(spec, input, key, impl.target(args), compensation_for(input.tool, key, args))
+    call = EffectCall(
+        goal_id=input.goal_id, tool=input.tool, workspace=Path(input.workspace), key=key, store=store, beat=beat
+    )
+    outcome = _Outcome(spec, input, key, impl.target(args), impl.undo(key, args), call.meter)
 
     if spec.risk == "irreversible" and not input.confirmed:
         return outcome.failed(
@@ -89,6 +94,8 @@ async def run_effect(
     if decision == "reuse":
         assert previous is not None
         receipt = {**previous["receipt"], "confirmed_by": "an earlier attempt's receipt"}
+        # What the effect cost travels on its receipt: the goal charges it from this attempt.
+        call.meter.cost_usd = float(receipt.get(COST) or 0.0)
     elif decision == "lookup":
         try:
             receipt = await impl.lookup(call, args)
@@ -106,6 +113,8 @@ async def run_effect(
         except (NotSent, OutcomeUnknown) as err:
             return outcome.unconfirmed(err, info)
         fault_point("after_effect", input.tool, effect_key=key)
+        if call.meter.cost_usd:
+            receipt = {**receipt, COST: call.meter.cost_usd}
         beat.set(done_details(key, receipt))
         fault_point("after_receipt", input.tool, effect_key=key)
 
@@ -122,12 +131,18 @@ class _Outcome:
     key: str
     target: str
     compensation: Compensation | None
+    meter: CallMeter
 
     def result(self, **fields: Any) -> ToolResult:
         if fields.get("ok") or fields.get("uncertain"):
             fields["compensation"] = self.compensation
         return ToolResult(
-            call_id=self.input.call_id, tool=self.input.tool, risk=self.spec.risk, effect_key=self.key, **fields
+            call_id=self.input.call_id,
+            tool=self.input.tool,
+            risk=self.spec.risk,
+            effect_key=self.key,
+            cost_usd=self.meter.cost_usd,
+            **fields,
         )
 
     def failed(self, message: str) -> ToolResult:

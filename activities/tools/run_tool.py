@@ -1,4 +1,5 @@
-"""The `run_tool` activity: one call of any tool, built-in or from an MCP server.
+"""The `run_tool` activity: one call of any tool, built-in, from an MCP server or a user's own
+(`perdure.tool`, activities/tools/user/).
 
 Owns what every call goes through on this machine, whatever the tool: its arguments
 resolved (`{{steps.NAME}}` templates filled in from the artifact store, a model's JSON
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from perdure.activities.tools import sandbox
 from perdure.activities.tools.catalogue import TOOL_SPECS, TOOLS
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, decide_command_retry
 from perdure.activities.tools.catalogue.file_tools import ReadFileArgs, WriteFileArgs
-from perdure.activities.tools.catalogue.tool_base import EffectTool, LocalCall, LocalTool
+from perdure.activities.tools.catalogue.tool_base import CallMeter, EffectTool, LocalCall, LocalTool
 from perdure.activities.tools.catalogue.tool_errors import ToolError
 from perdure.activities.tools.effect_runner import run_effect
 from perdure.activities.tools.fingerprints import fingerprints_of
@@ -81,6 +82,7 @@ class ToolActivities:
         store: ArtifactStore,
         quotas: Callable[[], dict[str, QuotaLimits]] | None = None,
         mcp: McpServers | None = None,
+        user_tools: Mapping[str, Tool] | None = None,
     ) -> None:
         self.store = store
         # The declared quotas (config.toml, reloaded): http_get draws on its host's.
@@ -88,8 +90,9 @@ class ToolActivities:
         # The MCP servers config.toml names: a goal's MCP tools are called through them.
         self._mcp = mcp or McpServers({})
         self.versions = WorkspaceVersions(store)
-        # The built-in tools this worker runs (a test may put its own implementation in).
-        self.tools: dict[str, Tool] = dict(TOOLS)
+        # The built-in tools this worker runs (a test may put its own implementation in), and
+        # the user's own it loads (their names never clash with a built-in one's).
+        self.tools: dict[str, Tool] = {**TOOLS, **(user_tools or {})}
 
     @activity.defn(name=Activities.RUN_TOOLS)
     async def run_tools(self, input: ToolBatchInput) -> ToolBatchResult:
@@ -111,12 +114,15 @@ class ToolActivities:
         return ToolBatchResult(entries=list(entries), size_bytes=size)
 
     def _spec(self, input: ToolInput) -> ToolSpec | None:
-        """A built-in tool's spec, or an MCP tool's from the goal's catalogue entry (with the
-        graver risk class of the goal's and this worker's config)."""
+        """A built-in tool's spec, an MCP tool's from the goal's catalogue entry (with the
+        graver risk class of the goal's and this worker's config), or a user tool's as this
+        worker declares it."""
         if input.tool in TOOL_SPECS:
             return TOOL_SPECS[input.tool]
         if input.mcp is not None and input.mcp.name == input.tool:
             return self._mcp.graver(input.mcp).spec()
+        if input.tool in self.tools:
+            return self.tools[input.tool].spec
         return None
 
     def _implementation(self, input: ToolInput, spec: ToolSpec) -> Tool:
@@ -141,6 +147,8 @@ class ToolActivities:
                 call_id=input.call_id, tool=input.tool, ok=False, error=f"unknown tool '{input.tool}' (known: {known})"
             )
 
+        meter = CallMeter()
+
         def failed(message: str, output: str | None = None) -> ToolResult:
             ref = self.store.put_text(output) if output is not None else None
             return ToolResult(
@@ -151,6 +159,7 @@ class ToolActivities:
                 output=ref,
                 preview=preview(output) if output is not None else "",
                 error=_clip(message),
+                cost_usd=meter.cost_usd,
             )
 
         root = Path(input.workspace)
@@ -187,7 +196,16 @@ class ToolActivities:
                 with tool_call_span(spec):
                     return await run_effect(implementation, spec, input, args, self.store, beat)
             assert isinstance(implementation, LocalTool), f"{input.tool} has no implementation"
-            call = LocalCall(root=root, store=self.store, file=file_call, quotas=self._quotas)
+            call = LocalCall(
+                root=root,
+                store=self.store,
+                file=file_call,
+                quotas=self._quotas,
+                goal_id=input.goal_id,
+                tool=input.tool,
+                beat=beat,
+                meter=meter,
+            )
             if spec.runs_commands:
                 call.network, call.hidden = input.network, tuple(sandbox.hidden_paths(self.store.root))
             try:
@@ -213,6 +231,7 @@ class ToolActivities:
             output=ref,
             preview=preview(text),
             fingerprints=_as_seen(fingerprints, file_call, args),
+            cost_usd=meter.cost_usd,
         )
 
     def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:
@@ -257,7 +276,7 @@ class ToolActivities:
             args = self._arguments(input, spec)
         except _BadArguments as err:
             return PreparedEffect(tool=input.tool, error=_clip(str(err)))
-        return prepared_effect(input.goal_id, input.tool, args, input.workspace)
+        return prepared_effect(input.goal_id, input.tool, args, input.workspace, self.tools.get(input.tool))
 
     def resolved_arguments(self, input: ToolInput) -> tuple[dict | None, str | None]:
         """A call's arguments resolved here (templates filled in from this store, a model's

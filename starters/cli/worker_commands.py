@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,6 +38,15 @@ def worker(
     unversioned: Annotated[
         bool, typer.Option("--unversioned", help="Run outside Worker Deployments (goals are not pinned).")
     ] = False,
+    tools: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tools",
+            metavar="MODULE",
+            help="A Python module of your own tools (@perdure.tool) to load; repeatable. config.toml's "
+            "tool_modules and the perdure.tools entry points of installed packages are loaded too.",
+        ),
+    ] = None,
 ) -> None:
     """Run an orchestrator worker (goal workflows, model and tool activities).
 
@@ -55,6 +65,7 @@ def worker(
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
     from perdure.activities.mcp.mcp_calls import McpServers
     from perdure.activities.mcp.mcp_config import load_mcp_servers
+    from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
     from perdure.workers.deployment import worker_version
     from perdure.workers.orchestrator import configure_logging, run_orchestrator
 
@@ -64,6 +75,11 @@ def worker(
         version = None if unversioned else worker_version(build_id)
     except ValueError as err:
         refuse(err)
+    try:
+        # Before anything connects: a tool that cannot be used is one line, and no worker starts.
+        toolbox = load_toolbox([*configured_modules(), *(tools or [])])
+    except ToolLoadError as err:
+        refuse(err)
     configure_logging()
 
     async def _worker() -> None:
@@ -71,7 +87,7 @@ def worker(
         # cannot be used is one line, and no worker starts.
         servers = McpServers(load_mcp_servers())
         client = await connect(worker=True)
-        await run_orchestrator(client, version=version, promote=not no_promote, mcp_servers=servers)
+        await run_orchestrator(client, version=version, promote=not no_promote, mcp_servers=servers, user_tools=toolbox)
 
     try:
         run(_worker)
@@ -85,7 +101,11 @@ def device(
     root: Annotated[Path, typer.Option("--root", help="The directory its tools work in; nothing outside it.")],
     tools: Annotated[
         str | None,
-        typer.Option("--tools", help="Tools it offers, comma-separated (default: all device tools)."),
+        typer.Option(
+            "--tools",
+            help="Tools it offers, comma-separated: device tools by name, and modules of your own tools "
+            "declared devices=True (default: all device tools).",
+        ),
     ] = None,
     network: Annotated[bool, typer.Option("--network", help="Let its shell commands use the network.")] = False,
     approve: Annotated[
@@ -112,14 +132,16 @@ def device(
     It connects out to Temporal as `perdure worker` does (PERDURE_TEMPORAL, a Temporal
     profile, PERDURE_NAMESPACE, PERDURE_TASK_QUEUE of the workers), keeps no goal state,
     and runs until Ctrl-C."""
-    from perdure.workers.device import DeviceConfigError, device_config, parse_approval, parse_tools, run_device
+    from perdure.workers.device import DeviceConfigError, device_config, device_tools, parse_approval, run_device
     from perdure.workers.orchestrator import configure_logging
 
     try:
+        names, own = device_tools(tools)
         config = device_config(
             name=name,
             root=root,
-            tools=parse_tools(tools),
+            tools=names,
+            user_tools=own,
             network=network,
             approval=parse_approval(approve or []),
             lease_s=lease_s,
@@ -150,6 +172,7 @@ def device(
             replace=config.replace,
             task_queue=settings.task_queue(),
             on_online=online,
+            user_tools=config.user_tools,
         )
 
     try:
@@ -182,27 +205,40 @@ def devices(
         fail(err)
 
 
-@app.command()
-def profiles() -> None:
-    """List the model profiles and tools the workers on the task queue offer (as they published them)."""
+def _published(what: str) -> list[PublishedOffer]:
+    """The offers of the workers on the task queue, newest first; the command ends when there is none."""
 
     async def _ask() -> list[PublishedOffer]:
         return await (await PerdureClient.connect()).offers()
 
     try:
-        live = asyncio.run(_ask())
+        return asyncio.run(_ask())
     except (ServerUnavailable, settings.TemporalConfigError) as err:
         fail(err, 2)
     except NoWorkerAnswered as err:
         err_console.print(
-            f"[red]error:[/red] {escape(str(err))}. Profiles are what a worker knows (its config.toml and "
+            f"[red]error:[/red] {escape(str(err))}. {what} what a worker knows (its config.toml and "
             "environment): start one with `perdure worker`, then ask again."
         )
         raise typer.Exit(1) from None
     except (OffersUnreadable, RPCError) as err:
         fail(err)
+
+
+def _say_published(live: list[PublishedOffer]) -> None:
     newest = live[0]
-    offer = newest.offer
+    console.print(f"as published by worker {newest.worker} at {newest.published_at:%Y-%m-%d %H:%M:%S} UTC")
+    for other in live[1:]:
+        if other.offer != newest.offer:
+            said = f"worker {other.worker} offers something else; a goal may run on either"
+            console.print(f"[yellow]warning:[/yellow] {escape(said)}")
+
+
+@app.command()
+def profiles() -> None:
+    """List the model profiles and tools the workers on the task queue offer (as they published them)."""
+    live = _published("Profiles are")
+    offer = live[0].offer
     table = Table(title=f"model profiles of the worker on task queue '{settings.task_queue()}'")
     for column in ("profile", "provider", "model", "priced"):
         table.add_column(column)
@@ -214,10 +250,22 @@ def profiles() -> None:
     console.print(f"tools: {', '.join(offer.tools)}")
     if offer.mcp_servers:
         console.print(f"MCP servers (tools mcp__SERVER__TOOL): {', '.join(offer.mcp_servers)}")
-    console.print(f"as published by worker {newest.worker} at {newest.published_at:%Y-%m-%d %H:%M:%S} UTC")
-    for other in live[1:]:
-        if other.offer != offer:
-            said = f"worker {other.worker} offers something else; a goal may run on either"
-            console.print(f"[yellow]warning:[/yellow] {escape(said)}")
+    _say_published(live)
     if offer.config_problem:
         console.print(f"[yellow]warning:[/yellow] {escape(offer.config_problem)} (the last good profiles are in use)")
+
+
+@app.command()
+def tools(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tools as JSON.")] = False,
+) -> None:
+    """List the tools the workers on the task queue offer, yours included, with risk and replay policy."""
+    from perdure.starters.tool_listing import offered_tools, print_tools
+
+    live = _published("Tools are")
+    rows = offered_tools(live[0].offer)
+    if as_json:
+        print(json.dumps([row.model_dump(mode="json") for row in rows], indent=1))
+        return
+    print_tools(console, rows, live[0].offer.mcp_servers, settings.task_queue())
+    _say_published(live)

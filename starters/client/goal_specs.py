@@ -37,6 +37,7 @@ from perdure.workflows.goal.contracts.plan import (
     parse_plan,
 )
 from perdure.workflows.shared.mcp_tools import is_mcp_tool
+from perdure.workflows.shared.user_tools import is_user_tool_name
 
 SPEC_FIELDS_IN_PLAN = ("device_wait_s", "device_approval", "stall_after_s", "recovery_mode", "verify_after_s")
 """Goal settings a plan file may carry beside its steps (GoalSpec fields, validated there)."""
@@ -85,16 +86,18 @@ def plan_from_mapping(data: object, allowed_tools: list[str] | None = None, wher
     ):
         # A single string would be taken letter by letter as constraints.
         raise BadPlanFile(f"{where}: 'constraints' must be a list of strings, e.g. [\"touch only docs/\"]")
-    # Without a list, a plan allows what it names: any built-in tool, and MCP tools, which
-    # only a worker can list (the goal checks them against its servers' catalogue).
-    plan, problem = parse_plan(data, allowed_tools or [*TOOL_SPECS, *mcp_tools_named(data)])
+    # Without a list, a plan allows what it names: any built-in tool, and MCP tools and the
+    # user's own, which only a worker knows (the start checks the workers' offers; the goal
+    # checks them against its catalogues).
+    plan, problem = parse_plan(data, allowed_tools or [*TOOL_SPECS, *worker_tools_named(data)])
     if plan is None:
         raise BadPlanFile(f"{where}: {problem}")
     return plan, extras
 
 
-def mcp_tools_named(data: dict) -> list[str]:
-    """The MCP tools a raw plan's steps name (before it is validated), subgoals' plans included."""
+def worker_tools_named(data: dict) -> list[str]:
+    """The tools only a worker knows (MCP tools, and names only a user's own tool can have)
+    that a raw plan's steps name (before it is validated), subgoals' plans included."""
     steps = data.get("steps")
     named = []
     for step in steps if isinstance(steps, list) else []:
@@ -102,10 +105,10 @@ def mcp_tools_named(data: dict) -> list[str]:
             continue
         tools = step.get("tools")
         for tool in [step.get("tool"), *(tools if isinstance(tools, list) else [])]:
-            if isinstance(tool, str) and is_mcp_tool(tool):
+            if isinstance(tool, str) and (is_mcp_tool(tool) or is_user_tool_name(tool, TOOL_SPECS)):
                 named.append(tool)
         if isinstance(step.get("plan"), dict):
-            named += mcp_tools_named(step["plan"])
+            named += worker_tools_named(step["plan"])
     return named
 
 

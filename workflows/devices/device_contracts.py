@@ -2,8 +2,9 @@
 
 A device (`perdure device --name NAME --root DIR`) is a Temporal worker on the
 user's own machine polling `perdure-device-NAME`: outbound connections only, no
-goal state on disk. It runs the device tools (DEVICE_TOOLS) inside its root with
-the same contracts, risk classes and replay policies as the worker's.
+goal state on disk. It runs the device tools (DEVICE_TOOLS, and the user's own tools it
+loads that are declared for devices) inside its root with the same contracts, risk
+classes and replay policies as the worker's.
 
 Presence is a lease held by an activity, not a timer loop: when a device
 announces itself (an update on the registry workflow, which answers with the
@@ -27,6 +28,7 @@ Pure data, shared by workflows, activities, workers and starters.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
 
@@ -35,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
 from perdure.activities.tools.catalogue.command_tool import read_only_command
 from perdure.workflows.shared.contracts import TASK_QUEUE
-from perdure.workflows.shared.tool_specs import DEVICE_NAME, ApprovalRule, Compensation, RiskClass
+from perdure.workflows.shared.tool_specs import DEVICE_NAME, ApprovalRule, Compensation, RiskClass, ToolSpec
 
 __all__ = ["DEVICE_NAME", "DEVICE_TOOLS", "ApprovalRule"]  # defined with the tool catalogue; part of these contracts
 
@@ -98,7 +100,9 @@ class DeviceAnnouncement(BaseModel):
     root: str = Field(min_length=1, description="Absolute path of the directory the device works in.")
     os: str = ""
     version: str = ""
-    tools: list[str] = Field(description="Tools this device offers: a subset of DEVICE_TOOLS.")
+    tools: list[str] = Field(
+        description="Tools this device offers: some of DEVICE_TOOLS, and the user's own tools it loads."
+    )
     network: bool = Field(default=False, description="Commands may use the network on this device.")
     approval: dict[str, ApprovalRule] = Field(
         default_factory=dict, description="Tool (or '*') -> when a call needs a person's approval."
@@ -219,6 +223,9 @@ class DeviceToolResult(BaseModel):
     effect_key: str | None = None
     receipt: dict | None = None
     compensation: Compensation | None = None
+    cost_usd: float = Field(
+        default=0.0, ge=0, exclude_if=lambda cost: not cost, description="What it reported it cost."
+    )
 
 
 class ResolvedCall(BaseModel):
@@ -248,10 +255,11 @@ class DeviceListingResult(BaseModel):
         return None if self.error else {d.name: list(d.tools) for d in self.devices}
 
 
-def call_risk(tool: str, args: dict | None) -> RiskClass | None:
+def call_risk(tool: str, args: dict | None, tools: Mapping[str, ToolSpec] = TOOL_SPECS) -> RiskClass | None:
     """A call's risk for the approval policy: a run_command the read-only allowlist
-    vouches for is a read; every other call has its tool's risk."""
-    spec = TOOL_SPECS.get(tool)
+    vouches for is a read; every other call has its tool's risk (`tools`: the goal's table,
+    with its user tools)."""
+    spec = tools.get(tool)
     if spec is None:
         return None
     if tool == "run_command" and args and isinstance(args.get("command"), str) and read_only_command(args["command"]):
@@ -267,6 +275,7 @@ def needs_approval(
     args: dict | None,
     device_rules: dict[str, ApprovalRule],
     goal_rules: dict[str, ApprovalRule],
+    tools: Mapping[str, ToolSpec] = TOOL_SPECS,
 ) -> bool:
     """Whether a device call waits for a person. The device's own rule for the tool (or its
     '*') decides when it has one: it is the owner's machine. Else the goal's, else the
@@ -282,4 +291,4 @@ def needs_approval(
         return True
     if rule == "never":
         return False
-    return RISK_ORDER.get(call_risk(tool, args) or "irreversible", 3) >= RISK_ORDER["local-write"]
+    return RISK_ORDER.get(call_risk(tool, args, tools) or "irreversible", 3) >= RISK_ORDER["local-write"]

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     # Deterministic, no module state: passed through so the sandbox does not re-import pydantic per run.
     from pydantic import ValidationError
 
+    from perdure.activities.tools.catalogue import TOOL_SPECS
     from perdure.workflows.devices.device_contracts import (
         DEVICE_PRESENCE_SIGNAL,
         DEVICE_REGISTRY_WORKFLOW,
@@ -53,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         device_queue,
     )
     from perdure.workflows.shared.run_boundary import continue_as_new_due, continue_on_current_version
+    from perdure.workflows.shared.user_tools import is_user_tool_name
 
 # Continue as new well before Temporal's warning at 10,240 events.
 CONTINUE_AS_NEW_AFTER_EVENTS = 5_000
@@ -124,11 +126,12 @@ class DeviceRegistryWorkflow:
 
     @announce.validator
     def _validate_announce(self, announcement: DeviceAnnouncement) -> None:
-        unknown = sorted(set(announcement.tools) - set(DEVICE_TOOLS))
+        # A name only a user's own tool can have is one the daemon loaded (declared for devices).
+        unknown = sorted(t for t in set(announcement.tools) - set(DEVICE_TOOLS) if not is_user_tool_name(t, TOOL_SPECS))
         if unknown:
             raise ApplicationError(
                 f"device {announcement.name} offers tools a device cannot run: {', '.join(unknown)} "
-                f"(device tools: {', '.join(DEVICE_TOOLS)})",
+                f"(device tools: {', '.join(DEVICE_TOOLS)}, and your own tools declared for devices)",
                 type="BadAnnouncement",
             )
         # A second daemon of the name working elsewhere would take the device over silently,

@@ -28,6 +28,7 @@ from perdure.workflows.shared.mcp_tools import McpCatalogue, McpTool, tool_table
 from perdure.workflows.shared.run_boundary import continue_as_new_due, goal_task_timeout, steps_per_run
 from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
 from perdure.workflows.shared.tool_specs import ToolSpec
+from perdure.workflows.shared.user_tools import UserTool, UserToolCatalogue
 
 # Keeps the gate log bounded however long the goal runs.
 GATE_LOG_ENTRIES = 200
@@ -74,7 +75,7 @@ class GoalContext:
         self.stopping: set[str] = set()
         # Steps settled in this run (not carried): what bounds the run's replay.
         self.settled_this_run = 0
-        self._tools: tuple[McpCatalogue | None, Mapping[str, ToolSpec]] | None = None
+        self._tools: tuple[McpCatalogue | None, UserToolCatalogue | None, Mapping[str, ToolSpec]] | None = None
         # The event stream's hooks (workflows/goal/stream.py): a status change, a gate decision.
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
@@ -150,15 +151,21 @@ class GoalContext:
             self.wake()
 
     def tools(self) -> Mapping[str, ToolSpec]:
-        """The goal's tool table: the built-in tools and those of its MCP catalogue."""
-        catalogue = self.state.mcp
-        if self._tools is None or self._tools[0] is not catalogue:
-            self._tools = (catalogue, tool_table(catalogue.tools.values() if catalogue is not None else ()))
-        return self._tools[1]
+        """The goal's tool table: the built-in tools, those of its MCP catalogue and the user's own."""
+        mcp, own = self.state.mcp, self.state.user_tools
+        if self._tools is None or self._tools[0] is not mcp or self._tools[1] is not own:
+            table = tool_table(mcp.tools.values() if mcp is not None else (), own.tools.values() if own else ())
+            self._tools = (mcp, own, table)
+        return self._tools[2]
 
     def mcp_tools(self, names: list[str]) -> list[McpTool]:
         """The catalogue entries of those of `names` that come from MCP servers."""
         catalogue = self.state.mcp
+        return [catalogue.tools[n] for n in names if n in catalogue.tools] if catalogue is not None else []
+
+    def user_tools(self, names: list[str]) -> list[UserTool]:
+        """The catalogue entries of those of `names` that are the user's own tools."""
+        catalogue = self.state.user_tools
         return [catalogue.tools[n] for n in names if n in catalogue.tools] if catalogue is not None else []
 
     def plan(self) -> Plan:

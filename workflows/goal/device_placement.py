@@ -28,10 +28,8 @@ from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError, TimeoutType
 
-from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, decide_command_retry
 from perdure.workflows.devices.device_contracts import (
-    DEVICE_TOOLS,
     DeviceActivities,
     DeviceListingResult,
     DeviceOutput,
@@ -93,7 +91,8 @@ class Devices:
         """The device this call of `tool` runs on, or None (a worker): an agent's
         read_artifact reads the workers' artifact store, so it stays there."""
         name = self.device_of(node)
-        return name if name and tool in DEVICE_TOOLS else None
+        spec = self._ctx.tools().get(tool)
+        return name if name and spec is not None and spec.on_devices else None
 
     # --- presence ----------------------------------------------------------------------
 
@@ -261,7 +260,8 @@ class Devices:
         except KeyError:
             return []
         tools = [step.tool] if isinstance(step, ToolStep) else list(getattr(step, "tools", []))
-        needed = {t for t in tools if t in DEVICE_TOOLS}
+        table = self._ctx.tools()
+        needed = {t for t in tools if t in table and table[t].on_devices}
         return [
             (p.name, p.online)
             for p in sorted(known, key=lambda p: p.name)
@@ -294,7 +294,8 @@ class Devices:
         """None when the call may run on the device; the refused card when a person said no.
         The device's rule for the tool wins over the goal's (device_contracts.needs_approval)."""
         args = tool_input.args or {}
-        if not needs_approval(tool_input.tool, args, presence.approval, self._ctx.state.spec.device_approval):
+        rules = self._ctx.state.spec.device_approval
+        if not needs_approval(tool_input.tool, args, presence.approval, rules, self._ctx.tools()):
             return None
         call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name, "in": presence.root}
         key = "device-call:" + digest_of(call)
@@ -332,7 +333,7 @@ class Devices:
         a device now serving another root does not get it. A NodeWaiting raised here says
         whether an attempt may have run (`maybe_ran`), for the effect guard's record."""
         maybe_ran = False
-        write = TOOL_SPECS[tool_input.tool].risk in WRITES
+        write = self._ctx.tools()[tool_input.tool].risk in WRITES
         while True:
             try:
                 presence = await self.ready(node, name)
@@ -409,7 +410,7 @@ class Devices:
 
     async def _kept(self, tool_input: ToolInput, name: str, result: DeviceToolResult) -> ToolResult:
         """The device's outcome as the goal's result; its output kept in the workers' store."""
-        spec = TOOL_SPECS[tool_input.tool]
+        spec = self._ctx.tools()[tool_input.tool]
         if result.output is None:
             return ToolResult(
                 call_id=tool_input.call_id,
@@ -421,6 +422,7 @@ class Devices:
                 uncertain=result.uncertain,
                 receipt=result.receipt,
                 compensation=result.compensation,
+                cost_usd=result.cost_usd,
             )
         return await workflow.execute_local_activity(
             Activities.STORE_DEVICE_OUTPUT,
@@ -452,7 +454,7 @@ class Devices:
             result_type=DeviceToolResult,
             task_queue=device_queue(name, workflow.info().task_queue),
             schedule_to_start_timeout=PICKUP_AFTER,
-            start_to_close_timeout=tool_timeout(tool_input, TOOL_SPECS.get(tool_input.tool)),
+            start_to_close_timeout=tool_timeout(tool_input, self._ctx.tools().get(tool_input.tool)),
             heartbeat_timeout=timedelta(seconds=presence.lease_s * 1.5),
             retry_policy=RetryPolicy(maximum_attempts=1),
             summary=f"{summary} · on device {name}",
@@ -475,10 +477,10 @@ class Devices:
             except ValueError:
                 return False
             return decide_command_retry(2, args) == "run"
-        return TOOL_SPECS[tool_input.tool].replay != "once"
+        return self._ctx.tools()[tool_input.tool].replay != "once"
 
     def _failed(self, tool_input: ToolInput, error: str) -> ToolResult:
-        spec = TOOL_SPECS.get(tool_input.tool)
+        spec = self._ctx.tools().get(tool_input.tool)
         return ToolResult(
             call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk if spec else None, ok=False, error=error
         )

@@ -313,6 +313,7 @@ class EffectGuard:
             try:
                 if record.device is not None:
                     result = await self._devices.undo(undo, summary, record.device)
+                    self._tools.charged(result)
                 else:
                     result = await self._tools.execute(undo, summary=summary)
             except ActivityError as err:

@@ -10,11 +10,14 @@ plan to the scheduler, which adopts it (reusing finished work by key).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TypeVar
 
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
+from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.devices.device_contracts import DevicePresence
 from perdure.workflows.goal.context import GoalContext, GoalFailed
 from perdure.workflows.goal.contracts.goal_contracts import (
@@ -39,11 +42,16 @@ from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
 from perdure.workflows.shared.statuses import IN_FLIGHT
+from perdure.workflows.shared.user_tools import UserToolCatalogue, UserToolCatalogueInput, user_tools_named
+
+T = TypeVar("T", bound=BaseModel)
 
 MCP_CATALOGUE_TIMEOUT = timedelta(seconds=90)
 MCP_CATALOGUE_HEARTBEAT = timedelta(seconds=10)
 # The activity answers a server it cannot reach as a problem; only a lost worker retries.
-MCP_CATALOGUE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
+CATALOGUE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
+# A worker answers from memory: the tools it loaded at start.
+USER_TOOLS_TIMEOUT = timedelta(seconds=30)
 
 
 class Planner:
@@ -72,9 +80,12 @@ class Planner:
         state, spec = self._ctx.state, self._ctx.state.spec
         if names_mcp_tools(spec.allowed_tools) and state.mcp is None:
             await self._list_mcp_tools()
+        if user_tools_named(spec.allowed_tools, TOOL_SPECS) and state.user_tools is None:
+            await self._list_user_tools()
         if spec.plan is not None:
             devices = await self._devices.check_plan_devices(spec.plan)
-            problems = self._mcp_problems() + check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
+            problems = self._mcp_problems() + self._user_tool_problems()
+            problems += check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
             state.plan_versions.append(
@@ -90,22 +101,50 @@ class Planner:
         replay and later run plans and checks against the same catalogue. A server that
         cannot be reached is a problem the plan check states, not a retry loop."""
         servers = names_mcp_tools(self._ctx.state.spec.allowed_tools)
-        try:
-            self._ctx.state.mcp = await workflow.execute_activity(
-                Activities.MCP_CATALOGUE,
-                McpCatalogueInput(servers=servers),
-                result_type=McpCatalogue,
-                start_to_close_timeout=MCP_CATALOGUE_TIMEOUT,
-                heartbeat_timeout=MCP_CATALOGUE_HEARTBEAT,
-                retry_policy=MCP_CATALOGUE_RETRY,
-                summary=f"mcp catalogue · {', '.join(servers)}",
-            )
-        except ActivityError as err:
-            raise GoalFailed(
-                f"the tools of MCP servers {', '.join(servers)} could not be listed: {failure_message(err)}"
-            ) from err
+        self._ctx.state.mcp = await self._catalogue(
+            Activities.MCP_CATALOGUE,
+            McpCatalogueInput(servers=servers),
+            McpCatalogue,
+            f"mcp catalogue · {', '.join(servers)}",
+            f"the tools of MCP servers {', '.join(servers)}",
+            start_to_close_timeout=MCP_CATALOGUE_TIMEOUT,
+            heartbeat_timeout=MCP_CATALOGUE_HEARTBEAT,
+        )
         for server, problem in self._ctx.state.mcp.problems.items():
             self._ctx.log_gate(f"MCP server {server} offers no tools: {problem}")
+
+    async def _list_user_tools(self) -> None:
+        """The user's own tools the goal names, as a worker declares them, once: kept in the
+        state like the MCP catalogue. A name no worker loads is a problem the plan check states."""
+        names = user_tools_named(self._ctx.state.spec.allowed_tools, TOOL_SPECS)
+        self._ctx.state.user_tools = await self._catalogue(
+            Activities.USER_TOOLS_CATALOGUE,
+            UserToolCatalogueInput(names=names),
+            UserToolCatalogue,
+            f"user tools · {', '.join(names)}",
+            f"the tools {', '.join(names)}",
+            start_to_close_timeout=USER_TOOLS_TIMEOUT,
+        )
+
+    async def _catalogue(
+        self, name: str, arg: BaseModel, result_type: type[T], summary: str, what: str, **timeouts: timedelta
+    ) -> T:
+        """A catalogue of tools only a worker knows, listed by an activity; a worker lost every
+        time ends the goal, saying `what` could not be listed."""
+        try:
+            return await workflow.execute_activity(
+                name, arg, result_type=result_type, retry_policy=CATALOGUE_RETRY, summary=summary, **timeouts
+            )
+        except ActivityError as err:
+            raise GoalFailed(f"{what} could not be listed: {failure_message(err)}") from err
+
+    def _user_tool_problems(self) -> list[str]:
+        """Allowed user tools no worker loads."""
+        catalogue = self._ctx.state.user_tools
+        if catalogue is None:
+            return []
+        named = user_tools_named(self._ctx.state.spec.allowed_tools, TOOL_SPECS)
+        return [catalogue.unknown(tool) for tool in named if tool not in catalogue.tools]
 
     def _mcp_problems(self) -> list[str]:
         """Allowed MCP tools the catalogue does not have, each with why (its server could
@@ -382,6 +421,7 @@ class Planner:
                         devices=described,
                         device_tools=offered,
                         mcp_tools=self._ctx.mcp_tools(spec.allowed_tools),
+                        user_tools=self._ctx.user_tools(spec.allowed_tools),
                     ),
                     PlanResult,
                     summary,

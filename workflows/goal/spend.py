@@ -1,8 +1,8 @@
 """What the goal spends and may spend: the budget and density gates before a node
 is dispatched, the estimates they judge by, reservations for work in flight, the
-charge of every model call, active time (what the wall budget counts), and the
-emergency stop, by a charge past the budget or by the clock (held while the goal is
-parked, and judged as it resumes).
+charge of every model call and of every tool call that reported a cost, active time
+(what the wall budget counts), and the emergency stop, by a charge past the budget or
+by the clock (held while the goal is parked, and judged as it resumes).
 
 Workflow code, deciding from the ledger in the state; the rules themselves are
 pure (workflows/shared/budget.py, density.py, estimates.py). A new budget rule is a
@@ -19,7 +19,7 @@ from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.goal_contracts import Budget, OwnCalls, Usage
-from perdure.workflows.goal.contracts.plan import PlanStep, SubgoalStep
+from perdure.workflows.goal.contracts.plan import PlanStep, SubgoalStep, ToolStep
 from perdure.workflows.goal.contracts.state import KindStats, Node
 from perdure.workflows.goal.pause import Pause
 from perdure.workflows.goal.rules.density import fair_share_limit, verdict_for_step
@@ -160,7 +160,7 @@ class Spend:
                     held = budget.grant_estimate(node.budget_granted, self.estimate("subgoal"))
                     self.reserve(use, node.kind, node, held)
                 continue
-            self.reserve(use, node.kind, node)
+            self.reserve(use, node.kind, node, self._priced(name, self.estimate(node.kind)))
         return use
 
     def reserve(
@@ -176,7 +176,22 @@ class Spend:
         estimate = self.estimate(step.kind)
         if isinstance(step, SubgoalStep):
             return budget.grant_estimate(self.grant(step, committed), estimate)
-        return estimate
+        return self._priced(step.name, estimate)
+
+    def _priced(self, step_name: str, estimate: KindEstimate) -> KindEstimate:
+        """A tool step's estimate, at least the most its tool declares one call may cost
+        (a user's paid tool, `max_cost_usd`): counted before the money is spent."""
+        plan = self._ctx.state.plan
+        try:
+            step = plan.step(step_name) if plan is not None else None
+        except KeyError:
+            return estimate
+        spec = self._ctx.tools().get(step.tool) if isinstance(step, ToolStep) else None
+        if spec is None or spec.max_cost_usd is None or spec.max_cost_usd <= estimate.cost_p80:
+            return estimate
+        return estimate.model_copy(
+            update={"cost_p50": max(estimate.cost_p50, spec.max_cost_usd), "cost_p80": spec.max_cost_usd}
+        )
 
     def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:
         """The budget a subgoal starts with (workflows/shared/budget.py subgoal_grant)."""
@@ -197,6 +212,14 @@ class Spend:
         if own is not None:
             self._ctx.state.ledger.own_calls.setdefault(own, OwnCalls()).calls += 1
         self._book(usage, node, own)
+
+    def charge_tool(self, cost_usd: float, node: Node | None = None) -> None:
+        """Book what a tool call reported it cost (a user's paid tool, `call.cost`) on the goal
+        and its node, like a model call's: the next gate counts it; past the budget, stop."""
+        if cost_usd <= 0:
+            return
+        self._ctx.state.ledger.tool_cost_usd += cost_usd
+        self._book(Usage(cost_usd=cost_usd), node)
 
     def charge_failed_attempts(
         self, usage: Usage | None, kind: str, node: Node | None = None, own: str | None = None

@@ -64,8 +64,11 @@ class ToolRunner:
         devices: Devices | None = None,
         tools: Callable[[], Mapping[str, ToolSpec]] = lambda: TOOL_SPECS,
         lost: LostWorkers | None = None,
+        charge: Callable[[float, Node | None], None] | None = None,
     ) -> None:
         self._state = state
+        # Books what a call reported it cost on the goal's budget (Spend.charge_tool).
+        self._charge = charge
         self._devices = devices
         # Calls whose attempts dead workers used up are scheduled again (None: never).
         self._lost = lost
@@ -86,6 +89,7 @@ class ToolRunner:
             # Resolved and approved by the effect guard; it runs there, or waits for it.
             result = await self._devices.call(tool_input, summary, node, device)
             self._state.ledger.tool_calls += 1
+            self.charged(result, node)
             return result
         spec = self._tools().get(tool_input.tool)
         retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
@@ -131,9 +135,15 @@ class ToolRunner:
                 error=f"{tool_input.tool} did not complete and may or may not have happened: {failure_message(err)}",
             )
         self._state.ledger.tool_calls += 1
+        self.charged(result, node)
         if node is not None and result.fingerprints:
             keep_fingerprints(node, result)
         return result
+
+    def charged(self, result: ToolResult, node: Node | None = None) -> None:
+        """What the call reported it cost, on the goal's budget: before anything else is admitted."""
+        if result.cost_usd and self._charge is not None:
+            self._charge(result.cost_usd, node)
 
     async def _activity(
         self, tool_input: ToolInput, spec: ToolSpec | None, retry: RetryPolicy, summary: str, node: Node | None

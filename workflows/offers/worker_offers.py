@@ -25,6 +25,7 @@ from temporalio.common import VersioningBehavior
 
 from perdure.workflows.shared.contracts import TASK_QUEUE
 from perdure.workflows.shared.run_boundary import continue_as_new_due, continue_on_current_version
+from perdure.workflows.shared.user_tools import UserTool
 
 WORKER_OFFERS_WORKFLOW = "PerdureWorkerOffers"
 OFFER_SIGNAL = "offer"
@@ -55,6 +56,11 @@ class CapabilitiesResult(BaseModel):
     profiles: list[ProfileOffer]
     default_profile: str = Field(description="The profile `default` means on this worker.")
     tools: list[str]
+    user_tools: list[UserTool] = Field(
+        default_factory=list,
+        description="The user's own tools it loads (their names are in `tools` too), declared as data: "
+        "risk, replay, schema (workflows/shared/user_tools.py).",
+    )
     mcp_servers: list[str] = Field(
         default_factory=list, description="The MCP servers its config.toml names: their tools are mcp__SERVER__TOOL."
     )

@@ -65,6 +65,13 @@ class ToolResult(BaseModel):
     receipt: dict | None = None
     compensation: Compensation | None = None
     fingerprints: list[Fingerprint] = Field(default_factory=list, description="Workspace files it read or wrote.")
+    cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        # Left out when nothing was reported: the results of the built-in tools stay as they were.
+        exclude_if=lambda cost: not cost,
+        description="What the call reported it cost (a user tool's `call.cost`): charged to the goal's budget.",
+    )
 
 
 class WorkspaceFence(BaseModel):

@@ -15,7 +15,9 @@ attempt number. The activity side lives in `activities/tools/effect_runner.py`.
 What a call reaches, does and sends, and what undoes it, each tool declares
 (`Tool.effect`, `Tool.undo`: perdure.workflows.shared.tool_specs); this module finds the
 declaration by the tool's name (`declared`: a built-in tool of
-perdure.activities.tools.catalogue, or any MCP tool) and knows no tool of its own.
+perdure.activities.tools.catalogue, or any MCP tool) and knows no tool of its own. A user's
+own tool (`perdure.tool`) is declared only on the workers that load it: they pass its
+declaration in, and the workflow never prepares one itself.
 
 No I/O and nothing that varies between runs: the workflow calls these too. A
 write is prepared (its key, compensation and the arguments a person confirms)
@@ -36,14 +38,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from perdure.activities.tools.catalogue import TOOLS
 from perdure.workflows.goal.contracts.plan import template_refs
 from perdure.workflows.shared.canonical import canonical_json, digest_of
 from perdure.workflows.shared.contracts import PreparedEffect, ToolInput
 from perdure.workflows.shared.mcp_tools import McpDeclaration, is_mcp_tool
-from perdure.workflows.shared.tool_specs import Compensation, Effect, ReplayPolicy, Tool, ToolArgs
+from perdure.workflows.shared.tool_specs import Compensation, Effect, ReplayPolicy, Tool
 
 EffectDecision = Literal["send", "reuse", "lookup", "uncertain"]
 
@@ -66,22 +68,27 @@ def declared(tool: str) -> Tool | None:
     return McpDeclaration(tool) if is_mcp_tool(tool) else None
 
 
-def effect_of(tool: str, args: ToolArgs, workspace: str) -> Effect | None:
+def effect_of(tool: str, args: BaseModel, workspace: str, declaration: Tool | None = None) -> Effect | None:
     """What a remote-write call reaches, does and sends (its declaration's `effect`); None
-    for tools with no remote effect."""
-    declaration = declared(tool)
+    for tools with no remote effect. `declaration`: a user tool's, which only the worker
+    that loads it has (default: the built-in or MCP one of that name)."""
+    declaration = declaration or declared(tool)
     return declaration.effect(args, workspace) if declaration is not None else None
 
 
-def effect_key_for(goal_id: str, tool: str, args: ToolArgs, workspace: str) -> str | None:
-    effect = effect_of(tool, args, workspace)
+def effect_key_for(
+    goal_id: str, tool: str, args: BaseModel, workspace: str, declaration: Tool | None = None
+) -> str | None:
+    effect = effect_of(tool, args, workspace, declaration)
     return effect_key(goal_id, *effect) if effect is not None else None
 
 
-def prepared_effect(goal_id: str, tool: str, args: ToolArgs, workspace: str) -> PreparedEffect:
+def prepared_effect(
+    goal_id: str, tool: str, args: BaseModel, workspace: str, declaration: Tool | None = None
+) -> PreparedEffect:
     """A write prepared from its resolved, validated arguments: its effect key, the call that
     would undo it, and the arguments as a person confirming it sees them."""
-    key = effect_key_for(goal_id, tool, args, workspace)
+    key = effect_key_for(goal_id, tool, args, workspace, declaration)
     resolved = args.model_dump(mode="json")
     shown = canonical_json(resolved)
     if len(shown) > SHOWN_ARGUMENT_CHARS:
@@ -89,7 +96,7 @@ def prepared_effect(goal_id: str, tool: str, args: ToolArgs, workspace: str) -> 
     return PreparedEffect(
         tool=tool,
         effect_key=key,
-        compensation=compensation_for(tool, key, args) if key else None,
+        compensation=compensation_for(tool, key, args, declaration) if key else None,
         arguments=shown,
         arguments_digest=digest_of(resolved),
     )
@@ -112,9 +119,9 @@ def prepared_in_workflow(call: ToolInput) -> PreparedEffect | None:
     return prepared_effect(call.goal_id, call.tool, args, call.workspace)
 
 
-def compensation_for(tool: str, key: str, args: ToolArgs) -> Compensation | None:
+def compensation_for(tool: str, key: str, args: BaseModel, declaration: Tool | None = None) -> Compensation | None:
     """The call that undoes this effect, known before the effect is attempted (it needs only the key)."""
-    declaration = declared(tool)
+    declaration = declaration or declared(tool)
     return declaration.undo(key, args) if declaration is not None else None
 
 

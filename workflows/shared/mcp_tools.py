@@ -24,6 +24,7 @@ from temporalio import workflow
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.shared.tool_specs import ONCE_TIMEOUTS, Effect, ReplayPolicy, RiskClass, Tool, ToolArgs, ToolSpec
+from perdure.workflows.shared.user_tools import UserTool
 
 with workflow.unsafe.imports_passed_through():
     # Pure validation library; loaded once for every workflow run, not per sandbox.
@@ -125,9 +126,14 @@ class McpCatalogue(BaseModel):
         return f"unknown tool '{name}': the worker's config.toml names no MCP server '{server}'"
 
 
-def tool_table(mcp_tools: Iterable[McpTool]) -> dict[str, ToolSpec]:
-    """Every tool a goal may know: the built-in ones and these of its MCP catalogue."""
-    return {**TOOL_SPECS, **{tool.name: tool.spec() for tool in sorted(mcp_tools, key=lambda t: t.name)}}
+def tool_table(mcp_tools: Iterable[McpTool] = (), user_tools: Iterable[UserTool] = ()) -> dict[str, ToolSpec]:
+    """Every tool a goal may know: the built-in ones, these of its MCP catalogue and these of
+    the user's own (workflows/shared/user_tools.py)."""
+    return {
+        **TOOL_SPECS,
+        **{tool.name: tool.spec() for tool in sorted(mcp_tools, key=lambda t: t.name)},
+        **{tool.name: tool.spec() for tool in sorted(user_tools, key=lambda t: t.name)},
+    }
 
 
 def names_mcp_tools(tools: list[str]) -> list[str]:

@@ -51,7 +51,9 @@ class ToolSpec(BaseModel):
     risk: RiskClass
     replay: ReplayPolicy
     description: str
-    args_model: type[ToolArgs]
+    args_model: type[BaseModel] = Field(
+        description="The arguments' pydantic model (a built-in tool's is a ToolArgs; a user's own may be any)."
+    )
     compensation: str | None = Field(default=None, description="The tool that undoes this one's effect.")
     start_to_close_s: float = Field(default=120, gt=0, description="Recommended start-to-close timeout.")
     heartbeat_timeout_s: float | None = Field(
@@ -95,6 +97,12 @@ class ToolSpec(BaseModel):
         description="Dropped first when a goal runs degraded (past its soft budget gate): it widens the search "
         "rather than finish the work.",
     )
+    max_cost_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="A paid tool's most costly call: reserved from the cost budget before a step calls it "
+        "(workflows/goal/spend.py); what each call cost is charged as the tool reports it.",
+    )
 
     def json_schema(self) -> dict:
         """The arguments' JSON schema, as a model is shown it. Shared: do not change it."""
@@ -102,7 +110,7 @@ class ToolSpec(BaseModel):
 
 
 @functools.cache
-def args_schema(model: type[ToolArgs]) -> dict:
+def args_schema(model: type[BaseModel]) -> dict:
     """A built-in tool's argument schema, built once: pydantic builds it anew on every call
     (0.3 ms for a tool, on every agent turn and planner prompt)."""
     return model.model_json_schema()

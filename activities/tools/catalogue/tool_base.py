@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,13 @@ from perdure.workflows.shared.tool_specs import WRITE_RISKS, Tool
 
 SAMPLE_KEY = "fx-" + "0" * 32
 """The effect key the catalogue check builds a sample compensation with."""
+
+
+@dataclass
+class CallMeter:
+    """What one call reported it cost (a user tool's `call.cost`), for its ToolResult."""
+
+    cost_usd: float = 0.0
 
 
 @dataclass
@@ -45,6 +52,11 @@ class LocalCall:
     """What a command tool's sandbox masks even inside the workspace (the artifact store...)."""
     quotas: Callable[[], dict] = dict
     """The worker's declared quotas (config.toml, reloaded): a fetch draws on its host's."""
+    goal_id: str = ""
+    tool: str = ""
+    beat: Any = None
+    """The call's activities/heartbeat.py Heartbeat (None outside an activity's run)."""
+    meter: CallMeter = field(default_factory=CallMeter)
 
 
 class LocalTool(Tool, ABC):
@@ -64,6 +76,9 @@ class EffectCall:
     workspace: Path
     key: str
     store: Any
+    beat: Any = None
+    """The call's activities/heartbeat.py Heartbeat (None outside an activity's run)."""
+    meter: CallMeter = field(default_factory=CallMeter)
 
 
 class EffectTool(Tool, ABC):

@@ -17,6 +17,7 @@ from perdure.workflows.shared.mcp_tools import McpTool
 from perdure.workflows.shared.run_boundary import goal_task_timeout
 from perdure.workflows.shared.statuses import NodeStatus
 from perdure.workflows.shared.tool_specs import ApprovalRule
+from perdure.workflows.shared.user_tools import UserTool
 
 GOAL_WORKFLOW = "GoalWorkflow"
 # Memo key of a goal's text (its start, up to GOAL_MEMO_CHARS): visibility listings carry the
@@ -57,6 +58,8 @@ class Activities:
     WAIT_OUTPUT = "perdure.timing.wait_output"
     # The tools of the MCP servers a goal names (activities/mcp/mcp_calls.py).
     MCP_CATALOGUE = "perdure.mcp.catalogue"
+    # The user's own tools a goal names, as the worker loads them (activities/tools/user/tool_modules.py).
+    USER_TOOLS_CATALOGUE = "perdure.user_tools.catalogue"
 
 
 class Queries:
@@ -326,6 +329,9 @@ class PlanInput(BaseModel):
     mcp_tools: list[McpTool] = Field(
         default_factory=list, description="The allowed tools from MCP servers, from the goal's catalogue."
     )
+    user_tools: list[UserTool] = Field(
+        default_factory=list, description="The allowed tools of the user's own, from the goal's catalogue."
+    )
 
 
 class PlanResult(BaseModel):
@@ -385,6 +391,9 @@ class AgentTurnInput(BaseModel):
     )
     mcp_tools: list[McpTool] = Field(
         default_factory=list, description="Those of `tools` that come from MCP servers, from the goal's catalogue."
+    )
+    user_tools: list[UserTool] = Field(
+        default_factory=list, description="Those of `tools` that are the user's own, from the goal's catalogue."
     )
 
 

@@ -288,8 +288,9 @@ def check_plan(
 ) -> list[str]:
     """Problems that depend on the goal (tools allowed, tool arguments, templates) and,
     when `devices` (name -> tools offered) is given, on the devices the plan names.
-    `tools`: the goal's tool table (its MCP catalogue's tools too); None: the built-in
-    tools, and an MCP tool's name passes unchecked (only a worker can list them).
+    `tools`: the goal's tool table (its MCP catalogue's and user tools too); None: the
+    built-in tools, and an MCP tool's name, or an allowed name that is not built in (a user
+    tool), passes unchecked (only a worker can list them).
 
     Returns human-readable messages; empty when the plan can run.
     """
@@ -308,7 +309,7 @@ def check_plan(
         elif isinstance(step, SubgoalStep):
             problems += _check_subgoal_step(step, allowed, tools)
         if isinstance(step, ToolStep | AgentStep) and step.device is not None:
-            problems += _check_device_step(step, devices)
+            problems += _check_device_step(step, devices, tools)
     return problems
 
 
@@ -330,13 +331,25 @@ def devices_named(plan: Plan) -> list[str]:
     return sorted({s.device for s in plan.steps if isinstance(s, ToolStep | AgentStep) and s.device})
 
 
-def _check_device_step(step: ToolStep | AgentStep, devices: dict[str, list[str]] | None) -> list[str]:
+def device_capable(tools: Mapping[str, ToolSpec] | None) -> list[str]:
+    """The tools a device may offer: the built-in device tools, and the user's own tools
+    (of the goal's table) declared for devices."""
+    own = sorted(name for name, spec in (tools or {}).items() if spec.on_devices and name not in DEVICE_TOOLS)
+    return [*DEVICE_TOOLS, *own]
+
+
+def _check_device_step(
+    step: ToolStep | AgentStep, devices: dict[str, list[str]] | None, table: Mapping[str, ToolSpec] | None = None
+) -> list[str]:
     tools = [step.tool] if isinstance(step, ToolStep) else step.tools
+    capable = device_capable(table)
+    # Without the goal's table (a client's check) a user tool's declaration is not known here.
+    unjudged = {t for t in tools if table is None and t not in TOOL_SPECS and not is_mcp_tool(t)}
     problems = [
-        f"step '{step.name}': {tool} cannot run on a device (device tools: {', '.join(DEVICE_TOOLS)}); "
+        f"step '{step.name}': {tool} cannot run on a device (device tools: {', '.join(capable)}); "
         "run it in a step without `device`"
         for tool in tools
-        if tool not in DEVICE_TOOLS
+        if tool not in capable and tool not in unjudged
     ]
     if devices is None:
         return problems
@@ -344,7 +357,7 @@ def _check_device_step(step: ToolStep | AgentStep, devices: dict[str, list[str]]
     if offered is None:
         known = ", ".join(f"{name} ({', '.join(tools) or 'no tools'})" for name, tools in sorted(devices.items()))
         return [*problems, f"step '{step.name}': no device named '{step.device}' (devices: {known or 'none yet'})"]
-    missing = [t for t in tools if t in DEVICE_TOOLS and t not in offered]
+    missing = [t for t in tools if (t in capable or t in unjudged) and t not in offered]
     if missing:
         problems.append(
             f"step '{step.name}': device '{step.device}' does not offer {', '.join(missing)} "
@@ -354,7 +367,9 @@ def _check_device_step(step: ToolStep | AgentStep, devices: dict[str, list[str]]
 
 
 def _check_tool_step(step: ToolStep, allowed: set[str], tools: Mapping[str, ToolSpec] | None) -> list[str]:
-    unchecked = tools is None and is_mcp_tool(step.tool)
+    # Without the goal's table (a client's check), only a worker knows an MCP tool or a user's
+    # own (a name allowed that is not built in): the goal checks them against its catalogues.
+    unchecked = tools is None and (is_mcp_tool(step.tool) or (step.tool in allowed and step.tool not in TOOL_SPECS))
     tools = TOOL_SPECS if tools is None else tools
     if step.tool not in tools and not unchecked:
         return [f"step '{step.name}': unknown tool '{step.tool}' (known: {', '.join(sorted(tools))})"]

@@ -34,6 +34,7 @@ from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ToolRes
 from perdure.workflows.shared.mcp_tools import McpCatalogue
 from perdure.workflows.shared.statuses import NodeStatus, Phase
 from perdure.workflows.shared.tool_specs import Compensation
+from perdure.workflows.shared.user_tools import UserToolCatalogue
 
 # "MAJOR.MINOR", restarted at perdure 1.0 (workflows/goal/contracts/migrations.py says why).
 SCHEMA_VERSION = "1.0"
@@ -148,6 +149,9 @@ class Ledger(BaseModel):
     active_since: datetime | None = Field(default=None, description="When the current active stretch began.")
     failed_attempts: int = Field(default=0, description="Model attempts that failed or timed out, charged too.")
     estimated_cost_usd: float = Field(default=0.0, description="The part of cost_usd charged at an estimate.")
+    tool_cost_usd: float = Field(
+        default=0.0, description="The part of cost_usd that tool calls reported (a user's paid tools, `call.cost`)."
+    )
     lost_attempts: int = Field(
         default=0, description="Attempts of its calls that died with their worker (workflows/goal/lost_workers.py)."
     )
@@ -372,6 +376,11 @@ class GoalState(BaseModel):
         description="The tools of the MCP servers the goal names, as listed when it started "
         "(workflows/shared/mcp_tools.py); "
         "None: it names none, or has not listed them yet.",
+    )
+    user_tools: UserToolCatalogue | None = Field(
+        default=None,
+        description="The user's own tools the goal names, as a worker declared them when it started "
+        "(workflows/shared/user_tools.py); None: it names none, or has not listed them yet.",
     )
 
     @field_serializer("plan_versions", mode="wrap")

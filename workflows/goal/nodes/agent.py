@@ -71,6 +71,7 @@ class AgentNode:
                     notes=progress.notes + (self._memory.revocation_note(untold) if turn > 1 else []),
                     compact_after_chars=spec.compact_context_after_chars,
                     mcp_tools=self._ctx.mcp_tools(step.tools),
+                    user_tools=self._ctx.user_tools(step.tools),
                 )
                 result = await self._calls.run(Activities.AGENT_TURN, payload, AgentTurnResult, summary, node)
                 node.turns = progress.turn = turn
