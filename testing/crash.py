@@ -113,6 +113,10 @@ class CrashRig:
     model: ScriptedServer | None = None
     task_queue: str = field(default_factory=lambda: f"crash-{uuid.uuid4().hex[:10]}")
     workers: list[WorkerProcess] = field(default_factory=list)
+    worker_args: tuple[str, ...] = ()
+    """What every `perdure worker` it starts is given (`--tools MODULE`...)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Variables every worker it starts gets besides perdure's (PYTHONPATH for a tool module...)."""
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -143,6 +147,7 @@ class CrashRig:
         for service in (self.mail, self.payments):
             if service is not None:
                 variables.update(service.worker_env())
+        variables.update(self.extra_env)
         if fault:
             variables["PERDURE_FAULT"] = fault
         return variables
@@ -151,7 +156,7 @@ class CrashRig:
         log = self.root / f"worker-{len(self.workers) + 1}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [PERDURE, "worker"],
+                [PERDURE, "worker", *self.worker_args],
                 env=self.worker_env(fault),
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -1,0 +1,249 @@
+"""`perdure.tool` declarations on their own (issue 36, part 1): what a contradictory one
+raises, naming the tool; what loading modules and entry points refuses, in one line; the
+effect key and compensation a declaration makes; and a tool run by the tool activity as a
+worker runs it (Temporal's activity test environment), its cost on the result."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+from temporalio.testing import ActivityEnvironment
+
+import perdure
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools.run_tool import ToolActivities
+from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
+from perdure.workflows.shared.contracts import ToolInput
+from tests import usertool_sample
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    account: str
+    amount: int
+    note: str = ""
+
+
+def declared(**options):
+    def send(args: Args, call: perdure.ToolCall) -> str:
+        """Send something somewhere."""
+        return "sent"
+
+    return perdure.tool(**options)(send)
+
+
+CONTRADICTIONS = {
+    "is irreversible but its replay is `safe`": dict(risk="irreversible", replay="safe"),
+    "is remote-write: declare its replay policy": dict(risk="remote-write"),
+    "replays `check` but has no lookup": dict(risk="remote-write", replay="check"),
+    "has a lookup but replays `keyed`": dict(risk="remote-write", replay="keyed", lookup=lambda args: None),
+    "is read but replays `keyed`": dict(replay="keyed"),
+    "is read but declares key_fields, compensation": dict(key_fields=["account"], compensation="undo_it"),
+    "key_fields names owner, not fields of Args": dict(risk="remote-write", replay="keyed", key_fields=["owner"]),
+    "its target names {owner}, not a field of Args": dict(risk="remote-write", replay="keyed", target="x:{owner}"),
+    "gives `effect` and also target/action/key_fields": dict(
+        risk="remote-write", replay="keyed", target="x", effect=lambda args: ("x", "y", {})
+    ),
+    "heartbeat_s (60) must be shorter than timeout_s (30)": dict(risk="read", heartbeat_s=60, timeout_s=30),
+    "names itself as its compensation": dict(risk="remote-write", replay="keyed", compensation="send"),
+    "is the name of a built-in tool": dict(name="read_file"),
+    "risk 'dangerous' is not one of read": dict(risk="dangerous"),
+}
+
+
+@pytest.mark.parametrize("expected", sorted(CONTRADICTIONS))
+def test_a_contradictory_declaration_raises_naming_the_tool(expected: str) -> None:
+    with pytest.raises(perdure.ToolDeclarationError) as raised:
+        declared(**CONTRADICTIONS[expected])
+    assert expected in str(raised.value)
+    assert str(raised.value).startswith(f"tool {CONTRADICTIONS[expected].get('name', 'send')}: ")
+
+
+def test_a_function_without_an_argument_model_or_description_is_refused() -> None:
+    def untyped(args: dict) -> str:
+        """Take a dict."""
+        return ""
+
+    def undocumented(args: Args) -> str:
+        return ""
+
+    def stray(args: Args, retries: int) -> str:
+        """Take something else too."""
+        return ""
+
+    with pytest.raises(perdure.ToolDeclarationError, match="tool untyped: its function takes `args`, which is"):
+        perdure.tool(untyped)
+    with pytest.raises(perdure.ToolDeclarationError, match="tool undocumented: has no description"):
+        perdure.tool(undocumented)
+    with pytest.raises(perdure.ToolDeclarationError, match="tool stray: its function takes `retries`"):
+        perdure.tool(stray)
+
+
+def test_the_effect_key_is_made_from_the_declared_fields_and_the_compensation_carries_an_undo() -> None:
+    tool = declared(risk="remote-write", replay="keyed", target="ledger:{account}", key_fields=["account", "amount"])
+    effect = tool.effect(Args(account="acme", amount=3, note="a"))
+    assert effect == ("ledger:acme", "send", {"account": "acme", "amount": 3})
+    # The note is not part of the payload: the same effect whatever it says.
+    assert tool.effect(Args(account="acme", amount=3, note="b")) == effect
+    assert tool.undo("fx-" + "1" * 32, Args(account="acme", amount=3)) is None
+    paying = usertool_sample.charge
+    undo = paying.undo("fx-" + "1" * 32, usertool_sample.ChargeArgs(amount_cents=5, recipient="x"))
+    assert undo is not None and undo.tool == "refund_charge"
+    assert perdure.Undo.model_validate(undo.args).args == {"amount_cents": 5, "recipient": "x", "memo": ""}
+
+
+def test_a_tool_is_still_its_function_and_a_call_object_tests_it() -> None:
+    call = perdure.ToolCall(idempotency_key="fx-" + "2" * 32)
+    assert usertool_sample.quote(usertool_sample.QuoteArgs(amount_cents=10), call) == {
+        "amount_cents": 10,
+        "fee_usd": usertool_sample.CHARGE_FEE_USD,
+    }
+    assert call.cost_usd == usertool_sample.QUOTE_FEE_USD
+    with pytest.raises(ValueError, match="a tool's cost is a finite number of USD >= 0"):
+        call.cost(-1)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def module(tmp_path: Path, name: str, body: str) -> str:
+    (tmp_path / f"{name}.py").write_text("import perdure\nfrom pydantic import BaseModel\n" + textwrap.dedent(body))
+    return name
+
+
+@pytest.fixture
+def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return lambda name, body: module(tmp_path, name, body)
+
+
+UNDO_TOOL = """
+@perdure.tool(risk="remote-write", replay="keyed")
+def cancel(args: perdure.Undo) -> str:
+    '''Cancel an order.'''
+    return "cancelled"
+"""
+
+ORDER_TOOL = """
+class Order(BaseModel):
+    item: str
+
+@perdure.tool(risk="remote-write", replay="keyed", compensation="{compensation}")
+def order(args: Order, call: perdure.ToolCall) -> str:
+    '''Order an item.'''
+    return "ordered"
+"""
+
+
+def test_loading_checks_compensations_across_modules(modules) -> None:
+    modules("ut_cancel", UNDO_TOOL)
+    modules("ut_order", ORDER_TOOL.format(compensation="cancel"))
+    box = load_toolbox(["ut_order", "ut_cancel"], with_entry_points=False)
+    assert sorted(box.declarations) == ["cancel", "order"]
+    assert [o.compensation for o in box.offers()] == [None, "cancel"]
+
+    modules("ut_order_alone", ORDER_TOOL.format(compensation="cancel"))
+    with pytest.raises(ToolLoadError) as alone:
+        load_toolbox(["ut_order_alone"], with_entry_points=False)
+    assert str(alone.value) == (
+        "tool order (module ut_order_alone): its compensation names cancel, which is not loaded (tools loaded: order)"
+    )
+
+    modules("ut_order_read", ORDER_TOOL.format(compensation="look"))
+    modules("ut_look", "@perdure.tool\ndef look(args: perdure.Undo) -> str:\n    '''Look.'''\n    return ''\n")
+    with pytest.raises(ToolLoadError, match="its compensation look is read with replay `safe`: a compensation is"):
+        load_toolbox(["ut_order_read", "ut_look"], with_entry_points=False)
+
+    modules("ut_order_wrong", ORDER_TOOL.format(compensation="wrong"))
+    modules(
+        "ut_wrong",
+        "class W(BaseModel):\n    order_id: str\n\n"
+        "@perdure.tool(risk='remote-write', replay='keyed')\ndef wrong(args: W) -> str:\n    '''W.'''\n    return ''\n",
+    )
+    with pytest.raises(ToolLoadError, match="its compensation wrong does not take perdure.Undo as its arguments"):
+        load_toolbox(["ut_order_wrong", "ut_wrong"], with_entry_points=False)
+
+
+def test_loading_refuses_in_one_line_what_cannot_be_used(modules, tmp_path: Path) -> None:
+    modules("ut_broken", "raise RuntimeError('no credentials file')\n")
+    modules("ut_empty", "X = 1\n")
+    modules(
+        "ut_contradiction",
+        "@perdure.tool(risk='irreversible', replay='safe')\ndef pay(args: perdure.Undo):\n  '''P.'''\n",
+    )
+    modules("ut_twice", UNDO_TOOL)
+    cases = {
+        "ut_missing": "cannot import tool module ut_missing: no module named ut_missing",
+        "ut_broken": "tool module ut_broken failed to import: RuntimeError: no credentials file",
+        "ut_empty": "tool module ut_empty declares no tool (decorate a function with @perdure.tool)",
+        "ut_contradiction": "tool module ut_contradiction: tool pay: is irreversible but its replay is `safe`",
+    }
+    for name, said in cases.items():
+        with pytest.raises(ToolLoadError) as raised:
+            load_toolbox([name], with_entry_points=False)
+        assert str(raised.value).startswith(said), str(raised.value)
+        assert "\n" not in str(raised.value)
+    modules("ut_cancel_again", UNDO_TOOL)
+    with pytest.raises(
+        ToolLoadError, match="tool cancel is declared twice: in module ut_twice and in module ut_cancel"
+    ):
+        load_toolbox(["ut_twice", "ut_cancel_again"], with_entry_points=False)
+
+    config = tmp_path / "config.toml"
+    config.write_text('tool_modules = ["ut_twice"]\n[profiles.x]\nprovider = "openai"\nmodel = "m"\n')
+    assert configured_modules(config) == ["ut_twice"]
+    config.write_text('tool_modules = "ut_twice"\n')
+    with pytest.raises(ToolLoadError, match="tool_modules must be a list of module names"):
+        configured_modules(config)
+
+
+def test_an_installed_distribution_offers_its_tools_through_the_entry_point_group(modules, tmp_path: Path) -> None:
+    modules("ut_shop", UNDO_TOOL)
+    dist = tmp_path / "ut_shop-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ut-shop\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[perdure.tools]\nshop = ut_shop\n")
+    box = load_toolbox([])
+    assert "cancel" in box.declarations and "ut_shop" in box.sources
+
+    (dist / "entry_points.txt").write_text("[perdure.tools]\nshop = ut_shop_gone\n")
+    with pytest.raises(ToolLoadError) as raised:
+        load_toolbox([])
+    assert str(raised.value).startswith("entry point shop = ut_shop_gone (distribution ut-shop) failed to load:")
+
+
+# --- run as a worker runs it ---------------------------------------------------------------
+
+
+async def test_the_worker_prepares_and_sends_a_user_write_under_one_key_and_reports_its_cost(
+    tmp_path: Path, payments_env
+) -> None:
+    box = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
+    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=box.implementations())
+    call = ToolInput(goal_id="g-1", node_key="node:1", tool="charge", workspace=str(tmp_path), args=payments_env[1])
+    prepared = await ActivityEnvironment().run(acts.prepare_effect, call)
+    assert prepared.error is None and prepared.compensation is not None
+    assert prepared.compensation.tool == "refund_charge"
+    assert prepared.compensation.args["effect_key"] == prepared.effect_key
+
+    result = await ActivityEnvironment().run(acts.run_tool, call)
+    assert result.ok and result.effect_key == prepared.effect_key
+    assert result.cost_usd == usertool_sample.CHARGE_FEE_USD and result.receipt["cost_usd"] == result.cost_usd
+    [payment] = payments_env[0].ledger()
+    assert payment["idempotency_key"] == prepared.effect_key
+
+    # An unconfirmed irreversible call is refused by the activity too, and nothing is sent.
+    wired = await ActivityEnvironment().run(acts.run_tool, call.model_copy(update={"tool": "wire"}))
+    assert not wired.ok and "needs a human confirmation" in (wired.error or "")
+    assert len(payments_env[0].ledger()) == 1
+
+
+@pytest.fixture
+def payments_env(fake_service):
+    from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
+
+    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY), {"amount_cents": 700, "recipient": "ACME GmbH"}
