@@ -120,9 +120,10 @@ def test_clear_errors(env, tmp_path, task_queue):
     assert unknown.returncode == 2 and "no goal with id 'no-such-goal'" in unknown.stderr
 
     bad_plan = tmp_path / "bad.yaml"
-    bad_plan.write_text("steps:\n  - {name: a, kind: tool, tool: rm_rf}\n")
+    # No name a tool of the user's own could have (those only a worker's offer can refuse).
+    bad_plan.write_text("steps:\n  - {name: a, kind: tool, tool: rm -rf}\n")
     rejected = perdure("start", "--plan", str(bad_plan), "x", env=variables)
-    assert rejected.returncode == 2 and "unknown tool 'rm_rf'" in rejected.stderr
+    assert rejected.returncode == 2 and "unknown tool 'rm -rf'" in rejected.stderr
 
     not_yaml = tmp_path / "broken.yaml"
     not_yaml.write_text("steps: [unclosed\n")

@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.tools.user.tool_modules import load_toolbox
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
-from perdure.workflows.goal.contracts.messages import Answer
+from perdure.workflows.goal.contracts.messages import Answer, Approve
 from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests import usertool_sample
 from tests.builders import spec
-from tests.helpers import submit, wait_until
-from tests.subprocess_rig import perdure, user_env, worker_process
+from tests.device_rig import question_of
+from tests.helpers import goal_result, running_worker, start, submit, wait_until
+from tests.subprocess_rig import PERDURE, perdure, stop, user_env, worker_process
+from tests.test_mcp_server import call, status_until, stdio_server
 
 REPO = str(Path(__file__).resolve().parents[1])
 SAMPLE = "tests.usertool_sample"
@@ -171,3 +179,99 @@ async def test_a_once_call_whose_worker_was_killed_is_a_question_and_is_never_se
 
     assert result.outcome == "succeeded", result.excerpt
     assert len(hook.ledger()) == 1  # posted once, before the kill; never again
+
+
+def device_process(variables: dict[str, str], tmp_path: Path, *options: str) -> tuple[subprocess.Popen, Path]:
+    """`perdure device --name laptop` as its owner starts it, once it is online: (process, log)."""
+    root = tmp_path / "laptop"
+    root.mkdir(exist_ok=True)
+    log_path = tmp_path / "device.log"
+    argv = [PERDURE, "device", "--name", "laptop", "--root", str(root), "--scratch", str(tmp_path / "scratch")]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*argv, *options], env=variables, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while "device laptop online" not in log_path.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+        time.sleep(0.1)
+    return proc, log_path
+
+
+@pytest.mark.slow
+@pytest.mark.process
+async def test_a_device_that_offers_a_user_tool_runs_its_steps_there_after_its_owner_approves(
+    env, tmp_path: Path, task_queue: str, fake_service
+) -> None:
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    variables = tools_env(env, tmp_path, task_queue, payments)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    refused = perdure("device", "--name", "laptop", "--root", str(workspace), "--tools", SAMPLE, env=variables)
+    # Its charge calls a service: a device offers it only with the network.
+    assert refused.returncode == 1 and "tool charge reaches the network" in refused.stderr, refused.stderr
+
+    steps = [{"name": "pay", "kind": "tool", "tool": "charge", "args": CHARGE, "device": "laptop"}]
+    with worker_process(variables, tmp_path / "worker.log", "--tools", SAMPLE):
+        device, log = device_process(variables, tmp_path, "--tools", f"read_file,{SAMPLE}", "--network")
+        try:
+            online = log.read_text()
+            # The module's tools declared for devices, and the built-in one named.
+            assert "tools charge, read_file, refund_charge · network" in online, online
+            handle = await start(env, task_queue, workspace, steps, allowed_tools=["charge"])
+            card = await question_of(handle, "confirm_device_call")
+            assert "device laptop" in card.title and payments.ledger() == []  # asked before anything ran
+            await submit(handle, Approve(request_id="ok-1", question_id=card.id))
+            result = await goal_result(handle)
+            snapshot = await handle.query(GoalWorkflow.progress)
+        finally:
+            stop(device)
+
+    assert result.outcome == "succeeded", result.excerpt
+    [payment] = payments.ledger()
+    assert payment["amount_cents"] == 1200 and payment["idempotency_key"].startswith("fx-")
+    [node] = snapshot.nodes
+    assert node.placements == {"charge": "device laptop: the step runs there"}
+    assert result.cost_usd == pytest.approx(usertool_sample.CHARGE_FEE_USD)  # reported on the device, charged here
+
+
+@pytest.mark.slow
+@pytest.mark.process
+async def test_an_mcp_client_starts_a_goal_of_user_tools_approves_the_irreversible_one_and_reads_the_report(
+    env, task_queue: str, tmp_path: Path, workspace: Path, fake_service
+) -> None:
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    toolbox = load_toolbox([SAMPLE], with_entry_points=False)
+    plan = {
+        "goal": "Pay invoice 7 and wire the deposit",
+        "steps": [
+            {"name": "pay", "kind": "tool", "tool": "charge", "args": CHARGE},
+            {
+                "name": "deposit",
+                "kind": "tool",
+                "tool": "wire",
+                "args": {**CHARGE, "memo": "deposit"},
+                "needs": ["pay"],
+            },
+        ],
+    }
+    store = ArtifactStore(tmp_path / "home" / "artifacts")  # where `perdure mcp` reads reports
+    async with (
+        running_worker(env, task_queue, store, user_tools=toolbox),
+        stdio_server(env, tmp_path, task_queue) as client,
+    ):
+        started = await call(
+            client, "start_goal", plan=plan, workspace=str(workspace), request_id=f"invoice-7-{uuid.uuid4().hex[:8]}"
+        )
+        assert started["started"] is True and not started["warnings"], started
+        goal_id = started["goal_id"]
+        snapshot = await status_until(client, goal_id, lambda s: s["questions"])
+        question = snapshot["questions"][0]
+        assert question["title"] == "Confirm wire in step 'deposit'"
+        assert len(payments.ledger()) == 1  # the charge; the wire waits for the person
+        await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-7")
+        await status_until(client, goal_id, lambda s: s["phase"] in ("finished", "failed", "aborted"))
+        report = await call(client, "goal_report", goal_id=goal_id)
+
+    assert report["outcome"] == "succeeded", report
+    assert [p["memo"] for p in payments.ledger()] == ["invoice 7", "deposit"]
+    for payment in payments.ledger():
+        assert payment["id"] in report["report"]

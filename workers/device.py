@@ -24,7 +24,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -44,7 +44,6 @@ from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
 from perdure.activities.tools import sandbox
-from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.activities.tools.user.tool_modules import Toolbox, ToolLoadError, load_toolbox
 from perdure.runtime import settings
 from perdure.workflows.devices.device_contracts import (
@@ -63,7 +62,6 @@ from perdure.workflows.devices.device_contracts import (
     device_queue,
     registry_id,
 )
-from perdure.workflows.shared.user_tools import is_user_tool_name
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -133,9 +131,15 @@ def device_tools(text: str | None) -> tuple[frozenset[str], Toolbox]:
                 "by their module (e.g. mypkg.tools)"
             )
     try:
-        toolbox = load_toolbox(modules, with_entry_points=False) if modules else Toolbox()
+        loaded = load_toolbox(modules, with_entry_points=False) if modules else Toolbox()
     except ToolLoadError as err:
         raise DeviceConfigError(str(err)) from None
+    # A module may hold tools for the workers only: the device offers those declared for devices.
+    toolbox = Toolbox([d for d in loaded.declarations.values() if d.devices], loaded.sources)
+    if modules and not toolbox.declarations:
+        raise DeviceConfigError(
+            f"{', '.join(modules)} declares no tool for devices: declare one with @perdure.tool(devices=True)"
+        )
     return frozenset(item for item in items if item in DEVICE_TOOLS) | set(toolbox.declarations), toolbox
 
 
@@ -155,20 +159,20 @@ def parse_tools(text: str | None) -> frozenset[str]:
     return frozenset(names)
 
 
-def parse_approval(items: list[str]) -> dict[str, ApprovalRule]:
-    """`--approve TOOL=RULE` (repeatable): TOOL a device tool or `*`, RULE one of APPROVAL_RULES
-    (`risk >= local-write` may be written with spaces)."""
+def parse_approval(items: list[str], own: Iterable[str] = ()) -> dict[str, ApprovalRule]:
+    """`--approve TOOL=RULE` (repeatable): TOOL a device tool, one of `own` (the user's tools
+    the device offers) or `*`, RULE one of APPROVAL_RULES (`risk >= local-write` may be
+    written with spaces)."""
+    own = set(own)
     rules: dict[str, ApprovalRule] = {}
     for item in items:
         tool, sep, rule = item.partition("=")
         tool, rule = tool.strip(), re.sub(r"\s+", "", rule)
         if not sep or not tool:
             raise DeviceConfigError(f"--approve '{item}' is not TOOL=RULE (e.g. run_command=always)")
-        if tool != "*" and tool not in DEVICE_TOOLS and not is_user_tool_name(tool, TOOL_SPECS):
-            raise DeviceConfigError(
-                f"--approve '{item}': {tool} is not a device tool; give one of {', '.join(DEVICE_TOOLS)}, "
-                "one of your own the device offers, or *"
-            )
+        if tool != "*" and tool not in DEVICE_TOOLS and tool not in own:
+            offered = ", ".join([*DEVICE_TOOLS, *sorted(own)])
+            raise DeviceConfigError(f"--approve '{item}': {tool} is not a device tool; give one of {offered}, or *")
         if rule not in APPROVAL_RULES:
             raise DeviceConfigError(f"--approve '{item}': the rule must be one of {', '.join(APPROVAL_RULES)}")
         rules[tool] = rule  # type: ignore[assignment]  # checked against ApprovalRule just above

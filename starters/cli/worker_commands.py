@@ -143,7 +143,7 @@ def device(
             tools=names,
             user_tools=own,
             network=network,
-            approval=parse_approval(approve or []),
+            approval=parse_approval(approve or [], own.declarations),
             lease_s=lease_s,
             scratch=scratch,
             replace=replace,
