@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from perdure.activities.artifacts import ArtifactStore
@@ -28,6 +27,7 @@ from perdure.starters.mcp_server import build_server
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
 from tests.helpers import free_ports, goal_result, running_worker
+from tests.mcp_rig import call, status_until, stdio_server
 from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, stop, user_env
 
 VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "narrow", "rewind", "abort"}
@@ -48,11 +48,6 @@ def payments(fake_service) -> PaymentsAPI:
 def home_store(tmp_path: Path) -> ArtifactStore:
     """The worker's artifact store where `perdure mcp` (PERDURE_HOME=tmp_path/home) reads reports."""
     return ArtifactStore(tmp_path / "home" / "artifacts")
-
-
-def stdio_server(env, tmp_path: Path, task_queue: str, **extra: str) -> Client:
-    variables = {**user_env(env, tmp_path, task_queue), **extra}
-    return Client(StdioServerParameters(command=PERDURE, args=["mcp"], env=variables), read_timeout_seconds=60)
 
 
 @contextlib.asynccontextmanager
@@ -80,28 +75,11 @@ async def http_server(env, tmp_path: Path, task_queue: str) -> AsyncIterator[str
         stop(process)
 
 
-async def call(client: Client, tool: str, **arguments: Any) -> dict:
-    """A tool's structured result; the test fails with the tool's words when it is an error."""
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content[0].text
-    return result.structured_content
-
-
 async def refusal(client: Client, tool: str, **arguments: Any) -> str:
     """The text of a tool error (the call must be one)."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, result.structured_content
     return result.content[0].text
-
-
-async def status_until(client: Client, goal_id: str, holds, timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        snapshot = await call(client, "goal_status", goal_id=goal_id)
-        if holds(snapshot):
-            return snapshot
-        assert time.monotonic() < deadline, snapshot
-        await asyncio.sleep(0.2)
 
 
 async def pay_with_approval(client: Client, workspace: Path, payments: PaymentsAPI) -> tuple[dict, str]:

@@ -28,8 +28,8 @@ from tests import usertool_sample
 from tests.builders import spec
 from tests.device_rig import question_of
 from tests.helpers import goal_result, running_worker, start, submit, wait_until
+from tests.mcp_rig import call, status_until, stdio_server
 from tests.subprocess_rig import PERDURE, perdure, stop, user_env, worker_process
-from tests.test_mcp_server import call, status_until, stdio_server
 
 REPO = str(Path(__file__).resolve().parents[1])
 SAMPLE = "tests.usertool_sample"
