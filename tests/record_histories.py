@@ -34,6 +34,7 @@ from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.mcp.mcp_config import servers_from
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.scripted import ScriptedServer
+from perdure.activities.tools.user.tool_modules import Toolbox, load_toolbox
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.starters.client import goal_reads
 from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver
@@ -63,11 +64,14 @@ HISTORIES = Path(__file__).parent / "histories"
 
 @asynccontextmanager
 async def rig(
-    env: WorkflowEnvironment, script: dict | None = None, mcp: McpServers | None = None
+    env: WorkflowEnvironment,
+    script: dict | None = None,
+    mcp: McpServers | None = None,
+    user_tools: Toolbox | None = None,
 ) -> AsyncIterator[tuple[Path, str]]:
     """A scratch workspace and the production worker on a fresh task queue, with a
-    scripted model server when the scenario calls a model, and these MCP servers
-    (none unless given): (workspace, task queue)."""
+    scripted model server when the scenario calls a model, and these MCP servers and user
+    tools (none unless given): (workspace, task queue)."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
@@ -79,7 +83,12 @@ async def rig(
         config = ModelConfig(profiles=profiles)
         servers = mcp or McpServers({})
         async with build_worker(
-            env.client, task_queue=task_queue, store=store, model_config=config, mcp_servers=servers
+            env.client,
+            task_queue=task_queue,
+            store=store,
+            model_config=config,
+            mcp_servers=servers,
+            user_tools=user_tools,
         ):
             yield workspace, task_queue
 
@@ -1083,6 +1092,33 @@ async def record_goal_mcp_tools(env: WorkflowEnvironment, out: Path) -> None:
     save(out, await handle.fetch_history())
 
 
+async def record_goal_user_tools(env: WorkflowEnvironment, out: Path) -> None:
+    """A user's own tools (tests/usertool_sample.py): the catalogue listed once, a paid read
+    and a keyed paid charge (prepared by the local activity, its refund registered first),
+    their costs charged; then an abort with rollback runs the refund."""
+    charge = {"amount_cents": 1200, "recipient": "ACME GmbH", "memo": "invoice 7"}
+    steps = [
+        {"name": "price", "kind": "tool", "tool": "quote", "args": {"amount_cents": 1200}},
+        {"name": "pay", "kind": "tool", "tool": "charge", "args": charge, "needs": ["price"]},
+        gate(["pay"]),
+    ]
+    toolbox = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
+    with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})) as (payments,):
+        async with rig(env, user_tools=toolbox) as (workspace, task_queue):
+            allowed = ["quote", "charge", "run_command"]
+            goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=allowed, budget=Budget(max_cost_usd=5))
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            await wait_until(handle, lambda s: statuses(s).get("gate") == "running")
+            await submit(handle, Abort(request_id="ab-1", reason="wrong invoice", rollback=True))
+            result = await goal_reads.ended(handle)
+            (workspace / "GO").touch()
+    assert result.outcome == "aborted", result.excerpt
+    assert [e["kind"] for e in payments.ledger()] == ["payment", "refund"]
+    save(out, await handle.fetch_history())
+
+
 async def record_goal_writes_prepared_in_workflow(env: WorkflowEnvironment, out: Path) -> None:
     """A keyed write whose arguments are all in the plan, prepared by the workflow (its
     compensation recorded before it is sent), then one whose body names the first's output,
@@ -1138,6 +1174,7 @@ SCENARIOS = {
     "goal-1.0-wait-steps": record_goal_wait_steps,
     "goal-1.0-late-wait-cause": record_goal_late_wait_cause,
     "goal-1.0-mcp-tools": record_goal_mcp_tools,
+    "goal-1.1-user-tools": record_goal_user_tools,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.0-offline-then-back": record_devices_offline_then_back,
