@@ -44,6 +44,15 @@ def tools_env(env, tmp_path: Path, task_queue: str, *services) -> dict[str, str]
     return variables
 
 
+@pytest.fixture
+def paying_shell(env, tmp_path: Path, task_queue: str, fake_service) -> tuple[PaymentsAPI, dict[str, str], Path]:
+    """The payments API, a user's shell pointed at it (the tool module on PYTHONPATH), a workspace."""
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return payments, tools_env(env, tmp_path, task_queue, payments), workspace
+
+
 @pytest.mark.process
 def test_a_worker_with_a_contradictory_or_unimportable_tool_module_does_not_start(tmp_path: Path) -> None:
     (tmp_path / "ut_pay.py").write_text(
@@ -87,12 +96,9 @@ def test_a_worker_with_a_contradictory_or_unimportable_tool_module_does_not_star
 @pytest.mark.slow
 @pytest.mark.process
 def test_perdure_tools_lists_user_tools_and_start_refuses_a_plan_naming_one_no_worker_offers(
-    env, tmp_path: Path, task_queue: str, fake_service
+    paying_shell, tmp_path: Path
 ) -> None:
-    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
-    variables = tools_env(env, tmp_path, task_queue, payments)
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
+    payments, variables, workspace = paying_shell
     with worker_process(variables, tmp_path / "worker.log", "--tools", SAMPLE):
         listed = perdure("tools", env=variables)
         assert listed.returncode == 0, listed.stderr
@@ -199,12 +205,9 @@ def device_process(variables: dict[str, str], tmp_path: Path, *options: str) -> 
 @pytest.mark.slow
 @pytest.mark.process
 async def test_a_device_that_offers_a_user_tool_runs_its_steps_there_after_its_owner_approves(
-    env, tmp_path: Path, task_queue: str, fake_service
+    env, paying_shell, tmp_path: Path, task_queue: str
 ) -> None:
-    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
-    variables = tools_env(env, tmp_path, task_queue, payments)
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
+    payments, variables, workspace = paying_shell
     refused = perdure("device", "--name", "laptop", "--root", str(workspace), "--tools", SAMPLE, env=variables)
     # Its charge calls a service: a device offers it only with the network.
     assert refused.returncode == 1 and "tool charge reaches the network" in refused.stderr, refused.stderr
