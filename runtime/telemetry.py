@@ -86,6 +86,7 @@ def tracing_plugins() -> list[SimplePlugin]:
 
     if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
         install(span_exporter(choice))
+    _quiet_detach_noise()
     return [OpenTelemetryPlugin(add_temporal_spans=True)]
 
 
@@ -100,6 +101,28 @@ def install(exporter: SpanExporter, *, batch: bool = True) -> None:
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _installed.append(provider)
+    _quiet_detach_noise()
+
+
+class _DetachNoise(logging.Filter):
+    """Drops OpenTelemetry's "Failed to detach context" when the token was made in another
+    `contextvars.Context`: a goal a stopping worker evicts mid-run is closed by the garbage
+    collector, and the SDK's tracing interceptor then detaches its context from another
+    one. The span is already ended; nothing is lost but an ERROR traceback per goal at every
+    worker stop (sdk-python issue 441; its fix, PR 1153, does not cover a closed coroutine)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "Failed to detach context" or not record.exc_info:
+            return True
+        error = record.exc_info[1]
+        return not (isinstance(error, ValueError) and "was created in a different Context" in str(error))
+
+
+_DETACH_FILTER = _DetachNoise()
+
+
+def _quiet_detach_noise() -> None:
+    logging.getLogger("opentelemetry.context").addFilter(_DETACH_FILTER)  # adding it twice keeps one
 
 
 def flush() -> None:

@@ -4,6 +4,9 @@ replaying its history adds no span."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import time
 import uuid
 
 import pytest
@@ -15,6 +18,7 @@ from temporalio.worker import Replayer
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime import telemetry
 from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters.client.start_checks import published_offers
 from perdure.testing.fakes import LedgerAPI
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -23,6 +27,14 @@ from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.goldens import WORKFLOWS
 
 EXPORTED = InMemorySpanExporter()
+
+
+async def offer_published(client: Client, task_queue: str, timeout_s: float = 15.0) -> None:
+    """Until the worker's offers workflow has run (its memo holds the offer)."""
+    deadline = time.monotonic() + timeout_s
+    while not await published_offers(client, task_queue):
+        assert time.monotonic() < deadline, f"no offer published in {timeout_s}s"
+        await asyncio.sleep(0.05)
 
 
 def test_tracing_is_off_unless_the_standard_variable_asks(monkeypatch):
@@ -144,3 +156,17 @@ async def test_a_remote_write_s_span_names_the_effect_key_the_service_received(e
     assert attributes["perdure.risk"] == "remote-write" and attributes["perdure.replay"] == "keyed", attributes
     assert attributes["perdure.effect_key"] == created["idempotency_key"], (attributes, created)
     assert not any("inv-9" in str(v) for v in attributes.values()), attributes  # never the arguments
+
+
+async def test_a_traced_worker_stops_without_a_traceback_for_the_workflows_it_evicts(env, task_queue, store, caplog):
+    """A stopping worker evicts its long-running workflows (its own offers workflow here);
+    the garbage collector closes them and the SDK's tracing interceptor detaches their
+    context from another one: OpenTelemetry logged an ERROR traceback for each."""
+    telemetry.install(EXPORTED, batch=False)
+    client = Client(
+        **{**env.client.config(), "plugins": [PerdurePlugin(), OpenTelemetryPlugin(add_temporal_spans=True)]}
+    )
+    async with build_worker(client, task_queue=task_queue, store=store):
+        await offer_published(client, task_queue)
+    gc.collect()
+    assert "Traceback" not in caplog.text and "Failed to detach context" not in caplog.text, caplog.text
