@@ -18,11 +18,8 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from perdure.activities.heartbeat import Heartbeat
-from perdure.activities.models import context_window
-from perdure.activities.models.attempts import ModelAttemptState
+from perdure.activities.models.one_call import ask_once
 from perdure.activities.models.profiles import ModelConfig
-from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
-from perdure.activities.models.usage_metrics import count_reply
 from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, GoalResult, ProgressSnapshot, Queries
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.router.router_contracts import (
@@ -168,17 +165,6 @@ class RouterIO:
         self, profile_name: str, system: str, user: str, purpose: str, json_mode: bool = False
     ) -> tuple[str, int, float]:
         profile = self.config.resolve(profile_name)
-        attempt = ModelAttemptState(purpose, profile.name)
-        request = ChatRequest(
-            messages=[ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)],
-            json_mode=json_mode,
-        )
-        async with Heartbeat(attempt.details):
-            try:
-                context_window.ensure_fits(profile, request, attempt.what())
-                response = await provider_for(profile).chat(request, attempt)
-            except Exception as err:
-                raise attempt.failure(err) from None
-        count_reply(profile, response.input_tokens, response.output_tokens)
+        response = await ask_once(profile, system, user, purpose, json_mode=json_mode)
         tokens = response.input_tokens + response.output_tokens
         return response.text, tokens, profile.cost_usd(response.input_tokens, response.output_tokens)

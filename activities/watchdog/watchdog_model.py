@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from perdure.activities.heartbeat import Heartbeat
-from perdure.activities.models import context_window
-from perdure.activities.models.attempts import ModelAttemptState
+from perdure.activities.models.one_call import ask_once
 from perdure.activities.models.profiles import ModelConfig
-from perdure.activities.models.providers import ChatMessage, ChatRequest, provider_for
-from perdure.activities.models.usage_metrics import count_reply
 from perdure.workflows.watchdog.watchdog_contracts import JudgeInput, JudgeResult, WatchdogActivities
 
 SYSTEM = (
@@ -35,16 +31,5 @@ class WatchdogModelActivities:
     @activity.defn(name=WatchdogActivities.JUDGE)
     async def judge(self, input: JudgeInput) -> JudgeResult:
         profile = self.config.resolve(input.profile or "default")
-        attempt = ModelAttemptState("watchdog judgement", profile.name)
-        request = ChatRequest(
-            messages=[ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=input.prompt)],
-            json_mode=True,
-        )
-        async with Heartbeat(attempt.details):
-            try:
-                context_window.ensure_fits(profile, request, attempt.what())
-                response = await provider_for(profile).chat(request, attempt)
-            except Exception as err:
-                raise attempt.failure(err) from None
-        count_reply(profile, response.input_tokens, response.output_tokens)
+        response = await ask_once(profile, SYSTEM, input.prompt, "watchdog judgement", json_mode=True)
         return JudgeResult(raw=response.text[:4000], tokens=response.input_tokens + response.output_tokens)
