@@ -9,6 +9,7 @@ state and decides nothing the goal decides (whether a message applies is the goa
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -34,7 +35,7 @@ def steering_message(kind: type[BaseModel], request_id: str | None, **fields: An
         raise InvalidRequest(f"{kind.__name__.lower()}: {describe_validation_error(err)}") from None
 
 
-class SteeringVerbs:
+class SteeringVerbs(ABC):
     """The verbs a person (or a program) steers a goal with. Each takes the goal's id and an
     optional `request_id` (made when not given; a retry with the same id is the same
     message, counted once) and returns the `Delivery`: the goal's receipt when a worker
@@ -43,8 +44,9 @@ class SteeringVerbs:
     not apply at its turn; its `note` says why. GoalNotFound, GoalEnded and MessageRejected
     say why a message was not taken; InvalidRequest that it was never sent."""
 
+    @abstractmethod
     async def send(self, goal_id: str, message: BaseModel) -> Delivery:
-        raise NotImplementedError  # the Client's (perdure_client.py)
+        """Deliver one message to the goal (the Client's, perdure_client.py)."""
 
     async def _verb(self, goal_id: str, kind: type[BaseModel], request_id: str | None, **fields: Any) -> Delivery:
         return await self.send(goal_id, steering_message(kind, request_id, **fields))
