@@ -83,17 +83,18 @@ if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5); treated as
 exit $$status
 endef
 
-# The whole suite in two passes: everything but the process tier, TEST_WORKERS at a time
-# (the tests mostly wait on timers, dev servers and subprocesses: the whole of make test
-# used about one core of two; on 2 cores five take 243 s where three took 301 s), then the
-# process tier two at a time (each test has its own dev server and worker processes; three
-# at a time made its timing-sensitive kills and page waits flaky on 2 cores: two failures
-# in three clean-clone runs).
+# The whole suite in two passes: everything but the process tier's timing-sensitive tests,
+# TEST_WORKERS at a time (the tests mostly wait on timers, dev servers and subprocesses: the
+# whole of make test used about one core of two; on 2 cores five take 243 s where three took
+# 301 s), then those two at a time (each has its own dev server and worker processes, and
+# races a kill against a heartbeat timeout or waits on a page; three at a time made them
+# flaky on 2 cores: two failures in three clean-clone runs). A process test marked
+# `parallel_safe` has no such timing and runs in the first pass.
 TEST_WORKERS ?= 5
 PROCESS_WORKERS ?= 2
 test: $(STAMP) system-packages
-	$(call run_pytest,-m "not process" -n $(TEST_WORKERS))
-	$(call run_pytest,-m process -n $(PROCESS_WORKERS))
+	$(call run_pytest,-m "not process or parallel_safe" -n $(TEST_WORKERS))
+	$(call run_pytest,-m "process and not parallel_safe" -n $(PROCESS_WORKERS))
 
 # Everything but the `process` and `slow` tiers (tests that start `perdure worker` or other CLI
 # subprocesses, kill processes, start their own dev servers, or soak), TEST_WORKERS at a

@@ -21,7 +21,7 @@ from tests.builders import STEP_REPLY, SUMMARY_TEXT, chain, demo_script, spec, w
 from tests.helpers import workflow_task_failures
 from tests.subprocess_rig import PERDURE, perdure, worker_process
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.parallel_safe]
 
 
 def cli_env(env, tmp_path: Path, task_queue: str, **extra: str) -> dict[str, str]:

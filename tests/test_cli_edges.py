@@ -14,7 +14,7 @@ from tests.builders import spec
 from tests.helpers import run_goal, running_worker
 from tests.subprocess_rig import perdure, user_env, worker_process
 
-pytestmark = [pytest.mark.process, pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.parallel_safe]
 
 
 def one_clear_line(done, code: int = 2) -> str:

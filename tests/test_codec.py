@@ -66,6 +66,9 @@ from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, writ
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id
 
+# No timing a loaded machine breaks: make test runs its process tests five at a time.
+pytestmark = pytest.mark.parallel_safe
+
 
 def fixed_key(key_id: str) -> str:
     """A fixed key per id (the same in every xdist worker, which collect the parameters apart)."""

@@ -21,7 +21,7 @@ from tests.helpers import isolated_demo_env
 BIN = Path(sys.executable).parent
 CHECKOUT = BIN.parent.parent
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.parallel_safe]
 
 
 def pids_in(data: Path) -> list[int]:

@@ -38,7 +38,7 @@ from perdure.workflows.shared.search_attributes import ALL_KEYS, CUSTOM_SEARCH_A
 from tests.helpers import dev_server_options, free_ports
 from tests.subprocess_rig import kill_raw, registered_attributes, spawn_raw_server
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60), pytest.mark.parallel_safe]
 
 # Expected types come from the SDK keys, independently of the launcher's own
 # CLI-name -> enum table.

@@ -38,6 +38,9 @@ from tests.goldens import WORKFLOWS
 from tests.helpers import free_ports, goal_result, new_goal_id, statuses, submit, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
 
+# No timing a loaded machine breaks: make test runs its process tests five at a time.
+pytestmark = pytest.mark.parallel_safe
+
 USAGE = {"input_tokens": 40, "output_tokens": 6}
 SCRIPT = {"replies": [{"when": "PERDURE-STEP", "content": "step done", "usage": USAGE}]}
 WRITE = {"name": "note", "kind": "tool", "tool": "write_file", "args": {"path": "out.md", "content": "x\n"}}

@@ -23,6 +23,9 @@ from perdure.activities.models.scripted import ScriptedServer, schema_arguments
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from tests.subprocess_rig import perdure, user_env, worker_process
 
+# No timing a loaded machine breaks: make test runs its process tests five at a time.
+pytestmark = pytest.mark.parallel_safe
+
 NOTES = "# Notes\n\n- ship the export fix\n- answer Ana about the invoice\n"
 
 

@@ -21,7 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from perdure.runtime.codec import new_key_entry
 from tests.subprocess_rig import perdure, user_env, worker_process
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.parallel_safe]
 
 KNOWN_PROFILES = "anthropic, default (= scripted), openai, scripted"
 

@@ -20,6 +20,9 @@ from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.helpers import new_goal_id
 from tests.subprocess_rig import user_env, worker_process
 
+# No timing a loaded machine breaks: make test runs its process tests five at a time.
+pytestmark = pytest.mark.parallel_safe
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "pay_invoice.py"
 PAGE = ROOT / "docs" / "guide" / "python-client.md"

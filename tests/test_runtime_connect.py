@@ -19,6 +19,9 @@ from perdure.runtime.connect import connect, connect_config
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.runtime.settings import TemporalConfigError
 
+# No timing a loaded machine breaks: make test runs its process tests five at a time.
+pytestmark = pytest.mark.parallel_safe
+
 PERDURE = str(Path(sys.executable).parent / "perdure")
 
 PROFILES = """
