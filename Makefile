@@ -49,10 +49,13 @@ define ensure_venv
 	  exit 1; }
 endef
 
-# Redone whenever pyproject.toml changes (a new dependency or entry point).
-$(STAMP): pyproject.toml setup.py
+# Redone whenever pyproject.toml changes (a new dependency or entry point). The paid-generation
+# example is installed beside perdure (never into its wheel): its tests load its tools through
+# its entry point, as any installed distribution's.
+EXAMPLE := examples/paid-generation
+$(STAMP): pyproject.toml setup.py $(EXAMPLE)/pyproject.toml
 	$(ensure_venv)
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev]' -e $(EXAMPLE)
 	@touch $@
 
 # What `make demo` needs: perdure and its runtime dependencies, not the test extras
