@@ -283,6 +283,9 @@ def ci_checkout(tmp_path: Path) -> Path:
     shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
     (checkout / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup()\n")
+    # `make install` installs the example project beside perdure.
+    (checkout / "examples" / "paid-generation").mkdir(parents=True)
+    (checkout / "examples" / "paid-generation" / "pyproject.toml").write_text("[project]\nname = 'scratch-example'\n")
     # A stand-in for the installed-wheel smoke (it builds and installs perdure: minutes, checked by itself).
     (checkout / "tests").mkdir()
     (checkout / "tests" / "smoke_installed.py").write_text("print('stand-in smoke ran')\n")
