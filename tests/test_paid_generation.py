@@ -23,6 +23,7 @@ import pytest
 from paid_generation.fake_api import FakeGenerationAPI
 from temporalio.client import WorkflowHandle
 
+from perdure.activities.models.scripted import ScriptedServer
 from perdure.starters.client.goal_specs import load_plan_file
 from perdure.testing.crash import CrashRig
 from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalSpec
@@ -40,13 +41,17 @@ VARIANTS = {"variant-1": 1, "variant-2": 2, "variant-3": 3}
 
 
 @pytest.fixture
-def generation_rig(crash_rig, scripted, tmp_path: Path) -> CrashRig:
-    """A crash rig whose workers load the installed example (no --tools) and poll jobs every
-    0.1 s; its model (the scripted server) answers the plan's `pick` step."""
-    model = scripted({"replies": [{"when": "Pick the variant", "content": PICKED}]})
+def model(scripted) -> ScriptedServer:
+    """The model of the plan's `pick` step."""
+    return scripted({"replies": [{"when": "Pick the variant", "content": PICKED}]})
+
+
+@pytest.fixture
+def generation_rig(crash_rig, model: ScriptedServer, tmp_path: Path) -> CrashRig:
+    """A crash rig whose workers load the installed example (no --tools), poll jobs every
+    0.1 s and ask `model`; a workspace at tmp_path/ws."""
     rig = crash_rig(model=model)
     rig.extra_env = {"PAIDGEN_POLL_S": "0.1"}
-    rig.model_server = model  # type: ignore[attr-defined]
     (tmp_path / "ws").mkdir()
     return rig
 
@@ -127,7 +132,7 @@ async def jobs_in_heartbeats(rig: CrashRig, goal_id: str) -> set[str]:
 
 
 async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the_ledger_s_total(
-    generation_rig: CrashRig, fake_service, tmp_path: Path
+    generation_rig: CrashRig, model: ScriptedServer, fake_service, tmp_path: Path
 ) -> None:
     api = fake_service(FakeGenerationAPI, api_key=API_KEY)
     rig = generation_rig
@@ -165,7 +170,7 @@ async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the
     # Besides, the pick's model call (each figure rounded to 1/100 of a cent).
     assert costs["pick"][1] > 0 and abs(total - tools - costs["pick"][1]) <= Decimal("0.0001")
     assert PICKED in report
-    [pick] = [r for r in rig.model_server.requests() if "Pick the variant" in json.dumps(r)]
+    [pick] = [r for r in model.requests() if "Pick the variant" in json.dumps(r)]
     for job in api.jobs:  # the model was given the three variants' outputs
         assert job in json.dumps(pick), pick
 
@@ -178,14 +183,15 @@ async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the
 async def test_a_worker_killed_after_the_api_billed_a_submission_and_before_it_answered_bills_it_once(
     generation_rig: CrashRig, fake_service, tmp_path: Path
 ) -> None:
-    # The API bills a submission, then waits 1 s before it answers: the worker dies in between.
-    api = fake_service(FakeGenerationAPI, api_key=API_KEY, respond_delay_s=1.0)
+    api = fake_service(FakeGenerationAPI, api_key=API_KEY)
+    api.hold_answers()  # the API bills a submission and answers when the test lets it
     rig = generation_rig
     worker = rig.start_worker()
     handle = await rig.start_goal(goal_spec(tmp_path / "ws"))
     await until(api.charges, "a submission billed")
     worker.kill()
     billed_at_kill = len(api.charges())
+    api.release()
 
     await finished_on_a_new_worker(rig, handle, api, "killed after a billed submission")
     # What was billed before the kill was sent again under its key and answered from the

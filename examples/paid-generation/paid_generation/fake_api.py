@@ -17,7 +17,9 @@ and OpenAI's video jobs), under `Authorization: Bearer KEY` (401 otherwise):
 - `GET /v1/billing/ledger`: the entries, their total, and the polls of each job.
 
 Errors are `{"error": {"type", "code", "message"}}` with the HTTP status that fits. A job
-runs for `duration_s`; `hold()` keeps every job running until `release()` (a test's gate).
+runs for `duration_s`. A test's gates: `hold()` keeps every job running, `hold_answers()`
+keeps the answer to a submission it billed (a retry of its key meanwhile gets 409), both
+until `release()`.
 It never calls anything real. The HTTP plumbing, the bearer check and the idempotency store
 are perdure's own test fake's (`perdure.testing.fakes.FakeService`).
 """
@@ -45,6 +47,8 @@ DEFAULT_PRICE = "0.40"
 QUEUED_SHARE = 0.1
 """The first tenth of a job's time it is `queued`, then `running`."""
 IMAGE_SIDE = 8
+ANSWER_HOLD_LIMIT_S = 60.0
+"""The longest `hold_answers()` keeps an answer: a test that forgot to release never hangs."""
 
 
 @dataclass
@@ -72,6 +76,7 @@ class FakeGenerationAPI(FakeService):
         self.price = Decimal(price)
         self.jobs: dict[str, Job] = {}
         self._held = threading.Event()
+        self._answers_held = threading.Event()
 
     # --- what a test reads and does -----------------------------------------------------
 
@@ -79,8 +84,13 @@ class FakeGenerationAPI(FakeService):
         """Keep every job running (a job past its time finishes when released)."""
         self._held.set()
 
+    def hold_answers(self) -> None:
+        """Bill each submission, then keep its answer until `release()`."""
+        self._answers_held.set()
+
     def release(self) -> None:
         self._held.clear()
+        self._answers_held.clear()
 
     def charges(self) -> list[dict]:
         return [e for e in self.ledger() if e["kind"] == "charge"]
@@ -157,6 +167,9 @@ class FakeGenerationAPI(FakeService):
         with self._lock:
             self.jobs[job.id] = job
         self.record(self._entry("charge", job, job.price))
+        deadline = time.monotonic() + ANSWER_HOLD_LIMIT_S
+        while self._answers_held.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return 201, self._public(job), {}
 
     def _refund(self, job_id: str, key: str | None) -> Reply:
