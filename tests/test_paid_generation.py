@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN_FILE = ROOT / "examples" / "paid-generation" / "plans" / "variants.yaml"
 API_KEY = "pg_live_do_not_leak_5f1c"
 PICKED = "Variant 2: its beam reads best at poster size."
-VARIANTS = {"variant-1": 1, "variant-2": 2, "variant-3": 3}
+VARIANT_STEPS = ("variant-1", "variant-2", "variant-3")
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the
     assert api.replays == 0  # nothing was sent twice
     tools, total, report = read_costs(rig, goal_id)
     costs = step_costs(report)
-    assert {name: costs[name][1] for name in VARIANTS} == {name: Decimal("0.4000") for name in VARIANTS}
+    assert {name: costs[name][1] for name in VARIANT_STEPS} == {name: Decimal("0.4000") for name in VARIANT_STEPS}
     assert tools == api.total() == Decimal("1.20")  # to the cent
     # Besides, the pick's model call (each figure rounded to 1/100 of a cent).
     assert costs["pick"][1] > 0 and abs(total - tools - costs["pick"][1]) <= Decimal("0.0001")
