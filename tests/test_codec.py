@@ -62,6 +62,7 @@ from perdure.starters.client.goal_starts import start_goal
 from perdure.starters.codec_server import CodecServer, CodecServerConfig, ui_origins
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.goal_contracts import GoalResult
+from tests import goldens
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id
@@ -344,8 +345,7 @@ async def test_encrypted_goal_leaves_no_plaintext_in_history_or_the_stores(
         assert stored.metadata["encoding"] == ENCODING
 
     # A worker replaying it reads the references and decrypts.
-    replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()])
-    await replayer.replay_workflow(history)
+    await goldens.replayer().replay_workflow(history)
 
 
 @pytest.mark.slow
@@ -353,7 +353,7 @@ async def test_golden_histories_replay_with_encryption_on(keys):
     keys(KEY_B, KEY_A)
     plugin = PerdurePlugin()
     assert isinstance(plugin.data_converter.payload_codec, EncryptionCodec)
-    replayer = Replayer(workflows=WORKFLOWS, plugins=[plugin])
+    replayer = goldens.replayer(plugins=[plugin])
     results = [await replayer.replay_workflow(load(p), raise_on_replay_failure=False) for p in HISTORIES]
     assert len(results) >= 2
     assert [r.replay_failure for r in results] == [None] * len(results)

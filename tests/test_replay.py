@@ -21,6 +21,7 @@ from perdure.workflows.offers.worker_offers import WORKER_OFFERS_WORKFLOW
 from perdure.workflows.quota.quota_workflow import QUOTA_WORKFLOW
 from perdure.workflows.router.router_contracts import ROUTER_WORKFLOW
 from perdure.workflows.watchdog.watchdog_contracts import WATCHDOG_WORKFLOW
+from tests import goldens
 from tests.goldens import HISTORIES, WORKFLOWS, load
 
 
@@ -38,11 +39,7 @@ def test_there_is_a_golden_history_per_workflow_type():
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 @pytest.mark.slow
 async def test_golden_history_replays(path: Path):
-    # debug_mode turns off the SDK's 2 s deadlock check: this test asks whether the code makes the
-    # recorded commands, not how fast; under a loaded CI machine a cold sandbox's first activation
-    # of a long golden passed 2 s and failed here though the history replays (seen twice at load 10-12).
-    replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()], debug_mode=True)
-    await replayer.replay_workflow(load(path))
+    await goldens.replayer().replay_workflow(load(path))
 
 
 @workflow.defn(name=GOAL_WORKFLOW)

@@ -15,7 +15,8 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from perdure.runtime.plugin import WORKFLOW_MODULES, PerdurePlugin, passing_workflow_modules_through
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from tests.goldens import HISTORIES, WORKFLOWS, load
+from tests import goldens
+from tests.goldens import HISTORIES, load
 
 
 async def test_a_replayed_goal_runs_the_workers_own_workflow_class(monkeypatch):
@@ -70,7 +71,7 @@ async def test_replaying_every_golden_history_leaves_the_passed_through_modules_
     # Passing a module through is only safe when no run changes what another run reads from it.
     before = module_state()
     assert any(key.startswith("perdure.workflows.goal.goal_workflow.") for key in before)
-    replayer = Replayer(workflows=WORKFLOWS, plugins=[PerdurePlugin()])
+    replayer = goldens.replayer()
     for path in HISTORIES:
         await replayer.replay_workflow(load(path))
     assert module_state() == before
