@@ -131,6 +131,7 @@ async def jobs_in_heartbeats(rig: CrashRig, goal_id: str) -> set[str]:
     return jobs
 
 
+@pytest.mark.parallel_safe  # waits on the fake's gates, races no kill
 async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the_ledger_s_total(
     generation_rig: CrashRig, model: ScriptedServer, fake_service, tmp_path: Path
 ) -> None:
@@ -222,6 +223,7 @@ async def test_a_worker_killed_while_it_polls_the_jobs_resumes_them_on_a_new_wor
     assert all(api.polls()[job] > polled_before[job] for job in api.jobs)
 
 
+@pytest.mark.parallel_safe  # waits on the fake's gates, races no kill
 async def test_an_abort_with_rollback_while_the_jobs_run_refunds_each_once(
     generation_rig: CrashRig, fake_service, tmp_path: Path
 ) -> None:
