@@ -13,6 +13,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities
+from perdure.activities.tools.user.tool_modules import Toolbox
 from perdure.workflows.devices.device_contracts import (
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,
@@ -31,8 +32,12 @@ from tests.helpers import wait_until
 class InProcessDevice:
     """A device daemon's activities and announce, without its process (no SIGKILL here)."""
 
-    def __init__(self, env, task_queue: str, name: str, root: Path, **announced) -> None:
+    def __init__(
+        self, env, task_queue: str, name: str, root: Path, user_tools: Toolbox | None = None, **announced
+    ) -> None:
         self.env, self.task_queue, self.name, self.root = env, task_queue, name, root
+        # The user's own tools it runs (announce their names in `tools` too).
+        self.user_tools = user_tools or Toolbox()
         # A 1 s lease lapsed on a loaded 2-core machine (the lease activity not picked up or
         # heartbeated within it): the device went offline and the goal waited for it for good
         # (test_ui_page's question never appeared). Nothing here dies without stopping, so a
@@ -61,7 +66,12 @@ class InProcessDevice:
         self.state.generation = session.generation
         scratch = self.root.parent / f"scratch-{self.name}-{session.generation}"
         acts = DeviceToolActivities(
-            self.root, frozenset(self.announced["tools"]), self.announced.get("network", False), self.state, scratch
+            self.root,
+            frozenset(self.announced["tools"]),
+            self.announced.get("network", False),
+            self.state,
+            scratch,
+            self.user_tools.implementations(),
         )
         self.worker = Worker(
             self.env.client, task_queue=device_queue(self.name, self.task_queue), activities=[acts.run_tool, acts.lease]

@@ -5,6 +5,7 @@ worker runs it (Temporal's activity test environment), its cost on the result.""
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
 from perdure.workflows.shared.contracts import ToolInput
+from perdure.workflows.shared.user_tools import UserToolCatalogueInput
 from tests import usertool_sample
 
 
@@ -166,6 +168,28 @@ def test_loading_checks_compensations_across_modules(modules) -> None:
     )
     with pytest.raises(ToolLoadError, match="its compensation wrong does not take perdure.Undo as its arguments"):
         load_toolbox(["ut_order_wrong", "ut_wrong"], with_entry_points=False)
+
+
+def test_a_tool_for_devices_whose_compensation_is_not_is_refused_at_load_naming_both(modules) -> None:
+    modules("ut_cancel_here", UNDO_TOOL)
+    modules(
+        "ut_order_there",
+        ORDER_TOOL.format(compensation="cancel").replace('replay="keyed",', 'replay="keyed", devices=True,'),
+    )
+    with pytest.raises(ToolLoadError) as raised:
+        load_toolbox(["ut_order_there", "ut_cancel_here"], with_entry_points=False)
+    assert str(raised.value) == (
+        "tool order (module ut_order_there): is declared for devices but its compensation cancel is not: a rollback "
+        "undoes an effect where it was made, so declare cancel devices=True too"
+    )
+
+
+def test_the_catalogue_a_goal_gets_lists_the_compensations_of_the_tools_it_names() -> None:
+    box = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
+    catalogue = asyncio.run(box.catalogue(UserToolCatalogueInput(names=["charge", "quote", "chrage"])))
+    # refund_charge is not named, but a rollback of a charge runs it by its own declaration.
+    assert sorted(catalogue.tools) == ["charge", "quote", "refund_charge"]
+    assert catalogue.tools["refund_charge"].start_to_close_s == usertool_sample.REFUND_TIMEOUT_S
 
 
 def test_loading_refuses_in_one_line_what_cannot_be_used(modules, tmp_path: Path) -> None:

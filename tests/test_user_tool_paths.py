@@ -8,14 +8,19 @@ cost is on the goal's budget before the next step is admitted."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
+
 import pytest
 
 from perdure.activities.tools.user.tool_modules import load_toolbox
 from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI
 from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Abort, Approve
+from perdure.workflows.shared.retries import RETRY_BY_POLICY
 from tests import usertool_sample
 from tests.builders import agent, gate, openai_profile
+from tests.device_rig import InProcessDevice
 from tests.helpers import goal_result, running_worker, scheduled_activities, start, statuses, submit, wait_until
 
 SAMPLE = "tests.usertool_sample"
@@ -88,8 +93,52 @@ async def test_an_irreversible_user_tool_asks_first_and_abort_with_rollback_runs
     compensations = [s for _, _, s in scheduled_activities(history) if s.startswith("compensate")]
     assert [c.split(" · ")[2] for c in compensations] == ["pay", "send"]  # newest first
     assert all(c.split(" · ")[1] == "refund_charge" for c in compensations)
+    # The compensation runs by its own declaration (its timeout, a keyed write's retries), not
+    # by a tool perdure knows nothing of: the goal's catalogue lists it with charge and wire.
+    for attrs in compensation_schedules(history):
+        assert attrs.start_to_close_timeout.ToTimedelta() == timedelta(seconds=usertool_sample.REFUND_TIMEOUT_S)
+        assert attrs.retry_policy.maximum_attempts == RETRY_BY_POLICY["keyed"].maximum_attempts
     report = store.get_text(result.report)
     assert report.count("undo by refund_charge done") == 2
+
+
+@pytest.mark.slow
+async def test_abort_with_rollback_undoes_a_user_tool_effect_made_on_a_device_there(
+    env, task_queue, store, workspace, payments, toolbox, tmp_path
+):
+    """The charge runs on the device, so its compensation does too: the goal ends aborted
+    (it hung before, its workflow task failing on a compensation missing from its catalogue)."""
+    root = tmp_path / "machine-laptop"
+    root.mkdir()
+    device = InProcessDevice(
+        env, task_queue, "laptop", root, user_tools=toolbox, tools=["read_file", "charge", "refund_charge"],
+        network=True, approval={"*": "never"},
+    )  # fmt: skip
+    steps = [{**step("pay", "charge", CHARGE), "device": "laptop"}, gate(["pay"])]
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        await device.start()
+        try:
+            handle = await start(env, task_queue, workspace, steps, allowed_tools=["charge", "run_command"])
+            await wait_until(handle, lambda s: statuses(s).get("gate") == "running")
+            await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True))
+            result = await asyncio.wait_for(goal_result(handle), 60)
+            history = await handle.fetch_history()
+        finally:
+            await device.stop()
+
+    assert result.outcome == "aborted", result.failure
+    assert [e["kind"] for e in payments.ledger()] == ["payment", "refund"]
+    [attrs] = compensation_schedules(history)
+    assert attrs.task_queue.name.endswith("laptop"), attrs.task_queue.name  # on the device's queue
+    assert attrs.start_to_close_timeout.ToTimedelta() == timedelta(seconds=usertool_sample.REFUND_TIMEOUT_S)
+    assert "undo by refund_charge done" in store.get_text(result.report)
+    assert result.cost_usd == pytest.approx(usertool_sample.CHARGE_FEE_USD)
+
+
+def compensation_schedules(history):
+    """The scheduled-event attributes of every compensation the goal ran, in order."""
+    wanted = {event_id for event_id, _, summary in scheduled_activities(history) if summary.startswith("compensate")}
+    return [e.activity_task_scheduled_event_attributes for e in history.events if e.event_id in wanted]
 
 
 @pytest.mark.slow

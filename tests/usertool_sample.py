@@ -18,6 +18,8 @@ CHARGE_FEE_USD = 0.25
 """What one charge costs the goal: reported by `charge` and `wire`."""
 QUOTE_FEE_USD = 0.01
 """What one quote costs: `quote` is a paid read."""
+REFUND_TIMEOUT_S = 20
+"""refund_charge's own timeout: not a default, so a test sees the compensation ran by it."""
 
 
 class ChargeArgs(BaseModel):
@@ -84,7 +86,7 @@ async def wire(args: ChargeArgs, call: perdure.ToolCall) -> dict:
     return await _charge(args, call)
 
 
-@perdure.tool(risk="remote-write", replay="keyed", network=True, devices=True)
+@perdure.tool(risk="remote-write", replay="keyed", network=True, devices=True, timeout_s=REFUND_TIMEOUT_S)
 def refund_charge(args: perdure.Undo, call: perdure.ToolCall) -> str:
     """Refund the charge made under an effect key (the compensation of charge and wire)."""
     base, auth = _payments()

@@ -333,7 +333,8 @@ class Devices:
         a device now serving another root does not get it. A NodeWaiting raised here says
         whether an attempt may have run (`maybe_ran`), for the effect guard's record."""
         maybe_ran = False
-        write = self._ctx.tools()[tool_input.tool].risk in WRITES
+        spec = self._ctx.tools().get(tool_input.tool)
+        write = spec is None or spec.risk in WRITES  # a tool it does not know: the graver
         while True:
             try:
                 presence = await self.ready(node, name)
@@ -410,12 +411,14 @@ class Devices:
 
     async def _kept(self, tool_input: ToolInput, name: str, result: DeviceToolResult) -> ToolResult:
         """The device's outcome as the goal's result; its output kept in the workers' store."""
-        spec = self._ctx.tools()[tool_input.tool]
+        # A compensation from a catalogue listed before compensations were in it has no spec.
+        spec = self._ctx.tools().get(tool_input.tool)
+        risk = spec.risk if spec is not None else None
         if result.output is None:
             return ToolResult(
                 call_id=tool_input.call_id,
                 tool=result.tool,
-                risk=spec.risk,
+                risk=risk,
                 ok=result.ok,
                 error=result.error,
                 effect_key=result.effect_key,
@@ -426,7 +429,7 @@ class Devices:
             )
         return await workflow.execute_local_activity(
             Activities.STORE_DEVICE_OUTPUT,
-            DeviceOutput(call_id=tool_input.call_id, risk=spec.risk, result=result),
+            DeviceOutput(call_id=tool_input.call_id, risk=risk, result=result),
             result_type=ToolResult,
             start_to_close_timeout=LOCAL_TIMEOUT,
             retry_policy=LOCAL_RETRY,
@@ -477,7 +480,8 @@ class Devices:
             except ValueError:
                 return False
             return decide_command_retry(2, args) == "run"
-        return self._ctx.tools()[tool_input.tool].replay != "once"
+        spec = self._ctx.tools().get(tool_input.tool)
+        return spec is not None and spec.replay != "once"
 
     def _failed(self, tool_input: ToolInput, error: str) -> ToolResult:
         spec = self._ctx.tools().get(tool_input.tool)

@@ -81,7 +81,8 @@ class UserToolCatalogueInput(BaseModel):
 
 
 class UserToolCatalogue(BaseModel):
-    """The user tools a worker loads, of those a goal names."""
+    """The user tools a worker loads, of those a goal names, and their compensations (a
+    rollback runs one by its declaration; naming a tool does not allow its compensation)."""
 
     tools: dict[str, UserTool] = Field(default_factory=dict)
     loaded: list[str] = Field(default_factory=list, description="Every user tool the answering worker loads.")

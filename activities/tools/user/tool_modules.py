@@ -5,7 +5,8 @@ group of the installed distributions (its value a module, one tool, or a list of
 Loading imports each module (each `perdure.tool` declaration checks itself then), takes
 every declaration at its top level, and checks them together: a name declared twice, a
 compensation that names no loaded tool, or one that could not undo (it does not take
-`perdure.Undo`, or it is not a keyed or checked write). Whatever is wrong is one line
+`perdure.Undo`, it is not a keyed or checked write, or it could not run on the devices its
+tool may run on). Whatever is wrong is one line
 naming the module or the tool (`ToolLoadError`): the worker does not start. Nothing here
 runs a tool; the `Toolbox` hands the worker its implementations (user_tool_runs.py), its
 offer (the tools as data) and the catalogue activity a goal lists the tools it names with.
@@ -57,9 +58,20 @@ class Toolbox:
     @activity.defn(name=Activities.USER_TOOLS_CATALOGUE)
     async def catalogue(self, input: UserToolCatalogueInput) -> UserToolCatalogue:
         return UserToolCatalogue(
-            tools={n: self.declarations[n].offer() for n in sorted(input.names) if n in self.declarations},
+            tools={n: self.declarations[n].offer() for n in self.with_compensations(input.names)},
             loaded=sorted(self.declarations),
         )
+
+    def with_compensations(self, names: Iterable[str]) -> list[str]:
+        """The loaded tools of `names` and the compensations they name, sorted: a rollback runs
+        a compensation by its own declaration (timeouts, retries, on a device too), so the
+        goal must know it. One level: a compensation runs without a compensation of its own."""
+        wanted = {n for n in names if n in self.declarations}
+        for name in list(wanted):
+            compensation = self.declarations[name].compensation
+            if compensation is not None and compensation in self.declarations:
+                wanted.add(compensation)
+        return sorted(wanted)
 
 
 def load_toolbox(modules: Sequence[str] = (), *, with_entry_points: bool = True) -> Toolbox:
@@ -112,6 +124,11 @@ def compensation_problem(declaration: ToolDeclaration, tools: dict[str, ToolDecl
         return (
             f"its compensation {name} is {undo.risk} with replay `{undo.replay}`: a compensation is a keyed or "
             "checked write, so a rollback interrupted and run again undoes once"
+        )
+    if declaration.devices and not undo.devices:
+        return (
+            f"is declared for devices but its compensation {name} is not: a rollback undoes an effect where it "
+            f"was made, so declare {name} devices=True too"
         )
     sample = Undo(effect_key=SAMPLE_KEY, tool=declaration.name, args={})
     try:
