@@ -8,8 +8,10 @@ Each service is a threaded HTTP server speaking a realistic wire format:
 - `PaymentsAPI`: `POST /payments`, `POST /refunds`, `GET /payments?idempotency_key=`,
   Stripe-shaped errors;
 - `LedgerAPI`: a bookkeeping API for `http_request`: `POST /entries`,
-  `PUT|PATCH|DELETE /entries/{id}`;
-- `WebhookReceiver`: records every POST and cannot deduplicate.
+  `PUT|PATCH|DELETE /entries/{id}`; it can lose the answer to an entry it made
+  (`lose_answers`: a gateway's 502 after the backend did the work);
+- `WebhookReceiver`: records every POST and cannot deduplicate;
+- `QuotesAPI`: a paid data API taking its key in the query string, billing each quote.
 
 The first three implement idempotency keys the way payment and mail APIs do:
 the same key with the same request replays the stored response (with
@@ -41,6 +43,7 @@ Reply = tuple[int, Any, dict[str, str]]
 # The keys tests start the services with: any value works, as long as the worker sends the same.
 MAIL_KEY = "re_test_mail_key"
 PAYMENTS_KEY = "sk_test_payments_key"
+QUOTES_KEY = "qk_test_quotes_key"
 
 
 @dataclass
@@ -290,9 +293,11 @@ class LedgerAPI(FakeService):
 
     name = "ledger"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, lose_answers: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.entries: dict[str, dict] = {}
+        self.lose_answers = lose_answers
+        """The next this many entries are made, and answered 502 (the answer lost on the way)."""
 
     def write(self, method: str, path: str, body: Any, key: str | None) -> Reply:
         if (method, path) == ("POST", "/entries"):
@@ -301,7 +306,10 @@ class LedgerAPI(FakeService):
             entry = {**body, "id": f"ent_{uuid.uuid4().hex[:12]}"}
             with self._lock:
                 self.entries[entry["id"]] = entry
+                lost, self.lose_answers = self.lose_answers > 0, max(0, self.lose_answers - 1)
             self.record({"op": "create", "id": entry["id"], "body": body, "idempotency_key": key})
+            if lost:
+                return self.error(502, "bad_gateway", "The upstream server did not answer in time.")
             return 201, entry, {}
         if path.startswith("/entries/") and method in ("PUT", "PATCH", "DELETE"):
             entry_id = path.removeprefix("/entries/")
@@ -346,6 +354,43 @@ class WebhookReceiver(FakeService):
             self.requests += 1
         self.record({"path": path, "body": body, "effect_key": headers.get("x-perdure-effect-key")})
         return self.reply_status, {"received": self.reply_status < 300}, {}
+
+
+class QuotesAPI(FakeService):
+    """A paid data API that takes its key in the query string (`?key=`, as many map and
+    market-data APIs do). `GET /quotes?amount_cents=N` quotes a charge's fee and bills the
+    quote (`price_usd` in the answer; one ledger line each, whatever the client does next);
+    `GET /rates` gives the EUR rate, free, after failing with 503 `rates_failures` times."""
+
+    name = "quotes"
+    env_prefix = "PERDURE_QUOTES"
+    PRICE_USD = 0.02
+
+    def __init__(self, *, rates_failures: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rates_failures = rates_failures
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str], body: Any) -> Reply:
+        if method == "GET" and path == "/_ledger":
+            return 200, self.snapshot(), {}
+        if self.api_key is not None and (query.get("key") or [""])[0] != self.api_key:
+            return self.error(403, "forbidden", "The provided API key is invalid.")
+        with self._lock:
+            self.requests += 1
+        if (method, path) == ("GET", "/quotes"):
+            amount = (query.get("amount_cents") or [""])[0]
+            if not amount.isdigit():
+                return self.error(400, "invalid_request", "amount_cents is required.")
+            quote = {"id": f"qt_{uuid.uuid4().hex[:12]}", "amount_cents": int(amount), "price_usd": self.PRICE_USD}
+            self.record({"kind": "quote", **quote})
+            return 200, {**quote, "fee_cents": 30 + int(amount) // 50}, {}
+        if (method, path) == ("GET", "/rates"):
+            with self._lock:
+                failing, self.rates_failures = self.rates_failures > 0, max(0, self.rates_failures - 1)
+            if failing:
+                return self.error(503, "unavailable", "The rates service is unavailable.")
+            return 200, {"base": "EUR", "usd": 1.08}, {}
+        return self.error(404, "not_found", f"no such path: {method} {path}")
 
 
 class _Handler(JSONHandler):

@@ -50,7 +50,7 @@ from perdure.starters.device_listing import DevicesView, DeviceView, device_view
 from perdure.testing.http import PingServer
 from perdure.testing.repo import git, init_repo
 from perdure.workers import device as daemon
-from perdure.workers.device import DeviceConfigError, device_config, parse_approval, parse_tools
+from perdure.workers.device import DeviceConfigError, device_config, device_tools, parse_approval
 from perdure.workflows.devices.device_contracts import (
     DEVICE_TOOLS,
     MAX_DEVICE_PAYLOAD,
@@ -366,11 +366,11 @@ def test_device_options_are_checked_with_what_is_allowed(tmp_path: Path):
 
 
 def test_tools_and_approval_rules_are_parsed_or_refused_with_the_choices():
-    assert parse_tools(None) == frozenset(DEVICE_TOOLS)
-    assert parse_tools(" read_file, list_dir ,") == frozenset({"read_file", "list_dir"})
+    assert device_tools(None)[0] == frozenset(DEVICE_TOOLS)
+    assert device_tools(" read_file, list_dir ,")[0] == frozenset({"read_file", "list_dir"})
     with pytest.raises(DeviceConfigError) as raised:
-        parse_tools("read_file,http_get")
-    assert "unknown device tool http_get; a device can offer: " + ", ".join(DEVICE_TOOLS) == str(raised.value)
+        device_tools("read_file,http_get")
+    assert str(raised.value).startswith("unknown device tool http_get; a device can offer: " + ", ".join(DEVICE_TOOLS))
     rules = parse_approval(["run_command=always", "*=never", "write_file = risk >= local-write"])
     assert rules == {"run_command": "always", "*": "never", "write_file": "risk>=local-write"}
     for bad, said in [

@@ -6,18 +6,23 @@ worker runs it (Temporal's activity test environment), its cost on the result.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import perdure
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.tools.run_tool import ToolActivities
-from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
+from perdure.activities.tools.user.tool_modules import Toolbox, ToolLoadError, configured_modules, load_toolbox
 from perdure.workflows.shared.contracts import ToolInput
+from perdure.workflows.shared.effects import done_details
 from perdure.workflows.shared.user_tools import UserToolCatalogueInput
 from tests import usertool_sample
 
@@ -28,6 +33,10 @@ class Args(BaseModel):
     account: str
     amount: int
     note: str = ""
+
+
+async def find_it(args: Args, call: perdure.ToolCall) -> dict | None:
+    return None
 
 
 def declared(**options):
@@ -54,6 +63,14 @@ CONTRADICTIONS = {
     "names itself as its compensation": dict(risk="remote-write", replay="keyed", compensation="send"),
     "is the name of a built-in tool": dict(name="read_file"),
     "risk 'dangerous' is not one of read": dict(risk="dangerous"),
+    "max_cost_usd must be a finite number of USD >= 0, got nan": dict(max_cost_usd=float("nan")),
+    "max_cost_usd must be a finite number of USD >= 0, got inf": dict(max_cost_usd=float("inf")),
+    "replays `once` but is a plain function: a thread cannot be stopped": dict(risk="remote-write", replay="once"),
+    "replays `check` but is a plain function": dict(risk="remote-write", replay="check", lookup=find_it),
+    "its lookup is a lambda: give a function annotated like the tool's, def find(args: Args, call: perdure.ToolCall)": (
+        dict(risk="remote-write", replay="check", lookup=lambda args, call: None)
+    ),
+    "secrets is a list of environment variable names": dict(secrets="PAYMENTS_KEY"),
 }
 
 
@@ -83,6 +100,20 @@ def test_a_function_without_an_argument_model_or_description_is_refused() -> Non
         perdure.tool(undocumented)
     with pytest.raises(perdure.ToolDeclarationError, match="tool stray: its function takes `retries`"):
         perdure.tool(stray)
+
+
+async def test_a_tool_call_parameter_that_may_be_none_is_passed_the_call() -> None:
+    def priced(args: Args, call: perdure.ToolCall | None = None) -> str:
+        """Price something."""
+        if call is not None:
+            call.cost(0.5)
+        return "priced"
+
+    tool = perdure.tool(priced)
+    assert tool.signature.call_name == "call"
+    call = perdure.ToolCall()
+    assert await tool.signature.invoke(tool.fn, Args(account="a", amount=1), call) == "priced"
+    assert call.cost_usd == 0.5
 
 
 def test_the_effect_key_is_made_from_the_declared_fields_and_the_compensation_carries_an_undo() -> None:
@@ -194,6 +225,7 @@ def test_the_catalogue_a_goal_gets_lists_the_compensations_of_the_tools_it_names
 
 def test_loading_refuses_in_one_line_what_cannot_be_used(modules, tmp_path: Path) -> None:
     modules("ut_broken", "raise RuntimeError('no credentials file')\n")
+    modules("ut_exits", "import sys\nsys.exit('set PAY_KEY first')\n")
     modules("ut_empty", "X = 1\n")
     modules(
         "ut_contradiction",
@@ -203,6 +235,7 @@ def test_loading_refuses_in_one_line_what_cannot_be_used(modules, tmp_path: Path
     cases = {
         "ut_missing": "cannot import tool module ut_missing: no module named ut_missing",
         "ut_broken": "tool module ut_broken failed to import: RuntimeError: no credentials file",
+        "ut_exits": "tool module ut_exits exited while it was imported (SystemExit: set PAY_KEY first)",
         "ut_empty": "tool module ut_empty declares no tool (decorate a function with @perdure.tool)",
         "ut_contradiction": "tool module ut_contradiction: tool pay: is irreversible but its replay is `safe`",
     }
@@ -271,3 +304,67 @@ def payments_env(fake_service):
     from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 
     return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY), {"amount_cents": 700, "recipient": "ACME GmbH"}
+
+
+def activity_env(attempt: int = 1, details: list | None = None, attempts: int = 6) -> ActivityEnvironment:
+    """The test environment as attempt `attempt` of `attempts`, after a beat of `details`."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        attempt=attempt,
+        heartbeat_details=details or [],
+        retry_policy=RetryPolicy(maximum_attempts=attempts),
+    )
+    return env
+
+
+async def test_an_attempt_that_reuses_a_lost_answers_receipt_charges_the_cost_on_it(tmp_path: Path, payments_env):
+    """A keyed charge whose worker was lost after its `done` heartbeat: the next attempt
+    sends nothing and charges the fee its receipt carries."""
+    payments, args = payments_env
+    box = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
+    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=box.implementations())
+    call = ToolInput(goal_id="g-2", node_key="node:1", tool="charge", workspace=str(tmp_path), args=args)
+    first = await activity_env().run(acts.run_tool, call)
+    assert first.ok and first.receipt is not None
+
+    again = await activity_env(2, [done_details(first.effect_key, first.receipt)]).run(acts.run_tool, call)
+    assert again.ok and "an earlier attempt's receipt" in again.receipt["confirmed_by"]
+    assert again.cost_usd == usertool_sample.CHARGE_FEE_USD
+    assert len(payments.ledger()) == 1 and payments.requests == 1  # not sent again
+
+
+class Rates(BaseModel):
+    currency: str
+
+
+async def test_a_write_failing_with_its_secret_in_the_error_is_redacted_and_carries_no_cause(
+    tmp_path: Path, fake_service, monkeypatch: pytest.MonkeyPatch
+):
+    """An httpx error names the URL, key and all. What reaches the result, the failure and its
+    cause chain (history) says [redacted] instead of the declared secret's value."""
+    from perdure.testing.fakes import QUOTES_KEY, QuotesAPI
+
+    quotes = fake_service(QuotesAPI, api_key=QUOTES_KEY, rates_failures=100)
+    monkeypatch.setenv("QUOTES_KEY_FOR_TEST", QUOTES_KEY)
+
+    @perdure.tool(risk="remote-write", replay="keyed", secrets=["QUOTES_KEY_FOR_TEST"])
+    async def lock_rate(args: Rates, call: perdure.ToolCall) -> str:
+        """Lock today's rate."""
+        async with httpx.AsyncClient() as http:
+            (await http.get(f"{quotes.base_url}/rates", params={"key": QUOTES_KEY})).raise_for_status()
+        return "locked"
+
+    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=Toolbox([lock_rate]).implementations())
+    call = ToolInput(goal_id="g-3", node_key="n", tool="lock_rate", workspace=str(tmp_path), args={"currency": "EUR"})
+    with pytest.raises(ApplicationError) as raised:
+        await activity_env(1, attempts=6).run(acts.run_tool, call)
+    chain, err = [], raised.value
+    while err is not None:
+        chain.append(f"{type(err).__name__}: {err}")
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    assert "503 Service Unavailable" in chain[0] and "[redacted]" in chain[0]
+    assert QUOTES_KEY not in "\n".join(chain), chain
+
+    last = await activity_env(6, attempts=6).run(acts.run_tool, call)
+    assert last.uncertain and "[redacted]" in (last.error or "") and QUOTES_KEY not in (last.error or "")

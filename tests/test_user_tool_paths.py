@@ -14,9 +14,9 @@ from datetime import timedelta
 import pytest
 
 from perdure.activities.tools.user.tool_modules import load_toolbox
-from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI
+from perdure.testing.fakes import PAYMENTS_KEY, QUOTES_KEY, LedgerAPI, PaymentsAPI, QuotesAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Budget
-from perdure.workflows.goal.contracts.messages import Abort, Approve
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.shared.retries import RETRY_BY_POLICY
 from tests import usertool_sample
 from tests.builders import agent, gate, openai_profile
@@ -64,8 +64,9 @@ async def test_a_plan_runs_user_tools_once_each_and_charges_what_they_reported_t
     assert payment["idempotency_key"].startswith("fx-")
     [created] = books.ledger()
     assert created["op"] == "create" and created["body"]["effect_key"].startswith("fx-")
-    # The quote (a paid read) and the charge reported their fees; nothing else cost anything.
-    assert result.cost_usd == pytest.approx(usertool_sample.QUOTE_FEE_USD + usertool_sample.CHARGE_FEE_USD)
+    # The quote (a paid read), the charge and the entry reported their fees; nothing else cost anything.
+    fees = usertool_sample.QUOTE_FEE_USD + usertool_sample.CHARGE_FEE_USD + usertool_sample.ENTRY_FEE_USD
+    assert result.cost_usd == pytest.approx(fees)
     assert '"payment": "' + payment["id"] in store.get_text(result.outputs["pay"])
     kinds = [summary.split(" · ")[0] for _, _, summary in scheduled_activities(history)]
     assert kinds.count("user tools") == 1  # the catalogue, listed once
@@ -169,11 +170,12 @@ async def test_an_agent_is_offered_a_user_tool_and_bad_arguments_go_back_to_it_a
 
 
 @pytest.mark.slow
-async def test_a_paid_tool_past_the_cost_budget_stops_the_steps_after_it(
+async def test_a_paid_tool_step_is_not_started_when_its_declared_most_no_longer_fits_the_cost_budget(
     env, task_queue, store, workspace, payments, toolbox
 ):
     """The fee is charged as the call returns: the next step is judged with it spent. Each
-    step also reserves the tool's declared most (max_cost_usd, 1 USD) before it starts."""
+    step also reserves the tool's declared most (max_cost_usd, 1 USD) before it starts, so
+    the second (0.25 spent + 1 reserved > 1.1) is not started."""
     steps = [step("one", "charge", CHARGE), step("two", "charge", {**CHARGE, "memo": "again"}, ["one"])]
     async with running_worker(env, task_queue, store, user_tools=toolbox):
         handle = await start(
@@ -196,3 +198,137 @@ async def test_a_goal_naming_a_tool_no_worker_loads_fails_saying_so(env, task_qu
 
     assert result.outcome == "failed"
     assert "unknown tool 'chrage'" in (result.failure or "") and "charge" in (result.failure or "")
+
+
+# --- what a paid call costs, however it ends ------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_paid_read_that_fails_after_billing_is_charged_for_every_attempt(
+    env, task_queue, store, workspace, fake_service, toolbox
+):
+    """fx_quote is billed for its quote, then its rate lookup fails once: the quotes API
+    billed two quotes, and the goal is charged two."""
+    quotes = fake_service(QuotesAPI, api_key=QUOTES_KEY, rates_failures=1)
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        handle = await start(
+            env, task_queue, workspace, [step("fee", "fx_quote", {"amount_cents": 1200})], allowed_tools=["fx_quote"]
+        )
+        result = await goal_result(handle)
+
+    assert result.outcome == "succeeded", result.failure
+    assert [e["kind"] for e in quotes.ledger()] == ["quote", "quote"]
+    assert result.cost_usd == pytest.approx(sum(e["price_usd"] for e in quotes.ledger()))
+
+
+@pytest.mark.slow
+async def test_a_paid_read_failing_for_good_is_charged_and_its_secret_stays_out_of_history(
+    env, task_queue, store, workspace, fake_service, toolbox
+):
+    """Every attempt is billed and fails with an httpx error whose message holds the URL,
+    key and all: the goal is charged each quote, and the key (fx_quote's declared secret)
+    is in no event of the goal's history, nor in what the goal says of the failure."""
+    quotes = fake_service(QuotesAPI, api_key=QUOTES_KEY, rates_failures=100)
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        handle = await start(
+            env, task_queue, workspace, [step("fee", "fx_quote", {"amount_cents": 1200})], allowed_tools=["fx_quote"]
+        )
+        result = await goal_result(handle)
+        history = await handle.fetch_history()
+
+    assert result.outcome != "succeeded"
+    billed = quotes.ledger()
+    assert len(billed) == 3  # the read's three attempts (TOOL_RETRY)
+    assert result.cost_usd == pytest.approx(sum(e["price_usd"] for e in billed))
+    said = " ".join([result.failure or "", *result.unfinished])
+    assert "503" in said and "[redacted]" in said, said
+    events = "\n".join(str(event) for event in history.events)
+    assert "HTTPStatusError" in events and QUOTES_KEY not in events
+
+
+@pytest.mark.slow
+async def test_a_checked_write_whose_answer_was_lost_is_found_by_its_lookup_and_charged_at_its_most(
+    env, task_queue, store, workspace, fake_service, toolbox
+):
+    """The bookkeeping API files the entry and its answer is lost (502): the retry's lookup
+    finds it, nothing is filed twice, and, the lookup saying no price, the goal charges the
+    tool's max_cost_usd (an unknown cost at its cap)."""
+    books = fake_service(LedgerAPI, lose_answers=1)
+    entry = {"url": books.base_url, "account": "ACME GmbH", "amount_cents": 1200}
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        handle = await start(
+            env, task_queue, workspace, [step("book", "file_entry", entry)], allowed_tools=["file_entry"]
+        )
+        result = await goal_result(handle)
+
+    assert result.outcome == "succeeded", result.failure
+    [created] = books.ledger()
+    assert created["op"] == "create"
+    assert created["id"] in store.get_text(result.outputs["book"])  # what the lookup found is the output
+    assert result.cost_usd == pytest.approx(usertool_sample.ENTRY_MAX_USD)
+
+
+@pytest.mark.slow
+async def test_a_once_write_a_person_says_happened_is_charged_at_its_most(
+    env, task_queue, store, workspace, fake_service, toolbox
+):
+    hook = fake_service(WebhookReceiver)
+    hook.reply_status = 502
+    note = {"url": hook.base_url, "text": "invoice 7 paid"}
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        handle = await start(env, task_queue, workspace, [step("note", "post_note", note)], allowed_tools=["post_note"])
+        snapshot = await wait_until(handle, lambda s: any(q.topic == "uncertain_effect" for q in s.questions))
+        question = next(q for q in snapshot.questions if q.topic == "uncertain_effect")
+        await submit(handle, Answer(request_id="a1", question_id=question.id, choice="happened"))
+        result = await goal_result(handle)
+
+    assert result.outcome == "succeeded", result.failure
+    assert len(hook.ledger()) == 1  # posted once; the person's answer sent nothing
+    assert result.cost_usd == pytest.approx(usertool_sample.NOTE_MAX_USD)
+
+
+@pytest.mark.slow
+async def test_an_agents_call_of_a_paid_tool_the_budget_cannot_pay_is_not_sent_and_the_agent_is_told_why(
+    env, task_queue, store, workspace, scripted, payments, toolbox
+):
+    """charge may cost up to 1 USD; the goal's cost budget is 0.9: the call is refused before
+    it is prepared or sent, and the refusal is the tool's result the model reads."""
+    server = scripted(
+        {
+            "replies": [
+                {"tool_calls": [{"name": "charge", "arguments": CHARGE}], "times": 1},
+                {"content": "could not charge ACME GmbH within the budget", "times": 1},
+            ]
+        }
+    )
+    steps = [agent("bill", "Charge ACME GmbH 12 EUR for invoice 7.", ["charge"])]
+    async with running_worker(env, task_queue, store, openai_profile(server), user_tools=toolbox):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["charge"], budget=Budget(max_cost_usd=0.9)
+        )
+        result = await goal_result(handle)
+        history = await handle.fetch_history()
+
+    assert payments.ledger() == []
+    _, second = server.requests()
+    assert "charge was not called: one call may cost up to 1 USD" in second["last_message"], second["last_message"]
+    assert not [s for _, _, s in scheduled_activities(history) if "prepare" in s or s.startswith("tool charge")]
+    assert result.outcome == "succeeded", result.failure
+
+
+@pytest.mark.slow
+async def test_a_tool_charge_past_the_cost_budget_stops_the_work_in_flight(env, task_queue, store, workspace, toolbox):
+    """quote declares no max_cost_usd, so nothing is reserved for it and it is charged after
+    the fact: its 0.01 USD takes the goal past its 0.005 USD budget while the gate still
+    runs, and the goal stops at once (an emergency stop), the gate with it."""
+    steps = [gate(), step("price", "quote", {"amount_cents": 1200})]
+    async with running_worker(env, task_queue, store, user_tools=toolbox):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["quote", "run_command"], budget=Budget(max_cost_usd=0.005)
+        )
+        result = await asyncio.wait_for(goal_result(handle), 60)
+
+    assert result.outcome == "aborted", result.failure
+    assert "emergency stop" in (result.failure or ""), result.failure
+    assert result.cost_usd == pytest.approx(usertool_sample.QUOTE_FEE_USD)
+    assert not (workspace / "GO").exists()  # the gate never opened: it was stopped

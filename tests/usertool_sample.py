@@ -2,8 +2,9 @@
 load this module into real workers and devices (`perdure worker --tools tests.usertool_sample`)
 and into in-process ones. They talk to the fakes of testing/fakes.py, which keep ledgers:
 the payments API (a paid service: each charge costs CHARGE_FEE_USD, refunds by idempotency
-key), the bookkeeping API (entries found again by the effect key they carry) and a webhook
-receiver (which cannot deduplicate). Not a test module."""
+key), the bookkeeping API (entries found again by the effect key they carry), a webhook
+receiver (which cannot deduplicate) and the quotes API (a paid read whose key is in its
+URLs). Not a test module."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ QUOTE_FEE_USD = 0.01
 """What one quote costs: `quote` is a paid read."""
 REFUND_TIMEOUT_S = 20
 """refund_charge's own timeout: not a default, so a test sees the compensation ran by it."""
+ENTRY_FEE_USD = 0.05
+"""What filing a bookkeeping entry costs, as `file_entry` reports it when it files one."""
+ENTRY_MAX_USD = 0.10
+"""`file_entry`'s max_cost_usd: what an entry its lookup found is charged (its cost unknown)."""
+NOTE_MAX_USD = 0.03
+"""`post_note`'s max_cost_usd: what a note a person says was posted is charged."""
 
 
 class ChargeArgs(BaseModel):
@@ -106,25 +113,38 @@ def refund_charge(args: perdure.Undo, call: perdure.ToolCall) -> str:
     return f"refunded {found[0]['id']} ({reply.json()['id']})"
 
 
-def find_entry(args: EntryArgs, call: perdure.ToolCall) -> dict | None:
-    """The entry filed under this call's effect key, if there is one."""
-    entries = httpx.get(f"{args.url}/entries", timeout=10).json()["data"]
+async def find_entry(args: EntryArgs, call: perdure.ToolCall) -> dict | None:
+    """The entry filed under this call's effect key, if there is one (the API does not say
+    what it cost: the goal charges it at max_cost_usd)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        entries = (await http.get(f"{args.url}/entries")).json()["data"]
     return next((e for e in entries if e.get("effect_key") == call.idempotency_key), None)
 
 
-@perdure.tool(risk="remote-write", replay="check", lookup=find_entry, key_fields=["account", "amount_cents"])
-def file_entry(args: EntryArgs, call: perdure.ToolCall) -> dict:
+@perdure.tool(
+    risk="remote-write",
+    replay="check",
+    lookup=find_entry,
+    key_fields=["account", "amount_cents"],
+    max_cost_usd=ENTRY_MAX_USD,
+)
+async def file_entry(args: EntryArgs, call: perdure.ToolCall) -> dict:
     """File a bookkeeping entry; it carries its effect key, so a retry finds it instead of filing it again."""
     body = {"account": args.account, "amount_cents": args.amount_cents, "effect_key": call.idempotency_key}
-    reply = httpx.post(f"{args.url}/entries", json=body, timeout=10)
-    reply.raise_for_status()
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.post(f"{args.url}/entries", json=body)
+    reply.raise_for_status()  # a 502 may have filed it: "may have happened", looked up next attempt
+    call.cost(ENTRY_FEE_USD)
     return reply.json()
 
 
-@perdure.tool(risk="remote-write", replay="once", heartbeat_s=5)
-def post_note(args: NoteArgs) -> str:
+@perdure.tool(risk="remote-write", replay="once", heartbeat_s=5, max_cost_usd=NOTE_MAX_USD)
+async def post_note(args: NoteArgs) -> str:
     """Post a note to a webhook, which cannot deduplicate: never sent twice on its own."""
-    reply = httpx.post(args.url, json={"text": args.text}, timeout=10)
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.post(args.url, json={"text": args.text})
+    if reply.status_code >= 500:
+        raise perdure.OutcomeUnknown(f"the webhook answered {reply.status_code}: it may have taken the note")
     return f"posted ({reply.status_code})"
 
 
@@ -137,3 +157,15 @@ def quote(args: QuoteArgs, call: perdure.ToolCall) -> dict:
     """Quote what a charge of this amount would cost in fees (a paid read: 0.01 USD a quote)."""
     call.cost(QUOTE_FEE_USD)
     return {"amount_cents": args.amount_cents, "fee_usd": CHARGE_FEE_USD}
+
+
+@perdure.tool(network=True, secrets=["PERDURE_QUOTES_KEY"])
+async def fx_quote(args: QuoteArgs, call: perdure.ToolCall) -> dict:
+    """Quote a charge's fee from the paid quotes API (billed per quote), in USD at today's rate."""
+    base, key = os.environ["PERDURE_QUOTES_URL"], os.environ["PERDURE_QUOTES_KEY"]
+    async with httpx.AsyncClient(timeout=10) as http:
+        quote = (await http.get(f"{base}/quotes", params={"amount_cents": args.amount_cents, "key": key})).json()
+        call.cost(quote["price_usd"])  # billed, whatever happens next
+        # The key is in the URL: a failure's message names it, and perdure takes it out.
+        rate = (await http.get(f"{base}/rates", params={"key": key})).raise_for_status().json()
+    return {"fee_cents": quote["fee_cents"], "fee_usd_cents": round(quote["fee_cents"] * rate["usd"])}

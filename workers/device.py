@@ -44,7 +44,7 @@ from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
 from perdure.activities.tools import sandbox
-from perdure.activities.tools.user.tool_modules import Toolbox, ToolLoadError, load_toolbox
+from perdure.activities.tools.user.tool_modules import Toolbox, load_toolbox
 from perdure.runtime import settings
 from perdure.workflows.devices.device_contracts import (
     DEVICE_NAME,
@@ -117,7 +117,8 @@ def identity_prefix(name: str) -> str:
 
 def device_tools(text: str | None) -> tuple[frozenset[str], Toolbox]:
     """`--tools a,b,mypkg.tools`: built-in device tools by name, and modules of the user's own
-    tools (each declared `devices=True`), whose tools it offers; None: the built-in device tools."""
+    tools (each declared `devices=True`), whose tools it offers; None: the built-in device tools.
+    DeviceConfigError for a name that is neither; ToolLoadError for a module that cannot be loaded."""
     if text is None:
         return frozenset(DEVICE_TOOLS), Toolbox()
     items = [part.strip() for part in text.split(",") if part.strip()]
@@ -130,10 +131,8 @@ def device_tools(text: str | None) -> tuple[frozenset[str], Toolbox]:
                 f"unknown device tool {item}; a device can offer: {', '.join(DEVICE_TOOLS)}, and your own tools "
                 "by their module (e.g. mypkg.tools)"
             )
-    try:
-        loaded = load_toolbox(modules, with_entry_points=False) if modules else Toolbox()
-    except ToolLoadError as err:
-        raise DeviceConfigError(str(err)) from None
+    # A ToolLoadError goes up as it is: the command refuses it as `perdure worker` does (exit 2).
+    loaded = load_toolbox(modules, with_entry_points=False) if modules else Toolbox()
     # A module may hold tools for the workers only: the device offers those declared for devices.
     toolbox = Toolbox([d for d in loaded.declarations.values() if d.devices], loaded.sources)
     if modules and not toolbox.declarations:
@@ -141,22 +140,6 @@ def device_tools(text: str | None) -> tuple[frozenset[str], Toolbox]:
             f"{', '.join(modules)} declares no tool for devices: declare one with @perdure.tool(devices=True)"
         )
     return frozenset(item for item in items if item in DEVICE_TOOLS) | set(toolbox.declarations), toolbox
-
-
-def parse_tools(text: str | None) -> frozenset[str]:
-    """`--tools a,b`: every name a device tool; None means all of them."""
-    if text is None:
-        return frozenset(DEVICE_TOOLS)
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in DEVICE_TOOLS]
-    if unknown:
-        raise DeviceConfigError(
-            f"unknown device tool{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-            f"a device can offer: {', '.join(DEVICE_TOOLS)}"
-        )
-    if not names:
-        raise DeviceConfigError(f"--tools names no tool; a device can offer: {', '.join(DEVICE_TOOLS)}")
-    return frozenset(names)
 
 
 def parse_approval(items: list[str], own: Iterable[str] = ()) -> dict[str, ApprovalRule]:

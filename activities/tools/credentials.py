@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perdure.activities.tools.catalogue.tool_errors import ToolError
+from perdure.activities.tools.catalogue.tool_errors import NotSent, OutcomeUnknown, ToolError
 from perdure.runtime import settings
 
 REDACTED = "[redacted]"
@@ -79,3 +79,12 @@ def redact(text: str, secrets: list[str]) -> str:
         if secret:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def redacted(err: ToolError | NotSent | OutcomeUnknown, secrets: list[str]) -> ToolError | NotSent | OutcomeUnknown:
+    """The same error with the secrets taken out of its message (and a ToolError's output);
+    raise it `from None`, so the original does not travel as its cause."""
+    message = redact(str(err.args[0]) if err.args else "", secrets)
+    if isinstance(err, ToolError):
+        return ToolError(message, output=redact(err.output, secrets) if err.output is not None else None)
+    return type(err)(message, retry_after_s=err.retry_after_s)

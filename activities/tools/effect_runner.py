@@ -73,6 +73,7 @@ async def run_effect(
     if input.resolution == "happened":
         # A person checked the receiving side after an uncertain attempt: record, do not send.
         receipt = {"confirmed_by": "a person, after an uncertain attempt"}
+        unknown_cost_at_cap(call, spec)
         text = impl.describe(call, args, receipt)
         return outcome.result(ok=True, output=store.put_text(text), preview=preview(text), receipt=receipt)
 
@@ -101,6 +102,9 @@ async def run_effect(
             receipt = await impl.lookup(call, args)
         except ToolError as err:
             return outcome.failed(err.message)
+        if receipt is not None:
+            # Made by an attempt whose answer never reached the goal: charged now.
+            unknown_cost_at_cap(call, spec)
 
     if receipt is None:
         beat.set(intent_details(key))
@@ -120,6 +124,14 @@ async def run_effect(
 
     text = impl.describe(call, args, receipt)
     return outcome.result(ok=True, output=store.put_text(text), preview=preview(text), receipt=receipt)
+
+
+def unknown_cost_at_cap(call: EffectCall, spec: ToolSpec) -> None:
+    """An effect that happened in an attempt whose answer was lost, found again (a lookup) or
+    confirmed by a person: charged what the lookup reported, else, its cost unknown, at the
+    most the tool declares one call may cost (as a lost model attempt is charged at its estimate)."""
+    if not call.meter.cost_usd and spec.max_cost_usd:
+        call.meter.cost_usd = spec.max_cost_usd
 
 
 @dataclass(frozen=True)

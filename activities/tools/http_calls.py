@@ -107,14 +107,6 @@ def replayed(response: httpx.Response) -> dict:
     return {"replayed": True} if response.headers.get("Idempotent-Replayed", "").lower() == "true" else {}
 
 
-def redacted(err: ToolError | NotSent | OutcomeUnknown, secrets: list[str]) -> Exception:
-    """The same error with the secrets taken out of its message."""
-    message = credentials.redact(str(err.args[0]) if err.args else "", secrets)
-    if isinstance(err, ToolError):
-        return ToolError(message, output=err.output)
-    return type(err)(message, retry_after_s=err.retry_after_s)
-
-
 async def http_get(root: Path, args: HttpGetArgs) -> str:
     """The start of a URL's body as text (the http_get tool; also a finished step's re-check)."""
     del root  # http_get does not touch the workspace

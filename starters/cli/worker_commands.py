@@ -132,6 +132,7 @@ def device(
     It connects out to Temporal as `perdure worker` does (PERDURE_TEMPORAL, a Temporal
     profile, PERDURE_NAMESPACE, PERDURE_TASK_QUEUE of the workers), keeps no goal state,
     and runs until Ctrl-C."""
+    from perdure.activities.tools.user.tool_modules import ToolLoadError
     from perdure.workers.device import DeviceConfigError, device_config, device_tools, parse_approval, run_device
     from perdure.workers.orchestrator import configure_logging
 
@@ -148,6 +149,8 @@ def device(
             scratch=scratch,
             replace=replace,
         )
+    except ToolLoadError as err:
+        refuse(err)  # as `perdure worker` refuses the same module: exit 2
     except DeviceConfigError as err:
         fail(err)
     configure_logging()

@@ -3,7 +3,8 @@ sent (its arguments resolved, its effect key and compensation recorded in the
 state), an irreversible tool waits for a person's confirmation of the resolved
 arguments, an outcome that cannot be known becomes a question (never a guess), a
 write in flight is never abandoned, an effect that already happened is never sent
-again, and an abort with rollback undoes every effect that happened or may have.
+again, and an abort with rollback undoes every effect that happened or may have. A
+paid tool's call the cost budget could not pay is refused first (Spend.tool_call_refused).
 A shell command whose run was interrupted is asked about too, unless it is
 replay-safe (the activity judges that from its arguments; a plan step's
 `replay: safe` travels in them). A command's sandbox keeps the network only when
@@ -29,6 +30,7 @@ from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import ToolRunner, failure_message
 from perdure.workflows.shared.contracts import PreparedEffect, ToolInput, ToolResult
 from perdure.workflows.shared.effects import command_key, prepared_in_workflow
@@ -40,14 +42,18 @@ PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_att
 
 
 class EffectGuard:
-    def __init__(self, ctx: GoalContext, tools: ToolRunner, devices: Devices) -> None:
+    def __init__(self, ctx: GoalContext, tools: ToolRunner, devices: Devices, spend: Spend) -> None:
         self._ctx = ctx
         self._tools = tools
         self._devices = devices
+        self._spend = spend
 
     async def call(self, tool_input: ToolInput, summary: str, node: Node, what: str, why: str) -> ToolResult:
         """One tool call for `node`; `what` and `why` are shown to a person asked to confirm it."""
         spec = self._ctx.tools().get(tool_input.tool)
+        if spec is not None and (unpaid := self._unaffordable(tool_input, spec, node)) is not None:
+            # First, before a person is asked to approve it or anything is prepared.
+            return unpaid
         for entry in self._ctx.mcp_tools([tool_input.tool]):
             # The activity checks and calls it by the catalogue the goal planned with; the
             # description is for models only, and every call's input is kept in history.
@@ -276,6 +282,14 @@ class EffectGuard:
         if not flights[node.name]:
             del flights[node.name]
         self._ctx.wake()  # a stopping goal waits for its writes to settle
+
+    def _unaffordable(self, tool_input: ToolInput, spec: ToolSpec, node: Node) -> ToolResult | None:
+        """A paid call the cost budget cannot pay, refused before it is confirmed or sent."""
+        refused = self._spend.tool_call_refused(tool_input.tool, spec, node)
+        if refused is None:
+            return None
+        self._ctx.log_gate(f"{node.name}: {refused}")
+        return self._refused(tool_input, spec, refused)
 
     def _person_refused(
         self, tool_input: ToolInput, spec: ToolSpec, node: Node, question: Question, what: str

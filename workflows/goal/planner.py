@@ -29,7 +29,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     PlanRevision,
 )
 from perdure.workflows.goal.contracts.messages import InboxEntry
-from perdure.workflows.goal.contracts.plan import Plan, check_plan
+from perdure.workflows.goal.contracts.plan import Plan, ToolStep, check_plan
 from perdure.workflows.goal.contracts.state import Node, PlanVersion
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.inbox import Inbox
@@ -84,8 +84,15 @@ class Planner:
             await self._list_user_tools()
         if spec.plan is not None:
             devices = await self._devices.check_plan_devices(spec.plan)
-            problems = self._mcp_problems() + self._user_tool_problems()
-            problems += check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
+            missing = self._mcp_problems() | self._user_tool_problems()
+            # A step naming a tool no catalogue has is said once, by the catalogue (why it is missing).
+            said = tuple(
+                f"step '{step.name}': unknown tool '{step.tool}'"
+                for step in spec.plan.steps
+                if isinstance(step, ToolStep) and step.tool in missing
+            )
+            checked = check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
+            problems = list(missing.values()) + [p for p in checked if not p.startswith(said)]
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
             state.plan_versions.append(
@@ -138,25 +145,25 @@ class Planner:
         except ActivityError as err:
             raise GoalFailed(f"{what} could not be listed: {failure_message(err)}") from err
 
-    def _user_tool_problems(self) -> list[str]:
-        """Allowed user tools no worker loads."""
+    def _user_tool_problems(self) -> dict[str, str]:
+        """Allowed user tools no worker loads: name -> why."""
         catalogue = self._ctx.state.user_tools
         if catalogue is None:
-            return []
+            return {}
         named = user_tools_named(self._ctx.state.spec.allowed_tools, TOOL_SPECS)
-        return [catalogue.unknown(tool) for tool in named if tool not in catalogue.tools]
+        return {tool: catalogue.unknown(tool) for tool in named if tool not in catalogue.tools}
 
-    def _mcp_problems(self) -> list[str]:
+    def _mcp_problems(self) -> dict[str, str]:
         """Allowed MCP tools the catalogue does not have, each with why (its server could
         not be reached, or does not offer it)."""
         catalogue = self._ctx.state.mcp
         if catalogue is None:
-            return []
-        return [
-            catalogue.unknown(tool)
+            return {}
+        return {
+            tool: catalogue.unknown(tool)
             for tool in self._ctx.state.spec.allowed_tools
             if is_mcp_tool(tool) and tool not in catalogue.tools
-        ]
+        }
 
     def drift_check_due(self) -> bool:
         state = self._ctx.state

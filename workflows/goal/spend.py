@@ -1,6 +1,7 @@
 """What the goal spends and may spend: the budget and density gates before a node
 is dispatched, the estimates they judge by, reservations for work in flight, the
-charge of every model call and of every tool call that reported a cost, active time
+charge of every model call and of every tool call that reported a cost, the refusal of a
+paid tool's call the cost budget could not pay (its declared most), active time
 (what the wall budget counts), and the emergency stop, by a charge past the budget or
 by the clock (held while the goal is parked, and judged as it resumes).
 
@@ -31,6 +32,7 @@ from perdure.workflows.goal.rules.estimates import (
 )
 from perdure.workflows.shared import budget, metrics
 from perdure.workflows.shared.statuses import IN_FLIGHT
+from perdure.workflows.shared.tool_specs import ToolSpec
 
 # Keeps the per-kind ledger bounded however long the goal runs.
 LEDGER_SAMPLES = 200
@@ -148,11 +150,13 @@ class Spend:
     def fractions(self) -> dict[str, float]:
         return budget.budget_fractions(self._ctx.state.spec.budget, self.actual_use())
 
-    def committed(self) -> budget.BudgetUse:
-        """What is spent plus what in-flight nodes are expected to spend still (their P80)."""
+    def committed(self, leave_out: str | None = None) -> budget.BudgetUse:
+        """What is spent plus what in-flight nodes (but `leave_out`) are expected to spend still (their P80)."""
         use = self.actual_use()
         nodes = self._ctx.state.nodes
         for name in self._ctx.index().names(IN_FLIGHT):
+            if name == leave_out:
+                continue
             node = nodes[name]
             if node.kind == "subgoal":
                 # A child holds its grant; one not started yet is granted from this figure.
@@ -191,6 +195,24 @@ class Spend:
             return estimate
         return estimate.model_copy(
             update={"cost_p50": max(estimate.cost_p50, spec.max_cost_usd), "cost_p80": spec.max_cost_usd}
+        )
+
+    def tool_call_refused(self, tool: str, spec: ToolSpec, node: Node | None) -> str | None:
+        """Why a call of a paid tool must not be sent: the most one call may cost (its
+        `max_cost_usd`) is more than the cost budget has left beside what the other work in
+        flight reserves (a `tool` step reserved it for its own call when it was admitted; an
+        agent's call reserved nothing). None: send it. A tool that declares no most is
+        charged after the fact only."""
+        limit = self._ctx.state.spec.budget.max_cost_usd
+        if not limit or spec.max_cost_usd is None:
+            return None
+        left = limit - self.committed(leave_out=node.name if node is not None else None).cost_usd
+        if spec.max_cost_usd <= left:
+            return None
+        self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="skip")
+        return (
+            f"{tool} was not called: one call may cost up to {spec.max_cost_usd:g} USD (its max_cost_usd) and the "
+            f"goal's cost budget has {max(left, 0.0):.2f} USD left of {limit:g} USD"
         )
 
     def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:

@@ -1,7 +1,8 @@
 """How the goal runs one tool call: where (a local activity in a read segment, or
 an activity with its own checkpoint), with which timeouts and retries, and what
 a write that ran out of attempts becomes (uncertain, never failed; scheduled again when dead
-workers used them up and a second run is harmless, lost_workers.py), and what a node's
+workers used them up and a second run is harmless, lost_workers.py), what failed attempts
+of a paid read cost (charged as they end the activity: `failed_cost`), and what a node's
 call carries for the workspace's versions: its fencing token (the node's run and the
 workflow task making the call), and for a versioned write the version of each file the
 node, or a step it needs, last read or wrote (from their fingerprints).
@@ -13,6 +14,7 @@ compensations) are the effect guard's (effect_guard.py), which calls this.
 
 from __future__ import annotations
 
+import math
 import posixpath
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from perdure.activities.tools.catalogue import TOOL_SPECS, VERSIONED_WRITES
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, command_replay
@@ -37,7 +39,7 @@ from perdure.workflows.shared.retries import (
     TOOL_RETRY,
     TOOL_TIMEOUT,
 )
-from perdure.workflows.shared.tool_specs import ToolSpec
+from perdure.workflows.shared.tool_specs import FAILED_COST, ToolSpec
 
 if TYPE_CHECKING:
     from perdure.workflows.goal.device_placement import Devices
@@ -145,6 +147,11 @@ class ToolRunner:
         if result.cost_usd and self._charge is not None:
             self._charge(result.cost_usd, node)
 
+    def _charge_failed(self, err: ActivityError, node: Node | None) -> None:
+        cost = failed_cost(err)
+        if cost and self._charge is not None:
+            self._charge(cost, node)
+
     async def _activity(
         self, tool_input: ToolInput, spec: ToolSpec | None, retry: RetryPolicy, summary: str, node: Node | None
     ) -> ToolResult:
@@ -165,6 +172,8 @@ class ToolRunner:
                     summary=summary,
                 )
             except ActivityError as err:
+                # Before it is run again or given up: the attempts a paid read billed.
+                self._charge_failed(err, node)
                 if self._lost is None or not last_attempt_lost(err):
                     raise
                 if not runs_again_harmlessly(tool_input, spec):
@@ -288,6 +297,24 @@ def _replay_safe_command(tool_input: ToolInput) -> bool:
     except ValueError:
         return False
     return command_replay(args) is not None
+
+
+def failed_cost(err: ActivityError) -> float:
+    """What the failed attempts of a tool activity reported they cost (a user's paid read,
+    FAILED_COST): in its last failure's details, or, when its last attempt was lost, in
+    that attempt's last heartbeat. 0.0 when none is recorded."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        details = cause.details
+    elif isinstance(cause, TimeoutError):
+        details = cause.last_heartbeat_details
+    else:
+        return 0.0
+    first = details[0] if details else None
+    cost = first.get(FAILED_COST) if isinstance(first, dict) else None
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost <= 0:
+        return 0.0
+    return float(cost)
 
 
 def failure_message(err: ActivityError) -> str:

@@ -34,6 +34,9 @@ ReplayPolicy = Literal["safe", "keyed", "check", "once"]
 HTTP_URL = r"^https?://"
 EFFECT_KEY = r"^fx-[0-9a-f]{32}$"
 """An effect key as `perdure.workflows.shared.effects.effect_key` makes it (an argument naming an effect)."""
+FAILED_COST = "failed_cost_usd"
+"""In a tool activity's failure details and heartbeat: what its failed attempts so far reported
+they cost (a user's paid read; activities/tools/user/user_tool_runs.py). The goal charges it."""
 
 
 class ToolArgs(BaseModel):

@@ -156,7 +156,7 @@ class HttpRequest(EffectTool):
             http.check_status(response, what)
         except (ToolError, NotSent, OutcomeUnknown) as err:
             if sent_secrets:  # a service may echo what it was sent
-                raise http.redacted(err, sent_secrets) from None
+                raise credentials.redacted(err, sent_secrets) from None
             raise
         body = response.content[: args.max_bytes].decode(response.encoding or "utf-8", errors="replace")
         body = credentials.redact(body, sent_secrets)

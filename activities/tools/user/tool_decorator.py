@@ -15,9 +15,11 @@ of perdure's own tools.
 
 The function takes one pydantic model (its arguments: the JSON schema planners and agents
 are shown) and, if it wants it, a `ToolCall` (the effect's idempotency key, heartbeats,
-the cost report, the workspace). It may be sync (run in a thread) or async. What it
-returns is the text the step or the model sees: a string as it is, anything else as JSON.
-It raises `perdure.ToolError` for a failure the model can act on (nothing happened).
+the cost report, the workspace). It may be async, or sync (run in a thread, which no
+timeout can stop: so a `check` or `once` write, whose retry must not overlap a call still
+running, must be async). Bound its I/O under `timeout_s`. What it returns is the text the
+step or the model sees: a string as it is, anything else as JSON. It raises
+`perdure.ToolError` for a failure the model can act on (nothing happened).
 
 What the declaration says, and what perdure then does for every call:
 - `risk`: `read` and `local-write` (the default is `read`) re-run freely; `remote-write`
@@ -39,11 +41,15 @@ What the declaration says, and what perdure then does for every call:
   keyed or checked write, 5 s for a `once` one, by default), `network` (it calls a service
   itself; a device offers it only with `--network`), `workspace` (it works in the goal's
   workspace: `call.workspace`), `devices` (a device may offer it), `max_cost_usd` (the most
-  one call may cost: reserved from the goal's cost budget before a step calls it).
+  one call may cost: reserved from the goal's cost budget before a `tool` step runs, and a
+  call the budget left could not pay is not sent), `secrets` (the environment variables
+  whose values it uses: taken out of its output, errors and failures).
 - `call.cost(usd)` reports what a call cost: it is charged to the goal's budget like model
-  spend, before the next step is admitted. Report the cost of the effect, also when the
+  spend, before the next step is admitted. A read's attempt that fails is charged what it
+  reported too (each attempt bills). Report the cost of a write's effect, also when the
   service answers a retried request from its idempotency store: the goal charges each
-  call once, from the attempt that answered it.
+  call once, from the attempt that answered it; an effect found by a lookup, or that a
+  person says happened, is charged what the lookup reported, else `max_cost_usd`.
 
 A declaration that contradicts itself raises `ToolDeclarationError` naming the tool when
 its module is imported; checks across tools (a compensation naming no tool) run when a
@@ -55,8 +61,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 import re
 import string
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,6 +85,7 @@ from perdure.workflows.shared.tool_specs import (
 )
 from perdure.workflows.shared.user_tools import USER_TOOL_NAME, UserTool
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 RISKS: tuple[str, ...] = get_args(RiskClass)
 REPLAYS: tuple[str, ...] = get_args(ReplayPolicy)
 DEFAULT_TIMEOUT_S = 60.0
@@ -189,6 +198,8 @@ class ToolDeclaration:
     devices: bool
     max_cost_usd: float | None
     module: str
+    secrets: tuple[str, ...] = ()
+    """The environment variables whose values the tool uses: redacted from what it returns and raises."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -218,6 +229,10 @@ class ToolDeclaration:
             max_cost_usd=self.max_cost_usd,
             module=self.module,
         )
+
+    def secret_values(self) -> list[str]:
+        """The values of its `secrets` in this process's environment (those set)."""
+        return [value for name in self.secrets if (value := os.environ.get(name, "").strip())]
 
     def effect(self, args: BaseModel) -> Effect | None:
         return self.effect_rule(args) if self.effect_rule is not None else None
@@ -250,6 +265,7 @@ def tool(
     workspace: bool = False,
     devices: bool = False,
     max_cost_usd: float | None = None,
+    secrets: Sequence[str] = (),
 ) -> Any:
     """Declare `fn` a perdure tool (module docstring: what each option means). Used bare
     (`@perdure.tool`, a read) or with options (`@perdure.tool(risk=..., replay=...)`)."""
@@ -273,6 +289,7 @@ def tool(
             workspace=workspace,
             devices=devices,
             max_cost_usd=max_cost_usd,
+            secrets=secrets,
         )
 
     return declare(fn) if fn is not None else declare
@@ -298,11 +315,29 @@ def _declaration(fn: Callable[..., Any], **options: Any) -> ToolDeclaration:
     _check_policy(name, risk, replay, options)
     signature = signature_of(name, fn, "its function")
     lookup = options["lookup"]
+    if lookup is not None and getattr(lookup, "__name__", "") == "<lambda>":
+        raise ToolDeclarationError(
+            name,
+            f"its lookup is a lambda: give a function annotated like the tool's, "
+            f"def find(args: {signature.model.__name__}, call: perdure.ToolCall) -> dict | None",
+        )
+    if replay in ("check", "once") and not signature.is_async:
+        again = "its retry" if replay == "check" else "a person's `not happened`"
+        raise ToolDeclarationError(
+            name,
+            f"replays `{replay}` but is a plain function: a thread cannot be stopped when its attempt times out, "
+            f"and {again} would send it again beside it; make it `async def` and bound its I/O under timeout_s",
+        )
     lookup_signature = signature_of(name, lookup, "its lookup", signature.model) if lookup is not None else None
     timeout_s, heartbeat_s = _timeouts(name, replay, writes, options["timeout_s"], options["heartbeat_s"])
     max_cost = options["max_cost_usd"]
-    if max_cost is not None and (isinstance(max_cost, bool) or not isinstance(max_cost, int | float) or max_cost < 0):
-        raise ToolDeclarationError(name, f"max_cost_usd must be a number of USD >= 0, got {max_cost!r}")
+    if max_cost is not None and (
+        isinstance(max_cost, bool)
+        or not isinstance(max_cost, int | float)
+        or not math.isfinite(max_cost)
+        or max_cost < 0
+    ):
+        raise ToolDeclarationError(name, f"max_cost_usd must be a finite number of USD >= 0, got {max_cost!r}")
     return ToolDeclaration(
         name=name,
         description=_description(name, fn, options["description"]),
@@ -321,7 +356,16 @@ def _declaration(fn: Callable[..., Any], **options: Any) -> ToolDeclaration:
         devices=bool(options["devices"]),
         max_cost_usd=float(max_cost) if max_cost is not None else None,
         module=getattr(fn, "__module__", "") or "",
+        secrets=_secrets(name, options["secrets"]),
     )
+
+
+def _secrets(name: str, secrets: Any) -> tuple[str, ...]:
+    if isinstance(secrets, str) or not all(isinstance(s, str) and re.fullmatch(ENV_NAME, s) for s in secrets):
+        raise ToolDeclarationError(
+            name, f"secrets is a list of environment variable names, e.g. ['PAYMENTS_KEY'], got {secrets!r}"
+        )
+    return tuple(secrets)
 
 
 def _check_name(name: str) -> None:
@@ -371,7 +415,7 @@ def signature_of(name: str, fn: Callable[..., Any], what: str, model: type[BaseM
     args_name = call_name = None
     found: type[BaseModel] | None = None
     for parameter in parameters:
-        hint = hints.get(parameter.name)
+        hint = _without_none(hints.get(parameter.name))
         if isinstance(hint, type) and issubclass(hint, ToolCall):
             call_name = parameter.name
         elif isinstance(hint, type) and issubclass(hint, BaseModel) and args_name is None:
@@ -397,6 +441,15 @@ def signature_of(name: str, fn: Callable[..., Any], what: str, model: type[BaseM
         except Exception as err:  # noqa: BLE001 - pydantic raises several kinds: each says why
             raise ToolDeclarationError(name, f"its argument model {found.__name__} has no JSON schema: {err}") from None
     return Signature(model=found, args_name=args_name, call_name=call_name, is_async=inspect.iscoroutinefunction(fn))
+
+
+def _without_none(hint: Any) -> Any:
+    """`X | None` (or Optional[X]) as X: a parameter that may be None takes X when given."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [a for a in get_args(hint) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return hint
 
 
 def _description(name: str, fn: Callable[..., Any], given: str | None) -> str:

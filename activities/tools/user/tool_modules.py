@@ -149,6 +149,8 @@ def _imported(module: str) -> ModuleType:
     except ModuleNotFoundError as err:
         missing = f"no module named {err.name}" if err.name else str(err)
         raise ToolLoadError(f"cannot import tool module {module}: {missing}") from None
+    except SystemExit as err:
+        raise ToolLoadError(f"tool module {module} exited while it was imported (SystemExit: {err.code})") from None
     except Exception as err:  # noqa: BLE001 - a user's module may fail anyhow: one line says how
         raise ToolLoadError(f"tool module {module} failed to import: {type(err).__name__}: {err}") from None
 
@@ -165,6 +167,8 @@ def _from_entry_point(point: EntryPoint, where: str) -> list[ToolDeclaration]:
         value: Any = point.load()
     except ToolDeclarationError as err:
         raise ToolLoadError(f"{where}: {err}") from None
+    except SystemExit as err:
+        raise ToolLoadError(f"{where} exited while it was loaded (SystemExit: {err.code})") from None
     except Exception as err:  # noqa: BLE001 - an installed distribution may be broken anyhow
         raise ToolLoadError(f"{where} failed to load: {type(err).__name__}: {err}") from None
     if isinstance(value, ModuleType):

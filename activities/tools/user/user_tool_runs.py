@@ -10,22 +10,36 @@ reuses the receipt still charges it). A write's exception other than ToolError c
 "may have happened" (`OutcomeUnknown`): a keyed write is sent again under its key, a checked
 one looked up, a `once` one asked about. The output is kept in the artifact store and the
 receipt holds its digest, so heartbeats and history stay small.
+
+A read's attempt that raises was billed all the same: what it and the attempts before it
+reported travels as `failed_cost_usd` in its failure's details (charged by the goal when it
+is the last) and in its heartbeat (read back by the next attempt, whose result then carries
+it). A write's failed attempts carry none: the attempt that answers reports the effect's cost.
+
+The values of the environment variables a tool declares in `secrets` are taken out of its
+output, its errors and its failures (credentials.redact), and an exception of its own never
+travels as a failure's cause: what reaches history, a prompt or a log is the redacted text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from perdure.activities.artifacts import ArtifactMissing
+from perdure.activities.tools import credentials
 from perdure.activities.tools.catalogue.tool_base import EffectCall, EffectTool, LocalCall, LocalTool
 from perdure.activities.tools.catalogue.tool_errors import NotSent, OutcomeUnknown, ToolError
 from perdure.activities.tools.user.tool_decorator import ToolCall, ToolDeclaration
-from perdure.workflows.shared.tool_specs import Compensation, Effect, Tool, ToolSpec
+from perdure.workflows.shared.tool_specs import FAILED_COST, Compensation, Effect, Tool, ToolSpec
+
+MAX_FAILURE_CHARS = 500
 
 
 def spec_of(declaration: ToolDeclaration) -> ToolSpec:
@@ -51,12 +65,35 @@ def as_text(value: Any) -> str:
         return str(value)
 
 
-def _previous_progress() -> Any:
-    if not activity.in_activity():
-        return None
-    details = activity.info().heartbeat_details
+def _previous_beat() -> dict:
+    """The previous attempt's last heartbeat details, if they reached the server."""
+    details = activity.info().heartbeat_details if activity.in_activity() else ()
     last = details[-1] if details else None
-    return last.get("progress") if isinstance(last, dict) else None
+    return last if isinstance(last, dict) else {}
+
+
+def _tool_call(declared: ToolDeclaration, goal_id: str, workspace: Path, beat: Any, key: str | None = None) -> ToolCall:
+    """What the tool's function (or lookup) is told about this call."""
+    return ToolCall(
+        tool=declared.name,
+        goal_id=goal_id,
+        idempotency_key=key,
+        attempt=activity.info().attempt if activity.in_activity() else 1,
+        workspace=workspace if declared.workspace else None,
+        progress=_previous_beat().get("progress"),
+        on_heartbeat=_on_heartbeat(beat),
+    )
+
+
+def _failure(err: Exception, secrets: list[str], details: dict | None = None) -> ApplicationError:
+    """The activity failure an exception of the tool's becomes: its text redacted, its type
+    kept (an ApplicationError's retry choice too); raise it `from None`."""
+    message = credentials.redact(f"{type(err).__name__}: {err}", secrets)[:MAX_FAILURE_CHARS]
+    if isinstance(err, ApplicationError):
+        kind, non_retryable = err.type or type(err).__name__, err.non_retryable
+    else:
+        kind, non_retryable = type(err).__name__, False
+    return ApplicationError(message, *([details] if details else []), type=kind, non_retryable=non_retryable)
 
 
 def _on_heartbeat(beat: Any) -> Any:
@@ -81,19 +118,29 @@ class UserLocalTool(LocalTool):
         self.spec = spec_of(declaration)
 
     async def run(self, call: LocalCall, args: Any) -> str:
-        declared = self.declaration
-        tool_call = ToolCall(
-            tool=declared.name,
-            goal_id=call.goal_id,
-            attempt=activity.info().attempt if activity.in_activity() else 1,
-            workspace=call.root if declared.workspace else None,
-            progress=_previous_progress(),
-            on_heartbeat=_on_heartbeat(call.beat),
-        )
+        declared, secrets = self.declaration, self.declaration.secret_values()
+        earlier = float(_previous_beat().get(FAILED_COST) or 0.0)
+        if earlier:
+            _beat_failed_cost(call, earlier)  # every beat of this attempt repeats it
+        tool_call = _tool_call(declared, call.goal_id, call.root, call.beat)
         try:
-            return as_text(await declared.signature.invoke(declared.fn, args, tool_call))
-        finally:
-            call.meter.cost_usd += tool_call.cost_usd
+            value = await declared.signature.invoke(declared.fn, args, tool_call)
+        except ToolError as err:
+            call.meter.cost_usd += earlier + tool_call.cost_usd
+            raise credentials.redacted(err, secrets) from None
+        except Exception as err:  # noqa: BLE001 - the user's code may fail anyhow; its attempt may have billed
+            spent = earlier + tool_call.cost_usd
+            if spent:
+                _beat_failed_cost(call, spent)  # the next attempt reads it back
+            raise _failure(err, secrets, {FAILED_COST: spent} if spent else None) from None
+        call.meter.cost_usd += earlier + tool_call.cost_usd
+        return credentials.redact(as_text(value), secrets)
+
+
+def _beat_failed_cost(call: LocalCall, spent: float) -> None:
+    if call.beat is not None:
+        details = call.beat.details if isinstance(call.beat.details, dict) else {}
+        call.beat.set({**details, FAILED_COST: spent})
 
 
 class UserEffectTool(EffectTool):
@@ -113,44 +160,38 @@ class UserEffectTool(EffectTool):
         effect = self.declaration.effect(args)
         return f"the service of {self.declaration.name} ({effect.target if effect else 'its target'})"
 
-    def _call(self, call: EffectCall) -> ToolCall:
-        return ToolCall(
-            tool=self.declaration.name,
-            goal_id=call.goal_id,
-            idempotency_key=call.key,
-            attempt=activity.info().attempt if activity.in_activity() else 1,
-            workspace=call.workspace if self.declaration.workspace else None,
-            progress=_previous_progress(),
-            on_heartbeat=_on_heartbeat(call.beat),
-        )
-
     async def send(self, call: EffectCall, args: Any) -> dict:
-        declared = self.declaration
-        tool_call = self._call(call)
+        declared, secrets = self.declaration, self.declaration.secret_values()
+        tool_call = _tool_call(declared, call.goal_id, call.workspace, call.beat, call.key)
         try:
             value = await declared.signature.invoke(declared.fn, args, tool_call)
-        except (ToolError, NotSent, OutcomeUnknown):
-            raise
+        except (ToolError, NotSent, OutcomeUnknown) as err:
+            raise credentials.redacted(err, secrets) from None
         except Exception as err:  # noqa: BLE001 - the user's code may fail anyhow; it may have sent first
-            raise OutcomeUnknown(f"{type(err).__name__}: {str(err)[:500]}") from err
+            said = credentials.redact(f"{type(err).__name__}: {err}", secrets)[:MAX_FAILURE_CHARS]
+            raise OutcomeUnknown(said) from None
         finally:
             call.meter.cost_usd += tool_call.cost_usd
-        return self._receipt(call, value)
+        return self._receipt(call, value, secrets)
 
     async def lookup(self, call: EffectCall, args: Any) -> dict | None:
-        declared = self.declaration
+        declared, secrets = self.declaration, self.declaration.secret_values()
         assert declared.lookup is not None and declared.lookup_signature is not None
-        tool_call = self._call(call)
+        tool_call = _tool_call(declared, call.goal_id, call.workspace, call.beat, call.key)
         try:
             found = await declared.lookup_signature.invoke(declared.lookup, args, tool_call)
+        except ToolError as err:
+            raise credentials.redacted(err, secrets) from None
+        except Exception as err:  # noqa: BLE001 - not knowing whether it happened: the attempt fails, a retry looks again
+            raise _failure(err, secrets) from None
         finally:
             call.meter.cost_usd += tool_call.cost_usd
         if found is None:
             return None
-        return {**self._receipt(call, found), "found_by": "its lookup"}
+        return {**self._receipt(call, found, secrets), "found_by": "its lookup"}
 
-    def _receipt(self, call: EffectCall, value: Any) -> dict:
-        text = as_text(value)
+    def _receipt(self, call: EffectCall, value: Any, secrets: list[str]) -> dict:
+        text = credentials.redact(as_text(value), secrets)
         return {"output": call.store.put_text(text).digest, "chars": len(text)}
 
     def describe(self, call: EffectCall, args: Any, receipt: dict) -> str:
