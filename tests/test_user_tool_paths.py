@@ -198,6 +198,7 @@ async def test_a_goal_naming_a_tool_no_worker_loads_fails_saying_so(env, task_qu
 
     assert result.outcome == "failed"
     assert "unknown tool 'chrage'" in (result.failure or "") and "charge" in (result.failure or "")
+    assert (result.failure or "").count("unknown tool 'chrage'") == 1, result.failure  # said once
 
 
 # --- what a paid call costs, however it ends ------------------------------------------

@@ -91,6 +91,10 @@ def test_a_worker_with_a_contradictory_or_unimportable_tool_module_does_not_star
         assert started.returncode == 2, started.stderr
         assert started.stderr.strip() == said, started.stderr
         assert "Traceback" not in started.stderr + started.stdout
+    # A device given the same module refuses it the same way, before it connects.
+    device = perdure("device", "--name", "laptop", "--root", str(tmp_path), "--tools", "ut_pay", env=variables)
+    assert device.returncode == 2, device.stderr
+    assert device.stderr.strip() == expected["ut_pay"], device.stderr
 
 
 @pytest.mark.slow
