@@ -363,7 +363,7 @@ class QuotesAPI(FakeService):
     `GET /rates` gives the EUR rate, free, after failing with 503 `rates_failures` times."""
 
     name = "quotes"
-    env_prefix = "PERDURE_QUOTES"
+    env_prefix = "QUOTES_API"  # a user's own service: not a perdure setting
     PRICE_USD = 0.02
 
     def __init__(self, *, rates_failures: int = 0, **kwargs: Any) -> None:

@@ -159,10 +159,10 @@ def quote(args: QuoteArgs, call: perdure.ToolCall) -> dict:
     return {"amount_cents": args.amount_cents, "fee_usd": CHARGE_FEE_USD}
 
 
-@perdure.tool(network=True, secrets=["PERDURE_QUOTES_KEY"])
+@perdure.tool(network=True, secrets=["QUOTES_API_KEY"])
 async def fx_quote(args: QuoteArgs, call: perdure.ToolCall) -> dict:
     """Quote a charge's fee from the paid quotes API (billed per quote), in USD at today's rate."""
-    base, key = os.environ["PERDURE_QUOTES_URL"], os.environ["PERDURE_QUOTES_KEY"]
+    base, key = os.environ["QUOTES_API_URL"], os.environ["QUOTES_API_KEY"]
     async with httpx.AsyncClient(timeout=10) as http:
         quote = (await http.get(f"{base}/quotes", params={"amount_cents": args.amount_cents, "key": key})).json()
         call.cost(quote["price_usd"])  # billed, whatever happens next

@@ -55,7 +55,10 @@ class UserTool(BaseModel):
     needs_workspace: bool = False
     on_devices: bool = Field(default=False, description="A device may offer it (`perdure device --tools`).")
     max_cost_usd: float | None = Field(
-        default=None, ge=0, description="The most one call may cost: reserved from the budget before a step runs it."
+        default=None,
+        ge=0,
+        description="The most one call may cost: reserved before a `tool` step runs it; a call is refused when "
+        "the cost budget has less left.",
     )
     module: str = Field(default="", description="The Python module that declares it.")
 
