@@ -13,7 +13,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities
-from perdure.activities.tools.user.tool_modules import Toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.workflows.devices.device_contracts import (
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,

@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.models.profiles import ModelConfig, ModelProfile
-from perdure.activities.tools.user.tool_modules import Toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
 from perdure.starters import cli
 from perdure.starters.cli import terminal

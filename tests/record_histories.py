@@ -34,7 +34,8 @@ from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.mcp.mcp_config import servers_from
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.scripted import ScriptedServer
-from perdure.activities.tools.user.tool_modules import Toolbox, load_toolbox
+from perdure.activities.tools.user.tool_modules import load_toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.starters.client import goal_reads
 from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, PaymentsAPI, WebhookReceiver

@@ -20,7 +20,8 @@ from temporalio.testing import ActivityEnvironment
 import perdure
 from perdure.activities.artifacts import ArtifactStore
 from perdure.activities.tools.run_tool import ToolActivities
-from perdure.activities.tools.user.tool_modules import Toolbox, ToolLoadError, configured_modules, load_toolbox
+from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.workflows.shared.contracts import ToolInput
 from perdure.workflows.shared.effects import done_details
 from perdure.workflows.shared.user_tools import UserToolCatalogueInput

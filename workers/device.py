@@ -44,7 +44,8 @@ from temporalio.worker import Worker
 
 from perdure.activities.devices.device_tools import DeviceSessionState, DeviceToolActivities, clear_scratch
 from perdure.activities.tools import sandbox
-from perdure.activities.tools.user.tool_modules import Toolbox, load_toolbox
+from perdure.activities.tools.user.tool_modules import load_toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.runtime import settings
 from perdure.workflows.devices.device_contracts import (
     DEVICE_NAME,

@@ -38,7 +38,7 @@ from perdure.activities.models.providers import import_profiles_sdk
 from perdure.activities.router.router_activities import RouterIO
 from perdure.activities.tools import sandbox
 from perdure.activities.tools.run_tool import ToolActivities
-from perdure.activities.tools.user.tool_modules import Toolbox
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.activities.watchdog.watchdog_model import WatchdogModelActivities
 from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
 from perdure.runtime import settings

@@ -8,31 +8,26 @@ compensation that names no loaded tool, or one that could not undo (it does not 
 `perdure.Undo`, it is not a keyed or checked write, or it could not run on the devices its
 tool may run on). Whatever is wrong is one line
 naming the module or the tool (`ToolLoadError`): the worker does not start. Nothing here
-runs a tool; the `Toolbox` hands the worker its implementations (user_tool_runs.py), its
-offer (the tools as data) and the catalogue activity a goal lists the tools it names with.
+runs a tool: what was loaded is a `Toolbox` (toolbox.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio import activity
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.activities.tools.catalogue.tool_base import SAMPLE_KEY
 from perdure.activities.tools.user.tool_decorator import ToolDeclaration, ToolDeclarationError, Undo
-from perdure.activities.tools.user.user_tool_runs import implementation
+from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.runtime.settings import config_path
-from perdure.workflows.goal.contracts.goal_contracts import Activities
-from perdure.workflows.shared.tool_specs import Tool
-from perdure.workflows.shared.user_tools import UserTool, UserToolCatalogue, UserToolCatalogueInput
 
 ENTRY_POINT_GROUP = "perdure.tools"
 CONFIG_KEY = "tool_modules"
@@ -40,38 +35,6 @@ CONFIG_KEY = "tool_modules"
 
 class ToolLoadError(ValueError):
     """The user tools cannot be loaded; one line naming the module or tool and why."""
-
-
-class Toolbox:
-    """The user tools one worker loaded. Register `catalogue` with the worker."""
-
-    def __init__(self, declarations: Iterable[ToolDeclaration] = (), sources: Sequence[str] = ()) -> None:
-        self.declarations: dict[str, ToolDeclaration] = {d.name: d for d in declarations}
-        self.sources = list(sources)
-
-    def implementations(self) -> dict[str, Tool]:
-        return {name: implementation(d) for name, d in self.declarations.items()}
-
-    def offers(self) -> list[UserTool]:
-        return [self.declarations[name].offer() for name in sorted(self.declarations)]
-
-    @activity.defn(name=Activities.USER_TOOLS_CATALOGUE)
-    async def catalogue(self, input: UserToolCatalogueInput) -> UserToolCatalogue:
-        return UserToolCatalogue(
-            tools={n: self.declarations[n].offer() for n in self.with_compensations(input.names)},
-            loaded=sorted(self.declarations),
-        )
-
-    def with_compensations(self, names: Iterable[str]) -> list[str]:
-        """The loaded tools of `names` and the compensations they name, sorted: a rollback runs
-        a compensation by its own declaration (timeouts, retries, on a device too), so the
-        goal must know it. One level: a compensation runs without a compensation of its own."""
-        wanted = {n for n in names if n in self.declarations}
-        for name in list(wanted):
-            compensation = self.declarations[name].compensation
-            if compensation is not None and compensation in self.declarations:
-                wanted.add(compensation)
-        return sorted(wanted)
 
 
 def load_toolbox(modules: Sequence[str] = (), *, with_entry_points: bool = True) -> Toolbox:
