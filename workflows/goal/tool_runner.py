@@ -89,7 +89,11 @@ class ToolRunner:
         if device is not None and node is not None:
             self._batches.forget_ahead()
             # Resolved and approved by the effect guard; it runs there, or waits for it.
-            result = await self._devices.call(tool_input, summary, node, device)
+            try:
+                result = await self._devices.call(tool_input, summary, node, device)
+            except ActivityError as err:
+                self._charge_failed(err, node)  # its one attempt may have billed (a paid read)
+                raise
             self._state.ledger.tool_calls += 1
             self.charged(result, node)
             return result
