@@ -202,9 +202,10 @@ class Spend:
         `max_cost_usd`) is more than the cost budget has left beside what the other work in
         flight reserves (a `tool` step reserved it for its own call when it was admitted; an
         agent's call reserved nothing). None: send it. A tool that declares no most is
-        charged after the fact only."""
+        charged after the fact only; a wrap-up step's call is never held back, as the step
+        is not (budget.gate)."""
         limit = self._ctx.state.spec.budget.max_cost_usd
-        if not limit or spec.max_cost_usd is None:
+        if not limit or spec.max_cost_usd is None or (node is not None and self._wrap_up(node.name)):
             return None
         left = limit - self.committed(leave_out=node.name if node is not None else None).cost_usd
         if spec.max_cost_usd <= left:
@@ -214,6 +215,13 @@ class Spend:
             f"{tool} was not called: one call may cost up to {spec.max_cost_usd:g} USD (its max_cost_usd) and the "
             f"goal's cost budget has {max(left, 0.0):.2f} USD left of {limit:g} USD"
         )
+
+    def _wrap_up(self, step_name: str) -> bool:
+        plan = self._ctx.state.plan
+        try:
+            return plan is not None and plan.step(step_name).wrap_up
+        except KeyError:
+            return False
 
     def grant(self, step: SubgoalStep, committed: budget.BudgetUse | None = None) -> Budget:
         """The budget a subgoal starts with (workflows/shared/budget.py subgoal_grant)."""
