@@ -88,7 +88,9 @@ def _tool_call(declared: ToolDeclaration, goal_id: str, workspace: Path, beat: A
 def _failure(err: Exception, secrets: list[str], details: dict | None = None) -> ApplicationError:
     """The activity failure an exception of the tool's becomes: its text redacted, its type
     kept (an ApplicationError's retry choice too); raise it `from None`."""
-    message = credentials.redact(f"{type(err).__name__}: {err}", secrets)[:MAX_FAILURE_CHARS]
+    # The type goes in `type` (shown beside the message), as Temporal makes it of a raw exception.
+    said = str(getattr(err, "message", None) or err) or "no message"
+    message = credentials.redact(said, secrets)[:MAX_FAILURE_CHARS]
     if isinstance(err, ApplicationError):
         kind, non_retryable = err.type or type(err).__name__, err.non_retryable
     else:
