@@ -332,4 +332,5 @@ async def test_a_tool_charge_past_the_cost_budget_stops_the_work_in_flight(env, 
     assert result.outcome == "aborted", result.failure
     assert "emergency stop" in (result.failure or ""), result.failure
     assert result.cost_usd == pytest.approx(usertool_sample.QUOTE_FEE_USD)
-    assert not (workspace / "GO").exists()  # the gate never opened: it was stopped
+    [stopped] = result.unfinished  # the gate, cancelled in flight
+    assert stopped.startswith("gate: aborted: emergency stop: cost at 200%"), stopped
