@@ -26,7 +26,7 @@ from perdure.starters.client.message_delivery import InboxResult
 from perdure.workers.deployment import Pinning
 from perdure.workflows.goal.contracts.goal_contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt
-from perdure.workflows.goal.rules.own_calls import own_call_lines
+from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
 from perdure.workflows.shared import search_attributes as sa
 from perdure.workflows.shared.durations import duration_text
 from perdure.workflows.shared.statuses import IN_FLIGHT
@@ -131,7 +131,8 @@ def print_status(
     say(
         console,
         f"phase [bold]{snap.phase}[/bold] · {snap.percent_done}% · plan v{snap.plan_version} · run {snap.runs} · "
-        f"tokens {snap.tokens} · ${snap.cost_usd:.4f} · {snap.model_calls} model / {snap.tool_calls} tool calls",
+        f"tokens {snap.tokens} · ${snap.cost_usd:.4f}{tool_spend(snap.tool_cost_usd)} · "
+        f"{snap.model_calls} model / {snap.tool_calls} tool calls",
     )
     if snap.forked_from is not None:
         say(console, escape(fork_line(snap.forked_from)))
@@ -363,7 +364,11 @@ def print_ending(console: Console, result: GoalResult) -> None:
     colour = OUTCOME_STYLE.get(result.outcome, "")
     say(
         console,
-        Text.assemble("outcome: ", (result.outcome, colour), f" · tokens {result.tokens} · ${result.cost_usd:.4f}"),
+        Text.assemble(
+            "outcome: ",
+            (result.outcome, colour),
+            f" · tokens {result.tokens} · ${result.cost_usd:.4f}{tool_spend(result.tool_cost_usd)}",
+        ),
     )
     print_own_calls(console, result.own_calls)
     if result.failure:

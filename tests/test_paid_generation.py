@@ -84,13 +84,15 @@ def step_costs(report: str) -> dict[str, tuple[str, Decimal]]:
 
 
 def read_costs(rig: CrashRig, goal_id: str) -> tuple[Decimal, Decimal, str]:
-    """(the goal's tool spend, its total cost, the report), as `perdure result` prints them."""
+    """(what paid tools cost the goal, its total cost, the report), as `perdure result` prints them."""
     shown = perdure("result", goal_id, env=user_env(rig), timeout=60)
     assert shown.returncode == 0, shown.stderr
     report = shown.stdout
-    tools = sum((cost for kind, cost in step_costs(report).values() if kind == "tool"), Decimal("0"))
-    total = re.search(r"^ *Totals: \d+ tokens, \$([\d.]+)", report, re.MULTILINE)
+    total = re.search(r"^ *Totals: \d+ tokens, \$([\d.]+) \(paid tools \$([\d.]+)\)", report, re.MULTILINE)
     assert total, report
+    tools = Decimal(total.group(2))
+    # The step rows add up to it.
+    assert sum((cost for kind, cost in step_costs(report).values() if kind == "tool"), Decimal("0")) == tools
     return tools, Decimal(total.group(1)), report
 
 
@@ -165,6 +167,8 @@ async def test_the_plan_bills_each_variant_once_and_the_goal_s_tool_spend_is_the
     billed_once_each(api)
     assert api.replays == 0  # nothing was sent twice
     tools, total, report = read_costs(rig, goal_id)
+    status = perdure("status", goal_id, env=shell)
+    assert f"${total:.4f} (paid tools ${tools:.4f})" in status.stdout, status.stdout
     costs = step_costs(report)
     assert {name: costs[name][1] for name in VARIANT_STEPS} == {name: Decimal("0.4000") for name in VARIANT_STEPS}
     assert tools == api.total() == Decimal("1.20")  # to the cent

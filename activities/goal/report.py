@@ -19,7 +19,7 @@ from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, Artif
 from perdure.activities.faults import fault_point
 from perdure.activities.heartbeat import Heartbeat
 from perdure.workflows.goal.contracts.goal_contracts import Activities, ReportInput, ReportResult, StepOutcome
-from perdure.workflows.goal.rules.own_calls import own_call_lines
+from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
 
 OUTPUT_CAP_CHARS = 4_000
 """Characters of each step's output quoted in the report; the full output stays in the store."""
@@ -41,7 +41,7 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines += ["", f"**Failure:** {_one_line(input.failure)}"]
     lines += [
         "",
-        f"**Totals:** {input.tokens} tokens, ${input.cost_usd:.4f}",
+        f"**Totals:** {input.tokens} tokens, ${input.cost_usd:.4f}{tool_spend(input.tool_cost_usd)}",
         "",
         "## Steps",
         "",

@@ -450,6 +450,7 @@ class ReportInput(BaseModel):
     notes: list[str] = Field(default_factory=list, description="Plan versions, steering, questions: what changed.")
     tokens: int = 0
     cost_usd: float = 0.0
+    tool_cost_usd: float = Field(default=0.0, description="The part of cost_usd paid tools reported (`call.cost`).")
     own_calls: dict[str, OwnCalls] = Field(
         default_factory=dict, description="The goal's own model calls (planning, drift checks, ...) by kind."
     )
@@ -470,6 +471,7 @@ class GoalResult(BaseModel):
     unfinished: list[str] = Field(default_factory=list)
     tokens: int = 0
     cost_usd: float = 0.0
+    tool_cost_usd: float = Field(default=0.0, description="The part of cost_usd paid tools reported (`call.cost`).")
     objects: list[str] = Field(default_factory=list, description="Files it wrote and artifacts it made.")
     own_calls: dict[str, OwnCalls] = Field(
         default_factory=dict, description="Its own model calls (planning, drift checks, ...) by kind: in the totals."
@@ -565,6 +567,7 @@ class ProgressSnapshot(BaseModel):
     percent_done: int
     tokens: int
     cost_usd: float
+    tool_cost_usd: float = Field(default=0.0, description="The part of cost_usd paid tools reported (`call.cost`).")
     model_calls: int
     tool_calls: int
     nodes: list[NodeView]

@@ -1,7 +1,8 @@
-"""The goal's own model calls in words: a line per kind (planning, repair, re-planning,
-drift check, verification) with its calls, tokens and cost, for the report, `perdure
-status` and `perdure result`. They are in the goal's totals, and the budget gates counted
-them like any other spend (workflows/goal/spend.py books them). Pure.
+"""The parts of a goal's spend in words, for the report, `perdure status` and `perdure
+result`: its own model calls, a line per kind (planning, repair, re-planning, drift check,
+verification) with calls, tokens and cost, and what paid tools reported. Both are in the
+goal's totals, and the budget gates counted them like any other spend
+(workflows/goal/spend.py books them). Pure.
 """
 
 from __future__ import annotations
@@ -19,3 +20,8 @@ def own_call_lines(own_calls: dict[str, OwnCalls]) -> list[str]:
 def describe(kind: str, spent: OwnCalls) -> str:
     calls = "1 call" if spent.calls == 1 else f"{spent.calls} calls"
     return f"{kind}: {calls}, {spent.tokens:,} tokens, ${spent.cost_usd:.4f}"
+
+
+def tool_spend(usd: float) -> str:
+    """' (paid tools $1.2000)' after a total that holds what paid tools reported; '' when none did."""
+    return f" (paid tools ${usd:.4f})" if usd > 0 else ""

@@ -42,6 +42,7 @@ def progress_snapshot(
         percent_done=percent,
         tokens=state.ledger.tokens,
         cost_usd=state.ledger.cost_usd,
+        tool_cost_usd=state.ledger.tool_cost_usd,
         model_calls=state.ledger.model_calls,
         active_seconds=round(active_seconds, 1),
         deadline=state.spec.budget.deadline,
