@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -25,7 +24,6 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHandle, WorkflowHistory
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import default as default_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -38,10 +36,11 @@ from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.runtime.codec import EncryptionCodec, Keyring, is_encrypted, is_sealed, unseal
 from perdure.starters import cli
 from perdure.starters.cli import terminal
+from perdure.starters.client import goal_events
 from perdure.starters.client.goal_reads import ended
 from perdure.testing.servers import BIN, dev_server_options, free_ports  # noqa: F401 (used from here by tests)
 from perdure.workers.orchestrator import build_worker
-from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, TOKENS_TOPIC, parse_event
+from perdure.workflows.goal.contracts.events import TokenDelta, TokenRetry
 from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalResult, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -456,17 +455,22 @@ def live_goal_profile(server, every_s: float = 0.3) -> ModelProfile:
     return scripted_profile(server).model_copy(update={"live_every_s": every_s})
 
 
+TOKEN_EVENT_TYPES = {TokenDelta.model_fields["type"].default, TokenRetry.model_fields["type"].default}
+
+
+async def stream_events(env, goal_id: str, from_offset: int = 0, tokens: bool = True):
+    """(offset, event) of a goal's stream from `from_offset` as perdure reads it (the poll
+    query, starters/client/goal_events.py) until its end event; live text only if `tokens`."""
+    async for item in goal_events.events(env.client, goal_id, from_offset):
+        event = item.event
+        if event is None or (not tokens and event.type in TOKEN_EVENT_TYPES):
+            continue
+        yield item.offset, event
+
+
 async def events_until_end(env, goal_id: str) -> list:
     """Every event and live text of a goal, from offset 0 until its end event."""
-    client = WorkflowStreamClient.create(env.client, goal_id)
-    seen = []
-    stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
-    async for item in stream:
-        event = parse_event(item.data)
-        seen.append(event)
-        if event.type == "end":
-            return seen
-    return seen
+    return [event async for _, event in stream_events(env, goal_id)]
 
 
 async def run_ids(handle) -> list[str]:

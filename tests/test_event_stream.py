@@ -5,10 +5,9 @@ end; reduced idempotently; resumable from any offset; across continue-as-new; bo
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 
 from perdure.runtime.converter import data_converter
 from perdure.workflows.goal import stream as goal_stream
@@ -17,13 +16,12 @@ from perdure.workflows.goal.contracts.events import (
     GateDecision,
     GoalView,
     NodeChanged,
-    parse_event,
     reduce,
 )
 from perdure.workflows.goal.contracts.messages import Approve, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import chain, gate, openai_profile
-from tests.helpers import running_worker, start, submit, wait_until
+from tests.helpers import running_worker, start, stream_events, submit, wait_until
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
@@ -32,12 +30,11 @@ READS = [
 
 
 async def collect(env, goal_id: str, from_offset: int = 0, until_end: bool = True, limit: int | None = None):
-    """(offset, event) pairs from `from_offset` until the goal's end event (or `limit` events)."""
-    client = WorkflowStreamClient.create(env.client, goal_id)
+    """(offset, event) pairs of the goal's own events from `from_offset` until its end event
+    (or `limit` events), read as perdure reads them (the poll query)."""
     seen = []
-    async for item in client.subscribe(EVENTS_TOPIC, from_offset, poll_cooldown=timedelta(milliseconds=20)):
-        event = parse_event(item.data)
-        seen.append((item.offset, event))
+    async for offset, event in stream_events(env, goal_id, from_offset, tokens=False):
+        seen.append((offset, event))
         if (until_end and event.type == "end") or (limit is not None and len(seen) >= limit):
             break
     return seen
@@ -211,3 +208,27 @@ def test_an_event_is_the_payload_perdures_converter_would_make_of_it():
         made = goal_stream.event_payload(event)
         assert made == converter.to_payloads([event])[0]
         assert converter.from_payloads([made], [type(event)])[0] == event
+
+
+async def test_the_sdk_s_poll_update_is_refused_before_it_enters_the_goal_s_history(env, task_queue, store, workspace):
+    """An update accepted after a workflow task that recorded only a local activity's result
+    replays in another order than it ran (sdk-core issue 1146): a goal watched by the SDK's
+    long-poll subscriber could no longer be replayed (seen in CI). Watchers read by query."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.contrib.workflow_streams import WorkflowStreamClient
+
+    (workspace / "notes.md").write_text("a note\n")
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            async for _ in WorkflowStreamClient.create(env.client, handle.id).subscribe(EVENTS_TOPIC, 0):
+                break
+        read = await asyncio.wait_for(collect(env, handle.id, limit=2), 30)  # the query reads it
+        (workspace / "GO").write_text("")
+        result = await asyncio.wait_for(handle.result(), 30)
+        history = await handle.fetch_history()
+    assert "poll query" in str(refused.value.cause), refused.value.cause
+    assert len(read) == 2 and result.outcome == "succeeded"
+    names = {e.WhichOneof("attributes") for e in history.events}
+    assert not any("update" in (n or "") for n in names), names

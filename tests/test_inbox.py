@@ -401,27 +401,3 @@ async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_g
     assert first.status == "pending"
 
 
-async def test_a_message_whose_update_the_goal_closes_under_is_answered_as_for_an_ended_goal(
-    env, task_queue, workspace, monkeypatch
-):
-    """The server took the update, then the goal closed before a worker ran it: "workflow
-    update was aborted by closing workflow". Found by the MCP approval test (process tier):
-    the retried approve failed with "no such goal" as the goal finished. No worker runs here,
-    but the client is told one polls (as the server says for a while after a worker stops),
-    so the message goes as an update, which waits."""
-    handle = await start(env, task_queue, workspace, [gate()])
-
-    async def a_worker_polls(client, queue):
-        return True
-
-    async def no_signal(client, goal_id, message):
-        raise AssertionError("the update's wait ran out before the terminate: this test proves nothing")
-
-    monkeypatch.setattr(steering.capabilities, "has_pollers", a_worker_polls)
-    monkeypatch.setattr(steering, "send_by_signal", no_signal)
-    sending = asyncio.create_task(steering.deliver(env.client, handle.id, Steer(request_id="s2", text="too late")))
-    await asyncio.sleep(1)
-    assert not sending.done()
-    await handle.terminate("closed while the update waited")
-    with pytest.raises(GoalEnded, match="it takes no more messages"):
-        await asyncio.wait_for(sending, 30)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
-from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStreamClient
+from temporalio.contrib.workflow_streams import PublishEntry, PublishInput
 from temporalio.converter import DataConverter
 
 from perdure.activities.models.attempts import ModelAttemptState, ModelError
@@ -23,7 +23,6 @@ from perdure.workflows.goal.contracts.events import (
     NodeChanged,
     TokenDelta,
     TokenRetry,
-    parse_event,
     reduce,
 )
 from perdure.workflows.goal.contracts.messages import Abort
@@ -35,6 +34,7 @@ from tests.helpers import (
     live_goal_profile,
     running_worker,
     start,
+    stream_events,
     submit,
     wait_until,
 )
@@ -180,10 +180,8 @@ async def test_an_abort_while_a_reply_streams_cancels_the_call_at_once_and_sends
     server = scripted({"replies": [{"when": "Do talk", "content": slow, "chunk_delay_s": 0.1}]})
     async with running_worker(env, task_queue, store, live_goal_profile(server, 0.2)):
         handle = await start(env, task_queue, workspace, [llm("talk")])
-        client = WorkflowStreamClient.create(env.client, handle.id)
-        stream = client.subscribe([EVENTS_TOPIC, TOKENS_TOPIC], 0, poll_cooldown=timedelta(milliseconds=20))
-        async for item in stream:
-            if isinstance(parse_event(item.data), TokenDelta):
+        async for _, event in stream_events(env, handle.id):
+            if isinstance(event, TokenDelta):
                 await submit(handle, Abort(request_id="stop-1", reason="changed my mind"))
                 break
         result = await asyncio.wait_for(goal_result(handle), 15)  # the 20 s reply is not waited for

@@ -18,19 +18,17 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowUpdateFailedError,
 )
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import WorkflowEnvironment
 
 from perdure.starters.render import print_status
 from perdure.workflows.goal.contracts import migrations
-from perdure.workflows.goal.contracts.events import EVENTS_TOPIC, parse_event
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Resume
 from perdure.workflows.goal.contracts.migrations import StateFromNewerCode, StateRefused, load_state
 from perdure.workflows.goal.contracts.plan import LlmStep, Plan
 from perdure.workflows.goal.contracts.state import SCHEMA_VERSION, GoalInput, GoalState, PlanVersion
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, chain, openai_profile, spec
-from tests.helpers import dev_server_options, new_goal_id, running_worker, submit, wait_until
+from tests.helpers import dev_server_options, new_goal_id, running_worker, stream_events, submit, wait_until
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -228,8 +226,8 @@ async def test_a_goal_with_a_corrupt_carried_state_parks_and_says_why(env, task_
 
 
 async def the_end_event(env, goal_id: str):
-    async for item in WorkflowStreamClient.create(env.client, goal_id).subscribe(EVENTS_TOPIC, 0):
-        if (event := parse_event(item.data)).type == "end":
+    async for _, event in stream_events(env, goal_id, tokens=False):
+        if event.type == "end":
             return event
 
 

@@ -1,13 +1,23 @@
-"""Sending user messages to a goal: an update when a worker answers (the
-receipt comes back at once, a bad message is refused with its reason), else a
-signal, which the server stores durably until a worker applies it. Both carry
-the same request id, so a message that lands both ways is still one message, and
-either way the goal judges it in the order it was sent. And reading what a goal
-received: its inbox with receipts, or what the server admitted when no worker answers.
+"""Sending user messages to a goal: always a signal, which the server stores durably
+whether or not a worker runs, and then, while a worker answers, its receipt read from
+the goal's inbox query (a bad message is refused with its reason). The goal judges
+messages in the order they were sent, and a request id sent twice is one message.
+
+Not an update, though the goal takes one (`submit`, for other clients): an update
+accepted in the workflow task after one that recorded only a local activity's result
+is replayed in another order than it ran (sdk-core issue 1146: its v1 history chunking;
+the v2 chunker is not released), and the goal can then no longer be replayed. A goal
+runs a local activity before nearly every step, and steering while it ran made such
+histories (tests/test_steering_delivery.py). A signal is an event of its own workflow
+task and replays where it was.
+
+And reading what a goal received: its inbox with receipts, or what the server admitted
+when no worker answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,8 +29,6 @@ from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -28,10 +36,12 @@ from perdure.starters.client import goal_reads
 from perdure.starters.client import start_checks as capabilities
 from perdure.starters.client.client_errors import GoalEnded, MessageRejected
 from perdure.workflows.goal.contracts.goal_contracts import Signals, Updates
-from perdure.workflows.goal.contracts.messages import InboxView, Receipt, Refusal
+from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxView, Receipt, Refusal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
+# How long a send waits for the goal's receipt, and how often it looks.
 UPDATE_WAIT = timedelta(seconds=5)
+RECEIPT_EVERY = timedelta(milliseconds=50)
 
 
 def new_request_id(prefix: str = "cli") -> str:
@@ -115,32 +125,47 @@ async def earlier_receipt(client: Client, goal_id: str, message: BaseModel) -> R
 
 
 async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | None:
-    """The receipt, or None when no worker answered and the message went by signal.
-    A receipt may say "rejected": the message was admitted, and at its turn (after every
-    message sent before it) it could not apply; the note says why."""
-    handle = client.get_workflow_handle(goal_id)
-    payload = message.model_dump(mode="json")
-    try:
-        return await handle.execute_update(GoalWorkflow.submit, payload, rpc_timeout=UPDATE_WAIT)
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        raise MessageRejected(getattr(cause, "message", None) or str(cause or err)) from None
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
-        pass  # no worker answered in time: fall back to durable admission
-    except RPCError as err:
-        # FAILED_PRECONDITION: the goal's workflow task is failing (the server takes no update
-        # then); the signal is still stored, and applied once a worker can run the goal.
-        # RESOURCE_EXHAUSTED: the goal's in-flight updates are at Temporal's limit (ten).
-        if err.status not in (
-            RPCStatusCode.DEADLINE_EXCEEDED,
-            RPCStatusCode.UNAVAILABLE,
-            RPCStatusCode.CANCELLED,
-            RPCStatusCode.FAILED_PRECONDITION,
-            RPCStatusCode.RESOURCE_EXHAUSTED,
-        ):
-            raise
+    """The receipt, or None when no worker answered within UPDATE_WAIT (the server holds
+    the message; the goal judges it in its turn). A receipt may say "rejected": the message
+    was admitted, and at its turn (after every message sent before it) it could not apply;
+    the note says why. MessageRejected: the goal refused it at the door (malformed, a
+    request id reused with other content, a question it does not have)."""
+    request_id = getattr(message, "request_id", None)
+    refused_before = await _refusals(client, goal_id, request_id)
     await send_by_signal(client, goal_id, message)
-    return None
+    if refused_before is None:
+        return None  # no worker answers: the message waits for one
+    return await _judged(client, goal_id, message, refused_before)
+
+
+async def _refusals(client: Client, goal_id: str, request_id: str | None) -> int | None:
+    """How many of the goal's refusals carry this request id; None when no worker answers."""
+    try:
+        view = await inbox(client, goal_id, timeout_s=UPDATE_WAIT.total_seconds())
+    except (RPCError, WorkflowQueryFailedError):
+        return None
+    return sum(1 for r in view.refused if r.request_id == request_id)
+
+
+async def _judged(client: Client, goal_id: str, message: BaseModel, refused_before: int) -> Receipt | None:
+    """The message's receipt once the goal has judged it (steer and queue: once admitted,
+    they apply later by design), read from the inbox every RECEIPT_EVERY; None after UPDATE_WAIT."""
+    request_id, kind = getattr(message, "request_id", None), getattr(message, "kind", None)
+    deadline = asyncio.get_running_loop().time() + UPDATE_WAIT.total_seconds()
+    while True:
+        try:
+            view = await inbox(client, goal_id, timeout_s=UPDATE_WAIT.total_seconds())
+        except (RPCError, WorkflowQueryFailedError):
+            return None
+        refusals = [r for r in view.refused if r.request_id == request_id]
+        if len(refusals) > refused_before:
+            raise MessageRejected(refusals[-1].reason)
+        entry = next((e for e in view.entries if e.request_id == request_id and e.kind == kind), None)
+        if entry is not None and (entry.status != "pending" or entry.kind in LATER_KINDS):
+            return entry
+        if asyncio.get_running_loop().time() >= deadline:
+            return entry
+        await asyncio.sleep(RECEIPT_EVERY.total_seconds())
 
 
 async def send_by_signal(client: Client, goal_id: str, message: BaseModel) -> None:

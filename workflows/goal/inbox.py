@@ -23,6 +23,7 @@ from temporalio.common import RawValue
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.goal_contracts import Signals, Updates
 from perdure.workflows.goal.contracts.messages import (
+    LATER_KINDS,
     MAX_REFUSALS,
     InboxEntry,
     InboxView,
@@ -40,9 +41,6 @@ from perdure.workflows.goal.contracts.messages import (
 )
 from perdure.workflows.shared.raw_values import decode_raw
 from perdure.workflows.shared.statuses import ENDED_PHASES
-
-# Applied at the next model-turn boundary or when the goal would be idle, not at the loop's safe point.
-LATER_KINDS = ("steer", "queue")
 
 
 class Inbox:

@@ -17,9 +17,9 @@ from datetime import timedelta
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
-from perdure.workflows.goal.contracts.messages import InboxEntry, chosen_option
+from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxEntry, chosen_option
 from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
-from perdure.workflows.goal.inbox import LATER_KINDS, Inbox
+from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.pause import Pause
 from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.rules.invalidation import held_by, invalidate_by_premise, invalidate_from

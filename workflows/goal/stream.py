@@ -1,9 +1,10 @@
 """The goal's durable event stream (workflows/goal/contracts/events.py): what it publishes and when, on
 its Workflow Stream, and the stream's state carried across continue-as-new.
 
-Publishing from the workflow adds nothing to history (the log lives in the workflow;
-subscribers long-poll it with updates, which do add events, counted like any other in
-the goal's continue-as-new budget). From outside, only model activities publish, and
+Publishing from the workflow adds nothing to history (the log lives in the workflow),
+and neither does reading it: subscribers read with the stream's poll query
+(starters/client/goal_events.py); the SDK's poll update is refused before it is accepted
+(`_refuse_poll_update`). From outside, only model activities publish, and
 only live text (TOKENS_TOPIC) of a node that is running: their publish signals are
 checked here before the SDK's handler takes them (its dedup by publisher and sequence
 crosses continue-as-new in the carried state), and anything else is refused without
@@ -29,6 +30,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.contrib.workflow_streams import PublishEntry, PublishInput, WorkflowStream, WorkflowStreamState
+from temporalio.exceptions import ApplicationError
 
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.events import (
@@ -51,9 +53,10 @@ from perdure.workflows.goal.contracts.messages import InboxEntry
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.shared.statuses import TERMINAL
 
-# The SDK's publish signal and offset query (temporalio.contrib.workflow_streams).
+# The SDK's publish signal, offset query and poll update (temporalio.contrib.workflow_streams).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 OFFSET_QUERY = "__temporal_workflow_stream_offset"
+POLL_UPDATE = "__temporal_workflow_stream_poll"
 # What a publish signal sent with no argument is given. The handler takes one RawValue
 # and nothing else: the SDK decodes by the handler's type hints only when every
 # parameter is positional, and drops a signal with more arguments than that itself.
@@ -72,6 +75,21 @@ def event_payload(event: GoalEvent) -> Payload:
 MAX_PUBLISHED_ITEMS = 100
 
 
+def _refuse_poll_update(_poll: Any = None) -> None:
+    """The SDK's long-poll update, refused by its validator, so it never enters history.
+    An update accepted in the workflow task that follows one which recorded only a local
+    activity's result is replayed in another order than it ran (sdk-core issue 1146, its
+    v1 history chunking; the v2 chunker that fixes it is not released): the goal could no
+    longer be replayed, and every later workflow task would fail. A goal runs a local
+    activity for nearly every step, and a watcher polled continuously; tests/test_event_stream.py
+    replays such a history. The same read is the poll query, which adds nothing to history."""
+    raise ApplicationError(
+        "a goal's stream is read with its poll query (perdure.Client.events), not the poll update",
+        type="PollByQuery",
+        non_retryable=True,
+    )
+
+
 class EventStream:
     def __init__(self, ctx: GoalContext, prior: WorkflowStreamState | None) -> None:
         # Constructed from the workflow's @workflow.init (the SDK checks the caller is an __init__).
@@ -83,6 +101,7 @@ class EventStream:
         self._accept = workflow.get_signal_handler(PUBLISH_SIGNAL)
         self._end = workflow.get_query_handler(OFFSET_QUERY)
         workflow.set_signal_handler(PUBLISH_SIGNAL, self._on_publish)
+        workflow.set_update_handler(POLL_UPDATE, _refuse_poll_update, validator=_refuse_poll_update)
         self._topic = self._stream.topic(EVENTS_TOPIC)
         self._dirty: dict[str, Node] = {}
         self._ctx = ctx

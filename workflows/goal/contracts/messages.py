@@ -129,6 +129,11 @@ class InboxEntry(BaseModel):
     settled_at: datetime | None = None
 
 
+# Kinds applied at the next model-turn boundary or when the goal would be idle, not at the
+# loop's safe point: their receipt is "pending" until then.
+LATER_KINDS = ("steer", "queue")
+
+
 class Refusal(BaseModel):
     """A message refused at the door (malformed, or an id reused with other content)."""
 
