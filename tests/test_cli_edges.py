@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from perdure.testing.crash import write_model_config
-from tests.builders import spec
-from tests.helpers import run_goal, running_worker
+from tests.builders import chain, gate, openai_profile, spec
+from tests.helpers import run_goal, running_worker, start, wait_until
 from tests.subprocess_rig import perdure, user_env, worker_process
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.parallel_safe]
@@ -142,3 +142,24 @@ def test_a_commands_spans_are_exported_before_it_exits(env, tmp_path, task_queue
         started = perdure("start", "wait for a worker", "--workspace", str(workspace), env=variables)
         assert started.returncode == 0, started.stderr
         assert "StartWorkflow:GoalWorkflow" in collector.span_names()
+
+
+async def test_ls_returns_while_a_goal_that_continued_as_new_runs_and_lists_it_once(
+    env, tmp_path, task_queue, store, workspace, scripted
+):
+    """The listing holds every run of a goal: a run that continued as new is closed, and
+    reading its outcome waited for the goal's end (the SDK's result follows the chain):
+    `perdure ls` hung while such a goal ran (seen in CI, 120 s)."""
+    server = scripted({"replies": [{"when": "PERDURE-STEP", "content": "ok"}]})
+    steps = [*chain(10), gate(["s09"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(
+            env, task_queue, workspace, steps, allowed_tools=["run_command"], continue_as_new_after_events=50
+        )
+        await wait_until(handle, lambda s: s.runs >= 2 and "gate" in s.running, timeout_s=60)
+        listed = await asyncio.to_thread(perdure, "ls", env=user_env(env, tmp_path, task_queue), timeout=30)
+        (workspace / "GO").write_text("")
+        await asyncio.wait_for(handle.result(), 60)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if handle.id in line]
+    assert "running" in row, listed.stdout

@@ -284,7 +284,8 @@ def read_report(goal_result: GoalResult) -> str:
 
 # What `perdure ls --status` and `--phase` take; a value goes into a visibility query, so
 # only these words are let through (a quote would end the string and add a clause).
-EXECUTION_STATUSES = ("Running", "Completed", "Failed", "Canceled", "Terminated", "ContinuedAsNew", "TimedOut")
+CONTINUED_AS_NEW = "ContinuedAsNew"
+EXECUTION_STATUSES = ("Running", "Completed", "Failed", "Canceled", "Terminated", CONTINUED_AS_NEW, "TimedOut")
 PHASES = get_args(Phase)
 
 
@@ -310,8 +311,13 @@ def list_filters(
 
 
 async def outcomes(client: Client, executions: list) -> dict[str, str]:
-    """Goal id -> outcome for the closed goals listed (the close event only, read concurrently)."""
-    closed = [wf for wf in executions if wf.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING]
+    """Goal id -> outcome for the closed goals listed (the close event only, read concurrently).
+    A run that continued as new did not end its goal: its result would wait for the goal's end."""
+    open_ = (
+        WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING,
+        WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW,
+    )
+    closed = [wf for wf in executions if wf.status not in open_]
 
     async def one(wf) -> str:
         try:
@@ -354,7 +360,10 @@ async def goal_texts(client: Client, executions: list) -> dict[str, str]:
 
 
 async def list_goals(client: Client, query: str | None = None, limit: int = 50) -> list:
-    full = f"WorkflowType = '{GOAL_WORKFLOW}'" + (f" AND ({query})" if query else "")
+    """Goals, newest first: each goal's latest run, unless `query` asks for runs by their
+    ExecutionStatus (`--status ContinuedAsNew` lists the runs a goal left behind)."""
+    latest = "" if query and "ExecutionStatus" in query else f" AND ExecutionStatus != '{CONTINUED_AS_NEW}'"
+    full = f"WorkflowType = '{GOAL_WORKFLOW}'{latest}" + (f" AND ({query})" if query else "")
     goals = []
     async for wf in client.list_workflows(full, limit=limit):
         goals.append(wf)
