@@ -22,7 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from bench.common import Section, median, parse_options, run_standalone
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools import sandbox
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.workflows.shared.contracts import ToolInput
@@ -82,7 +82,7 @@ async def measure(client: Client, workdir: Path, repeats: int = 50) -> Section:
     except sandbox.SandboxUnavailable as err:
         return Section(figures={}, notes=[f"command_sandbox: not measured: {err}"])
     spawn = await _alternating(lambda: _start_and_wait(workspace), repeats)
-    tools = ToolActivities(ArtifactStore(workdir / "command-sandbox-artifacts"))
+    tools = ToolActivities(DiskArtifactStore(workdir / "command-sandbox-artifacts"))
     tool = await _alternating(lambda: _run_command(tools, workspace), repeats)
     (spawn_in, spawn_out), (tool_in, tool_out) = spawn, tool
     overhead = median(spawn_in) - median(spawn_out)

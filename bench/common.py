@@ -25,7 +25,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.model_activities import ModelActivities
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.tools.run_tool import ToolActivities
@@ -68,7 +68,7 @@ def perdure_worker(client: Client, task_queue: str, home: Path, model_config: Mo
     worker = build_worker(
         client,
         task_queue=task_queue,
-        store=ArtifactStore(home / "artifacts"),
+        store=DiskArtifactStore(home / "artifacts"),
         model_config=model_config or ModelConfig(profiles={}),
     )
     heap.settle()
@@ -82,7 +82,7 @@ def raw_worker(client: Client, task_queue: str, home: Path, model_config: ModelC
     from bench.raw import RAW_WORKFLOWS
 
     heap.settle()
-    store = ArtifactStore(home / "artifacts")
+    store = DiskArtifactStore(home / "artifacts")
     activities = [ToolActivities(store).run_tool]
     if model_config is not None:
         activities.append(ModelActivities(model_config, store).agent_turn)

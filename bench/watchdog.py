@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import parse_options
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime.plugin import PerdurePlugin
 from perdure.workers.orchestrator import build_worker
@@ -65,7 +65,7 @@ async def measure(goals: int = 100, runs: int = 3, client: Client | None = None)
         with tempfile.TemporaryDirectory() as tmp:
             workspace = Path(tmp) / "ws"
             workspace.mkdir()
-            store = ArtifactStore(Path(tmp) / "artifacts")
+            store = DiskArtifactStore(Path(tmp) / "artifacts")
             worker = build_worker(client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={}))
             async with worker:
                 handles = []

@@ -15,12 +15,15 @@ large plan, a grown state object), which would otherwise fail at Temporal's
 2 MB payload limit or eat the 50 MB history.
 
 PERDURE_PAYLOAD_STORE            where large payloads go:
-                                 `disk` (default): $PERDURE_HOME/payloads
+                                 unset: beside the artifacts, $PERDURE_HOME/payloads,
+                                   or s3://bucket/prefix/payloads when
+                                   PERDURE_ARTIFACT_STORE is s3://bucket/prefix
+                                 `disk`: $PERDURE_HOME/payloads
                                  `disk:/abs/dir`: that directory
-                                 `s3://bucket[/prefix]`: S3, via the SDK's driver
-                                   (needs `pip install 'temporalio[aioboto3]'`;
-                                   credentials and region from the usual AWS
-                                   environment)
+                                 `s3://bucket[/prefix]`: an S3-compatible store, via the
+                                   SDK's S3 driver on perdure's boto3 client (endpoint,
+                                   credentials and region from the standard AWS
+                                   variables: runtime/s3_client.py)
                                  `off`: no external storage
 PERDURE_PAYLOAD_THRESHOLD_BYTES  payloads of at least this size are stored
                                  outside history, default 131072 (128 KiB)
@@ -33,10 +36,10 @@ key file, if one is named) and touches neither the network nor the store.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +57,8 @@ from temporalio.converter import (
 
 from perdure.runtime.codec import CiphertextPayloadConverter, EncryptionCodec, key_id_of, keyring_from_env
 from perdure.runtime.payload_store import DiskPayloadDriver
-from perdure.runtime.settings import perdure_home
+from perdure.runtime.s3_client import S3Location, endpoint, is_not_found, parse_s3_url, s3_client
+from perdure.runtime.settings import artifact_location, perdure_home
 from perdure.workflows.goal.contracts.state import GoalInput, UndecryptedInput
 
 STORE_ENV = "PERDURE_PAYLOAD_STORE"
@@ -126,7 +130,13 @@ def _inline_for_devices(driver: StorageDriver) -> Callable[[StorageDriverSelectC
 
 def payload_driver() -> StorageDriver | None:
     value = os.environ.get(STORE_ENV, "").strip()
-    if value in ("", "disk"):
+    if not value:
+        # Where the artifacts are: hosts that share no disk share the object store.
+        artifacts = artifact_location()
+        if isinstance(artifacts, S3Location):
+            return _s3_driver(artifacts.under("payloads"))
+        return DiskPayloadDriver(perdure_home() / "payloads")
+    if value == "disk":
         return DiskPayloadDriver(perdure_home() / "payloads")
     if value == "off":
         return None
@@ -139,10 +149,10 @@ def payload_driver() -> StorageDriver | None:
             )
         return DiskPayloadDriver(directory)
     if value.startswith("s3://"):
-        bucket, _, prefix = value.removeprefix("s3://").partition("/")
-        if not bucket:
-            raise PayloadStoreConfigError(f"{STORE_ENV}={value!r}: no bucket name after s3://")
-        return _s3_driver(bucket, prefix.strip("/"), value)
+        try:
+            return _s3_driver(parse_s3_url(value, STORE_ENV))
+        except ValueError as err:
+            raise PayloadStoreConfigError(str(err)) from None
     raise PayloadStoreConfigError(
         f"{STORE_ENV}={value!r} is not understood; use disk, disk:/absolute/dir, s3://bucket[/prefix] or off"
     )
@@ -164,49 +174,43 @@ def payload_threshold() -> int:
     return threshold
 
 
-def _s3_driver(bucket: str, prefix: str, value: str) -> StorageDriver:
-    try:
-        import aioboto3
-        from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
-    except ImportError as err:
-        raise PayloadStoreConfigError(
-            f"{STORE_ENV}={value!r} needs the S3 client, which is not installed ({err.name} is missing): "
-            "pip install 'temporalio[aioboto3]'"
-        ) from None
-    return S3StorageDriver(client=_PrefixedS3Client(aioboto3.Session(), new_aioboto3_client, prefix), bucket=bucket)
+def _s3_driver(location: S3Location) -> StorageDriver:
+    return S3StorageDriver(client=_PrefixedS3Client(location.prefix), bucket=location.bucket)
 
 
 class _PrefixedS3Client(S3StorageDriverClient):
-    """The SDK's aioboto3 adapter, one client per call, keys under a prefix.
+    """The SDK's S3 driver client on perdure's boto3 client (runtime/s3_client.py, the one
+    the artifact store uses), keys under a prefix, each call in a thread: boto3 blocks, and
+    these calls run on the event loop that runs workflow tasks. The client is made at the
+    first call: building the converter touches no network and imports no boto3."""
 
-    A client per call because the converter is built synchronously, outside any
-    event loop, and the CLI runs a new loop per command, while an aiobotocore
-    client belongs to the loop that opened it. Offloaded payloads are rare, so
-    the extra connection does not matter.
-    """
-
-    def __init__(self, session, wrap: Callable[[Any], S3StorageDriverClient], prefix: str) -> None:
-        self._session = session
-        self._wrap = wrap
+    def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-
-    @asynccontextmanager
-    async def _client(self) -> AsyncIterator[S3StorageDriverClient]:
-        async with self._session.client("s3") as s3:
-            yield self._wrap(s3)
 
     def _key(self, key: str) -> str:
         # The prefix is configuration, not part of the claim: readers need the same value.
         return f"{self._prefix}/{key}" if self._prefix else key
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        async with self._client() as s3:
-            await s3.put_object(bucket=bucket, key=self._key(key), data=data)
+        await asyncio.to_thread(lambda: s3_client().put_object(Bucket=bucket, Key=self._key(key), Body=data))
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
-        async with self._client() as s3:
-            return await s3.object_exists(bucket=bucket, key=self._key(key))
+        def head() -> bool:
+            from botocore.exceptions import ClientError
+
+            try:
+                s3_client().head_object(Bucket=bucket, Key=self._key(key))
+                return True
+            except ClientError as err:
+                if is_not_found(err):
+                    return False
+                raise
+
+        return await asyncio.to_thread(head)
 
     async def get_object(self, *, bucket: str, key: str) -> bytes:
-        async with self._client() as s3:
-            return await s3.get_object(bucket=bucket, key=self._key(key))
+        return await asyncio.to_thread(lambda: s3_client().get_object(Bucket=bucket, Key=self._key(key))["Body"].read())
+
+    def describe(self) -> Mapping[str, str]:
+        # Appended by the SDK to a failure's message: where it went, never a credential.
+        return {"endpoint": endpoint() or "AWS S3"}

@@ -1,6 +1,9 @@
 """Where things are, read from the environment. Worker- and CLI-side only.
 
-PERDURE_HOME        state on this machine (artifacts), default ~/.perdure
+PERDURE_HOME        state on this machine (artifacts by default), default ~/.perdure
+PERDURE_ARTIFACT_STORE  where artifacts are kept: unset, $PERDURE_HOME/artifacts; an absolute
+                    path, that directory; s3://bucket/prefix, an S3-compatible object store
+                    reached through the standard AWS variables (runtime/s3_client.py)
 PERDURE_TEMPORAL    Temporal frontend address (overrides the Temporal profile's)
 PERDURE_NAMESPACE   Temporal namespace (overrides the Temporal profile's)
 PERDURE_TASK_QUEUE  task queue of the orchestrator workers, default "perdure"
@@ -9,6 +12,7 @@ PERDURE_WORKFLOW_CACHE  workflow runs an orchestrator worker keeps in memory, de
 PERDURE_UI          Temporal UI base URL, default http://localhost:8233
 PERDURE_CONFIG      model profiles file, default $PERDURE_HOME/config.toml
 PERDURE_PAYLOAD_STORE            large payloads outside history, default $PERDURE_HOME/payloads
+                                 (s3://bucket/prefix/payloads when the artifact store is s3://bucket/prefix)
 PERDURE_PAYLOAD_THRESHOLD_BYTES  size from which a payload goes there, default 128 KiB
                                  (both read by runtime/converter.py, which documents them)
 PERDURE_PAYLOAD_KEYS             id:base64key,... (newest last): payloads in history and the
@@ -36,6 +40,7 @@ from urllib.parse import quote
 
 from temporalio.envconfig import ClientConfigProfile
 
+from perdure.runtime.s3_client import S3Location, parse_s3_url
 from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW
 from perdure.workflows.shared.contracts import TASK_QUEUE
 
@@ -61,8 +66,39 @@ class HomeUnusable(ValueError):
     """PERDURE_HOME (or ~/.perdure) cannot hold perdure's state: something on its path is a file."""
 
 
+ARTIFACT_STORE_ENV = "PERDURE_ARTIFACT_STORE"
+
+
+class ArtifactStoreConfigError(ValueError):
+    """PERDURE_ARTIFACT_STORE has a value perdure cannot use."""
+
+
 def perdure_home() -> Path:
     return Path(os.environ.get("PERDURE_HOME") or Path.home() / ".perdure").expanduser()
+
+
+def artifact_location() -> Path | S3Location:
+    """Where the artifact store is (PERDURE_ARTIFACT_STORE): a directory, or a bucket and prefix.
+    Reads the setting only; ArtifactStoreConfigError for one that cannot be used."""
+    value = os.environ.get(ARTIFACT_STORE_ENV, "").strip()
+    if not value:
+        return perdure_home() / "artifacts"
+    if value.startswith("s3://"):
+        try:
+            return parse_s3_url(value, ARTIFACT_STORE_ENV)
+        except ValueError as err:
+            raise ArtifactStoreConfigError(str(err)) from None
+    if "://" in value:
+        raise ArtifactStoreConfigError(
+            f"{ARTIFACT_STORE_ENV}={value!r} is not understood; use an absolute directory or s3://bucket/prefix"
+        )
+    directory = Path(value).expanduser()
+    if not directory.is_absolute():
+        raise ArtifactStoreConfigError(
+            f"{ARTIFACT_STORE_ENV}={value!r}: the directory must be an absolute path, so that workers "
+            "and the CLI resolve it the same way"
+        )
+    return directory
 
 
 def check_home() -> None:

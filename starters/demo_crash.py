@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perdure.activities.artifacts import default_store
+from perdure.activities.artifacts import artifact_store
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
 from perdure.starters import devserver
@@ -165,7 +165,7 @@ async def run_demo_crash(console: Console) -> bool:
         )
         result = await asyncio.wait_for(ended(handle), 300)
         console.print(f"\ngoal outcome: [bold]{result.outcome}[/bold]")
-        store = default_store()
+        store = artifact_store()
         for name, ref in result.outputs.items():
             text = store.get_text(ref).splitlines()[0] if store.has(ref) else ref.digest
             console.print(f"  {name:9} {text}", markup=False, highlight=False)

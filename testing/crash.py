@@ -36,7 +36,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.starters.client.goal_reads import ended
 from perdure.testing.fakes import FakeService
@@ -128,8 +128,8 @@ class CrashRig:
             self.config.write_text("")
 
     @property
-    def store(self) -> ArtifactStore:
-        return ArtifactStore(self.home / "artifacts")
+    def store(self) -> DiskArtifactStore:
+        return DiskArtifactStore(self.home / "artifacts")
 
     @property
     def target(self) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime import converter
 from perdure.testing.browser import Browser
@@ -64,7 +64,7 @@ async def _shoot(out: Path) -> list[tuple[Path, int]]:
         worker = build_worker(
             env.client,
             task_queue=queue,
-            store=ArtifactStore(scratch / "artifacts"),
+            store=DiskArtifactStore(scratch / "artifacts"),
             model_config=ModelConfig(profiles={}),
         )
         (port,) = free_ports(1)

@@ -23,12 +23,15 @@ import uvicorn
 from hypothesis import settings
 from temporalio.testing import WorkflowEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.runtime import converter
+from perdure.runtime import settings as settings_
+from perdure.runtime.s3_client import S3Location
 from perdure.starters.ui_server import build_app
 from perdure.testing.crash import CrashRig
 from perdure.testing.fakes import FakeService
+from perdure.testing.s3_server import S3Server
 from tests.device_rig import InProcessDevice
 from tests.helpers import dev_server_options, free_ports
 
@@ -90,8 +93,29 @@ def task_queue() -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
+def store(tmp_path: Path) -> DiskArtifactStore:
+    return DiskArtifactStore(tmp_path / "artifacts")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (moto's, a subprocess), one per test process."""
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_artifacts(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> S3Location:
+    """PERDURE_ARTIFACT_STORE on a fresh bucket of `s3_server`, with the AWS variables that reach
+    it, set for the test (in-process workers and the subprocesses that inherit them); a
+    PERDURE_HOME of its own, so nothing is found on a shared disk by chance."""
+    location = S3Location(s3_server.bucket(), "perdure/artifacts")
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(settings_.ARTIFACT_STORE_ENV, location.url)
+    monkeypatch.setenv("PERDURE_HOME", str(tmp_path / "s3-home"))
+    return location
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.mcp.mcp_config import servers_from
 from perdure.activities.models.profiles import ModelConfig
@@ -80,7 +80,7 @@ async def rig(
         if script is not None:
             profiles["test"] = openai_profile(stack.enter_context(ScriptedServer(script)))
         task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        store = ArtifactStore(Path(tmp) / "artifacts")
+        store = DiskArtifactStore(Path(tmp) / "artifacts")
         config = ModelConfig(profiles=profiles)
         servers = mcp or McpServers({})
         async with build_worker(
@@ -423,7 +423,7 @@ async def record_goal_resume_behind_park(env: WorkflowEnvironment, out: Path) ->
         )
         for message in (Park(request_id="pk-1", reason="legal"), Resume(request_id="rs-1")):
             await handle.signal(GoalWorkflow.message_signal, message.model_dump(mode="json"))
-        store = ArtifactStore(workspace / "artifacts")
+        store = DiskArtifactStore(workspace / "artifacts")
         async with build_worker(env.client, task_queue=task_queue, store=store, model_config=ModelConfig(profiles={})):
             await wait_until(handle, lambda s: "gate" in s.running)
             inbox = await handle.query(GoalWorkflow.inbox)
@@ -1051,7 +1051,7 @@ async def record_goal_late_wait_cause(env: WorkflowEnvironment, out: Path) -> No
     back, reads off history that the timer fired on time and no worker took the goal."""
     steps = [{"name": "soon", "kind": "wait", "after": "2s"}, llm("then", ["soon"])]
     with tempfile.TemporaryDirectory() as tmp:
-        store = ArtifactStore(Path(tmp) / "artifacts")
+        store = DiskArtifactStore(Path(tmp) / "artifacts")
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
         task_queue = f"record-{uuid.uuid4().hex[:8]}"

@@ -271,11 +271,11 @@ async def test_quoted_text_prints_as_written_brackets_emoji_codes_and_control_ch
 async def test_report_totals_add_up_with_a_row_for_calls_outside_steps(tmp_path):
     from temporalio.testing import ActivityEnvironment
 
-    from perdure.activities.artifacts import ArtifactStore
+    from perdure.activities.artifacts import DiskArtifactStore
     from perdure.activities.goal.report import ReportActivities
     from perdure.workflows.goal.contracts.goal_contracts import ReportInput, StepOutcome
 
-    store = ArtifactStore(tmp_path / "artifacts")
+    store = DiskArtifactStore(tmp_path / "artifacts")
     steps = [StepOutcome(name="write", kind="llm", status="succeeded", tokens=1625, cost_usd=0.002)]
     report_input = ReportInput(goal_id="g", goal="x", outcome="succeeded", steps=steps, tokens=3492, cost_usd=0.005)
     result = await ActivityEnvironment().run(ReportActivities(store).write_report, report_input)

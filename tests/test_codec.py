@@ -36,7 +36,7 @@ from temporalio.worker import Replayer
 from typer.testing import CliRunner
 
 from bench.common import payloads_in
-from perdure.activities.artifacts import ArtifactCorrupt, ArtifactStore
+from perdure.activities.artifacts import ArtifactCorrupt, ArtifactStore, DiskArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime import converter
 from perdure.runtime.codec import (
@@ -109,7 +109,7 @@ def test_off_by_default(keys, tmp_path: Path):
     keys()
     assert keyring_from_env() is None
     assert data_converter().payload_codec is None
-    assert ArtifactStore(tmp_path).keyring is None
+    assert DiskArtifactStore(tmp_path).keyring is None
 
 
 async def test_every_payload_is_ciphertext_naming_its_key(keys):
@@ -217,34 +217,34 @@ def test_bad_keys_name_the_variable_and_never_the_key(keys, value: str, complain
 
 
 def test_artifacts_are_sealed_at_their_plaintext_address(tmp_path: Path):
-    store = ArtifactStore(tmp_path, keyring(KEY_A))
+    store = DiskArtifactStore(tmp_path, keyring(KEY_A))
     ref = store.put_text(GOAL)
     [path] = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert ref.digest == "sha256:" + hashlib.sha256(GOAL.encode()).hexdigest() and path.name == ref.digest[7:]
     assert is_sealed(path.read_bytes()) and MARKER.encode() not in path.read_bytes()
     assert store.get_text(ref) == GOAL
-    assert ArtifactStore(tmp_path, keyring(KEY_A, KEY_B)).get_text(ref) == GOAL  # after rotation
+    assert DiskArtifactStore(tmp_path, keyring(KEY_A, KEY_B)).get_text(ref) == GOAL  # after rotation
     with pytest.raises(UnknownPayloadKey, match="artifact .* is encrypted with key 'key-a'"):
-        ArtifactStore(tmp_path, keyring(KEY_B)).get_text(ref)
+        DiskArtifactStore(tmp_path, keyring(KEY_B)).get_text(ref)
     with pytest.raises(UnknownPayloadKey, match="no keys are configured"):
-        ArtifactStore(tmp_path, None).get_text(ref)
+        DiskArtifactStore(tmp_path, None).get_text(ref)
 
 
 def test_an_artifact_from_before_encryption_reads_and_the_next_put_seals_it(tmp_path: Path):
-    ref = ArtifactStore(tmp_path, None).put_text(GOAL)
+    ref = DiskArtifactStore(tmp_path, None).put_text(GOAL)
     [path] = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert path.read_bytes() == GOAL.encode()
 
-    encrypting = ArtifactStore(tmp_path, keyring(KEY_A))
+    encrypting = DiskArtifactStore(tmp_path, keyring(KEY_A))
     assert encrypting.get_text(ref) == GOAL
     assert encrypting.put_text(GOAL) == ref
     assert is_sealed(path.read_bytes()) and encrypting.get_text(ref) == GOAL
     with pytest.raises(UnknownPayloadKey):
-        ArtifactStore(tmp_path, None).get_text(ref)
+        DiskArtifactStore(tmp_path, None).get_text(ref)
 
 
 def test_an_altered_sealed_artifact_is_corrupt(tmp_path: Path):
-    store = ArtifactStore(tmp_path, keyring(KEY_A))
+    store = DiskArtifactStore(tmp_path, keyring(KEY_A))
     ref = store.put_text(GOAL)
     [path] = [p for p in tmp_path.rglob("*") if p.is_file()]
     data = path.read_bytes()
@@ -304,7 +304,7 @@ async def test_encrypted_goal_leaves_no_plaintext_in_history_or_the_stores(
     # Every payload of 1 KiB or more goes to the payload store: the goal's input is one.
     monkeypatch.setenv(converter.THRESHOLD_ENV, "1024")
     client = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
-    store = ArtifactStore(tmp_path / "artifacts")  # keys from the environment, as workers get them
+    store = DiskArtifactStore(tmp_path / "artifacts")  # keys from the environment, as workers get them
     long_goal = GOAL + ". Background the planner may use: " + "the notes are short. " * 60
     handle, result = await run_goal(client, task_queue, workspace, scripted, store, long_goal)
     assert MARKER in result.excerpt
@@ -363,7 +363,7 @@ async def test_golden_histories_replay_with_encryption_on(keys):
 async def test_history_export_is_decrypted_by_default_and_as_stored_with_encoded(
     env, encrypted: Client, task_queue, workspace, scripted, keys, tmp_path
 ):
-    handle, _ = await run_goal(encrypted, task_queue, workspace, scripted, ArtifactStore(tmp_path / "a"), GOAL)
+    handle, _ = await run_goal(encrypted, task_queue, workspace, scripted, DiskArtifactStore(tmp_path / "a"), GOAL)
     address = {"PERDURE_TEMPORAL": env.client.service_client.config.target_host}
     decoded, encoded = tmp_path / "decoded.json", tmp_path / "encoded.json"
     for out, extra in ((decoded, []), (encoded, ["--encoded"])):
@@ -500,7 +500,7 @@ def temporal_show(env: WorkflowEnvironment, goal_id: str, *extra: str) -> subpro
 async def test_temporal_cli_shows_the_goal_through_the_codec_server(
     env, encrypted: Client, task_queue, workspace, scripted, codec_servers, tmp_path
 ):
-    handle, _ = await run_goal(encrypted, task_queue, workspace, scripted, ArtifactStore(tmp_path / "a"), GOAL)
+    handle, _ = await run_goal(encrypted, task_queue, workspace, scripted, DiskArtifactStore(tmp_path / "a"), GOAL)
     ring = keyring_from_env()
     server = codec_servers(ring, namespaces=(env.client.namespace,))
 
@@ -534,7 +534,9 @@ async def test_temporal_ui_shows_the_goal_through_the_codec_server(
     server = codec_servers(ring, port=codec_port, origins=(ui,))
     options = dev_server_options("--ui-codec-endpoint", server.url)
     async with await WorkflowEnvironment.start_local(**options, ui=True, ui_port=ui_port) as ui_env:
-        handle, _ = await run_goal(ui_env.client, task_queue, workspace, scripted, ArtifactStore(tmp_path / "a"), GOAL)
+        handle, _ = await run_goal(
+            ui_env.client, task_queue, workspace, scripted, DiskArtifactStore(tmp_path / "a"), GOAL
+        )
         page = f"{ui}/namespaces/{ui_env.client.namespace}/workflows/{handle.id}"
 
         # One load for the DOM and the screenshot (Chromium dumps the DOM after taking it).
@@ -614,7 +616,7 @@ async def test_a_goal_whose_input_the_worker_cannot_decrypt_fails_at_once_saying
     keyed = Client(env.client.service_client, namespace=env.client.namespace, plugins=[PerdurePlugin()])
     handle = await start_goal(keyed, spec(workspace, goal=GOAL), new_goal_id("unreadable"))
     keys()
-    keyless = build_worker(env.client, task_queue=task_queue, store=ArtifactStore(tmp_path / "artifacts"),
+    keyless = build_worker(env.client, task_queue=task_queue, store=DiskArtifactStore(tmp_path / "artifacts"),
                            model_config=ModelConfig(profiles={}))  # fmt: skip
     async with keyless:
         with pytest.raises(WorkflowFailureError) as failed:

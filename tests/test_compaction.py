@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.activities.models.compaction import (
     COMPACTED_HEADER,
     ERROR_PREFIX,
@@ -435,7 +435,7 @@ async def test_a_goals_agent_node_compacts_records_it_and_reads_a_compacted_outp
         {"when_last": "ALPHA-CONTENT", "content": "The docs cover alpha, bravo and charlie."},
     ]
     plan = {"steps": [{"name": "survey", "kind": "agent", "tools": ["read_file"], "prompt": "Read the docs."}]}
-    goal_store = ArtifactStore(tmp_path / "artifacts")
+    goal_store = DiskArtifactStore(tmp_path / "artifacts")
     with RecordingServer({"replies": script}) as server:
         async with running_worker(env, task_queue, goal_store, openai_profile(server)):
             handle, result = await run_goal(

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.testing.repo import git, init_repo
 from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -336,7 +336,7 @@ def test_a_result_from_a_replaced_device_session_is_refused_and_the_step_runs_on
     snap = snapshot(env, fenced)
     gate = " ".join(snap.gate_log)
     assert "refused a result from device a session 1" in gate, gate
-    store = ArtifactStore(Path(variables["PERDURE_HOME"]) / "artifacts")
+    store = DiskArtifactStore(Path(variables["PERDURE_HOME"]) / "artifacts")
     assert store.get_text(snap.results["look"]) == "$ sleep 3 && cat state.txt\nnew\n\n[exit code 0]"
 
 

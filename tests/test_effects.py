@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
 from perdure.activities.tools.catalogue.email_tool import SendEmailArgs
 from perdure.activities.tools.catalogue.git_tools import GitCommitArgs
@@ -258,14 +258,14 @@ WRITES_IN_THEIR_CALL = [
 async def test_a_write_prepared_in_the_workflow_is_what_the_prepare_activity_returns(write, tmp_path):
     prepared = prepared_in_workflow(write)
     assert prepared is not None and prepared.effect_key is not None
-    assert prepared == await ToolActivities(ArtifactStore(tmp_path)).prepare_effect(write)
+    assert prepared == await ToolActivities(DiskArtifactStore(tmp_path)).prepare_effect(write)
 
 
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
 async def test_any_body_gets_the_key_the_prepare_activity_gives(body):
     write = call("http_request", {"method": "POST", "url": "http://ledger/entries", "body": body})
     with tempfile.TemporaryDirectory() as tmp:
-        from_activity = await ToolActivities(ArtifactStore(Path(tmp))).prepare_effect(write)
+        from_activity = await ToolActivities(DiskArtifactStore(Path(tmp))).prepare_effect(write)
     assert prepared_in_workflow(write) == from_activity
 
 

@@ -22,7 +22,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.starters.mcp_server import build_server
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from tests.builders import gate
@@ -47,7 +47,7 @@ def payments(fake_service) -> PaymentsAPI:
 @pytest.fixture
 def home_store(tmp_path: Path) -> ArtifactStore:
     """The worker's artifact store where `perdure mcp` (PERDURE_HOME=tmp_path/home) reads reports."""
-    return ArtifactStore(tmp_path / "home" / "artifacts")
+    return DiskArtifactStore(tmp_path / "home" / "artifacts")
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.model_activities import (
     EXAMPLE_PLAN,
     LAST_TURN_NOTE,
@@ -42,7 +42,7 @@ BAD_PLAN = {"steps": [{"name": "sum", "kind": "llm", "prompt": "Summarise.", "ne
 
 @pytest.fixture
 def store(tmp_path):
-    return ArtifactStore(tmp_path / "artifacts")
+    return DiskArtifactStore(tmp_path / "artifacts")
 
 
 @pytest.fixture

@@ -5,15 +5,12 @@ over the threshold, checked in the raw history, on disk and in replay.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverClaim, StorageDriverRetrieveContext, StorageDriverStoreContext
 from temporalio.worker import Replayer
@@ -132,46 +129,6 @@ def test_off_is_the_plain_pydantic_converter(clean_env):
     dc = data_converter()
     assert dc.external_storage is None and dc.payload_codec is None
     assert issubclass(dc.payload_converter_class, pydantic_data_converter.payload_converter_class)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("aioboto3") is not None, reason="aioboto3 is installed")
-def test_s3_without_aioboto3_says_what_to_install(clean_env):
-    clean_env.setenv(converter.STORE_ENV, "s3://perdure-payloads/prod")
-    with pytest.raises(PayloadStoreConfigError, match=r"pip install 'temporalio\[aioboto3\]'") as caught:
-        data_converter()
-    assert "PERDURE_PAYLOAD_STORE='s3://perdure-payloads/prod'" in str(caught.value)
-
-
-class RecordingS3(S3StorageDriverClient):
-    """The SDK's own extension point for S3 clients, keeping objects in a dict."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], bytes] = {}
-
-    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        self.objects[(bucket, key)] = data
-
-    async def object_exists(self, *, bucket: str, key: str) -> bool:
-        return (bucket, key) in self.objects
-
-    async def get_object(self, *, bucket: str, key: str) -> bytes:
-        return self.objects[(bucket, key)]
-
-
-async def test_s3_keys_live_under_the_configured_prefix():
-    backing = RecordingS3()
-
-    class Session:
-        @asynccontextmanager
-        async def client(self, service: str):
-            assert service == "s3"
-            yield "connection"
-
-    client = converter._PrefixedS3Client(Session(), lambda connection: backing, "prod/payloads")
-    await client.put_object(bucket="b", key="v0/d/sha256/ab", data=b"x")
-    assert backing.objects == {("b", "prod/payloads/v0/d/sha256/ab"): b"x"}
-    assert await client.object_exists(bucket="b", key="v0/d/sha256/ab")
-    assert await client.get_object(bucket="b", key="v0/d/sha256/ab") == b"x"
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.activities.goal.report import EXCERPT_CHARS, OUTPUT_CAP_CHARS, ReportActivities
 from perdure.workflows.goal.contracts.goal_contracts import ReportInput, ReportResult, StepOutcome
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
+    return DiskArtifactStore(tmp_path / "artifacts")
 
 
 async def write(store: ArtifactStore, report_input: ReportInput) -> tuple[ReportResult, str]:
@@ -80,7 +80,7 @@ async def test_same_input_same_digest(store: ArtifactStore) -> None:
 
 
 async def test_missing_artifact_is_reported_not_fatal(store: ArtifactStore, tmp_path: Path) -> None:
-    lost = ArtifactStore(tmp_path / "elsewhere").put_text("never copied here")
+    lost = DiskArtifactStore(tmp_path / "elsewhere").put_text("never copied here")
     report_input = ReportInput(
         goal_id="g",
         goal="g",

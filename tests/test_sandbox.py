@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.activities.tools import sandbox
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.testing.crash import write_model_config
@@ -153,7 +153,7 @@ async def test_the_worker_home_perdure_state_and_stores_are_not_there(tmp_path: 
     monkeypatch.setenv("PERDURE_HOME", str(state))
     monkeypatch.setenv("PERDURE_CONFIG", str(ws / "config.toml"))
     monkeypatch.setenv("PERDURE_PAYLOAD_STORE", f"disk:{ws / 'payloads'}")
-    store = ArtifactStore(ws / "store")
+    store = DiskArtifactStore(ws / "store")
     reads = "for f in worker-home/secret perdure-home/secret store/secret payloads/secret config.toml; do cat $f; done"
     result, output = await command(store, ws, f"{reads}; echo visible > ok.txt")
     assert "SECRET-FILE" not in output, output

@@ -15,7 +15,7 @@ import pytest
 from pydantic import Field
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools import catalogue
 from perdure.activities.tools.catalogue import TOOL_MODULES, TOOL_SPECS, TOOLS
 from perdure.activities.tools.catalogue.tool_base import (
@@ -258,7 +258,7 @@ async def test_an_added_tool_is_prepared_in_the_workflow_run_and_undone(ledger_t
     assert prepared.compensation.tool == "remove_entry"
     assert prepared.compensation.args == {"ledger": ledger.base_url, "entry_key": prepared.effect_key}
 
-    tools = ToolActivities(ArtifactStore(tmp_path / "store"))
+    tools = ToolActivities(DiskArtifactStore(tmp_path / "store"))
     added = await ActivityEnvironment().run(tools.run_tool, call)
     assert added.ok and added.effect_key == prepared.effect_key and added.compensation == prepared.compensation
     undo = prepared.compensation

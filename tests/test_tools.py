@@ -15,7 +15,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.activities.tools import fingerprints
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.activities.tools.catalogue.file_tools import ReadFileArgs
@@ -204,7 +204,7 @@ async def test_template_naming_a_step_not_passed(store: ArtifactStore, ws: Path)
 
 
 async def test_template_whose_artifact_is_gone_is_goal_level(store: ArtifactStore, ws: Path) -> None:
-    other = ArtifactStore(ws.parent / "other-store")
+    other = DiskArtifactStore(ws.parent / "other-store")
     lost = other.put_text("only elsewhere")
     with pytest.raises(ApplicationError) as err:
         await run(store, ws, "write_file", {"path": "r.md", "content": "{{steps.a}}"}, inputs={"a": lost})

@@ -26,7 +26,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.models.scripted import ScriptedServer
 from perdure.runtime import settings
@@ -160,7 +160,7 @@ async def ui_goal(tmp_path_factory, payload_store) -> AsyncIterator[UiGoal]:
                 "PERDURE_HOME": str(tmp / "home"),
             }
             with mock.patch.dict(os.environ, cli_env):
-                store = ArtifactStore(tmp / "home" / "artifacts")
+                store = DiskArtifactStore(tmp / "home" / "artifacts")
                 async with build_worker(env.client, task_queue=task_queue, store=store, model_config=config):
                     handle = await start_goal(env.client, spec(workspace, goal=GOAL_TEXT), new_goal_id("ui"))
                     result = await handle.result()

@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import perdure
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
 from perdure.activities.tools.user.toolbox import Toolbox
@@ -281,7 +281,7 @@ async def test_the_worker_prepares_and_sends_a_user_write_under_one_key_and_repo
     tmp_path: Path, payments_env
 ) -> None:
     box = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
-    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=box.implementations())
+    acts = ToolActivities(DiskArtifactStore(tmp_path / "store"), user_tools=box.implementations())
     call = ToolInput(goal_id="g-1", node_key="node:1", tool="charge", workspace=str(tmp_path), args=payments_env[1])
     prepared = await ActivityEnvironment().run(acts.prepare_effect, call)
     assert prepared.error is None and prepared.compensation is not None

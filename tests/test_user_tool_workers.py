@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools.user.tool_modules import load_toolbox
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.messages import Answer, Approve
@@ -260,7 +260,7 @@ async def test_an_mcp_client_starts_a_goal_of_user_tools_approves_the_irreversib
             },
         ],
     }
-    store = ArtifactStore(tmp_path / "home" / "artifacts")  # where `perdure mcp` reads reports
+    store = DiskArtifactStore(tmp_path / "home" / "artifacts")  # where `perdure mcp` reads reports
     async with (
         running_worker(env, task_queue, store, user_tools=toolbox),
         stdio_server(env, tmp_path, task_queue) as client,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.goal.recheck import VerificationActivities, parse_verdict, question_system_prompt, shown_url
 from perdure.activities.models.scripted import offline_reply
 from perdure.activities.tools.catalogue.http_tools import HttpGetArgs
@@ -282,7 +282,7 @@ async def test_urls_are_not_re_fetched_when_the_goal_may_not_call_http_get_and_t
     assert print_.source == f"url:{site.base_url}/news" and print_.digest == url_digest('{"text": "old news"}')
     site.pages["/news"] = "fresh news"
     checks = [NodeCheck(node="news", depth="fingerprint", fingerprints=[print_])]
-    verify = VerificationActivities(ArtifactStore(tmp_path / "artifacts"))
+    verify = VerificationActivities(DiskArtifactStore(tmp_path / "artifacts"))
 
     no_tool = VerifyInput(workspace=str(tmp_path), network=True, refetch=False, checks=checks)
     offline = await verify.verify_nodes(no_tool)
@@ -307,7 +307,7 @@ async def test_a_step_that_read_a_page_under_a_cap_is_kept_when_only_what_is_pas
     seen = await http_get(tmp_path, args)  # the tool, as the step ran it: '{"text": "ol' and a note
     [print_] = fingerprints_of("http_get", tmp_path, args, seen)
     checks = [NodeCheck(node="news", depth="fingerprint", fingerprints=[print_])]
-    verify = VerificationActivities(ArtifactStore(tmp_path / "artifacts"))
+    verify = VerificationActivities(DiskArtifactStore(tmp_path / "artifacts"))
     site.pages["/news"] = "older news"  # its first 12 bytes are what the step saw
     assert (await verify.verify_nodes(VerifyInput(workspace=str(tmp_path), refetch=True, checks=checks))).void == {}
     site.pages["/news"] = "new news"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.mcp.mcp_calls import McpServers
 from perdure.activities.models.profiles import ModelConfig
 from perdure.runtime import settings
@@ -17,7 +17,7 @@ def cached_runs(env, task_queue: str, tmp_path) -> int:
     worker = build_worker(
         env.client,
         task_queue=task_queue,
-        store=ArtifactStore(tmp_path / "artifacts"),
+        store=DiskArtifactStore(tmp_path / "artifacts"),
         model_config=ModelConfig(profiles={}),
         mcp_servers=McpServers({}),
     )

@@ -31,7 +31,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.tools import sandbox, workspace_files
 from perdure.activities.tools.catalogue.tool_base import LocalCall, LocalTool
@@ -631,7 +631,7 @@ def test_the_fence_refuses_older_runs_tasks_and_attempts_but_not_siblings_of_one
 
 @given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.sampled_from("ab")), max_size=12))
 def test_the_newest_token_is_never_refused_and_an_older_generation_always_is(tmp_path_factory, claims):
-    versions = WorkspaceVersions(ArtifactStore(tmp_path_factory.mktemp("fence")))
+    versions = WorkspaceVersions(DiskArtifactStore(tmp_path_factory.mktemp("fence")))
     for run, task, attempt, call in claims:
         versions.claim(token(run, task, attempt, call))
     if not claims:
@@ -660,7 +660,7 @@ async def test_an_agents_command_cannot_reach_the_fence_store_even_inside_the_wo
     it lies; here the artifact store is inside the workspace, the hardest case."""
     if sandbox.find_bwrap() is None:
         pytest.skip("needs bwrap (make system-packages)")
-    store = ArtifactStore(workspace / ".perdure" / "artifacts")
+    store = DiskArtifactStore(workspace / ".perdure" / "artifacts")
     versions = WorkspaceVersions(store)
     assert versions.claim(token()) is None
     fence = versions.fence_path("g", "c", "n")

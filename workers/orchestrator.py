@@ -6,7 +6,8 @@ and the device registry with the workers' half of a device call (workers/device.
 is the device's own worker).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
-artifact store, so any number of these can poll the `perdure` task queue.
+artifact store (PERDURE_ARTIFACT_STORE: a directory every worker shares, or an
+S3-compatible object store), so any number of these can poll the `perdure` task queue.
 `perdure worker` (starters/cli/worker_commands.py) runs one on a client from runtime/connect.py.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import logging
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import structlog
 from temporalio.client import Client
@@ -23,7 +25,7 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from perdure.activities.artifacts import ArtifactStore, default_store
+from perdure.activities.artifacts import ArtifactStore, artifact_store
 from perdure.activities.devices.device_calls import DeviceCallActivities
 from perdure.activities.goal.memory_activities import MemoryActivities
 from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
@@ -68,12 +70,20 @@ def build_worker(
     *,
     task_queue: str = TASK_QUEUE,
     store: ArtifactStore | None = None,
+    home: Path | None = None,
     model_config: ModelConfig | None = None,
     mcp_servers: McpServers | None = None,
     user_tools: Toolbox | None = None,
     **worker_options,
 ) -> Worker:
-    store = store or default_store()
+    """`store`: default, the one PERDURE_ARTIFACT_STORE names. `home`: where this machine keeps
+    the worker's other state (the memory store's SQLite default, the watchdog's memory, MCP
+    servers' scratch); default PERDURE_HOME, or the directory of a disk `store` handed in
+    without one (tests keep both in one scratch directory)."""
+    if store is None:
+        store, home = artifact_store(), home or settings.perdure_home()
+    elif home is None:
+        home = store.local_dir.parent if store.local_dir is not None else settings.perdure_home()
     # The user's own tools (`perdure worker --tools`, entry points), loaded and checked before.
     user_tools = user_tools or Toolbox()
     # Watched: a profile added to config.toml is used without restarting the worker.
@@ -81,7 +91,7 @@ def build_worker(
     import_profiles_sdk(model_config.profiles.values())
     # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
     servers = mcp_servers.servers if mcp_servers is not None else load_mcp_servers()
-    mcp_servers = McpServers(servers, artifact_store=store.root)
+    mcp_servers = McpServers(servers, artifact_store=store.local_dir)
     models = ModelActivities(model_config, store)
     keyring = keyring_of(client.data_converter)
     offers = CapabilitiesActivities(
@@ -97,10 +107,9 @@ def build_worker(
     questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
     devices = DeviceCallActivities(store, client, tools)
-    # The watchdog's memory lives next to the artifact store, which workers share.
-    watchdog = VisibilityActivities(client, home=store.root.parent)
-    # So does the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
-    memory = MemoryActivities(home=store.root.parent)
+    # The watchdog's memory, and the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
+    watchdog = VisibilityActivities(client, home=home)
+    memory = MemoryActivities(home=home)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     worker_options.setdefault("max_cached_workflows", settings.workflow_cache())
     # Heartbeats reach the server about every second whatever an activity's heartbeat
@@ -220,16 +229,30 @@ async def run_orchestrator(
     promote: bool = True,
     mcp_servers: McpServers | None = None,
     user_tools: Toolbox | None = None,
+    store: ArtifactStore | None = None,
 ) -> None:
     """Run the worker until it is stopped. With a `version`, it is a Worker Deployment
     version (workers/deployment.py) and, when `promote`, becomes current once it polls,
     unless it was current before (an old build restarted to drain its pinned goals).
     `mcp_servers`: config.toml's, read before connecting (else read here); `user_tools`: the
-    user's own tools, loaded before connecting (none when not given)."""
+    user's own tools, loaded before connecting (none when not given); `store`: the artifact
+    store, checked before connecting (else PERDURE_ARTIFACT_STORE's, checked here)."""
     task_queue = task_queue or settings.task_queue()
     options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
     mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
-    worker = build_worker(client, task_queue=task_queue, mcp_servers=mcp_servers, user_tools=user_tools, **options)
+    if store is None:
+        store = artifact_store()
+        await asyncio.to_thread(store.check)
+    worker = build_worker(
+        client,
+        task_queue=task_queue,
+        store=store,
+        home=settings.perdure_home(),
+        mcp_servers=mcp_servers,
+        user_tools=user_tools,
+        **options,
+    )
+    log.info("artifact store", where=store.where)
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)

@@ -31,7 +31,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.artifacts import DiskArtifactStore
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.workflows.devices.device_contracts import (
     LEASE_S,
@@ -82,10 +82,10 @@ class DeviceSuperseded(ApplicationError):
     """This daemon was replaced by a newer session of the same device."""
 
 
-class _CallScratch(ArtifactStore):
+class _CallScratch(DiskArtifactStore):
     """One call's blobs in its own directory, so concurrent calls never share (and delete)
-    one blob. `root` stays the whole scratch: it is what the sandbox hides from commands
-    (activities/tools/run_tool.py passes `sandbox.hidden_paths(store.root)`)."""
+    one blob. `root` (`local_dir`) stays the whole scratch: it is what the sandbox hides from commands
+    (activities/tools/run_tool.py passes `sandbox.hidden_paths(store.local_dir)`)."""
 
     def __init__(self, scratch: Path, call_dir: Path) -> None:
         super().__init__(scratch, keyring=None)

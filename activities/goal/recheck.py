@@ -145,7 +145,7 @@ class VerificationActivities:
     async def _command_fails(self, root: Path, check: NodeCheck, network: bool) -> str | None:
         assert check.command is not None
         args = RunCommandArgs(command=check.command, timeout_s=check.timeout_s, replay="safe")
-        hidden = tuple(sandbox.hidden_paths(self.store.root))
+        hidden = tuple(sandbox.hidden_paths(self.store.local_dir))
         try:
             await run_command(root, args, network=network, hidden=hidden)
             code = 0

@@ -207,7 +207,7 @@ class ToolActivities:
                 meter=meter,
             )
             if spec.runs_commands:
-                call.network, call.hidden = input.network, tuple(sandbox.hidden_paths(self.store.root))
+                call.network, call.hidden = input.network, tuple(sandbox.hidden_paths(self.store.local_dir))
             try:
                 with tool_call_span(spec) as span:
                     text = await implementation.run(call, args)

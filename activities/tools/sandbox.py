@@ -82,6 +82,16 @@ SETTING_PREFIXES = ("PERDURE_", "TEMPORAL_")
 """Variables whose path values are perdure's or its Temporal connection's files (the payload
 store and key file, a TLS key, the Temporal config file, the dev server's data...)."""
 
+AWS_KEY_FILES = (
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+)
+"""The AWS variables that name a file holding the object store's credentials (the default
+files are under the worker's home, masked anyway). Named one by one, not by prefix: an
+AWS_CA_BUNDLE may be the system's CA file, which commands need."""
+
 
 class SandboxUnavailable(Exception):
     """bwrap is missing or cannot create its namespaces here; the message says how to fix it."""
@@ -108,15 +118,17 @@ def command_env(home: Path) -> dict[str, str]:
 
 def hidden_paths(artifact_store: Path | None = None) -> list[Path]:
     """What a command must never reach, wherever it lies: PERDURE_HOME, the config file, the
-    artifact store, the worker's home directory, and every path a PERDURE_* or TEMPORAL_*
-    variable names (the payload store, a key file, TLS keys...). Only the workspace and the
-    system directories are bound at all; these are masked where they lie inside one of them."""
+    artifact store, the worker's home directory, every path a PERDURE_* or TEMPORAL_*
+    variable names (the payload store, a key file, TLS keys...) and the AWS credential
+    files. Only the workspace and the system directories are bound at all; these are
+    masked where they lie inside one of them."""
     candidates = [settings.perdure_home(), settings.config_path(), Path.home()]
     if artifact_store is not None:
         candidates.append(artifact_store)
     for name, value in os.environ.items():
         where = value.strip().removeprefix("disk:")
-        if name.startswith(SETTING_PREFIXES) and name != HIDE_ENV and where.startswith(("/", "~")):
+        setting = name.startswith(SETTING_PREFIXES) and name != HIDE_ENV
+        if (setting or name in AWS_KEY_FILES) and where.startswith(("/", "~")):
             candidates.append(Path(where))
     candidates += [Path(p) for p in os.environ.get(HIDE_ENV, "").split(":") if p.strip()]
     return [path.expanduser().resolve() for path in candidates]

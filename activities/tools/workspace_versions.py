@@ -23,9 +23,10 @@ A person's editor takes no lock: the file is stat'ed again right before the rena
 change seen then is a conflict too, which leaves the microseconds between that stat and
 the rename.
 
-The store lives in the artifact store's root (`workspace-versions/`), which every command
-sandbox masks wherever it lies (activities/tools/sandbox.py hidden_paths), so an agent's
-commands cannot edit a fence or hold a lock. Versions small enough are kept in the
+The store lives in the artifact store's directory (`workspace-versions/`; in PERDURE_HOME
+when the artifact store is an object store), which every command sandbox masks wherever it
+lies (activities/tools/sandbox.py hidden_paths), so an agent's commands cannot edit a fence
+or hold a lock. Versions small enough are kept in the
 artifact store itself (content-addressed: a version's digest is its address), so a
 conflict can show the diff from the version a writer saw. Worker code: blocking file
 I/O, to run off the event loop. It must not decide which version a call is based on
@@ -47,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
+from perdure.runtime import settings
 
 STORE_DIR = "workspace-versions"
 # Read in 64 KiB pieces: a `read(n)` allocates n bytes before it knows how much there
@@ -180,7 +182,9 @@ class WorkspaceVersions:
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
-        self.root = store.root / STORE_DIR
+        # Fences and locks are files on this machine: beside a disk store, else in PERDURE_HOME
+        # (an object store has no file to lock). Both are masked from every command.
+        self.root = (store.local_dir or settings.perdure_home()) / STORE_DIR
 
     # --- versions -------------------------------------------------------------------
 

@@ -59,10 +59,13 @@ def worker(
     Temporal profile), PERDURE_NAMESPACE, PERDURE_TASK_QUEUE, PERDURE_DEPLOYMENT,
     PERDURE_WORKFLOW_CACHE (goal runs kept in memory, default 1000),
     PERDURE_CONFIG (model profiles, default PERDURE_HOME/config.toml),
-    PERDURE_HOME (artifacts, default ~/.perdure), PERDURE_UI, PERDURE_PAYLOAD_KEYS
+    PERDURE_HOME (its state, default ~/.perdure), PERDURE_ARTIFACT_STORE (default
+    PERDURE_HOME/artifacts; s3://bucket/prefix with the AWS_* variables: AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), PERDURE_UI, PERDURE_PAYLOAD_KEYS
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
     the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
+    from perdure.activities.artifacts import artifact_store
     from perdure.activities.mcp.mcp_calls import McpServers
     from perdure.activities.mcp.mcp_config import load_mcp_servers
     from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
@@ -86,8 +89,14 @@ def worker(
         # config.toml's MCP servers are checked before anything connects: a table that
         # cannot be used is one line, and no worker starts.
         servers = McpServers(load_mcp_servers())
+        # So is the artifact store: a bad setting, a missing bucket, refused credentials or an
+        # endpoint that does not answer is one line (ObjectStoreUnavailable), and no worker starts.
+        store = artifact_store()
+        await asyncio.to_thread(store.check)
         client = await connect(worker=True)
-        await run_orchestrator(client, version=version, promote=not no_promote, mcp_servers=servers, user_tools=toolbox)
+        await run_orchestrator(
+            client, version=version, promote=not no_promote, mcp_servers=servers, user_tools=toolbox, store=store
+        )
 
     try:
         run(_worker)

@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, TerminatedEr
 from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
-from perdure.activities.artifacts import ArtifactMissing, default_store
+from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, ObjectStoreUnavailable, artifact_store
 from perdure.starters.client.client_errors import EndedWithoutResult, GoalNotFound, ResultUnreadable, StillRunning
 from perdure.workflows.goal.contracts.goal_contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, ProgressSnapshot
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -265,21 +265,29 @@ async def closed_report(client: Client, goal_id: str) -> ClosedReport:
         ended = await result(client, goal_id, desc.run_id)
     except (RPCError, LookupError, ValueError) as err:
         raise ResultUnreadable(f"the goal's result cannot be read here: {err}") from None
+    try:
+        # Off the loop: the store may be a network call away, and `perdure ui` serves streams meanwhile.
+        report = await asyncio.to_thread(read_report, ended)
+    except (ObjectStoreUnavailable, ArtifactCorrupt, ValueError) as err:
+        raise ResultUnreadable(f"the goal's report cannot be read here: {err}") from None
     return ClosedReport(
         goal_id=goal_id,
         outcome=ended.outcome,
         failure=ended.failure,
         unfinished=ended.unfinished,
-        report=read_report(ended),
+        report=report,
     )
 
 
 def read_report(goal_result: GoalResult) -> str:
-    """The full report from the local artifact store, or the excerpt the goal carries."""
+    """The full report from the artifact store (PERDURE_ARTIFACT_STORE), or the excerpt the
+    goal carries. ObjectStoreUnavailable, ArtifactCorrupt or a ValueError (the setting, a
+    key) when the store holds it but cannot give it."""
+    store = artifact_store()
     try:
-        return default_store().get_text(goal_result.report)
+        return store.get_text(goal_result.report)
     except ArtifactMissing:
-        return goal_result.excerpt + "\n\n(full report not in this machine's artifact store)"
+        return goal_result.excerpt + f"\n\n(full report not in the artifact store at {store.where})"
 
 
 # What `perdure ls --status` and `--phase` take; a value goes into a visibility query, so
