@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import (  # noqa: E402
     agent_turn,
+    artifact_store,
     command_sandbox,
     device_resume,
     max_goals,
@@ -90,6 +91,8 @@ BENCHMARKS = {
     # With the command's recovery (bench/recovery_command.py), so recovery_s is the worst of all.
     "recovery": (recovery.KEYS, recovery.measure),
     "command_sandbox": (command_sandbox.KEYS, command_sandbox.measure),
+    # Disk and an S3-compatible store (moto's server on localhost: said in its output).
+    "artifact_store": (artifact_store.KEYS, artifact_store.measure),
     "device_resume": (device_resume.KEYS, device_resume.measure),
     "ui_events": (ui_events.KEYS, ui_events.measure),
     "rss": (rss.KEYS, rss.measure),

@@ -56,8 +56,16 @@ from temporalio.converter import (
 )
 
 from perdure.runtime.codec import CiphertextPayloadConverter, EncryptionCodec, key_id_of, keyring_from_env
-from perdure.runtime.payload_store import DiskPayloadDriver
-from perdure.runtime.s3_client import S3Location, endpoint, is_not_found, parse_s3_url, s3_client
+from perdure.runtime.payload_store import DiskPayloadDriver, PayloadMissing
+from perdure.runtime.s3_client import (
+    ObjectStoreUnavailable,
+    S3Location,
+    endpoint,
+    is_not_found,
+    parse_s3_url,
+    s3_client,
+    unavailable,
+)
 from perdure.runtime.settings import artifact_location, perdure_home
 from perdure.workflows.goal.contracts.state import GoalInput, UndecryptedInput
 
@@ -158,6 +166,17 @@ def payload_driver() -> StorageDriver | None:
     )
 
 
+def store_failure_in(err: BaseException) -> ObjectStoreUnavailable | PayloadMissing | None:
+    """The store's own error behind `err`, if one is: the SDK's S3 driver wraps what a payload
+    read raised in a RuntimeError that names the object but not why."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ObjectStoreUnavailable | PayloadMissing):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def payload_threshold() -> int:
     value = os.environ.get(THRESHOLD_ENV, "").strip()
     if not value:
@@ -175,41 +194,51 @@ def payload_threshold() -> int:
 
 
 def _s3_driver(location: S3Location) -> StorageDriver:
-    return S3StorageDriver(client=_PrefixedS3Client(location.prefix), bucket=location.bucket)
+    return S3StorageDriver(client=_PrefixedS3Client(location), bucket=location.bucket)
 
 
 class _PrefixedS3Client(S3StorageDriverClient):
     """The SDK's S3 driver client on perdure's boto3 client (runtime/s3_client.py, the one
     the artifact store uses), keys under a prefix, each call in a thread: boto3 blocks, and
     these calls run on the event loop that runs workflow tasks. The client is made at the
-    first call: building the converter touches no network and imports no boto3."""
+    first call: building the converter touches no network and imports no boto3. A failure
+    to reach the store is ObjectStoreUnavailable, saying why (the SDK names the object)."""
 
-    def __init__(self, prefix: str) -> None:
-        self._prefix = prefix
-
-    def _key(self, key: str) -> str:
-        # The prefix is configuration, not part of the claim: readers need the same value.
-        return f"{self._prefix}/{key}" if self._prefix else key
+    def __init__(self, location: S3Location) -> None:
+        self._location = location
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        await asyncio.to_thread(lambda: s3_client().put_object(Bucket=bucket, Key=self._key(key), Body=data))
+        await self._call(lambda s3: s3.put_object(Bucket=bucket, Key=self._location.key(key), Body=data))
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
-        def head() -> bool:
-            from botocore.exceptions import ClientError
-
-            try:
-                s3_client().head_object(Bucket=bucket, Key=self._key(key))
-                return True
-            except ClientError as err:
-                if is_not_found(err):
-                    return False
-                raise
-
-        return await asyncio.to_thread(head)
+        head = lambda s3: bool(s3.head_object(Bucket=bucket, Key=self._location.key(key)))  # noqa: E731
+        return await self._call(head, absent=False)
 
     async def get_object(self, *, bucket: str, key: str) -> bytes:
-        return await asyncio.to_thread(lambda: s3_client().get_object(Bucket=bucket, Key=self._key(key))["Body"].read())
+        data = await self._call(
+            lambda s3: s3.get_object(Bucket=bucket, Key=self._location.key(key))["Body"].read(), absent=b""
+        )
+        if data == b"":  # no serialized Payload is empty: the object is not there
+            raise PayloadMissing(
+                f"payload {self._location.key(key)} is not in the payload store s3://{bucket}. "
+                f"Every worker and the CLI must use the same {STORE_ENV} (unset, it follows PERDURE_ARTIFACT_STORE)."
+            )
+        return data
+
+    async def _call(self, call: Callable[[Any], Any], absent: Any = None) -> Any:
+        """`call` on the client in a thread; `absent` (when given) is the answer for no such object."""
+
+        def blocking() -> Any:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            try:
+                return call(s3_client())
+            except (BotoCoreError, ClientError) as err:
+                if absent is not None and is_not_found(err):
+                    return absent
+                raise unavailable(err, self._location, "payload store") from None
+
+        return await asyncio.to_thread(blocking)
 
     def describe(self) -> Mapping[str, str]:
         # Appended by the SDK to a failure's message: where it went, never a credential.

@@ -84,6 +84,8 @@ class S3Server:
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_DEFAULT_REGION": REGION,
+            # Without credentials boto3 would ask the EC2 metadata address, which is not this machine.
+            "AWS_EC2_METADATA_DISABLED": "true",
         }
 
     def client(self) -> Any:

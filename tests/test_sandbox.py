@@ -172,6 +172,22 @@ async def test_paths_named_in_perdure_sandbox_hide_are_masked(
     assert output.split("LISTING\n")[-1].startswith("\n[exit code"), output  # keys/ shows empty
 
 
+async def test_the_object_store_s_credentials_reach_no_command(
+    store: ArtifactStore, ws: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A worker on an S3 artifact store has its keys in its environment, or in a credentials
+    # file a variable names: here one inside the workspace, the one place a command can read.
+    canary = f"AWS-CANARY-{uuid.uuid4().hex}"
+    (ws / ".aws").mkdir()
+    (ws / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {canary}\n")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(ws / ".aws" / "credentials"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    result, output = await command(store, ws, "env; cat .aws/credentials; cat /proc/1/environ | tr '\\0' '\\n'")
+    assert canary not in output and "AWS_" not in output, output
+    assert "PATH=" in output  # the environment was printed, and held no AWS variable
+
+
 async def test_no_network_unless_the_call_allows_it(store: ArtifactStore, ws: Path, ping: PingServer):
     curl = f"curl -sS -m 5 {ping.base_url}/from-sandbox"
     result, output = await command(store, ws, curl)

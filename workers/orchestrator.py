@@ -167,6 +167,10 @@ def configure_logging(level: str = "INFO") -> None:
         )
     )
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # boto3 says at INFO where it found credentials, at every new client: noise, and a
+    # worker's log is no place to talk about credentials at all.
+    for chatty in ("boto3", "botocore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),

@@ -16,6 +16,7 @@ from temporalio.service import RPCError
 
 from perdure.runtime import settings
 from perdure.runtime.connect import ServerUnavailable
+from perdure.runtime.converter import store_failure_in
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import BadPlanFile, GoalNotFound, StartRefused
 from perdure.starters.consoles import cli_console
@@ -62,7 +63,8 @@ def run(coro_fn: Callable[[], Awaitable[Any]], goal_id: str | None = None) -> An
         ValueError,
         RuntimeError,
     ) as err:
-        refuse(err)
+        # The object store's own words, not the SDK's wrapper of a payload read that failed.
+        refuse(store_failure_in(err) or err)
     except RPCError as err:
         if goal_id is not None and _FINISHED in err.message.lower():
             # The goal closed between our look and the call: say so in perdure's words.

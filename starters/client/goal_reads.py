@@ -35,6 +35,7 @@ from temporalio.exceptions import TimeoutError as TimeoutError_
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, ObjectStoreUnavailable, artifact_store
+from perdure.runtime.converter import store_failure_in
 from perdure.starters.client.client_errors import EndedWithoutResult, GoalNotFound, ResultUnreadable, StillRunning
 from perdure.workflows.goal.contracts.goal_contracts import GOAL_MEMO, GOAL_WORKFLOW, GoalResult, ProgressSnapshot
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -263,8 +264,12 @@ async def closed_report(client: Client, goal_id: str) -> ClosedReport:
         raise StillRunning("the goal is still running; its report is written when it ends")
     try:
         ended = await result(client, goal_id, desc.run_id)
-    except (RPCError, LookupError, ValueError) as err:
-        raise ResultUnreadable(f"the goal's result cannot be read here: {err}") from None
+    except (RPCError, LookupError, ValueError, RuntimeError) as err:
+        # A RuntimeError is the result's own business only when the payload store failed under it.
+        unreachable = store_failure_in(err)
+        if isinstance(err, RuntimeError) and unreachable is None:
+            raise
+        raise ResultUnreadable(f"the goal's result cannot be read here: {unreachable or err}") from None
     try:
         # Off the loop: the store may be a network call away, and `perdure ui` serves streams meanwhile.
         report = await asyncio.to_thread(read_report, ended)
