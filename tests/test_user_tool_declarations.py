@@ -324,7 +324,7 @@ async def test_an_attempt_that_reuses_a_lost_answers_receipt_charges_the_cost_on
     sends nothing and charges the fee its receipt carries."""
     payments, args = payments_env
     box = load_toolbox(["tests.usertool_sample"], with_entry_points=False)
-    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=box.implementations())
+    acts = ToolActivities(DiskArtifactStore(tmp_path / "store"), user_tools=box.implementations())
     call = ToolInput(goal_id="g-2", node_key="node:1", tool="charge", workspace=str(tmp_path), args=args)
     first = await activity_env().run(acts.run_tool, call)
     assert first.ok and first.receipt is not None
@@ -356,7 +356,7 @@ async def test_a_write_failing_with_its_secret_in_the_error_is_redacted_and_carr
             (await http.get(f"{quotes.base_url}/rates", params={"key": QUOTES_KEY})).raise_for_status()
         return "locked"
 
-    acts = ToolActivities(ArtifactStore(tmp_path / "store"), user_tools=Toolbox([lock_rate]).implementations())
+    acts = ToolActivities(DiskArtifactStore(tmp_path / "store"), user_tools=Toolbox([lock_rate]).implementations())
     call = ToolInput(goal_id="g-3", node_key="n", tool="lock_rate", workspace=str(tmp_path), args={"currency": "EUR"})
     with pytest.raises(ApplicationError) as raised:
         await activity_env(1, attempts=6).run(acts.run_tool, call)
