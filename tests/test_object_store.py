@@ -175,7 +175,7 @@ def broken_stores(s3_server: S3Server, s3_artifacts: S3Location):
         "no bucket": ({settings.ARTIFACT_STORE_ENV: "s3://perdure-no-such-bucket/x"}, "does not exist"),
         "refused credentials": (
             {"AWS_ENDPOINT_URL_S3": refusing.endpoint, "AWS_ACCESS_KEY_ID": "AKIAUNKNOWNKEY000000"},
-            "credentials were refused|was denied: the store does not know these credentials",
+            "credentials were refused|the store does not know these credentials",
         ),
         "endpoint down": ({"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{dead_port}"}, "does not answer"),
         "no credentials": ({"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}, "no AWS credentials found"),
