@@ -25,10 +25,11 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from perdure.activities.artifacts import DiskArtifactStore
+from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore, artifact_store
 from perdure.activities.models.model_activities import ModelActivities
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.tools.run_tool import ToolActivities
+from perdure.runtime import settings
 from perdure.runtime.converter import STORE_ENV, THRESHOLD_ENV
 from perdure.testing.servers import dev_server_options
 from perdure.workers import heap
@@ -62,13 +63,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def bench_store(home: Path) -> ArtifactStore:
+    """The store PERDURE_ARTIFACT_STORE names when it is set (a run against an object store:
+    `PERDURE_ARTIFACT_STORE=s3://… make bench`), else `home`'s own directory."""
+    return artifact_store() if os.environ.get(settings.ARTIFACT_STORE_ENV) else DiskArtifactStore(home / "artifacts")
+
+
 def perdure_worker(client: Client, task_queue: str, home: Path, model_config: ModelConfig | None = None) -> Worker:
     """The production worker (same workflows, activities and options), in this process,
     with the process's collector set as `perdure worker` sets it (workers/heap.py)."""
     worker = build_worker(
         client,
         task_queue=task_queue,
-        store=DiskArtifactStore(home / "artifacts"),
+        store=bench_store(home),
         model_config=model_config or ModelConfig(profiles={}),
     )
     heap.settle()
@@ -82,7 +89,7 @@ def raw_worker(client: Client, task_queue: str, home: Path, model_config: ModelC
     from bench.raw import RAW_WORKFLOWS
 
     heap.settle()
-    store = DiskArtifactStore(home / "artifacts")
+    store = bench_store(home)
     activities = [ToolActivities(store).run_tool]
     if model_config is not None:
         activities.append(ModelActivities(model_config, store).agent_turn)

@@ -197,7 +197,9 @@ def broken(base: dict[str, str], change: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in variables.items() if v != ""}
 
 
+# No kill and no timing: safe beside other tests (make test's first pass).
 @pytest.mark.process
+@pytest.mark.parallel_safe
 @pytest.mark.slow
 @pytest.mark.parametrize("failure", ["no bucket", "refused credentials", "endpoint down", "no credentials"])
 def test_a_worker_whose_store_cannot_be_used_says_why_in_one_line(broken_stores, failure, tmp_path, monkeypatch):
@@ -215,6 +217,7 @@ def test_a_worker_whose_store_cannot_be_used_says_why_in_one_line(broken_stores,
 
 
 @pytest.mark.process
+@pytest.mark.parallel_safe
 @pytest.mark.slow
 async def test_a_goal_s_artifacts_live_in_the_bucket_and_read_from_anywhere(
     env, s3_server: S3Server, s3_artifacts: S3Location, broken_stores, scripted, tmp_path, monkeypatch

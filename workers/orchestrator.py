@@ -77,9 +77,8 @@ def build_worker(
     **worker_options,
 ) -> Worker:
     """`store`: default, the one PERDURE_ARTIFACT_STORE names. `home`: where this machine keeps
-    the worker's other state (the memory store's SQLite default, the watchdog's memory, MCP
-    servers' scratch); default PERDURE_HOME, or the directory of a disk `store` handed in
-    without one (tests keep both in one scratch directory)."""
+    the watchdog's memory and the memory store's SQLite default; default PERDURE_HOME, or the
+    directory of a disk `store` handed in without one (tests keep both in one scratch directory)."""
     if store is None:
         store, home = artifact_store(), home or settings.perdure_home()
     elif home is None:
