@@ -53,7 +53,6 @@ from perdure.runtime.codec import (
     is_sealed,
     keyring_from_env,
     new_key_entry,
-    parse_keys,
 )
 from perdure.runtime.converter import data_converter
 from perdure.runtime.plugin import PerdurePlugin
@@ -66,26 +65,17 @@ from tests import goldens
 from tests.builders import SUMMARY_TEXT, demo_script, openai_profile, spec, write_notes
 from tests.goldens import HISTORIES, WORKFLOWS, load
 from tests.helpers import BIN, CHROMIUM, chromium, dev_server_options, free_ports, new_goal_id
+from tests.payload_keys import KEY_A, KEY_B, keyring
 
 # No timing a loaded machine breaks: make test runs its process tests five at a time.
 pytestmark = pytest.mark.parallel_safe
 
 
-def fixed_key(key_id: str) -> str:
-    """A fixed key per id (the same in every xdist worker, which collect the parameters apart)."""
-    return f"{key_id}:{base64.b64encode(hashlib.sha256(key_id.encode()).digest()).decode()}"
-
-
-KEY_A, KEY_B = fixed_key("key-a"), fixed_key("key-b")
 MARKER = "ZEBRA-CROSSING-5e1f"
 GOAL = f"Summarise the notes into SUMMARY.md for project {MARKER}"
 # Text that reaches history only inside payloads: the goal, a file the plan reads, the file the agent writes.
 SECRETS = (MARKER, "fix the CSV parser", SUMMARY_TEXT.splitlines()[0])
 REFERENCE_TYPE = b"temporal.api.sdk.v1.ExternalStorageReference"
-
-
-def keyring(*entries: str) -> Keyring:
-    return Keyring(parse_keys("\n".join(entries), "the test"))
 
 
 @pytest.fixture

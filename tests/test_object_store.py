@@ -34,7 +34,7 @@ from perdure.testing.s3_server import S3Server
 from perdure.testing.servers import free_ports
 from tests.builders import SUMMARY_TEXT, demo_script, spec, write_notes
 from tests.helpers import new_goal_id
-from tests.test_codec import KEY_A, keyring
+from tests.payload_keys import KEY_A, keyring
 
 MARKER = "OBJECT-STORE-MARKER-91c4"
 

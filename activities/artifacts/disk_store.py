@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perdure.activities.artifacts.store import _KEYS_FROM_ENV, ArtifactStore
+from perdure.activities.artifacts.store_contract import _KEYS_FROM_ENV, ArtifactStore
 from perdure.runtime.codec import Keyring
 from perdure.runtime.files import write_atomically
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from perdure.activities.artifacts.store import _KEYS_FROM_ENV, ArtifactStore
+from perdure.activities.artifacts.store_contract import _KEYS_FROM_ENV, ArtifactStore
 from perdure.runtime.codec import Keyring
 from perdure.runtime.s3_client import S3Location, check_bucket, is_not_found, s3_client, unavailable
 
