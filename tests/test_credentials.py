@@ -28,7 +28,9 @@ class EchoAPI(FakeService):
     def handle(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str], body: Any) -> Reply:
         if method == "GET" and path == "/_ledger":
             return 200, self.snapshot(), {}
-        self.record({"path": path, "authorization": headers.get("authorization")})
+        self.record(
+            {"path": path, "authorization": headers.get("authorization"), "key": headers.get("idempotency-key")}
+        )
         status = 401 if path == "/denied" else 200
         return status, {"id": "r-1", "seen": headers.get("authorization")}, {}
 
@@ -71,7 +73,10 @@ async def test_a_named_credential_reaches_its_host_and_nothing_the_goal_keeps_ho
         history = await handle.fetch_history()
 
     assert result.outcome == "succeeded", result.excerpt
-    assert [e["authorization"] for e in echo.ledger()] == [f"Bearer {CANARY}"]
+    sent = echo.ledger()
+    assert sent and {e["authorization"] for e in sent} == {f"Bearer {CANARY}"}
+    # One effect: a retry on a loaded machine (a late heartbeat) re-sends it under the same key.
+    assert len({e["key"] for e in sent}) == 1 and sent[0]["key"], sent
     # The service echoed it: the step's output has it redacted, and no payload in history holds it.
     report = store.get_text(result.report)
     assert "[redacted]" in report and CANARY not in report
