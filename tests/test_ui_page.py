@@ -81,8 +81,11 @@ async def test_a_running_node_turns_succeeded_on_the_page_without_a_reload(
         await page.wait_for("document.getElementById('summary')?.dataset.phase === 'finished'")
         report = await page.wait_for("document.getElementById('report-text')?.textContent")
         await page.evaluate(f"{node_of('after')}.dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+        # The panel is redrawn as the node's events arrive: its duration shows even when the
+        # click came first (a loaded machine).
         detail = await page.wait_for(
             "document.getElementById('detail').textContent.includes('after · tool') && "
+            "document.getElementById('detail').textContent.includes(' s\\n') && "
             "document.getElementById('detail').textContent"
         )
     result = await handle.result()
@@ -182,6 +185,8 @@ async def test_a_node_is_rewound_by_clicking_it_and_runs_again(env, task_queue, 
             "(() => { const p = document.getElementById('plan-version'); p.value = '1';"
             " p.dispatchEvent(new Event('change')); })()"
         )
+        # v1's shape is drawn once the stream's plan event for v2 has come (it may come after the picker).
+        await page.wait_for("document.querySelector('g[data-shown-node=\"read\"]') !== null")
         older = await page.evaluate(
             "[document.getElementById('graph').dataset.readonly,"
             " [...document.querySelectorAll('g[data-shown-node]')].map(g => g.dataset.shownNode).sort().join(' '),"

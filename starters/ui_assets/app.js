@@ -284,6 +284,9 @@ function showLive(state, name) {
 
 function showNode(snapshot, node, state, readonly) {
   const detail = document.getElementById("detail");
+  // The node whose detail is open, redrawn as its events arrive (a click may come before
+  // the node's last event: its duration, its output).
+  state.detailNode = readonly ? null : node.name;
   const event = state.nodeEvents.get(node.name);
   const status = node.status || "(shape only)";
   const duration = event && event.duration_s !== null && event.duration_s !== undefined ? ` · ${event.duration_s.toFixed(1)} s` : "";
@@ -485,6 +488,9 @@ async function showGoal(goalId) {
       node.querySelector("text.label").textContent = `${data.node} · ${data.status}`;
     }
     if (!node || VOID.has(data.status)) scheduleRefresh(state, refresh); // a node of a new plan version, or a void path
+    const open = state.view === null && state.detailNode === data.node
+      ? state.snapshot.nodes.find((n) => n.name === data.node) : null;
+    if (open) showNode(state.snapshot, { ...open, status: data.status }, state, false);
   });
   for (const kind of ["tokens", "retry"]) {
     events.addEventListener(kind, (e) => {
