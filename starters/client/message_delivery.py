@@ -42,6 +42,8 @@ from perdure.workflows.goal.goal_workflow import GoalWorkflow
 # How long a send waits for the goal's receipt, and how often it looks.
 UPDATE_WAIT = timedelta(seconds=5)
 RECEIPT_EVERY = timedelta(milliseconds=50)
+# How long a send looks at the goal's refusals before it signals.
+REFUSALS_WAIT = timedelta(seconds=1)
 
 
 def new_request_id(prefix: str = "cli") -> str:
@@ -131,23 +133,23 @@ async def send(client: Client, goal_id: str, message: BaseModel) -> Receipt | No
     the note says why. MessageRejected: the goal refused it at the door (malformed, a
     request id reused with other content, a question it does not have)."""
     request_id = getattr(message, "request_id", None)
+    # Looked at first, briefly, so that an earlier refusal of the same id is not taken for this
+    # one's; the signal is never held up longer than that.
     refused_before = await _refusals(client, goal_id, request_id)
     await send_by_signal(client, goal_id, message)
-    if refused_before is None:
-        return None  # no worker answers: the message waits for one
     return await _judged(client, goal_id, message, refused_before)
 
 
 async def _refusals(client: Client, goal_id: str, request_id: str | None) -> int | None:
-    """How many of the goal's refusals carry this request id; None when no worker answers."""
+    """How many of the goal's refusals carry this request id; None when no worker answers at once."""
     try:
-        view = await inbox(client, goal_id, timeout_s=UPDATE_WAIT.total_seconds())
+        view = await inbox(client, goal_id, timeout_s=REFUSALS_WAIT.total_seconds())
     except (RPCError, WorkflowQueryFailedError):
         return None
     return sum(1 for r in view.refused if r.request_id == request_id)
 
 
-async def _judged(client: Client, goal_id: str, message: BaseModel, refused_before: int) -> Receipt | None:
+async def _judged(client: Client, goal_id: str, message: BaseModel, refused_before: int | None) -> Receipt | None:
     """The message's receipt once the goal has judged it (steer and queue: once admitted,
     they apply later by design), read from the inbox every RECEIPT_EVERY; None after UPDATE_WAIT."""
     request_id, kind = getattr(message, "request_id", None), getattr(message, "kind", None)
@@ -158,9 +160,14 @@ async def _judged(client: Client, goal_id: str, message: BaseModel, refused_befo
         except (RPCError, WorkflowQueryFailedError):
             return None
         refusals = [r for r in view.refused if r.request_id == request_id]
-        if len(refusals) > refused_before:
-            raise MessageRejected(refusals[-1].reason)
         entry = next((e for e in view.entries if e.request_id == request_id and e.kind == kind), None)
+        if refused_before is None:
+            # No count from before: a refusal of this id counts unless the goal took a message under it.
+            rejected = bool(refusals) and entry is None
+        else:
+            rejected = len(refusals) > refused_before
+        if rejected:
+            raise MessageRejected(refusals[-1].reason)
         if entry is not None and (entry.status != "pending" or entry.kind in LATER_KINDS):
             return entry
         if asyncio.get_running_loop().time() >= deadline:
