@@ -124,6 +124,9 @@ async def test_an_approval_for_one_root_is_not_used_in_another_which_is_asked_ab
         card = await question_of(handle, "confirm_device_call")
         assert str(laptop.root) in card.stuck
         await laptop.stop()
+        # Another root under the same name is refused while the registry still holds the first
+        # session online (DeviceNameTaken): wait until it has heard the sign-off.
+        await registry_says(env, task_queue, "laptop", online=False)
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
         moved = InProcessDevice(env, task_queue, "laptop", elsewhere)
