@@ -149,7 +149,9 @@ async def test_a_failing_activity_opens_one_incident_resolved_when_it_succeeds(e
     async def generate(step: GenerateInput) -> GenerateResult:
         if upstream["down"]:
             raise ApplicationError("HTTP 500: upstream down", type="ModelRetryable")
-        return GenerateResult(output=store.put_text("step done"), preview="step done", usage=Usage(), model="fake")
+        return GenerateResult(
+            output=await store.aput_text("step done"), preview="step done", usage=Usage(), model="fake"
+        )
 
     real = [
         ToolActivities(store).run_tool,

@@ -7,7 +7,13 @@ from: PERDURE_ARTIFACT_STORE (runtime/settings.py artifact_location) says which.
 from __future__ import annotations
 
 from perdure.activities.artifacts.disk_store import DiskArtifactStore
-from perdure.activities.artifacts.store_contract import ArtifactCorrupt, ArtifactMissing, ArtifactStore, preview
+from perdure.activities.artifacts.store_contract import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    ArtifactStore,
+    StoreCallOnLoop,
+    preview,
+)
 from perdure.runtime import settings
 from perdure.runtime.s3_client import ObjectStoreUnavailable
 
@@ -17,6 +23,7 @@ __all__ = [
     "ArtifactStore",
     "DiskArtifactStore",
     "ObjectStoreUnavailable",
+    "StoreCallOnLoop",
     "artifact_store",
     "preview",
 ]

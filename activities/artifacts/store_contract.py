@@ -13,16 +13,27 @@ an encrypted blob need its key; the digest check runs on the decrypted bytes.
 
 This class owns those rules and nothing about where bytes live: a backend
 (disk_store.py, s3_store.py) reads, writes and tests for one blob by its address.
-Blocking I/O: call it off the event loop where that matters.
+
+Every call blocks (a file, or a network round trip to an object store, up to its read
+timeout). An activity runs on the worker's event loop, which also sends every other
+activity's heartbeats, so activities use the `a`-prefixed twins (`aput_text`,
+`aget_text`...), which run the blocking call in a thread; a blocking call made on the
+loop inside an activity warns `StoreCallOnLoop` (an error in the tests). The blocking
+ones are for the CLI, threads and code already off the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import sys
+import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
+
+from temporalio import activity
 
 from perdure.runtime.codec import (
     MAGIC,
@@ -47,6 +58,30 @@ class ArtifactMissing(LookupError):
 
 class ArtifactCorrupt(ValueError):
     """The blob kept does not match its digest."""
+
+
+class StoreCallOnLoop(RuntimeWarning):
+    """A blocking store call on an activity's event loop: every other activity on the worker
+    stops heartbeating until it returns (use the store's `a`-prefixed method)."""
+
+
+def _off_the_loop(what: str) -> None:
+    """Warn when a blocking call runs on the event loop of an activity (in a thread, or
+    outside any activity, it is where it should be)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if activity.in_activity():
+        # Pointed at the caller outside this module: the warning is shown once per call site.
+        level, frame = 2, sys._getframe(1)
+        while frame.f_back is not None and frame.f_code.co_filename == __file__:
+            level, frame = level + 1, frame.f_back
+        warnings.warn(
+            f"artifact store {what} blocks the event loop of activity {activity.info().activity_type}",
+            StoreCallOnLoop,
+            stacklevel=level,
+        )
 
 
 _KEYS_FROM_ENV: Any = object()
@@ -96,6 +131,7 @@ class ArtifactStore(ABC):
     # --- the contract ------------------------------------------------------------------
 
     def put_bytes(self, data: bytes, media_type: str = "application/octet-stream") -> ArtifactRef:
+        _off_the_loop("put")
         digest = sha256_digest(data)
         if not self._kept_as_wanted(digest):
             # Two writers of one address write the same plaintext, sealed or not: the last write wins harmlessly.
@@ -114,6 +150,7 @@ class ArtifactStore(ABC):
         return self.put_bytes(json.dumps(value, ensure_ascii=False, indent=1).encode("utf-8"), "application/json")
 
     def get_bytes(self, ref: ArtifactRef | str) -> bytes:
+        _off_the_loop("get")
         digest = ref if isinstance(ref, str) else ref.digest
         data = self._read(digest) if ADDRESS.match(digest) else None
         if data is None:
@@ -136,8 +173,32 @@ class ArtifactStore(ABC):
         return json.loads(self.get_bytes(ref))
 
     def has(self, ref: ArtifactRef | str) -> bool:
+        _off_the_loop("has")
         digest = ref if isinstance(ref, str) else ref.digest
         return bool(ADDRESS.match(digest)) and self._exists(digest)
+
+    # --- the same, for async code: the blocking call in a thread ---------------------------
+
+    async def aput_bytes(self, data: bytes, media_type: str = "application/octet-stream") -> ArtifactRef:
+        return await asyncio.to_thread(self.put_bytes, data, media_type)
+
+    async def aput_text(self, text: str, media_type: str = "text/plain") -> ArtifactRef:
+        return await asyncio.to_thread(self.put_text, text, media_type)
+
+    async def aput_json(self, value: Any) -> ArtifactRef:
+        return await asyncio.to_thread(self.put_json, value)
+
+    async def aget_bytes(self, ref: ArtifactRef | str) -> bytes:
+        return await asyncio.to_thread(self.get_bytes, ref)
+
+    async def aget_text(self, ref: ArtifactRef | str) -> str:
+        return await asyncio.to_thread(self.get_text, ref)
+
+    async def aget_json(self, ref: ArtifactRef | str) -> Any:
+        return await asyncio.to_thread(self.get_json, ref)
+
+    async def ahas(self, ref: ArtifactRef | str) -> bool:
+        return await asyncio.to_thread(self.has, ref)
 
 
 def preview(text: str, limit: int = 200) -> str:

@@ -44,7 +44,8 @@ class DeviceCallActivities:
 
     @activity.defn(name=Activities.RESOLVE_DEVICE_CALL)
     async def resolve_call(self, input: ToolInput) -> ResolvedCall:
-        args, error = self._tools.resolved_arguments(input)
+        # Off the loop: a model's arguments and templates are read from the artifact store.
+        args, error = await asyncio.to_thread(self._tools.resolved_arguments, input)
         if error is not None or args is None:
             return ResolvedCall(error=error or "no arguments")
         size = len(canonical_json(args).encode())
@@ -59,7 +60,7 @@ class DeviceCallActivities:
     async def store_output(self, output: DeviceOutput) -> ToolResult:
         """The device's outcome as the goal's ToolResult: its output kept here by reference."""
         result = output.result
-        ref = self._store.put_text(result.output) if result.output is not None else None
+        ref = await self._store.aput_text(result.output) if result.output is not None else None
         return ToolResult(
             call_id=output.call_id,
             tool=result.tool,

@@ -182,7 +182,7 @@ class DeviceToolActivities:
         scratch = _CallScratch(self.scratch, call_dir)
         try:
             result = await ToolActivities(scratch, user_tools=self.user_tools).run_tool(self._tool_input(input))
-            output = scratch.get_text(result.output) if result.output is not None else None
+            output = await scratch.aget_text(result.output) if result.output is not None else None
         finally:
             state.running.pop(running_key, None)
             await asyncio.to_thread(shutil.rmtree, call_dir, True)

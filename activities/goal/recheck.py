@@ -89,7 +89,7 @@ class VerificationActivities:
         reasons: list[str] = []
         notes: list[str] = []
         for ref in check.artifacts:
-            if not self.store.has(ref):
+            if not await self.store.ahas(ref):
                 reasons.append(f"its output {ref.digest[:19]} is no longer in the artifact store")
         urls = []
         for print_ in check.fingerprints:
@@ -169,7 +169,7 @@ class VerifyQuestionActivities(ModelActivities):
     async def verify_question(self, input: QuestionInput) -> QuestionResult:
         messages = [
             ChatMessage(role="system", content=question_system_prompt(input.context.constraints)),
-            ChatMessage(role="user", content=self._question_message(input)),
+            ChatMessage(role="user", content=await self._question_message(input)),
         ]
         async with self._attempt(input.context, f"verify question {input.step}") as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages), attempt)
@@ -177,11 +177,11 @@ class VerifyQuestionActivities(ModelActivities):
             activity.logger.info("verify question answered", extra={"step": input.step, "verdict": verdict})
             return attempt.result(QuestionResult(verdict=verdict, reason=reason, usage=usage, model=response.model))
 
-    def _question_message(self, input: QuestionInput) -> str:
+    async def _question_message(self, input: QuestionInput) -> str:
         conclusion = input.preview or "(empty)"
         if input.output is not None:
             try:
-                conclusion = cap(self.store.get_text(input.output), MAX_CONCLUSION_CHARS)
+                conclusion = cap(await self.store.aget_text(input.output), MAX_CONCLUSION_CHARS)
             except (ArtifactMissing, ArtifactCorrupt):
                 conclusion = f"{conclusion}\n[only its start: the full output cannot be read]"
         finished = f", finished {input.finished_at.isoformat(timespec='seconds')}" if input.finished_at else ""

@@ -43,7 +43,9 @@ class TimingActivities:
             f"wait step {input.name}", input.planned, input.acted, node=input.name, parked=input.parked, cause=cause
         )
         text = f"wait step '{input.name}': {record.text()}"
-        stored = ToolResult(call_id="", tool="wait", ok=True, output=self._store.put_text(text), preview=preview(text))
+        stored = ToolResult(
+            call_id="", tool="wait", ok=True, output=await self._store.aput_text(text), preview=preview(text)
+        )
         return WaitOutput(record=record, stored=stored)
 
 

@@ -133,7 +133,7 @@ class McpEffectTool(EffectTool):
 
     async def send(self, call: EffectCall, args: McpArgs) -> dict:
         text = await call_tool(self._servers, self._tool, args, call.key)
-        return {"output": call.store.put_text(text).digest, "chars": len(text)}
+        return {"output": (await call.store.aput_text(text)).digest, "chars": len(text)}
 
     def describe(self, call: EffectCall, args: McpArgs, receipt: dict) -> str:
         digest = receipt.get("output")

@@ -124,7 +124,7 @@ class ModelActivities:
         ]
         if input.rejected is not None and input.rejection:
             messages += [
-                ChatMessage(role="assistant", content=self._text(input.rejected, "the rejected plan")),
+                ChatMessage(role="assistant", content=await self._text(input.rejected, "the rejected plan")),
                 ChatMessage(
                     role="user",
                     content=f"Your plan was rejected: {input.rejection}. Reply with the corrected plan as JSON only.",
@@ -133,7 +133,7 @@ class ModelActivities:
         purpose = f"{'replan' if input.revision else 'plan'}, reply {input.attempt}"
         async with self._attempt(input.context, purpose) as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages, json_mode=True), attempt)
-            raw = self.store.put_text(response.text)
+            raw = await self.store.aput_text(response.text)
             plan, error = parse_plan_reply(
                 response.text, input.allowed_tools, input.device_tools, tool_table(input.mcp_tools, input.user_tools)
             )
@@ -145,11 +145,13 @@ class ModelActivities:
     async def generate(self, input: GenerateInput) -> GenerateResult:
         messages = [
             ChatMessage(role="system", content=step_system_prompt(input.context)),
-            ChatMessage(role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)),
+            ChatMessage(
+                role="user", content=await self._step_message(input.step, input.prompt, input.inputs, input.context)
+            ),
         ]
         async with self._attempt(input.context, f"llm step {input.step}", live=input.step) as attempt:
             response, usage = await self._chat(input.context, ChatRequest(messages=messages), attempt)
-            output = self.store.put_text(response.text)
+            output = await self.store.aput_text(response.text)
             return attempt.result(
                 GenerateResult(
                     output=output,
@@ -190,12 +192,13 @@ class ModelActivities:
             messages = [
                 ChatMessage(role="system", content=agent_system_prompt(input.context, input.max_turns)),
                 ChatMessage(
-                    role="user", content=self._step_message(input.step, input.prompt, input.inputs, input.context)
+                    role="user",
+                    content=await self._step_message(input.step, input.prompt, input.inputs, input.context),
                 ),
             ]
         else:
-            messages = self._transcript(input.transcript)
-            messages += self._tool_result_messages(messages, input.tool_results)
+            messages = await self._transcript(input.transcript)
+            messages += await self._tool_result_messages(messages, input.tool_results)
             if input.new_guidance:
                 guidance = "\n".join(f"- {g}" for g in input.new_guidance)
                 messages.append(
@@ -205,7 +208,7 @@ class ModelActivities:
             messages.append(ChatMessage(role="user", content=f"Note from the runtime: {note}"))
         if last_turn:
             messages.append(ChatMessage(role="user", content=LAST_TURN_NOTE))
-        compacted = self._compacted(input, messages)
+        compacted = await self._compacted(input, messages)
         # A compacted prompt shows some outputs as one line with their digest; the model
         # may read one in full (the workflow allows the call on exactly these turns).
         offered = [*input.tools, COMPACTION_TOOL] if compacted and COMPACTION_TOOL not in input.tools else input.tools
@@ -223,7 +226,7 @@ class ModelActivities:
             calls = []
         messages.append(ChatMessage(role="assistant", content=response.text, tool_calls=calls))
         # The whole transcript, never the compacted prompt: the next turn compacts afresh from it.
-        transcript = self.store.put_json([m.model_dump(exclude_defaults=True) for m in messages])
+        transcript = await self.store.aput_json([m.model_dump(exclude_defaults=True) for m in messages])
         compaction = (
             ContextCompaction(
                 turn=input.turn,
@@ -231,7 +234,7 @@ class ModelActivities:
                 chars_before=compacted.chars_before,
                 chars_after=compacted.chars_after,
                 full_transcript=transcript,
-                sent_prompt=self.store.put_json([m.model_dump(exclude_defaults=True) for m in sent]),
+                sent_prompt=await self.store.aput_json([m.model_dump(exclude_defaults=True) for m in sent]),
             )
             if compacted
             else None
@@ -242,7 +245,7 @@ class ModelActivities:
                 ToolCall(
                     call_id=c.id,
                     tool=c.name,
-                    args=self.store.put_text(c.arguments, "application/json"),
+                    args=await self.store.aput_text(c.arguments, "application/json"),
                     preview=preview(c.arguments, 160),
                 )
                 for c in calls
@@ -259,7 +262,7 @@ class ModelActivities:
         text = response.text or (NO_FINAL_ANSWER if response.tool_calls else "")
         return AgentTurnResult(
             transcript=transcript,
-            final=self.store.put_text(text),
+            final=await self.store.aput_text(text),
             preview=preview(text),
             usage=usage,
             model=response.model,
@@ -335,7 +338,7 @@ class ModelActivities:
         )
         return response, usage
 
-    def _compacted(self, input: AgentTurnInput, messages: list[ChatMessage]) -> CompactedPrompt | None:
+    async def _compacted(self, input: AgentTurnInput, messages: list[ChatMessage]) -> CompactedPrompt | None:
         """The prompt with older finished turns compacted, when it is over the goal's threshold
         or would not fit the model's context window (then whatever the goal's threshold)."""
         threshold = input.compact_after_chars
@@ -355,7 +358,7 @@ class ModelActivities:
             return None
         # The prompt now shows these outputs only by digest; make sure each digest resolves.
         for text in compacted.archived:
-            self.store.put_text(text)
+            await self.store.aput_text(text)
         activity.logger.info(
             "agent prompt compacted",
             extra={
@@ -374,16 +377,17 @@ class ModelActivities:
         except UnknownModelProfile as err:
             raise ApplicationError(str(err), type="UnknownModelProfile", non_retryable=True) from None
 
-    def _text(self, ref: ArtifactRef, what: str) -> str:
+    async def _text(self, ref: ArtifactRef, what: str) -> str:
         try:
-            return self.store.get_text(ref)
+            return await self.store.aget_text(ref)
         except (ArtifactMissing, ArtifactCorrupt) as err:
             # The store is local to this machine; another attempt here would find the same thing.
             raise ApplicationError(f"{what}: {err}", type=type(err).__name__, non_retryable=True) from None
 
-    def _transcript(self, ref: ArtifactRef) -> list[ChatMessage]:
+    async def _transcript(self, ref: ArtifactRef) -> list[ChatMessage]:
+        text = await self._text(ref, "the agent transcript")
         try:
-            return [ChatMessage.model_validate(m) for m in json.loads(self._text(ref, "the agent transcript"))]
+            return [ChatMessage.model_validate(m) for m in json.loads(text)]
         except ValueError as err:
             raise ApplicationError(
                 f"the agent transcript {ref.digest} is not a list of messages: {err}",
@@ -391,12 +395,12 @@ class ModelActivities:
                 non_retryable=True,
             ) from None
 
-    def _step_message(
+    async def _step_message(
         self, step: str, prompt: str, inputs: dict[str, ArtifactRef], context: ModelContext | None = None
     ) -> str:
         parts = [f"step: {step}", prompt]
         for name in sorted(inputs):
-            text = cap(self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
+            text = cap(await self._text(inputs[name], f"input from step '{name}'"), MAX_INPUT_CHARS)
             parts.append(f"--- input from step '{name}' ---\n{text}\n--- end of input from step '{name}' ---")
         text = "\n\n".join(parts)
         if context is not None and context.degraded:
@@ -408,8 +412,10 @@ class ModelActivities:
         degraded_note = DEGRADED_NOTE if context is not None and context.degraded else ""
         return "\n\n".join(part for part in (text, steering, degraded_note) if part)
 
-    def _tool_result_messages(self, transcript: list[ChatMessage], results: list[ToolResult]) -> list[ChatMessage]:
-        messages = [self._tool_result_message(r) for r in results]
+    async def _tool_result_messages(
+        self, transcript: list[ChatMessage], results: list[ToolResult]
+    ) -> list[ChatMessage]:
+        messages = [await self._tool_result_message(r) for r in results]
         # Providers reject a conversation in which a requested call has no
         # result, so a call the workflow did not run is answered as an error.
         pending = transcript[-1].tool_calls if transcript and transcript[-1].role == "assistant" else []
@@ -423,8 +429,8 @@ class ModelActivities:
                 )
         return messages
 
-    def _tool_result_message(self, result: ToolResult) -> ChatMessage:
-        text = self._text(result.output, f"output of tool {result.tool}") if result.output else result.preview
+    async def _tool_result_message(self, result: ToolResult) -> ChatMessage:
+        text = await self._text(result.output, f"output of tool {result.tool}") if result.output else result.preview
         if not result.ok:
             text = f"{ERROR_PREFIX}{result.error or 'the tool failed'}" + (f"\n{text}" if text else "")
         text = cap(text, MAX_TOOL_RESULT_CHARS)

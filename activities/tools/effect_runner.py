@@ -22,6 +22,7 @@ nothing unless PERDURE_FAULT is set.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -74,8 +75,8 @@ async def run_effect(
         # A person checked the receiving side after an uncertain attempt: record, do not send.
         receipt = {"confirmed_by": "a person, after an uncertain attempt"}
         unknown_cost_at_cap(call, spec)
-        text = impl.describe(call, args, receipt)
-        return outcome.result(ok=True, output=store.put_text(text), preview=preview(text), receipt=receipt)
+        text = await _described(impl, call, args, receipt)
+        return outcome.result(ok=True, output=await store.aput_text(text), preview=preview(text), receipt=receipt)
 
     info = activity.info()
     previous = last_heartbeat(info.heartbeat_details, key)
@@ -122,8 +123,13 @@ async def run_effect(
         beat.set(done_details(key, receipt))
         fault_point("after_receipt", input.tool, effect_key=key)
 
-    text = impl.describe(call, args, receipt)
-    return outcome.result(ok=True, output=store.put_text(text), preview=preview(text), receipt=receipt)
+    text = await _described(impl, call, args, receipt)
+    return outcome.result(ok=True, output=await store.aput_text(text), preview=preview(text), receipt=receipt)
+
+
+async def _described(impl: EffectTool, call: EffectCall, args: ToolArgs, receipt: dict) -> str:
+    # In a thread: a tool's description may read what its send stored (the store blocks).
+    return await asyncio.to_thread(impl.describe, call, args, receipt)
 
 
 def unknown_cost_at_cap(call: EffectCall, spec: ToolSpec) -> None:

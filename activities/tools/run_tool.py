@@ -149,8 +149,8 @@ class ToolActivities:
 
         meter = CallMeter()
 
-        def failed(message: str, output: str | None = None) -> ToolResult:
-            ref = self.store.put_text(output) if output is not None else None
+        async def failed(message: str, output: str | None = None) -> ToolResult:
+            ref = await self.store.aput_text(output) if output is not None else None
             return ToolResult(
                 call_id=input.call_id,
                 tool=input.tool,
@@ -175,18 +175,19 @@ class ToolActivities:
                 raise ApplicationError(str(err), type="WorkspaceMissing", non_retryable=True) from None
 
         try:
-            args = self._arguments(input, spec)
+            # Off the loop: templates and a model's arguments are read from the store.
+            args = await asyncio.to_thread(self._arguments, input, spec)
         except _BadArguments as err:
-            return failed(str(err))
+            return await failed(str(err))
 
         token = _fence_token(input) if spec.needs_workspace else None
         if token is not None:
             superseded = await asyncio.to_thread(self.versions.claim, token)
             if superseded is not None and spec.refused_when_superseded:
                 activity.logger.warning("superseded call refused", extra={"tool": input.tool, "why": superseded})
-                return failed(superseded_message(input.tool, token, superseded))
+                return await failed(superseded_message(input.tool, token, superseded))
         if spec.runs_commands:
-            settled = self._command_not_run(input, args, spec)
+            settled = await self._command_not_run(input, args, spec)
             if settled is not None:
                 return settled
         implementation = self._implementation(input, spec)
@@ -214,9 +215,9 @@ class ToolActivities:
                     span.set_attribute("perdure.output_chars", len(text))
             except ToolError as err:
                 activity.logger.info("tool failed", extra={"tool": input.tool, "error": err.message})
-                return failed(err.message, err.output)
+                return await failed(err.message, err.output)
             fault_point("tool_done", input.tool)
-        ref = self.store.put_text(text)
+        ref = await self.store.aput_text(text)
         seen = file_call.seen.digest if file_call is not None and file_call.seen is not None else None
         if seen is not None:
             # The version the call read or wrote, digested from its own open: no second one.
@@ -234,7 +235,7 @@ class ToolActivities:
             cost_usd=meter.cost_usd,
         )
 
-    def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:
+    async def _command_not_run(self, input: ToolInput, args: RunCommandArgs, spec: ToolSpec) -> ToolResult | None:
         """A command call answered without running it: a person said its interrupted run
         happened, or this attempt follows an interrupted one and the command is not
         replay-safe. None: run it."""
@@ -243,7 +244,7 @@ class ToolActivities:
                 f"$ {args.command}\n[not run again: a person answered that the interrupted run happened; "
                 "its output and exit code were lost with that run]"
             )
-            ref = self.store.put_text(text)
+            ref = await self.store.aput_text(text)
             return ToolResult(
                 call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=True, output=ref, preview=preview(text)
             )
@@ -273,7 +274,7 @@ class ToolActivities:
         if spec is None:
             return PreparedEffect(tool=input.tool, error=f"unknown tool '{input.tool}'")
         try:
-            args = self._arguments(input, spec)
+            args = await asyncio.to_thread(self._arguments, input, spec)
         except _BadArguments as err:
             return PreparedEffect(tool=input.tool, error=_clip(str(err)))
         return prepared_effect(input.goal_id, input.tool, args, input.workspace, self.tools.get(input.tool))

@@ -165,7 +165,7 @@ class HttpRequest(EffectTool):
             parsed = response.json()
         except ValueError:
             pass
-        receipt: dict = {"status": response.status_code, "body": call.store.put_text(body).digest}
+        receipt: dict = {"status": response.status_code, "body": (await call.store.aput_text(body)).digest}
         if isinstance(parsed, dict) and isinstance(parsed.get("id"), (str, int)):
             receipt["id"] = parsed["id"]
         return {**receipt, **http.replayed(response)}

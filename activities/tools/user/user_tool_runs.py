@@ -174,7 +174,7 @@ class UserEffectTool(EffectTool):
             raise OutcomeUnknown(said) from None
         finally:
             call.meter.cost_usd += tool_call.cost_usd
-        return self._receipt(call, value, secrets)
+        return await self._receipt(call, value, secrets)
 
     async def lookup(self, call: EffectCall, args: Any) -> dict | None:
         declared, secrets = self.declaration, self.declaration.secret_values()
@@ -190,11 +190,11 @@ class UserEffectTool(EffectTool):
             call.meter.cost_usd += tool_call.cost_usd
         if found is None:
             return None
-        return {**self._receipt(call, found, secrets), "found_by": "its lookup"}
+        return {**await self._receipt(call, found, secrets), "found_by": "its lookup"}
 
-    def _receipt(self, call: EffectCall, value: Any, secrets: list[str]) -> dict:
+    async def _receipt(self, call: EffectCall, value: Any, secrets: list[str]) -> dict:
         text = credentials.redact(as_text(value), secrets)
-        return {"output": call.store.put_text(text).digest, "chars": len(text)}
+        return {"output": (await call.store.aput_text(text)).digest, "chars": len(text)}
 
     def describe(self, call: EffectCall, args: Any, receipt: dict) -> str:
         digest = receipt.get("output")
