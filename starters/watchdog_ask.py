@@ -15,13 +15,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from perdure.activities.watchdog.watchdog_files import watchdog_files
 from perdure.activities.watchdog.watchdog_memory import (
     RuleError,
     change_rules,
     load_rules,
     parse_assignment,
     parse_scope,
-    rules_path,
 )
 from perdure.runtime import settings
 from perdure.starters.client import PerdureClient
@@ -68,7 +68,7 @@ class AskTools:
                 return f"no watchdog memory at {path}"
             return memory.model_dump_json(include={"incidents", "goals", "verdicts", "sent", "judge_note"})
         if tool == "rules":
-            return load_rules(rules_path(settings.perdure_home(), self.task_queue))[0].model_dump_json()
+            return load_rules(watchdog_files().rules(self.task_queue))[0].model_dump_json()
         if tool == "progress" and goal:
             snapshot = await (await self.client()).progress(goal)
             return snapshot.model_dump_json(
@@ -155,8 +155,8 @@ async def _offer(console: Console, proposal: dict, tools: AskTools, confirm) -> 
         console.print("not applied")
         return None
     if change is not None:
-        path = rules_path(settings.perdure_home(), tools.task_queue)
-        _, made = change_rules(path, where, [change], settings.user(), datetime.now(UTC))
+        kept = watchdog_files().rules(tools.task_queue)
+        _, made = change_rules(kept, where, [change], settings.user(), datetime.now(UTC))
         console.print(
             "applied: "
             + ("; ".join(f"v{c.version} {c.scope} {c.rule}={rule_value(c.new)}" for c in made) or "unchanged")

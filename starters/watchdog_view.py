@@ -24,14 +24,13 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from perdure.activities.watchdog.watchdog_files import watchdog_files
 from perdure.activities.watchdog.watchdog_memory import (
     RuleError,
     change_rules,
-    load_memory,
-    memory_path,
     parse_assignment,
+    parse_memory,
     parse_scope,
-    rules_path,
 )
 from perdure.runtime import settings
 from perdure.workers.watchdog_schedule import schedule_id
@@ -133,11 +132,11 @@ async def last_run_result(client: Client, task_queue: str) -> tuple[str, Watchdo
 
 
 def read_memory(task_queue: str) -> tuple[WatchdogMemory | None, str]:
-    """The memory file on this machine, or None when there is none here."""
-    path = memory_path(settings.perdure_home(), task_queue)
-    if not path.exists():
-        return None, str(path)
-    return load_memory(path)[0], str(path)
+    """The watchdog's memory where the workers keep it (beside an object store's artifacts,
+    else under PERDURE_HOME), or None when there is none; and where that is."""
+    kept = watchdog_files().memory(task_queue)
+    raw = kept.read()
+    return (None if raw is None else parse_memory(raw, kept.where)[0]), kept.where
 
 
 # --- rendering ----------------------------------------------------------------------
@@ -268,7 +267,7 @@ def set_rules(assignments: list[str], scope: str | None, user: str, now: datetim
     if not assignments:
         raise RuleError("nothing to set: give rule=value, e.g. stall_after_s=3600")
     changes = [parse_assignment(a) for a in assignments]
-    _, made = change_rules(rules_path(settings.perdure_home(), settings.task_queue()), where, changes, user, now)
+    _, made = change_rules(watchdog_files().rules(settings.task_queue()), where, changes, user, now)
     return where, made
 
 

@@ -77,7 +77,8 @@ def build_worker(
     **worker_options,
 ) -> Worker:
     """`store`: default, the one PERDURE_ARTIFACT_STORE names. `home`: where this machine keeps
-    the watchdog's memory and the memory store's SQLite default; default PERDURE_HOME, or the
+    the watchdog's memory and rules (beside an object store's artifacts instead), the memory
+    store's SQLite default and the MCP servers' scratch directories; default PERDURE_HOME, or the
     directory of a disk `store` handed in without one (tests keep both in one scratch directory)."""
     if store is None:
         store, home = artifact_store(), home or settings.perdure_home()
@@ -106,8 +107,9 @@ def build_worker(
     questions = VerifyQuestionActivities(model_config, store)
     report = ReportActivities(store)
     devices = DeviceCallActivities(store, client, tools)
-    # The watchdog's memory, and the memory store's SQLite default (PERDURE_MEMORY_URL names a shared one).
-    watchdog = VisibilityActivities(client, home=home)
+    # The watchdog's memory and rules (beside an object store's artifacts), and the memory
+    # store's SQLite default (PERDURE_MEMORY_URL names a shared one).
+    watchdog = VisibilityActivities(client, home=home, store=store)
     memory = MemoryActivities(home=home)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     worker_options.setdefault("max_cached_workflows", settings.workflow_cache())

@@ -1,25 +1,24 @@
-"""The watchdog's memory on disk: one small JSON file per watched task queue,
-`$PERDURE_HOME/watchdog/<task queue>.json`, replaced atomically; and its rule
-book beside it, `<task queue>.rules.json`, changed only by `perdure watchdog set`.
+"""The watchdog's memory: one small JSON file per watched task queue, `<task queue>.json`,
+replaced whole; and its rule book beside it, `<task queue>.rules.json`, changed only by
+`perdure watchdog set` (and `ask`). Where the two are kept (beside an object store's
+artifacts, else PERDURE_HOME/watchdog) is watchdog_files.py's.
 
-Owns the path and the read/write; never decides anything. A missing or
-unreadable file is not an error: the watchdog starts from an empty memory,
+Owns what is in them and their read/write; never decides anything. A missing or
+unreadable memory is not an error: the watchdog starts from an empty memory,
 which costs at most a re-sent intervention that the goal's inbox dedupes.
-With payload keys set the file is sealed like the artifacts (runtime/codec.py):
-it names goals and quotes what they are stuck on.
+With payload keys set both are sealed like the artifacts (runtime/codec.py):
+they name goals and quote what they are stuck on.
 """
 
 from __future__ import annotations
 
-import fcntl
-import re
 from datetime import datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from perdure.activities.watchdog.watchdog_files import DIRECTORY, DiskFile, WatchdogFile, file_name
 from perdure.runtime.codec import DecryptionError, PayloadKeyError, is_sealed, keyring_from_env, seal, unseal
-from perdure.runtime.files import write_atomically
 from perdure.workflows.watchdog.watchdog_contracts import (
     MEMORY_SCHEMA_VERSION,
     RULES_SCHEMA_VERSION,
@@ -29,22 +28,32 @@ from perdure.workflows.watchdog.watchdog_contracts import (
     WatchdogRules,
 )
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
 
 def memory_path(home: Path, scope: str) -> Path:
-    name = _UNSAFE.sub("_", scope).lstrip(".") or "default"
-    return home / "watchdog" / f"{name}.json"
+    """The memory's file under a home (watchdog_files.py says when it is there)."""
+    return home / DIRECTORY / file_name(scope, ".json")
 
 
-def load_memory(path: Path) -> tuple[WatchdogMemory, str | None]:
-    """The stored memory, or an empty one and why."""
+def _as_file(kept: WatchdogFile | Path) -> WatchdogFile:
+    return DiskFile(kept) if isinstance(kept, Path) else kept
+
+
+def load_memory(kept: WatchdogFile | Path) -> tuple[WatchdogMemory, str | None]:
+    """The stored memory, or an empty one and why. ObjectStoreUnavailable when the object
+    store does not answer: the run fails and is retried, rather than forget what it knew."""
+    kept = _as_file(kept)
+    path = kept.where
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return WatchdogMemory(), f"no memory at {path} yet"
+        raw = kept.read()
     except OSError as err:
         return WatchdogMemory(), f"cannot read {path}: {err.strerror}"
+    if raw is None:
+        return WatchdogMemory(), f"no memory at {path} yet"
+    return parse_memory(raw, path)
+
+
+def parse_memory(raw: bytes, path: str) -> tuple[WatchdogMemory, str | None]:
+    """The memory in `raw` (read from `path`), or an empty one and why."""
     try:
         text = unseal(keyring_from_env(), raw, str(path)) if is_sealed(raw) else raw
     except (DecryptionError, PayloadKeyError) as err:
@@ -58,11 +67,11 @@ def load_memory(path: Path) -> tuple[WatchdogMemory, str | None]:
     return memory, None
 
 
-def save_memory(path: Path, memory: WatchdogMemory) -> None:
-    """Write-then-rename, so a reader (or a crash) never sees half a file."""
+def save_memory(kept: WatchdogFile | Path, memory: WatchdogMemory) -> None:
+    """Written whole, so a reader (or a crash) never sees half a file."""
     data = memory.model_dump_json(indent=1).encode("utf-8")
     keyring = keyring_from_env()
-    write_atomically(path, seal(keyring, data) if keyring else data)
+    _as_file(kept).write(seal(keyring, data) if keyring else data)
 
 
 # --- the rule book: the maintainers' rules, durable and versioned ---------------------
@@ -72,7 +81,7 @@ def save_memory(path: Path, memory: WatchdogMemory) -> None:
 # another `perdure watchdog set`. Not the schedule's input either, which every worker
 # start rewrites. A long-lived workflow would make the rules reachable from any
 # machine, at the price of an update per change and a query per run; the file costs
-# neither and lives where workers already share the memory and the artifacts.
+# neither and lives where every worker and command reaches it (watchdog_files.py).
 
 
 class RuleError(ValueError):
@@ -84,18 +93,25 @@ _UNSET = ("default", "unset", "none")
 
 
 def rules_path(home: Path, scope: str) -> Path:
-    name = _UNSAFE.sub("_", scope).lstrip(".") or "default"
-    return home / "watchdog" / f"{name}.rules.json"
+    """The rule book's file under a home (watchdog_files.py says when it is there)."""
+    return home / DIRECTORY / file_name(scope, ".rules.json")
 
 
-def load_rules(path: Path) -> tuple[RuleBook, str | None]:
-    """The stored rule book, or an empty one and why (nothing set yet, or unreadable)."""
+def load_rules(kept: WatchdogFile | Path) -> tuple[RuleBook, str | None]:
+    """The stored rule book, or an empty one and why (nothing set yet, or unreadable).
+    ObjectStoreUnavailable when the object store does not answer: never judge by defaults
+    a maintainer may have changed."""
+    kept = _as_file(kept)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return RuleBook(), None
+        raw = kept.read()
     except OSError as err:
-        return RuleBook(), f"cannot read the watchdog's rules at {path}: {err.strerror}; using the defaults"
+        return RuleBook(), f"cannot read the watchdog's rules at {kept.where}: {err.strerror}; using the defaults"
+    return _rules_of(raw, kept.where)
+
+
+def _rules_of(raw: bytes | None, path: str) -> tuple[RuleBook, str | None]:
+    if raw is None:
+        return RuleBook(), None
     try:
         text = unseal(keyring_from_env(), raw, str(path)) if is_sealed(raw) else raw
         book = RuleBook.model_validate_json(text)
@@ -134,14 +150,21 @@ def parse_assignment(text: str) -> tuple[str, float | int | str | None]:
 
 
 def change_rules(
-    path: Path, scope: str, changes: list[tuple[str, float | int | str | None]], user: str, now: datetime
+    kept: WatchdogFile | Path,
+    scope: str,
+    changes: list[tuple[str, float | int | str | None]],
+    user: str,
+    now: datetime,
 ) -> tuple[RuleBook, list[RuleChange]]:
-    """Apply `changes` to the rule book under a lock, one new version per changed rule."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        book, note = load_rules(path)
-        if note is not None and path.exists():
+    """Apply `changes` to the rule book with no other change in between, one new version per
+    changed rule."""
+    kept = _as_file(kept)
+    outcome: tuple[RuleBook, list[RuleChange]] = (RuleBook(), [])
+
+    def edit(raw: bytes | None) -> bytes | None:
+        nonlocal outcome
+        book, note = _rules_of(raw, kept.where)
+        if note is not None:
             raise RuleError(f"{note}; not overwriting it")
         current = dict(book.scopes.get(scope, {}))
         made: list[RuleChange] = []
@@ -164,8 +187,12 @@ def change_rules(
         else:
             book.scopes.pop(scope, None)
         book.history.extend(made)
-        if made:
-            data = book.model_dump_json(indent=1).encode("utf-8")
-            keyring = keyring_from_env()
-            write_atomically(path, seal(keyring, data) if keyring else data)
-        return book, made
+        outcome = (book, made)
+        if not made:
+            return None
+        data = book.model_dump_json(indent=1).encode("utf-8")
+        keyring = keyring_from_env()
+        return seal(keyring, data) if keyring else data
+
+    kept.change(edit)
+    return outcome

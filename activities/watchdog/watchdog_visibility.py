@@ -1,5 +1,5 @@
 """The watchdog's I/O: what the server knows about open goals, messages to them,
-and the watchdog's memory file.
+and the watchdog's memory and rule book (activities/watchdog/watchdog_files.py).
 
 `scan` lists the open goals of one task queue through visibility, then asks
 each, concurrently, for its progress snapshot (a query, answered by a worker)
@@ -22,7 +22,9 @@ from temporalio.api.enums.v1 import PendingActivityState, WorkflowExecutionStatu
 from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError, RPCStatusCode
 
-from perdure.activities.watchdog.watchdog_memory import load_memory, load_rules, memory_path, rules_path, save_memory
+from perdure.activities.artifacts import ArtifactStore
+from perdure.activities.watchdog.watchdog_files import WatchdogFiles
+from perdure.activities.watchdog.watchdog_memory import load_memory, load_rules, save_memory
 from perdure.workflows.goal.contracts.goal_contracts import GOAL_WORKFLOW, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import Escalate, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -67,9 +69,12 @@ def open_goals_query(task_queue: str) -> str:
 
 
 class VisibilityActivities:
-    def __init__(self, client: Client, home: Path, concurrency: int = SCAN_CONCURRENCY) -> None:
+    def __init__(
+        self, client: Client, home: Path, store: ArtifactStore | None = None, concurrency: int = SCAN_CONCURRENCY
+    ) -> None:
+        """The memory and rule book beside `store` when it is an object store, else under `home`."""
         self._client = client
-        self._home = home
+        self._files = WatchdogFiles(store, home)
         self._concurrency = concurrency
 
     def activities(self) -> list:
@@ -77,15 +82,16 @@ class VisibilityActivities:
 
     @activity.defn(name=WatchdogActivities.RECALL)
     async def recall(self, input: RecallInput) -> RecallResult:
-        memory, note = load_memory(memory_path(self._home, input.scope))
-        book, rules_note = load_rules(rules_path(self._home, input.scope))
+        # In a thread: the files may be objects in a store a network round trip away.
+        memory, note = await asyncio.to_thread(load_memory, self._files.memory(input.scope))
+        book, rules_note = await asyncio.to_thread(load_rules, self._files.rules(input.scope))
         return RecallResult(memory=memory, note=note, rules=book, rules_note=rules_note)
 
     @activity.defn(name=WatchdogActivities.REMEMBER)
     async def remember(self, input: RememberInput) -> RememberResult:
-        path = memory_path(self._home, input.scope)
-        save_memory(path, input.memory)
-        return RememberResult(path=str(path))
+        kept = self._files.memory(input.scope)
+        await asyncio.to_thread(save_memory, kept, input.memory)
+        return RememberResult(path=kept.where)
 
     @activity.defn(name=WatchdogActivities.SCAN)
     async def scan(self, input: ScanInput) -> ScanResult:

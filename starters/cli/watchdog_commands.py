@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from perdure.activities.watchdog.watchdog_memory import RuleError, load_rules, rules_path
+from perdure.activities.watchdog.watchdog_files import watchdog_files
+from perdure.activities.watchdog.watchdog_memory import RuleError, load_rules
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
 from perdure.starters import watchdog_view
@@ -32,7 +33,7 @@ def watchdog_set(
     """Change the watchdog's rules: kept across worker restarts, versioned, with who and when."""
     try:
         where, made = set_rules(assignments, scope, settings.user(), datetime.now(UTC))
-    except (RuleError, OSError) as err:
+    except (RuleError, ValueError, OSError, RuntimeError) as err:  # RuntimeError: an object store it cannot use
         refuse(err, soft_wrap=True)
     if not made:
         console.print(f"unchanged: {where} already has {', '.join(assignments)}")
@@ -48,9 +49,12 @@ def watchdog_rules(
     history: Annotated[int, typer.Option(help="Show this many latest changes.")] = 20,
 ) -> None:
     """The watchdog's rules per scope, and who changed what when."""
-    path = rules_path(settings.perdure_home(), settings.task_queue())
-    book, note = load_rules(path)
-    print_rules(console, book, note, str(path), history)
+    try:
+        kept = watchdog_files().rules(settings.task_queue())
+        book, note = load_rules(kept)
+    except (ValueError, RuntimeError) as err:  # a store setting or a store perdure cannot use
+        refuse(err)
+    print_rules(console, book, note, kept.where, history)
 
 
 @app.command("ask")
@@ -64,9 +68,9 @@ def watchdog_ask(
     from perdure.activities.models.profiles import load_model_config
 
     queue = settings.task_queue()
-    book, _ = load_rules(rules_path(settings.perdure_home(), queue))
-    chosen = profile or (book.scopes.get("all", {}).get("judge_profile")) or "default"
     try:
+        book, _ = load_rules(watchdog_files().rules(queue))
+        chosen = profile or (book.scopes.get("all", {}).get("judge_profile")) or "default"
         config = load_model_config()
         asyncio.run(
             ask_watchdog(
@@ -145,7 +149,10 @@ def watchdog_report(
 ) -> None:
     """Open incidents and the latest findings per goal."""
     queue = settings.task_queue()
-    memory, path = watchdog_view.read_memory(queue)
+    try:
+        memory, path = watchdog_view.read_memory(queue)
+    except (ValueError, OSError, RuntimeError) as err:  # a store setting or a store perdure cannot use
+        refuse(err)
     if memory is not None:
         watchdog_view.print_report(console, memory, path, show_all)
         return
