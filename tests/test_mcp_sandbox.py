@@ -163,10 +163,11 @@ async def test_a_worker_s_keys_and_files_reach_no_mcp_server_and_so_nothing_the_
 
 
 def probe_servers(tmp_path: Path, tables: str) -> McpServers:
-    """The servers of `tables` as a worker whose artifact store is tmp_path/artifacts has them."""
+    """The servers of `tables` as a worker whose home is tmp_path (its artifact store
+    tmp_path/artifacts) has them."""
     config = tmp_path / "mcp.toml"
     config.write_text(tables)
-    return McpServers(load_mcp_servers(config), artifact_store=tmp_path / "artifacts")
+    return McpServers(load_mcp_servers(config), artifact_store=tmp_path / "artifacts", home=tmp_path)
 
 
 async def run(servers: McpServers, command: str, server: str = "probe") -> str:
@@ -209,6 +210,19 @@ async def test_its_scratch_directory_is_home_and_outlives_the_call_and_it_reache
     assert "artifacts" not in said and "mcp.toml" not in said  # tmp_path itself shows only what is bound in it
     assert (scratch / "kept").read_text() == "kept\n"
     assert await run(servers, "cat ~/kept") == "kept\n"  # a new server process, the same directory
+
+
+@pytest.mark.slow
+async def test_its_scratch_directory_is_under_perdure_home_wherever_the_artifact_store_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PERDURE_HOME", str(tmp_path / "home"))
+    config = tmp_path / "mcp.toml"
+    config.write_text(probe_table("probe"))
+    # The artifact store on a volume every host mounts: a server's own state is not put there.
+    servers = McpServers(load_mcp_servers(config), artifact_store=tmp_path / "shared" / "artifacts")
+    assert await run(servers, "echo home=$HOME") == f"home={(tmp_path / 'home' / 'mcp' / 'probe').resolve()}\n"
+    assert not (tmp_path / "shared" / "mcp").exists()
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def build_worker(
     import_profiles_sdk(model_config.profiles.values())
     # Read once: a config.toml whose MCP servers cannot be used stops the worker here, in one line.
     servers = mcp_servers.servers if mcp_servers is not None else load_mcp_servers()
-    mcp_servers = McpServers(servers, artifact_store=store.local_dir)
+    mcp_servers = McpServers(servers, artifact_store=store.local_dir, home=home)
     models = ModelActivities(model_config, store)
     keyring = keyring_of(client.data_converter)
     offers = CapabilitiesActivities(

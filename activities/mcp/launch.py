@@ -6,7 +6,8 @@ fresh /proc (no process of the worker to read), no capabilities, the system
 directories read-only with their secrets masked, a private /tmp, and nothing of
 PERDURE_HOME, the config file, the stores, the payload keys or the worker's home
 directory. Its workspace is its own scratch directory, PERDURE_HOME/mcp/NAME, which is
-its HOME and outlives the call (a server starts per call: its caches and state stay).
+its HOME and outlives the call (a server starts per call: its caches and state stay, on
+this host: never beside the artifact store, whose directory other hosts may share).
 It may also read what it needs to start (the executable's install prefix; for a Python
 virtualenv, its base interpreter and the sources its editable installs import from),
 its `cwd`, and the paths its table lists as `readable`; it may write those listed as
@@ -45,13 +46,14 @@ EDITABLE_MAPPING = re.compile(r"^MAPPING\b[^=\n]*=\s*(\{.*\})\s*$", re.MULTILINE
 """The package -> source directory table of a setuptools editable install's finder module."""
 
 
-def scratch_dir(server: McpServer, artifact_store: Path | None) -> Path:
-    """The server's own directory, next to the artifact store as the worker's other state is."""
-    home = artifact_store.parent if artifact_store is not None else settings.perdure_home()
-    return home / "mcp" / server.name
+def scratch_dir(server: McpServer, home: Path | None) -> Path:
+    """The server's own directory on this host: under `home`, default PERDURE_HOME."""
+    return (home or settings.perdure_home()) / "mcp" / server.name
 
 
-async def stdio_parameters(server: McpServer, artifact_store: Path | None = None) -> StdioServerParameters:
+async def stdio_parameters(
+    server: McpServer, artifact_store: Path | None = None, home: Path | None = None
+) -> StdioServerParameters:
     """How to start `server`. McpConfigInvalid for a path of its table this worker cannot
     give it; SandboxUnavailable (saying how to fix it) when it must be sandboxed and cannot."""
     from mcp.client.stdio import StdioServerParameters
@@ -60,7 +62,7 @@ async def stdio_parameters(server: McpServer, artifact_store: Path | None = None
     if not server.sandbox:
         env = resolve_env(server)
         return StdioServerParameters(command=server.command, args=list(server.args), env=env, cwd=server.cwd)
-    scratch = scratch_dir(server, artifact_store)
+    scratch = scratch_dir(server, home)
     scratch.mkdir(parents=True, exist_ok=True)
     scratch = scratch.resolve()
     env = server_env(server, scratch)

@@ -40,10 +40,15 @@ RISKS: tuple[str, ...] = get_args(RiskClass)
 class McpServers:
     """The worker's MCP servers (config.toml), and what one tool's call needs of them."""
 
-    def __init__(self, servers: dict[str, McpServer], artifact_store: Path | None = None) -> None:
+    def __init__(
+        self, servers: dict[str, McpServer], artifact_store: Path | None = None, home: Path | None = None
+    ) -> None:
         self.servers = servers
-        # The worker's: hidden from a sandboxed server, whose scratch directory is next to it.
+        # The worker's: hidden from a sandboxed server.
         self.artifact_store = artifact_store
+        # Where a sandboxed server's scratch directory is (None: PERDURE_HOME when it starts):
+        # this host's, never a store's directory other hosts may share.
+        self.home = home
 
     def server(self, tool: McpTool) -> McpServer:
         server = self.servers.get(tool.server)
@@ -84,7 +89,7 @@ class McpServers:
                 return
             async with limit:
                 try:
-                    async with connect(server, self.artifact_store) as session:
+                    async with connect(server, self.artifact_store, self.home) as session:
                         tools = await session.tools()
                 except ToolError as err:
                     catalogue.problems[name] = err.message
@@ -147,7 +152,7 @@ class McpEffectTool(EffectTool):
 
 async def call_tool(servers: McpServers, tool: McpTool, args: McpArgs, effect_key: str | None) -> str:
     server = servers.server(tool)
-    async with connect(server, servers.artifact_store) as session:
+    async with connect(server, servers.artifact_store, servers.home) as session:
         return await session.call(
             tool.tool, args.model_dump(mode="json"), server.call_timeout_s(tool.tool), effect_key=effect_key
         )

@@ -98,16 +98,19 @@ class McpSession:
 
 
 @asynccontextmanager
-async def connect(server: McpServer, artifact_store: Path | None = None) -> AsyncIterator[McpSession]:
+async def connect(
+    server: McpServer, artifact_store: Path | None = None, home: Path | None = None
+) -> AsyncIterator[McpSession]:
     """A session with `server`, closed (its process ended) on the way out. A server that
     cannot be started or reached, or that fails its handshake, is a ToolError saying why,
     with the end of what a stdio server wrote to its stderr. `artifact_store`: the worker's,
-    hidden from a sandboxed server, whose scratch directory is next to it."""
+    hidden from a sandboxed server; `home`: the worker's PERDURE_HOME (default: the
+    setting's), under which a sandboxed server's scratch directory is."""
     from mcp import Client
 
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
         try:
-            transport = await _transport(server, errlog, artifact_store)
+            transport = await _transport(server, errlog, artifact_store, home)
         except McpConfigInvalid as err:
             raise ToolError(str(err)) from None
         except SandboxUnavailable as err:
@@ -130,12 +133,12 @@ async def connect(server: McpServer, artifact_store: Path | None = None) -> Asyn
                 pass
 
 
-async def _transport(server: McpServer, errlog: Any, artifact_store: Path | None) -> Any:
+async def _transport(server: McpServer, errlog: Any, artifact_store: Path | None, home: Path | None) -> Any:
     from mcp.client.stdio import stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
     if server.command is not None:
-        return stdio_client(await stdio_parameters(server, artifact_store), errlog=errlog)
+        return stdio_client(await stdio_parameters(server, artifact_store, home), errlog=errlog)
     assert server.url is not None
     http = httpx2.AsyncClient(headers=resolve_headers(server), timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=None))
     return streamable_http_client(server.url, http_client=http)
