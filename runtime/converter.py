@@ -31,7 +31,9 @@ PERDURE_PAYLOAD_THRESHOLD_BYTES  payloads of at least this size are stored
 Every worker, the CLI and any replayer must see the same store and the same
 keys: a reference is useless where its payload cannot be read, a ciphertext
 where its key is missing. Building the converter reads the environment (and the
-key file, if one is named) and touches neither the network nor the store.
+key file, if one is named) and touches neither the network nor the store;
+`check_payload_store()` reaches an object store's bucket once, as a worker, `perdure ui`
+and `perdure mcp` do at their start.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from perdure.runtime.payload_store import DiskPayloadDriver, PayloadMissing
 from perdure.runtime.s3_client import (
     ObjectStoreUnavailable,
     S3Location,
+    check_bucket,
     endpoint,
     is_not_found,
     parse_s3_url,
@@ -137,15 +140,24 @@ def _inline_for_devices(driver: StorageDriver) -> Callable[[StorageDriverSelectC
 
 
 def payload_driver() -> StorageDriver | None:
+    where = payload_location()
+    if isinstance(where, S3Location):
+        return _s3_driver(where)
+    return DiskPayloadDriver(where) if where is not None else None
+
+
+def payload_location() -> Path | S3Location | None:
+    """Where large payloads go (PERDURE_PAYLOAD_STORE): a directory, a bucket and prefix, or
+    None (off). Reads the setting only; PayloadStoreConfigError for one that cannot be used."""
     value = os.environ.get(STORE_ENV, "").strip()
     if not value:
         # Where the artifacts are: hosts that share no disk share the object store.
         artifacts = artifact_location()
         if isinstance(artifacts, S3Location):
-            return _s3_driver(artifacts.under("payloads"))
-        return DiskPayloadDriver(perdure_home() / "payloads")
+            return artifacts.under("payloads")
+        return perdure_home() / "payloads"
     if value == "disk":
-        return DiskPayloadDriver(perdure_home() / "payloads")
+        return perdure_home() / "payloads"
     if value == "off":
         return None
     if value.startswith("disk:"):
@@ -155,15 +167,23 @@ def payload_driver() -> StorageDriver | None:
                 f"{STORE_ENV}={value!r}: the directory must be an absolute path, so that workers "
                 "and the CLI resolve it the same way"
             )
-        return DiskPayloadDriver(directory)
+        return directory
     if value.startswith("s3://"):
         try:
-            return _s3_driver(parse_s3_url(value, STORE_ENV))
+            return parse_s3_url(value, STORE_ENV)
         except ValueError as err:
             raise PayloadStoreConfigError(str(err)) from None
     raise PayloadStoreConfigError(
         f"{STORE_ENV}={value!r} is not understood; use disk, disk:/absolute/dir, s3://bucket[/prefix] or off"
     )
+
+
+def check_payload_store() -> None:
+    """Reach an object store's bucket once (blocking): ObjectStoreUnavailable saying why it
+    cannot be used. A directory has nothing to reach (its first write says so)."""
+    where = payload_location()
+    if isinstance(where, S3Location):
+        check_bucket(s3_client(), where, "payload store")
 
 
 def store_failure_in(err: BaseException) -> ObjectStoreUnavailable | PayloadMissing | None:

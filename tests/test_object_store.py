@@ -213,6 +213,28 @@ def test_a_worker_whose_store_cannot_be_used_says_why_in_one_line(broken_stores,
     assert_one_clear_line(done, said)
 
 
+@pytest.mark.process
+@pytest.mark.parallel_safe
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "store"),
+    [
+        # The payloads in a bucket of their own, which the worker checks as it checks the artifacts'.
+        (["worker", "--unversioned"], {converter.STORE_ENV: "s3://perdure-no-such-payloads/p"}),
+        (["ui", "--port", "PORT"], {settings.ARTIFACT_STORE_ENV: "s3://perdure-no-such-bucket/x"}),
+        (["mcp"], {settings.ARTIFACT_STORE_ENV: "s3://perdure-no-such-bucket/x"}),
+    ],
+)
+def test_every_command_that_serves_checks_its_stores_at_its_start(s3_artifacts, command, store, tmp_path):
+    variables = dict(os.environ, PERDURE_HOME=str(tmp_path / "home"), HOME=str(tmp_path), **store)
+    # A Temporal address nobody answers: the stores are checked first, so this is never reached.
+    variables["PERDURE_TEMPORAL"] = f"127.0.0.1:{free_ports(1)[0]}"
+    argv = [PERDURE, *(str(free_ports(1)[0]) if arg == "PORT" else arg for arg in command)]
+    done = subprocess.run(argv, env=variables, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+    assert_one_clear_line(done, "does not exist")
+    assert "perdure-no-such" in done.stderr
+
+
 # ------------------------------------------------------------------ a goal whose artifacts are in the bucket
 
 

@@ -25,7 +25,7 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from perdure.activities.artifacts import ArtifactStore, artifact_store
+from perdure.activities.artifacts import ArtifactStore, artifact_store, checked_stores
 from perdure.activities.devices.device_calls import DeviceCallActivities
 from perdure.activities.goal.memory_activities import MemoryActivities
 from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
@@ -241,13 +241,12 @@ async def run_orchestrator(
     unless it was current before (an old build restarted to drain its pinned goals).
     `mcp_servers`: config.toml's, read before connecting (else read here); `user_tools`: the
     user's own tools, loaded before connecting (none when not given); `store`: the artifact
-    store, checked before connecting (else PERDURE_ARTIFACT_STORE's, checked here)."""
+    store, checked before connecting (else PERDURE_ARTIFACT_STORE's, checked here with the payload store)."""
     task_queue = task_queue or settings.task_queue()
     options = {} if version is None else {"deployment_config": deployment.deployment_config(version)}
     mcp_servers = mcp_servers if mcp_servers is not None else McpServers(load_mcp_servers())
     if store is None:
-        store = artifact_store()
-        await asyncio.to_thread(store.check)
+        store = await asyncio.to_thread(checked_stores)
     worker = build_worker(
         client,
         task_queue=task_queue,

@@ -15,6 +15,7 @@ from perdure.activities.artifacts.store_contract import (
     preview,
 )
 from perdure.runtime import settings
+from perdure.runtime.converter import check_payload_store
 from perdure.runtime.s3_client import ObjectStoreUnavailable
 
 __all__ = [
@@ -25,8 +26,21 @@ __all__ = [
     "ObjectStoreUnavailable",
     "StoreCallOnLoop",
     "artifact_store",
+    "checked_stores",
     "preview",
 ]
+
+
+def checked_stores() -> ArtifactStore:
+    """The artifact store PERDURE_ARTIFACT_STORE names, after reaching it and the payload
+    store once (blocking), as a worker, `perdure ui` and `perdure mcp` do at their start: a
+    setting, a bucket, credentials or an endpoint they cannot use is one line then
+    (ArtifactStoreConfigError, PayloadStoreConfigError, ObjectStoreUnavailable), not a
+    failure in the middle of a goal or a page."""
+    store = artifact_store()
+    store.check()
+    check_payload_store()
+    return store
 
 
 def artifact_store() -> ArtifactStore:

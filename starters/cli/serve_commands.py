@@ -19,6 +19,17 @@ from perdure.starters.cli.terminal import UserError, console, err_console, fail,
 app = typer.Typer()
 
 
+def _check_stores() -> None:
+    """Reach the artifact and payload stores before serving: a store the pages or the tools
+    would read and cannot is one line now, not an error on every request."""
+    from perdure.activities.artifacts import checked_stores
+
+    try:
+        checked_stores()
+    except (ValueError, RuntimeError) as err:  # a setting, or ObjectStoreUnavailable
+        refuse(err)
+
+
 @app.command()
 def ui(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -31,6 +42,8 @@ def ui(
     import uvicorn
 
     from perdure.starters.ui_server import build_app
+
+    _check_stores()
 
     async def _serve(sock: socket.socket) -> None:
         client = await connect()
@@ -68,6 +81,7 @@ def mcp(
     Over stdio by default (the client starts `perdure mcp`); with --http PORT, over streamable HTTP."""
     from perdure.starters.mcp_server import build_server
 
+    _check_stores()
     server = build_server()
     if http is None:
         # stdout is the protocol's channel: nothing else may print there.

@@ -65,7 +65,7 @@ def worker(
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
     the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
     OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
-    from perdure.activities.artifacts import artifact_store
+    from perdure.activities.artifacts import checked_stores
     from perdure.activities.mcp.mcp_calls import McpServers
     from perdure.activities.mcp.mcp_config import load_mcp_servers
     from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
@@ -89,10 +89,9 @@ def worker(
         # config.toml's MCP servers are checked before anything connects: a table that
         # cannot be used is one line, and no worker starts.
         servers = McpServers(load_mcp_servers())
-        # So is the artifact store: a bad setting, a missing bucket, refused credentials or an
-        # endpoint that does not answer is one line (ObjectStoreUnavailable), and no worker starts.
-        store = artifact_store()
-        await asyncio.to_thread(store.check)
+        # So are the artifact and payload stores: a bad setting, a missing bucket, refused credentials
+        # or an endpoint that does not answer is one line (ObjectStoreUnavailable), and no worker starts.
+        store = await asyncio.to_thread(checked_stores)
         client = await connect(worker=True)
         await run_orchestrator(
             client, version=version, promote=not no_promote, mcp_servers=servers, user_tools=toolbox, store=store
