@@ -3,7 +3,8 @@
 Owns the lifecycle of one `temporal server start-dev` process per data
 directory: its argv (one `--search-attribute` per entry of
 `CUSTOM_SEARCH_ATTRIBUTES`, the values of `temporal-dev/dynamic-config.yaml`),
-its pid file, its log and its SQLite file under `dev_dir()/data/`. Starting is
+its environment (`SERVER_ENV` only: no key of the shell that starts it), its pid file,
+its log and its SQLite file under `dev_dir()/data/`. Starting is
 idempotent: a live server from the same data directory, or any Temporal
 frontend already answering the port, is reused, and every custom search
 attribute is made to exist on it. Stopping signals only the pid this module
@@ -55,6 +56,11 @@ _SHIPPED_DEV_DIR = Path(str(importlib.resources.files("perdure.temporal_dev")))
 _ISOLATED_CLI = ["--disable-config-file", "--disable-config-env"]
 # Where the UI of a dev server started here asks to decode payloads (perdure codec-server).
 CODEC_ENDPOINT_ENV = "PERDURE_CODEC_ENDPOINT"
+# All of the environment the dev server and the `temporal` commands run here get: where
+# programs are, a home, a temp directory, a time zone and a locale. Not the model keys,
+# cloud credentials or Temporal API keys of the shell that starts them: they have no use
+# for any, and a process keeps the environment it started with in /proc/PID/environ.
+SERVER_ENV = ("PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL")
 
 # Servers this process spawned, kept so they can be reaped: a SIGTERMed child
 # stays a zombie (and looks alive in /proc) until its parent waits for it.
@@ -356,6 +362,11 @@ def _port_open(port: int, host: str = HOST) -> bool:
         return False
 
 
+def server_env() -> dict[str, str]:
+    """The environment of a `temporal` process started here (SERVER_ENV)."""
+    return {name: os.environ[name] for name in SERVER_ENV if name in os.environ}
+
+
 def _temporal_cli(args: list[str], address: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
     argv = [
         str(temporal_binary()),
@@ -367,7 +378,9 @@ def _temporal_cli(args: list[str], address: str, timeout_s: float = 10.0) -> sub
         f"{int(timeout_s)}s",
     ]
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 5, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            argv, env=server_env(), capture_output=True, text=True, timeout=timeout_s + 5, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired as err:
         return subprocess.CompletedProcess(argv, 124, "", f"timed out: {err}")
 
@@ -508,6 +521,7 @@ def start_dev_server(
         with open(log, "wb") as log_out:
             process = subprocess.Popen(
                 dev_server_argv(port, ui_port, data),
+                env=server_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log_out,
                 stderr=subprocess.STDOUT,

@@ -9,9 +9,11 @@ the CLI the launcher itself uses.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -94,6 +96,29 @@ def test_start_status_reuse_stop_restart(data_dir: Path) -> None:
     assert restarted.pid != first.pid
     assert registered_attributes(restarted.address) == EXPECTED_TYPES
     asyncio.run(check_probe_survived(restarted.address, workflow_id))
+
+
+def test_the_dev_server_gets_no_key_or_credential_of_the_shell_that_starts_it(tmp_path: Path) -> None:
+    port, ui_port = free_ports(2)
+    canary = f"canary-{uuid.uuid4().hex}"
+    leaky = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "TEMPORAL_API_KEY", "SOME_TOKEN")
+    shell = {**os.environ, "PERDURE_DEV_DIR": str(tmp_path / "dev"), **dict.fromkeys(leaky, canary)}
+    perdure = [str(Path(sys.executable).parent / "perdure"), "server"]
+    started = subprocess.run(
+        [*perdure, "start", "--port", str(port), "--ui-port", str(ui_port)],
+        env=shell,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    try:
+        assert started.returncode == 0, started.stderr
+        pid = int((tmp_path / "dev" / "data" / "server.pid").read_text())
+        environ = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+        assert canary not in Path(f"/proc/{pid}/environ").read_text()
+        assert environ.get("PATH") == os.environ["PATH"] and not set(leaky) & set(environ)
+    finally:
+        subprocess.run([*perdure, "stop"], env=shell, capture_output=True, timeout=60)
 
 
 async def start_probe(address: str, workflow_id: str) -> None:
