@@ -59,6 +59,12 @@ def store_url(home: Path | None = None) -> str:
     return f"sqlite://{((home or settings.perdure_home()) / 'memory' / SQLITE_NAME).absolute()}"
 
 
+def shared() -> bool:
+    """Whether PERDURE_MEMORY_URL names a server several hosts reach (PostgreSQL), rather than
+    a SQLite file on this host."""
+    return urlsplit(os.environ.get(URL_ENV, "").strip()).scheme in ("postgresql", "postgres")
+
+
 def open_store(url: str | None = None, *, create: bool = True, home: Path | None = None) -> MemoryStore:
     """The store at `url` (default: `store_url(home)`). With `create=False` (the CLI's
     reads) a SQLite file that does not exist is NoMemoryStore, not an empty new store."""

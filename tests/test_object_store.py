@@ -274,8 +274,12 @@ async def test_a_goal_s_artifacts_live_in_the_bucket_and_read_from_anywhere(
         for plaintext in (MARKER, "CSV parser", SUMMARY_TEXT.splitlines()[0]):
             assert plaintext.encode() not in blob, f"{plaintext!r} in plaintext at {key}"
     assert all(is_sealed(blob) for blob in artifacts.values())
-    # Nothing on the worker's disk: its PERDURE_HOME holds no artifact and no payload.
+    # Nothing on the worker's disk: its PERDURE_HOME holds no artifact, no payload, no watchdog
+    # memory; only what docs/guide/deployment.md lists as this host's (its memory store's SQLite
+    # file, which the worker warns about, and the fences of the workspaces it writes to).
     assert not (rig.home / "artifacts").exists() and not (rig.home / "payloads").exists()
+    assert {p.name for p in rig.home.iterdir()} <= {"memory", "workspace-versions"}, sorted(rig.home.rglob("*"))
+    assert "the memory store is this host's own SQLite file" in worker.log_text()
 
     # What they are: the outputs, the agent's transcript and the write_file call's arguments.
     reader = object_store(s3_artifacts, KEY_A)

@@ -43,6 +43,7 @@ from perdure.activities.tools.run_tool import ToolActivities
 from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.activities.watchdog.watchdog_model import WatchdogModelActivities
 from perdure.activities.watchdog.watchdog_visibility import VisibilityActivities
+from perdure.memory import store as memory_store
 from perdure.runtime import settings
 from perdure.runtime.codec import keyring_of
 from perdure.workers import deployment, heap, watchdog_schedule
@@ -257,6 +258,14 @@ async def run_orchestrator(
         **options,
     )
     log.info("artifact store", where=store.where)
+    if store.local_dir is None and not memory_store.shared():
+        # Artifacts in an object store: the hosts may share no disk, and a memory this host's
+        # goals remember in its SQLite file would never be recalled on another.
+        log.warning(
+            "the memory store is this host's own SQLite file: set PERDURE_MEMORY_URL (postgresql://...) "
+            "on every worker, or goals on other hosts will not recall what goals here remember",
+            where=memory_store.store_url(settings.perdure_home()),
+        )
     await ensure_watchdog(client, task_queue)
     warn, sandboxing = await sandbox.describe_at_start()
     (log.warning if warn else log.info)(sandboxing)
