@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from perdure.activities.watchdog.watchdog_files import watchdog_files
-from perdure.activities.watchdog.watchdog_memory import RuleError, load_rules
+from perdure.activities.watchdog.watchdog_memory import load_rules
 from perdure.runtime import settings
 from perdure.runtime.connect import connect
 from perdure.starters import watchdog_view
@@ -33,7 +33,7 @@ def watchdog_set(
     """Change the watchdog's rules: kept across worker restarts, versioned, with who and when."""
     try:
         where, made = set_rules(assignments, scope, settings.user(), datetime.now(UTC))
-    except (RuleError, ValueError, OSError, RuntimeError) as err:  # RuntimeError: an object store it cannot use
+    except (ValueError, OSError, RuntimeError) as err:  # a bad rule (RuleError), a store it cannot use
         refuse(err, soft_wrap=True)
     if not made:
         console.print(f"unchanged: {where} already has {', '.join(assignments)}")
