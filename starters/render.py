@@ -67,13 +67,19 @@ def ran_as(placements: dict[str, str]) -> str:
     return ", ".join(f"{tool}: {why.partition(':')[0].removesuffix(' activity')}" for tool, why in placements.items())
 
 
-def node_note(node) -> str:
-    """The output/error column: what a waiting node waits for, else its error or output."""
+def node_note(node, hosts: list[str] = ()) -> str:
+    """The output/error column: what a waiting node waits for (a device, or a host in `hosts`),
+    else its error or output."""
     if node.waiting_for_device:
-        return f"waiting for device {node.waiting_for_device}"
+        return f"waiting for {machine(node.waiting_for_device, hosts)}"
     if getattr(node, "child", None) and not (node.error or node.preview):
         return f"runs as goal {node.child}"
     return node.error or node.preview
+
+
+def machine(name: str, hosts: list[str] = ()) -> str:
+    """`host h1` for a host holding the goal's workspace, else `device NAME`."""
+    return f"{'host' if name in hosts else 'device'} {name}"
 
 
 def print_children(
@@ -161,12 +167,13 @@ def print_status(
             f"[{style}]{status}[/{style}]" if style else status,
             (node.key or "").removeprefix("node:")[:12],
             Text(ran_as(node.placements)),
-            Text(printable(node_note(node))),
+            Text(printable(node_note(node, snap.hosts))),
         )
     say(console, table)
     for node_name, device in sorted(snap.waiting_for_devices.items()):
         seen = snap.devices.get(device, "not heard of yet")
-        say(console, f"[yellow]waiting for device {escape(device)}:[/yellow] {escape(node_name)} ({escape(seen)})")
+        waited = escape(machine(device, snap.hosts))
+        say(console, f"[yellow]waiting for {waited}:[/yellow] {escape(node_name)} ({escape(seen)})")
     if why:
         for node in snap.nodes:
             for tool, reason in node.placements.items():

@@ -72,6 +72,8 @@ class InProcessDevice:
             self.state,
             scratch,
             self.user_tools.implementations(),
+            # A host (announced with `workspaces`) works in those, as workers/host.py's does.
+            workspaces={name: Path(path) for name, path in self.announced.get("workspaces", {}).items()},
         )
         self.worker = Worker(
             self.env.client, task_queue=device_queue(self.name, self.task_queue), activities=[acts.run_tool, acts.lease]

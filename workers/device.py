@@ -104,6 +104,8 @@ class DeviceConfig:
     replace: bool = False  # take the name over from an online daemon working in another root
     user_tools: Toolbox = field(default_factory=Toolbox)
     """The user's own tools it offers (their names are in `tools` too)."""
+    workspaces: dict[str, Path] = field(default_factory=dict)
+    """A host's workspaces, name -> real path (workers/host.py); empty for a device, which has its root."""
 
 
 def device_identity(name: str) -> str:
@@ -339,23 +341,41 @@ async def run_device(
         replace=replace,
         user_tools=user_tools,
     )
-    queue = task_queue or settings.task_queue()
+    state = state or DeviceSessionState(name=config.name)
+    # From the start: a Ctrl-C while the daemon waits for a worker stops it as cleanly.
+    stop, restore_signals = _stop_on_signals(state)
+    try:
+        await serve_device(client, config, task_queue or settings.task_queue(), stop, on_online, state)
+    finally:
+        restore_signals()
+
+
+async def serve_device(
+    client: Client,
+    config: DeviceConfig,
+    queue: str,
+    stop: asyncio.Event,
+    on_online: Callable[[DeviceConfig, DeviceSession], None] | None = None,
+    state: DeviceSessionState | None = None,
+) -> None:
+    """Announce the device (or host) and serve its queue until `stop` is set, or a newer
+    session of it takes over. The caller decides what stops it: a daemon's signals
+    (run_device), or the worker process a host runs in (workers/host.py)."""
     state = state or DeviceSessionState(name=config.name)
     clear_scratch(config.scratch)
     if "run_command" in config.tools:
         warn, sandboxing = await sandbox.describe_at_start()
         (log.warning if warn else log.info)(sandboxing)
-    # From the start: a Ctrl-C while the daemon waits for a worker stops it as cleanly.
-    stop, restore_signals = _stop_on_signals(state)
-    try:
-        first = _announcement(config, state, replace=config.replace)
-        session = await _unless_stopped(announce(client, first, queue), stop)
-        if session is None:
-            log.info(f"device {config.name} stopped before a worker registered it")
-            return
-        await _serve(client, config, state, session, queue, stop, on_online)
-    finally:
-        restore_signals()
+    first = _announcement(config, state, replace=config.replace)
+    session = await _unless_stopped(announce(client, first, queue), stop)
+    if session is None:
+        log.info(f"{_kind(config)} {config.name} stopped before a worker registered it")
+        return
+    await _serve(client, config, state, session, queue, stop, on_online)
+
+
+def _kind(config: DeviceConfig) -> str:
+    return "host" if config.workspaces else "device"
 
 
 async def _serve(
@@ -371,7 +391,13 @@ async def _serve(
     state.generation = session.generation
     state.lease_seen = time.monotonic()
     acts = DeviceToolActivities(
-        config.root, config.tools, config.network, state, config.scratch, config.user_tools.implementations()
+        config.root,
+        config.tools,
+        config.network,
+        state,
+        config.scratch,
+        config.user_tools.implementations(),
+        workspaces=config.workspaces,
     )
     own_queue = device_queue(config.name, queue)
     worker = Worker(
@@ -383,7 +409,7 @@ async def _serve(
     )
     # At once: the registry gives the lease it scheduled lease_s to be picked up.
     running = asyncio.create_task(worker.run())
-    log.info("device polling", device=config.name, task_queue=own_queue, generation=state.generation)
+    log.info(f"{_kind(config)} polling", device=config.name, task_queue=own_queue, generation=state.generation)
     if on_online is not None:
         on_online(config, session)
     side = [
@@ -403,7 +429,7 @@ async def _serve(
             if state.superseded.is_set():
                 log.warning(await _replaced_text(client, config.name, queue))
             else:
-                log.info(f"device {config.name} stopping", running_calls=len(state.running))
+                log.info(f"{_kind(config)} {config.name} stopping", running_calls=len(state.running))
             state.stopping.set()
             await worker.shutdown()
         await running  # the worker failed by itself: this says why
@@ -446,6 +472,7 @@ def _announcement(config: DeviceConfig, state: DeviceSessionState, replace: bool
         network=config.network,
         approval=config.approval,
         lease_s=config.lease_s,
+        workspaces={name: str(path) for name, path in config.workspaces.items()},
         replace=replace,
     )
 

@@ -125,8 +125,12 @@ class DeviceToolActivities:
         state: DeviceSessionState,
         scratch: Path,
         user_tools: Mapping[str, Tool] | None = None,
+        workspaces: Mapping[str, Path] | None = None,
     ) -> None:
         self.root = root
+        # A host's workspaces (name -> path): a call may work in any of them; a device has its root.
+        self.workspaces = dict(workspaces or {})
+        self.roots = {str(path) for path in self.workspaces.values()} or {str(root)}
         self.tools = tools
         # The user's own tools the daemon loaded (`perdure device --tools mypkg.tools`).
         self.user_tools = dict(user_tools or {})
@@ -163,7 +167,10 @@ class DeviceToolActivities:
         def refused(error: str) -> DeviceToolResult:
             return DeviceToolResult(tool=input.tool, ok=False, generation=state.generation, error=error)
 
-        if input.root != str(self.root):
+        if input.root not in self.roots:
+            if self.workspaces:
+                holds = ", ".join(f"{name} ({path})" for name, path in sorted(self.workspaces.items()))
+                return refused(f"host {state.name} holds no workspace {input.root} ({holds}); nothing was run")
             return refused(
                 f"device {state.name} now works in {self.root}, not in {input.root} (it was restarted with "
                 "another --root); nothing was run"
@@ -193,7 +200,7 @@ class DeviceToolActivities:
             goal_id=input.goal_id,
             node_key=input.node_key,
             tool=input.tool,
-            workspace=str(self.root),
+            workspace=input.root,  # one of self.roots, checked above
             args=input.args,
             # Templates were filled in on the worker: `{{steps.x}}` left in them is literal text.
             resolved=True,

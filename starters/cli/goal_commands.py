@@ -20,6 +20,7 @@ from perdure.starters.client import PerdureClient, goal_reads, goal_specs
 from perdure.starters.client.client_errors import BadPlanFile, EndedWithoutResult, GoalNotFound, StartRefused
 from perdure.workers import deployment
 from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_MAX_TOKENS
+from perdure.workflows.shared.host_workspaces import host_workspace
 
 app = typer.Typer()
 
@@ -28,7 +29,13 @@ app = typer.Typer()
 def start(
     goal: Annotated[str | None, typer.Argument(help="What the goal should achieve.")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="Declarative plan file (YAML or JSON).")] = None,
-    workspace: Annotated[Path, typer.Option(help="Directory the tools work in.")] = Path("."),
+    workspace: Annotated[
+        str,
+        typer.Option(
+            help="Directory the tools work in, on the workers' machines; or HOST:NAME, a workspace a host holds "
+            "(`perdure worker --host HOST --workspaces DIR`): its steps then run there only."
+        ),
+    ] = ".",
     profile: Annotated[str, typer.Option(help="Model profile name (see README).")] = "default",
     constraint: Annotated[
         list[str] | None,
@@ -101,8 +108,11 @@ def start(
     if not options.goal:
         err_console.print("[red]error:[/red] give the goal text, or a plan file with a 'goal:' field")
         raise typer.Exit(2)
-    root = workspace.expanduser().resolve()
-    if not root.is_dir():
+    try:
+        root = goal_specs.goal_workspace(workspace)
+    except ValueError as err:
+        refuse(err)
+    if host_workspace(root) is None and not Path(root).is_dir():
         # Workers may run elsewhere (docker-compose); the tool activity checks it there.
         err_console.print(f"[yellow]warning:[/yellow] workspace {root} is not a directory on this machine")
     limits = {
@@ -113,7 +123,7 @@ def start(
     }
     try:
         spec, defaulted = goal_specs.spec_of(
-            options, limits, no_budget=no_budget, profile=profile, workspace=str(root), allow_network=allow_network
+            options, limits, no_budget=no_budget, profile=profile, workspace=root, allow_network=allow_network
         )
     except ValueError as err:
         refuse(err)

@@ -47,6 +47,32 @@ def worker(
             "tool_modules and the perdure.tools entry points of installed packages are loaded too.",
         ),
     ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            metavar="NAME",
+            help="Also be host NAME: hold the --workspaces and run the workspace steps of the goals started "
+            "with --workspace NAME:WORKSPACE (config.toml: [host] name).",
+        ),
+    ] = None,
+    workspaces: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--workspaces",
+            metavar="DIR",
+            help="A workspace this host holds: DIR (named by its directory's name) or NAME=DIR; repeatable or "
+            "comma-separated (config.toml: [host] workspaces).",
+        ),
+    ] = None,
+    host_lease_s: Annotated[
+        float | None,
+        typer.Option(
+            "--host-lease-s",
+            help=f"Seconds without a heartbeat before the host counts as offline (default {LEASE_S:g}; "
+            "config.toml: [host] lease_s).",
+        ),
+    ] = None,
 ) -> None:
     """Run an orchestrator worker (goal workflows, model and tool activities).
 
@@ -64,12 +90,16 @@ def worker(
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), PERDURE_UI, PERDURE_PAYLOAD_KEYS
     or PERDURE_PAYLOAD_KEY_FILE (payload encryption), the model providers' keys
     the profiles name (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) and the
-    OpenTelemetry OTEL_* variables (traces and metrics; README, Observability)."""
+    OpenTelemetry OTEL_* variables (traces and metrics; README, Observability).
+
+    With --host it is also a host: it polls perdure-device-NAME too, announces the
+    workspaces it holds, and goes offline like a device when it dies."""
     from perdure.activities.artifacts import checked_stores
     from perdure.activities.mcp.mcp_calls import McpServers
     from perdure.activities.mcp.mcp_config import load_mcp_servers
     from perdure.activities.tools.user.tool_modules import ToolLoadError, configured_modules, load_toolbox
     from perdure.workers.deployment import worker_version
+    from perdure.workers.host import HostConfigError, beside_the_host, host_config, host_settings
     from perdure.workers.orchestrator import configure_logging, run_orchestrator
 
     if unversioned and (build_id is not None or no_promote):
@@ -83,6 +113,11 @@ def worker(
         toolbox = load_toolbox([*configured_modules(), *(tools or [])])
     except ToolLoadError as err:
         refuse(err)
+    try:
+        hosting = host_settings(host, workspaces, host_lease_s)
+        host_device = host_config(hosting, toolbox) if hosting is not None else None
+    except HostConfigError as err:
+        refuse(err)
     configure_logging()
 
     async def _worker() -> None:
@@ -93,9 +128,13 @@ def worker(
         # or an endpoint that does not answer is one line (ObjectStoreUnavailable), and no worker starts.
         store = await asyncio.to_thread(checked_stores)
         client = await connect(worker=True)
-        await run_orchestrator(
+        orchestrating = run_orchestrator(
             client, version=version, promote=not no_promote, mcp_servers=servers, user_tools=toolbox, store=store
         )
+        if host_device is None:
+            await orchestrating
+        else:
+            await beside_the_host(orchestrating, host_device)
 
     try:
         run(_worker)

@@ -36,6 +36,7 @@ from perdure.workflows.goal.contracts.plan import (
     describe_validation_error,
     parse_plan,
 )
+from perdure.workflows.shared.host_workspaces import host_workspace
 from perdure.workflows.shared.mcp_tools import is_mcp_tool
 from perdure.workflows.shared.user_tools import is_user_tool_name
 
@@ -333,7 +334,13 @@ class StartRequest(BaseModel):
         pattern=REQUEST_ID,
         description="Without an id: the same request id names the same goal, so a repeated start is a retry.",
     )
-    workspace: str = Field(default=".", min_length=1, max_length=4096, description="On the workers' machine.")
+    workspace: str = Field(
+        default=".",
+        min_length=1,
+        max_length=4096,
+        description="A directory on the workers' machines, or HOST:NAME: a workspace a host holds (`perdure worker "
+        "--host`).",
+    )
     profile: str = Field(default="default", min_length=1, max_length=200, description="The model profile's name.")
     tools: list[str] | None = Field(
         default=None, max_length=100, description="Allowed tools (default: the safe tools, plus those a plan names)."
@@ -356,6 +363,18 @@ class StartRequest(BaseModel):
     replace: bool = Field(default=False, description="Reuse the id of a finished goal for a new one.")
 
 
+def goal_workspace(text: str) -> str:
+    """A goal's workspace as its spec holds it: `HOST:NAME` as given (a workspace a host holds:
+    workflows/shared/host_workspaces.py), else the absolute path of a directory on the workers'
+    machines; InvalidRequest when that path cannot be made absolute."""
+    if host_workspace(text) is not None:
+        return text.strip()
+    try:
+        return str(Path(text).expanduser().resolve())
+    except RuntimeError as err:  # "~someone" this machine has no home for, a symlink loop
+        raise InvalidRequest(f"workspace {text!r}: {err}") from None
+
+
 def start_spec(body: StartRequest, where: str = "plan") -> tuple[GoalSpec, str]:
     """The spec and goal id `perdure start` would build from the same options; InvalidRequest
     or StartRefused (ValueErrors both) says what is wrong, `where` naming the plan's source."""
@@ -365,10 +384,7 @@ def start_spec(body: StartRequest, where: str = "plan") -> tuple[GoalSpec, str]:
     )
     if not (options.goal or "").strip():
         raise InvalidRequest("give the goal text (\"goal\"), or a plan with a 'goal' field")
-    try:
-        workspace = Path(body.workspace).expanduser().resolve()
-    except RuntimeError as err:  # "~someone" this machine has no home for, a symlink loop
-        raise InvalidRequest(f"workspace {body.workspace!r}: {err}") from None
+    workspace = goal_workspace(body.workspace)
     deadline = body.deadline
     if deadline is not None:
         deadline = deadline if deadline.utcoffset() is not None else deadline.astimezone()
@@ -380,7 +396,7 @@ def start_spec(body: StartRequest, where: str = "plan") -> tuple[GoalSpec, str]:
         {**limits, "deadline": deadline},
         no_budget=body.no_budget,
         profile=body.profile,
-        workspace=str(workspace),
+        workspace=workspace,
         allow_network=body.allow_network,
     )
     if body.id is not None:

@@ -10,8 +10,9 @@ offers count only for workers the task queue lists as polling. The offer is the 
 so a profile in the worker's config.toml counts and one in a file on the CLI's machine does not.
 
 `perdure start` refuses an unknown `--profile` or tool with the names the worker knows, payload
-keys the worker cannot decrypt with, and a plan step on a device that never announced itself
-with the devices there are. Whatever else happens (no worker polls, none has published, the
+keys the worker cannot decrypt with, a plan step on a device that never announced itself
+with the devices there are, and a workspace on a host (`HOST:NAME`) that no host offers, with
+the hosts there are and their workspaces. Whatever else happens (no worker polls, none has published, the
 offers cannot be decrypted here, the server is slow), it warns that the check could not be made
 and starts the goal anyway: a goal waits durably for a worker, and starting one with no worker
 up is a normal thing to do. A check never loses a start. Client-side only; holds no state.
@@ -31,10 +32,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from perdure.runtime import settings
 from perdure.runtime.codec import KEY_ID_METADATA, is_encrypted, keyring_of
 from perdure.starters.client.client_errors import NotOffered, NoWorkerAnswered, OffersUnreadable
-from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.devices.device_contracts import DeviceListing, DeviceRecord, RegistryQueries, registry_id
 from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import check_plan, devices_named
 from perdure.workflows.offers.worker_offers import OFFERS_MEMO, CapabilitiesResult, PublishedOffer, worker_offers_id
+from perdure.workflows.shared.host_workspaces import host_workspace, workspace_problem
 from perdure.workflows.shared.mcp_tools import is_mcp_tool, server_of
 
 # Each call to the server: a healthy one answers in milliseconds.
@@ -194,6 +196,14 @@ async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
             warnings.append(f"the devices were not checked: {err or type(err).__name__}")
         else:
             problems += check_plan(spec.plan, spec.allowed_tools, devices)
+    if (on_host := host_workspace(spec.workspace)) is not None:
+        try:
+            hosts = await known_hosts(client)
+        except Exception as err:  # noqa: BLE001 - the goal fails a step whose host never announced itself anyway
+            warnings.append(f"the workspace's host was not checked: {err or type(err).__name__}")
+        else:
+            if (problem := workspace_problem(on_host, hosts)) is not None:
+                problems.append(f"workspace {on_host}: {problem}")
     if problems:
         raise NotOffered("the goal was not started: " + "; ".join(problems))
     return warnings
@@ -202,12 +212,24 @@ async def start_warnings(client: Client, spec: GoalSpec) -> list[str]:
 async def known_devices(client: Client) -> dict[str, list[str]]:
     """Device name -> the tools it offers, for every device that announced itself to the
     registry of the goals' task queue (none while there is no registry)."""
+    return {record.presence.name: list(record.presence.tools) for record in await _registry_records(client)}
+
+
+async def known_hosts(client: Client) -> dict[str, dict[str, str]]:
+    """Host name -> its workspaces (name -> path there), for every host that announced itself,
+    online or not (a goal on an offline host waits for it)."""
+    return {
+        r.presence.name: dict(r.presence.workspaces) for r in await _registry_records(client) if r.presence.workspaces
+    }
+
+
+async def _registry_records(client: Client) -> list[DeviceRecord]:
     handle = client.get_workflow_handle(registry_id(settings.task_queue()))
     try:
         query = handle.query(RegistryQueries.DEVICES, result_type=DeviceListing)
         listing = await asyncio.wait_for(query, DEVICES_TIMEOUT_S)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            return {}
+            return []
         raise
-    return {record.presence.name: list(record.presence.tools) for record in listing.devices}
+    return listing.devices

@@ -108,7 +108,12 @@ class DeviceAnnouncement(BaseModel):
         default_factory=dict, description="Tool (or '*') -> when a call needs a person's approval."
     )
     lease_s: float = Field(default=LEASE_S, ge=1, le=600)
-    # Left out of the payload when false: a registry of an older worker forbids unknown fields.
+    # Left out of the payload when empty or false: a registry of an older worker forbids unknown fields.
+    workspaces: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda workspaces: not workspaces,
+        description="A host (`perdure worker --host`): the workspaces it holds, name -> absolute path there.",
+    )
     replace: bool = Field(
         default=False,
         exclude_if=lambda replace: not replace,
@@ -163,6 +168,11 @@ class DevicePresence(BaseModel):
     approval: dict[str, ApprovalRule] = Field(default_factory=dict)
     lease_s: float = LEASE_S
     since: datetime | None = Field(default=None, description="When it came online, or went offline.")
+    workspaces: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda workspaces: not workspaces,
+        description="A host's workspaces (name -> path there); empty for a device (shared/host_workspaces.py).",
+    )
 
 
 class DeviceRecord(BaseModel):
@@ -253,6 +263,10 @@ class DeviceListingResult(BaseModel):
     def offered(self) -> dict[str, list[str]] | None:
         """Device name -> the tools it offers; None when the registry could not be asked."""
         return None if self.error else {d.name: list(d.tools) for d in self.devices}
+
+    def hosts(self) -> dict[str, dict[str, str]]:
+        """Host name -> the workspaces it offers (name -> path), of the hosts among the devices."""
+        return {d.name: dict(d.workspaces) for d in self.devices if d.workspaces}
 
 
 def call_risk(tool: str, args: dict | None, tools: Mapping[str, ToolSpec] = TOOL_SPECS) -> RiskClass | None:

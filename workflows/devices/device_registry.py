@@ -108,6 +108,7 @@ class DeviceRegistryWorkflow:
             approval=dict(announcement.approval),
             lease_s=announcement.lease_s,
             since=workflow.now(),
+            workspaces=dict(announcement.workspaces),
         )
         watchers = record.watchers if record else []
         self._state.devices[announcement.name] = DeviceRecord(

@@ -10,6 +10,12 @@ and the scheduler runs it again when the registry signals that the device is bac
 No timer polls the device; the only timer is the step's `device_wait_s`, after which
 a person is asked (wait longer, another device, skip).
 
+A goal whose workspace is on a host (`HOST:NAME`, workflows/shared/host_workspaces.py) runs
+every workspace call of its tool and agent steps on that host, which is a device holding
+named workspaces: the same waits, cards and fencing. A person answering a host's card with
+another host that holds the same workspace moves all the goal's workspace steps there
+(GoalState.device_moves[WORKSPACE_MOVE]), not only the step that asked.
+
 A lost attempt (the device's heartbeat timed out) re-runs when the call is
 replay-safe; a command that is not becomes uncertain and the effect guard asks. A
 result from a device session older than the newest the goal has heard of is refused
@@ -51,6 +57,13 @@ from perdure.workflows.goal.rules import questions
 from perdure.workflows.goal.tool_runner import tool_timeout
 from perdure.workflows.shared.canonical import canonical_json, digest_of
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
+from perdure.workflows.shared.host_workspaces import (
+    WORKSPACE_MOVE,
+    HostWorkspace,
+    find_workspace,
+    host_workspace,
+    workspace_name,
+)
 
 WRITES = ("remote-write", "irreversible")
 
@@ -75,9 +88,14 @@ class Devices:
     # --- which device ------------------------------------------------------------------
 
     def device_of(self, node: Node | None) -> str | None:
-        """The device a node's calls run on: a person's choice, else its plan step's."""
+        """The device a node's calls run on: a person's choice, else its plan step's, else the
+        host of the goal's workspace (None: the workers)."""
         if node is None or node.kind not in ("tool", "agent"):
             return None
+        return self._own_device(node) or self.host()
+
+    def _own_device(self, node: Node) -> str | None:
+        """The device a person or the plan step put this node on (not the workspace's host)."""
         moved = self._ctx.state.device_moves.get(node.name)
         if moved:
             return moved
@@ -89,10 +107,54 @@ class Devices:
 
     def runs_on(self, node: Node | None, tool: str) -> str | None:
         """The device this call of `tool` runs on, or None (a worker): an agent's
-        read_artifact reads the workers' artifact store, so it stays there."""
+        read_artifact reads the workers' artifact store, so it stays there; on the goal's
+        host, every call that needs the workspace (a user tool declared `workspace=True` too)."""
         name = self.device_of(node)
         spec = self._ctx.tools().get(tool)
-        return name if name and spec is not None and spec.on_devices else None
+        if not name or spec is None:
+            return None
+        return name if spec.on_devices or (spec.needs_workspace and name == self.host()) else None
+
+    # --- the host of the goal's workspace ------------------------------------------------
+
+    def bound(self) -> HostWorkspace | None:
+        """The host and workspace the goal's spec names (`HOST:NAME`), or None (a path on the workers)."""
+        return host_workspace(self._ctx.state.spec.workspace)
+
+    def host(self) -> str | None:
+        """The host the goal's workspace steps run on: the one a person moved them to, else the spec's."""
+        bound = self.bound()
+        if bound is None:
+            return None
+        return self._ctx.state.device_moves.get(WORKSPACE_MOVE) or bound.host
+
+    def workspace_name(self) -> str:
+        """The name of the goal's workspace, which every host holding it gives it (the spec may
+        name it by its path on its first host)."""
+        bound = self.bound()
+        assert bound is not None
+        first = self._ctx.state.devices.get(bound.host)
+        return workspace_name(bound, first.workspaces if first is not None else None)
+
+    def root_for(self, name: str, presence: DevicePresence) -> str | None:
+        """Where a call on device `name` works: its root; on the goal's host, that host's path
+        of the goal's workspace (None when it holds no workspace of that name)."""
+        if self.bound() is None or name != self.host():
+            return presence.root
+        found = find_workspace(presence.workspaces, self.workspace_name())
+        return found[1] if found else None
+
+    def not_held(self, name: str, presence: DevicePresence) -> str:
+        holds = ", ".join(f"{n} ({p})" for n, p in sorted(presence.workspaces.items())) or "none"
+        return f"host {name} holds no workspace '{self.workspace_name()}' (it holds: {holds}); nothing was sent"
+
+    def _kind(self, name: str) -> str:
+        return "host" if self.bound() is not None and name == self.host() else "device"
+
+    def _moves_workspace(self, node: Node, device: str) -> bool:
+        """Whether moving this node off `device` moves the goal's workspace: it waits for the
+        workspace's host, not for a device of its own."""
+        return self.bound() is not None and device == self.host() and self._own_device(node) is None
 
     # --- presence ----------------------------------------------------------------------
 
@@ -127,6 +189,9 @@ class Devices:
         if self._named[0] != version:
             self._named = (version, devices_named(state.plan))
         names = set(self._named[1]) | set(state.device_moves.values())
+        bound = self.bound()
+        if bound is not None:
+            names.add(bound.host)  # its presence names the workspace even after a move
         new = sorted(names - self._watched)
         if new:
             self._watched.update(new)
@@ -170,11 +235,12 @@ class Devices:
         self.watch()
         state = self._ctx.state
         presence = state.devices.get(name)
+        kind = self._kind(name)
         if presence is not None and not presence.known:
             self.forget(node.name)
-            raise NodeFailed(f"no device named '{name}' has announced itself (see `perdure devices`)")
+            raise NodeFailed(f"no {kind} named '{name}' has announced itself (see `perdure devices`)")
         if presence is not None and presence.online:
-            self._end_wait(node, f"device {name} is online")
+            self._end_wait(node, f"{kind} {name} is online")
             return presence
         self._ctx.stop_point(node)
         wait = state.device_waits.get(node.name)
@@ -183,7 +249,7 @@ class Devices:
         node.waiting_on = WAITING_PREFIX + name
         self._ctx.set_status(node, "offline")
         self._ctx.wake()
-        raise NodeWaiting(f"waiting for device {name}")
+        raise NodeWaiting(f"waiting for {kind} {name}")
 
     def verdict(self, node: Node) -> str | None:
         """For a node waiting for its device: `resume` (the device is back, or a person chose
@@ -198,7 +264,9 @@ class Devices:
             if answer == "skip":
                 return "skip"
             if answer.startswith(WAITING_PREFIX):
-                state.device_moves[node.name] = answer.removeprefix(WAITING_PREFIX)
+                # A host's card moves the goal's workspace: every later workspace step goes there too.
+                moved = WORKSPACE_MOVE if self._moves_workspace(node, wait.device) else node.name
+                state.device_moves[moved] = answer.removeprefix(WAITING_PREFIX)
                 state.device_waits.pop(node.name, None)
                 self.watch()
                 return "resume"
@@ -238,8 +306,10 @@ class Devices:
         known = (await self.listing()).devices
         for name, wait in due:
             waited = (now - wait.since).total_seconds()
-            others = self._alternatives(state.nodes[name], wait.device, known)
-            card = questions.device_offline(state, now, name, wait.device, waited, others)
+            node = state.nodes[name]
+            others = self._alternatives(node, wait.device, known)
+            workspace = self.workspace_name() if self._moves_workspace(node, wait.device) else None
+            card = questions.device_offline(state, now, name, wait.device, waited, others, workspace)
             state.questions.append(card)
             wait.question = card.id
         self._ctx.wake()
@@ -254,7 +324,8 @@ class Devices:
         return wait.since + timedelta(seconds=limit)
 
     def _alternatives(self, node: Node, device: str, known: list[DevicePresence]) -> list[tuple[str, bool]]:
-        """Other known devices offering every device tool the node's step uses: (name, online)."""
+        """Other known devices offering every device tool the node's step uses: (name, online);
+        for a step waiting for the workspace's host, the other hosts holding that workspace."""
         try:
             step = self._ctx.plan().step(node.name)
         except KeyError:
@@ -262,10 +333,14 @@ class Devices:
         tools = [step.tool] if isinstance(step, ToolStep) else list(getattr(step, "tools", []))
         table = self._ctx.tools()
         needed = {t for t in tools if t in table and table[t].on_devices}
+        holding = self.workspace_name() if self._moves_workspace(node, device) else None
         return [
             (p.name, p.online)
             for p in sorted(known, key=lambda p: p.name)
-            if p.known and p.name != device and needed <= set(p.tools)
+            if p.known
+            and p.name != device
+            and needed <= set(p.tools)
+            and (holding is None or find_workspace(p.workspaces, holding) is not None)
         ]
 
     def _question(self, wait: DeviceWait | None) -> Question | None:
@@ -297,7 +372,8 @@ class Devices:
         rules = self._ctx.state.spec.device_approval
         if not needs_approval(tool_input.tool, args, presence.approval, rules, self._ctx.tools()):
             return None
-        call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name, "in": presence.root}
+        root = self.root_for(name, presence)
+        call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name, "in": root}
         key = "device-call:" + digest_of(call)
         question = self._ctx.question_about(node, key, "confirm_device_call") or questions.confirm_device_call(
             self._ctx.state,
@@ -306,7 +382,7 @@ class Devices:
             tool_input.tool,
             f"{tool_input.tool} {canonical_json(args)[:600]}",
             name,
-            presence.root,
+            root or presence.root,
             key,
         )
         answer = await self._ctx.ask(node, question)
@@ -344,13 +420,16 @@ class Devices:
             if tool_input.tool not in presence.tools:
                 offers = ", ".join(presence.tools) or "nothing"
                 return self._failed(tool_input, f"device {name} does not offer {tool_input.tool} (it offers: {offers})")
-            if presence.root != tool_input.workspace:
+            root = self.root_for(name, presence)
+            if root is None:
+                return self._failed(tool_input, self.not_held(name, presence))
+            if root != tool_input.workspace:
                 return self._failed(
                     tool_input,
-                    f"device {name} now works in {presence.root}, not in {tool_input.workspace} where this call was "
-                    "meant (and approved) to run; nothing was sent",
+                    f"{self._kind(name)} {name} now works in {root}, not in {tool_input.workspace} where this call "
+                    "was meant (and approved) to run; nothing was sent",
                 )
-            node.placements[tool_input.tool] = f"device {name}: the step runs there"
+            node.placements[tool_input.tool] = f"{self._kind(name)} {name}: the step runs there"
             try:
                 result = await self._send(tool_input, summary, name, presence)
             except ActivityError as err:
@@ -398,8 +477,11 @@ class Devices:
         presence = self._ctx.state.devices.get(name)
         what = f"{tool_input.tool} {canonical_json(tool_input.args or {})[:300]}"
         if presence is None or not presence.online:
-            return self._failed(tool_input, f"device {name} is offline: undo it there by hand ({what})")
-        tool_input = tool_input.model_copy(update={"workspace": presence.root, "resolved": True})
+            return self._failed(tool_input, f"{self._kind(name)} {name} is offline: undo it there by hand ({what})")
+        root = self.root_for(name, presence)
+        if root is None:
+            return self._failed(tool_input, self.not_held(name, presence))
+        tool_input = tool_input.model_copy(update={"workspace": root, "resolved": True})
         try:
             result = await self._send(tool_input, summary, name, presence)
         except ActivityError as err:

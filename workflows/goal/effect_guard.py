@@ -80,7 +80,10 @@ class EffectGuard:
         no artifact store) and approved by a person where its policy says so; then it goes
         through the same rules as any call, and runs there (ToolRunner -> Devices)."""
         presence = await self._devices.ready(node, device)
-        tool_input = tool_input.model_copy(update={"workspace": presence.root})
+        root = self._devices.root_for(device, presence)
+        if root is None:
+            return self._refused(tool_input, spec, self._devices.not_held(device, presence))
+        tool_input = tool_input.model_copy(update={"workspace": root})
         resolved = await self._devices.resolve(tool_input)
         if resolved.error is not None or resolved.args is None:
             return self._refused(tool_input, spec, resolved.error or f"{tool_input.tool} has no arguments")

@@ -42,6 +42,7 @@ from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules import segments
 from perdure.workflows.shared.canonical import canonical_json
 from perdure.workflows.shared.contracts import ToolBatchInput, ToolBatchResult, ToolInput, ToolResult
+from perdure.workflows.shared.host_workspaces import host_workspace
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, TOOL_RETRY
 
 SUMMARY_NAMES = 6
@@ -218,6 +219,8 @@ class ReadBatcher:
         dependents = self._dependents_of(state.plan)
         have = {c.node for c in waiting if c.node is not None}
         goal_id, workspace = waiting[0].tool_input.goal_id, state.spec.workspace
+        if host_workspace(workspace) is not None:
+            return []  # its reads run on the workspace's host, never ahead on a worker
         local_up_to_s = state.spec.local_activities_up_to_s
         ahead: list[_Call] = []
         # Steps with the same call and needs get the same node key: one read serves them all

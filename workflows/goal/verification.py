@@ -8,9 +8,9 @@ recovery_mode) says, in one activity (activities/goal/recheck.py): existence (it
 artifact, the files it wrote), fingerprint (the files it read are as the goal last knew
 them, the URLs it fetched return the same body: re-fetched when the goal may call
 http_get, as the tool itself may whatever `allow_network` says), semantic (its `verify`
-command still passes). Steps on a device are checked only for their artifacts: their
-files are on the device. A check that cannot be made keeps everything and says so; the
-goal never stops on it.
+command still passes). Steps on a device, and every step of a goal whose workspace is
+on a host, are checked only for their artifacts: their files are on that machine. A
+check that cannot be made keeps everything and says so; the goal never stops on it.
 
 What a read is checked against (`as_the_goal_knows`): not the digest the step read, but
 what that became through the goal's own later changes, so a step that read a.md is not
@@ -67,6 +67,7 @@ from perdure.workflows.goal.rules.invalidation import invalidate_nodes
 from perdure.workflows.goal.scheduler import Scheduler
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared.contracts import Fingerprint
+from perdure.workflows.shared.host_workspaces import host_workspace
 
 VERIFY_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 VERIFY_HEARTBEAT = timedelta(seconds=60)
@@ -142,7 +143,9 @@ class Verifier:
         depth = spec.depth_for(self._ctx.state.spec.recovery_mode) if spec else self._ctx.state.spec.recovery_mode
         if depth == "trust":
             return None
-        on_device = getattr(step, "device", None) is not None
+        # A goal whose workspace is on a host: its files are there, not on this worker.
+        on_host = host_workspace(self._ctx.state.spec.workspace) is not None
+        on_device = on_host or getattr(step, "device", None) is not None
         return NodeCheck(
             node=step.name,
             depth="existence" if on_device else depth,

@@ -155,7 +155,11 @@ class GoalSpec(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     model_profile: str = "default"
     allowed_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
-    workspace: str = Field(min_length=1, description="Absolute path of the workspace on the worker's machine.")
+    workspace: str = Field(
+        min_length=1,
+        description="Absolute path of the workspace on the workers' machines, or HOST:NAME: a workspace a host "
+        "holds, whose steps run there only (workflows/shared/host_workspaces.py).",
+    )
     allow_network: bool = Field(
         default=False, description="Shell commands may use the network (they run in a sandbox without it otherwise)."
     )
@@ -605,6 +609,11 @@ class ProgressSnapshot(BaseModel):
     devices: dict[str, str] = Field(default_factory=dict, description="Device -> online or offline, as last heard.")
     waiting_for_devices: dict[str, str] = Field(
         default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."
+    )
+    hosts: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda hosts: not hosts,
+        description="Which of `devices` are hosts holding the goal's workspace (shown as hosts, not devices).",
     )
     forked_from: ForkOrigin | None = Field(default=None, description="Where the goal was forked from (`perdure fork`).")
     own_calls: dict[str, OwnCalls] = Field(

@@ -36,10 +36,11 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     Usage,
 )
 from perdure.workflows.goal.contracts.plan import SubgoalStep
-from perdure.workflows.goal.contracts.state import GoalInput, Node
+from perdure.workflows.goal.contracts.state import GoalInput, GoalState, Node
 from perdure.workflows.goal.nodes.base import NodeDeps
 from perdure.workflows.shared.budget import child_budget
 from perdure.workflows.shared.contracts import ArtifactRef
+from perdure.workflows.shared.host_workspaces import WORKSPACE_MOVE, HostWorkspace, host_workspace, workspace_name
 
 SUBGOAL_WAIT = "subgoal:"
 
@@ -103,13 +104,23 @@ class SubgoalNode:
             budget=node.budget_granted or child_budget(spec.budget, step.budget_share),
             model_profile=spec.model_profile,
             allowed_tools=list(step.tools if step.tools is not None else spec.allowed_tools),
-            workspace=spec.workspace,
+            workspace=_workspace_now(state),
             allow_network=spec.allow_network,
             premises=dict(state.premises),
             drift_every=spec.drift_every,
             recovery_mode=spec.recovery_mode,
             parent=ParentLink(goal_id=self._ctx.goal_id, node=node.name),
         )
+
+
+def _workspace_now(state: GoalState) -> str:
+    """The parent's workspace as it stands: on the host a person moved it to, if one did."""
+    bound = host_workspace(state.spec.workspace)
+    moved = state.device_moves.get(WORKSPACE_MOVE)
+    if bound is None or not moved:
+        return state.spec.workspace
+    first = state.devices.get(bound.host)
+    return str(HostWorkspace(moved, workspace_name(bound, first.workspaces if first is not None else None)))
 
 
 def _failed(child_id: str, err: ChildWorkflowError) -> SubgoalOutcome:

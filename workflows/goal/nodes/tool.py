@@ -10,8 +10,8 @@ that already differs from what the goal last knew was edited from outside, and s
 so. A change made by someone else while the call runs cannot be told from the step's.
 Only sources already read by steps whose reads a check compares (depth fingerprint or
 semantic) are looked at, the newest read first, at most MAX_LOOKED; a look that fails
-only leaves the stricter rule: the change counts as one from outside. Steps on a device
-look at nothing (their files are on the device).
+only leaves the stricter rule: the change counts as one from outside. Steps on a device,
+and those of a goal whose workspace is on a host, look at nothing (their files are there).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from perdure.workflows.goal.nodes.base import NodeDeps
 from perdure.workflows.goal.tool_runner import MAX_FINGERPRINTS
 from perdure.workflows.shared.canonical import canonical_json
 from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ToolInput
+from perdure.workflows.shared.host_workspaces import host_workspace
 
 # A look at most digests this many sources (two fingerprints each when the step changed them).
 MAX_LOOKED = MAX_FINGERPRINTS // 2
@@ -73,7 +74,7 @@ class ToolNode:
 
     def _to_look_at(self, step: ToolStep) -> list[str]:
         """The sources read by the goal's steps that this call may change, the newest read first."""
-        if step.device is not None:
+        if step.device is not None or host_workspace(self._ctx.state.spec.workspace) is not None:
             return []
         if step.tool == "run_command":
             changes = None  # anything in the workspace

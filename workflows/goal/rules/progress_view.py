@@ -89,6 +89,7 @@ def progress_snapshot(
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
         devices=device_lines(state),
         waiting_for_devices=waits_for_devices(state),
+        hosts=sorted(name for name, presence in state.devices.items() if presence.workspaces),
         forked_from=state.spec.forked_from,
         own_calls=state.ledger.own_calls,
         goal=state.spec.goal[:GOAL_SHOWN],
@@ -153,6 +154,11 @@ def waits_for_devices(state: GoalState) -> dict[str, str]:
     return {n: w.device for n, w in state.device_waits.items() if n in nodes and nodes[n].status == "offline"}
 
 
+def _is_host(state: GoalState, name: str) -> bool:
+    presence = state.devices.get(name)
+    return presence is not None and bool(presence.workspaces)
+
+
 def device_lines(state: GoalState) -> dict[str, str]:
     """Each device the goal uses, as the registry last said: online or offline, since when."""
     lines = {}
@@ -183,8 +189,12 @@ def details_markdown(
     if state.pause.mode == "parked":
         lines.append(f"parked: {state.pause.reason}")
     waiting = sorted(set(waits_for_devices(state).values()))
-    if waiting:
-        lines.append(f"waiting for device {', '.join(waiting)} (offline)")
+    for kind, names in (
+        ("device", [n for n in waiting if not _is_host(state, n)]),
+        ("host", [n for n in waiting if _is_host(state, n)]),
+    ):
+        if names:
+            lines.append(f"waiting for {kind} {', '.join(names)} (offline)")
     for question in state.open_questions():
         lines.append(f"**needs you** ({question.id}): {question.title}")
     if state.failure:

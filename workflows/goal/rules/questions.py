@@ -209,21 +209,35 @@ def confirm_device_call(
 
 
 def device_offline(
-    state: GoalState, now: datetime, step: str, device: str, waited_s: float, others: list[tuple[str, bool]]
+    state: GoalState,
+    now: datetime,
+    step: str,
+    device: str,
+    waited_s: float,
+    others: list[tuple[str, bool]],
+    workspace: str | None = None,
 ) -> Question:
-    """A step has waited longer than its device_wait_s for its device to come online."""
+    """A step has waited longer than its device_wait_s for its device to come online; with
+    `workspace`, for the host holding the goal's workspace (a move takes all its steps there)."""
     waited = duration_text(waited_s, days=True)
+    kind = "device" if workspace is None else "host"
     moves = [
-        (f"device:{name}", f"Run it on device {name}", "it runs there now" if online else f"{name} is offline too")
+        (
+            f"device:{name}",
+            f"Run it on device {name}" if workspace is None else f"Move workspace {workspace} to host {name}",
+            ("it runs there now" if workspace is None else "this step and the goal's later workspace steps run there")
+            if online
+            else f"{name} is offline too",
+        )
         for name, online in others
     ]
     return _card(
         state,
         now,
         "device_offline",
-        f"Step '{step}' has waited {waited} for device {device}",
-        f"Device {device} has been offline for the {waited} step '{step}' has waited for it; nothing is spent "
-        "meanwhile, and the step runs by itself if the device comes back.",
+        f"Step '{step}' has waited {waited} for {kind} {device}",
+        f"{kind.capitalize()} {device} has been offline for the {waited} step '{step}' has waited for it; nothing is "
+        f"spent meanwhile, and the step runs by itself if the {kind} comes back.",
         [
             ("wait", f"Keep waiting for {device}", "nothing is spent while it waits; asked again after as long"),
             *moves,
