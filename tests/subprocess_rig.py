@@ -12,15 +12,18 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import yaml
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
 from perdure.runtime import converter
 from perdure.starters import devserver
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, ProgressSnapshot
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
 PERDURE = str(Path(sys.executable).parent / "perdure")
 MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
@@ -139,3 +142,29 @@ def process_gone(command: str, wait_s: float = 3.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def write_plan(path: Path, steps: list[dict], **settings) -> Path:
+    path.write_text(yaml.safe_dump({"goal": "Work on two machines", "steps": steps, **settings}))
+    return path
+
+
+def snapshot(env, goal_id: str) -> ProgressSnapshot:
+    async def ask() -> ProgressSnapshot:
+        return await env.client.get_workflow_handle(goal_id).query(GoalWorkflow.progress)
+
+    return asyncio.run(ask())
+
+
+def result_of(env, goal_id: str) -> GoalResult:
+    async def wait() -> GoalResult:
+        return await env.client.get_workflow_handle(goal_id, result_type=GoalResult).result()
+
+    return asyncio.run(wait())
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

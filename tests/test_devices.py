@@ -12,21 +12,20 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from perdure.activities.artifacts import DiskArtifactStore
 from perdure.testing.repo import git, init_repo
-from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import spec
 from tests.helpers import new_goal_id
-from tests.subprocess_rig import PERDURE, perdure, user_env, worker_process
+from tests.subprocess_rig import PERDURE, perdure, result_of, snapshot, user_env, wait_for, worker_process, write_plan
 
 pytestmark = pytest.mark.process
 
@@ -81,11 +80,6 @@ def machines(env, tmp_path, task_queue) -> Iterator[tuple[dict[str, str], Device
             rig.close()
 
 
-def write_plan(path: Path, steps: list[dict], **settings) -> Path:
-    path.write_text(yaml.safe_dump({"goal": "Work on two machines", "steps": steps, **settings}))
-    return path
-
-
 def start_goal(variables: dict[str, str], plan: Path, workspace: Path, goal_id: str, *extra: str) -> None:
     argv = ["start", "--plan", str(plan), "--workspace", str(workspace), "--id", goal_id, *extra]
     started = perdure(*argv, env=variables)
@@ -110,20 +104,6 @@ def ui_details(env, goal_id: str) -> str:
     return asyncio.run(ask())
 
 
-def snapshot(env, goal_id: str) -> ProgressSnapshot:
-    async def ask() -> ProgressSnapshot:
-        return await env.client.get_workflow_handle(goal_id).query(GoalWorkflow.progress)
-
-    return asyncio.run(ask())
-
-
-def result_of(env, goal_id: str) -> GoalResult:
-    async def wait() -> GoalResult:
-        return await env.client.get_workflow_handle(goal_id, result_type=GoalResult).result()
-
-    return asyncio.run(wait())
-
-
 def finished(env, workflow_id: str) -> None:
     """Wait for a workflow (a watchdog run) to finish."""
 
@@ -131,13 +111,6 @@ def finished(env, workflow_id: str) -> None:
         await asyncio.wait_for(env.client.get_workflow_handle(workflow_id).result(), 60)
 
     asyncio.run(wait())
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_goal_reads_on_device_a_writes_and_commits_on_device_b_and_each_file_lands_only_there(

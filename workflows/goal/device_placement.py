@@ -548,7 +548,7 @@ class Devices:
     def _lost(self, name: str, presence: DevicePresence, why: str) -> None:
         """Believe the device offline until the registry says otherwise, and ask it again
         (it answers with the current presence, which may still be online)."""
-        self._ctx.log_gate(f"device {name} lost a call ({why})")
+        self._ctx.log_gate(f"{self._kind(name)} {name} lost a call ({why})")
         current = self._ctx.state.devices.get(name, presence)
         self._ctx.state.devices[name] = current.model_copy(update={"online": False})
         self._watched.discard(name)
