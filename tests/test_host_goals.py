@@ -94,3 +94,34 @@ async def test_a_host_that_stays_away_is_asked_about_and_the_answer_moves_every_
     # answers here) would have held the goal, and the result above would never have come.
     assert nodes["read"].placements["read_file"].startswith("host h2")
     assert nodes["read"].preview.startswith("from the host")
+
+
+async def test_writes_on_a_host_are_based_on_the_versions_its_steps_read_there(
+    env, task_queue, store, workspace, devices, tmp_path
+):
+    host = host_of(devices, "h1", tmp_path, {"repo": "h1-repo"})
+    repo = tmp_path / "h1-repo"
+    (repo / "notes.md").write_text("old notes\n")
+    (repo / "keep.md").write_text("not read by any step\n")
+    steps = [
+        {"name": "read", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md"}},
+        {
+            "name": "edit",
+            "kind": "tool",
+            "tool": "write_file",
+            "needs": ["read"],
+            "args": {"path": "notes.md", "content": "edited notes\n"},
+        },
+        {"name": "blind", "kind": "tool", "tool": "write_file", "args": {"path": "keep.md", "content": "clobbered\n"}},
+    ]
+    async with running_worker(env, task_queue, store):
+        await host.start()
+        handle = await start(env, task_queue, "h1:repo", steps, allowed_tools=["write_file", "read_file"])
+        await goal_result(handle)
+        snap = await wait_until(handle, lambda s: s.phase in ("finished", "failed"))
+    nodes = {n.name: n for n in snap.nodes}
+    # The read's version came back from the host, so the edit based on it passed the host's check...
+    assert nodes["edit"].status == "succeeded" and (repo / "notes.md").read_text() == "edited notes\n"
+    # ...and a write of a file no step read was refused there, as on a worker.
+    assert nodes["blind"].status == "failed" and "has not read it" in (nodes["blind"].error or "")
+    assert (repo / "keep.md").read_text() == "not read by any step\n"

@@ -74,6 +74,7 @@ class DeviceCallActivities:
             receipt=result.receipt,
             compensation=result.compensation,
             cost_usd=result.cost_usd,
+            fingerprints=result.fingerprints,
         )
 
     @activity.defn(name=Activities.LIST_DEVICES)

@@ -209,6 +209,9 @@ class DeviceToolActivities:
             resolution=input.resolution,
             # The device's own setting wins: a plan cannot give a command a network the owner did not.
             network=input.network and self.network,
+            # A host's versioned, fenced writes (its scratch keeps the fences and locks); None on a device.
+            fence=input.fence if self.workspaces else None,
+            based_on=input.based_on if self.workspaces else None,
         )
 
     def _device_result(self, result: ToolResult, output: str | None) -> DeviceToolResult:
@@ -223,6 +226,8 @@ class DeviceToolActivities:
             receipt=result.receipt,
             compensation=result.compensation,
             cost_usd=result.cost_usd,
+            # A host's goal bases its later writes on them; a device's files are its owner's business.
+            fingerprints=result.fingerprints if self.workspaces else [],
         )
 
     @activity.defn(name=DeviceActivities.LEASE)

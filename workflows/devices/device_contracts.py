@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
 from perdure.activities.tools.catalogue.command_tool import read_only_command
-from perdure.workflows.shared.contracts import TASK_QUEUE
+from perdure.workflows.shared.contracts import TASK_QUEUE, Fingerprint, WorkspaceFence
 from perdure.workflows.shared.tool_specs import DEVICE_NAME, ApprovalRule, Compensation, RiskClass, ToolSpec
 
 __all__ = ["DEVICE_NAME", "DEVICE_TOOLS", "ApprovalRule"]  # defined with the tool catalogue; part of these contracts
@@ -219,6 +219,10 @@ class DeviceToolInput(BaseModel):
     network: bool = False
     confirmed: bool = False
     resolution: Literal["happened", "not_happened"] | None = None
+    # A host's call only (a host keeps the workspace's versions and fences; a device keeps
+    # nothing between calls): left out of the payload when unset, as a device's calls are.
+    fence: WorkspaceFence | None = Field(default=None, exclude_if=lambda fence: fence is None)
+    based_on: dict[str, str | None] | None = Field(default=None, exclude_if=lambda based_on: based_on is None)
 
 
 class DeviceToolResult(BaseModel):
@@ -235,6 +239,11 @@ class DeviceToolResult(BaseModel):
     compensation: Compensation | None = None
     cost_usd: float = Field(
         default=0.0, ge=0, exclude_if=lambda cost: not cost, description="What it reported it cost."
+    )
+    fingerprints: list[Fingerprint] = Field(
+        default_factory=list,
+        exclude_if=lambda prints: not prints,
+        description="A host's call: the workspace files it read or wrote (what a later write is based on).",
     )
 
 

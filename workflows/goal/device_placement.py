@@ -508,6 +508,7 @@ class Devices:
                 receipt=result.receipt,
                 compensation=result.compensation,
                 cost_usd=result.cost_usd,
+                fingerprints=result.fingerprints,
             )
         return await workflow.execute_local_activity(
             Activities.STORE_DEVICE_OUTPUT,
@@ -535,6 +536,8 @@ class Devices:
                 network=tool_input.network,
                 confirmed=tool_input.confirmed,
                 resolution=tool_input.resolution,
+                fence=tool_input.fence,
+                based_on=tool_input.based_on,
             ),
             result_type=DeviceToolResult,
             task_queue=device_queue(name, workflow.info().task_queue),

@@ -88,6 +88,10 @@ class ToolRunner:
         device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
         if device is not None and node is not None:
             self._batches.forget_ahead()
+            on_host = device == self._devices.host()
+            if on_host:
+                # The goal's workspace: its writes are versioned and fenced there, as on a worker.
+                tool_input = self._fenced(tool_input, node)
             # Resolved and approved by the effect guard; it runs there, or waits for it.
             try:
                 result = await self._devices.call(tool_input, summary, node, device)
@@ -96,6 +100,8 @@ class ToolRunner:
                 raise
             self._state.ledger.tool_calls += 1
             self.charged(result, node)
+            if on_host and result.fingerprints:
+                keep_fingerprints(node, result)
             return result
         spec = self._tools().get(tool_input.tool)
         retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
