@@ -1,4 +1,5 @@
-"""`perdure devices`: every device the registry knows, online or not, and what runs on it.
+"""`perdure devices`: every device the registry knows (hosts too: `perdure worker --host`, shown
+with the workspaces they hold), online or not, and what runs on it.
 
 Owns asking for the listing and printing it. The registry's query says who the devices
 are (root, tools, session, since when online or offline); what an online device runs
@@ -59,6 +60,9 @@ class DeviceView(BaseModel):
     approval: dict[str, str] = Field(default_factory=dict)
     running: list[RunningCall] = Field(default_factory=list)
     watchers: list[str] = Field(default_factory=list)
+    workspaces: dict[str, str] = Field(
+        default_factory=dict, description="A host (`perdure worker --host`): its workspaces, name -> path."
+    )
 
 
 class DevicesView(BaseModel):
@@ -118,6 +122,7 @@ async def _view(record: DeviceRecord, leases: list[PendingActivityInfo], convert
         approval=dict(presence.approval),
         running=running,
         watchers=record.watchers,
+        workspaces=dict(presence.workspaces),
     )
 
 
@@ -164,12 +169,19 @@ def print_devices(console: Console, view: DevicesView | None, now: datetime | No
             _when(device.since, now),
             _when(device.last_seen, now),
             str(device.generation),
-            Text(printable(device.root)),
+            Text(printable(_where(device))),
             Text(tools),
             Text(printable(_running_text(device.running, now)) or "—"),
         )
     say(console, table)
     say(console, "[dim]times in UTC[/dim]")
+
+
+def _where(device: DeviceView) -> str:
+    """A device's root, or a host's workspaces (`host: repo=/srv/repo, docs=/srv/docs`)."""
+    if not device.workspaces:
+        return device.root
+    return "host: " + ", ".join(f"{name}={path}" for name, path in device.workspaces.items())
 
 
 def devices_json(view: DevicesView | None) -> str:
