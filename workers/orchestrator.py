@@ -3,7 +3,7 @@ the watchdog (its workflow, its activities, and its schedule), what the worker
 offers (workers/worker_capabilities.py, published while it runs by workers/offer_publisher.py
 for `perdure profiles` and `perdure start`),
 and the device registry with the workers' half of a device call (workers/device.py
-is the device's own worker).
+is the device's own worker; workers/host.py runs one beside this worker in a host's process).
 
 Stateless and replaceable: every durable fact lives in Temporal or in the
 artifact store (PERDURE_ARTIFACT_STORE: a directory every worker shares, or an

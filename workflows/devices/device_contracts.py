@@ -4,7 +4,10 @@ A device (`perdure device --name NAME --root DIR`) is a Temporal worker on the
 user's own machine polling `perdure-device-NAME`: outbound connections only, no
 goal state on disk. It runs the device tools (DEVICE_TOOLS, and the user's own tools it
 loads that are declared for devices) inside its root with the same contracts, risk
-classes and replay policies as the worker's.
+classes and replay policies as the worker's. A host (`perdure worker --host NAME
+--workspaces DIR…`, workers/host.py) is a device too: it announces the workspaces it holds
+instead of one root, and runs the workspace calls of the goals bound to it
+(workflows/shared/host_workspaces.py).
 
 Presence is a lease held by an activity, not a timer loop: when a device
 announces itself (an update on the registry workflow, which answers with the

@@ -455,4 +455,8 @@ def describe_device(device: DevicePresence) -> str:
     """One device for the planner: whether it is online, where it works, what it offers."""
     state = "online" if device.online else "offline (its steps wait until it is back)"
     network = "commands may use the network" if device.network else "no network for commands"
+    if device.workspaces:
+        # A host: a goal whose workspace it holds sends its steps there without `device`.
+        held = ", ".join(sorted(device.workspaces))
+        return f"{state}; a host holding workspaces {held} (a goal on one runs its file steps there by itself)"
     return f"{state}; works in {device.root}; offers {', '.join(device.tools) or 'nothing'}; {network}"
