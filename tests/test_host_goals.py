@@ -125,3 +125,22 @@ async def test_writes_on_a_host_are_based_on_the_versions_its_steps_read_there(
     # ...and a write of a file no step read was refused there, as on a worker.
     assert nodes["blind"].status == "failed" and "has not read it" in (nodes["blind"].error or "")
     assert (repo / "keep.md").read_text() == "not read by any step\n"
+
+
+async def test_a_goal_started_on_a_workspace_no_host_offers_fails_before_any_work_saying_what_hosts_hold(
+    env, task_queue, store, workspace, devices, tmp_path
+):
+    host = host_of(devices, "h1", tmp_path, {"repo": "h1-repo"})
+    async with running_worker(env, task_queue, store):
+        await host.start()
+        for where, said in (
+            (
+                "h1:docs",
+                f"workspace h1:docs: host h1 offers no workspace 'docs' (it offers: repo ({tmp_path / 'h1-repo'}))",
+            ),
+            ("ghost:repo", "workspace ghost:repo: no host named 'ghost' (hosts: h1 (repo))"),
+        ):
+            handle = await start(env, task_queue, where, write_then_read(), allowed_tools=["write_file", "read_file"])
+            result = await goal_result(handle)
+            assert result.outcome == "failed" and said in (result.failure or ""), result
+    assert list((tmp_path / "h1-repo").iterdir()) == []

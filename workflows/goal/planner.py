@@ -40,6 +40,7 @@ from perdure.workflows.goal.scheduler import Scheduler
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared.contracts import ArtifactRef
+from perdure.workflows.shared.host_workspaces import workspace_problem
 from perdure.workflows.shared.mcp_tools import McpCatalogue, McpCatalogueInput, is_mcp_tool, names_mcp_tools
 from perdure.workflows.shared.statuses import IN_FLIGHT
 from perdure.workflows.shared.user_tools import UserToolCatalogue, UserToolCatalogueInput, user_tools_named
@@ -78,6 +79,11 @@ class Planner:
 
     async def make_plan(self) -> None:
         state, spec = self._ctx.state, self._ctx.state.spec
+        if (bound := self._devices.bound()) is not None:
+            # A workspace no host offers is refused as a device no one announced is: before any work.
+            listing = await self._devices.listing()
+            if listing.error is None and (problem := workspace_problem(bound, listing.hosts())) is not None:
+                raise GoalFailed(f"workspace {bound}: {problem}")
         if names_mcp_tools(spec.allowed_tools) and state.mcp is None:
             await self._list_mcp_tools()
         if user_tools_named(spec.allowed_tools, TOOL_SPECS) and state.user_tools is None:
