@@ -12,9 +12,9 @@ so a profile in the worker's config.toml counts and one in a file on the CLI's m
 `perdure start` refuses an unknown `--profile` or tool with the names the worker knows, payload
 keys the worker cannot decrypt with, a plan step on a device that never announced itself
 with the devices there are, and a workspace on a host (`HOST:NAME`) that no host offers, with
-the hosts there are and their workspaces. Whatever else happens (no worker polls, none has published, the
-offers cannot be decrypted here, the server is slow), it warns that the check could not be made
-and starts the goal anyway: a goal waits durably for a worker, and starting one with no worker
+the hosts there are and their workspaces. Whatever else happens (no worker polls, none has
+published, the offers cannot be decrypted here, the server is slow), it warns that the check
+could not be made and starts the goal anyway: a goal waits durably for a worker, and starting one with no worker
 up is a normal thing to do. A check never loses a start. Client-side only; holds no state.
 """
 
