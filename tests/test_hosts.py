@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowQueryFailedError
 
 from tests.helpers import new_goal_id
 from tests.subprocess_rig import PERDURE, perdure, result_of, snapshot, user_env, wait_for, write_plan
@@ -99,6 +100,24 @@ def start_on(variables: dict[str, str], plan: Path, workspace: str, goal_id: str
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
 
 
+def snapshot_or_none(env, goal_id: str, seen: list[str]):
+    """The goal's progress, or None when the query failed for now: while a killed worker's
+    cached goal moves to another worker, a query may fail once (kept in `seen`, so a failure
+    that lasts names itself when the wait times out)."""
+    try:
+        return snapshot(env, goal_id)
+    except WorkflowQueryFailedError as err:
+        seen.append(str(err))
+        return None
+
+
+def waited_for(condition, what: str, failed: list[str], timeout_s: float = 30) -> None:
+    try:
+        wait_for(condition, what, timeout_s=timeout_s)
+    except AssertionError:
+        raise AssertionError(f"timed out waiting for {what}; queries that failed: {failed[-3:]}") from None
+
+
 def died_by_sigkill(proc: subprocess.Popen, timeout_s: float = 60) -> None:
     assert proc.wait(timeout_s) == -9  # the fault point's SIGKILL, in the host's own process
 
@@ -117,11 +136,13 @@ def test_a_host_killed_mid_write_holds_its_goal_until_it_returns_and_the_file_is
     landed = (repo / "notes.md").stat()
     assert (repo / "notes.md").read_text() == NOTES
 
-    def waiting() -> bool:
-        snap = snapshot(env, goal_id)
-        return snap.waiting_for_devices == {"write": "h1"} and snap.phase == "awaiting_device"
+    failed: list[str] = []
 
-    wait_for(waiting, "the goal to wait for host h1", timeout_s=30)
+    def waiting() -> bool:
+        snap = snapshot_or_none(env, goal_id, failed)
+        return snap is not None and snap.waiting_for_devices == {"write": "h1"} and snap.phase == "awaiting_device"
+
+    waited_for(waiting, "the goal to wait for host h1", failed)
     status = perdure("status", goal_id, env=fleet.variables("cli"))
     assert status.returncode == 0, status.stderr
     assert "waiting for host h1" in status.stdout
@@ -156,10 +177,13 @@ def test_a_host_gone_for_good_is_asked_about_and_the_answer_moves_the_goals_step
     start_on(fleet.variables("cli"), write_then_read(tmp_path, device_wait_s=1), "h1:repo", goal_id)
     died_by_sigkill(host_1)  # and never started again
 
-    def card():
-        return next((q for q in snapshot(env, goal_id).questions if q.topic == "device_offline"), None)
+    failed: list[str] = []
 
-    wait_for(lambda: card() is not None, "the card about host h1", timeout_s=30)
+    def card():
+        snap = snapshot_or_none(env, goal_id, failed)
+        return next((q for q in snap.questions if q.topic == "device_offline"), None) if snap else None
+
+    waited_for(lambda: card() is not None, "the card about host h1", failed)
     question = card()
     assert question.title.endswith("for host h1")
     assert [o["id"] for o in question.options] == ["wait", "device:h2", "skip"]
