@@ -399,5 +399,3 @@ async def test_a_message_sent_as_the_goal_finishes_is_answered_as_for_an_ended_g
     assert len(calls) == 4  # each send saw the goal open first, then looked again
     assert retried.receipt is not None and (retried.receipt.request_id, retried.receipt.kind) == ("s1", "steer")
     assert first.status == "pending"
-
-
