@@ -1,5 +1,7 @@
-# The perdure orchestrator worker for docker-compose.yml (`perdure worker`).
-# Stateless: goal state lives in Temporal, artifacts on the volume at /data.
+# The perdure image of docker-compose.yml: its workers (`perdure worker`), the host worker,
+# the CLI, the codec server, the device and the bucket-setup job. Stateless: goal state lives
+# in Temporal, artifacts and large payloads in the object store; /data (PERDURE_HOME) is
+# each container's own.
 
 # Stage 1 builds perdure's wheel from the build context; the image installs that wheel, so it
 # runs exactly what `make smoke-installed` installs and checks, never the source tree.
@@ -24,13 +26,13 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 perdure \
-    && mkdir -p /data \
-    && chown perdure:perdure /data
+    && mkdir -p /data /workspaces \
+    && chown perdure:perdure /data /workspaces
 
 COPY --from=wheel /dist /dist
 RUN pip install /dist/perdure-*.whl && rm -rf /dist
 
-# A new named volume mounted on /data starts with this directory's owner, so
-# the non-root worker can write artifacts there.
+# A new named volume mounted on one of these directories (the host worker's workspaces on
+# /workspaces) starts with the directory's owner, so the non-root worker can write there.
 USER perdure
 CMD ["perdure", "worker"]

