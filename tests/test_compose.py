@@ -2,8 +2,11 @@
 dev-server argv, and the CI entry point's exit codes.
 
 There is no Docker engine here, so compose is parsed, not run. What must agree
-with the code, above all the custom search attributes every server registers,
-is compared with `workflows/shared/search_attributes.py`.
+with the code is compared with it: the custom search attributes every server registers
+with `workflows/shared/search_attributes.py`, and the variables each perdure service
+passes, resolved as compose would and read through perdure's own settings (where the
+artifacts, payloads, server, keys and memory are). The one command of compose's that is
+perdure's own, the bucket-setup job, runs against a real S3 server (moto).
 """
 
 from __future__ import annotations
@@ -84,10 +87,6 @@ SECRETS = {
 def mounts(service: str) -> dict[str, str]:
     """Where each volume is mounted in `service`: container path -> source (a named volume or a host path)."""
     return {str(volume).split(":")[1]: str(volume).split(":")[0] for volume in SERVICES[service].get("volumes", [])}
-
-
-def tag(service: str) -> str:
-    return SERVICES[service]["image"].rpartition(":")[2]
 
 
 def resolved(service: str) -> dict[str, str]:
