@@ -36,6 +36,7 @@ from perdure.runtime.codec import keyring_from_env
 from perdure.runtime.s3_client import ObjectStoreUnavailable, S3Location
 from perdure.starters import bucket_setup, devserver
 from perdure.testing.s3_server import S3Server
+from perdure.workflows.shared.host_workspaces import find_workspace, host_workspace
 from perdure.workflows.shared.search_attributes import CUSTOM_SEARCH_ATTRIBUTES, INDEXED_VALUE_TYPE
 from tests.payload_keys import KEY_A
 
@@ -404,7 +405,11 @@ def test_the_workspace_host_is_a_host_worker_that_alone_holds_the_workspaces_vol
     command = host["command"]
     # `perdure worker --host NAME --workspaces DIR` (issue 37 item 2).
     assert command[:2] == ["perdure", "worker"] and command[command.index("--host") + 1] == "compose"
-    directory = command[command.index("--workspaces") + 1]
+    held = command[command.index("--workspaces") + 1]
+    name, _, directory = held.partition("=")
+    # The deployment page's start command names a workspace this host holds (by name).
+    started = re.findall(r"--workspace (compose:[^\s`]+)", (ROOT / "docs/guide/deployment.md").read_text())
+    assert started and all(find_workspace({name: directory}, host_workspace(w).workspace) for w in started)
     assert mounts("workspace-host")[directory] in COMPOSE["volumes"]
     assert "deploy" not in host  # one replica: the volume is one host's disk
     assert directory not in mounts("worker")  # the other workers do not have it
