@@ -319,9 +319,13 @@ function showNode(snapshot, node, state, readonly) {
     const rewind = el("button", { id: "rewind", onclick: async () => {
       const receipt = await send(snapshot.goal_id, { request_id: requestId, kind: "rewind", node: node.name, why: reason.value || "rewound from the page" });
       state.noteReceipt(receipt);
-      detail.append(el("p", { class: "receipt" }, receiptText("rewind", receipt)));
+      // Kept in the state: the rewind's own node events redraw this detail right after.
+      state.rewound.set(node.name, receiptText("rewind", receipt));
+      detail.querySelector(".receipt")?.remove();
+      detail.append(el("p", { class: "receipt" }, state.rewound.get(node.name)));
     } }, "rewind here");
     parts.push(preview, reason, " ", rewind);
+    if (state.rewound.has(node.name)) parts.push(el("p", { class: "receipt" }, state.rewound.get(node.name)));
   }
   detail.replaceChildren(...parts);
 }
@@ -401,7 +405,7 @@ async function showGoal(goalId) {
   const api = `/api/goals/${encodeURIComponent(goalId)}`;
   const state = {
     status: new Map(), nodeEvents: new Map(), live: new Map(), seen: new Set(), plans: new Map(),
-    receipts: new Map(), refused: 0, snapshot: null, view: null, refresh: null, lastRefresh: 0,
+    receipts: new Map(), rewound: new Map(), refused: 0, snapshot: null, view: null, refresh: null, lastRefresh: 0,
     premises: null, reported: false, wouldVoid: new Set(),
   };
   // The panels are kept across renders: a reason or a premise value being typed, or a
