@@ -15,58 +15,13 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowQueryFailedError
 
+from tests.fleet_rig import Fleet
 from tests.helpers import new_goal_id
-from tests.subprocess_rig import PERDURE, perdure, result_of, snapshot, user_env, wait_for, write_plan
+from tests.subprocess_rig import perdure, result_of, snapshot, wait_for, write_plan
 
 pytestmark = pytest.mark.process
 
-LEASE_S = "2"
 NOTES = "# notes written on the host\n"
-
-
-class Fleet:
-    """`perdure worker` processes as a user starts them on separate machines: each its own
-    PERDURE_HOME; the artifact store the one thing they share (as an object store would be)."""
-
-    def __init__(self, env, tmp_path: Path, task_queue: str) -> None:
-        self.tmp_path = tmp_path
-        self.base = user_env(env, tmp_path, task_queue)
-        self.base["PERDURE_ARTIFACT_STORE"] = str(tmp_path / "artifacts")
-        self.base["PERDURE_WATCHDOG_INTERVAL_S"] = "3600"
-        self.procs: list[subprocess.Popen] = []
-
-    def variables(self, machine: str) -> dict[str, str]:
-        return {**self.base, "PERDURE_HOME": str(self.tmp_path / f"home-{machine}")}
-
-    def start(self, machine: str, *args: str, fault: str | None = None) -> tuple[subprocess.Popen, Path]:
-        """`perdure worker ARGS` on `machine` (not waited for: see `ready`)."""
-        log_path = self.tmp_path / f"worker-{machine}-{len(self.procs)}.log"
-        variables = self.variables(machine)
-        if fault is not None:
-            variables["PERDURE_FAULT"] = fault
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([PERDURE, "worker", *args], env=variables, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc, log_path
-
-    def host(self, name: str, workspaces: dict[str, Path], fault: str | None = None) -> tuple[subprocess.Popen, Path]:
-        held = [f"{workspace}={path}" for workspace, path in workspaces.items()]
-        return self.start(name, "--host", name, "--workspaces", ",".join(held), "--host-lease-s", LEASE_S, fault=fault)
-
-    @staticmethod
-    def ready(started: tuple[subprocess.Popen, Path], says: str = "worker polling", timeout_s: float = 60) -> None:
-        proc, log_path = started
-        deadline = time.monotonic() + timeout_s
-        while says not in log_path.read_text():
-            assert proc.poll() is None, f"the worker exited:\n{log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no '{says}' in time:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.1)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture
