@@ -92,12 +92,13 @@ endef
 # 301 s), then those two at a time (each has its own dev server and worker processes, and
 # races a kill against a heartbeat timeout or waits on a page; three at a time made them
 # flaky on 2 cores: two failures in three clean-clone runs). A process test marked
-# `parallel_safe` has no such timing and runs in the first pass.
+# `parallel_safe` has no such timing and runs in the first pass; a test marked `cpu_heavy`
+# (hundreds of nodes in a workflow task, under the SDK's 2 s deadlock check) runs in the second.
 TEST_WORKERS ?= 5
 PROCESS_WORKERS ?= 2
 test: $(STAMP) system-packages
-	$(call run_pytest,-m "not process or parallel_safe" -n $(TEST_WORKERS))
-	$(call run_pytest,-m "process and not parallel_safe" -n $(PROCESS_WORKERS))
+	$(call run_pytest,-m "(not process or parallel_safe) and not cpu_heavy" -n $(TEST_WORKERS))
+	$(call run_pytest,-m "(process and not parallel_safe) or cpu_heavy" -n $(PROCESS_WORKERS))
 
 # Everything but the `process` and `slow` tiers (tests that start `perdure worker` or other CLI
 # subprocesses, kill processes, start their own dev servers, or soak), TEST_WORKERS at a
