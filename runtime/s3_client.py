@@ -122,11 +122,12 @@ def _new_client() -> Any:
 
 def is_not_found(err: BaseException) -> bool:
     """A 404 for an object (NoSuchKey, or HEAD's bodiless 404), not for the bucket."""
-    code = _error_code(err)
+    code = error_code(err)
     return code in ("NoSuchKey", "404", "NotFound")
 
 
-def _error_code(err: BaseException) -> str | None:
+def error_code(err: BaseException) -> str | None:
+    """The S3 error code of a botocore ClientError (NoSuchBucket, 404...), or None."""
     response = getattr(err, "response", None)
     if not isinstance(response, dict):
         return None
@@ -148,7 +149,7 @@ def unavailable(
     from botocore import exceptions as boto
 
     at = f" at {endpoint()}" if endpoint() else ""
-    code = _error_code(err)
+    code = error_code(err)
     if isinstance(err, boto.NoCredentialsError | boto.PartialCredentialsError):
         why = "no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS profile)"
     elif isinstance(err, boto.EndpointConnectionError | boto.ConnectTimeoutError | boto.ReadTimeoutError):

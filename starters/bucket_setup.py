@@ -25,7 +25,7 @@ from perdure.runtime.s3_client import (
     S3Location,
     check_bucket,
     endpoint,
-    parse_s3_url,
+    error_code,
     s3_client,
     unavailable,
 )
@@ -49,9 +49,10 @@ def buckets_named() -> dict[str, S3Location]:
     artifacts = settings.artifact_location()
     if isinstance(artifacts, S3Location):
         named["artifact store"] = artifacts
-    payloads = os.environ.get(converter.STORE_ENV, "").strip()
-    if payloads.startswith("s3://"):
-        named["payload store"] = parse_s3_url(payloads, converter.STORE_ENV)
+    if os.environ.get(converter.STORE_ENV, "").strip().startswith("s3://"):  # a bucket of its own
+        payloads = converter.payload_location()
+        assert isinstance(payloads, S3Location)
+        named["payload store"] = payloads
     if not named:
         raise NothingToCreate(
             f"{settings.ARTIFACT_STORE_ENV} names no s3:// store "
@@ -70,7 +71,7 @@ def ensure_bucket(client: Any, location: S3Location, what: str) -> bool:
         client.head_bucket(Bucket=location.bucket)
         return False
     except ClientError as err:
-        if err.response.get("Error", {}).get("Code") not in MISSING:
+        if error_code(err) not in MISSING:
             raise unavailable(err, location, what, of_bucket=True) from None
     except BotoCoreError as err:
         raise unavailable(err, location, what, of_bucket=True) from None
@@ -79,7 +80,7 @@ def ensure_bucket(client: Any, location: S3Location, what: str) -> bool:
     try:
         client.create_bucket(Bucket=location.bucket, **options)
     except ClientError as err:
-        code = err.response.get("Error", {}).get("Code")
+        code = error_code(err)
         if code == TAKEN:
             raise ObjectStoreUnavailable(
                 f"the {what} {location.url} cannot be used: the bucket name {location.bucket!r} "
