@@ -1,0 +1,112 @@
+"""Parks that end when a condition holds (`perdure park --until-file/--until-command/
+--until-signal`), on a real server: each check is an activity in history, polled with
+backoff by a durable timer; the goal resumes by itself and says why. Bad conditions are
+refused at the door in one line."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from pydantic import ValidationError
+
+from perdure.workflows.goal.contracts.messages import Park, Signal
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from tests.builders import STEP_REPLY, llm, openai_profile
+from tests.helpers import calls_for, running_worker, start, submit, wait_until
+
+pytestmark = [pytest.mark.slow]
+
+
+def park_checks(history) -> list[tuple[str, datetime, bool]]:
+    """(summary, scheduled time, whether it held) of every park check, in order."""
+    scheduled, found = {}, []
+    for event in history.events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            summary = event.user_metadata.summary.data.decode().strip('"') if event.HasField("user_metadata") else ""
+            if summary.startswith("park check"):
+                scheduled[event.event_id] = (summary, event.event_time.ToDatetime())
+        for attrs in ("activity_task_completed_event_attributes",):
+            if event.HasField(attrs) and getattr(event, attrs).scheduled_event_id in scheduled:
+                found.append(getattr(event, attrs).scheduled_event_id)
+    return [scheduled[i] for i in sorted(scheduled)]
+
+
+async def parked_goal(env, task_queue, workspace, **condition):
+    handle = await start(env, task_queue, workspace, [llm("only")])
+    park = Park(request_id="p1", reason="waiting for CI", poll_first_s=0.5, poll_max_s=1.5, **condition)
+    await handle.signal(GoalWorkflow.message_signal, park.model_dump(mode="json"))
+    return handle
+
+
+async def test_park_until_a_file_resumes_within_one_poll_of_it_appearing(env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    handle = await parked_goal(env, task_queue, workspace, until_file="build/READY")
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        snapshot = await wait_until(handle, lambda s: s.parked and "checked 3 times" in (s.pause_reason or ""))
+        assert "until file build/READY exists" in snapshot.pause_reason
+        assert server.requests() == []  # nothing ran while parked
+        (workspace / "build").mkdir()
+        (workspace / "build" / "READY").touch()
+        appeared = datetime.utcnow()
+        await handle.result()
+        history = await handle.fetch_history()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    checks = park_checks(history)
+    after = [c for c in checks if c[1] >= appeared]
+    assert len(checks) >= 3 and len(after) <= 1  # the first check after it appeared saw it
+    assert all(summary == "park check · file build/READY" for summary, _ in checks)
+    assert any("park ended: file build/READY exists" in entry for entry in snapshot.gate_log)
+    assert len(calls_for(server, "only")) == 1
+
+
+async def test_park_until_a_command_succeeds(env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    handle = await parked_goal(env, task_queue, workspace, until_command="test -f ci-passed")
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        await wait_until(handle, lambda s: s.parked and "checked 2 times" in (s.pause_reason or ""))
+        assert server.requests() == []
+        (workspace / "ci-passed").touch()
+        await handle.result()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert any("park ended: command `test -f ci-passed` exited 0" in entry for entry in snapshot.gate_log)
+    assert len(calls_for(server, "only")) == 1
+
+
+async def test_park_until_a_signal(env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    handle = await parked_goal(env, task_queue, workspace, until_signal="ci-done")
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        snapshot = await wait_until(handle, lambda s: s.parked)
+        assert "until signal ci-done" in snapshot.pause_reason
+        wrong = await submit(handle, Signal(request_id="s0", name="deploy-done"))
+        assert wrong.status == "rejected" and "waits for signal ci-done" in wrong.note
+        assert (await handle.query(GoalWorkflow.progress)).parked
+        right = await submit(handle, Signal(request_id="s1", name="ci-done"))
+        await handle.result()
+        history = await handle.fetch_history()
+        snapshot = await handle.query(GoalWorkflow.progress)
+
+    assert right.status == "applied"
+    assert park_checks(history) == []  # a signal is not polled
+    assert any("park ended: signal ci-done received" in entry for entry in snapshot.gate_log)
+
+
+@pytest.mark.parametrize(
+    ("condition", "error"),
+    [
+        ({"until_file": "../outside"}, "a path inside the goal's workspace"),
+        ({"until_file": "/etc/passwd"}, "a path inside the goal's workspace"),
+        ({"until_command": "   "}, "an empty command"),
+        ({"until_signal": "ci done"}, "letters, digits"),
+        ({"until_file": "x", "until_signal": "y"}, "one condition"),
+    ],
+)
+def test_bad_park_conditions_are_refused_in_one_line(condition, error):
+    with pytest.raises(ValidationError) as refused:
+        Park(request_id="p", reason="r", **condition)
+    assert error in str(refused.value)
+    with pytest.raises(ValidationError):
+        Signal(request_id="s", name="two words")
