@@ -8,15 +8,17 @@ how the pause state changes and when a parked goal's timer fires.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
 
+from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext, NodeWaiting
-from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.contracts.state import Node, ParkCondition
 from perdure.workflows.goal.rules import questions, timing
 from perdure.workflows.goal.verify_due import note_wait_ended
+from perdure.workflows.shared.contracts import ToolInput, ToolResult
 
 
 class Pause:
@@ -24,8 +26,12 @@ class Pause:
         self._ctx = ctx
         # What the goal's budget says as it resumes (Spend.judge_at_resume), set by the workflow.
         self.on_resume: Callable[[], None] | None = None
+        # How a park's file or command check runs (ToolRunner.execute), set by the workflow.
+        self.run_check: Callable[[ToolInput, str], Awaitable[ToolResult]] | None = None
 
-    def park(self, reason: str, until: datetime | None, expiry: timedelta) -> None:
+    def park(
+        self, reason: str, until: datetime | None, expiry: timedelta, condition: ParkCondition | None = None
+    ) -> None:
         now = workflow.now()
         pause = self._ctx.state.pause
         if pause.mode != "parked" or pause.parked_since is None:
@@ -36,6 +42,9 @@ class Pause:
         pause.wake_at = until
         pause.expires_at = now + expiry
         pause.expiry_asked = False
+        pause.condition = condition
+        if condition is not None:
+            park_conditions.first_check(condition)
 
     def extend(self) -> None:
         """Keep waiting as long again as the park was set for."""
@@ -48,7 +57,7 @@ class Pause:
         pause = state.pause
         note_wait_ended(state, pause.parked_since or pause.parked_at, "resumed")
         pause.mode, pause.reason, pause.wake_at, pause.expires_at = "running", None, None, None
-        pause.parked_since = None
+        pause.parked_since, pause.condition = None, None
         # A wait that ends is a fresh start for anyone judging progress by time.
         state.last_progress_at = workflow.now()
         for question in state.open_questions():
@@ -72,13 +81,41 @@ class Pause:
         pause = self._ctx.state.pause
         if pause.mode != "parked":
             return None
-        deadlines = [d for d in (pause.wake_at, None if pause.expiry_asked else pause.expires_at) if d]
+        check_at = pause.condition.next_check_at if pause.condition is not None else None
+        deadlines = [d for d in (pause.wake_at, None if pause.expiry_asked else pause.expires_at, check_at) if d]
         if not deadlines:
             return None
         return max(min(deadlines) - workflow.now(), timedelta(seconds=1))
 
-    def on_deadline(self) -> None:
+    def condition_held(self) -> None:
+        """The park's condition holds: the goal resumes by itself and says why."""
+        condition = self._ctx.state.pause.condition
+        assert condition is not None
+        why = f"park ended: {condition.held_text()}"
+        self._ctx.log_gate(why)
+        self.resume(why)
+
+    async def _check_condition(self) -> None:
+        pause = self._ctx.state.pause
+        condition = pause.condition
+        if condition is None or condition.next_check_at is None or workflow.now() < condition.next_check_at:
+            return
+        if self.run_check is None:
+            return
+        check = park_conditions.check_input(self._ctx.state, self._ctx.goal_id, condition)
+        result = await self.run_check(check, park_conditions.summary(condition))
+        if pause.mode != "parked" or pause.condition is not condition:
+            return  # resumed, re-parked or aborted while the check ran
+        if result.ok:
+            self.condition_held()
+        else:
+            park_conditions.after_miss(condition, result.error or "did not hold")
+
+    async def on_deadline(self) -> None:
+        await self._check_condition()
         state, pause = self._ctx.state, self._ctx.state.pause
+        if pause.mode != "parked":
+            return
         now = workflow.now()
         if pause.wake_at and now >= pause.wake_at:
             self._note_timer("park wake time", pause.wake_at, "woke")

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 
+from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxEntry, chosen_option
 from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
@@ -51,6 +52,7 @@ class Steering:
         self.verbs: dict[str, Callable[[InboxEntry], Applied]] = {
             "park": self._park,
             "resume": self._resume,
+            "signal": self._signal,
             "abort": self._abort,
             "rewind": self._rewind,
             "narrow": self._narrow,
@@ -89,8 +91,15 @@ class Steering:
 
     def _park(self, entry: InboxEntry) -> Applied:
         message = entry.message
-        self._pause.park(message.reason, message.until, timedelta(hours=message.expiry_hours))
-        return Applied(f"parked: {message.reason}")
+        condition = park_conditions.condition_of(message)
+        self._pause.park(message.reason, message.until, timedelta(hours=message.expiry_hours), condition)
+        until = f" ({condition.describe().split(';')[0]})" if condition else ""
+        return Applied(f"parked: {message.reason}{until}")
+
+    def _signal(self, entry: InboxEntry) -> Applied:
+        # turn_problem let through only the signal the park waits for.
+        self._pause.condition_held()
+        return Applied(f"signal {entry.message.name}: the park ended")
 
     def _resume(self, entry: InboxEntry) -> Applied:
         self._pause.resume("resumed by the user")

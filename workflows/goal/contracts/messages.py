@@ -17,9 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.shared.canonical import digest_of
@@ -29,6 +30,8 @@ if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
     from perdure.workflows.goal.contracts.state import GoalState
 
 MAX_TEXT = 8_000
+SIGNAL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+SIGNAL_RULE = "a signal name is letters, digits and . _ : - (no spaces), at most 64 characters"
 REQUEST_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # A refusal keeps at most this much of its reason, and the goal at most this many refusals.
 MAX_REASON = 600
@@ -75,6 +78,55 @@ class Park(_Message):
     reason: str = Field(min_length=1, max_length=MAX_TEXT)
     until: datetime | None = Field(default=None, description="Wake at this time; otherwise wait for resume.")
     expiry_hours: float = Field(default=48, gt=0, le=24 * 365)
+    # At most one condition that ends the park by itself (workflows/goal/park_conditions.py).
+    until_file: str | None = Field(default=None, description="Resume once this workspace path exists.")
+    until_command: str | None = Field(
+        default=None, max_length=MAX_TEXT, description="Resume once this command (sandboxed, in the workspace) exits 0."
+    )
+    until_signal: str | None = Field(default=None, description="Resume once `perdure signal GOAL NAME` names it.")
+    poll_first_s: float = Field(default=2, ge=0.5, le=3600, description="First wait between checks; it doubles.")
+    poll_max_s: float = Field(default=300, ge=0.5, le=86_400, description="Longest wait between checks.")
+
+    @field_validator("until_file")
+    @classmethod
+    def _inside_workspace(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = PurePosixPath(value)
+        if not value.strip() or path.is_absolute() or ".." in path.parts or "\x00" in value:
+            raise ValueError(f"until_file must be a path inside the goal's workspace, relative to it (got {value!r})")
+        return str(path)
+
+    @field_validator("until_command")
+    @classmethod
+    def _command_given(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("until_command is an empty command")
+        return value
+
+    @field_validator("until_signal")
+    @classmethod
+    def _signal_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(SIGNAL_NAME, value):
+            raise ValueError(f"until_signal {value!r}: {SIGNAL_RULE}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_condition(self) -> Park:
+        given = [c for c in (self.until_file, self.until_command, self.until_signal) if c is not None]
+        if len(given) > 1:
+            raise ValueError("a park waits for one condition: give one of until_file, until_command, until_signal")
+        if self.poll_max_s < self.poll_first_s:
+            raise ValueError("poll_max_s is shorter than poll_first_s")
+        return self
+
+
+class Signal(_Message):
+    """A named event a user or a program sends (`perdure signal GOAL NAME`): it ends a park
+    that waits for it (`perdure park --until-signal NAME`)."""
+
+    kind: Literal["signal"] = "signal"
+    name: str = Field(pattern=SIGNAL_NAME, description="The signal's name.")
 
 
 class Resume(_Message):
@@ -108,7 +160,7 @@ class Escalate(_Message):
 
 
 UserMessage = Annotated[
-    Steer | Queue | Answer | Approve | Park | Resume | Narrow | Rewind | Abort | Escalate,
+    Steer | Queue | Answer | Approve | Park | Resume | Signal | Narrow | Rewind | Abort | Escalate,
     Field(discriminator="kind"),
 ]
 USER_MESSAGE = TypeAdapter(UserMessage)
@@ -272,4 +324,10 @@ def turn_problem(state: GoalState, message: Any) -> str | None:
         return f"the goal is already parked ({state.pause.reason})"
     elif kind == "resume" and state.pause.mode != "parked":
         return "the goal is not parked"
+    elif kind == "signal":
+        condition = state.pause.condition if state.pause.mode == "parked" else None
+        if condition is None or condition.kind != "signal":
+            return f"the goal is not parked waiting for a signal (signal {message.name} not used)"
+        if condition.target != message.name:
+            return f"the goal waits for signal {condition.target}, not {message.name}"
     return None

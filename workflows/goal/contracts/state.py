@@ -223,6 +223,33 @@ class Question(BaseModel):
     effect_key: str | None = Field(default=None, description="The effect a confirmation or uncertain card is about.")
 
 
+class ParkCondition(BaseModel):
+    """What ends a park by itself (workflows/goal/park_conditions.py): a workspace file that
+    exists, a command that exits 0 (both checked by an activity, polled with backoff), or a
+    named signal."""
+
+    kind: Literal["file", "command", "signal"]
+    target: str
+    interval_s: float = 2
+    max_interval_s: float = 300
+    next_check_at: datetime | None = None
+    checks: int = 0
+    last_result: str | None = None
+
+    def describe(self) -> str:
+        """What the park waits for, as status says it."""
+        if self.kind == "signal":
+            return f"until signal {self.target}"
+        what = f"until file {self.target} exists" if self.kind == "file" else f"until command `{self.target}` exits 0"
+        return f"{what}; checked {self.checks} times"
+
+    def held_text(self) -> str:
+        """Why the park ended, for the gate log and the event stream."""
+        if self.kind == "signal":
+            return f"signal {self.target} received"
+        return f"file {self.target} exists" if self.kind == "file" else f"command `{self.target}` exited 0"
+
+
 class PauseState(BaseModel):
     mode: Literal["running", "parked", "aborting"] = "running"
     reason: str | None = None
@@ -233,6 +260,7 @@ class PauseState(BaseModel):
     expiry_asked: bool = False
     rollback: bool = False
     emergency: bool = Field(default=False, description="Aborting because a budget ran out while work ran.")
+    condition: ParkCondition | None = Field(default=None, description="A park that ends when this holds.")
 
 
 class CompensationRecord(BaseModel):

@@ -56,7 +56,7 @@ def progress_snapshot(
         report=state.result.report if state.result else None,
         failure=state.failure,
         parked=state.pause.mode == "parked",
-        pause_reason=state.pause.reason,
+        pause_reason=pause_reason(state),
         premises=state.premises,
         questions=[
             QuestionView(
@@ -200,3 +200,11 @@ def details_markdown(
     if state.failure:
         lines.append(f"failure: {state.failure}")
     return "\n\n".join(lines)
+
+
+def pause_reason(state: GoalState) -> str | None:
+    """Why the goal is parked, and for a park that ends by itself, what it waits for."""
+    pause = state.pause
+    if pause.condition is None or pause.reason is None:
+        return pause.reason
+    return f"{pause.reason} ({pause.condition.describe()})"
