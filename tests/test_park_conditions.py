@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from perdure.workflows.goal.contracts.messages import Park, Signal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from tests.builders import STEP_REPLY, llm, openai_profile
+from tests.builders import STEP_REPLY, llm, openai_profile, spec
 from tests.helpers import calls_for, running_worker, start, submit, wait_until
 
 pytestmark = [pytest.mark.slow]
@@ -110,3 +110,28 @@ def test_bad_park_conditions_are_refused_in_one_line(condition, error):
     assert error in str(refused.value)
     with pytest.raises(ValidationError):
         Signal(request_id="s", name="two words")
+
+
+@pytest.mark.process
+async def test_park_until_a_file_survives_a_worker_sigkill(crash_rig, tmp_path):
+    rig = crash_rig()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    step = {"name": "after", "kind": "tool", "tool": "run_command", "args": {"command": "echo went on"}}
+    handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=["run_command"]))
+    park = Park(request_id="p1", reason="waiting for CI", until_file="READY", poll_first_s=0.5, poll_max_s=1.5)
+    await handle.signal(GoalWorkflow.message_signal, park.model_dump(mode="json"))
+    worker = rig.start_worker()
+    await wait_until(handle, lambda s: "checked 2 times" in (s.pause_reason or ""), timeout_s=60)
+    worker.kill()  # SIGKILL: the park is state, its next check a durable timer
+    await rig.start_worker().wait_polling()
+    await wait_until(handle, lambda s: "checked 3 times" in (s.pause_reason or ""), timeout_s=60)
+    (workspace / "READY").touch()
+    appeared = datetime.utcnow()
+    result = await rig.result(handle)
+    history = await handle.fetch_history()
+
+    assert result.outcome == "succeeded", result.excerpt
+    after = [c for c in park_checks(history) if c[1] >= appeared]
+    assert len(after) <= 1  # resumed at the first check after the file appeared
+    assert rig.store.get_text(result.outputs["after"]).startswith("$ echo went on")

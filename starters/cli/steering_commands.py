@@ -20,7 +20,18 @@ from perdure.starters import render, router_view
 from perdure.starters.cli.terminal import UserError, console, err_console, key_values, refuse, run
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import MessageRejected, SayRefused
-from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve, Narrow, Park, Queue, Resume, Rewind, Steer
+from perdure.workflows.goal.contracts.messages import (
+    Abort,
+    Answer,
+    Approve,
+    Narrow,
+    Park,
+    Queue,
+    Resume,
+    Rewind,
+    Signal,
+    Steer,
+)
 from perdure.workflows.goal.contracts.plan import describe_validation_error
 from perdure.workflows.router.router_contracts import CardAction, Pick, Say
 
@@ -113,11 +124,39 @@ def park(
     reason: Annotated[str, typer.Option(help="What the goal waits for.")],
     until: Annotated[datetime | None, typer.Option(help="Wake at this UTC time (ISO 8601).")] = None,
     expiry_hours: Annotated[float, typer.Option(help="Ask again after this long.")] = 48,
+    until_file: Annotated[
+        str | None, typer.Option(help="Resume once this path (relative to the goal's workspace) exists.")
+    ] = None,
+    until_command: Annotated[
+        str | None, typer.Option(help="Resume once this command, sandboxed in the workspace, exits 0.")
+    ] = None,
+    until_signal: Annotated[str | None, typer.Option(help="Resume once `perdure signal GOAL NAME` sends it.")] = None,
+    poll_first_s: Annotated[float, typer.Option(help="First wait between checks (it doubles).")] = 2,
+    poll_max_s: Annotated[float, typer.Option(help="Longest wait between checks.")] = 300,
     request_id: RequestId = None,
 ) -> None:
-    """Pause dispatching until resume (or --until); no stall checks while parked."""
+    """Pause dispatching until resume, --until a time, or a condition (a file, a command, a
+    signal); no stall checks while parked."""
     wake = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
-    _send(goal_id, Park, request_id, reason=reason, until=wake, expiry_hours=expiry_hours)
+    _send(
+        goal_id,
+        Park,
+        request_id,
+        reason=reason,
+        until=wake,
+        expiry_hours=expiry_hours,
+        until_file=until_file,
+        until_command=until_command,
+        until_signal=until_signal,
+        poll_first_s=poll_first_s,
+        poll_max_s=poll_max_s,
+    )
+
+
+@app.command()
+def signal(goal_id: str, name: str, request_id: RequestId = None) -> None:
+    """Send a named signal: it ends a park that waits for it (park --until-signal NAME)."""
+    _send(goal_id, Signal, request_id, name=name)
 
 
 @app.command()

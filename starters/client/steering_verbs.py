@@ -87,13 +87,34 @@ class SteeringVerbs(ABC):
         *,
         until: datetime | None = None,
         expiry_hours: float = 48,
+        until_file: str | None = None,
+        until_command: str | None = None,
+        until_signal: str | None = None,
+        poll_first_s: float = 2,
+        poll_max_s: float = 300,
         request_id: str | None = None,
     ) -> Delivery:
-        """Pause dispatching until `resume` (or `until`, a timezone-aware time); the goal asks
-        again after `expiry_hours`."""
+        """Pause dispatching until `resume` (or `until`, a timezone-aware time, or one
+        condition: a workspace file exists, a command exits 0, a named signal arrives,
+        checked every `poll_first_s` doubling to `poll_max_s`); the goal asks again after
+        `expiry_hours`."""
         return await self._verb(
-            goal_id, messages.Park, request_id, reason=reason, until=until, expiry_hours=expiry_hours
+            goal_id,
+            messages.Park,
+            request_id,
+            reason=reason,
+            until=until,
+            expiry_hours=expiry_hours,
+            until_file=until_file,
+            until_command=until_command,
+            until_signal=until_signal,
+            poll_first_s=poll_first_s,
+            poll_max_s=poll_max_s,
         )
+
+    async def signal(self, goal_id: str, name: str, *, request_id: str | None = None) -> Delivery:
+        """Send a named signal: it ends a park that waits for it (`park(until_signal=NAME)`)."""
+        return await self._verb(goal_id, messages.Signal, request_id, name=name)
 
     async def resume(self, goal_id: str, *, request_id: str | None = None) -> Delivery:
         """Resume a parked goal."""
