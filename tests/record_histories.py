@@ -1149,6 +1149,28 @@ async def record_goal_writes_prepared_in_workflow(env: WorkflowEnvironment, out:
     save(out, await handle.fetch_history())
 
 
+async def record_goal_park_until_file(env: WorkflowEnvironment, out: Path) -> None:
+    """A read, then a park until a workspace file exists: two checks miss (each a
+    run_command activity, a doubling timer between), the file appears, the next check sees
+    it and the goal resumes by itself and reads the file (issue 38)."""
+    async with rig(env) as (workspace, task_queue):
+        (workspace / "a.md").write_text("alpha\n")
+        steps = [
+            {"name": "read-a", "kind": "tool", "tool": "read_file", "args": {"path": "a.md"}},
+            {"name": "read-ready", "kind": "tool", "tool": "read_file", "args": {"path": "READY"}, "needs": ["read-a"]},
+        ]
+        goal = spec(workspace, plan={"steps": steps}, allowed_tools=["read_file"], drift_every=0)
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal), id=out.stem, task_queue=task_queue
+        )
+        park = Park(request_id="pk-1", reason="waiting for CI", until_file="READY", poll_first_s=0.5, poll_max_s=1)
+        await submit(handle, park)
+        await wait_until(handle, lambda s: "checked 2 times" in (s.pause_reason or ""))
+        (workspace / "READY").write_text("green\n")
+        await handle.result()
+        save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-1.0-demo": record_goal_demo,
     "goal-1.0-steered": record_goal_steered,
@@ -1176,6 +1198,7 @@ SCENARIOS = {
     "goal-1.0-late-wait-cause": record_goal_late_wait_cause,
     "goal-1.0-mcp-tools": record_goal_mcp_tools,
     "goal-1.1-user-tools": record_goal_user_tools,
+    "goal-1.1-park-until-file": record_goal_park_until_file,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.0-offline-then-back": record_devices_offline_then_back,
