@@ -135,3 +135,15 @@ async def test_park_until_a_file_survives_a_worker_sigkill(crash_rig, tmp_path):
     after = [c for c in park_checks(history) if c[1] >= appeared]
     assert len(after) <= 1  # resumed at the first check after the file appeared
     assert rig.store.get_text(result.outputs["after"]).startswith("$ echo went on")
+
+
+async def test_park_time_limit_reached_before_the_file_asks_as_parks_do(ts_env, task_queue, store, workspace, scripted):
+    server = scripted(STEP_REPLY)
+    handle = await start(ts_env, task_queue, workspace, [llm("only")])
+    park = Park(request_id="p1", reason="waiting for CI", until_file="READY", expiry_hours=0.01, poll_max_s=10)
+    await handle.signal(GoalWorkflow.message_signal, park.model_dump(mode="json"))
+    async with running_worker(ts_env, task_queue, store, openai_profile(server)):
+        snapshot = await wait_until(handle, lambda s: s.questions)
+        assert snapshot.parked and [q.title for q in snapshot.questions] == ["Still parked: waiting for CI"]
+        assert "until file READY exists" in snapshot.pause_reason
+        assert server.requests() == []
