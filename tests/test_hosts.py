@@ -179,3 +179,40 @@ def test_start_refuses_a_workspace_no_host_offers_and_a_worker_refuses_unusable_
     assert listing.returncode == 0, listing.stdout + listing.stderr
     (h1,) = json.loads(listing.stdout)["devices"]
     assert h1["name"] == "h1" and h1["workspaces"] == {"repo": str(repo.resolve())}
+
+
+def test_a_park_until_a_file_is_checked_on_the_goals_host_where_the_file_appears(fleet, env, tmp_path):
+    repo = workspace_dir(tmp_path, "h1")
+    fleet.ready(fleet.host("h1", {"repo": repo}), "host h1 online")
+    goal_id = new_goal_id("host-park")
+    cli = fleet.variables("cli")
+    fleet.ready(fleet.start("w"))
+    slow = {"name": "slow", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 4"}}
+    write = {"name": "write", "kind": "tool", "tool": "write_file", "needs": ["slow"]}
+    write["args"] = {"path": "notes.md", "content": NOTES}
+    start_on(cli, write_plan(tmp_path / "plan.yaml", [slow, write]), "h1:repo", goal_id)
+    # Parked while the first step runs: the write waits for the file.
+    args = ("--reason", "waiting for the build", "--until-file", "build/READY", "--poll-first-s", "0.5")
+    parked = perdure("park", goal_id, *args, "--poll-max-s", "1", env=cli)
+    assert parked.returncode == 0, parked.stdout + parked.stderr
+
+    failed: list[str] = []
+
+    def checked_twice() -> bool:
+        snap = snapshot_or_none(env, goal_id, failed)
+        return snap is not None and snap.parked and "checked 2 times" in (snap.pause_reason or "")
+
+    waited_for(checked_twice, "two checks of build/READY", failed)
+    assert not (repo / "notes.md").exists()  # nothing new ran while parked
+    (repo / "build").mkdir()
+    (repo / "build" / "READY").touch()  # on the host's disk only: a worker's check never sees it
+
+    def resumed() -> bool:
+        snap = snapshot_or_none(env, goal_id, failed)
+        return snap is not None and not snap.parked
+
+    waited_for(resumed, "the park to end on the host's file", failed, timeout_s=20)
+    result = result_of(env, goal_id)
+    assert result.outcome == "succeeded", result.excerpt
+    assert (repo / "notes.md").read_text() == NOTES
+    assert "park ended: file build/READY exists" in " ".join(snapshot(env, goal_id).gate_log)

@@ -9,7 +9,9 @@ from datetime import datetime
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from perdure.starters import cli
 from perdure.workflows.goal.contracts.messages import Park, Signal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
@@ -110,6 +112,21 @@ def test_bad_park_conditions_are_refused_in_one_line(condition, error):
     assert error in str(refused.value)
     with pytest.raises(ValidationError):
         Signal(request_id="s", name="two words")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["signal", "g1", "ci done"], "error: name: signal name 'ci done': a signal name is letters, digits"),
+        (["park", "g1", "--reason", "r", "--until-file", "../x"], "error: until_file: until_file must be a path"),
+    ],
+)
+def test_bad_conditions_from_the_cli_are_one_line_with_no_server_asked(args, line):
+    # Refused before any connection: no server runs at this address.
+    result = CliRunner().invoke(cli.app, args, env={"TEMPORAL_ADDRESS": "127.0.0.1:1"})
+    assert result.exit_code == 2
+    assert result.output.startswith(line), result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
 @pytest.mark.process

@@ -568,6 +568,27 @@ class Devices:
         spec = self._ctx.tools().get(tool_input.tool)
         return spec is not None and spec.replay != "once"
 
+    async def check_on_host(self, tool_input: ToolInput, summary: str) -> ToolResult | None:
+        """A park's check (park_conditions) where the goal's workspace lives: None when it lives
+        on the workers. One attempt, never a wait: while the host is offline, holds no such
+        workspace or loses the call, the condition does not hold yet and is checked again later."""
+        name = self.host()
+        if name is None:
+            return None
+        self.watch()
+        presence = self._ctx.state.devices.get(name)
+        if presence is None or not presence.online:
+            return self._failed(tool_input, f"host {name} is offline; checked again later")
+        root = self.root_for(name, presence)
+        if root is None:
+            return self._failed(tool_input, self.not_held(name, presence))
+        try:
+            result = await self._send(tool_input.model_copy(update={"workspace": root}), summary, name, presence)
+        except ActivityError as err:
+            return self._failed(tool_input, f"the check on host {name} did not answer: {err.cause}")
+        # Only whether it held matters: its output is not kept.
+        return ToolResult(call_id=tool_input.call_id, tool=tool_input.tool, ok=result.ok, error=result.error)
+
     def _failed(self, tool_input: ToolInput, error: str) -> ToolResult:
         spec = self._ctx.tools().get(tool_input.tool)
         return ToolResult(

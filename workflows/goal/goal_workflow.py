@@ -103,7 +103,7 @@ class GoalWorkflow:
         calls = ModelCalls(ctx, self._inbox, self._spend, lost)
         self._devices = Devices(ctx)
         tools = ToolRunner(state, self._devices, ctx.tools, lost, self._spend.charge_tool)
-        self._pause.run_check = tools.execute
+        self._pause.run_check = tools.check
         self._guard = EffectGuard(ctx, tools, self._devices, self._spend)
         runners = node_runners(NodeDeps(ctx, calls, self._guard, tools, self._pause, self._spend))
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)

@@ -26,7 +26,7 @@ class Pause:
         self._ctx = ctx
         # What the goal's budget says as it resumes (Spend.judge_at_resume), set by the workflow.
         self.on_resume: Callable[[], None] | None = None
-        # How a park's file or command check runs (ToolRunner.execute), set by the workflow.
+        # How a park's file or command check runs (ToolRunner.check), set by the workflow.
         self.run_check: Callable[[ToolInput, str], Awaitable[ToolResult]] | None = None
 
     def park(

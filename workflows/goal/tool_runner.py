@@ -84,6 +84,15 @@ class ToolRunner:
             return segments.Placement(where="activity", why="runs on the step's device")
         return segments.place(self._tools().get(tool), self._state.spec.local_activities_up_to_s)
 
+    async def check(self, tool_input: ToolInput, summary: str) -> ToolResult:
+        """A call of no step (a park's check): on the goal's host when its workspace lives on
+        one, else on the workers."""
+        if self._devices is not None:
+            on_host = await self._devices.check_on_host(tool_input, summary)
+            if on_host is not None:
+                return on_host
+        return await self.execute(tool_input, summary)
+
     async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
         device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
         if device is not None and node is not None:

@@ -73,6 +73,12 @@ class Approve(_Message):
     text: str | None = Field(default=None, max_length=MAX_TEXT)
 
 
+def _signal_name(value: str, what: str) -> str:
+    if not re.match(SIGNAL_NAME, value):
+        raise ValueError(f"{what} {value!r}: {SIGNAL_RULE}")
+    return value
+
+
 class Park(_Message):
     kind: Literal["park"] = "park"
     reason: str = Field(min_length=1, max_length=MAX_TEXT)
@@ -107,9 +113,7 @@ class Park(_Message):
     @field_validator("until_signal")
     @classmethod
     def _signal_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(SIGNAL_NAME, value):
-            raise ValueError(f"until_signal {value!r}: {SIGNAL_RULE}")
-        return value
+        return None if value is None else _signal_name(value, "until_signal")
 
     @model_validator(mode="after")
     def _one_condition(self) -> Park:
@@ -126,7 +130,12 @@ class Signal(_Message):
     that waits for it (`perdure park --until-signal NAME`)."""
 
     kind: Literal["signal"] = "signal"
-    name: str = Field(pattern=SIGNAL_NAME, description="The signal's name.")
+    name: str = Field(description="The signal's name.")
+
+    @field_validator("name")
+    @classmethod
+    def _signal_name(cls, value: str) -> str:
+        return _signal_name(value, "signal name")
 
 
 class Resume(_Message):

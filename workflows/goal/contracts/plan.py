@@ -421,7 +421,11 @@ def template_refs(value: Any) -> set[str]:
 def describe_validation_error(err: ValidationError, root: str = "(root)") -> str:
     """One line per problem: `location: message`, readable by a person or a model;
     `root` names the location of a problem with the value as a whole."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in err.errors(include_url=False))
+    # pydantic prefixes a validator's own text with "Value error, ": the text says it already.
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg'].removeprefix('Value error, ')}"
+        for e in err.errors(include_url=False)
+    )
 
 
 def parse_plan(
