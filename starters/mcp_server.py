@@ -2,7 +2,7 @@
 over stdio or streamable HTTP, with the official `mcp` SDK.
 
 Tools: `start_goal`; the steering verbs `steer`, `queue`, `answer`, `approve`, `park`,
-`resume`, `narrow`, `rewind`, `abort`; and the reads `goal_status`, `goal_inbox`,
+`resume`, `signal`, `narrow`, `rewind`, `abort`; and the reads `goal_status`, `goal_inbox`,
 `goal_report`. Resources: `perdure://goals/{goal_id}/progress` (JSON) and
 `perdure://goals/{goal_id}/report` (markdown). Each does what the CLI and the web UI do,
 through the same client (starters/client/), so a message sent here gets the same request
@@ -57,6 +57,7 @@ from perdure.workflows.goal.contracts.messages import (
     Queue,
     Resume,
     Rewind,
+    Signal,
     Steer,
 )
 from perdure.workflows.goal.contracts.plan import describe_validation_error
@@ -99,6 +100,12 @@ Approved = _like(Approve, "approved", "True to approve, false to refuse what the
 Reason = _like(Park, "reason", "What the goal waits for.")
 Until = _like(Park, "until", "Wake at this time (ISO 8601, UTC unless it has an offset); else wait for resume.")
 ExpiryHours = _like(Park, "expiry_hours", "Ask a person again after this many hours parked.")
+UntilFile = _like(Park, "until_file", "Resume by itself once this path (relative to the goal's workspace) exists.")
+UntilCommand = _like(Park, "until_command", "Resume by itself once this command, sandboxed in the workspace, exits 0.")
+UntilSignal = _like(Park, "until_signal", "Resume by itself once the `signal` tool sends this name.")
+PollFirst = _like(Park, "poll_first_s", "Seconds before the first check of a file or command; the wait doubles.")
+PollMax = _like(Park, "poll_max_s", "The longest wait between checks, in seconds.")
+SignalName = _like(Signal, "name", "The name a park waits for (park's until_signal).")
 Premises = _like(Narrow, "premises", 'Premise key -> new value, e.g. {"scope": "module_a"}.')
 Why = _like(Narrow, "why", "Why the requirement changed.")
 Node = _like(Rewind, "node", "The step to void (with what depends on it), by its name in goal_status.")
@@ -301,11 +308,22 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
     @server.tool(annotations=MUTATES)
     async def park(
         goal_id: GoalId, reason: Reason, until: Until = None, expiry_hours: ExpiryHours = 48,
-        request_id: RequestId = None,
+        until_file: UntilFile = None, until_command: UntilCommand = None, until_signal: UntilSignal = None,
+        poll_first_s: PollFirst = 2, poll_max_s: PollMax = 300, request_id: RequestId = None,
     ) -> SendResult:  # fmt: skip
-        """Pause the goal's dispatching until resume (or `until`); no stall checks while parked."""
+        """Pause the goal's dispatching until resume, `until` a time, or one condition (a workspace
+        file exists, a command exits 0, a named signal arrives); no stall checks while parked."""
         wake = until.replace(tzinfo=UTC) if isinstance(until, datetime) and until.tzinfo is None else until
-        return await send(goal_id, Park, request_id, reason=reason, until=wake, expiry_hours=expiry_hours)
+        condition = {"until_file": until_file, "until_command": until_command, "until_signal": until_signal}
+        return await send(
+            goal_id, Park, request_id, reason=reason, until=wake, expiry_hours=expiry_hours,
+            poll_first_s=poll_first_s, poll_max_s=poll_max_s, **condition,
+        )  # fmt: skip
+
+    @server.tool(annotations=MUTATES)
+    async def signal(goal_id: GoalId, name: SignalName, request_id: RequestId = None) -> SendResult:
+        """Send a named signal: it ends a park that waits for it (park's until_signal)."""
+        return await send(goal_id, Signal, request_id, name=name)
 
     @server.tool(annotations=MUTATES)
     async def resume(goal_id: GoalId, request_id: RequestId = None) -> SendResult:

@@ -30,7 +30,7 @@ from tests.helpers import free_ports, goal_result, running_worker
 from tests.mcp_rig import call, status_until, stdio_server
 from tests.subprocess_rig import PERDURE, kill_raw, spawn_raw_server, stop, user_env
 
-VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "narrow", "rewind", "abort"}
+VERBS = {"start_goal", "steer", "queue", "answer", "approve", "park", "resume", "signal", "narrow", "rewind", "abort"}
 READS = {"goal_status", "goal_inbox", "goal_report"}
 PAYMENT = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 42"}
 PAY_PLAN = {
@@ -197,7 +197,16 @@ async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_
             "unknown goal report": await refusal(client, "goal_report", goal_id="no-such-goal"),
             "unknown tool": await refusal(client, "dance", goal_id="g-1"),
             "unknown argument": await refusal(client, "approve", goal_id=goal_id, question_id="q1", approve=False),
+            "no signal awaited": await refusal(client, "signal", goal_id=goal_id, name="ci-done"),
+            "bad signal name": await refusal(client, "signal", goal_id=goal_id, name="ci done"),
+            "two conditions": await refusal(
+                client, "park", goal_id=goal_id, reason="r", until_file="READY", until_signal="ci-done"
+            ),
         }
+        await call(client, "park", goal_id=goal_id, reason="waiting for CI", until_signal="ci-done")
+        parked = await status_until(client, goal_id, lambda s: s["parked"])
+        signalled = await call(client, "signal", goal_id=goal_id, name="ci-done")
+        await status_until(client, goal_id, lambda s: not s["parked"])
         with pytest.raises(MCPError) as unknown_resource:
             await client.read_resource("perdure://goals/no-such-goal/report")
         await call(client, "abort", goal_id=goal_id)
@@ -223,9 +232,13 @@ async def test_bad_arguments_unknown_goals_and_refused_messages_are_tool_errors_
         "unknown goal report": "no goal with id 'no-such-goal'",
         "unknown tool": "Unknown tool: dance",
         "unknown argument": "approve: unknown argument 'approve'; it takes: goal_id, question_id, approved, text,",
+        "no signal awaited": "rejected: the goal is not parked waiting for a signal (signal ci-done not used)",
+        "bad signal name": "signal name 'ci done': a signal name is letters, digits",
+        "two conditions": "a park waits for one condition",
     }
     for case, words in expected.items():
         assert words in said[case], (case, said[case])
+    assert "until signal ci-done" in parked["pause_reason"] and signalled["status"] == "applied", signalled
     assert all("Traceback" not in text and len(text) < 2_000 for text in said.values()), said
     assert "no goal with id 'no-such-goal'" in str(unknown_resource.value)
     assert {t.name for t in still_serving.tools} == VERBS | READS

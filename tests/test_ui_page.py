@@ -4,7 +4,8 @@ when the goal is done, a question is answered by clicking its button and its rec
 lands in the inbox, a node is rewound by clicking it after the page said what becomes
 void, older plan versions are drawn read-only, the goal list filters and puts a goal
 waiting on a person first, the list and a goal's header name it by its text, a card's
-"done so far" is what is done when shown, a premise is narrowed from its panel, and a
+"done so far" is what is done when shown, a premise is narrowed from its panel, a goal is
+parked until a signal and then a file from its park panel, and a
 running node's live model output follows the token events."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from perdure.starters.ui_server import build_app
 from perdure.testing.browser import CHROMIUM, Browser
 from perdure.workflows.goal.contracts.events import token_delta_id, token_retry_id
 from perdure.workflows.goal.contracts.messages import Abort, Park
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, llm, scripted_profile, spec
 from tests.device_rig import write_on
 from tests.helpers import free_ports, goal_result, local_activities, running_worker, start, submit, wait_until
@@ -204,6 +206,45 @@ async def test_a_node_is_rewound_by_clicking_it_and_runs_again(env, task_queue, 
     assert preview == "read gate" and sorted(marked) == ["gate", "read"]
     assert older == ["true", "gate read", 0], older
     assert rewind_offered is False  # an older version is read-only
+    assert page.errors == []
+
+
+async def test_a_goal_is_parked_until_a_signal_then_a_file_from_its_park_panel(
+    env, task_queue, store, workspace, ui, tmp_path
+):
+    after = {"name": "after", "kind": "tool", "tool": "run_command", "args": {"command": "echo after"}}
+    after["needs"] = ["gate"]
+    panel = "document.getElementById('parking')"
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        handle = await start(env, task_queue, workspace, [gate(), after], allowed_tools=["run_command"])
+        await page.open(f"{ui}/goals/{handle.id}")
+        await page.wait_for(f"{status_of('gate')} === 'running' && document.getElementById('park') !== null")
+
+        async def park_until(kind: str, target: str) -> str:
+            await page.evaluate(f"document.getElementById('park-reason').value = 'waiting on {kind}'")
+            await page.evaluate(f"document.getElementById('park-until').value = 'until_{kind}'")
+            await page.evaluate(f"document.getElementById('park-target').value = '{target}'")
+            await page.evaluate("document.getElementById('park').click()")
+            return await page.wait_for(f"document.getElementById('resume') !== null && {panel}.textContent")
+
+        by_signal = await park_until("signal", "ci-done")
+        await page.wait_for("document.getElementById('send-signal') !== null")
+        await page.evaluate("document.getElementById('send-signal').click()")
+        await page.wait_for("document.getElementById('park') !== null")  # running again: the form is back
+        by_file = await park_until("file", "READY")
+        (workspace / "GO").write_text("")  # the gate ends; `after` waits for the park
+        parked = await wait_until(
+            handle, lambda s: s.parked and "gate" not in s.running and "checked 1 times" in (s.pause_reason or "")
+        )
+        (workspace / "READY").write_text("")
+        result = await handle.result()
+        gate_log = (await handle.query(GoalWorkflow.progress)).gate_log
+    assert "waiting on signal (until signal ci-done)" in by_signal, by_signal
+    assert "waiting on file (until file READY exists" in by_file, by_file
+    assert {n.name: n.status for n in parked.nodes}["after"] not in ("running", "succeeded")
+    assert result.outcome == "succeeded", result.excerpt
+    ended = [entry for entry in gate_log if "park ended" in entry]
+    assert len(ended) == 2 and "signal ci-done received" in ended[0] and "file READY exists" in ended[1], ended
     assert page.errors == []
 
 

@@ -384,6 +384,42 @@ function drawPremises(box, snapshot, state) {
     ...(entries.length ? [...rows, why, answer] : [el("p", {}, "this goal rests on no named premises")]));
 }
 
+// Park (for a time, or until a workspace file exists, a command exits 0 or a named signal
+// arrives), resume, and send the signal a park waits for. Redrawn only when the goal parks or
+// resumes, so a reason being typed stays.
+function drawPark(box, snapshot, state) {
+  const answer = el("p", { class: "park-receipt" });
+  const sent = (kind) => (receipt) => {
+    state.noteReceipt(receipt);
+    answer.textContent = receiptText(kind, receipt);
+  };
+  if (snapshot.parked) {
+    const waitsFor = /until signal ([^ );]+)/.exec(snapshot.pause_reason || "");
+    const resumeId = newRequestId();
+    const signalId = newRequestId();
+    box.replaceChildren(el("h3", {}, "park"), el("p", {}, `parked: ${snapshot.pause_reason || ""}`),
+      el("button", { id: "resume", onclick: async () =>
+        sent("resume")(await send(snapshot.goal_id, { request_id: resumeId, kind: "resume" })) }, "resume"), " ",
+      waitsFor ? el("button", { id: "send-signal", "data-signal": waitsFor[1], onclick: async () =>
+        sent("signal")(await send(snapshot.goal_id, { request_id: signalId, kind: "signal", name: waitsFor[1] })) },
+        `send signal ${waitsFor[1]}`) : "",
+      answer);
+    return;
+  }
+  const reason = el("input", { id: "park-reason", placeholder: "what the goal waits for", size: "24" });
+  const until = el("select", { id: "park-until" },
+    ...[["", "until resumed"], ["until_file", "until a file exists"], ["until_command", "until a command exits 0"],
+      ["until_signal", "until a signal"]].map(([v, label]) => el("option", { value: v }, label)));
+  const target = el("input", { id: "park-target", placeholder: "path, command or signal name", size: "24" });
+  const requestId = newRequestId();
+  const park = el("button", { id: "park", onclick: async () => {
+    const message = { request_id: requestId, kind: "park", reason: reason.value || "parked from the page" };
+    if (until.value) message[until.value] = target.value;
+    sent("park")(await send(snapshot.goal_id, message));
+  } }, "park");
+  box.replaceChildren(el("h3", {}, "park"), reason, " ", until, " ", target, " ", park, answer);
+}
+
 async function loadReport(box, goalId, tries = 0) {
   try {
     const report = await getJSON(`/api/goals/${encodeURIComponent(goalId)}/report`);
@@ -406,13 +442,14 @@ async function showGoal(goalId) {
   const state = {
     status: new Map(), nodeEvents: new Map(), live: new Map(), seen: new Set(), plans: new Map(),
     receipts: new Map(), rewound: new Map(), refused: 0, snapshot: null, view: null, refresh: null, lastRefresh: 0,
-    premises: null, reported: false, wouldVoid: new Set(),
+    premises: null, parkedAs: null, reported: false, wouldVoid: new Set(),
   };
   // The panels are kept across renders: a reason or a premise value being typed, or a
   // receipt, must not vanish when the goal makes progress.
   const detail = el("div", { id: "detail" }, "click a node for its detail");
   const inbox = el("section", { id: "inbox", class: "panel" });
   const premises = el("section", { id: "premises", class: "panel" });
+  const parking = el("section", { id: "parking", class: "panel" });
   const report = el("section", { id: "report", class: "panel" });
   const graphBox = el("div", { id: "graph-box" });
   const questions = el("div", { id: "questions" });
@@ -453,6 +490,12 @@ async function showGoal(goalId) {
       state.premises = premisesNow;
       drawPremises(premises, s, state);
     }
+    const parkedNow = CLOSED_PHASES.has(s.phase) ? "closed" : `${s.parked}:${s.pause_reason}`;
+    if (parkedNow !== state.parkedAs) {
+      state.parkedAs = parkedNow;
+      if (CLOSED_PHASES.has(s.phase)) parking.replaceChildren();
+      else drawPark(parking, s, state);
+    }
     if (CLOSED_PHASES.has(s.phase) && !state.reported) {
       state.reported = true;
       loadReport(report, goalId);
@@ -476,7 +519,7 @@ async function showGoal(goalId) {
   main.replaceChildren(summary, questions,
     el("div", { class: "layout" },
       el("div", { class: "left" }, el("div", { class: "versions" }, picker, " ", versionNote), graphBox, detail),
-      el("div", { class: "right" }, inbox, premises)),
+      el("div", { class: "right" }, inbox, parking, premises)),
     report);
 
   const events = new EventSource(`${api}/events?from=0`);
