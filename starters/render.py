@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionDescription
 from temporalio.service import RPCError
 
 from perdure.runtime import settings
+from perdure.starters import render_abort
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import EndedWithoutResult
 from perdure.starters.client.goal_forks import GoalDiff, StepSide
@@ -191,6 +192,8 @@ def print_status(
         say(console, f"[dim]oldest read: {escape(oldest.name)}, {age} ago ({reads})[/dim]")
     if snap.parked:
         say(console, f"[yellow]parked:[/yellow] {escape(snap.pause_reason or '')}")
+    if snap.abort is not None:
+        render_abort.print_abort(console, snap.abort)
     if snap.premises:
         say(console, "premises: " + escape(", ".join(f"{k}={v}" for k, v in sorted(snap.premises.items()))))
     print_questions(console, snap)

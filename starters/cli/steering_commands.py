@@ -6,6 +6,7 @@ carries a request id; a retry with the same id is the same message.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,10 +14,11 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from perdure.runtime import settings
-from perdure.starters import render, router_view
+from perdure.starters import render, render_abort, router_view
 from perdure.starters.cli.terminal import UserError, console, err_console, key_values, refuse, run
 from perdure.starters.client import PerdureClient
 from perdure.starters.client.client_errors import MessageRejected, SayRefused
@@ -42,7 +44,14 @@ RequestId = Annotated[
 ]
 
 
-def _send(goal_id: str, message_type: type, request_id: str | None, **fields: Any) -> None:
+def _send(
+    goal_id: str,
+    message_type: type,
+    request_id: str | None,
+    then: Callable[[PerdureClient, str], Awaitable[None]] | None = None,
+    **fields: Any,
+) -> None:
+    """Send the message and print its receipt; `then(client, goal_id)` once it is applied."""
     rid = request_id or PerdureClient.new_request_id()
     try:
         message = message_type(request_id=rid, **fields)
@@ -78,6 +87,8 @@ def _send(goal_id: str, message_type: type, request_id: str | None, **fields: An
             err_console.print(f"[red]rejected:[/red] {escape(receipt.note or 'no reason given')}")
             raise typer.Exit(2)
         render.print_receipt(console, receipt)
+        if then is not None and receipt.status == "applied":
+            await then(client, goal_id)
 
     run(_go, goal_id)
 
@@ -195,7 +206,22 @@ def abort(
     request_id: RequestId = None,
 ) -> None:
     """Stop dispatching and finish with the report and the unfinished list."""
-    _send(goal_id, Abort, request_id, reason=reason, rollback=rollback)
+    _send(goal_id, Abort, request_id, then=_abort_under_way, reason=reason, rollback=rollback)
+
+
+async def _abort_under_way(client: PerdureClient, goal_id: str) -> None:
+    """An applied abort is requested, not done: say what it still waits for (writes on their
+    way, subgoals, compensations) and how to watch it, or that it is achieved."""
+    try:
+        abort = (await client.progress(goal_id)).abort
+    except (RPCError, WorkflowQueryFailedError):
+        abort = None
+    if abort is None:
+        console.print(f"abort requested; {render_abort.watch_hint(goal_id)}", highlight=False)
+        return
+    render_abort.print_abort(console, abort)
+    if abort.stage == "requested":
+        console.print(render_abort.watch_hint(goal_id), highlight=False)
 
 
 @app.command("inbox")

@@ -17,10 +17,12 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
+from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import Signals, SubgoalOutcome
-from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import GoalState, Node, Question
+from perdure.workflows.goal.rules.abort_view import abort_progress
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.shared import metrics
 from perdure.workflows.shared.contracts import ArtifactRef
@@ -67,10 +69,14 @@ class GoalContext:
         # Bumps the loop's wake-up counter: a node settled, a message or a question arrived.
         self.wake = wake
         self._index: NodeIndex | None = None
-        # Node -> remote writes it has in flight. A write in flight is never cancelled:
-        # stopping or voiding its node waits for it to settle (nothing is in flight at
-        # continue-as-new, so this is never carried).
-        self.writes_in_flight: dict[str, int] = {}
+        # Node -> the tools of the remote writes it has in flight. A write in flight is never
+        # cancelled: stopping or voiding its node waits for it to settle (nothing is in flight
+        # at continue-as-new, so this is never carried).
+        self.writes_in_flight: dict[str, list[str]] = {}
+        # What an abort found (workflows/goal/rules/abort_view.py): node -> the status it had when
+        # the abort stopped it at once, and the effect key whose undo is on its way.
+        self.stopped_by_abort: dict[str, str] = {}
+        self.undoing: str | None = None
         # Nodes told to stop once their writes settle (the goal is stopping, or they were voided).
         self.stopping: set[str] = set()
         # Steps settled in this run (not carried): what bounds the run's replay.
@@ -142,7 +148,7 @@ class GoalContext:
         for name, child_id in self.children():
             if name == but or (join is not None and getattr(plan.step(name), "join", None) != join):
                 continue
-            self.tell_child(child_id, Abort(request_id="stop-by-parent", reason=why[:300], rollback=rollback))
+            self.tell_child(child_id, Abort(request_id=PARENT_STOP, reason=why[:300], rollback=rollback))
 
     def subgoal_ended(self, outcome: SubgoalOutcome) -> None:
         """A child said how it ended (or its handle did): kept for its node, which runs again."""
@@ -200,6 +206,10 @@ class GoalContext:
             self.metrics.add(metrics.NODES_SETTLED, 1, kind=node.kind, outcome=status)
         if self.on_status is not None:
             self.on_status(node)
+
+    def abort_progress(self) -> AbortProgress | None:
+        """What an abort has done so far (None: not aborting), for the snapshot and the stream."""
+        return abort_progress(self.state, self.writes_in_flight, self.stopped_by_abort, self.undoing)
 
     def log_gate(self, entry: str) -> None:
         log = self.state.gate_log

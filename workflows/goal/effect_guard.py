@@ -257,8 +257,7 @@ class EffectGuard:
         self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None
     ) -> ToolResult:
         """The write itself, counted in flight while it runs, and what its outcome says."""
-        flights = self._ctx.writes_in_flight
-        flights[node.name] = flights.get(node.name, 0) + 1
+        self._ctx.writes_in_flight.setdefault(node.name, []).append(tool_input.tool)
         try:
             result = await self._tools.execute(tool_input, summary, node)
         except NodeWaiting as waiting:
@@ -269,8 +268,8 @@ class EffectGuard:
             raise
         finally:
             # Whatever ended the call (an answer, a wait, an error), it is no longer in
-            # flight: a count left behind would hold an abort forever.
-            self._landed(node)
+            # flight: an entry left behind would hold an abort forever.
+            self._landed(node, tool_input.tool)
         if result.ok:
             self._ctx.state.effects[key] = EffectRecord(
                 node=node.name, tool=tool_input.tool, output=result.output, preview=result.preview
@@ -279,9 +278,9 @@ class EffectGuard:
             record.effect = "happened" if result.ok else "maybe" if result.uncertain else "not_happened"
         return result
 
-    def _landed(self, node: Node) -> None:
+    def _landed(self, node: Node, tool: str) -> None:
         flights = self._ctx.writes_in_flight
-        flights[node.name] -= 1
+        flights[node.name].remove(tool)
         if not flights[node.name]:
             del flights[node.name]
         self._ctx.wake()  # a stopping goal waits for its writes to settle
@@ -307,9 +306,10 @@ class EffectGuard:
     def _refused(self, tool_input: ToolInput, spec: ToolSpec, error: str) -> ToolResult:
         return ToolResult(call_id=tool_input.call_id, tool=tool_input.tool, risk=spec.risk, ok=False, error=error)
 
-    async def roll_back(self) -> None:
+    async def roll_back(self, changed: Callable[[], None] = lambda: None) -> None:
         """Abort with rollback: undo, newest first, every effect that happened or may have
-        happened; each compensation is a keyed call, safe to send for one that did not."""
+        happened; each compensation is a keyed call, safe to send for one that did not.
+        `changed` is called as each undo starts and settles (the event stream says so)."""
         state = self._ctx.state
         for record in reversed(state.compensations):
             if record.status in ("done", "not_needed"):
@@ -327,6 +327,8 @@ class EffectGuard:
                 confirmed=True,
             )
             summary = f"compensate · {comp.tool} · {record.node} · {record.effect_key[:15]}"
+            self._ctx.undoing = record.effect_key
+            changed()
             try:
                 if record.device is not None:
                     result = await self._devices.undo(undo, summary, record.device)
@@ -335,6 +337,9 @@ class EffectGuard:
                     result = await self._tools.execute(undo, summary=summary)
             except ActivityError as err:
                 record.status, record.note = "failed", failure_message(err)
-                continue
-            record.status = "done" if result.ok else "failed"
-            record.note = result.preview if result.ok else result.error
+            else:
+                record.status = "done" if result.ok else "failed"
+                record.note = result.preview if result.ok else result.error
+            finally:
+                self._ctx.undoing = None
+            changed()

@@ -180,6 +180,7 @@ class GoalWorkflow:
         while state.pause.mode != "aborting":
             await self._next_wakeup()
             await self._steering.apply_pending()  # admission lets only an abort through
+        self._pause.abort_achieved()  # nothing ran: nothing to wait for or undo
         state.failure = self._load_problem
         self._inbox.close()
         result = await self._closing.report()
@@ -312,18 +313,27 @@ class GoalWorkflow:
                     await self._devices.on_deadline()
 
     async def _stop(self, why: str) -> None:
-        """Abort (or an emergency stop): cancel all work but the writes in flight, which are
-        never abandoned; once they settle (or time out as uncertain), roll back if asked.
-        After an emergency stop the plan's wrap-up steps still run."""
+        """Abort (or an emergency stop): requested until what it waits for has settled, then
+        achieved. The event stream says each step (it adds nothing to history)."""
+        await self._stop_work(why)
+        self._pause.abort_achieved()
+        self._events.abort_changed()
+
+    async def _stop_work(self, why: str) -> None:
+        """Cancel all work but the writes in flight, which are never abandoned; once they
+        settle (or time out as uncertain), roll back if asked. After an emergency stop the
+        plan's wrap-up steps still run."""
         self._scheduler.cancel_in_flight(why)
+        self._events.abort_changed()
         # Writes in flight settle; subgoals asked to stop say when they have (compensations run).
         while self._ctx.writes_in_flight or self._ctx.children():
             await self._next_wakeup()
             self._scheduler.close_stopped_children(why)
+            self._events.abort_changed()
         self._scheduler.cancel_in_flight(why)
         pause = self._ctx.state.pause
         if pause.rollback:
-            await self._guard.roll_back()
+            await self._guard.roll_back(self._events.abort_changed)
         if pause.emergency and self._scheduler.stop_pending(why):
             while True:
                 self._scheduler.dispatch_wrap_up()
@@ -333,6 +343,7 @@ class GoalWorkflow:
                 if not self._scheduler.busy():
                     return
                 await self._next_wakeup()
+                self._events.abort_changed()
 
     def _active(self) -> bool:
         """Work in flight or ready to run: what the wall budget counts. Parked with

@@ -67,14 +67,27 @@ class Pause:
         if self.on_resume is not None:
             self.on_resume()
 
-    def abort(self, reason: str, rollback: bool, emergency: bool = False) -> None:
+    def abort(
+        self, reason: str, rollback: bool, emergency: bool = False, by: str | None = None, at: datetime | None = None
+    ) -> None:
         """Stop the goal. `emergency`: a budget ran out while work ran (not a person's
-        abort), so the plan's wrap-up steps still run before the report."""
+        abort), so the plan's wrap-up steps still run before the report. `by` and `at`: who
+        asked and when (the status says so until the abort is achieved); a second abort
+        keeps the first one's."""
         state = self._ctx.state
+        if state.pause.abort_requested_at is None:
+            state.pause.abort_requested_at = at or workflow.now()
+            state.pause.abort_by = by or ("the budget (emergency stop)" if emergency else "the goal")
         state.pause.mode = "aborting"
         state.pause.rollback = rollback
         state.pause.emergency = emergency
         state.abort_reason = reason
+
+    def abort_achieved(self) -> None:
+        """Nothing the abort waited for still runs and every undo has settled."""
+        pause = self._ctx.state.pause
+        if pause.abort_achieved_at is None:
+            pause.abort_achieved_at = workflow.now()
 
     def timeout(self) -> timedelta | None:
         """How long the loop may wait before a parked goal's next deadline (wake or expiry)."""

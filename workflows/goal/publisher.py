@@ -39,6 +39,7 @@ class Publisher:
             budget_fractions(self._ctx.state.spec.budget, use),
             self._eta(),
             active_seconds=use.wall_seconds,
+            abort=self._ctx.abort_progress(),
         )
 
     def publish(self) -> None:

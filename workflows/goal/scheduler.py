@@ -20,7 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from perdure.workflows.goal.contracts.goal_contracts import Usage
-from perdure.workflows.goal.contracts.messages import Abort
+from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
 from perdure.workflows.goal.device_placement import Devices
@@ -315,7 +315,7 @@ class Scheduler:
         self._close_questions_of(node, f"step '{node.name}' was voided and runs again")
         for name, child in self._ctx.children():
             if name == node.name:  # its child's work is void too: it is asked to stop, not rolled back
-                stop = Abort(request_id="stop-by-parent", reason=f"step '{name}' was voided", rollback=False)
+                stop = Abort(request_id=PARENT_STOP, reason=f"step '{name}' was voided", rollback=False)
                 self._ctx.tell_child(child, stop)
         node.child = None
         if node.key and state.outputs_by_key.get(node.key) == node.output:
@@ -378,6 +378,7 @@ class Scheduler:
             node = nodes[name]
             if name in settling or name in children:
                 continue
+            self._ctx.stopped_by_abort.setdefault(name, node.status)  # what the abort's status lists as stopped
             if node.status == "uncertain":
                 # Its effect may have happened: say so, never "aborted" or "not run".
                 node.error = f"{why}; whether its effect happened is unknown"

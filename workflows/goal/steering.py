@@ -18,7 +18,7 @@ from temporalio import workflow
 
 from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext
-from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxEntry, chosen_option
+from perdure.workflows.goal.contracts.messages import LATER_KINDS, PARENT_STOP, InboxEntry, chosen_option
 from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.pause import Pause
@@ -107,7 +107,7 @@ class Steering:
 
     def _abort(self, entry: InboxEntry) -> Applied:
         message = entry.message
-        self._pause.abort(message.reason, message.rollback)
+        self._pause.abort(message.reason, message.rollback, by=_requester(entry), at=entry.received_at)
         return Applied(f"aborting: {message.reason}")
 
     def _rewind(self, entry: InboxEntry) -> Applied:
@@ -160,13 +160,15 @@ class Steering:
             elif choice == "extend":
                 self._pause.extend()
             elif choice == "abort":
-                self._pause.abort("the user chose to stop after the park expired", rollback=False)
+                self._pause.abort(
+                    "the user chose to stop after the park expired", rollback=False, by=f"answer to {question.id}"
+                )
         elif question.topic == "narrow_confirm" and choice == "redo":
             self._scheduler.void(question.nodes)
         elif question.topic == "escalation" and choice == "park":
             self._pause.park("parked after a watchdog escalation", None, timedelta(hours=48))
         elif question.topic == "escalation" and choice == "abort":
-            self._pause.abort("stopped after a watchdog escalation", rollback=False)
+            self._pause.abort("stopped after a watchdog escalation", rollback=False, by=f"answer to {question.id}")
         return Applied(f"{question.id} answered: {choice}")
 
     def _escalate(self, entry: InboxEntry) -> Applied:
@@ -177,3 +179,10 @@ class Steering:
 
     def _statuses(self) -> dict[str, str]:
         return {name: node.status for name, node in self._ctx.state.nodes.items()}
+
+
+def _requester(entry: InboxEntry) -> str:
+    """Who sent an abort, as far as the goal can tell: its parent goal, or a message by its id."""
+    if entry.request_id == PARENT_STOP:
+        return "the parent goal"
+    return f"message {entry.request_id}"

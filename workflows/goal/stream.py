@@ -38,6 +38,7 @@ from perdure.workflows.goal.contracts.events import (
     STREAM_EVENTS_KEPT,
     TOKEN_EVENT_ADAPTER,
     TOKENS_TOPIC,
+    AbortChanged,
     GateDecision,
     GoalEnded,
     GoalEvent,
@@ -111,6 +112,8 @@ class EventStream:
         self._plans = len(state.plan_versions)
         self._questions = {q.id: q.status for q in state.questions}
         self._progress: tuple | None = None
+        # The abort progress last published (abort_changed), as JSON.
+        self._abort: dict | None = None
         # What `sync` was last asked to compare, and the task that does it once this
         # activation's other work is done (None: nothing asked since).
         self._asked: tuple[Callable[[], int], Callable[[], tuple]] | None = None
@@ -313,6 +316,22 @@ class EventStream:
                     eta_confidence=confidence,
                 )
             )
+        self.abort_changed()
+
+    def abort_changed(self) -> None:
+        """An abort's progress, when it changed since it was last published: each stage and
+        each step of it (a write landed, an undo started or settled) is one event."""
+        progress = self._ctx.abort_progress()
+        if progress is None:
+            return
+        seen = progress.model_dump(mode="json")
+        if seen == self._abort:
+            return
+        self._abort = seen
+        event = AbortChanged(
+            id=f"abort:{progress.stage}:{self._offset}", at=workflow.now(), stage=progress.stage, progress=progress
+        )
+        self._publish(event)
 
     def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
         self.sync_now()

@@ -8,7 +8,8 @@ and its state), so an event seen twice, or published twice, changes nothing the
 second time. The stream says what happened; the goal's state (the progress query)
 stays the truth, and a consumer that missed events can always start from it.
 
-Pure data and a pure reducer; shared by the workflow and every consumer.
+Pure data and a pure reducer; shared by the workflow and every consumer. An abort's
+progress is one `abort` event per change (requested, then achieved).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from datetime import datetime
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
+
+from perdure.workflows.goal.contracts.abort_contracts import AbortProgress, AbortStage
 
 EVENTS_TOPIC = "goal"
 TOKENS_TOPIC = "tokens"
@@ -101,6 +104,15 @@ class GoalEnded(_Event):
     report: str | None = Field(default=None, description="The report's artifact digest.")
 
 
+class AbortChanged(_Event):
+    """An abort's progress: published when it is requested, as what it waits for settles,
+    and once it is achieved (nothing runs, every undo has settled), before the goal's end."""
+
+    type: Literal["abort"] = "abort"
+    stage: AbortStage
+    progress: AbortProgress
+
+
 class TokenDelta(_Event):
     """Text a running model call has produced since its previous delta. Only for showing:
     the node's output is its activity's result, never this."""
@@ -147,6 +159,7 @@ GoalEvent = Annotated[
         GoalEnded,
         TokenDelta,
         TokenRetry,
+        AbortChanged,
     ],
     Field(discriminator="type"),
 ]
@@ -177,6 +190,7 @@ class GoalView(BaseModel):
     gates: list[str] = Field(default_factory=list)
     progress: ProgressChanged | None = None
     ended: GoalEnded | None = None
+    abort: AbortChanged | None = None
     live: dict[str, LiveText] = Field(default_factory=dict)
     seen: set[str] = Field(default_factory=set)
 
@@ -202,6 +216,8 @@ def reduce(view: GoalView, event: GoalEvent) -> GoalView:
         view.gates.append(event.entry)
     elif isinstance(event, ProgressChanged):
         view.progress = event
+    elif isinstance(event, AbortChanged):
+        view.abort = event
     else:
         view.ended = event
     return view

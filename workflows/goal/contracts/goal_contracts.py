@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
+from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
@@ -624,4 +625,10 @@ class ProgressSnapshot(BaseModel):
     objects: list[str] = Field(
         default_factory=list,
         description="Files it writes or wrote and artifacts it made (workflows/goal/rules/progress_view.py).",
+    )
+    abort: AbortProgress | None = Field(
+        default=None,
+        exclude_if=lambda abort: abort is None,
+        description="An abort: requested (what still runs, what is still to undo), then achieved "
+        "(what was undone and what could not be); None: not aborted (workflows/goal/rules/abort_view.py).",
     )

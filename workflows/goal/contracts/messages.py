@@ -154,6 +154,10 @@ class Rewind(_Message):
     why: str = Field(min_length=1, max_length=MAX_TEXT)
 
 
+# The request id of the abort a parent goal sends a subgoal it stops.
+PARENT_STOP = "stop-by-parent"
+
+
 class Abort(_Message):
     kind: Literal["abort"] = "abort"
     reason: str = Field(default="aborted by the user", max_length=MAX_TEXT)

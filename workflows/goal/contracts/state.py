@@ -261,6 +261,15 @@ class PauseState(BaseModel):
     rollback: bool = False
     emergency: bool = Field(default=False, description="Aborting because a budget ran out while work ran.")
     condition: ParkCondition | None = Field(default=None, description="A park that ends when this holds.")
+    # An abort's own times and who asked (workflows/goal/rules/abort_view.py). Left out of the
+    # carried state while unset, so a goal that was never aborted carries what it did before.
+    abort_requested_at: datetime | None = Field(default=None, exclude_if=lambda at: at is None)
+    abort_by: str | None = Field(
+        default=None, exclude_if=lambda by: by is None, description="A message (its request id), an answer, ..."
+    )
+    abort_achieved_at: datetime | None = Field(
+        default=None, exclude_if=lambda at: at is None, description="Nothing runs and every undo has settled."
+    )
 
 
 class CompensationRecord(BaseModel):

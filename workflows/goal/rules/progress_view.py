@@ -7,6 +7,7 @@ budget fractions, ETA, active time) and hands them in; everything else is read o
 
 from __future__ import annotations
 
+from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.rules.eta import Eta
@@ -14,7 +15,7 @@ from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.goal.rules.questions import done_so_far
 from perdure.workflows.goal.rules.risk_order import ORDER_KEYS
 from perdure.workflows.quota.quota_workflow import QUOTA_KEY
-from perdure.workflows.shared.statuses import IN_FLIGHT
+from perdure.workflows.shared.statuses import ENDED_PHASES, IN_FLIGHT
 
 GOAL_SHOWN = 300
 OBJECTS_SHOWN = 50
@@ -27,7 +28,10 @@ def progress_snapshot(
     fractions: dict[str, float],
     eta: Eta | None,
     active_seconds: float = 0.0,
+    abort: AbortProgress | None = None,
 ) -> ProgressSnapshot:
+    """`abort`: what an abort has done so far (workflows/goal/rules/abort_view.py); while it is
+    under way the phase says "aborting"."""
     nodes = list(state.nodes.values())
     counts: dict[str, int] = {}
     for node in nodes:
@@ -35,7 +39,7 @@ def progress_snapshot(
     open_questions = state.open_questions()
     return ProgressSnapshot(
         goal_id=goal_id,
-        phase=state.phase,
+        phase="aborting" if abort is not None and state.phase not in ENDED_PHASES else state.phase,
         plan_version=len(state.plan_versions),
         counts=counts,
         running=[n.name for n in nodes if n.status == "running"],
@@ -95,6 +99,7 @@ def progress_snapshot(
         goal=state.spec.goal[:GOAL_SHOWN],
         workspace=state.spec.workspace,
         objects=owned_objects(state),
+        abort=abort,
     )
 
 
