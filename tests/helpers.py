@@ -155,6 +155,15 @@ async def run_goal(
     return handle, await goal_result(handle)
 
 
+async def until(predicate: Callable[[], Any], timeout_s: float = 30) -> None:
+    """Return once `predicate()` holds (polled every 0.05 s): a fake service's ledger, a file."""
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
 async def wait_until(
     handle: WorkflowHandle, predicate: Callable[[ProgressSnapshot], Any], timeout_s: float = 30
 ) -> ProgressSnapshot:

@@ -22,7 +22,16 @@ from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.messages import Abort, Approve
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, openai_profile
-from tests.helpers import events_until_end, goal_result, perdure_status, running_worker, start, submit, wait_until
+from tests.helpers import (
+    events_until_end,
+    goal_result,
+    perdure_status,
+    running_worker,
+    start,
+    submit,
+    until,
+    wait_until,
+)
 
 # Services slow to answer on purpose: seconds per stage.
 pytestmark = pytest.mark.slow
@@ -34,14 +43,6 @@ PAY = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "mem
 @pytest.fixture
 def slow_payments(fake_service) -> PaymentsAPI:
     return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY, respond_delay_s=SLOW_S)
-
-
-async def until(predicate, timeout_s: float = 30) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def perdure(env, *args: str) -> tuple[int, str]:
@@ -164,3 +165,17 @@ async def test_perdure_abort_says_the_abort_is_requested_and_how_to_watch_it_whi
     # Without a rollback the write stays done, and the abort says so.
     assert [(e.node, e.status) for e in done.abort.not_undone] == [("ship", "kept")]
     assert code_after != 0 and "Traceback" not in said_after, said_after
+
+
+async def test_perdure_abort_says_aborted_when_nothing_was_left_to_wait_for(env, task_queue, store, workspace):
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, [gate()], allowed_tools=["run_command"])
+        await wait_until(handle, lambda s: "gate" in s.running)
+        code, said = await perdure(env, "abort", handle.id, "--reason", "changed my mind")
+        result = await goal_result(handle)
+
+    assert code == 0, said
+    assert result.outcome == "aborted"
+    assert "aborted " in said and "· rollback: no · changed my mind" in said, said
+    assert "stopped: gate (run_command): cancelled" in said and "abort requested" not in said, said
+    assert "watch it" not in said, said

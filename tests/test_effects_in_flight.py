@@ -18,7 +18,7 @@ from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Abort, Approve, Rewind
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
+from tests.helpers import goal_result, running_worker, start, statuses, submit, until, wait_until
 
 # Waits on purpose (chains across continue-as-new, services slow to answer): not in test-fast.
 pytestmark = pytest.mark.slow
@@ -34,14 +34,6 @@ def slow_payments(fake_service) -> PaymentsAPI:
 @pytest.fixture
 def slow_hook(fake_service) -> WebhookReceiver:
     return fake_service(WebhookReceiver, respond_delay_s=SLOW_S)
-
-
-async def until(predicate, timeout_s: float = 30) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def test_abort_with_rollback_refunds_a_payment_whose_answer_was_still_on_its_way(

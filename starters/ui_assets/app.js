@@ -343,6 +343,33 @@ function drawQuestions(snapshot) {
     el("p", {}, `recommended: ${q.recommendation}`)));
 }
 
+// An abort: requested (what still runs, what is still to undo), then aborted (what was undone
+// and what could not be, and why); the same lines `perdure status` prints (starters/render_abort.py).
+function drawAbort(abort) {
+  if (!abort) return "";
+  const by = abort.by ? ` by ${abort.by}` : "";
+  const head = abort.stage === "requested"
+    ? `abort requested ${abort.requested_at || ""}${by}`
+    : `aborted ${abort.achieved_at || ""} (requested ${abort.requested_at || ""}${by})`;
+  const tail = abort.emergency ? " · emergency stop: the plan's wrap-up steps still run" : "";
+  const step = (label, s) => el("li", { "data-node": s.node, "data-list": label },
+    `${label}: ${s.node} (${s.tools.join(", ") || s.kind})${s.note ? `: ${s.note}` : ""}`);
+  const effect = (label, e) => {
+    const made = `${e.node} · ${e.tool || "its write"}`;
+    const text = ["pending", "running"].includes(e.status) ? `${made} by ${e.undo} (${e.status})${e.why ? `: ${e.why}` : ""}`
+      : e.status === "done" ? `${made} by ${e.undo}${e.why ? ` (${e.why})` : ""}` : `${made}: ${e.why || e.status}`;
+    return el("li", { "data-node": e.node, "data-list": label, "data-status": e.status }, `${label}: ${text}`);
+  };
+  const items = [
+    ...abort.running.map((s) => step("still running", s)), ...abort.stopped.map((s) => step("stopped", s)),
+    ...abort.to_undo.map((e) => effect("to undo", e)), ...abort.undone.map((e) => effect("undone", e)),
+    ...abort.not_undone.map((e) => effect("not undone", e)),
+  ];
+  if (abort.stage === "achieved" && !items.length) items.push(el("li", {}, "nothing was running or left to undo"));
+  return el("div", { id: "abort", class: `abort ${abort.stage}`, "data-stage": abort.stage },
+    el("b", {}, `${head} · rollback: ${abort.rollback ? "yes" : "no"} · ${abort.reason}${tail}`), el("ul", {}, ...items));
+}
+
 function drawSummary(snapshot) {
   const bars = Object.entries(snapshot.budget).map(([k, v]) =>
     el("div", {}, `${k} `, el("span", { class: "bar" }, el("span", { style: `width:${Math.min(100, v * 100)}%` })), ` ${Math.round(v * 100)}%`));
@@ -352,7 +379,8 @@ function drawSummary(snapshot) {
     el("b", { class: "goal-text" }, snapshot.goal || snapshot.goal_id), snapshot.goal ? el("span", { class: "goal-id" }, ` ${snapshot.goal_id}`) : "",
     ` · phase ${snapshot.phase} · ${snapshot.percent_done}% · plan v${snapshot.plan_version}`,
     ` · tokens ${snapshot.tokens} · $${snapshot.cost_usd.toFixed(4)}`,
-    snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked, failure);
+    snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked,
+    drawAbort(snapshot.abort), failure);
 }
 
 function drawInbox(box, state) {
@@ -555,7 +583,7 @@ async function showGoal(goalId) {
     state.noteReceipt({ request_id: data.request_id, kind: data.kind, status: data.status, note: data.note });
     scheduleRefresh(state, refresh);
   });
-  for (const kind of ["question", "progress"]) {
+  for (const kind of ["question", "progress", "abort"]) {
     events.addEventListener(kind, () => scheduleRefresh(state, refresh));
   }
   events.addEventListener("reset", () => scheduleRefresh(state, refresh)); // events were missed: re-read
