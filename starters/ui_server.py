@@ -12,6 +12,8 @@ events, and a JSON API for reading goals and sending them messages.
     GET  /api/goals/{id}                a goal's progress snapshot (the `progress` query)
     GET  /api/goals/{id}/inbox          its inbox with receipts
     GET  /api/goals/{id}/report         a closed goal's report (markdown) and outcome, as `perdure result`
+    GET  /api/goals/{id}/decisions      its decision log, every entry in order, as `perdure log` reads it
+                                        (with notes on what could not be read: no worker, a chunk elsewhere)
     GET  /api/goals/{id}/events?from=N  its events as SSE from offset N (or the Last-Event-ID
                                         header + 1, so a browser's EventSource resumes by itself);
                                         every event's SSE id is its stream offset
@@ -25,7 +27,7 @@ events, and a JSON API for reading goals and sending them messages.
     GET  /api/router                    the router's recent messages, decisions and reasons
     GET  /, /goals/{id}                 the page (starters/ui_assets/): the goals, and a goal's task
                                         graph live with its plan versions, live model output, question
-                                        cards, inbox, premises with narrow, rewind on a node, the report
+                                        cards, inbox, premises with narrow, rewind on a node, the decisions, the report
 
 Every route reads or steers goals through the one client (starters/client/, as the CLI and
 the MCP server do): the events from both of a goal's topics, its own events and the model
@@ -227,6 +229,9 @@ def build_app(temporal: Client, hosts: list[str] | None = None) -> Starlette:
     async def inbox(request: Request) -> JSONResponse:
         return await _queried(client.inbox(request.path_params["goal_id"]))
 
+    async def decisions(request: Request) -> JSONResponse:
+        return await _queried(client.decisions(request.path_params["goal_id"]))
+
     async def report(request: Request) -> JSONResponse:
         try:
             found = await client.report(request.path_params["goal_id"])
@@ -327,6 +332,7 @@ def build_app(temporal: Client, hosts: list[str] | None = None) -> Starlette:
             Route("/api/goals/{goal_id}", goal),
             Route("/api/goals/{goal_id}/inbox", inbox),
             Route("/api/goals/{goal_id}/report", report),
+            Route("/api/goals/{goal_id}/decisions", decisions),
             Route("/api/goals/{goal_id}/events", events),
             Route("/api/goals/{goal_id}/messages", send, methods=["POST"]),
             Route("/api/say", say, methods=["POST"]),

@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 from perdure.activities.artifacts import ArtifactStore, artifact_store, checked_stores
 from perdure.activities.devices.device_calls import DeviceCallActivities
+from perdure.activities.goal.decision_chunks import DecisionActivities
 from perdure.activities.goal.memory_activities import MemoryActivities
 from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
 from perdure.activities.goal.report import ReportActivities
@@ -141,6 +142,7 @@ def build_worker(
             user_tools.catalogue,
             verification.verify_nodes,
             *TimingActivities(store).activities(),
+            *DecisionActivities(store).activities(),
             *questions.activities(),
             report.write_report,
             *watchdog.activities(),

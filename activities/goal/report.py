@@ -104,6 +104,17 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines += ["", "## Unfinished work", "", *(f"- {_one_line(item)}" for item in input.unfinished)]
     if input.notes:
         lines += ["", "## What changed along the way", "", *(f"- {_one_line(note)}" for note in input.notes)]
+    if input.decisions:
+        shown = len(input.decisions)
+        which = f"The last {shown} of {input.decision_count}" if shown < input.decision_count else f"All {shown}"
+        lines += [
+            "",
+            "## Decisions",
+            "",
+            f"{which} decisions that shaped the work (all of them: `perdure log {input.goal_id}`).",
+            "",
+            *(f"- {d.seq} · {d.kind} · {_one_line(d.who)} · {_one_line(d.text)}" for d in input.decisions),
+        ]
 
     return "\n".join(lines) + "\n"
 

@@ -63,6 +63,8 @@ STEP_MARKER = "PERDURE-STEP"
 AGENT_MARKER = "PERDURE-AGENT"
 
 MAX_INPUT_CHARS = 64_000
+# What the decision log keeps of a planner's rationale or of what an agent said beside its tool calls.
+RATIONALE_CHARS = 400
 DEGRADED_INPUT_CHARS = 8_000
 DEGRADED_NOTE = (
     "[degraded: the goal's budget is running low] Inputs above are compacted and only core tools are offered; "
@@ -139,7 +141,10 @@ class ModelActivities:
             )
             if error:
                 activity.logger.info("plan rejected", extra={"attempt": input.attempt, "reason": preview(error)})
-            return attempt.result(PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model))
+            rationale = plan_rationale(response.text) if plan is not None else None
+            return attempt.result(
+                PlanResult(plan=plan, error=error, raw=raw, usage=usage, model=response.model, rationale=rationale)
+            )
 
     @activity.defn(name=Activities.GENERATE)
     async def generate(self, input: GenerateInput) -> GenerateResult:
@@ -254,6 +259,7 @@ class ModelActivities:
             return AgentTurnResult(
                 transcript=transcript,
                 tool_calls=tool_calls,
+                reason=preview(response.text, RATIONALE_CHARS) if response.text.strip() else None,
                 preview=preview(f"{summary}. {response.text}" if response.text else summary),
                 usage=usage,
                 model=response.model,
@@ -596,6 +602,8 @@ def planner_system_prompt(
             "the network (commands run without it otherwise).",
             f"Plan JSON schema:\n{json.dumps(Plan.model_json_schema(), sort_keys=True)}",
             "Example (illustrative only: use just the tools listed above):\n" + json.dumps(EXAMPLE_PLAN, indent=1),
+            'Beside "steps", give "rationale": in a sentence or two, why this plan, and what you considered '
+            "and left out.",
             "Reply with the plan as one JSON object only: no prose, no code fences.",
         ]
     )
@@ -661,10 +669,32 @@ def parse_plan_reply(
     devices: dict[str, list[str]] | None = None,
     tools: dict[str, ToolSpec] | None = None,
 ) -> tuple[Plan | None, str | None]:
-    """The plan in a model's reply, or the reason it is not one (fit to show the model)."""
+    """The plan in a model's reply, or the reason it is not one (fit to show the model).
+    Its `rationale`, if any, is not the plan's (plan_rationale reads it)."""
+    data, problem = _reply_object(text)
+    if problem is not None:
+        return None, problem
+    if isinstance(data, dict):
+        data = {key: value for key, value in data.items() if key != "rationale"}
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if isinstance(steps, list) and len(steps) > MAX_PLANNED_STEPS:
+        return None, f"the plan has {len(steps)} steps; at most {MAX_PLANNED_STEPS}: merge steps or plan a first stage"
+    return parse_plan(data, allowed_tools, devices, tools if tools is not None else TOOL_SPECS)
+
+
+def plan_rationale(text: str) -> str | None:
+    """What the planner said of its plan (`rationale`: why these steps, what it left out), cut;
+    None when it said nothing."""
+    data, _ = _reply_object(text)
+    said = data.get("rationale") if isinstance(data, dict) else None
+    return preview(said, RATIONALE_CHARS) if isinstance(said, str) and said.strip() else None
+
+
+def _reply_object(text: str) -> tuple[Any, str | None]:
+    """The JSON value of a model's reply (fenced, or wrapped in a sentence), or why there is none."""
     body = _unfenced(text)
     try:
-        data = json.loads(body)
+        return json.loads(body), None
     except ValueError as err:
         # Models sometimes wrap the object in a sentence; take the outermost braces.
         start, end = body.find("{"), body.rfind("}")
@@ -672,12 +702,7 @@ def parse_plan_reply(
             data = json.loads(body[start : end + 1]) if 0 <= start < end else None
         except ValueError:
             data = None
-        if data is None:
-            return None, f"reply is not JSON: {err}"
-    steps = data.get("steps") if isinstance(data, dict) else None
-    if isinstance(steps, list) and len(steps) > MAX_PLANNED_STEPS:
-        return None, f"the plan has {len(steps)} steps; at most {MAX_PLANNED_STEPS}: merge steps or plan a first stage"
-    return parse_plan(data, allowed_tools, devices, tools if tools is not None else TOOL_SPECS)
+        return (None, f"reply is not JSON: {err}") if data is None else (data, None)
 
 
 def cap(text: str, limit: int) -> str:

@@ -20,7 +20,8 @@ With `policy: offline`, a chat-completions request no entry matches is answered 
 the offline policy (`offline_reply`), which builds a deterministic reply from the
 request itself, so any goal or plan runs offline; `steps` gives that policy a
 step's tool arguments (`steps: {STEP: {TOOL: {arg: value}}}`). An entry replies with exactly one of `content`,
-`json`, `tool_calls` or `status` (+ `body`, `headers`); `times` limits its uses;
+`json`, `tool_calls` or `status` (+ `body`, `headers`), or `tool_calls` with `content` (the
+text a model writes beside its calls, as the real APIs carry it); `times` limits its uses;
 `usage` overrides the chars/4 token estimate; `delay_s` makes the server wait that
 long after logging the request before it answers (a slow model, or a window in
 which a crash test kills the caller mid-call). A background response or a batch
@@ -124,6 +125,8 @@ class ScriptedReply(BaseModel):
     @model_validator(mode="after")
     def _one_kind_of_reply(self) -> ScriptedReply:
         kinds = [k for k in ("content", "json_value", "tool_calls", "status") if k in self.model_fields_set]
+        if kinds == ["content", "tool_calls"]:
+            kinds = ["tool_calls"]  # text beside tool calls, as a model may write it
         if len(kinds) != 1:
             named = ", ".join(k.removesuffix("_value") for k in kinds) or "none"
             raise ValueError(f"an entry needs exactly one of content, json, tool_calls, status (got: {named})")
@@ -283,7 +286,8 @@ def error_body(flavour: Flavour, status: int, message: str) -> dict:
 
 
 def openai_completion(n: int, seen: SeenRequest, entry: ScriptedReply, usage: ScriptedUsage) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": entry.reply_text() if not entry.tool_calls else None}
+    text = entry.reply_text() if not entry.tool_calls else entry.content or None
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if entry.tool_calls:
         message["tool_calls"] = [
             {

@@ -180,9 +180,9 @@ class VisibilityActivities:
         outcomes = []
         for item in input.interventions:
             if item.action == "nudge":
-                message = Steer(request_id=item.request_id, text=item.text)
+                message = Steer(request_id=item.request_id, text=item.text, by="watchdog")
             else:
-                message = Escalate(request_id=item.request_id, finding=item.finding, detail=item.text)
+                message = Escalate(request_id=item.request_id, finding=item.finding, detail=item.text, by="watchdog")
             handle = self._client.get_workflow_handle(item.goal_id)
             try:
                 # A signal is stored by the server even when no worker runs; the

@@ -23,6 +23,7 @@ import typer.core
 
 from perdure.runtime import settings, telemetry
 from perdure.starters.cli import (
+    decision_commands,
     deploy_commands,
     fork_commands,
     goal_commands,
@@ -42,6 +43,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(goal_commands.app)
+app.add_typer(decision_commands.app)  # `perdure log`
 app.add_typer(steering_commands.app)
 app.add_typer(fork_commands.app)
 app.add_typer(worker_commands.app)

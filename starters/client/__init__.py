@@ -8,8 +8,8 @@ before any call, by goal_specs.py.
 The rooms behind it, one concern each: goal_starts.py and start_checks.py (starting, and
 checking a start against what the workers offer), message_delivery.py (steering messages
 and the inbox), steering_verbs.py (one method per steering verb), goal_reads.py (progress,
-results, reports, listings), goal_events.py (the event stream), router_calls.py (the
-user's router), goal_forks.py (fork and diff).
+results, reports, listings), goal_decisions.py (the decision log), goal_events.py (the
+event stream), router_calls.py (the user's router), goal_forks.py (fork and diff).
 """
 
 from perdure.starters.client.perdure_client import Client

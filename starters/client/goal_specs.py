@@ -154,6 +154,7 @@ def check_goal_id(goal_id: str) -> None:
 LATER_SPEC_FIELDS = (
     *("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent"),
     *("evidence_window", "min_new_information", "evidence_spacing_s", "continue_as_new_after_nodes"),
+    "decisions_kept",
 )
 
 

@@ -4,7 +4,7 @@ server and the MCP server share, over one temporalio Client, each implemented on
 modules beside this one) and typed: start a goal from text or a plan (idempotent by id),
 send any steering message (each carries its request id; one method per verb in
 steering_verbs.py), list and answer questions, read a goal's progress, inbox, events,
-result and report, list goals, talk to the user's router, fork and compare goals.
+result, report and decision log, list goals, talk to the user's router, fork and compare goals.
 
 It decides nothing a front end says: each one turns the results and the errors
 (client_errors.py) into its own output (a line and an exit code, an HTTP status, an MCP
@@ -25,6 +25,7 @@ from temporalio.client import WorkflowExecution, WorkflowExecutionDescription, W
 from perdure.runtime import settings
 from perdure.runtime.connect import connect, settle_at_exit
 from perdure.starters.client import (
+    goal_decisions,
     goal_events,
     goal_forks,
     goal_reads,
@@ -35,6 +36,7 @@ from perdure.starters.client import (
     start_checks,
 )
 from perdure.starters.client.client_errors import EndedWithoutResult
+from perdure.starters.client.goal_decisions import DecisionRead
 from perdure.starters.client.goal_events import StreamItem
 from perdure.starters.client.goal_forks import GoalSide
 from perdure.starters.client.goal_reads import ClosedReport, PendingActivity
@@ -166,7 +168,11 @@ class Client(SteeringVerbs):
         request id: the goal's receipt when a worker judged it at once, else stored by the
         server and judged in its turn. Sent again with the same request id, it is the same
         message. GoalNotFound, GoalEnded, MessageRejected say why it was not taken. The
-        verbs (`steer`, `approve`, ...) build the message and send it here."""
+        verbs (`steer`, `approve`, ...) build the message and send it here. A message that
+        does not say who sends it (`by`) is sent as this machine's user (PERDURE_USER, else
+        the login name): the goal's decision log names them."""
+        if getattr(message, "by", "") is None:
+            message = message.model_copy(update={"by": settings.user()})
         delivery = await message_delivery.deliver(self.temporal, goal_id, message)
         return dataclasses.replace(delivery, request_id=getattr(message, "request_id", None))
 
@@ -234,6 +240,13 @@ class Client(SteeringVerbs):
         """A closed goal's report and outcome; StillRunning, EndedWithoutResult or
         ResultUnreadable say why there is none."""
         return await goal_reads.closed_report(self.temporal, goal_id)
+
+    async def decisions(self, goal_id: str, timeout_s: float = 5) -> DecisionRead:
+        """The goal's decision log, every entry in order (`.entries`; `.of_kinds([...])` for some
+        kinds): from the goal while it runs (a worker answers), from its result once it has
+        ended (no worker needed); with no worker, what it carried into its current run, and
+        `.notes` says what is missing and why. GoalNotFound when there is no goal."""
+        return await goal_decisions.read(self.temporal, goal_id, timeout_s)
 
     async def history(self, goal_id: str, *, encoded: bool = False) -> WorkflowHistory:
         """The goal's event history, its payloads decrypted unless `encoded`."""

@@ -448,6 +448,28 @@ function drawPark(box, snapshot, state) {
   box.replaceChildren(el("h3", {}, "park"), reason, " ", until, " ", target, " ", park, answer);
 }
 
+// The decision log (`perdure log`): every decision in order, the latest at the bottom, and
+// what could not be read (no worker, a chunk in a store this server does not see).
+function drawDecisions(box, read) {
+  const rows = read.entries.map((d) => el("tr", { "data-seq": d.seq, "data-kind": d.kind },
+    el("td", {}, d.seq), el("td", {}, d.at.replace("T", " ").slice(0, 19)), el("td", { class: `k-${d.kind}` }, d.kind),
+    el("td", {}, d.who), el("td", {}, d.text), el("td", {}, d.about.join(", "))));
+  const scroll = el("div", { class: "scroll" },
+    el("table", {}, el("tr", {}, ...["#", "at (UTC)", "kind", "who", "decision", "steps"].map((h) => el("th", {}, h))), ...rows));
+  box.replaceChildren(el("h3", {}, `decisions · ${read.count}`),
+    rows.length ? scroll : el("p", {}, "no decisions yet"),
+    ...read.notes.map((note) => el("p", { class: "note" }, note)));
+  scroll.scrollTop = scroll.scrollHeight;
+}
+
+async function loadDecisions(box, goalId) {
+  try {
+    drawDecisions(box, await getJSON(`/api/goals/${encodeURIComponent(goalId)}/decisions`));
+  } catch (err) {
+    box.replaceChildren(el("h3", {}, "decisions"), el("p", { class: "error" }, err.message));
+  }
+}
+
 async function loadReport(box, goalId, tries = 0) {
   try {
     const report = await getJSON(`/api/goals/${encodeURIComponent(goalId)}/report`);
@@ -479,6 +501,7 @@ async function showGoal(goalId) {
   const premises = el("section", { id: "premises", class: "panel" });
   const parking = el("section", { id: "parking", class: "panel" });
   const report = el("section", { id: "report", class: "panel" });
+  const decisions = el("section", { id: "decisions", class: "panel" });
   const graphBox = el("div", { id: "graph-box" });
   const questions = el("div", { id: "questions" });
   state.noteReceipt = (receipt) => {
@@ -534,6 +557,7 @@ async function showGoal(goalId) {
     state.status.clear(); // the snapshot is the truth; later events update it
     if (state.snapshot.goal) where.textContent = `${state.snapshot.goal} · ${goalId}`;
     render();
+    loadDecisions(decisions, goalId); // decisions come with plans, answers, gates: re-read with the snapshot
   };
   const refreshInbox = async () => {
     const view = await getJSON(`${api}/inbox`);
@@ -548,7 +572,7 @@ async function showGoal(goalId) {
     el("div", { class: "layout" },
       el("div", { class: "left" }, el("div", { class: "versions" }, picker, " ", versionNote), graphBox, detail),
       el("div", { class: "right" }, inbox, parking, premises)),
-    report);
+    decisions, report);
 
   const events = new EventSource(`${api}/events?from=0`);
   events.addEventListener("node", (e) => {

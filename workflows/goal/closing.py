@@ -30,6 +30,9 @@ from perdure.workflows.shared import graph, metrics
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
 from perdure.workflows.shared.statuses import NodeStatus
 
+# The latest decisions the report lists (`perdure log` shows them all).
+REPORT_DECISIONS = 10
+
 
 class Closing:
     def __init__(self, ctx: GoalContext, publish: Callable[[], None]) -> None:
@@ -53,6 +56,8 @@ class Closing:
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         if outcome == "failed" and failure is None:
             failure = _nothing_succeeded(nodes)
+        self._ctx.decide("end", _ending(outcome, failure, unfinished))
+        log = state.decisions
         report = await workflow.execute_activity(
             Activities.WRITE_REPORT,
             ReportInput(
@@ -67,6 +72,8 @@ class Closing:
                 cost_usd=state.ledger.cost_usd,
                 tool_cost_usd=state.ledger.tool_cost_usd,
                 own_calls=state.ledger.own_calls,
+                decisions=log.recent[-REPORT_DECISIONS:],
+                decision_count=log.count,
             ),
             result_type=ReportResult,
             start_to_close_timeout=REPORT_TIMEOUT,
@@ -91,6 +98,8 @@ class Closing:
             own_calls=state.ledger.own_calls,
             lost_attempts=state.ledger.lost_attempts,
             lost_by_step=dict(state.ledger.lost_by_step),
+            # A copy: a chunk stored after this changes the state's log, not what the goal returned.
+            decisions=log.model_copy(deep=True),
         )
         state.phase = "failed" if outcome == "failed" else "finished"
         self._publish()
@@ -134,6 +143,12 @@ class Closing:
         notes += self._memory.notes()
         notes += lost_note(state.ledger)
         return notes
+
+
+def _ending(outcome: Outcome, failure: str | None, unfinished: list[str]) -> str:
+    """The decision log's last entry: how the goal ended."""
+    said = f"the goal ended {outcome}" + (f": {failure}" if failure else "")
+    return said + (f"; {len(unfinished)} step(s) unfinished" if unfinished else "")
 
 
 def _nothing_succeeded(nodes: list[Node]) -> str:

@@ -1,6 +1,7 @@
 """What every room of the goal shares: the state, the goal's id, a way to wake the
 loop, and the few primitives all of them need (the plan, a step's inputs, the node
-index, a status change, the gate log, asking a person and waiting for the answer).
+index, a status change, the gate log, the decision log, asking a person and waiting
+for the answer).
 
 Workflow code, run inside the goal's workflow task. Collaborators get this object
 and never the workflow itself, so no room can reach into another's fields.
@@ -9,7 +10,7 @@ and never the workflow itself, so no room can reach into another's fields.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,8 @@ from temporalio import workflow
 from temporalio.common import MetricMeter
 
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
+from perdure.workflows.goal.contracts import decision_contracts
+from perdure.workflows.goal.contracts.decision_contracts import RULE
 from perdure.workflows.goal.contracts.goal_contracts import Signals, SubgoalOutcome
 from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
@@ -86,6 +89,8 @@ class GoalContext:
         self.on_status: Callable[[Node], None] | None = None
         self.on_gate: Callable[[str], None] | None = None
         self.on_receipt: Callable[[Any], None] | None = None
+        # The decision log's room (workflows/goal/decision_log.py): a decision was recorded.
+        self.on_decision: Callable[[], None] | None = None
         # The goal's perdure_* metrics (workflows/shared/metrics.py): the SDK's replay-safe meter, or
         # none where a room is exercised outside a workflow.
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
@@ -148,7 +153,9 @@ class GoalContext:
         for name, child_id in self.children():
             if name == but or (join is not None and getattr(plan.step(name), "join", None) != join):
                 continue
-            self.tell_child(child_id, Abort(request_id=PARENT_STOP, reason=why[:300], rollback=rollback))
+            self.tell_child(
+                child_id, Abort(request_id=PARENT_STOP, reason=why[:300], rollback=rollback, by="parent goal")
+            )
 
     def subgoal_ended(self, outcome: SubgoalOutcome) -> None:
         """A child said how it ended (or its handle did): kept for its node, which runs again."""
@@ -211,12 +218,25 @@ class GoalContext:
         """What an abort has done so far (None: not aborting), for the snapshot and the stream."""
         return abort_progress(self.state, self.writes_in_flight, self.stopped_by_abort, self.undoing)
 
-    def log_gate(self, entry: str) -> None:
+    def log_gate(self, entry: str, kind: str | None = "gate", about: Iterable[str] = ()) -> None:
+        """A line of the gate log (bounded, the latest shown by status), also a decision of
+        `kind` by a rule in the decision log; None where the line repeats a decision
+        recorded as such (a plan version adopted)."""
         log = self.state.gate_log
         log.append(entry)
         del log[:-GATE_LOG_ENTRIES]
         if self.on_gate is not None:
             self.on_gate(entry)
+        if kind is not None:
+            self.decide(kind, entry, RULE, about)
+
+    def decide(self, kind: str, text: str, who: str = RULE, about: Iterable[str] = ()) -> None:
+        """Record a decision that shaped the work in the goal's decision log: its kind (see
+        decision_contracts.KINDS), what was decided and why, who decided (the model, a rule,
+        a deadline that passed: "expired", or a person's name) and the steps it is about."""
+        decision_contracts.record(self.state.decisions, workflow.now(), kind, text, who, about)
+        if self.on_decision is not None:
+            self.on_decision()
 
     def stop_point(self, node: Node) -> None:
         """A safe point of a node's work: a node told to stop ends here."""

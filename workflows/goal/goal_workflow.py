@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.devices.device_contracts import DEVICE_PRESENCE_SIGNAL
     from perdure.workflows.goal.closing import Closing
     from perdure.workflows.goal.context import GoalContext, GoalFailed
+    from perdure.workflows.goal.contracts.decision_contracts import DECISIONS_QUERY, DecisionLog
     from perdure.workflows.goal.contracts.goal_contracts import (
         GOAL_WORKFLOW,
         GoalResult,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.contracts.messages import InboxView, Receipt
     from perdure.workflows.goal.contracts.migrations import StateFromNewerCode, StateRefused, load_state
     from perdure.workflows.goal.contracts.state import GoalInput, GoalState, UndecryptedInput
+    from perdure.workflows.goal.decision_log import DecisionLogRoom
     from perdure.workflows.goal.device_placement import Devices
     from perdure.workflows.goal.effect_guard import EffectGuard
     from perdure.workflows.goal.inbox import Inbox
@@ -86,6 +88,7 @@ class GoalWorkflow:
         self._wakeups = 0
         ctx = GoalContext(state, workflow.info().workflow_id, self._wake)
         self._ctx = ctx
+        self._decisions = DecisionLogRoom(ctx)
         self._pause = Pause(ctx)
         if self._load_problem:
             self._pause.park(self._load_problem, None, timedelta(days=3650))
@@ -249,6 +252,11 @@ class GoalWorkflow:
     @workflow.query(name=Queries.PROGRESS)
     def progress(self) -> ProgressSnapshot:
         return self._publisher.snapshot()
+
+    @workflow.query(name=DECISIONS_QUERY)
+    def decisions(self) -> DecisionLog:
+        """The decision log as the state holds it: its latest entries, the refs of the rest."""
+        return self._ctx.state.decisions
 
     @workflow.query(name=FORK_POINT_QUERY)
     def fork_point(self, input: ForkPointInput) -> ForkPoint:
@@ -417,7 +425,8 @@ class GoalWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         state.runs += 1
         events = workflow.info().get_current_history_length()
-        self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events")
+        self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events", kind="run")
+        await self._decisions.settled()  # a chunk being stored: the next run carries its ref
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.

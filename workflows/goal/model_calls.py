@@ -33,6 +33,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.decision_contracts import sender
 from perdure.workflows.goal.contracts.goal_contracts import ModelContext, Usage
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.inbox import Inbox
@@ -76,6 +77,7 @@ class ModelCalls:
         for entry in self._inbox.pending(("steer",)):
             state.guidance.append(entry.message.text)
             self._inbox.settle(entry, "applied", f"applied at {boundary}")
+            self._ctx.decide("steer", f"guidance from {boundary} on: {entry.message.text}", sender(entry.message.by))
         return ModelContext(
             profile=spec.model_profile,
             goal=spec.goal,

@@ -15,6 +15,7 @@ from temporalio import workflow
 
 from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext, NodeWaiting
+from perdure.workflows.goal.contracts.decision_contracts import RULE
 from perdure.workflows.goal.contracts.state import Node, ParkCondition
 from perdure.workflows.goal.rules import questions, timing
 from perdure.workflows.goal.verify_due import note_wait_ended
@@ -100,12 +101,14 @@ class Pause:
             return None
         return max(min(deadlines) - workflow.now(), timedelta(seconds=1))
 
-    def condition_held(self) -> None:
-        """The park's condition holds: the goal resumes by itself and says why."""
+    def condition_held(self, who: str = RULE) -> None:
+        """The park's condition holds: the goal resumes by itself and says why (`who`: the
+        sender of the signal it waited for)."""
         condition = self._ctx.state.pause.condition
         assert condition is not None
         why = f"park ended: {condition.held_text()}"
-        self._ctx.log_gate(why)
+        self._ctx.log_gate(why, kind=None)
+        self._ctx.decide("park", why, who)
         self.resume(why)
 
     async def _check_condition(self) -> None:
@@ -144,7 +147,7 @@ class Pause:
         """How late the goal acted on a park deadline (an outage delays it): kept, and said."""
         entry = timing.judge(what, planned, workflow.now())
         timing.record(self._ctx.state.timers, entry)
-        self._ctx.log_gate(f"{what}: {entry.text(verb)}")
+        self._ctx.log_gate(f"{what}: {entry.text(verb)}", kind="park")
 
     async def hold_while_parked(self, node: Node) -> None:
         """An agent does not start a new turn while the goal is parked (and is not judged

@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.devices.device_contracts import DevicePresence
 from perdure.workflows.goal.context import GoalContext, GoalFailed
+from perdure.workflows.goal.contracts.decision_contracts import MODEL
 from perdure.workflows.goal.contracts.goal_contracts import (
     Activities,
     DriftInput,
@@ -31,6 +32,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
 from perdure.workflows.goal.contracts.messages import InboxEntry
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep, check_plan
 from perdure.workflows.goal.contracts.state import Node, PlanVersion
+from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.model_calls import ModelCalls
@@ -101,13 +103,17 @@ class Planner:
             problems = list(missing.values()) + [p for p in checked if not p.startswith(said)]
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
-            state.plan_versions.append(
+            self._adopt_first(
                 PlanVersion(version=1, plan=spec.plan, reason="declarative plan from the user", source="plan-file")
             )
             return
         plan, repairs = await self._ask(None)
         reason = "planned from the goal" if not repairs else f"planned after {repairs} repair(s)"
-        state.plan_versions.append(PlanVersion(version=1, plan=plan, reason=reason, source="planner"))
+        self._adopt_first(PlanVersion(version=1, plan=plan, reason=reason, source="planner"))
+
+    def _adopt_first(self, version: PlanVersion) -> None:
+        self._ctx.state.plan_versions.append(version)
+        plan_adopted(self._ctx, version)
 
     async def _list_mcp_tools(self) -> None:
         """The tools of the MCP servers the goal names, once: kept in the state, so every
@@ -333,7 +339,8 @@ class Planner:
         )
         self._scheduler.adopt_plan(plan, "evidence", reason)
         evidence.note_replanned(log, workflow.now(), len(state.plan_versions))
-        self._ctx.log_gate(f"re-planned on evidence as plan v{len(state.plan_versions)}: {reason}")
+        # The plan version is in the decision log already (adopt_plan).
+        self._ctx.log_gate(f"re-planned on evidence as plan v{len(state.plan_versions)}: {reason}", kind=None)
 
     def _choices(self, current: Plan, plan: Plan) -> dict[str, tuple[evidence.InFlightChoice, str]]:
         """Step in flight -> what happens to it and why, under a trigger that cancels."""
@@ -443,6 +450,9 @@ class Planner:
             except ActivityError as err:
                 raise GoalFailed(f"the planner call failed: {failure_message(err)}") from err
             if result.plan is not None:
+                if result.rationale:
+                    # The model's own words for its choice, before the plan is adopted (or not).
+                    self._ctx.decide("reason", f"the planner's reason ({label}): {result.rationale}", MODEL)
                 return result.plan, attempt - 1
             rejected, rejection = result.raw, result.error
             workflow.logger.info("plan rejected", extra={"attempt": attempt, "reason": rejection})

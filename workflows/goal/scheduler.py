@@ -12,7 +12,7 @@ nodes/; this room only starts it and records the outcome.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from temporalio import workflow
@@ -23,6 +23,7 @@ from perdure.workflows.goal.contracts.goal_contracts import Usage
 from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
 from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
+from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes import NodeRunner
@@ -222,6 +223,9 @@ class Scheduler:
         hold = order.hold(name)
         if hold is None:
             return False
+        if hold[0] not in node.placements:
+            # Decided once per hold, not on every pass that keeps it.
+            self._ctx.decide("gate", f"{name}: held back by the risk order: {hold[1]}", about=[name])
         risk_order.record_hold(node.placements, *hold, workflow.now())
         # In line for its targets: a later writer of the same ones waits behind it.
         order.claim(name)
@@ -272,13 +276,23 @@ class Scheduler:
                 question.status, question.answered_at = "closed", workflow.now()
                 question.answer_text = f"not needed: {why}"
 
-    def record_plan_version(self, source: str, reason: str, diff: PlanDiff, plan: Plan | None = None) -> None:
+    def record_plan_version(
+        self,
+        source: str,
+        reason: str,
+        diff: PlanDiff,
+        plan: Plan | None = None,
+        who: str | None = None,
+        about: Sequence[str] = (),
+    ) -> None:
+        """A new plan version, in the state and in the decision log (`who`: the person whose
+        message made it; `about`: the steps it is about beyond those it changed)."""
         versions = self._ctx.state.plan_versions
-        versions.append(
-            PlanVersion(
-                version=len(versions) + 1, plan=plan or self._ctx.plan(), reason=reason, source=source, diff=diff
-            )
+        version = PlanVersion(
+            version=len(versions) + 1, plan=plan or self._ctx.plan(), reason=reason, source=source, diff=diff
         )
+        versions.append(version)
+        plan_adopted(self._ctx, version, who, about)
 
     def void(self, names: list[str]) -> None:
         """Reset void work to pending, cancelling it if in flight; its cached output
@@ -315,7 +329,9 @@ class Scheduler:
         self._close_questions_of(node, f"step '{node.name}' was voided and runs again")
         for name, child in self._ctx.children():
             if name == node.name:  # its child's work is void too: it is asked to stop, not rolled back
-                stop = Abort(request_id=PARENT_STOP, reason=f"step '{name}' was voided", rollback=False)
+                stop = Abort(
+                    request_id=PARENT_STOP, reason=f"step '{name}' was voided", rollback=False, by="parent goal"
+                )
                 self._ctx.tell_child(child, stop)
         node.child = None
         if node.key and state.outputs_by_key.get(node.key) == node.output:
@@ -428,7 +444,7 @@ class Scheduler:
         node = self._ctx.state.nodes[name]
         self._ctx.set_status(node, "abandoned")
         node.error = reason
-        self._ctx.log_gate(f"{name}: {reason}")
+        self._ctx.log_gate(f"{name}: {reason}", about=[name])
         self._abandon_downstream(name)
 
     def _dispatch(self, step: PlanStep) -> None:

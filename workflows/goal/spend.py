@@ -330,7 +330,7 @@ class Spend:
         decision = budget.emergency_check(state.spec.budget, self.actual_use(), at_limit=at_limit)
         if decision is not None:
             self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision="emergency_stop")
-            self._ctx.log_gate(f"emergency stop: {decision.reason}")
+            self._ctx.log_gate(f"emergency stop: {decision.reason}", kind="abort")
             self._pause.abort(f"emergency stop: {decision.reason}", rollback=False, emergency=True)
             self._ctx.wake()
 

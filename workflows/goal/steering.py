@@ -18,6 +18,7 @@ from temporalio import workflow
 
 from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.decision_contracts import sender
 from perdure.workflows.goal.contracts.messages import LATER_KINDS, PARENT_STOP, InboxEntry, chosen_option
 from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
 from perdure.workflows.goal.inbox import Inbox
@@ -94,20 +95,25 @@ class Steering:
         condition = park_conditions.condition_of(message)
         self._pause.park(message.reason, message.until, timedelta(hours=message.expiry_hours), condition)
         until = f" ({condition.describe().split(';')[0]})" if condition else ""
+        woken = f" (wakes at {message.until.isoformat()})" if message.until else ""
+        self._ctx.decide("park", f"parked: {message.reason}{until}{woken}", who_sent(entry))
         return Applied(f"parked: {message.reason}{until}")
 
     def _signal(self, entry: InboxEntry) -> Applied:
         # turn_problem let through only the signal the park waits for.
-        self._pause.condition_held()
+        self._pause.condition_held(who_sent(entry))
         return Applied(f"signal {entry.message.name}: the park ended")
 
     def _resume(self, entry: InboxEntry) -> Applied:
         self._pause.resume("resumed by the user")
+        self._ctx.decide("park", "resumed", who_sent(entry))
         return Applied("resumed")
 
     def _abort(self, entry: InboxEntry) -> Applied:
         message = entry.message
         self._pause.abort(message.reason, message.rollback, by=_requester(entry), at=entry.received_at)
+        rollback = "; its effects are rolled back" if message.rollback else ""
+        self._ctx.decide("abort", f"abort requested: {message.reason}{rollback}", who_sent(entry))
         return Applied(f"aborting: {message.reason}")
 
     def _rewind(self, entry: InboxEntry) -> Applied:
@@ -117,7 +123,11 @@ class Steering:
         invalidation = invalidate_from(self._ctx.plan(), self._statuses(), node)
         self._scheduler.void(invalidation.void)
         self._scheduler.record_plan_version(
-            "rewind", f"rewind of '{node}': {why}", PlanDiff(invalidated=invalidation.void, kept=invalidation.kept)
+            "rewind",
+            f"rewind of '{node}': {why}",
+            PlanDiff(invalidated=invalidation.void, kept=invalidation.kept),
+            who=who_sent(entry),
+            about=[node],
         )
         note = f"rewound '{node}': {len(invalidation.void)} step(s) void, {len(invalidation.kept)} kept"
         return Applied(note, void=invalidation.void, kept=invalidation.kept)
@@ -138,6 +148,7 @@ class Steering:
             "narrow",
             f"narrowed {change}" + (f": {why}" if why else ""),
             PlanDiff(invalidated=invalidation.void, kept=invalidation.kept, to_confirm=invalidation.to_confirm),
+            who=who_sent(entry),
         )
         note = (
             f"narrowed {change}: {len(invalidation.void)} void, {len(invalidation.kept)} kept, "
@@ -154,6 +165,8 @@ class Steering:
         choice = chosen_option(message)
         question.status, question.answer, question.answer_text = "answered", choice, message.text
         question.answered_at = state.last_progress_at = workflow.now()
+        said = f": {message.text}" if message.text else ""
+        self._ctx.decide("answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.nodes)
         if question.topic == "park_expired":
             if choice == "resume":
                 self._pause.resume("the user answered the expiry question")
@@ -186,3 +199,7 @@ def _requester(entry: InboxEntry) -> str:
     if entry.request_id == PARENT_STOP:
         return "the parent goal"
     return f"message {entry.request_id}"
+
+
+def who_sent(entry: InboxEntry) -> str:
+    return sender(entry.message.by)

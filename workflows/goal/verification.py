@@ -133,7 +133,7 @@ class Verifier:
                     PlanDiff(invalidated=invalidation.void, kept=invalidation.kept),
                 )
         state.verifications = [*state.verifications, record][-VERIFICATIONS_KEPT:]
-        self._ctx.log_gate(f"{why}: {record.summary()}")
+        self._ctx.log_gate(f"{why}: {record.summary()}", kind="verify", about=[*record.void, *record.downstream])
 
     def _check(self, step: PlanStep, known: Mapping[str, list[Fingerprint]]) -> NodeCheck | None:
         node: Node = self._ctx.state.nodes[step.name]

@@ -356,6 +356,9 @@ class RouterWorkflow:
         self._done(routing, by, "queue" if mode == "queue" else "steer", goal_id, reason)
 
     async def _signal(self, goal_id: str, message: Any) -> None:
+        if getattr(message, "by", "") is None:
+            # Sent for the user: the goal's decision log names them as who decided.
+            message = message.model_copy(update={"by": self._state.user})
         try:
             await workflow.get_external_workflow_handle(goal_id).signal(
                 Signals.MESSAGE, message.model_dump(mode="json")

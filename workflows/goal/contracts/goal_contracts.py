@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
+from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
@@ -61,6 +62,8 @@ class Activities:
     MCP_CATALOGUE = "perdure.mcp.catalogue"
     # The user's own tools a goal names, as the worker loads them (activities/tools/user/tool_modules.py).
     USER_TOOLS_CATALOGUE = "perdure.user_tools.catalogue"
+    # Older entries of a goal's decision log, stored as one chunk (workflows/goal/decision_log.py).
+    WRITE_DECISIONS = "perdure.decisions.write_chunk"
 
 
 class Queries:
@@ -196,6 +199,13 @@ class GoalSpec(BaseModel):
         "workflow task timeout is sized for (workflows/shared/run_boundary.py steps_per_run), which a worker "
         "taking the "
         "goal over must replay the run within.",
+    )
+    decisions_kept: int = Field(
+        default=DEFAULT_KEPT,
+        ge=4,
+        le=10_000,
+        description="Decision-log entries the goal's state keeps; older ones go to the artifact store in chunks "
+        "of half as many (workflows/goal/contracts/decision_contracts.py).",
     )
     device_wait_s: float = Field(
         default=86_400,
@@ -345,6 +355,7 @@ class PlanResult(BaseModel):
     raw: ArtifactRef
     usage: Usage
     model: str
+    rationale: str | None = Field(default=None, description="What the planner said of its plan, cut.")
 
 
 # --- llm and agent nodes ----------------------------------------------------
@@ -417,6 +428,9 @@ class AgentTurnResult(BaseModel):
     transcript: ArtifactRef
     tool_calls: list[ToolCall] = Field(default_factory=list)
     final: ArtifactRef | None = Field(default=None, description="Set when the model answered without tool calls.")
+    reason: str | None = Field(
+        default=None, description="What the model said beside its tool calls (its stated reason), cut."
+    )
     preview: str = ""
     usage: Usage
     model: str
@@ -459,6 +473,8 @@ class ReportInput(BaseModel):
     own_calls: dict[str, OwnCalls] = Field(
         default_factory=dict, description="The goal's own model calls (planning, drift checks, ...) by kind."
     )
+    decisions: list[Decision] = Field(default_factory=list, description="The latest entries of its decision log.")
+    decision_count: int = Field(default=0, description="How many decisions its log holds in all.")
 
 
 class ReportResult(BaseModel):
@@ -483,6 +499,9 @@ class GoalResult(BaseModel):
     )
     lost_attempts: int = Field(default=0, description="Attempts of its calls that died with their worker.")
     lost_by_step: dict[str, int] = Field(default_factory=dict, description="Those per step.")
+    decisions: DecisionLog | None = Field(
+        default=None, description="Its decision log as it ended (`perdure log` reads it with no worker)."
+    )
 
 
 # --- progress -----------------------------------------------------------------

@@ -43,6 +43,12 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str = Field(pattern=REQUEST_ID, description="Client-chosen id; a retry reuses it.")
+    by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Who sent it (a user's name, `watchdog`): the decision log says who decided.",
+    )
 
 
 class Steer(_Message):
@@ -221,8 +227,9 @@ class InboxView(BaseModel):
 
 
 def content_digest(message: BaseModel) -> str:
-    """Digest of everything but the request id: what makes two sends the same message."""
-    return digest_of(message.model_dump(mode="json", exclude={"request_id"}))
+    """Digest of everything but the request id and the sender: what makes two sends the same
+    message (a digest kept before messages said who sent them stays the same)."""
+    return digest_of(message.model_dump(mode="json", exclude={"request_id", "by"}))
 
 
 def parse_message(raw: Any) -> tuple[Any, str | None]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from perdure.workflows.devices.device_contracts import DevicePresence
+from perdure.workflows.goal.contracts.decision_contracts import DecisionLog
 from perdure.workflows.goal.contracts.goal_contracts import (
     AgentTurnResult,
     Budget,
@@ -376,6 +377,11 @@ class GoalState(BaseModel):
     effects: dict[str, EffectRecord] = Field(default_factory=dict, description="Effect key -> a write that happened.")
     drift_checks: int = 0
     gate_log: list[str] = Field(default_factory=list)
+    decisions: DecisionLog = Field(
+        default_factory=DecisionLog,
+        description="The decision log: its latest entries and the refs of the stored rest "
+        "(workflows/goal/decision_log.py).",
+    )
     devices: dict[str, DevicePresence] = Field(
         default_factory=dict,
         description="The devices the plan names, as the registry last said (workflows/goal/device_placement.py).",

@@ -15,6 +15,7 @@ from temporalio import workflow
 
 from perdure.activities.tools.catalogue import COMPACTION_TOOL
 from perdure.workflows.goal.context import NodeFailed, short_key
+from perdure.workflows.goal.contracts.decision_contracts import MODEL
 from perdure.workflows.goal.contracts.goal_contracts import Activities, AgentTurnInput, AgentTurnResult, ToolCall
 from perdure.workflows.goal.contracts.plan import AgentStep
 from perdure.workflows.goal.contracts.state import AgentProgress, Node, RejectedPath
@@ -83,6 +84,11 @@ class AgentNode:
                     node.statements = result.statements  # what its whole answer states, for the evidence log
                     return result.final, result.preview
                 progress.pending, progress.done = result, {}
+                if result.reason:
+                    # The model's stated reason for its choice of tools, once per turn.
+                    called = ", ".join(dict.fromkeys(c.tool for c in result.tool_calls))
+                    text = f"{step.name}, turn {turn}: calls {called}: {result.reason}"
+                    self._ctx.decide("reason", text, MODEL, [step.name])
             result = progress.pending
             # read_artifact is offered on exactly the turns whose prompt was compacted.
             compacted = result.compaction is not None and COMPACTION_TOOL not in step.tools
@@ -159,7 +165,9 @@ class AgentNode:
             node.stall, action = stall.observe_step(node.stall, outputs, threshold=threshold, calls=calls)
             if action is None:
                 return []
-            self._ctx.log_gate(f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})")
+            self._ctx.log_gate(
+                f"{step.name}: stalled, {action.kind.replace('_', ' ')} ({action.reason})", about=[step.name]
+            )
             self._ctx.metrics.add(metrics.STALL_RUNGS, 1, rung=action.kind)
             if action.kind == "remind":
                 return [stall.remind_message(action.tried, threshold)]
