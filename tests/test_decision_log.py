@@ -169,6 +169,14 @@ def folders(workspace: Path, count: int) -> None:
         (workspace / f"d{i}" / f"note-{i}.md").write_text(f"note {i}\n")
 
 
+async def start_small_log(env, task_queue: str, workspace: Path, steps: list[dict], tools: list[str]):
+    """A goal whose state keeps 4 decisions (a chunk stored every 2 more) and that continues
+    as new after 50 events."""
+    return await start(
+        env, task_queue, workspace, steps, allowed_tools=tools, decisions_kept=4, continue_as_new_after_events=50
+    )
+
+
 async def carried_state(env, goal_id: str, run_id: str) -> dict:
     """The state the goal carried into run `run_id` (its start input), as JSON."""
     history = await env.client.get_workflow_handle(goal_id, run_id=run_id).fetch_history()
@@ -186,15 +194,7 @@ async def test_a_log_past_its_bound_crosses_continue_as_new_and_reads_back_whole
     server = scripted({"replies": [*script["replies"], *STEP_REPLY["replies"]]})
     steps = [agent("explore", "Find the owner.", ["list_dir"], max_turns=12), llm("wrap", ["explore"])]
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(
-            env,
-            task_queue,
-            workspace,
-            steps,
-            allowed_tools=["list_dir"],
-            decisions_kept=4,
-            continue_as_new_after_events=50,
-        )
+        handle = await start_small_log(env, task_queue, workspace, steps, ["list_dir"])
         result = await asyncio.wait_for(handle.result(), 90)
     assert result.outcome == "succeeded"
     runs = await run_ids(handle)
@@ -240,15 +240,7 @@ async def test_with_no_worker_the_log_says_why_at_once_and_shows_what_the_run_ca
     server = scripted({"replies": [*reasoned_turns(6), {"when": "PERDURE-AGENT", "content": "Done looking."}]})
     steps = [agent("explore", "Find the owner.", ["list_dir"], max_turns=10), gate(["explore"])]
     async with running_worker(env, task_queue, store, openai_profile(server)):
-        handle = await start(
-            env,
-            task_queue,
-            workspace,
-            steps,
-            allowed_tools=["list_dir", "run_command"],
-            decisions_kept=4,
-            continue_as_new_after_events=50,
-        )
+        handle = await start_small_log(env, task_queue, workspace, steps, ["list_dir", "run_command"])
         await wait_until(handle, lambda s: s.runs >= 2 and statuses(s).get("gate") == "running", 60)
         code, live, _ = await perdure_log(env, tmp_path, handle.id)
     assert code == 0 and "read from the goal" in live, live

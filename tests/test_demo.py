@@ -52,6 +52,23 @@ def test_demo_runs_end_to_end_offline(tmp_path):
         [shown] = [line.strip() for line in demo.stdout.splitlines() if line.strip().endswith(f"result {goal_id}")]
         called = subprocess.run(shlex.split(shown), cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=60)
         assert called.returncode == 0 and "outcome: succeeded" in called.stdout, shown + called.stderr[-2000:]
+        # Its decision log: the plan the model adopted and why, its agent's reasons, how it ended.
+        logged = subprocess.run(
+            [BIN / "perdure", "log", goal_id, "--json"],
+            cwd=CHECKOUT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert logged.returncode == 0, logged.stderr[-2000:]
+        entries = json.loads(logged.stdout)["entries"]
+        said = [(e["kind"], e["who"], e["text"]) for e in entries]
+        assert said[0][:2] == ("reason", "model") and "Read the notes before judging them" in said[0][2]
+        assert said[1][:2] == ("plan", "model") and said[1][2].endswith("prioritise, write-summary")
+        turns = [text for kind, _, text in said if kind == "reason"][1:]
+        assert turns[0].startswith("write-summary, turn 1: calls write_file: I write SUMMARY.md"), turns
+        assert said[-1] == ("end", "rule", "the goal ended succeeded")
 
         listed = subprocess.run(
             [BIN / "temporal", "workflow", "list", "--address", f"127.0.0.1:{port}", "-o", "json"],

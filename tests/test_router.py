@@ -294,6 +294,7 @@ async def test_explicit_goal_queue_and_a_card_answer_reach_the_goal_through_its_
         "question_id": "q-none",
         "choice": "approve",
         "text": None,
+        "by": user,  # the router sends for its user: the goal's decision log names them
     }
     assert missing.status == "failed" and f"goal gone-{user} cannot take messages" in missing.reason
 
