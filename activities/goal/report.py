@@ -2,10 +2,10 @@
 
 Owns rendering `ReportInput` into markdown (outcome, totals, a table of steps and
 one of the work earlier plan versions left behind, each succeeded step's output
-and each failed step's error, the latest decisions of its decision log) and storing it. The text depends only on the input
-and the stored artifacts, never on the clock or the machine, so rendering the same
-input twice yields the same digest and a retried activity stores nothing new. It
-must not decide the outcome; the workflow does.
+and each failed step's error, the latest decisions of its decision log) and storing
+it. The text depends only on the input and the stored artifacts, never on the clock
+or the machine, so rendering the same input twice yields the same digest and a
+retried activity stores nothing new. It must not decide the outcome; the workflow does.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import MetricMeter
 
-from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts import decision_contracts
+from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.decision_contracts import RULE
 from perdure.workflows.goal.contracts.goal_contracts import Signals, SubgoalOutcome
 from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
