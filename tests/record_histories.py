@@ -1171,6 +1171,53 @@ async def record_goal_park_until_file(env: WorkflowEnvironment, out: Path) -> No
         save(out, await handle.fetch_history())
 
 
+async def record_goal_decision_log(env: WorkflowEnvironment, out: Path) -> None:
+    """A decision log past its bound (4 kept): an agent's eight reasoned turns store its
+    older entries in chunks (local activities), the goal continues as new carrying the
+    refs, and a second agent's turns store another chunk in the last run (issue 38)."""
+
+    def turns(marker: str, count: int) -> list[dict]:
+        said = [
+            {
+                "when": marker,
+                "times": 1,
+                "content": f"I look in d{i} next.",
+                "tool_calls": [{"name": "list_dir", "arguments": {"path": f"d{i}"}}],
+            }
+            for i in range(count)
+        ]
+        return [*said, {"when": marker, "times": 1, "content": f"{marker}: done."}]
+
+    script = {"replies": [*turns("AGENT-EXPLORE", 8), *turns("AGENT-MORE", 4), *STEP_REPLY["replies"]]}
+    steps = [
+        agent("explore", "AGENT-EXPLORE: find the owner.", ["list_dir"], max_turns=12),
+        agent("more", "AGENT-MORE: look again.", ["list_dir"], ["explore"], max_turns=8),
+    ]
+    async with rig(env, script) as (workspace, task_queue):
+        for i in range(8):
+            (workspace / f"d{i}").mkdir()
+            (workspace / f"d{i}" / f"note-{i}.md").write_text(f"note {i}\n")
+        goal_spec = spec(
+            workspace,
+            plan={"steps": steps},
+            allowed_tools=["list_dir"],
+            drift_every=0,
+            decisions_kept=4,
+            continue_as_new_after_events=50,
+        )
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+        )
+        result = await handle.result()
+        first = await env.client.get_workflow_handle(out.stem, run_id=handle.result_run_id).fetch_history()
+        last = await env.client.get_workflow_handle(out.stem).fetch_history()
+    assert result.outcome == "succeeded", result.excerpt
+    assert first.events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), "no continue-as-new"
+    assert len(result.decisions.chunks) >= 4, result.decisions
+    save(out.with_name(f"{out.stem}-first-run.json"), first)
+    save(out.with_name(f"{out.stem}-last-run.json"), last)
+
+
 SCENARIOS = {
     "goal-1.0-demo": record_goal_demo,
     "goal-1.0-steered": record_goal_steered,
@@ -1199,6 +1246,7 @@ SCENARIOS = {
     "goal-1.0-mcp-tools": record_goal_mcp_tools,
     "goal-1.1-user-tools": record_goal_user_tools,
     "goal-1.1-park-until-file": record_goal_park_until_file,
+    "goal-1.1-decision-log": record_goal_decision_log,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.0-offline-then-back": record_devices_offline_then_back,
