@@ -169,7 +169,10 @@ def deployment_name() -> str:
 def user() -> str:
     """Whose router a message goes to: PERDURE_USER, else the login name, as an id may
     spell it (letters, digits, `.`, `_`, `-`)."""
-    raw = os.environ.get("PERDURE_USER") or getpass.getuser() or "user"
+    try:
+        raw = os.environ.get("PERDURE_USER") or getpass.getuser() or "user"
+    except (OSError, KeyError):  # no login name (a container's bare uid): every message still goes
+        raw = "user"
     name = re.sub(r"[^A-Za-z0-9._-]", "-", raw).strip("-._")[:64]
     return name or "user"
 

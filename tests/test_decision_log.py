@@ -253,3 +253,17 @@ async def test_with_no_worker_the_log_says_why_at_once_and_shows_what_the_run_ca
     assert carried and [int(c[0]) for c in carried] == list(range(1, len(carried) + 1))
     assert [c[2] for c in carried].count("reason") == 6 and carried[-1][2] == "run"
     assert len(rows(live)) >= len(carried)
+
+
+def test_a_machine_with_no_login_name_sends_its_messages_as_user(monkeypatch):
+    # Messages now carry who sent them: a container's bare uid has no login name, and a send must not fail on it.
+    import getpass
+
+    from perdure.runtime import settings
+
+    def no_name() -> str:
+        raise OSError("no login name for uid 12345")
+
+    monkeypatch.delenv("PERDURE_USER", raising=False)
+    monkeypatch.setattr(getpass, "getuser", no_name)
+    assert settings.user() == "user"
