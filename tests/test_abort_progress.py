@@ -62,7 +62,7 @@ async def test_an_abort_with_rollback_is_requested_while_the_payment_lands_and_i
         await wait_until(handle, lambda s: s.questions)
         await submit(handle, Approve(request_id="c1", question_id="q1"))
         await until(lambda: slow_payments.ledger())  # the payment is made; its answer is seconds away
-        await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True))
+        await submit(handle, Abort(request_id="a1", reason="wrong invoice", rollback=True, by="alice"))
         landing = await handle.query(GoalWorkflow.progress)
         said_landing = await perdure_status(env, handle.id)
         await until(lambda: len(slow_payments.ledger()) == 2)  # the refund is made; its answer is seconds away
@@ -78,13 +78,13 @@ async def test_an_abort_with_rollback_is_requested_while_the_payment_lands_and_i
     assert [e["kind"] for e in slow_payments.ledger()] == ["payment", "refund"]
     assert result.outcome == "aborted"
     abort = landing.abort
-    assert abort is not None and abort.stage == "requested" and abort.rollback and abort.by == "message a1"
+    assert abort is not None and abort.stage == "requested" and abort.rollback and abort.by == "alice (message a1)"
     assert abort.reason == "wrong invoice" and abort.requested_at is not None and abort.achieved_at is None
     assert [(s.node, s.tools) for s in abort.running] == [("pay", ["make_payment"])]
     assert [(s.node, s.tools) for s in abort.stopped] == [("gate", ["run_command"])]  # cancelled at once
     assert [(e.node, e.undo, e.status) for e in abort.to_undo] == [("pay", "refund_payment", "pending")]
     assert landing.phase == "aborting"
-    assert "abort requested" in said_landing and "by message a1" in said_landing, said_landing
+    assert "abort requested" in said_landing and "by alice (message a1)" in said_landing, said_landing
     assert "still running: pay (make_payment)" in said_landing, said_landing
     assert "to undo: pay · make_payment by refund_payment (pending)" in said_landing, said_landing
 

@@ -278,9 +278,7 @@ async def test_a_wrong_typed_or_huge_base_version_is_refused_with_a_clear_messag
 
     assert result.outcome == "succeeded", result.excerpt
     answers = [request_after(server, i)["last_message"] for i in range(3)]
-    expected = (
-        'base_version: base_version must be "any" or a file version: "sha256:" and 64 lower-case hex'
-    )
+    expected = 'base_version: base_version must be "any" or a file version: "sha256:" and 64 lower-case hex'
     assert all(expected in answer for answer in answers), answers
     assert "got int 12345" in answers[0]
     assert "got a string of 100000 characters" in answers[1] and "ffff" not in answers[1]

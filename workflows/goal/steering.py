@@ -195,10 +195,12 @@ class Steering:
 
 
 def _requester(entry: InboxEntry) -> str:
-    """Who sent an abort, as far as the goal can tell: its parent goal, or a message by its id."""
+    """Who sent an abort, as far as the goal can tell: its parent goal, or the sender the
+    message names and its id."""
     if entry.request_id == PARENT_STOP:
         return "the parent goal"
-    return f"message {entry.request_id}"
+    by = entry.message.by
+    return f"{by} (message {entry.request_id})" if by else f"message {entry.request_id}"
 
 
 def who_sent(entry: InboxEntry) -> str:
