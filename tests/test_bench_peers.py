@@ -1,17 +1,21 @@
-"""The arithmetic, parsing and ledger behind `make bench-peers` (bench/peers_run.py).
-The peers themselves (bench/peers/.venv) are not run by `make test`."""
+"""The arithmetic, parsing and ledger behind `make bench-peers` (bench/peers_run.py), and the
+harness itself run end to end at a tiny size (the peers in bench/peers/.venv, built if missing)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from bench import peers_run
+from bench.storage import filesystem
 from bench.peers_run import (
     RESTART,
     Crash,
@@ -170,3 +174,52 @@ def test_targets_need_perdure_under_its_bound_and_under_the_peer():
     step, recovery = targets(rows(0.9, 0.8, 3.0, 3.4))
     assert "MISSED" in step and "MISSED" in recovery
     assert "not measured" in targets(rows(0.9, 1.2, None, 3.4))[1]
+
+
+@pytest.fixture(scope="module")
+def peers_venv():
+    """bench/peers/.venv, built as `make bench-peers` builds it (pip, from the pinned requirements)."""
+    built = subprocess.run(
+        ["make", "-C", str(peers_run.ROOT), "bench/peers/.venv/.installed"], capture_output=True, text=True, timeout=900
+    )
+    assert built.returncode == 0, f"building the peers' venv failed:\n{built.stdout[-2000:]}{built.stderr[-2000:]}"
+    return peers_run.PEER_PYTHON
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.timeout(900)
+def test_make_bench_peers_runs_every_system_on_a_db_file_and_again_in_memory_and_counts_their_fsyncs(
+    tmp_path, peers_venv
+):
+    """The harness end to end at a tiny size, as `make bench-peers` runs it, so it cannot rot:
+    both storage rows, each system's storage named, fsyncs counted by strace."""
+    results = tmp_path / "peers_results.json"
+    ran = subprocess.run(
+        [sys.executable, "-m", "bench.peers_run", "--n", "8", "--small", "3", "--repeats", "1"]
+        + ["--crash-n", "6", "--block-at", "2", "--wait-s", "60", "--results", str(results)],
+        cwd=peers_run.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out[-4000:]
+    assert "Traceback" not in out
+    figures = json.loads(results.read_text())
+    for suffix in ("", "_memory"):
+        for key in ("perdure_step_ratio_to_langgraph", "perdure_step_ratio_to_dbos", "perdure_rerun_steps"):
+            assert key + suffix in figures, (key + suffix, sorted(figures))
+        for key in ("perdure_fsyncs_per_step", "peer_langgraph_fsyncs_per_step", "peer_dbos_fsyncs_per_step"):
+            assert figures[key + suffix] >= 0
+    # The headline row: the server writes a db file, the peers their SQLite files, all on one disk.
+    disk = Path(tempfile.gettempdir())
+    assert "db file" in figures["perdure_storage"] and "in memory" in figures["perdure_storage_memory"]
+    fs = filesystem(disk)
+    assert figures["peer_langgraph_storage"] == f"SQLite file on {fs}" != figures["peer_langgraph_storage_memory"]
+    assert figures["perdure_server_fsyncs_per_step"] > 0
+    assert figures["peer_langgraph_fsyncs_per_step"] > 0 and figures["peer_dbos_fsyncs_per_step"] > 0
+    # In memory the server makes no fsync at all.
+    assert figures["perdure_server_fsyncs_per_step_memory"] == 0
+    # The printed tables say which storage each figure is on.
+    assert "on a db file" in out and "in memory" in out and "fsyncs per step" in out
