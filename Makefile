@@ -14,9 +14,10 @@ PYTEST_ARGS ?=
 install: $(STAMP) system-packages
 
 # System packages that features need: bubblewrap (`bwrap`, the sandbox every shell
-# command runs in) and chromium (headless, for the browser tests of the UI). Installed
+# command runs in), chromium (headless, for the browser tests of the UI) and strace
+# (`make bench-peers` counts each system's fsyncs with it). Installed
 # with apt when this runs as root on Debian/Ubuntu; otherwise it says what to install.
-SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium
+SYSTEM_PACKAGES := bwrap:bubblewrap chromium:chromium strace:strace
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
@@ -136,7 +137,8 @@ bench: $(STAMP) system-packages
 	@test -f bench/run.py || { echo "error: bench/run.py does not exist yet" >&2; exit 1; }
 	$(BIN)/python bench/run.py
 
-# perdure beside LangGraph (SQLite checkpointer) and DBOS (on SQLite) in one run, not part
+# perdure beside LangGraph (SQLite checkpointer) and DBOS (on SQLite) in one run, on equal
+# storage twice (the server on a db file and the peers on the same disk; all in memory), not part
 # of `make test` (options: PEERS_ARGS="--n 100 --repeats 1"). The peers live in their own venv, bench/peers/.venv, redone when their
 # pinned requirements change: their dependencies never reach perdure's venv.
 PEERS := bench/peers

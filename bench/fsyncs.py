@@ -75,7 +75,9 @@ async def attached(pid: int, summary: Path, timeout_s: float = 30) -> AsyncItera
         # Attached once every thread names strace as its tracer: the block starts only then.
         while not (tracers := _tracers(pid)) or any(t != strace.pid for t in tracers):
             if strace.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"strace could not attach to {pid}: {summary.with_suffix('.log').read_text()[-500:]}")
+                raise RuntimeError(
+                    f"strace could not attach to {pid}: {summary.with_suffix('.log').read_text()[-500:]}"
+                )
             await asyncio.sleep(0.02)
         yield counted
     finally:

@@ -1,14 +1,19 @@
-"""perdure beside LangGraph and DBOS on the same steps and the same crash (`make bench-peers`).
+"""perdure beside LangGraph and DBOS on the same steps, the same crash and the same storage (`make bench-peers`).
 
 LangGraph with its SQLite checkpointer and DBOS on SQLite, against perdure on one dev
-server, on the same two tests:
+server, on the same two tests, run twice in one run on equal storage (bench/storage.py):
+first with the dev server on a SQLite db file as `perdure server start` runs it and
+the peers' SQLite files beside it on the same disk (the headline), then with the server
+in memory and the peers' files on a tmpfs (/dev/shm).
 
 - steps: N sequential steps, each reading its own 2-byte file (perdure has no step
   that does nothing; a read step is its cheapest, what `read_step_ms` reports). perdure
   runs them as a goal of read steps and as a raw Temporal workflow of local
   activities (bench/raw.py); each peer as its own durable steps (bench/peers/). Per
   step is the slope between a small and an N-step run (medians of the repeats), so
-  each one's fixed cost (process, start, result) cancels out: the same for all.
+  each one's fixed cost (process, start, result) cancels out: the same for all. Each
+  system's fsyncs per step are counted by strace (bench/fsyncs.py) in untimed runs of
+  the same two sizes: perdure's server and worker, each peer's process.
 - crash: a 100-step run whose step 39 reads a FIFO the harness holds open, so the
   step blocks; the harness SIGKILLs the process running it, then serves the FIFO.
   A peer is started again in place (its database says what is left); perdure's goal
@@ -20,10 +25,11 @@ server, on the same two tests:
 
 The peers run as subprocesses of bench/peers/.venv (the Makefile builds it from
 bench/peers/requirements.txt), never inside perdure's venv. Figures go to
-bench/peers_results.json with perdure's ratio to each peer.
+bench/peers_results.json (bench/peers_report.py): the db-file row's under their plain
+names, the in-memory row's with `_memory` at the end, each system's storage beside them.
 
     .venv/bin/python -m bench.peers_run [--n 300] [--small 30] [--repeats 3] [--crash-n 100] [--block-at 39]
-                                        [--peer-db-dir /dev/shm]
+                                        [--disk-dir /tmp] [--memory-dir /dev/shm] [--results FILE]
 """
 
 from __future__ import annotations
@@ -31,44 +37,44 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from inotify_simple import INotify, flags
 from rich.console import Console
-from rich.table import Table
 from temporalio.client import Client
 
+from bench import fsyncs
+from bench import peers_report as report
 from bench.common import (
     ROOT,
     chain_steps,
     goal_spec,
     median,
     new_id,
-    on_own_server,
     parse_options,
     perdure_worker,
     raw_worker,
     slope_ms,
     start_goal,
+    use_home,
 )
+from bench.fsyncs import STRACE
 from bench.overhead import run_perdure, run_raw
+from bench.peers_report import PEERS, RESTART, Row
+from bench.storage import Server, Storage, start_server
+from bench.storage import settings as storage_settings
 from perdure.testing.crash import CrashRig, open_writer, serve_fifo
 
 PEERS_DIR = ROOT / "bench" / "peers"
 PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"
 RESULTS = ROOT / "bench" / "peers_results.json"
-# Peer -> how the table names it.
-PEERS = {"langgraph": "LangGraph, SqliteSaver (sync)", "dbos": "DBOS on SQLite"}
-# The row of perdure's crash test resumed by a restarted worker instead of a standby.
-RESTART = "perdure_restart"
 
 
 def step_name(index: int) -> str:
@@ -151,10 +157,6 @@ def spans(steps: list[int]) -> str:
         (f"{lo}" if lo == hi else f"{lo}-{hi}") + (f" ({counts[lo]} times)" if counts[lo] > 1 else "")
         for lo, hi in parts
     )
-
-
-def ratio(perdure: float | None, peer: float | None) -> float | None:
-    return round(perdure / peer, 2) if perdure is not None and peer else None
 
 
 class Ledger:
@@ -298,17 +300,15 @@ class PeerFailed(RuntimeError):
     pass
 
 
-async def start_peer(peer: str, mode: str, db: Path, workspace: Path, log: Path, *options: str):
+async def start_peer(
+    peer: str, mode: str, db: Path, workspace: Path, log: Path, *options: str, summary: Path | None = None
+):
+    """The peer program in its own venv; under strace, its fsyncs counted into `summary`, when given."""
+    argv = [str(PEER_PYTHON), str(PEERS_DIR / f"{peer}_peer.py"), mode, "--db", str(db), "--workspace", str(workspace)]
+    argv += options
     with open(log, "ab") as err:
         return await asyncio.create_subprocess_exec(
-            str(PEER_PYTHON),
-            str(PEERS_DIR / f"{peer}_peer.py"),
-            mode,
-            "--db",
-            str(db),
-            "--workspace",
-            str(workspace),
-            *options,
+            *(fsyncs.traced(argv, summary) if summary else argv),
             stdout=asyncio.subprocess.PIPE,
             stderr=err,
             stdin=asyncio.subprocess.DEVNULL,
@@ -370,6 +370,11 @@ async def crash_peer(peer: str, root: Path, run: CrashRun, dbs: Path) -> Crash:
 class Steps:
     ms: float  # per step, the slope
     per_step: int  # closes of step files per step (the crash test's ledger divides by it)
+    # fsyncs per step of each process that makes them ("server", "worker"; "peer"), the
+    # slope between two counted runs; None: not counted (no strace)
+    fsyncs: dict[str, float] | None = None
+    # perdure's only: its processes' fsyncs in one goal run of the large size
+    fsyncs_per_run: dict[str, float] | None = None
 
 
 WARM_UP = 3  # steps of the untimed first run, in every system (peer_common.py's too)
@@ -388,14 +393,51 @@ async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int
         proc = await start_peer(peer, "steps", dbs / f"{peer}-steps.db", workspace, log, *options)
         runs = parse_runs(await peer_output(proc, peer, log))
         closes = await settle(ledger)
-    return Steps(per_step_ms(runs, small, large), runs_per_step(closes, steps_run(small, large, repeats)))
+    steps = Steps(per_step_ms(runs, small, large), runs_per_step(closes, steps_run(small, large, repeats)))
+    if STRACE:
+        # Counted in runs of their own (strace slows what it traces): one of each size, each on a new
+        # database (a peer's count does not vary between runs, perdure's does: see perdure_fsyncs).
+        counts = {}
+        for size in (small, large):
+            summary = root / f"{peer}-fsyncs-{size}.strace"
+            db = dbs / f"{peer}-fsyncs-{size}.db"
+            options = ("--sizes", str(size), "--repeats", "1")
+            proc = await start_peer(peer, "steps", db, workspace, log, *options, summary=summary)
+            await peer_output(proc, peer, log)
+            counts[size] = fsyncs.calls(summary.read_text())
+        steps.fsyncs = {"peer": fsyncs.per_step(counts)}
+    return steps
 
 
-async def steps_perdure(root: Path, client: Client, small: int, large: int, repeats: int) -> tuple[Steps, float]:
+async def perdure_fsyncs(
+    server_pid: int, root: Path, goal_run, small: int, large: int, repeats: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """fsyncs per step of the server and of this process (the worker runs in it), and per
+    goal run of `large` steps, from goals of each size run with strace attached to both
+    (medians of `repeats`: how many workflow tasks record a goal varies from run to run)."""
+    counts: dict[str, dict[int, list[int]]] = {"server": {}, "worker": {}}
+    for repeat in range(repeats):
+        for size in (small, large):
+            async with (
+                fsyncs.attached(server_pid, root / f"server-{size}-{repeat}.strace") as server,
+                fsyncs.attached(os.getpid(), root / f"worker-{size}-{repeat}.strace") as worker,
+            ):
+                await goal_run(size)
+            counts["server"].setdefault(size, []).append(server[0])
+            counts["worker"].setdefault(size, []).append(worker[0])
+    medians = {process: {size: median(runs) for size, runs in by_size.items()} for process, by_size in counts.items()}
+    per_step = {process: fsyncs.per_step(by_size) for process, by_size in medians.items()}
+    return per_step, {process: by_size[large] for process, by_size in medians.items()}
+
+
+async def steps_perdure(
+    root: Path, client: Client, server_pid: int, small: int, large: int, repeats: int
+) -> tuple[Steps, float]:
     """A goal of read steps and the raw local activities' ms per step, each warmed up
     first. Only the goal's warm-up is watched by the ledger: its thread would share the
     in-process worker's interpreter lock during the timed runs (a peer's runs are in
-    another process). The raw workflow reads a workspace of its own."""
+    another process). The raw workflow reads a workspace of its own. The fsyncs are
+    counted after the timed runs, in goal runs of their own."""
     workspace, raw_workspace = step_workspace(root / "ws", large), step_workspace(root / "raw-ws", large)
     tq_goal, tq_raw = new_id("bench-peers"), new_id("bench-peers-raw")
     goal: dict[int, list[float]] = {}
@@ -418,110 +460,19 @@ async def steps_perdure(root: Path, client: Client, small: int, large: int, repe
                 goal.setdefault(size, []).append(await goal_run(size))
                 seconds = await run_raw(client, tq_raw, raw_workspace, "read_file", args(size), "local")
                 raw.setdefault(size, []).append(seconds)
-    per_step = runs_per_step(closes, WARM_UP)
-    return Steps(per_step_ms(goal, small, large), per_step), per_step_ms(raw, small, large)
+        steps = Steps(per_step_ms(goal, small, large), runs_per_step(closes, WARM_UP))
+        if STRACE:
+            steps.fsyncs, steps.fsyncs_per_run = await perdure_fsyncs(server_pid, root, goal_run, small, large, repeats)
+    return steps, per_step_ms(raw, small, large)
 
 
 # --- the run ---------------------------------------------------------------------
 
 
-@dataclass
-class Row:
-    name: str
-    steps: Steps | None = None
-    crash: Crash | None = None
-    failures: list[str] = field(default_factory=list)
-    raw_ms: float | None = None  # only the raw Temporal row, which has no ledger
-
-    @property
-    def step_ms(self) -> float | None:
-        return self.steps.ms if self.steps else self.raw_ms
-
-
-def figures(rows: dict[str, Row]) -> dict[str, float | int]:
-    """The results file: each system's figures (perdure's, then `peer_<name>_...`) and
-    perdure's ratio to each peer (perdure ÷ peer: below 1, perdure is faster)."""
-    out: dict[str, float | int] = {}
-    perdure, raw = rows["perdure"], rows["raw"]
-    if raw.step_ms is not None:
-        out["raw_local_activity_ms"] = round(raw.step_ms, 3)
-    for key, prefix in {
-        "perdure": "perdure_",
-        **{peer: f"peer_{peer}_" for peer in PEERS},
-        RESTART: "perdure_restart_",
-    }.items():
-        row = rows[key]
-        if row.step_ms is not None:
-            out[prefix + ("read_step_ms" if key == "perdure" else "step_ms")] = round(row.step_ms, 3)
-        if row.crash is not None:
-            out[f"{prefix}rerun_steps"] = len(row.crash.rerun)
-            for name, value in (("recovery_s", row.crash.resume_s), ("done_after_kill_s", row.crash.done_s)):
-                if value is not None:
-                    out[prefix + name] = round(value, 2)
-    for peer in PEERS:
-        row = rows[peer]
-        step = ratio(perdure.step_ms, row.step_ms)
-        if step is not None:
-            out[f"perdure_step_ratio_to_{peer}"] = step
-        for key, prefix in (("perdure", "perdure_"), (RESTART, "perdure_restart_")):
-            resume = ratio(resume_s(rows[key]), resume_s(row))
-            if resume is not None:
-                out[f"{prefix}recovery_ratio_to_{peer}"] = resume
-    return out
-
-
-def resume_s(row: Row) -> float | None:
-    return row.crash.resume_s if row.crash else None
-
-
-def table(rows: dict[str, Row], block_at: int) -> Table:
-    perdure = rows["perdure"]
-    result = Table(title="perdure beside its peers (ratio = perdure ÷ the row; below 1: perdure faster)")
-    for column in (
-        "system",
-        "ms per step",
-        "steps re-run",
-        f"s to step {block_at} again",
-        "s to done",
-        "ratio ms/step",
-        "ratio resume",
-    ):
-        result.add_column(column, justify="left" if column == "system" else "right")
-
-    def shown(value: float | None, digits: int = 2) -> str:
-        return "—" if value is None else f"{value:.{digits}f}"
-
-    for key, row in rows.items():
-        crash = row.crash
-        ours = key in ("perdure", RESTART)
-        resume = None if ours else ratio(resume_s(perdure), resume_s(row))
-        step = None if ours else ratio(perdure.step_ms, row.step_ms)
-        result.add_row(
-            row.name,
-            shown(row.step_ms),
-            "—" if crash is None else str(len(crash.rerun)),
-            shown(crash.resume_s if crash else None),
-            shown(crash.done_s if crash else None),
-            shown(step),
-            shown(resume),
-        )
-    return result
-
-
-async def run(client: Client, work: Path, peer_db_dir: str, **settings) -> dict[str, Row]:
-    # The peers' SQLite files: in the scratch directory (on disk), or where asked (/dev/shm
-    # keeps them in memory, as the dev server keeps its history here).
-    dbs = Path(tempfile.mkdtemp(prefix="perdure-peers-", dir=peer_db_dir or work))
-    try:
-        return await run_all(client, work, dbs, **settings)
-    finally:
-        shutil.rmtree(dbs, ignore_errors=True)
-
-
 async def run_all(
-    client: Client,
+    server: Server,
     work: Path,
-    dbs: Path,
+    storage: Storage,
     n: int,
     small: int,
     repeats: int,
@@ -529,11 +480,16 @@ async def run_all(
     block_at: int,
     wait_s: float,
 ) -> dict[str, Row]:
+    """Every system through both tests on `storage`: the peers' databases and perdure's
+    files in `work`, perdure's goals on `server`."""
+    client = server.client
+    dbs = work / "peer-dbs"
+    dbs.mkdir()
     rows = {
-        "perdure": Row("perdure goal, read steps"),
-        RESTART: Row("  the same, worker restarted"),
-        "raw": Row("raw Temporal, local activities"),
-        **{peer: Row(name) for peer, name in PEERS.items()},
+        "perdure": Row("perdure goal, read steps", storage.server()),
+        RESTART: Row("  the same, worker restarted", storage.server()),
+        "raw": Row("raw Temporal, local activities", storage.server()),
+        **{peer: Row(name, storage.files()) for peer, name in PEERS.items()},
     }
     systems = ["perdure", *PEERS]
 
@@ -549,7 +505,7 @@ async def run_all(
     async def steps(key: str) -> None:
         root = work / f"{key}-steps"
         if key == "perdure":
-            rows[key].steps, rows["raw"].raw_ms = await steps_perdure(root, client, small, n, repeats)
+            rows[key].steps, rows["raw"].raw_ms = await steps_perdure(root, client, server.pid, small, n, repeats)
         else:
             rows[key].steps = await steps_peer(key, root, small, n, repeats, dbs)
 
@@ -564,6 +520,7 @@ async def run_all(
         else:
             rows[key].crash = await crash_perdure(client, root, setting, standby=key == "perdure")
 
+    print(f"{storage.name}: {storage.server()}; the peers' {storage.files()}", flush=True)
     print(f"steps: {small} and {n} sequential read steps, {repeats} repeats each", flush=True)
     for key in systems:
         await attempt(key, "steps", lambda key=key: steps(key))
@@ -573,76 +530,70 @@ async def run_all(
     return rows
 
 
+async def run_storages(storages: list[Storage], **settings) -> dict[Storage, dict[str, Row]]:
+    """The whole run once on each storage, each on a server and in a scratch directory of
+    its own (made in the storage's directory, so the peers' files and the server's db file
+    share one filesystem); a server that does not start leaves its rows empty."""
+    measured: dict[Storage, dict[str, Row]] = {}
+    for storage in storages:
+        with tempfile.TemporaryDirectory(prefix="perdure-peers-", dir=storage.parent) as tmp:
+            work = Path(tmp)
+            use_home(work / "home")
+            server = await start_server(work / "temporal-dev", on_file=storage.server_on_file)
+            try:
+                measured[storage] = await run_all(server, work, storage, **settings)
+            finally:
+                server.stop()
+    return measured
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(
-        __doc__, argv, n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0, peer_db_dir=""
+        __doc__,
+        argv,
+        n=300,
+        small=30,
+        repeats=3,
+        crash_n=100,
+        block_at=39,
+        wait_s=120.0,
+        disk_dir=tempfile.gettempdir(),
+        memory_dir="/dev/shm",
+        results=str(RESULTS),
     )
-    problem = refusal(options)
+    storages = storage_settings(options.pop("disk_dir"), options.pop("memory_dir"))
+    results_file = Path(options.pop("results"))
+    problem = refusal(options, storages)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
 
     started = time.monotonic()
-    rows: dict[str, Row] = on_own_server(run, options)
-    console = Console(width=130)
-    console.print(table(rows, options["block_at"]))
-    for line in method(rows, options) + targets(rows):
+    measured = asyncio.run(run_storages(storages, **options))
+    console = Console(width=160)
+    results: dict[str, float | int | str] = {}
+    for storage, rows in measured.items():
+        console.print(report.table(rows, options["block_at"], storage))
+        results.update(report.figures(rows, storage.suffix))
+    for line in report.method(measured, options) + report.targets(measured):
         print(line)
-    results = {
-        **figures(rows),
-        "n": options["n"],
-        "small": options["small"],
-        "crash_n": options["crash_n"],
-        "block_at": options["block_at"],
-    }
-    RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)} ({time.monotonic() - started:.0f} s in all)")
-    failed = [f"{row.name}: {failure}" for row in rows.values() for failure in row.failures]
+    for key in ("n", "small", "crash_n", "block_at"):
+        results[key] = options[key]
+    results_file.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
+    shown = results_file.relative_to(ROOT) if results_file.is_relative_to(ROOT) else results_file
+    print(f"wrote {shown} ({time.monotonic() - started:.0f} s in all)")
+    failed = [
+        f"{storage.name}: {row.name}: {failure}"
+        for storage, rows in measured.items()
+        for row in rows.values()
+        for failure in row.failures
+    ]
     for line in failed:
         print(f"not measured: {line.splitlines()[0]}")
     return 1 if failed else 0
 
 
-# perdure's targets beside its peers (issue 24): a bound of its own, and below a peer's figure.
-STEP_TARGET_MS, STEP_PEER = 1.0, "langgraph"
-RECOVERY_TARGET_S, RECOVERY_PEER = 2.5, "dbos"
-
-
-def targets(rows: dict[str, Row]) -> list[str]:
-    """Each target judged on this run's figures, or said to be unmeasured."""
-    perdure = rows["perdure"]
-    judged = (
-        ("read step", "ms", perdure.step_ms, STEP_TARGET_MS, STEP_PEER, rows[STEP_PEER].step_ms),
-        ("recovery", "s", resume_s(perdure), RECOVERY_TARGET_S, RECOVERY_PEER, resume_s(rows[RECOVERY_PEER])),
-    )
-    lines = []
-    for what, unit, ours, bound, peer, theirs in judged:
-        goal = f"perdure's {what} ≤ {bound:g} {unit} and below {PEERS[peer]}'s"
-        if ours is None or theirs is None:
-            lines.append(f"target: {goal}: not measured this run")
-            continue
-        met = ours <= bound and ours < theirs
-        lines.append(f"target: {goal}: {'met' if met else 'MISSED'} ({ours:.2f} against {theirs:.2f} {unit})")
-    return lines
-
-
-def method(rows: dict[str, Row], options: dict) -> list[str]:
-    """How to read the table, with what each crash run did."""
-    per_step = {row.name: row.steps.per_step for row in rows.values() if row.steps}
-    lines = [
-        f"ms per step: slope between {options['small']} and {options['n']} steps, medians of {options['repeats']} "
-        "runs each (perdure timed at its client, start to result; a peer in its own process, run to result)",
-        "steps re-run: each step's runs counted by the kernel's closes of its file (closes per uninterrupted "
-        f"step: {'; '.join(f'{name}: {count}' for name, count in per_step.items())}), the killed step included",
-        f"s to step {options['block_at']} again: from the SIGKILL until a process opens that step's FIFO again; "
-        "s to done: until the run's result. perdure resumes on a standby worker already polling (ratios), "
-        "or on a worker started right after the kill; each peer is started again in place",
-    ]
-    lines += ["  " + row.crash.describe(options["block_at"]) for row in rows.values() if row.crash]
-    return lines
-
-
-def refusal(options: dict) -> str | None:
+def refusal(options: dict, storages: list[Storage]) -> str | None:
     """Why these options cannot run, or None."""
     if not PEER_PYTHON.exists():
         return f"{PEER_PYTHON.relative_to(ROOT)} does not exist: `make bench-peers` creates it"
@@ -650,10 +601,12 @@ def refusal(options: dict) -> str | None:
         return f"--small ({options['small']}) must be at least 1 and below --n ({options['n']})"
     if not 0 <= options["block_at"] < options["crash_n"]:
         return f"--block-at ({options['block_at']}) must be a step of the crash run (0 to {options['crash_n'] - 1})"
-    if options["peer_db_dir"] and not Path(options["peer_db_dir"]).is_dir():
-        return f"--peer-db-dir ({options['peer_db_dir']}) is not a directory"
     if options["repeats"] < 1 or options["wait_s"] <= 0:
         return "--repeats and --wait-s must be positive"
+    for storage, flag in zip(storages, ("--disk-dir", "--memory-dir"), strict=True):
+        problem = storage.refusal()
+        if problem:
+            return f"{flag}: {problem}"
     return None
 
 

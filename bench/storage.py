@@ -67,13 +67,17 @@ class Storage:
         return filesystem(self.parent)
 
     def server(self) -> str:
-        if self.server_on_file:
-            return f"Temporal dev server, SQLite db file on {self.filesystem}"
-        return "Temporal dev server, in memory"
+        """Where the Temporal server keeps perdure's history."""
+        return f"dev server, db file on {self.filesystem}" if self.server_on_file else "dev server, in memory"
 
     def files(self) -> str:
-        """What the peers' SQLite files and perdure's own files are on."""
+        """What the peers' SQLite files (and perdure's own files) are on."""
         return f"SQLite file on {self.filesystem}"
+
+    def title(self) -> str:
+        if self.server_on_file:
+            return f"on a db file: the dev server's SQLite db file and the peers' SQLite files on {self.filesystem}"
+        return f"in memory: the dev server in memory, the peers' SQLite files on {self.filesystem}"
 
     def refusal(self) -> str | None:
         if not self.parent.is_dir():
