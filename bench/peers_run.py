@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
 
-    started = time.monotonic()
+    started, load_at_start = time.monotonic(), os.getloadavg()[0]
     measured = asyncio.run(run_storages(storages, **options))
     console = Console(width=160)
     results: dict[str, float | int | str] = {}
@@ -579,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for key in ("n", "small", "crash_n", "block_at"):
         results[key] = options[key]
+    # The machine is shared: what else ran beside the figures (1-minute load average, on this many cores).
+    load = {"load_at_start": round(load_at_start, 2), "load_at_end": round(os.getloadavg()[0], 2)}
+    results.update(load, cores=os.cpu_count())
+    start, end = load.values()
+    print(f"machine load (1 min): {start} at the start, {end} at the end, on {os.cpu_count()} cores")
     results_file.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
     shown = results_file.relative_to(ROOT) if results_file.is_relative_to(ROOT) else results_file
     print(f"wrote {shown} ({time.monotonic() - started:.0f} s in all)")
