@@ -520,7 +520,7 @@ async def run_all(
         else:
             rows[key].crash = await crash_perdure(client, root, setting, standby=key == "perdure")
 
-    print(f"{storage.name}: {storage.server()}; the peers' {storage.files()}", flush=True)
+    print(storage.title(), flush=True)
     print(f"steps: {small} and {n} sequential read steps, {repeats} repeats each", flush=True)
     for key in systems:
         await attempt(key, "steps", lambda key=key: steps(key))
