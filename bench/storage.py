@@ -146,6 +146,7 @@ async def start_server(data: Path, on_file: bool, wait_s: float = 60) -> Server:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=data,
         )
     deadline = time.monotonic() + wait_s
     while True:

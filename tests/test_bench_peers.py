@@ -29,7 +29,8 @@ from bench.peers_run import (
     step_name,
     step_workspace,
 )
-from bench.storage import filesystem, settings
+from bench.storage import filesystem, server_argv, settings
+from perdure.starters.devserver import dev_server_argv
 
 
 def test_a_peers_run_lines_are_grouped_by_size_and_anything_else_is_refused_by_its_line():
@@ -173,6 +174,14 @@ def test_fsyncs_are_read_from_straces_summary_whatever_its_columns():
     assert fsyncs.calls("") == 0
     # Per step is the slope, as the timings: a run's fixed count cancels out.
     assert fsyncs.per_step({30: 70, 300: 610}) == 2.0
+
+
+def test_the_db_file_server_runs_perdure_server_starts_command_and_the_memory_one_only_drops_its_db_file(tmp_path):
+    on_file, in_memory = server_argv(7300, 8300, tmp_path, True), server_argv(7300, 8300, tmp_path, False)
+    assert on_file == dev_server_argv(7300, 8300, tmp_path)
+    at = on_file.index("--db-filename")
+    assert on_file[at + 1] == str(tmp_path / "temporal.db")
+    assert in_memory == on_file[:at] + on_file[at + 2 :] and "--db-filename" not in in_memory
 
 
 def test_the_filesystem_of_a_path_is_the_one_of_its_deepest_mount():
