@@ -469,6 +469,16 @@ async def steps_perdure(
 # --- the run ---------------------------------------------------------------------
 
 
+def unmeasured(storage: Storage) -> dict[str, Row]:
+    """Every row of a storage's table, nothing measured yet."""
+    return {
+        "perdure": Row("perdure goal, read steps", storage.server()),
+        RESTART: Row("  the same, worker restarted", storage.server()),
+        "raw": Row("raw Temporal, local activities", storage.server()),
+        **{peer: Row(name, storage.files()) for peer, name in PEERS.items()},
+    }
+
+
 async def run_all(
     server: Server,
     work: Path,
@@ -485,12 +495,7 @@ async def run_all(
     client = server.client
     dbs = work / "peer-dbs"
     dbs.mkdir()
-    rows = {
-        "perdure": Row("perdure goal, read steps", storage.server()),
-        RESTART: Row("  the same, worker restarted", storage.server()),
-        "raw": Row("raw Temporal, local activities", storage.server()),
-        **{peer: Row(name, storage.files()) for peer, name in PEERS.items()},
-    }
+    rows = unmeasured(storage)
     systems = ["perdure", *PEERS]
 
     async def attempt(key: str, what: str, action) -> None:
@@ -539,7 +544,13 @@ async def run_storages(storages: list[Storage], **settings) -> dict[Storage, dic
         with tempfile.TemporaryDirectory(prefix="perdure-peers-", dir=storage.parent) as tmp:
             work = Path(tmp)
             use_home(work / "home")
-            server = await start_server(work / "temporal-dev", on_file=storage.server_on_file)
+            try:
+                server = await start_server(work / "temporal-dev", on_file=storage.server_on_file)
+            except RuntimeError as err:
+                print(f"{storage.title()}: {err}", flush=True)
+                measured[storage] = unmeasured(storage)
+                measured[storage]["perdure"].failures.append(str(err))
+                continue
             try:
                 measured[storage] = await run_all(server, work, storage, **settings)
             finally:

@@ -184,6 +184,22 @@ def test_the_db_file_server_runs_perdure_server_starts_command_and_the_memory_on
     assert in_memory == on_file[:at] + on_file[at + 2 :] and "--db-filename" not in in_memory
 
 
+def test_a_server_that_does_not_start_is_reported_on_its_row_without_a_traceback(tmp_path, monkeypatch, capsys):
+    async def refused(data, on_file):
+        raise RuntimeError(f"the dev server did not start (no answer): {'db file' if on_file else 'memory'}")
+
+    monkeypatch.setattr(peers_run, "PEER_PYTHON", tmp_path / "python")
+    (tmp_path / "python").touch()
+    monkeypatch.setattr(peers_run, "start_server", refused)
+    results = tmp_path / "out.json"
+    assert peers_run.main(["--n", "4", "--small", "2", "--repeats", "1", "--results", str(results)]) == 1
+    out = capsys.readouterr().out
+    assert "not measured: db file: perdure goal, read steps: the dev server did not start" in out
+    assert "not measured: memory: perdure goal, read steps" in out
+    figures = json.loads(results.read_text())
+    assert figures["perdure_storage"].startswith("dev server, db file on") and "perdure_read_step_ms" not in figures
+
+
 def test_the_filesystem_of_a_path_is_the_one_of_its_deepest_mount():
     assert filesystem(Path("/dev/shm/anything/below")) == "tmpfs"
     assert filesystem(Path("/proc/self")) == "proc"
