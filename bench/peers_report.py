@@ -183,6 +183,10 @@ def method(measured: dict[Storage, dict[str, Row]], options: dict) -> list[str]:
         lines.append("fsyncs per step: not counted, strace is not installed (apt-get install strace)")
     for storage, rows in measured.items():
         lines.append(f"{storage.title()}:")
+        per_step = {row.name: row.steps.per_step for row in rows.values() if row.steps}
+        if per_step:
+            closes = "; ".join(f"{name}: {count}" for name, count in per_step.items())
+            lines.append(f"  the ledger's closes per uninterrupted step: {closes}")
         steps = rows["perdure"].steps
         if steps and steps.fsyncs and steps.fsyncs_per_run:
             lines.append(

@@ -574,7 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     storages = storage_settings(options.pop("disk_dir"), options.pop("memory_dir"))
     results_file = Path(options.pop("results"))
-    problem = refusal(options, storages)
+    problem = refusal(options, storages) or (
+        None if results_file.parent.is_dir() else f"--results: {results_file.parent} is not a directory"
+    )
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -591,10 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("n", "small", "crash_n", "block_at"):
         results[key] = options[key]
     # The machine is shared: what else ran beside the figures (1-minute load average, on this many cores).
-    load = {"load_at_start": round(load_at_start, 2), "load_at_end": round(os.getloadavg()[0], 2)}
-    results.update(load, cores=os.cpu_count())
-    start, end = load.values()
-    print(f"machine load (1 min): {start} at the start, {end} at the end, on {os.cpu_count()} cores")
+    load_at_start, load_at_end = round(load_at_start, 2), round(os.getloadavg()[0], 2)
+    results.update(load_at_start=load_at_start, load_at_end=load_at_end, cores=os.cpu_count())
+    print(f"machine load (1 min): {load_at_start} at the start, {load_at_end} at the end, on {os.cpu_count()} cores")
     results_file.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
     shown = results_file.relative_to(ROOT) if results_file.is_relative_to(ROOT) else results_file
     print(f"wrote {shown} ({time.monotonic() - started:.0f} s in all)")
