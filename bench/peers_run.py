@@ -395,18 +395,30 @@ async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int
         closes = await settle(ledger)
     steps = Steps(per_step_ms(runs, small, large), runs_per_step(closes, steps_run(small, large, repeats)))
     if STRACE:
-        # Counted in runs of their own (strace slows what it traces): one of each size, each on a new
-        # database (a peer's count does not vary between runs, perdure's does: see perdure_fsyncs).
-        counts = {}
-        for size in (small, large):
-            summary = root / f"{peer}-fsyncs-{size}.strace"
-            db = dbs / f"{peer}-fsyncs-{size}.db"
-            options = ("--sizes", str(size), "--repeats", "1")
-            proc = await start_peer(peer, "steps", db, workspace, log, *options, summary=summary)
-            await peer_output(proc, peer, log)
-            counts[size] = fsyncs.calls(summary.read_text())
-        steps.fsyncs = {"peer": fsyncs.per_step(counts)}
+        steps.fsyncs = await uncounted_if_failed(PEERS[peer], peer_fsyncs(peer, root, workspace, dbs, small, large))
     return steps
+
+
+async def peer_fsyncs(peer: str, root: Path, workspace: Path, dbs: Path, small: int, large: int) -> dict[str, float]:
+    """Counted in runs of their own (strace slows what it traces): one of each size, each on a
+    new database (a peer's count does not vary between runs, perdure's does: see perdure_fsyncs)."""
+    counts = {}
+    for size in (small, large):
+        summary, log, db = root / f"{peer}-fsyncs-{size}.strace", root / f"{peer}-fsyncs.log", dbs / f"{peer}-{size}.db"
+        options = ("--sizes", str(size), "--repeats", "1")
+        proc = await start_peer(peer, "steps", db, workspace, log, *options, summary=summary)
+        await peer_output(proc, peer, log)
+        counts[size] = fsyncs.calls(summary.read_text())
+    return {"peer": fsyncs.per_step(counts)}
+
+
+async def uncounted_if_failed(name: str, counting):
+    """What `counting` returns, or None, said, when strace could not count: the timings stand."""
+    try:
+        return await counting
+    except (RuntimeError, OSError) as err:
+        print(f"  {name}: fsyncs not counted: {str(err).splitlines()[0]}", flush=True)
+        return None
 
 
 async def perdure_fsyncs(
@@ -462,7 +474,8 @@ async def steps_perdure(
                 raw.setdefault(size, []).append(seconds)
         steps = Steps(per_step_ms(goal, small, large), runs_per_step(closes, WARM_UP))
         if STRACE:
-            steps.fsyncs, steps.fsyncs_per_run = await perdure_fsyncs(server_pid, root, goal_run, small, large, repeats)
+            counting = perdure_fsyncs(server_pid, root, goal_run, small, large, repeats)
+            steps.fsyncs, steps.fsyncs_per_run = await uncounted_if_failed("perdure", counting) or (None, None)
     return steps, per_step_ms(raw, small, large)
 
 
