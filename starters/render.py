@@ -25,8 +25,15 @@ from perdure.starters.client.goal_forks import GoalDiff, StepSide
 from perdure.starters.client.goal_reads import PendingActivity, is_open, read_report
 from perdure.starters.client.message_delivery import InboxResult
 from perdure.workers.deployment import Pinning
-from perdure.workflows.goal.contracts.goal_contracts import ForkOrigin, GoalResult, OwnCalls, ProgressSnapshot
+from perdure.workflows.goal.contracts.goal_contracts import (
+    ForkOrigin,
+    GoalResult,
+    OwnCalls,
+    ProgressSnapshot,
+    QuestionView,
+)
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt
+from perdure.workflows.goal.rules.deadlines import deadline_line
 from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
 from perdure.workflows.shared import search_attributes as sa
 from perdure.workflows.shared.durations import duration_text
@@ -253,7 +260,18 @@ def print_questions(console: Console, snap: ProgressSnapshot) -> None:
             cost = f" ({option['cost']})" if option.get("cost") else ""
             say(console, f"  [bold]{option['id']}[/bold]: {escape(option['label'] + cost)}")
         say(console, f"recommended: {escape(q.recommendation)}")
+        print_deadline(console, q)
         say(console, f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
+    for line in snap.expired_questions:
+        say(console, f"[yellow]expired[/yellow] {escape(line)}")
+
+
+def print_deadline(console: Console, question: QuestionView) -> None:
+    """When a question expires and what it decides then; a reminder sent is said loud."""
+    line = deadline_line(question, datetime.now(UTC))
+    colour = "yellow" if question.reminded_at or question.expired_at else "dim"
+    label = "reminder" if question.reminded_at and not question.expired_at else "deadline"
+    say(console, f"[{colour}]{label}:[/{colour}] {escape(line)}")
 
 
 def print_receipt(console: Console, receipt: Receipt) -> None:

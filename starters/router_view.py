@@ -65,7 +65,8 @@ def print_router(console: Console, view: RouterView) -> None:
 
 
 def print_cards(console: Console, view: RouterView) -> None:
-    """The goals' memory cards waiting for an answer, and the ones answered lately."""
+    """The goals' memory cards waiting for an answer, the ones answered lately, and the goals'
+    questions whose deadline is near (their reminders)."""
     for card in view.cards:
         show(
             console,
@@ -82,6 +83,18 @@ def print_cards(console: Console, view: RouterView) -> None:
         )
     for kept in view.kept:
         show(console, f"[dim]memory card of {escape(kept.goal_id)} answered {escape(kept.answer)}: {_kept(kept)}[/dim]")
+    for reminder in view.reminders:
+        show(
+            console,
+            f"[yellow]reminder[/yellow] goal [bold]{escape(reminder.goal_id)}[/bold] asks {escape(reminder.question_id)}: "
+            f"{escape(reminder.title)} · unanswered, it expires {reminder.deadline_at:%Y-%m-%d %H:%M:%S} UTC, then: "
+            f"{escape(reminder.on_expiry)}",
+        )
+        show(
+            console,
+            f"  answer with: perdure say --card {escape(reminder.goal_id)}:{escape(reminder.question_id)}="
+            f"{'|'.join(reminder.options)}",
+        )
 
 
 def _kept(kept: KeptMemories) -> str:

@@ -85,6 +85,19 @@ def start(
     ] = False,
     premise: Annotated[list[str] | None, typer.Option("--premise", help="KEY=VALUE; repeatable.")] = None,
     watch: Annotated[bool, typer.Option(help="Watch progress until the goal ends.")] = False,
+    question_deadline: Annotated[
+        str | None,
+        typer.Option(help="How long each question waits for an answer, e.g. 10m, 2h, 2d (default 48h)."),
+    ] = None,
+    remind_before: Annotated[
+        str | None, typer.Option(help="Remind this long before a question's deadline (default: a quarter of it).")
+    ] = None,
+    on_expiry: Annotated[
+        str | None,
+        typer.Option(
+            help="What an unanswered question decides: deny, park or abort (default: deny a write, park otherwise)."
+        ),
+    ] = None,
     no_budget: Annotated[
         bool,
         typer.Option(
@@ -122,8 +135,15 @@ def start(
         "deadline": _deadline(deadline),
     }
     try:
+        deadlines = goal_specs.question_deadline_of(question_deadline, remind_before, on_expiry)
         spec, defaulted = goal_specs.spec_of(
-            options, limits, no_budget=no_budget, profile=profile, workspace=root, allow_network=allow_network
+            options,
+            limits,
+            no_budget=no_budget,
+            profile=profile,
+            workspace=root,
+            allow_network=allow_network,
+            question_deadline=deadlines,
         )
     except ValueError as err:
         refuse(err)

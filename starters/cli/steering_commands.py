@@ -1,5 +1,5 @@
 """Steering goals: every message a person sends a goal (`steer`, `queue`, `answer`,
-`approve`, `park`, `resume`, `narrow`, `rewind`, `abort`), what it received (`inbox`),
+`approve`, `park`, `resume`, `narrow`, `rewind`, `abort`), what it asks (`questions`), what it received (`inbox`),
 and `say`, which lets the user's router decide which goal a message is for. Every message
 carries a request id; a retry with the same id is the same message.
 """
@@ -115,6 +115,20 @@ def answer(
 ) -> None:
     """Answer a question the goal asked (see `perdure status`)."""
     _send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text)
+
+
+@app.command()
+def questions(goal_id: str) -> None:
+    """The goal's open questions: options, recommendation, deadline and what each decides if
+    nobody answers by then; and those their deadline decided."""
+
+    async def _questions() -> None:
+        snapshot = await (await PerdureClient.connect()).progress(goal_id)
+        if not snapshot.questions:
+            console.print("no open questions")
+        render.print_questions(console, snapshot)
+
+    run(_questions, goal_id)
 
 
 @app.command()

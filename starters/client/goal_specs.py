@@ -19,13 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS, TOOL_SPECS
 from perdure.starters.client.client_errors import BadPlanFile, InvalidRequest, StartRefused
+from perdure.workflows.goal.contracts.deadline_contracts import DEFAULT_QUESTION_DEADLINE, QuestionDeadline
 from perdure.workflows.goal.contracts.goal_contracts import DEFAULT_MAX_TOKENS, Budget, GoalSpec
 from perdure.workflows.goal.contracts.messages import REQUEST_ID
 from perdure.workflows.goal.contracts.plan import (
@@ -155,11 +156,12 @@ LATER_SPEC_FIELDS = (
     *("forked_from", "reuse_outputs", "recovery_mode", "verify_after_s", "parent"),
     *("evidence_window", "min_new_information", "evidence_spacing_s", "continue_as_new_after_nodes"),
     "decisions_kept",
+    "question_deadline",
 )
 
 
 # Plan step fields added since, with their defaults: left out of a plan's steps at those.
-LATER_STEP_FIELDS = {"verify": None, "writes": None, "defer": True}
+LATER_STEP_FIELDS = {"verify": None, "writes": None, "defer": True, "question_deadline": None}
 # A step's `verify` fields added after `verify` itself, likewise left out of it at their defaults.
 LATER_VERIFY_FIELDS = {"question": None}
 
@@ -167,6 +169,8 @@ LATER_VERIFY_FIELDS = {"question": None}
 def spec_digest(spec: GoalSpec) -> str:
     fields = GoalSpec.model_fields
     unset = {n for n in LATER_SPEC_FIELDS if getattr(spec, n) == fields[n].get_default(call_default_factory=True)}
+    if spec.question_deadline == DEFAULT_QUESTION_DEADLINE:
+        unset.add("question_deadline")  # what every start gets: as good as unset for a start retried across an upgrade
     text = spec.model_dump_json(exclude=unset)
     if spec.plan is not None:
         data = json.loads(text)
@@ -176,6 +180,8 @@ def spec_digest(spec: GoalSpec) -> str:
 
 
 def _drop_later_step_fields(plan: dict) -> None:
+    if "question_deadline" in plan and plan["question_deadline"] is None:
+        del plan["question_deadline"]
     for step in plan.get("steps", []):
         for name, default in LATER_STEP_FIELDS.items():
             if name in step and step[name] == default:
@@ -284,11 +290,13 @@ def spec_of(
     profile: str,
     workspace: str,
     allow_network: bool,
+    question_deadline: QuestionDeadline | None = None,
 ) -> tuple[GoalSpec, bool]:
     """The spec, and whether its budget is the default one (the limits named none);
     ValueError says what is wrong. `options.goal` is set (the caller says how it is missing)."""
     budget = with_default_budget(limits, no_budget)
     spec = build_spec(
+        question_deadline=question_deadline or DEFAULT_QUESTION_DEADLINE,
         goal=options.goal,
         plan=options.plan,
         constraints=options.constraints,
@@ -301,6 +309,24 @@ def spec_of(
         **options.settings_in_plan,
     )
     return spec, budget != limits
+
+
+def question_deadline_of(after: str | None, remind_before: str | None, on_expiry: str | None) -> QuestionDeadline:
+    """The goal's question deadline a start asks for: the default (DEFAULT_QUESTION_DEADLINE) with
+    what it names; InvalidRequest says what is wrong."""
+    named = {"after": after, "remind_before": remind_before, "on_expiry": on_expiry}
+    fields = {**DEFAULT_QUESTION_DEADLINE.model_dump(exclude_none=True), **{k: v for k, v in named.items() if v}}
+    try:
+        return QuestionDeadline(**fields)
+    except ValidationError as err:
+        raise InvalidRequest(describe_validation_error(err, root="question deadline")) from None
+
+
+def with_question_deadline(spec: GoalSpec) -> GoalSpec:
+    """A spec a program built without a question deadline gets the one every start gets."""
+    if spec.question_deadline is not None:
+        return spec
+    return spec.model_copy(update={"question_deadline": DEFAULT_QUESTION_DEADLINE})
 
 
 def new_goal_id(goal: str) -> str:
@@ -361,6 +387,15 @@ class StartRequest(BaseModel):
         description="No token or cost limit (without max_tokens or max_cost a goal gets the default budget).",
     )
     allow_network: bool = Field(default=False, description="Let shell commands use the network.")
+    question_deadline: str | None = Field(
+        default=None, max_length=40, description="How long each question waits for an answer (default 48h)."
+    )
+    remind_before: str | None = Field(
+        default=None, max_length=40, description="The reminder comes this long before a question's deadline."
+    )
+    on_expiry: Literal["deny", "park", "abort"] | None = Field(
+        default=None, description="What an unanswered question decides (default: deny a write, park otherwise)."
+    )
     replace: bool = Field(default=False, description="Reuse the id of a finished goal for a new one.")
 
 
@@ -399,6 +434,7 @@ def start_spec(body: StartRequest, where: str = "plan") -> tuple[GoalSpec, str]:
         profile=body.profile,
         workspace=workspace,
         allow_network=body.allow_network,
+        question_deadline=question_deadline_of(body.question_deadline, body.remind_before, body.on_expiry),
     )
     if body.id is not None:
         goal_id = body.id

@@ -93,6 +93,9 @@ class Client(SteeringVerbs):
         no_budget: bool = False,
         allow_network: bool = False,
         replace: bool = False,
+        question_deadline: str | None = None,
+        remind_before: str | None = None,
+        on_expiry: str | None = None,
     ) -> StartAnswer:
         """Start a goal from its text, a plan, or both, with `perdure start`'s options.
 
@@ -101,7 +104,9 @@ class Client(SteeringVerbs):
         Without `tools`, the goal may use the safe tools and those the plan names.
         Without a token or cost limit the goal gets the default token budget
         (`no_budget` for none). `workspace` is resolved here, and must be the same
-        path on the workers' machine.
+        path on the workers' machine. Each question the goal asks waits
+        `question_deadline` (a duration, default 48h), reminds `remind_before` it, then
+        decides `on_expiry` (deny, park or abort; default: deny a write, park otherwise).
 
         Idempotent by id: with the same `goal_id` (or the same `request_id`, which
         names the goal when no id is given) and the same options, a start repeated
@@ -130,6 +135,9 @@ class Client(SteeringVerbs):
             no_budget=no_budget,
             allow_network=allow_network,
             replace=replace,
+            question_deadline=question_deadline,
+            remind_before=remind_before,
+            on_expiry=on_expiry,
         )
         spec, gid = goal_specs.start_spec(body, where)
         return await self.start_spec(spec, gid, replace=replace)
@@ -139,7 +147,8 @@ class Client(SteeringVerbs):
         against what the workers offer (NotOffered when they lack its profile, a tool or a
         device); a start repeated with the same spec names the goal already there (`started`
         False). StartRefused for another spec under a live id, or a finished goal's id
-        without `replace`."""
+        without `replace`. A spec without a question deadline gets the default one."""
+        spec = goal_specs.with_question_deadline(spec)
         warnings = await start_checks.start_warnings(self.temporal, spec)
         answer = await goal_starts.start_or_existing(self.temporal, spec, goal_id, replace)
         return dataclasses.replace(answer, warnings=tuple(warnings))

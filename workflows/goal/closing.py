@@ -25,6 +25,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
 )
 from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.rules import deadlines
 from perdure.workflows.goal.rules.progress_view import owned_objects
 from perdure.workflows.shared import graph, metrics
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT
@@ -137,7 +138,7 @@ class Closing:
         notes = [f"plan v{v.version} ({v.source}): {v.reason}" for v in state.plan_versions[1:]]
         notes += [f"guidance applied: {g}" for g in state.guidance]
         notes += [f"rejected path: {p.for_prompt()}" for p in state.rejected_paths]
-        notes += [f"question {q.id} ({q.title}): {q.answer or 'unanswered'}" for q in state.questions]
+        notes += [deadlines.report_note(q) for q in state.questions]
         notes += [_compensation_note(r) for r in state.compensations]
         notes += [f"{t.what}: {t.text()}" for t in state.timers if t.node is None]  # the park's timers
         notes += self._memory.notes()

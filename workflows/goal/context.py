@@ -252,7 +252,7 @@ class GoalContext:
         a later one (continue-as-new does not wait for a person). Tool and agent nodes ask;
         their runners start again from what the state holds."""
         self.stop_point(node)
-        if question.status == "answered":
+        if question.decided:  # by a person, or by its deadline (workflows/goal/question_deadlines.py)
             return question.answer or ""
         if question.status == "open" and all(q.id != question.id for q in self.state.questions):
             self.state.questions.append(question)

@@ -258,7 +258,7 @@ class Devices:
         state = self._ctx.state
         wait = state.device_waits.get(node.name)
         question = self._question(wait)
-        if wait is not None and question is not None and question.status == "answered":
+        if wait is not None and question is not None and question.decided:
             answer = question.answer or ""
             wait.question = None
             if answer == "skip":

@@ -296,8 +296,12 @@ class EffectGuard:
     def _person_refused(
         self, tool_input: ToolInput, spec: ToolSpec, node: Node, question: Question, what: str
     ) -> ToolResult:
-        """A refused confirmation: a rejected path (shown to the model) and a failed call."""
-        reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
+        """A refused confirmation: a rejected path (shown to the model) and a failed call. One
+        nobody answered by its deadline says so: an expiry is not a person's refusal."""
+        if question.status == "expired":
+            reason = f"{tool_input.tool} not run: {question.id} {question.answer_text}"
+        else:
+            reason = f"a person refused {tool_input.tool}: {question.answer_text or 'no reason given'}"
         self._ctx.state.rejected_paths.append(
             RejectedPath(node=node.name, why=reason, output_preview=what, at=workflow.now())
         )

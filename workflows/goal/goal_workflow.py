@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.pause import Pause
     from perdure.workflows.goal.planner import Planner
     from perdure.workflows.goal.publisher import Publisher
+    from perdure.workflows.goal.question_deadlines import QuestionDeadlines
     from perdure.workflows.goal.rules.forking import FORK_POINT_QUERY, ForkPoint, ForkPointInput, fork_point
     from perdure.workflows.goal.scheduler import Scheduler
     from perdure.workflows.goal.spend import Spend
@@ -112,6 +113,7 @@ class GoalWorkflow:
         self._scheduler = Scheduler(ctx, self._spend, runners, self._publisher.publish, self._devices)
         self._planner = Planner(ctx, calls, self._scheduler, self._inbox, self._devices, self._spend)
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
+        self._deadlines = QuestionDeadlines(ctx, self._pause, self._steering.act_on)
         self._verifier = Verifier(ctx, self._scheduler, calls)
         self._closing = Closing(ctx, self._publisher.publish)
         self._clock: asyncio.Task | None = None
@@ -271,6 +273,7 @@ class GoalWorkflow:
         while True:
             self._scheduler.raise_workflow_task_error()
             await self._steering.apply_pending()
+            self._deadlines.on_time()  # after the messages: an answer sent before a deadline wins
             note_code_version(state)
             if self._verifier.pending():
                 await self._verifier.run()  # after a long wait: what no longer holds is void first
@@ -313,6 +316,9 @@ class GoalWorkflow:
             device_wait = self._devices.time_to_deadline()
             if device_wait is not None and state.pause.mode == "running":
                 timeout, summary = device_wait, "a step's wait for its device reaches its limit"
+            question_wait = self._deadlines.time_to_next()
+            if question_wait is not None and (timeout is None or question_wait < timeout):
+                timeout, summary = question_wait, "a question's reminder or deadline"
             try:
                 await self._next_wakeup(timeout, summary)
             except TimeoutError:

@@ -126,7 +126,7 @@ class Scheduler:
         """Run again every node whose question was answered (in this run or an earlier
         one), and every parked node without a task, since the goal runs again."""
         state = self._ctx.state
-        answered = {q.id for q in state.questions if q.status == "answered"}
+        answered = {q.id for q in state.questions if q.decided}
         for name in self._ctx.index().names(("blocked", "uncertain", "parked")):
             node = state.nodes[name]
             if name in self._tasks:

@@ -20,7 +20,7 @@ from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.decision_contracts import sender
 from perdure.workflows.goal.contracts.messages import LATER_KINDS, PARENT_STOP, InboxEntry, chosen_option
-from perdure.workflows.goal.contracts.state import PlanDiff, RejectedPath
+from perdure.workflows.goal.contracts.state import PlanDiff, Question, RejectedPath
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.pause import Pause
 from perdure.workflows.goal.rules import questions
@@ -167,6 +167,12 @@ class Steering:
         question.answered_at = state.last_progress_at = workflow.now()
         said = f": {message.text}" if message.text else ""
         self._ctx.decide("answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.nodes)
+        self.act_on(question, choice)
+        return Applied(f"{question.id} answered: {choice}")
+
+    def act_on(self, question: Question, choice: str) -> None:
+        """What a choice on a question the goal itself asked does, whoever made it: a person's
+        answer, or its deadline (workflows/goal/question_deadlines.py)."""
         if question.topic == "park_expired":
             if choice == "resume":
                 self._pause.resume("the user answered the expiry question")
@@ -182,7 +188,6 @@ class Steering:
             self._pause.park("parked after a watchdog escalation", None, timedelta(hours=48))
         elif question.topic == "escalation" and choice == "abort":
             self._pause.abort("stopped after a watchdog escalation", rollback=False, by=f"answer to {question.id}")
-        return Applied(f"{question.id} answered: {choice}")
 
     def _escalate(self, entry: InboxEntry) -> Applied:
         message = entry.message

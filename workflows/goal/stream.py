@@ -51,7 +51,7 @@ from perdure.workflows.goal.contracts.events import (
     TokenRetry,
 )
 from perdure.workflows.goal.contracts.messages import InboxEntry
-from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.contracts.state import Node, Question
 from perdure.workflows.shared.statuses import TERMINAL
 
 # The SDK's publish signal, offset query and poll update (temporalio.contrib.workflow_streams).
@@ -110,7 +110,7 @@ class EventStream:
         state = ctx.state
         # What earlier runs published is in the carried log: only changes from here on.
         self._plans = len(state.plan_versions)
-        self._questions = {q.id: q.status for q in state.questions}
+        self._questions = {q.id: _question_mark(q) for q in state.questions}
         self._progress: tuple | None = None
         # The abort progress last published (abort_changed), as JSON.
         self._abort: dict | None = None
@@ -284,12 +284,13 @@ class EventStream:
             )
         self._plans = len(state.plan_versions)
         for question in state.questions:
-            if self._questions.get(question.id) == question.status:
+            mark = _question_mark(question)
+            if self._questions.get(question.id) == mark:
                 continue
-            self._questions[question.id] = question.status
+            self._questions[question.id] = mark
             self._publish(
                 QuestionChanged(
-                    id=f"question:{question.id}:{question.status}",
+                    id=f"question:{question.id}:{mark}",
                     at=workflow.now(),
                     question=question.id,
                     topic=question.topic,
@@ -297,6 +298,11 @@ class EventStream:
                     status=question.status,
                     options=[o.id for o in question.options],
                     answer=question.answer,
+                    asked_at=question.asked_at,
+                    deadline_at=question.deadline_at,
+                    on_expiry=question.on_expiry,
+                    reminded_at=question.reminded_at,
+                    expired_at=question.expired_at,
                 )
             )
         marker = (state.phase, percent, state.ledger.tokens)
@@ -336,6 +342,16 @@ class EventStream:
     def ended(self, outcome: str, failure: str | None, report: str | None) -> None:
         self.sync_now()
         self._publish(GoalEnded(id="end", at=workflow.now(), outcome=outcome, failure=failure, report=report))
+
+
+def _question_mark(question: Question) -> str:
+    """What a question's event reports: its status, and for an open one whether its reminder
+    went out or its deadline parked the goal (workflows/goal/question_deadlines.py)."""
+    if question.status == "open" and question.expired_at is not None:
+        return "open:expired"
+    if question.status == "open" and question.reminded_at is not None:
+        return "open:reminded"
+    return question.status
 
 
 def _token_event(data: str) -> TokenDelta | TokenRetry:

@@ -28,6 +28,8 @@ class RouterHandlers:
     SAY = "say"  # the update (a receipt with the decision) and the signal (durable, no worker needed)
     VIEW = "view"  # the query
     MEMORY_CARD = "memory_card"  # a goal's end-of-goal card (a signal): held until a person answers it
+    # A goal's reminder of a question nearing its deadline (a signal): held until answered or past it.
+    QUESTION_REMINDER = "question_reminder"
 
 
 def router_id(user: str) -> str:
@@ -176,6 +178,19 @@ class KeptMemories(BaseModel):
     at: datetime
 
 
+class QuestionReminder(BaseModel):
+    """A goal's question nobody has answered, its deadline near (workflows/goal/question_deadlines.py):
+    the router shows it in the user's inbox; `perdure say --card GOAL:QUESTION=CHOICE` answers it."""
+
+    goal_id: str = Field(min_length=1, max_length=200)
+    question_id: str = Field(min_length=1, max_length=64)
+    title: str = Field(max_length=MAX_TEXT)
+    options: list[str] = Field(default_factory=list, max_length=20)
+    deadline_at: datetime
+    on_expiry: str = Field(max_length=20, description="What the question decides at its deadline if unanswered.")
+    at: datetime = Field(description="When the goal sent the reminder.")
+
+
 class RouterRefusal(BaseModel):
     at: datetime
     reason: str
@@ -195,6 +210,9 @@ class RouterState(BaseModel):
         default_factory=list, description="Goals' memory cards not answered yet, oldest first (bounded)."
     )
     kept: list[KeptMemories] = Field(default_factory=list, description="Memory cards answered, newest last (bounded).")
+    reminders: list[QuestionReminder] = Field(
+        default_factory=list, description="Goals' questions near their deadline, oldest first (bounded)."
+    )
     routed: int = Field(default=0, description="Messages routed so far, all runs.")
     runs: int = 1
     tokens: int = 0
@@ -219,3 +237,6 @@ class RouterView(BaseModel):
     cost_usd: float
     cards: list[MemoryOffer] = Field(default_factory=list, description="Memory cards waiting for an answer.")
     kept: list[KeptMemories] = Field(default_factory=list, description="Memory cards answered lately.")
+    reminders: list[QuestionReminder] = Field(
+        default_factory=list, description="Goals' questions unanswered as their deadline nears."
+    )

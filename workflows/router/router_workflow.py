@@ -46,6 +46,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from perdure.workflows.goal.contracts.deadline_contracts import DEFAULT_QUESTION_DEADLINE
     from perdure.workflows.goal.contracts.goal_contracts import (
         GOAL_WORKFLOW,
         Activities,
@@ -67,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         ChooseInput,
         ChooseResult,
         KeptMemories,
+        QuestionReminder,
         RouterActivities,
         RouterHandlers,
         RouterInput,
@@ -153,6 +155,8 @@ class RouterWorkflow:
         with its reason (kept, shown by `perdure inbox --router`), never a failed task."""
         if name == RouterHandlers.MEMORY_CARD:
             return self._card_arrived(args)
+        if name == RouterHandlers.QUESTION_REMINDER:
+            return self._reminder_arrived(args)
         if name != RouterHandlers.SAY:
             self._refuse(f"unknown signal '{bounded(name)[:80]}'; the router takes messages on '{RouterHandlers.SAY}'")
             return
@@ -198,6 +202,7 @@ class RouterWorkflow:
             cost_usd=state.cost_usd,
             cards=state.cards,
             kept=state.kept[-20:],
+            reminders=[r for r in state.reminders if r.deadline_at > workflow.now()],
         )
 
     def _admit(self, say: Say) -> str | None:
@@ -252,6 +257,7 @@ class RouterWorkflow:
             card = say.card
             answer = Answer(request_id=f"router.{say.request_id}", question_id=card.question_id, choice=card.choice)
             await self._signal(card.goal_id, answer)
+            self._answered_reminder(card.goal_id, card.question_id)
             return self._done(routing, "card", "answer", card.goal_id, f"an answer to question {card.question_id}")
         goal_id, text = (say.goal_id, say.text) if say.goal_id else addressed_goal(say.text)
         if goal_id is not None:
@@ -382,6 +388,7 @@ class RouterWorkflow:
                 workspace=where,
                 model_profile=state.profile,
                 budget=Budget().with_default_tokens(),
+                question_deadline=DEFAULT_QUESTION_DEADLINE,
             )
         except ValidationError as err:
             raise _Unrouted(f"cannot start a goal from it: {describe_validation_error(err)}") from None
@@ -467,6 +474,22 @@ class RouterWorkflow:
         state.cards = [c for c in state.cards if c.goal_id != offer.goal_id] + [offer]
         self._drop_expired_cards()
         state.cards = state.cards[-CARDS_KEPT:]
+
+    def _reminder_arrived(self, args: Sequence[RawValue]) -> None:
+        """A goal's question near its deadline: held (one per question, the newest) until the
+        user answers it here or its deadline passes."""
+        values, problem = decode_raw(args)
+        reminder, problem = (None, problem) if problem else _parse_reminder(values)
+        if reminder is None:
+            self._refuse(problem or "unreadable question reminder")
+            return
+        now = workflow.now()
+        state = self._state
+        kept = [r for r in state.reminders if r.deadline_at > now and (r.goal_id, r.question_id) != _about(reminder)]
+        state.reminders = [*kept, reminder][-CARDS_KEPT:]
+
+    def _answered_reminder(self, goal_id: str, question_id: str) -> None:
+        self._state.reminders = [r for r in self._state.reminders if _about(r) != (goal_id, question_id)]
 
     def _held_card(self, say: Say) -> MemoryOffer | None:
         card = say.card
@@ -567,6 +590,19 @@ def _parse_offer(values: list[Any]) -> tuple[MemoryOffer | None, str | None]:
         return MemoryOffer.model_validate(values[0]), None
     except ValidationError as err:
         return None, bounded(f"malformed memory card: {describe_validation_error(err)}")
+
+
+def _parse_reminder(values: list[Any]) -> tuple[QuestionReminder | None, str | None]:
+    if len(values) != 1 or not isinstance(values[0], dict):
+        return None, f"the '{RouterHandlers.QUESTION_REMINDER}' signal takes one JSON object (a goal's reminder)"
+    try:
+        return QuestionReminder.model_validate(values[0]), None
+    except ValidationError as err:
+        return None, bounded(f"malformed question reminder: {describe_validation_error(err)}")
+
+
+def _about(reminder: QuestionReminder) -> tuple[str, str]:
+    return reminder.goal_id, reminder.question_id
 
 
 def _parse(values: list[Any]) -> tuple[Say | None, str | None]:

@@ -30,6 +30,10 @@ RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
 # The risk classes whose calls reach outside the workspace: prepared, keyed and recorded first.
 WRITE_RISKS: tuple[RiskClass, ...] = ("remote-write", "irreversible")
 ReplayPolicy = Literal["safe", "keyed", "check", "once"]
+ExpiryOutcome = Literal["deny", "park", "abort", "happened", "not_happened"]
+"""What a question decides when nobody answers it by its deadline (workflows/goal/rules/deadlines.py)."""
+ExpiryAssumption = Literal["happened", "not_happened"]
+"""The outcomes that assume what became of an uncertain call: only for a tool that declares them safe."""
 
 HTTP_URL = r"^https?://"
 EFFECT_KEY = r"^fx-[0-9a-f]{32}$"
@@ -106,6 +110,28 @@ class ToolSpec(BaseModel):
         description="A paid tool's most costly call: reserved from the cost budget before a step calls it "
         "(workflows/goal/spend.py); what each call cost is charged as the tool reports it.",
     )
+
+    safe_on_expiry: tuple[ExpiryAssumption, ...] = Field(
+        default=(),
+        description="What may be assumed of an uncertain call of this tool when the question asking whether it "
+        "happened expires unanswered: `happened` (it is not sent again), `not_happened` (it is sent once more). "
+        "A step, plan or tool asking for an assumption the tool does not declare is refused.",
+    )
+    on_expiry: ExpiryOutcome | None = Field(
+        default=None,
+        description="The outcome the questions about its calls take on expiry when their step, plan and goal "
+        "name none (an assumption only if declared in safe_on_expiry).",
+    )
+
+    def expiry_problem(self, outcome: str | None) -> str | None:
+        """Why `outcome` may not decide this tool's uncertain calls on expiry, or None."""
+        if outcome not in ("happened", "not_happened") or outcome in self.safe_on_expiry:
+            return None
+        declared = ", ".join(self.safe_on_expiry) or "nothing"
+        return (
+            f"on_expiry {outcome} assumes what became of a {self.name} call, and {self.name} does not declare "
+            f"that safe (it declares: {declared}); use deny, park or abort"
+        )
 
     def json_schema(self) -> dict:
         """The arguments' JSON schema, as a model is shown it. Shared: do not change it."""

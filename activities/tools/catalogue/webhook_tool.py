@@ -27,6 +27,8 @@ class NotifyWebhook(EffectTool):
         replay="once",
         description="POST a JSON payload to a webhook that cannot deduplicate; never sent twice.",
         args_model=NotifyWebhookArgs,
+        # A notice nobody confirmed is better lost than sent twice: unanswered, it counts as delivered.
+        safe_on_expiry=("happened",),
         **ONCE_TIMEOUTS,
     )
     example = {"url": "https://hooks.example/deploys", "payload": {"release": "2.0"}}

@@ -71,6 +71,11 @@ class QuestionChanged(_Event):
     status: str
     options: list[str] = Field(default_factory=list)
     answer: str | None = None
+    asked_at: datetime | None = None
+    deadline_at: datetime | None = Field(default=None, description="When it expires unanswered (None: never).")
+    on_expiry: str | None = None
+    reminded_at: datetime | None = Field(default=None, description="Set on the event its reminder publishes.")
+    expired_at: datetime | None = Field(default=None, description="Set once its deadline passed unanswered.")
 
 
 class Receipt(_Event):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
+from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
@@ -256,6 +257,13 @@ class GoalSpec(BaseModel):
         ge=0,
         description="At least this long between two re-plans on evidence, so plans do not oscillate.",
     )
+    question_deadline: QuestionDeadline | None = Field(
+        default=None,
+        description="The deadline, reminder and outcome on expiry of the goal's questions (a plan and its steps "
+        "may set their own). None: its questions wait without one, as a goal started before deadlines did; every "
+        "front end (perdure start, the Client, the page, the MCP server, the router) and every subgoal starts "
+        "with one (DEFAULT_QUESTION_DEADLINE: 48 h, a reminder 12 h before, the safe outcome per question).",
+    )
     forked_from: ForkOrigin | None = None
     parent: ParentLink | None = Field(default=None, description="Set on a subgoal: the goal that started it.")
     reuse_outputs: dict[str, ArtifactRef] = Field(
@@ -264,6 +272,14 @@ class GoalSpec(BaseModel):
         "original's outputs before the fork node). Taken into the state at the start: a continued run's spec "
         "has none.",
     )
+
+    @field_validator("question_deadline")
+    @classmethod
+    def _goal_assumes_nothing(cls, value: QuestionDeadline | None) -> QuestionDeadline | None:
+        problem = not_assumed(value, "the goal's question deadline")
+        if problem:
+            raise ValueError(problem)
+        return value
 
     def task_timeout(self) -> timedelta:
         """The workflow task timeout a goal's first run is started with (workflows/shared/run_boundary.py)."""
@@ -555,6 +571,13 @@ class QuestionView(BaseModel):
     stuck: str
     options: list[dict[str, str]]
     recommendation: str
+    deadline_at: datetime | None = Field(default=None, description="When it expires unanswered; None: no deadline.")
+    remind_at: datetime | None = None
+    reminded_at: datetime | None = Field(default=None, description="When its reminder went out.")
+    on_expiry: str | None = Field(default=None, description="What it decides at its deadline: deny, park, abort, ...")
+    expired_at: datetime | None = Field(
+        default=None, description="Its deadline passed and parked the goal: it stays open for a person."
+    )
 
 
 class DriftOutline(BaseModel):
@@ -626,6 +649,9 @@ class ProgressSnapshot(BaseModel):
     stall_rungs: dict[str, int] = Field(default_factory=dict, description="Agent node -> stall-ladder rungs fired.")
     park_expires_at: datetime | None = None
     oldest_question_at: datetime | None = Field(default=None, description="When the oldest open question was asked.")
+    expired_questions: list[str] = Field(
+        default_factory=list, description="Questions their deadline decided (nobody answered), latest last (bounded)."
+    )
     devices: dict[str, str] = Field(default_factory=dict, description="Device -> online or offline, as last heard.")
     waiting_for_devices: dict[str, str] = Field(
         default_factory=dict, description="Node -> the device it waits for (it runs when the device is back)."

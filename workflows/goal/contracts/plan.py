@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
+from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed, step_expiry_problems
 from perdure.workflows.goal.rules.timing import DURATION_FORMAT, parse_duration
 from perdure.workflows.shared.mcp_tools import is_mcp_tool, schema_problems
 from perdure.workflows.shared.tool_specs import DEVICE_NAME, ToolSpec
@@ -95,6 +96,9 @@ class _Step(BaseModel):
         default=True,
         description="A remote-write or irreversible step waits until the independent read-only and local "
         "work is done; false pins it where the plan puts it (it runs once its needs are met).",
+    )
+    question_deadline: QuestionDeadline | None = Field(
+        default=None, description="The deadline, reminder and outcome on expiry of the questions this step asks."
     )
 
 
@@ -211,6 +215,9 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     steps: list[PlanStep] = Field(min_length=1, max_length=MAX_STEPS)
+    question_deadline: QuestionDeadline | None = Field(
+        default=None, description="The deadline, reminder and outcome on expiry of this plan's questions."
+    )
 
     @model_validator(mode="after")
     def _graph_is_sound(self) -> Plan:
@@ -294,9 +301,11 @@ def check_plan(
 
     Returns human-readable messages; empty when the plan can run.
     """
-    problems: list[str] = []
+    problems: list[str] = [p for p in [not_assumed(plan.question_deadline, "question_deadline")] if p]
     allowed = set(allowed_tools)
     for step in plan.steps:
+        called = [step.tool] if isinstance(step, ToolStep) else step.tools if isinstance(step, AgentStep) else []
+        problems += step_expiry_problems(step.name, called, step.question_deadline, tools or TOOL_SPECS)
         if isinstance(step, ToolStep):
             problems += _check_tool_step(step, allowed, tools)
         elif isinstance(step, AgentStep):

@@ -34,7 +34,7 @@ from perdure.workflows.goal.rules.timing import TimerRecord
 from perdure.workflows.shared.contracts import ArtifactRef, Fingerprint, ToolResult
 from perdure.workflows.shared.mcp_tools import McpCatalogue
 from perdure.workflows.shared.statuses import NodeStatus, Phase
-from perdure.workflows.shared.tool_specs import Compensation
+from perdure.workflows.shared.tool_specs import Compensation, ExpiryOutcome
 from perdure.workflows.shared.user_tools import UserToolCatalogue
 
 # "MAJOR.MINOR", restarted at perdure 1.0 (workflows/goal/contracts/migrations.py says why).
@@ -214,7 +214,11 @@ class Question(BaseModel):
     stuck: str = Field(description="Where it is stuck and why it needs a person.")
     options: list[QuestionOption]
     recommendation: str
-    status: Literal["open", "answered", "closed"] = Field(default="open", description="closed: the goal ended first.")
+    status: Literal["open", "answered", "closed", "expired"] = Field(
+        default="open",
+        description="closed: the goal ended (or the step went) first; expired: its deadline decided it "
+        "(on_expiry), not a person.",
+    )
     answer: str | None = None
     answer_text: str | None = None
     asked_at: datetime
@@ -222,6 +226,20 @@ class Question(BaseModel):
     nodes: list[str] = Field(default_factory=list, description="Nodes this question decides about.")
     hold: list[str] = Field(default_factory=list, description="Pending nodes that wait for the answer.")
     effect_key: str | None = Field(default=None, description="The effect a confirmation or uncertain card is about.")
+    tool: str | None = Field(default=None, description="The tool whose call a confirmation or uncertain card is about.")
+    # Its deadline (workflows/goal/rules/deadlines.py): set once, from its asking, by its step's, plan's or goal's rule.
+    deadline_at: datetime | None = None
+    remind_at: datetime | None = None
+    on_expiry: ExpiryOutcome | None = None
+    reminded_at: datetime | None = Field(default=None, description="When the reminder went out (once).")
+    expired_at: datetime | None = Field(
+        default=None, description="When its deadline passed unanswered (a park keeps it open, for a person)."
+    )
+
+    @property
+    def decided(self) -> bool:
+        """Answered by a person or decided by its deadline: a step waiting on it acts on `answer`."""
+        return self.status in ("answered", "expired")
 
 
 class ParkCondition(BaseModel):

@@ -109,6 +109,7 @@ class SubgoalNode:
             premises=dict(state.premises),
             drift_every=spec.drift_every,
             recovery_mode=spec.recovery_mode,
+            question_deadline=spec.question_deadline,
             parent=ParentLink(goal_id=self._ctx.goal_id, node=node.name),
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
+from perdure.workflows.goal.rules.deadlines import report_note
 from perdure.workflows.goal.rules.eta import Eta
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.goal.rules.questions import done_so_far
@@ -19,6 +20,7 @@ from perdure.workflows.shared.statuses import ENDED_PHASES, IN_FLIGHT
 
 GOAL_SHOWN = 300
 OBJECTS_SHOWN = 50
+EXPIRED_SHOWN = 10
 
 
 def progress_snapshot(
@@ -72,6 +74,11 @@ def progress_snapshot(
                 stuck=q.stuck,
                 options=[o.model_dump() for o in q.options],
                 recommendation=q.recommendation,
+                deadline_at=q.deadline_at,
+                remind_at=q.remind_at,
+                reminded_at=q.reminded_at,
+                on_expiry=q.on_expiry,
+                expired_at=q.expired_at,
             )
             for q, done in zip(open_questions, done_so_far(state, open_questions), strict=True)
         ],
@@ -91,6 +98,7 @@ def progress_snapshot(
         stall_rungs={n.name: n.stall.rung for n in nodes if n.stall.rung},
         park_expires_at=state.pause.expires_at if state.pause.mode == "parked" else None,
         oldest_question_at=min((q.asked_at for q in open_questions), default=None),
+        expired_questions=[report_note(q) for q in state.questions if q.expired_at is not None][-EXPIRED_SHOWN:],
         devices=device_lines(state),
         waiting_for_devices=waits_for_devices(state),
         hosts=sorted(name for name, presence in state.devices.items() if presence.workspaces),

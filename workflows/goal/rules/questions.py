@@ -128,6 +128,7 @@ def confirm_effect(
         "approve only if the amount, recipient and reason are what you expect",
         nodes=[step],
         effect_key=effect_key,
+        tool=tool,
     )
 
 
@@ -148,6 +149,7 @@ def uncertain_effect(state: GoalState, now: datetime, step: str, tool: str, effe
         "check the receiving side for the effect key, then answer happened or not_happened",
         nodes=[step],
         effect_key=effect_key,
+        tool=tool,
     )
 
 
@@ -169,6 +171,7 @@ def _uncertain_command(state: GoalState, now: datetime, step: str, key: str, err
         "before answering happened or not_happened",
         nodes=[step],
         effect_key=key,
+        tool="run_command",
     )
 
 
@@ -205,6 +208,7 @@ def confirm_device_call(
         f"approve if that is what you expect to happen in {root}",
         nodes=[step],
         effect_key=key,
+        tool=tool,
     )
 
 

@@ -1,0 +1,122 @@
+"""Question deadlines in the goal: every open question is stamped once with its deadline,
+reminder and outcome on expiry (workflows/goal/rules/deadlines.py); the goal's loop waits on
+the earliest of them with its other durable deadlines (a park's, a device wait's), so they
+hold across worker loss and continue-as-new (they are state, counted from `asked_at`).
+
+At the reminder: the gate log and the event stream say so, status and the page show it, and
+the goal's owner's router (if there is one) holds it in its inbox. At the deadline, what the
+question declared, recorded as an expiry, never as a person's answer: deny (the refusing
+option, acted on as an answer would be), park (the goal parks, the question stays open for a
+person), abort, or an assumption its tool declares safe (happened / not_happened).
+
+Workflow code. What an answer does to a question the goal itself asked is the steering's
+(`Steering.act_on`); a question a step asked is acted on by that step when it runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio import workflow
+
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.state import Question
+from perdure.workflows.goal.pause import Pause
+from perdure.workflows.goal.rules import deadlines
+from perdure.workflows.router.router_contracts import QuestionReminder, RouterHandlers, router_id
+from perdure.workflows.shared.search_attributes import OWNER
+
+# A park that a question's deadline started asks again after this long, as a user's park does.
+PARK_EXPIRY = timedelta(hours=48)
+
+
+class QuestionDeadlines:
+    def __init__(self, ctx: GoalContext, pause: Pause, act_on: Callable[[Question, str], None]) -> None:
+        self._ctx = ctx
+        self._pause = pause
+        # Steering.act_on: what a choice on a question the goal itself asked does.
+        self._act_on = act_on
+
+    def _stamp(self) -> list[Question]:
+        """Stamp every open question not stamped yet; the ones whose deadline is still to act."""
+        state, tools = self._ctx.state, self._ctx.tools()
+        for question in state.open_questions():
+            if question.deadline_at is None:
+                deadlines.stamp(state, question, tools)
+        return deadlines.pending(state.questions)
+
+    def time_to_next(self) -> timedelta | None:
+        """How long the loop may wait before the next reminder or deadline; None: there is none."""
+        at = deadlines.next_time(self._stamp())
+        if at is None:
+            return None
+        return max(at - workflow.now(), timedelta(seconds=1))
+
+    def on_time(self) -> None:
+        """Send the reminders and act on the deadlines that are due (each loop pass, after the
+        messages that came first: an answer sent before the deadline wins)."""
+        now = workflow.now()
+        for question in self._stamp():
+            due = deadlines.due(question, now)
+            if due == "remind":
+                self._remind(question)
+            elif due == "expire":
+                self._expire(question)
+
+    def _remind(self, question: Question) -> None:
+        question.reminded_at = workflow.now()
+        self._ctx.log_gate(deadlines.reminder_text(question, question.reminded_at))
+        self._ctx.wake()  # published with the next pass: status, the page, the event stream
+        owner = workflow.info().typed_search_attributes.get(OWNER)
+        if owner:
+            asyncio.create_task(self._tell_router(owner, question))
+
+    async def _tell_router(self, owner: str, question: Question) -> None:
+        """The reminder to the owner's router, which holds it in the user's inbox; a user
+        with no router yet has none to tell (the goal's own status says it all the same)."""
+        assert question.deadline_at is not None and question.on_expiry is not None
+        reminder = QuestionReminder(
+            goal_id=self._ctx.goal_id,
+            question_id=question.id,
+            title=question.title,
+            options=[o.id for o in question.options],
+            deadline_at=question.deadline_at,
+            on_expiry=question.on_expiry,
+            at=workflow.now(),
+        )
+        try:
+            await workflow.get_external_workflow_handle(router_id(owner)).signal(
+                RouterHandlers.QUESTION_REMINDER, reminder.model_dump(mode="json")
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. no router: the goal's own status still shows it
+            self._ctx.log_gate(f"reminder of {question.id} not sent to {router_id(owner)}: {str(err)[:200]}")
+
+    def _expire(self, question: Question) -> None:
+        state, now = self._ctx.state, workflow.now()
+        question.expired_at = now
+        outcome = question.on_expiry
+        if outcome == "park":
+            # The question stays open: a person answers it, and resumes the goal, when they can.
+            if state.pause.mode == "parked":
+                what = "the goal stays parked; the question stays open"
+            else:
+                reason = f"question {question.id} expired unanswered: {question.title}"
+                self._pause.park(reason, None, PARK_EXPIRY)
+                what = "the goal parks; the question stays open (answer it, then resume)"
+            self._ctx.log_gate(deadlines.expiry_text(question, what))
+            self._ctx.wake()
+            return
+        question.status, question.answered_at = "expired", now
+        question.answer_text = deadlines.expired_answer_text(question)
+        if outcome == "abort":
+            self._ctx.log_gate(deadlines.expiry_text(question, "the goal aborts"))
+            self._pause.abort(f"question {question.id} expired unanswered ({question.title})", rollback=False)
+            self._ctx.wake()
+            return
+        choice = deadlines.choice_on_expiry(question) or ""
+        question.answer = choice
+        self._ctx.log_gate(deadlines.expiry_text(question, f"{outcome} ({choice})"))
+        self._act_on(question, choice)
+        self._ctx.wake()  # a step waiting on it runs again and acts on the choice
