@@ -8,6 +8,8 @@ otherwise; across continue-as-new and a worker SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import os
+import textwrap
 import uuid
 from datetime import timedelta
 from unittest import mock
@@ -38,12 +40,14 @@ from tests.helpers import (
     goal_result,
     new_goal_id,
     perdure_status,
+    run_ids,
     running_worker,
     start,
     statuses,
     submit,
     wait_until,
 )
+from tests.subprocess_rig import perdure
 
 pytestmark = [pytest.mark.slow]
 
@@ -60,8 +64,9 @@ def pay_step(**deadline) -> dict:
     return {"name": "pay", "kind": "tool", "tool": "make_payment", "args": PAY, "question_deadline": deadline}
 
 
-def question_timers(history) -> list[tuple[timedelta, object]]:
-    """(start-to-fire, fired at) of every timer the goal set for a question's reminder or deadline."""
+def question_timers(history, fired_only: bool = True) -> list[tuple[timedelta, object]]:
+    """(start-to-fire, fired at or None) of every timer the goal set for a question's reminder or
+    deadline (only those that fired, unless not `fired_only`)."""
     started, fired = {}, {}
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
@@ -70,7 +75,7 @@ def question_timers(history) -> list[tuple[timedelta, object]]:
                 started[event.event_id] = event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
         elif event.event_type == EventType.EVENT_TYPE_TIMER_FIRED:
             fired[event.timer_fired_event_attributes.started_event_id] = event.event_time.ToDatetime()
-    return [(started[i], fired[i]) for i in sorted(started) if i in fired]
+    return [(started[i], fired.get(i)) for i in sorted(started) if i in fired or not fired_only]
 
 
 def question_events(events, question: str = "q1") -> list[QuestionChanged]:
@@ -273,3 +278,82 @@ async def test_the_reminder_shows_in_status_questions_the_stream_and_the_owners_
     assert result.outcome == "succeeded", result.excerpt
     assert [e["kind"] for e in payments.ledger()] == ["payment"]
     assert not any(entry.startswith("expired") for entry in snapshot.gate_log)
+
+
+@pytest.mark.process
+def test_a_worker_whose_tool_asks_for_an_assumption_it_does_not_declare_does_not_start(tmp_path):
+    (tmp_path / "ut_notice.py").write_text(
+        textwrap.dedent(
+            """
+            import perdure
+            from pydantic import BaseModel
+
+            class Notice(BaseModel):
+                text: str
+
+            @perdure.tool(risk="remote-write", replay="once", on_expiry="happened")
+            async def notice(args: Notice) -> str:
+                '''Tell the team.'''
+                return "told"
+            """
+        )
+    )
+    variables = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")},
+        "PERDURE_TEMPORAL": "127.0.0.1:1",  # nothing listens: refused before anything connects
+        "PERDURE_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(tmp_path),
+        "COLUMNS": "300",
+    }
+    started = perdure("worker", "--tools", "ut_notice", env=variables, timeout=60)
+    assert started.returncode == 2, started.stderr
+    assert started.stderr.strip() == (
+        "error: tool module ut_notice: tool notice: on_expiry happened assumes what became of its call, but it "
+        'does not declare that safe: add safe_on_expiry=["happened"] if it is, or use deny, park or abort'
+    ), started.stderr
+    assert "Traceback" not in started.stderr + started.stdout
+
+
+async def test_a_deadline_set_in_one_run_expires_in_a_later_one(
+    ts_env, task_queue, store, workspace, scripted, payments
+):
+    """The deadline is state: asked in the first run, it is waited on and acted on after
+    continues-as-new (a chain of reads makes them), as it was set."""
+    (workspace / "notes.md").write_text("a note\n")
+    reads = [
+        {
+            "name": f"read-{i:02d}",
+            "kind": "tool",
+            "tool": "read_file",
+            "args": {"path": "notes.md", "max_bytes": 1000 + i},
+        }
+        | ({"needs": [f"read-{i - 1:02d}"]} if i else {})
+        for i in range(40)
+    ]
+    steps = [pay_step(after="1h", remind_before="10m") | {"defer": False}, *reads]
+    async with running_worker(ts_env, task_queue, store, openai_profile(scripted({"replies": []}))):
+        handle = await start(
+            ts_env,
+            task_queue,
+            workspace,
+            steps,
+            allowed_tools=["read_file", "make_payment"],
+            drift_every=0,
+            continue_as_new_after_events=50,
+            local_activities_up_to_s=0,
+        )
+        result = await goal_result(handle)
+        snapshot = await handle.query(GoalWorkflow.progress)
+        runs = await run_ids(handle)
+        first = await ts_env.client.get_workflow_handle(handle.id, run_id=runs[0]).fetch_history()
+        last = await ts_env.client.get_workflow_handle(handle.id, run_id=runs[-1]).fetch_history()
+
+    assert len(runs) >= 3, runs
+    # Asked in the first run, which set one timer for it (not one per step settled), never fired.
+    assert [fired for _, fired in question_timers(first, fired_only=False)] == [None]
+    (remind_wait, reminded), (_, expired) = question_timers(last)
+    assert timedelta(minutes=49) < remind_wait <= timedelta(minutes=50)  # counted from the asking, runs ago
+    assert timedelta(minutes=9, seconds=59) <= expired - reminded <= timedelta(minutes=10, seconds=5)
+    assert result.outcome == "partial" and payments.ledger() == []
+    assert statuses(snapshot)["pay"] == "failed" and snapshot.counts["succeeded"] == 40
+    assert any(e.startswith("expired: q1") for e in snapshot.gate_log)

@@ -47,6 +47,7 @@ def test_a_plan_file_spec_digests_as_it_did_before_steps_had_verify_writes_and_d
     # What the digest hashed then: pydantic's compact JSON of the spec without the later fields.
     then = GoalSpec.model_validate(data).model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
     then = then.replace(',"verify":null', "").replace(',"writes":null', "").replace(',"defer":true', "")
+    then = then.replace(',"question_deadline":null', "")  # a step's and a plan's, since deadlines came
     assert spec_digest(spec) == hashlib.sha256(then.encode()).hexdigest()
 
 
@@ -60,8 +61,19 @@ def test_a_step_whose_verify_asks_no_question_digests_as_it_did_before_questions
     # What the digest hashed before questions: the same text, with no `question` in `verify`.
     then = spec.model_dump_json(include=FIELDS_WHEN_DIGESTS_BEGAN)
     assert ',"question":null' in then
-    for later in (',"question":null', ',"verify":null', ',"writes":null', ',"defer":true'):
+    for later in (',"question":null', ',"verify":null', ',"writes":null', ',"defer":true', ',"question_deadline":null'):
         then = then.replace(later, "")
     assert spec_digest(spec) == hashlib.sha256(then.encode()).hexdigest()
     asking = [steps[0], {**steps[1], "verify": {"command": "make -q", "question": "Still true?"}}]
     assert spec_digest(GoalSpec(goal="build it", workspace="/tmp/w", plan={"steps": asking})) != spec_digest(spec)
+
+
+def test_the_question_deadline_every_start_gets_digests_as_no_deadline_did():
+    """A start retried across the upgrade that brought deadlines (it now carries the default)."""
+    from perdure.workflows.goal.contracts.deadline_contracts import DEFAULT_QUESTION_DEADLINE, QuestionDeadline
+
+    spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w")
+    defaulted = spec.model_copy(update={"question_deadline": DEFAULT_QUESTION_DEADLINE})
+    assert spec_digest(defaulted) == spec_digest(spec)
+    shorter = spec.model_copy(update={"question_deadline": QuestionDeadline(after="10m")})
+    assert spec_digest(shorter) != spec_digest(spec)

@@ -117,6 +117,7 @@ class GoalWorkflow:
         self._verifier = Verifier(ctx, self._scheduler, calls)
         self._closing = Closing(ctx, self._publisher.publish)
         self._clock: asyncio.Task | None = None
+        self._question_clock: asyncio.Task | None = None
 
     def _load(self, input: GoalInput) -> GoalState:
         fresh = GoalState(spec=input.spec, premises=dict(input.spec.premises))
@@ -152,6 +153,7 @@ class GoalWorkflow:
             self._ctx.metrics.add(metrics.GOALS_STARTED, 1)
         self._spend.mark_activity(True)  # planning, or resuming work carried over
         self._clock = asyncio.create_task(self._budget_clock())
+        self._question_clock = asyncio.create_task(self._deadlines.clock())
         try:
             if state.plan is None:
                 await self._planner.make_plan()
@@ -316,9 +318,6 @@ class GoalWorkflow:
             device_wait = self._devices.time_to_deadline()
             if device_wait is not None and state.pause.mode == "running":
                 timeout, summary = device_wait, "a step's wait for its device reaches its limit"
-            question_wait = self._deadlines.time_to_next()
-            if question_wait is not None and (timeout is None or question_wait < timeout):
-                timeout, summary = question_wait, "a question's reminder or deadline"
             try:
                 await self._next_wakeup(timeout, summary)
             except TimeoutError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -47,16 +47,33 @@ class QuestionDeadlines:
                 deadlines.stamp(state, question, tools)
         return deadlines.pending(state.questions)
 
-    def time_to_next(self) -> timedelta | None:
-        """How long the loop may wait before the next reminder or deadline; None: there is none."""
-        at = deadlines.next_time(self._stamp())
-        if at is None:
-            return None
-        return max(at - workflow.now(), timedelta(seconds=1))
+    def _next(self) -> datetime | None:
+        return deadlines.next_time(self._ctx.state.questions)
+
+    async def clock(self) -> None:
+        """One durable timer for the earliest reminder or deadline, set again only when that
+        changes (a question stamped, answered, reminded or expired), not at every pass of the
+        loop: a goal waiting days for a person while its other work runs adds two events per
+        reminder or deadline, not per settled step. When it fires the loop is woken, and acts
+        at its safe point (`on_time`)."""
+        state = self._ctx.state
+        while state.pause.mode != "aborting":
+            at = self._next()
+            try:
+                await workflow.wait_condition(
+                    lambda at=at: self._next() != at or state.pause.mode == "aborting",
+                    timeout=None if at is None else max(at - workflow.now(), timedelta(seconds=1)),
+                    timeout_summary="a question's reminder or deadline" if at is not None else None,
+                )
+            except TimeoutError:
+                self._ctx.wake()
+                # Until the loop has acted on it (the next time is then another).
+                await workflow.wait_condition(lambda at=at: self._next() != at or state.pause.mode == "aborting")
 
     def on_time(self) -> None:
-        """Send the reminders and act on the deadlines that are due (each loop pass, after the
-        messages that came first: an answer sent before the deadline wins)."""
+        """Stamp the questions asked since, send the reminders and act on the deadlines that are
+        due (each loop pass, after the messages that came first: an answer sent before the
+        deadline wins)."""
         now = workflow.now()
         for question in self._stamp():
             due = deadlines.due(question, now)

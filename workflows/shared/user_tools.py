@@ -21,7 +21,14 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perdure.workflows.shared.tool_specs import ReplayPolicy, RiskClass, ToolArgs, ToolSpec
+from perdure.workflows.shared.tool_specs import (
+    ExpiryAssumption,
+    ExpiryOutcome,
+    ReplayPolicy,
+    RiskClass,
+    ToolArgs,
+    ToolSpec,
+)
 
 USER_TOOL_NAME = r"^[a-z][a-z0-9_]{0,63}$"
 """A user tool's name: what the model APIs accept as a function name, lower case, no `__`
@@ -61,6 +68,10 @@ class UserTool(BaseModel):
         "the cost budget has less left.",
     )
     module: str = Field(default="", description="The Python module that declares it.")
+    safe_on_expiry: list[ExpiryAssumption] = Field(
+        default_factory=list, description="What may be assumed of an uncertain call when its question expires."
+    )
+    on_expiry: ExpiryOutcome | None = Field(default=None, description="Its questions' outcome on expiry by default.")
 
     def spec(self) -> ToolSpec:
         return ToolSpec(
@@ -76,6 +87,8 @@ class UserTool(BaseModel):
             needs_workspace=self.needs_workspace,
             on_devices=self.on_devices,
             max_cost_usd=self.max_cost_usd,
+            safe_on_expiry=tuple(self.safe_on_expiry),
+            on_expiry=self.on_expiry,
         )
 
 

@@ -50,6 +50,11 @@ What the declaration says, and what perdure then does for every call:
   service answers a retried request from its idempotency store: the goal charges each
   call once, from the attempt that answered it; an effect found by a lookup, or that a
   person says happened, is charged what the lookup reported, else `max_cost_usd`.
+- `safe_on_expiry` (["happened"], ["not_happened"] or both): what may be assumed of an
+  uncertain call when the question whether it happened expires unanswered; only then may a
+  step (or `on_expiry`, the outcome its questions take on expiry when the step, plan and goal
+  name none) ask for it. A declaration asking for an assumption it does not declare is
+  refused, and the worker does not start.
 
 A declaration that contradicts itself raises `ToolDeclarationError` naming the tool when
 its module is imported; checks across tools (a compensation naming no tool) run when a
@@ -80,6 +85,8 @@ from perdure.workflows.shared.tool_specs import (
     WRITE_RISKS,
     Compensation,
     Effect,
+    ExpiryAssumption,
+    ExpiryOutcome,
     ReplayPolicy,
     RiskClass,
 )
@@ -199,6 +206,10 @@ class ToolDeclaration:
     max_cost_usd: float | None
     module: str
     secrets: tuple[str, ...] = ()
+    safe_on_expiry: tuple[ExpiryAssumption, ...] = ()
+    """What may be assumed of an uncertain call when its question expires unanswered."""
+    on_expiry: ExpiryOutcome | None = None
+    """The outcome its questions take on expiry when their step, plan and goal name none."""
     """The environment variables whose values the tool uses: redacted from what it returns and raises."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -228,6 +239,8 @@ class ToolDeclaration:
             on_devices=self.devices,
             max_cost_usd=self.max_cost_usd,
             module=self.module,
+            safe_on_expiry=list(self.safe_on_expiry),
+            on_expiry=self.on_expiry,
         )
 
     def secret_values(self) -> list[str]:
@@ -266,6 +279,8 @@ def tool(
     devices: bool = False,
     max_cost_usd: float | None = None,
     secrets: Sequence[str] = (),
+    safe_on_expiry: Sequence[str] = (),
+    on_expiry: str | None = None,
 ) -> Any:
     """Declare `fn` a perdure tool (module docstring: what each option means). Used bare
     (`@perdure.tool`, a read) or with options (`@perdure.tool(risk=..., replay=...)`)."""
@@ -290,6 +305,8 @@ def tool(
             devices=devices,
             max_cost_usd=max_cost_usd,
             secrets=secrets,
+            safe_on_expiry=safe_on_expiry,
+            on_expiry=on_expiry,
         )
 
     return declare(fn) if fn is not None else declare
@@ -357,7 +374,28 @@ def _declaration(fn: Callable[..., Any], **options: Any) -> ToolDeclaration:
         max_cost_usd=float(max_cost) if max_cost is not None else None,
         module=getattr(fn, "__module__", "") or "",
         secrets=_secrets(name, options["secrets"]),
+        **_expiry(name, risk, options["safe_on_expiry"], options["on_expiry"]),
     )
+
+
+def _expiry(name: str, risk: str, safe: Any, outcome: Any) -> dict[str, Any]:
+    """`safe_on_expiry` and `on_expiry`: an assumption only for a write (nothing else is ever
+    uncertain), and a default outcome that assumes only what the tool declares safe."""
+    if isinstance(safe, str) or not all(s in get_args(ExpiryAssumption) for s in safe):
+        raise ToolDeclarationError(name, f"safe_on_expiry lists happened and/or not_happened, got {safe!r}")
+    if safe and risk not in WRITE_RISKS:
+        raise ToolDeclarationError(
+            name, f"is {risk} but declares safe_on_expiry: only a write's outcome is ever unknown"
+        )
+    if outcome is not None and outcome not in get_args(ExpiryOutcome):
+        raise ToolDeclarationError(name, f"on_expiry {outcome!r} is not one of {', '.join(get_args(ExpiryOutcome))}")
+    if outcome in get_args(ExpiryAssumption) and outcome not in safe:
+        raise ToolDeclarationError(
+            name,
+            f"on_expiry {outcome} assumes what became of its call, but it does not declare that safe: add "
+            f'safe_on_expiry=["{outcome}"] if it is, or use deny, park or abort',
+        )
+    return {"safe_on_expiry": tuple(dict.fromkeys(safe)), "on_expiry": outcome}
 
 
 def _secrets(name: str, secrets: Any) -> tuple[str, ...]:
