@@ -357,3 +357,42 @@ async def test_a_deadline_set_in_one_run_expires_in_a_later_one(
     assert result.outcome == "partial" and payments.ledger() == []
     assert statuses(snapshot)["pay"] == "failed" and snapshot.counts["succeeded"] == 40
     assert any(e.startswith("expired: q1") for e in snapshot.gate_log)
+
+
+@pytest.mark.process
+async def test_a_deadline_holds_when_the_worker_is_sigkilled_while_it_runs(crash_rig, tmp_path, payments):
+    rig = crash_rig(payments=payments)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    # Replay-safe: the kill may land while it runs, and it runs again.
+    after = {
+        "name": "after",
+        "kind": "tool",
+        "tool": "run_command",
+        "args": {"command": "echo went on"},
+        "replay": "safe",
+    }
+    steps = [pay_step(after="25s", remind_before="20s") | {"defer": False}, after]
+    goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["make_payment", "run_command"], drift_every=0)
+    handle = await rig.start_goal(goal_spec)
+    worker = rig.start_worker()
+    asked = await wait_until(handle, lambda s: s.questions, timeout_s=60)
+    worker.kill()  # SIGKILL: the deadline is state, its timer the server's
+    await asyncio.sleep(8)  # the reminder's time (5 s after asking) passes with no worker
+    await rig.start_worker().wait_polling()
+    result = await rig.result(handle)
+    history = await handle.fetch_history()
+    snapshot = await handle.query(GoalWorkflow.progress)
+
+    card = asked.questions[0]
+    assert result.outcome == "partial", result.excerpt
+    assert payments.ledger() == []
+    assert statuses(snapshot) == {"pay": "failed", "after": "succeeded"}
+    gates = " | ".join(snapshot.gate_log)
+    assert "reminder: q1" in gates and "expired: q1" in gates
+    # The reminder went out late (no worker at its time), the expiry at its time.
+    (_, reminded), (_, expired) = question_timers(history)
+    assert reminded.replace(tzinfo=card.remind_at.tzinfo) >= card.remind_at
+    assert (
+        card.deadline_at <= expired.replace(tzinfo=card.deadline_at.tzinfo) <= card.deadline_at + timedelta(seconds=10)
+    )
