@@ -42,6 +42,7 @@ from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, LedgerAPI, MailAPI, Pa
 from perdure.workers.orchestrator import build_worker
 from perdure.workers.worker_capabilities import CapabilitiesInput, CapabilitiesWorkflow
 from perdure.workflows.devices.device_contracts import DeviceListing, RegistryQueries, registry_id
+from perdure.workflows.goal.contracts.deadline_contracts import DEFAULT_QUESTION_DEADLINE
 from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalResult
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve, Park, Resume, Steer
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -1218,6 +1219,37 @@ async def record_goal_decision_log(env: WorkflowEnvironment, out: Path) -> None:
     save(out.with_name(f"{out.stem}-last-run.json"), last)
 
 
+async def record_goal_question_expired(env: WorkflowEnvironment, out: Path) -> None:
+    """A payment's confirmation with a 6 s deadline, reminding 4 s before it, denied on expiry
+    (issue 38): the reminder and the deadline on one durable timer each, the payment never
+    sent, the read that needs it dropped, the independent read done; the goal's own default
+    deadline (48 h) beside the step's."""
+    pay = {"amount_cents": 4_200, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 38"}
+    deadline = {"after": "6s", "remind_before": "4s", "on_expiry": "deny"}
+    steps = [
+        {"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "question_deadline": deadline},
+        {"name": "receipt", "kind": "tool", "tool": "read_file", "args": {"path": "a.md"}, "needs": ["pay"]},
+        {"name": "notes", "kind": "tool", "tool": "read_file", "args": {"path": "a.md", "max_bytes": 100}},
+    ]
+    with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})) as (payments,):
+        async with rig(env) as (workspace, task_queue):
+            (workspace / "a.md").write_text("alpha\n")
+            goal_spec = spec(
+                workspace,
+                plan={"steps": steps},
+                allowed_tools=["make_payment", "read_file"],
+                drift_every=0,
+                question_deadline=DEFAULT_QUESTION_DEADLINE,
+            )
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            result = await handle.result()
+        assert payments.ledger() == []
+    assert result.outcome == "partial", result.excerpt
+    save(out, await handle.fetch_history())
+
+
 SCENARIOS = {
     "goal-1.0-demo": record_goal_demo,
     "goal-1.0-steered": record_goal_steered,
@@ -1247,6 +1279,7 @@ SCENARIOS = {
     "goal-1.1-user-tools": record_goal_user_tools,
     "goal-1.1-park-until-file": record_goal_park_until_file,
     "goal-1.1-decision-log": record_goal_decision_log,
+    "goal-1.1-question-expired": record_goal_question_expired,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.0-offline-then-back": record_devices_offline_then_back,
