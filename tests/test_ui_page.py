@@ -403,3 +403,23 @@ async def test_a_slow_model_reply_is_seen_on_its_running_node_before_it_succeeds
     assert seen.strip() and seen.strip().removeprefix("…") in words, seen
     assert not after, "a settled node shows its output, not live text"
     assert page.errors == []
+
+
+async def test_a_cards_deadline_and_reminder_show_on_the_page(env, task_queue, store, workspace, ui, tmp_path):
+    """A confirmation with a 40 s deadline reminding 34 s before it: the card says when it
+    expires and what it decides then, and says it was reminded once the reminder went out.
+    Nothing is sent before a person approves, so no payments service is needed."""
+    pay = {"amount_cents": 100, "currency": "EUR", "recipient": "ACME", "memo": "m"}
+    deadline = {"after": "40s", "remind_before": "34s"}
+    step = {"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay, "question_deadline": deadline}
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        handle = await start(env, task_queue, workspace, [step], allowed_tools=["make_payment"])
+        await page.open(f"{ui}/goals/{handle.id}")
+        line = "document.querySelector('[data-question] .deadline')?.textContent"
+        asked = await page.wait_for(line)
+        reminded = await page.wait_for(f"{line}?.includes('reminded') && {line}", timeout_s=30)
+        await submit(handle, Abort(request_id="abort-1"))
+        await goal_result(handle)
+    assert asked.startswith("deadline 20") and asked.endswith("· on expiry: deny"), asked
+    assert "· on expiry: deny · reminded 20" in reminded, reminded
+    assert page.errors == []

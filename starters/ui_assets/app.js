@@ -340,7 +340,16 @@ function drawQuestions(snapshot) {
         await send(snapshot.goal_id, { request_id: requestId, kind: "answer", question_id: q.id, choice: o.id });
       } }, o.label);
     }),
-    el("p", {}, `recommended: ${q.recommendation}`)));
+    el("p", {}, `recommended: ${q.recommendation}`), ...drawDeadline(q)));
+}
+
+// When the card expires unanswered and what it decides then; its reminder, once sent, says so.
+function drawDeadline(q) {
+  if (!q.deadline_at) return [];
+  const reminded = q.reminded_at ? ` · reminded ${q.reminded_at}` : "";
+  const expired = q.expired_at ? ` · expired ${q.expired_at}: the goal parked, answer it and resume` : "";
+  return [el("p", { class: q.reminded_at || q.expired_at ? "deadline reminded" : "deadline" },
+    `deadline ${q.deadline_at} · on expiry: ${q.on_expiry}${reminded}${expired}`)];
 }
 
 // An abort: requested (what still runs, what is still to undo), then aborted (what was undone
@@ -375,11 +384,12 @@ function drawSummary(snapshot) {
     el("div", {}, `${k} `, el("span", { class: "bar" }, el("span", { style: `width:${Math.min(100, v * 100)}%` })), ` ${Math.round(v * 100)}%`));
   const parked = snapshot.parked ? el("p", { id: "parked" }, `parked: ${snapshot.pause_reason || ""}${snapshot.park_expires_at ? " until " + snapshot.park_expires_at : ""}`) : "";
   const failure = snapshot.failure ? el("p", { class: "error" }, `failure: ${snapshot.failure}`) : "";
+  const expired = (snapshot.expired_questions || []).map((line) => el("p", { class: "expired" }, `expired: ${line}`));
   return el("div", { class: "summary", id: "summary", "data-phase": snapshot.phase },
     el("b", { class: "goal-text" }, snapshot.goal || snapshot.goal_id), snapshot.goal ? el("span", { class: "goal-id" }, ` ${snapshot.goal_id}`) : "",
     ` · phase ${snapshot.phase} · ${snapshot.percent_done}% · plan v${snapshot.plan_version}`,
     ` · tokens ${snapshot.tokens} · $${snapshot.cost_usd.toFixed(4)}`,
-    snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked,
+    snapshot.eta ? ` · ETA ${snapshot.eta}${snapshot.eta.includes("confidence") ? "" : ` (${snapshot.eta_confidence})`}` : "", ...bars, parked, ...expired,
     drawAbort(snapshot.abort), failure);
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
-from perdure.workflows.goal.rules.deadlines import report_note
+from perdure.workflows.goal.rules.deadlines import deadline_line, report_note
 from perdure.workflows.goal.rules.eta import Eta
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.goal.rules.questions import done_so_far
@@ -209,7 +209,8 @@ def details_markdown(
         if names:
             lines.append(f"waiting for {kind} {', '.join(names)} (offline)")
     for question in state.open_questions():
-        lines.append(f"**needs you** ({question.id}): {question.title}")
+        expires = f" · {deadline_line(question)}" if question.deadline_at is not None else ""
+        lines.append(f"**needs you** ({question.id}): {question.title}{expires}")
     if state.failure:
         lines.append(f"failure: {state.failure}")
     return "\n\n".join(lines)
