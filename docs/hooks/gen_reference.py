@@ -3,7 +3,7 @@
 It also puts this venv's `typer` on PATH for mkdocs-typer2, which renders reference/cli.md.
 
 reference/plan-schema.md: the plan file's schema, from the pydantic models the goal validates a
-plan with (`Plan`, each step type of `STEP_TYPES`, `VerifySpec`) and the goal settings a plan file
+plan with (`Plan`, each step type of `STEP_TYPES`, `VerifySpec`, `QuestionDeadline`) and the goal settings a plan file
 may carry beside its steps (`SPEC_FIELDS_IN_PLAN`, described by `GoalSpec`). A field added to a
 model appears here at the next build; a model that moves breaks the build, which `make docs` runs
 strictly. Writes pages only; reads nothing but the models.
@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from perdure.starters.client.goal_specs import SPEC_FIELDS_IN_PLAN
 from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
+from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline
 from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, MAX_STEPS, STEP_TYPES, Plan, VerifySpec
 
 # What a plan file's other top-level keys mean where GoalSpec's own field says nothing.
@@ -102,6 +103,12 @@ def top_level_table() -> list[str]:
         f"| `steps` | list of steps | required | The plan: 1 to {MAX_STEPS:,} steps (a model's plan at most "
         f"{MAX_PLANNED_STEPS}); names unique, `needs` naming earlier or later steps, no cycle. |",
     ]
+    # Plan is recursive (a subgoal's plan): its own fields are its entry in $defs.
+    deadline = Plan.model_json_schema()["$defs"]["Plan"]["properties"]["question_deadline"]
+    rows.append(
+        f"| `question_deadline` | {cell(type_of(deadline))} | `null` | {cell(deadline.get('description', ''))} "
+        "(below; a step's own wins, then this, then the goal's) |"
+    )
     spec = GoalSpec.model_json_schema()["properties"]
     for key in ("goal", "constraints", "premises", *SPEC_FIELDS_IN_PLAN):
         prop = spec[key]
@@ -129,7 +136,7 @@ def page() -> str:
         "## Steps",
         "",
         "Every step has a `kind`; the fields every kind shares (`name`, `needs`, `premises`, `wrap_up`, "
-        "`verify`, `writes`, `defer`) are listed under each.",
+        "`verify`, `writes`, `defer`, `question_deadline`) are listed under each.",
     ]
     for step_type in STEP_TYPES:
         kind = step_type.model_fields["kind"].default
@@ -144,6 +151,12 @@ def page() -> str:
         " ".join((VerifySpec.__doc__ or "").split()),
         "",
         *fields_table(VerifySpec),
+        "",
+        "## `question_deadline`",
+        "",
+        " ".join((QuestionDeadline.__doc__ or "").split()),
+        "",
+        *fields_table(QuestionDeadline),
         "",
         "## JSON schema",
         "",
