@@ -86,9 +86,9 @@ def print_cards(console: Console, view: RouterView) -> None:
     for reminder in view.reminders:
         show(
             console,
-            f"[yellow]reminder[/yellow] goal [bold]{escape(reminder.goal_id)}[/bold] asks {escape(reminder.question_id)}: "
-            f"{escape(reminder.title)} · unanswered, it expires {reminder.deadline_at:%Y-%m-%d %H:%M:%S} UTC, then: "
-            f"{escape(reminder.on_expiry)}",
+            f"[yellow]reminder[/yellow] goal [bold]{escape(reminder.goal_id)}[/bold] asks "
+            f"{escape(reminder.question_id)}: {escape(reminder.title)} · unanswered, it expires "
+            f"{reminder.deadline_at:%Y-%m-%d %H:%M:%S} UTC, then: {escape(reminder.on_expiry)}",
         )
         show(
             console,

@@ -106,6 +106,7 @@ async def test_a_ten_minute_deadline_reminds_at_its_time_then_denies_and_the_goa
         history = await handle.fetch_history()
         snapshot = await handle.query(GoalWorkflow.progress)
         events = await events_until_end(ts_env, handle.id)
+        log = await handle.query(GoalWorkflow.decisions)
 
     assert result.outcome == "partial", result.excerpt
     assert payments.ledger() == []  # nobody confirmed it: never sent
@@ -130,6 +131,10 @@ async def test_a_ten_minute_deadline_reminds_at_its_time_then_denies_and_the_goa
     assert snapshot.expired_questions == [
         "question q1 (Confirm make_payment in step 'pay'): expired (deny), nobody answered"
     ]
+    # The decision log says who decided: the deadline, not a person.
+    [expiry] = [d for d in log.recent if d.kind == "expiry"]
+    assert expiry.who == "expired" and expiry.about == ["pay"] and "deny (reject)" in expiry.text
+    assert not [d for d in log.recent if d.kind == "answer"]
     report = store.get_text(result.report)
     assert "expired (deny), nobody answered" in report
     assert "a person refused" not in report  # an expiry is not a person's answer

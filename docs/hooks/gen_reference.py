@@ -21,8 +21,8 @@ import mkdocs_gen_files
 from pydantic import BaseModel
 
 from perdure.starters.client.goal_specs import SPEC_FIELDS_IN_PLAN
-from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline
+from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import MAX_PLANNED_STEPS, MAX_STEPS, STEP_TYPES, Plan, VerifySpec
 
 # What a plan file's other top-level keys mean where GoalSpec's own field says nothing.

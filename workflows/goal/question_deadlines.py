@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts.decision_contracts import EXPIRED
 from perdure.workflows.goal.contracts.state import Question
 from perdure.workflows.goal.pause import Pause
 from perdure.workflows.goal.rules import deadlines
@@ -122,18 +123,25 @@ class QuestionDeadlines:
                 reason = f"question {question.id} expired unanswered: {question.title}"
                 self._pause.park(reason, None, PARK_EXPIRY)
                 what = "the goal parks; the question stays open (answer it, then resume)"
-            self._ctx.log_gate(deadlines.expiry_text(question, what))
+            self._record(question, what)
             self._ctx.wake()
             return
         question.status, question.answered_at = "expired", now
         question.answer_text = deadlines.expired_answer_text(question)
         if outcome == "abort":
-            self._ctx.log_gate(deadlines.expiry_text(question, "the goal aborts"))
-            self._pause.abort(f"question {question.id} expired unanswered ({question.title})", rollback=False)
+            self._record(question, "the goal aborts")
+            reason = f"question {question.id} expired unanswered ({question.title})"
+            self._pause.abort(reason, rollback=False, by=f"the deadline of {question.id}")
             self._ctx.wake()
             return
         choice = deadlines.choice_on_expiry(question) or ""
         question.answer = choice
-        self._ctx.log_gate(deadlines.expiry_text(question, f"{outcome} ({choice})"))
+        self._record(question, f"{outcome} ({choice})")
         self._act_on(question, choice)
         self._ctx.wake()  # a step waiting on it runs again and acts on the choice
+
+    def _record(self, question: Question, what: str) -> None:
+        """The expiry in the gate log and the decision log, decided by no person."""
+        said = deadlines.expiry_text(question, what)
+        self._ctx.log_gate(said)
+        self._ctx.decide("expiry", said, EXPIRED, question.nodes)

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
-from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
 from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed
+from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
