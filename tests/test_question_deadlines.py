@@ -107,8 +107,10 @@ async def test_a_ten_minute_deadline_reminds_at_its_time_then_denies_and_the_goa
         snapshot = await handle.query(GoalWorkflow.progress)
         events = await events_until_end(ts_env, handle.id)
         log = await handle.query(GoalWorkflow.decisions)
+        status = await perdure_status(ts_env, handle.id)
 
     assert result.outcome == "partial", result.excerpt
+    assert "expired question q1 (Confirm make_payment in step 'pay'): expired (deny), nobody answered" in status
     assert payments.ledger() == []  # nobody confirmed it: never sent
     assert statuses(snapshot) == {"pay": "failed", "receipt": "abandoned", "summary": "succeeded"}
     pay = next(n for n in snapshot.nodes if n.name == "pay")
