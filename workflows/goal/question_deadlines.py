@@ -1,7 +1,8 @@
 """Question deadlines in the goal: every open question is stamped once with its deadline,
-reminder and outcome on expiry (workflows/goal/rules/deadlines.py); the goal's loop waits on
-the earliest of them with its other durable deadlines (a park's, a device wait's), so they
-hold across worker loss and continue-as-new (they are state, counted from `asked_at`).
+reminder and outcome on expiry (workflows/goal/rules/deadlines.py); one durable timer (`clock`,
+beside the budget's) waits for the earliest of them and wakes the loop, which acts at its safe
+point. They hold across worker loss and continue-as-new: they are state, counted from
+`asked_at`, and a new run sets its timer from them.
 
 At the reminder: the gate log and the event stream say so, status and the page show it, and
 the goal's owner's router (if there is one) holds it in its inbox. At the deadline, what the

@@ -146,10 +146,10 @@ def deadline_line(question: Question | QuestionView, now: datetime | None = None
     question of the state, or as the progress query shows it)."""
     if question.deadline_at is None:
         return "no deadline"
-    left = f" (in {duration_text((question.deadline_at - now).total_seconds(), days=True)})" if now else ""
-    line = f"deadline {_at(question.deadline_at)}{left}; on expiry: {question.on_expiry}"
     if question.expired_at is not None:
         return f"expired {_at(question.expired_at)}; on expiry: {question.on_expiry}"
+    left = f" (in {duration_text((question.deadline_at - now).total_seconds(), days=True)})" if now else ""
+    line = f"deadline {_at(question.deadline_at)}{left}; on expiry: {question.on_expiry}"
     if question.reminded_at is not None:
         return f"{line}; reminded {_at(question.reminded_at)}"
     if question.remind_at is not None:
