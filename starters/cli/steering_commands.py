@@ -1,6 +1,6 @@
 """Steering goals: every message a person sends a goal (`steer`, `queue`, `answer`,
-`approve`, `park`, `resume`, `narrow`, `rewind`, `abort`), what it asks (`questions`), what it received (`inbox`),
-and `say`, which lets the user's router decide which goal a message is for. Every message
+`approve`, `park`, `resume`, `narrow`, `rewind`, `abort`), what it asks (`questions`),
+what it received (`inbox`), and `say`, which lets the user's router decide which goal a message is for. Every message
 carries a request id; a retry with the same id is the same message.
 """
 

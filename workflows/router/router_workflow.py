@@ -25,7 +25,9 @@ answer (workflows/goal/goal_memory.py). The router holds each card (bounded, acr
 continue-as-new) until a person answers it, `perdure say --card GOAL:memory=CHOICE`, or
 until the shelf life of its memories ends (a timer drops it then); the answer promotes the
 memories chosen with the goal's promote activity, and what was kept is recorded. An answer
-to a card the router does not hold goes to the goal, as any card's answer.
+to a card the router does not hold goes to the goal, as any card's answer. A goal's question
+near its deadline arrives as a reminder (a `question_reminder` signal, workflows/goal/
+question_deadlines.py), held until the user answers it here or its deadline passes.
 
 Workflow code. Continue-as-new after `continue_after` routed messages (or when the server
 suggests it), carrying the bounded state, with nothing pending or in a handler.

@@ -206,11 +206,11 @@ class ToolDeclaration:
     max_cost_usd: float | None
     module: str
     secrets: tuple[str, ...] = ()
+    """The environment variables whose values the tool uses: redacted from what it returns and raises."""
     safe_on_expiry: tuple[ExpiryAssumption, ...] = ()
     """What may be assumed of an uncertain call when its question expires unanswered."""
     on_expiry: ExpiryOutcome | None = None
     """The outcome its questions take on expiry when their step, plan and goal name none."""
-    """The environment variables whose values the tool uses: redacted from what it returns and raises."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
