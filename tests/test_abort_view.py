@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
+from perdure.workflows.goal import pause as pause_module
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import (
     CompensationRecord,
@@ -17,6 +19,7 @@ from perdure.workflows.goal.contracts.state import (
     PlanVersion,
     Question,
 )
+from perdure.workflows.goal.pause import Pause
 from perdure.workflows.goal.rules.abort_view import abort_progress
 from perdure.workflows.shared.tool_specs import Compensation
 from tests.builders import spec
@@ -101,3 +104,17 @@ def test_an_emergency_stop_lists_its_wrap_up_step_as_running_and_a_running_goal_
     assert abort_progress(running, {}, {}, undoing=None) is None
     # A goal never aborted carries no abort fields: what it carried before this change.
     assert "abort" not in running.pause.model_dump_json()
+
+
+def test_a_second_abort_in_one_activation_keeps_the_first_ones_rollback_reason_and_requester(monkeypatch):
+    """Two aborts applied together (a retried `perdure abort` without --rollback): the undo the
+    first asked for is not cancelled, and the report says the first one's reason."""
+    monkeypatch.setattr(pause_module.workflow, "now", lambda: AT)
+    state = GoalState(spec=spec(Path("/tmp/ws")))
+    pause = Pause(SimpleNamespace(state=state))
+    pause.abort("wrong invoice", rollback=True, by="alice (message a1)")
+    pause.abort("stop it", rollback=False, by="bob (message a2)")
+    assert (state.pause.mode, state.pause.rollback, state.abort_reason) == ("aborting", True, "wrong invoice")
+    assert state.pause.abort_by == "alice (message a1)"
+    pause.abort("and undo it", rollback=True)  # a later abort may still ask for the undo
+    assert state.pause.rollback

@@ -74,15 +74,16 @@ class Pause:
         """Stop the goal. `emergency`: a budget ran out while work ran (not a person's
         abort), so the plan's wrap-up steps still run before the report. `by` and `at`: who
         asked and when (the status says so until the abort is achieved); a second abort
-        keeps the first one's."""
+        keeps the first one's, and its reason; a rollback once asked stays asked (a plain abort
+        sent again, say a retried command, must not cancel the undo of a payment)."""
         state = self._ctx.state
         if state.pause.abort_requested_at is None:
             state.pause.abort_requested_at = at or workflow.now()
             state.pause.abort_by = by or ("the budget (emergency stop)" if emergency else "the goal")
+            state.abort_reason = reason
         state.pause.mode = "aborting"
-        state.pause.rollback = rollback
+        state.pause.rollback = state.pause.rollback or rollback
         state.pause.emergency = emergency
-        state.abort_reason = reason
 
     def abort_achieved(self) -> None:
         """Nothing the abort waited for still runs and every undo has settled."""
