@@ -1,0 +1,120 @@
+"""Approvals collected ahead (issue 38, item 1): when a plan is adopted, one card lists
+every irreversible step with the arguments it will run with; an early approval is bound
+to a digest of those arguments, so the payment runs later (as late as risk ordering puts
+it) with no second card; a step whose arguments changed after approval is asked again,
+and the card shows the old and the new. From outside: the progress query's cards, the
+fake payments service's ledger and the order of activities in the goal's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.workflows.goal.contracts.messages import Answer, Queue
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.shared.statuses import ENDED_PHASES
+from tests.builders import STEP_REPLY, gate, openai_profile
+from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
+
+
+@pytest.fixture
+def payments(fake_service) -> PaymentsAPI:
+    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+
+
+def pay_step(name: str, cents: int = 12_500, **extra) -> dict:
+    args = {"amount_cents": cents, "currency": "EUR", "recipient": "ACME GmbH", "memo": f"invoice {name}"}
+    return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
+
+
+SLOW = {"name": "slow", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 2; echo built"}}
+
+
+def first_event(history, step: str) -> int:
+    return min(event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary)
+
+
+def completed_at(history, step: str) -> int:
+    ours = {event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary}
+    return max(done for done, scheduled in completions(history) if scheduled in ours)
+
+
+async def cards_until_the_end(handle) -> set[str]:
+    """Every card the goal shows from now until it ends (polled)."""
+    seen: set[str] = set()
+    for _ in range(300):
+        snapshot = await handle.query(GoalWorkflow.progress)
+        seen.update(q.id for q in snapshot.questions)
+        if snapshot.phase in ENDED_PHASES:
+            break
+        await asyncio.sleep(0.1)
+    return seen
+
+
+@pytest.mark.slow
+async def test_two_payments_are_approved_once_on_one_card_at_the_start_and_run_last(
+    env, task_queue, store, workspace, payments
+):
+    steps = [pay_step("pay-a"), pay_step("pay-b", needs=["pay-a"]), SLOW]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
+        first = await wait_until(handle, lambda s: s.questions)
+        assert statuses(first)["slow"] in ("pending", "running")  # asked while the work goes on
+        [card] = first.questions
+        assert card.topic == "approvals_ahead"
+        assert [a.step for a in card.ahead] == ["pay-a", "pay-b"]
+        assert all('"amount_cents":12500' in a.arguments and a.digest for a in card.ahead)
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve_all"))
+        seen = await cards_until_the_end(handle)
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["kind"] for e in payments.ledger()] == ["payment", "payment"]
+    assert completed_at(history, "slow") < first_event(history, "pay-a")  # run last, as risk ordering says
+    assert seen - {card.id} == set()  # no other card, ever
+
+
+@pytest.mark.slow
+async def test_a_refused_step_is_dropped_with_what_needs_it_and_an_approved_one_runs(
+    env, task_queue, store, workspace, payments
+):
+    steps = [pay_step("pay-a"), pay_step("pay-b", needs=["pay-a"]), pay_step("pay-c")]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment"])
+        card = (await wait_until(handle, lambda s: s.questions)).questions[0]
+        await submit(handle, Answer(request_id="some", question_id=card.id, choice="refuse_some", steps=["pay-a"]))
+        result = await asyncio.wait_for(handle.result(), 30)
+
+    assert [e["memo"] for e in payments.ledger()] == ["invoice pay-c"]
+    assert result.outcome == "partial", result.excerpt
+
+
+@pytest.mark.slow
+async def test_an_argument_changed_after_approval_asks_again_and_shows_old_and_new(
+    env, task_queue, store, workspace, payments, scripted
+):
+    revised = {"steps": [gate(), pay_step("pay-a", cents=13_000, needs=["gate"])]}
+    server = scripted({"replies": [{"when": "Revise the current plan", "json": revised}, *STEP_REPLY["replies"]]})
+    steps = [gate(), pay_step("pay-a", needs=["gate"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
+        card = (await wait_until(handle, lambda s: s.questions)).questions[0]
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve_all"))
+        await submit(handle, Queue(request_id="q", text="The invoice is 130 EUR now."))
+        again = await wait_until(handle, lambda s: any(q.id != card.id for q in s.questions))
+        (workspace / "GO").touch()
+        await asyncio.sleep(1.5)
+        assert payments.ledger() == []  # the changed payment waits for a new answer
+        [second] = again.questions
+        assert second.topic == "approvals_ahead"
+        assert '"amount_cents":12500' in second.ahead[0].approved_before
+        assert '"amount_cents":13000' in second.ahead[0].arguments
+        await submit(handle, Answer(request_id="ok2", question_id=second.id, choice="approve_all"))
+        result = await asyncio.wait_for(handle.result(), 30)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["amount_cents"] for e in payments.ledger()] == [13_000]
