@@ -67,7 +67,7 @@ async def test_two_payments_are_approved_once_on_one_card_at_the_start_and_run_l
         assert card.topic == "approvals_ahead"
         assert [a.step for a in card.ahead] == ["pay-a", "pay-b"]
         assert all('"amount_cents":12500' in a.arguments and a.digest for a in card.ahead)
-        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve_all"))
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
         seen = await cards_until_the_end(handle)
         result = await handle.result()
         history = await handle.fetch_history()
@@ -103,18 +103,18 @@ async def test_an_argument_changed_after_approval_asks_again_and_shows_old_and_n
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
         card = (await wait_until(handle, lambda s: s.questions)).questions[0]
-        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve_all"))
-        await submit(handle, Queue(request_id="q", text="The invoice is 130 EUR now."))
-        again = await wait_until(handle, lambda s: any(q.id != card.id for q in s.questions))
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
+        await submit(handle, Queue(request_id="q", text="Pay the new invoice of 130 EUR too."))
         (workspace / "GO").touch()
-        await asyncio.sleep(1.5)
-        assert payments.ledger() == []  # the changed payment waits for a new answer
+        # The follow-up plan changes pay-a's amount: its approval was bound to 125 EUR.
+        again = await wait_until(handle, lambda s: any(q.id != card.id for q in s.questions))
+        assert [e["amount_cents"] for e in payments.ledger()] == [12_500]  # not the changed call
         [second] = again.questions
         assert second.topic == "approvals_ahead"
         assert '"amount_cents":12500' in second.ahead[0].approved_before
         assert '"amount_cents":13000' in second.ahead[0].arguments
-        await submit(handle, Answer(request_id="ok2", question_id=second.id, choice="approve_all"))
+        await submit(handle, Answer(request_id="ok2", question_id=second.id, choice="approve"))
         result = await asyncio.wait_for(handle.result(), 30)
 
     assert result.outcome == "succeeded", result.excerpt
-    assert [e["amount_cents"] for e in payments.ledger()] == [13_000]
+    assert [e["amount_cents"] for e in payments.ledger()] == [12_500, 13_000]

@@ -29,7 +29,7 @@ from perdure.workflows.goal.context import GoalContext, NodeStopped, NodeWaiting
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.state import CompensationRecord, EffectRecord, Node, Question, RejectedPath
 from perdure.workflows.goal.device_placement import Devices
-from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.rules import approvals_ahead, questions
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import ToolRunner, failure_message
 from perdure.workflows.shared.contracts import PreparedEffect, ToolInput, ToolResult
@@ -217,11 +217,16 @@ class EffectGuard:
         if spec.risk == "irreversible":
             # The person confirms the arguments as they will be sent, templates resolved.
             what = f"{tool_input.tool} {prepared.arguments[:600]}"
-            question = self._ctx.question_about(node, key, "confirm_effect") or questions.confirm_effect(
-                state, workflow.now(), node.name, tool_input.tool, what, why, effect_key=key
-            )
-            if await self._ctx.ask(node, question) != "approve":
-                return self._person_refused(tool_input, spec, node, question, what)
+            ahead = await self._approved_ahead(node, prepared)
+            if isinstance(ahead, Question):
+                return self._person_refused(tool_input, spec, node, ahead, what)
+            if ahead is None or isinstance(ahead, str):
+                changed = f" (approved earlier as {ahead}; now different)" if ahead else ""
+                question = self._ctx.question_about(node, key, "confirm_effect") or questions.confirm_effect(
+                    state, workflow.now(), node.name, tool_input.tool, what + changed, why, effect_key=key
+                )
+                if await self._ctx.ask(node, question) != "approve":
+                    return self._person_refused(tool_input, spec, node, question, what)
             self._ctx.stop_point(node)
             tool_input = tool_input.model_copy(update={"confirmed": True})
         record = next((r for r in state.compensations if r.effect_key == key), None)
@@ -252,6 +257,22 @@ class EffectGuard:
             return await self._send(resolved, said, node, key, record)
 
         return await self._ask_what_happened(result, tool_input, summary, node, key, earlier, again, "happened")
+
+    async def _approved_ahead(self, node: Node, prepared: PreparedEffect) -> bool | str | Question | None:
+        """What the approvals-ahead card says for this call: True (approved with exactly these
+        arguments), the card (refused there), the arguments an approval was bound to when
+        they differ now, or None (ask as usual). An open card listing the step is waited on."""
+        found = approvals_ahead.latest(self._ctx.state, node.name)
+        if found is None:
+            return None
+        question, entry = found
+        if question.status == "open":
+            await self._ctx.ask(node, question)
+        if entry.decision == "refused":
+            return question
+        if entry.decision != "approved":
+            return None
+        return True if entry.digest == prepared.arguments_digest else entry.arguments
 
     async def _send(
         self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None

@@ -157,6 +157,7 @@ class GoalWorkflow:
         try:
             if state.plan is None:
                 await self._planner.make_plan()
+                self._scheduler.ask_approvals_ahead()
             self._scheduler.materialise_nodes()
             self._scheduler.adopt_carried_twins()
             self._devices.watch()

@@ -27,7 +27,7 @@ from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes import NodeRunner
-from perdure.workflows.goal.rules import risk_order
+from perdure.workflows.goal.rules import approvals_ahead, questions, risk_order
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared import graph
@@ -252,7 +252,17 @@ class Scheduler:
         self.record_plan_version(source, reason, diff, plan)
         self.materialise_nodes()
         self._release_orphaned_twins()
+        self.ask_approvals_ahead()
         return diff
+
+    def ask_approvals_ahead(self) -> None:
+        """At each adoption: one card for the plan's irreversible steps no standing approval
+        covers. Nothing waits for it but those steps, when their turn comes (EffectGuard)."""
+        state = self._ctx.state
+        listed = approvals_ahead.to_list(state, self._ctx.plan(), self._ctx.tools())
+        if listed:
+            state.questions.append(questions.approvals_ahead(state, workflow.now(), listed))
+            self._ctx.wake()
 
     def _retire(self, node: Node, version: int) -> None:
         """Keep a node plan v`version` had and the next one leaves out, unless it never

@@ -23,7 +23,7 @@ from perdure.workflows.goal.contracts.messages import LATER_KINDS, PARENT_STOP, 
 from perdure.workflows.goal.contracts.state import PlanDiff, Question, RejectedPath
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.pause import Pause
-from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.rules import approvals_ahead, questions
 from perdure.workflows.goal.rules.invalidation import held_by, invalidate_by_premise, invalidate_from
 from perdure.workflows.goal.scheduler import Scheduler
 
@@ -186,6 +186,8 @@ class Steering:
             self._scheduler.void(question.nodes)
         elif question.topic == "escalation" and choice == "park":
             self._pause.park("parked after a watchdog escalation", None, timedelta(hours=48))
+        elif question.topic == "approvals_ahead":
+            approvals_ahead.decide(question, choice, getattr(message, "steps", []))
         elif question.topic == "escalation" and choice == "abort":
             self._pause.abort("stopped after a watchdog escalation", rollback=False, by=f"answer to {question.id}")
 

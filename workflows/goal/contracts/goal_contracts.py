@@ -562,6 +562,19 @@ class NodeView(BaseModel):
     )
 
 
+class AheadApproval(BaseModel):
+    """One irreversible step on an approvals-ahead card, and what a person decided for it:
+    an approval is bound to `digest` (of the arguments as they will run); a step whose
+    arguments wait on another step's output has none and is asked when they are known."""
+
+    step: str
+    tool: str
+    arguments: str = Field(description="The arguments as they will run, or the template when not known yet.")
+    digest: str | None = Field(default=None, description="None: the arguments are not known in advance.")
+    approved_before: str = Field(default="", description="What an earlier approval of this step was bound to.")
+    decision: Literal["ask", "approved", "refused"] = "ask"
+
+
 class QuestionView(BaseModel):
     id: str
     topic: str = ""
@@ -578,6 +591,7 @@ class QuestionView(BaseModel):
     expired_at: datetime | None = Field(
         default=None, description="Its deadline passed and parked the goal: it stays open for a person."
     )
+    ahead: list[AheadApproval] = Field(default_factory=list, description="An approvals-ahead card's steps.")
 
 
 class DriftOutline(BaseModel):

@@ -27,7 +27,7 @@ from perdure.workflows.shared.canonical import digest_of
 from perdure.workflows.shared.statuses import ENDED_PHASES, STARTED
 
 if TYPE_CHECKING:  # the state holds the inbox, so it imports this module
-    from perdure.workflows.goal.contracts.state import GoalState
+    from perdure.workflows.goal.contracts.state import GoalState, Question
 
 MAX_TEXT = 8_000
 SIGNAL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -70,6 +70,9 @@ class Answer(_Message):
     question_id: str = Field(min_length=1, max_length=64)
     choice: str = Field(min_length=1, max_length=64, description="One of the question's option ids.")
     text: str | None = Field(default=None, max_length=MAX_TEXT)
+    steps: list[str] = Field(
+        default_factory=list, max_length=500, description="approve_some / refuse_some: the steps it names."
+    )
 
 
 class Approve(_Message):
@@ -311,6 +314,17 @@ def door_problem(state: GoalState, message: Any, load_problem: str | None = None
     return None
 
 
+def ahead_problem(question: Question, choice: str, steps: list[str]) -> str | None:
+    """Why an answer to an approvals-ahead card cannot apply: `*_some` names steps of the card."""
+    listed = [a.step for a in question.ahead]
+    if choice.endswith("_some") and not steps:
+        return f"{choice} names the steps it is about (steps on {question.id}: {', '.join(listed)})"
+    unknown = [s for s in steps if s not in listed]
+    if unknown:
+        return f"step(s) {', '.join(unknown)} are not on {question.id} (its steps: {', '.join(listed)})"
+    return None
+
+
 def turn_problem(state: GoalState, message: Any) -> str | None:
     """Why an admitted message cannot apply when its turn comes, or None. Judged on the
     state every message before it left, so a resume sent right after a park finds the
@@ -340,6 +354,8 @@ def turn_problem(state: GoalState, message: Any) -> str | None:
         if choice not in {o.id for o in question.options}:
             options = ", ".join(o.id for o in question.options)
             return f"'{choice}' is not an option of {question.id} (options: {options})"
+        if question.topic == "approvals_ahead":
+            return ahead_problem(question, choice, getattr(message, "steps", []))
     elif kind == "park" and state.pause.mode == "parked":
         return f"the goal is already parked ({state.pause.reason})"
     elif kind == "resume" and state.pause.mode != "parked":

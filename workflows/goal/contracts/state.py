@@ -18,6 +18,7 @@ from perdure.workflows.devices.device_contracts import DevicePresence
 from perdure.workflows.goal.contracts.decision_contracts import DecisionLog
 from perdure.workflows.goal.contracts.goal_contracts import (
     AgentTurnResult,
+    AheadApproval,
     Budget,
     ContextCompaction,
     GoalResult,
@@ -208,6 +209,7 @@ class Question(BaseModel):
         "escalation",
         "confirm_device_call",
         "device_offline",
+        "approvals_ahead",
     ]
     title: str
     done: str = Field(description="What the goal has done so far.")
@@ -240,6 +242,7 @@ class Question(BaseModel):
     def decided(self) -> bool:
         """Answered by a person or decided by its deadline: a step waiting on it acts on `answer`."""
         return self.status in ("answered", "expired")
+    ahead: list[AheadApproval] = Field(default_factory=list, description="An approvals-ahead card's steps.")
 
 
 class ParkCondition(BaseModel):

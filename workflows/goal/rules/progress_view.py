@@ -79,6 +79,7 @@ def progress_snapshot(
                 reminded_at=q.reminded_at,
                 on_expiry=q.on_expiry,
                 expired_at=q.expired_at,
+                ahead=q.ahead,
             )
             for q, done in zip(open_questions, done_so_far(state, open_questions), strict=True)
         ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
 from perdure.workflows.goal.contracts.state import GoalState, Question, QuestionOption
 from perdure.workflows.shared.durations import duration_text
 
@@ -39,7 +40,7 @@ def _card(
     stuck: str,
     options: list[tuple[str, str, str]],
     recommendation: str,
-    **about: list[str] | str | None,
+    **about: list | str | None,
 ) -> Question:
     """A question card: the parts every card shares (its id, what is done, when it was
     asked) filled in; `options` as (id, label, cost); `about`: its nodes and hold."""
@@ -249,4 +250,30 @@ def device_offline(
         ],
         f"wait if {device} is coming back; otherwise run it elsewhere or skip it",
         nodes=[step],
+    )
+
+
+def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]) -> Question:
+    """One card, when a plan is adopted, for every irreversible step in it: answered now, the
+    goal runs unattended and each call still goes as late as risk ordering puts it."""
+    lines = []
+    for entry in listed:
+        args = entry.arguments if entry.digest else f"{entry.arguments} (will ask when known)"
+        was = f" (approved before as {entry.approved_before})" if entry.approved_before else ""
+        lines.append(f"{entry.step}: {entry.tool} {args}{was}")
+    return _card(
+        state,
+        now,
+        "approvals_ahead",
+        f"Approve {len(listed)} irreversible step(s) ahead",
+        "These steps cannot be undone; approved now, each runs later without asking again if its arguments "
+        "are still exactly these: " + "; ".join(lines),
+        [
+            ("approve", "Approve them all", "each runs once, as shown, when its turn comes"),
+            ("approve_some", "Approve the steps named (the rest are asked when they run)", "as for approve"),
+            ("refuse_some", "Refuse the steps named (the rest are approved)", "a refused step and what needs it drop"),
+            ("reject", "Refuse them all", "they and what needs them drop"),
+        ],
+        "approve only if the amounts, recipients and reasons are what you expect",
+        ahead=listed,
     )

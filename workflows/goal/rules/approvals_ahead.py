@@ -1,0 +1,78 @@
+"""Approvals collected ahead (issue 38): which steps of a plan an approvals-ahead card
+lists, what an answer to it decides per step, and what an earlier decision means for a
+call about to be sent. Pure: the goal's loop asks the card, the effect guard consults it.
+
+An approval is bound to a digest of the arguments as the call's prepare sees them (the
+same `digest_of` of the validated arguments), so a call that changed since is asked again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+
+from perdure.activities.tools.catalogue import TOOLS
+from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
+from perdure.workflows.goal.contracts.plan import Plan, ToolStep, template_refs
+from perdure.workflows.goal.contracts.state import GoalState, Question
+from perdure.workflows.shared.canonical import canonical_json, digest_of
+from perdure.workflows.shared.tool_specs import ToolSpec
+
+TOPIC = "approvals_ahead"
+
+
+def bound_arguments(tool: str, args: dict) -> tuple[str, str | None]:
+    """(the arguments as shown, their digest), the digest None while a template is unfilled."""
+    if template_refs(args):
+        return canonical_json(args), None
+    declared = TOOLS.get(tool)
+    if declared is None:
+        return canonical_json(args), digest_of(args)
+    try:
+        resolved = declared.spec.args_model.model_validate(args).model_dump(mode="json")
+    except ValidationError:
+        return canonical_json(args), None  # the call itself will say what is wrong
+    return canonical_json(resolved), digest_of(resolved)
+
+
+def latest(state: GoalState, step: str) -> tuple[Question, AheadApproval] | None:
+    """The newest approvals-ahead card still standing that lists `step`, with its entry."""
+    for question in reversed(state.questions):
+        if question.topic != TOPIC or question.status == "closed":
+            continue
+        for entry in question.ahead:
+            if entry.step == step:
+                return question, entry
+    return None
+
+
+def to_list(state: GoalState, plan: Plan, tools: Mapping[str, ToolSpec]) -> list[AheadApproval]:
+    """The plan's irreversible steps no standing approval already covers (same arguments)."""
+    listed = []
+    for step in plan.steps:
+        if not isinstance(step, ToolStep) or (spec := tools.get(step.tool)) is None or spec.risk != "irreversible":
+            continue
+        shown, digest = bound_arguments(step.tool, step.args)
+        before = latest(state, step.name)
+        if before is not None and before[1].decision == "approved" and digest and before[1].digest == digest:
+            continue
+        earlier = before[1].arguments if before is not None and before[1].decision == "approved" else ""
+        listed.append(
+            AheadApproval(step=step.name, tool=step.tool, arguments=shown, digest=digest, approved_before=earlier)
+        )
+    return listed
+
+
+def decide(question: Question, choice: str, steps: list[str]) -> None:
+    """Record an answer per step: approve (all), reject (all), approve_some (the rest asked when they run),
+    refuse_some (the rest approved). A step whose arguments are not known yet is never
+    approved ahead: it is asked when they are."""
+    named = set(steps)
+    for entry in question.ahead:
+        if choice == "reject" or (choice == "refuse_some" and entry.step in named):
+            entry.decision = "refused"
+        elif choice == "approve" or (choice == "approve_some") == (entry.step in named):
+            entry.decision = "approved" if entry.digest else "ask"
+        else:
+            entry.decision = "ask"
