@@ -1247,6 +1247,47 @@ async def record_goal_question_expired(env: WorkflowEnvironment, out: Path) -> N
             result = await handle.result()
         assert payments.ledger() == []
     assert result.outcome == "partial", result.excerpt
+
+
+async def record_goal_approvals_ahead(env: WorkflowEnvironment, out: Path) -> None:
+    """Approvals collected ahead (issue 38): at adoption one card lists the two payments
+    (the second needs the first) with their arguments, and a third whose memo waits on a
+    command's output as "will ask when known"; approved once while the command runs, the
+    two run last with no second card, the third is confirmed when its arguments are known."""
+    pay = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH"}
+    steps = [
+        {"name": "pay-a", "kind": "tool", "tool": "make_payment", "args": {**pay, "memo": "invoice 42"}},
+        {
+            "name": "pay-b",
+            "kind": "tool",
+            "tool": "make_payment",
+            "args": {**pay, "memo": "invoice 43"},
+            "needs": ["pay-a"],
+        },
+        {"name": "build", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 1; echo build 7"}},
+        {
+            "name": "pay-c",
+            "kind": "tool",
+            "tool": "make_payment",
+            "args": {**pay, "memo": "{{steps.build}}"},
+            "needs": ["build"],
+        },
+    ]
+    with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})) as (payments,):
+        async with rig(env) as (workspace, task_queue):
+            allowed = ["make_payment", "run_command"]
+            goal = spec(workspace, plan={"steps": steps}, allowed_tools=allowed, drift_every=0)
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal), id=out.stem, task_queue=task_queue
+            )
+            card = (await wait_until(handle, lambda s: s.questions)).questions[0]
+            assert [a.step for a in card.ahead] == ["pay-a", "pay-b", "pay-c"], card
+            await submit(handle, Answer(request_id="ok-1", question_id=card.id, choice="approve"))
+            known = await wait_until(handle, lambda s: any(q.id != card.id for q in s.questions))
+            await submit(handle, Approve(request_id="ok-2", question_id=known.questions[0].id))
+            result = await handle.result()
+    assert result.outcome == "succeeded", result.excerpt
+    assert len(payments.ledger()) == 3, payments.ledger()
     save(out, await handle.fetch_history())
 
 
@@ -1280,6 +1321,7 @@ SCENARIOS = {
     "goal-1.1-park-until-file": record_goal_park_until_file,
     "goal-1.1-decision-log": record_goal_decision_log,
     "goal-1.1-question-expired": record_goal_question_expired,
+    "goal-1.1-approvals-ahead": record_goal_approvals_ahead,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.0-offline-then-back": record_devices_offline_then_back,
