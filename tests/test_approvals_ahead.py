@@ -16,7 +16,7 @@ from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from perdure.workflows.goal.contracts.messages import Answer, Queue
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.statuses import ENDED_PHASES
-from tests.builders import STEP_REPLY, gate, openai_profile
+from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
 
 
@@ -118,3 +118,35 @@ async def test_an_argument_changed_after_approval_asks_again_and_shows_old_and_n
 
     assert result.outcome == "succeeded", result.excerpt
     assert [e["amount_cents"] for e in payments.ledger()] == [12_500, 13_000]
+
+
+@pytest.mark.slow
+async def test_a_card_still_open_when_the_plan_changes_is_replaced_and_its_waiting_step_waits_for_the_new_one(
+    env, task_queue, store, workspace, payments, scripted
+):
+    pinned = pay_step("pay-a", defer=False)  # runs at once, so it waits for the first card
+    revised = {"steps": [pinned, llm("one"), llm("two", ["one"]), pay_step("pay-b", needs=["two"])]}
+    server = scripted(
+        {
+            "replies": [
+                {"when": "PERDURE-DRIFT", "times": 1, "json": {"on_track": False, "reason": "pay the second too"}},
+                {"when": "PERDURE-DRIFT", "json": {"on_track": True, "reason": "fine"}},
+                {"when": "Revise the current plan", "json": revised},
+                *STEP_REPLY["replies"],
+            ]
+        }
+    )
+    steps = [pinned, llm("one"), llm("two", ["one"])]
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment"], drift_every=2)
+        first = (await wait_until(handle, lambda s: s.questions)).questions[0]
+        second = await wait_until(handle, lambda s: any(q.id != first.id for q in s.questions))
+        [card] = second.questions  # the first is closed: nobody answers a list that changed
+        assert [a.step for a in card.ahead] == ["pay-a", "pay-b"] and statuses(second)["pay-a"] == "blocked"
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
+        seen = await cards_until_the_end(handle)
+        result = await asyncio.wait_for(handle.result(), 30)
+
+    assert result.outcome == "succeeded", result.excerpt
+    assert [e["memo"] for e in payments.ledger()] == ["invoice pay-a", "invoice pay-b"]
+    assert seen - {card.id} == set()  # no other card after it

@@ -85,7 +85,8 @@ async def test_irreversible_call_waits_for_approval(env, task_queue, store, work
         handle = await start(env, task_queue, workspace, [pay_step()], allowed_tools=["make_payment"])
         snapshot = await wait_until(handle, lambda s: s.questions)
         question = snapshot.questions[0]
-        assert question.title == "Confirm make_payment in step 'pay'"
+        # Asked on the approvals-ahead card at adoption (issue 38), with the arguments it will run with.
+        assert question.topic == "approvals_ahead" and question.title == "Approve ahead: 'pay'"
         assert '"amount_cents":12500' in question.stuck and "ACME GmbH" in question.stuck
         assert payments.ledger() == []  # nothing paid before the answer
         await submit(handle, Approve(request_id="c1", question_id="q1"))

@@ -15,7 +15,7 @@ import pytest
 
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Budget
-from perdure.workflows.goal.contracts.messages import Abort, Approve, Rewind
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve, Rewind
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import goal_result, running_worker, start, statuses, submit, until, wait_until
@@ -126,7 +126,11 @@ async def test_the_confirmation_card_shows_the_arguments_with_templates_resolved
     ]
     async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "make_payment"])
-        snapshot = await wait_until(handle, lambda s: s.questions)
+        ahead = (await wait_until(handle, lambda s: s.questions)).questions[0]
+        # Its memo is not known at adoption: the approvals-ahead card says it will ask when known.
+        assert '"memo":"{{steps.memo}}","recipient":"ACME GmbH"} (will ask when known)' in ahead.stuck
+        await submit(handle, Answer(request_id="ok", question_id=ahead.id, choice="approve"))
+        snapshot = await wait_until(handle, lambda s: any(q.topic == "confirm_effect" for q in s.questions))
         await submit(handle, Abort(request_id="a1", reason="only looking"))
         await goal_result(handle)
 

@@ -91,7 +91,7 @@ async def pay_with_approval(client: Client, workspace: Path, payments: PaymentsA
     goal_id = started["goal_id"]
     snapshot = await status_until(client, goal_id, lambda s: s["questions"])
     question = snapshot["questions"][0]
-    assert question["title"] == "Confirm make_payment in step 'pay'"
+    assert question["topic"] == "approvals_ahead" and [a["step"] for a in question["ahead"]] == ["pay"]
     assert payments.ledger() == []  # nothing paid before the approval
     approved = await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-42")
     again = await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-42")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from perdure.starters import cli
 from perdure.starters.cli import terminal
 from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI
-from perdure.workflows.goal.contracts.messages import Approve, Steer
+from perdure.workflows.goal.contracts.messages import Answer, Approve, Steer
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules import risk_order
@@ -173,7 +173,8 @@ async def test_two_payments_to_one_payee_stay_serialized_across_continue_as_new_
     async with running_worker(env, task_queue, store):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=tools, continue_as_new_after_events=50)
         first = await wait_until(handle, lambda s: s.questions)
-        assert [q.title for q in first.questions] == ["Confirm make_payment in step 'pay-a'"]
+        # Both on the approvals-ahead card (issue 38); pay-a waits for it, pay-b behind pay-a.
+        assert [[a.step for a in q.ahead] for q in first.questions] == [["pay-a", "pay-b"]]
         for i in range(40):  # each steer adds events: the goal continues as new at 50
             if (await handle.query(GoalWorkflow.progress)).runs > first.runs:
                 break
@@ -183,7 +184,9 @@ async def test_two_payments_to_one_payee_stay_serialized_across_continue_as_new_
     async with running_worker(env, task_queue, store):
         why = await status_why(env, handle.id)
         assert statuses(later)["pay-b"] == "pending" and payments.ledger() == []
-        await submit(handle, Approve(request_id="ok-a", question_id=later.questions[0].id))
+        # Only pay-a approved ahead: pay-b is asked when its turn comes, after pay-a ran.
+        ahead = Answer(request_id="ok-a", question_id=later.questions[0].id, choice="approve_some", steps=["pay-a"])
+        await submit(handle, ahead)
         second = await wait_until(handle, lambda s: any("pay-b" in q.title for q in s.questions))
         assert [e["kind"] for e in payments.ledger()] == ["payment"]  # pay-a only
         await submit(handle, Approve(request_id="ok-b", question_id=second.questions[0].id))

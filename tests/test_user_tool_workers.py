@@ -270,9 +270,11 @@ async def test_an_mcp_client_starts_a_goal_of_user_tools_approves_the_irreversib
         )
         assert started["started"] is True and not started["warnings"], started
         goal_id = started["goal_id"]
-        snapshot = await status_until(client, goal_id, lambda s: s["questions"])
+        # The wire is on the approvals-ahead card at adoption (issue 38); it waits for it after the charge.
+        deposit_waits = lambda s: any(n["name"] == "deposit" and n["status"] == "blocked" for n in s["nodes"])  # noqa: E731
+        snapshot = await status_until(client, goal_id, deposit_waits)
         question = snapshot["questions"][0]
-        assert question["title"] == "Confirm wire in step 'deposit'"
+        assert question["title"] == "Approve ahead: 'deposit'"
         assert len(payments.ledger()) == 1  # the charge; the wire waits for the person
         await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-7")
         await status_until(client, goal_id, lambda s: s["phase"] in ("finished", "failed", "aborted"))

@@ -217,7 +217,7 @@ class EffectGuard:
         if spec.risk == "irreversible":
             # The person confirms the arguments as they will be sent, templates resolved.
             what = f"{tool_input.tool} {prepared.arguments[:600]}"
-            ahead = await self._approved_ahead(node, prepared)
+            ahead = await self._approved_ahead(node, tool_input, prepared)
             if isinstance(ahead, Question):
                 return self._person_refused(tool_input, spec, node, ahead, what)
             if ahead is None or isinstance(ahead, str):
@@ -258,7 +258,9 @@ class EffectGuard:
 
         return await self._ask_what_happened(result, tool_input, summary, node, key, earlier, again, "happened")
 
-    async def _approved_ahead(self, node: Node, prepared: PreparedEffect) -> bool | str | Question | None:
+    async def _approved_ahead(
+        self, node: Node, tool_input: ToolInput, prepared: PreparedEffect
+    ) -> bool | str | Question | None:
         """What the approvals-ahead card says for this call: True (approved with exactly these
         arguments), the card (refused there), the arguments an approval was bound to when
         they differ now, or None (ask as usual). An open card listing the step is waited on."""
@@ -272,7 +274,7 @@ class EffectGuard:
             return question
         if entry.decision != "approved":
             return None
-        return True if entry.digest == prepared.arguments_digest else entry.arguments
+        return True if approvals_ahead.matches(entry, tool_input.args, prepared.arguments_digest) else entry.arguments
 
     async def _send(
         self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None

@@ -256,12 +256,31 @@ class Scheduler:
         return diff
 
     def ask_approvals_ahead(self) -> None:
-        """At each adoption: one card for the plan's irreversible steps no standing approval
-        covers. Nothing waits for it but those steps, when their turn comes (EffectGuard)."""
+        """At each adoption: one card for the plan's irreversible steps no approval given
+        covers. Nothing waits for it but those steps, when their turn comes (EffectGuard). A
+        card still open from the plan before stands if it lists the same; else it is replaced,
+        and its steps still waiting wait for the new card (or run on, if it lists them no more)."""
         state = self._ctx.state
         listed = approvals_ahead.to_list(state, self._ctx.plan(), self._ctx.tools())
-        if listed:
-            state.questions.append(questions.approvals_ahead(state, workflow.now(), listed))
+        before = approvals_ahead.open_card(state)
+        if before is not None and approvals_ahead.same_list(before, listed):
+            return
+        card = questions.approvals_ahead(state, workflow.now(), listed) if listed else None
+        if card is not None:
+            state.questions.append(card)
+        if before is not None:
+            before.status, before.answered_at = "closed", workflow.now()
+            instead = f"; its steps are asked on {card.id}" if card is not None else ""
+            before.answer_text = f"not needed: plan v{len(state.plan_versions)} was adopted{instead}"
+            on_card = {a.step for a in card.ahead} if card is not None else set()
+            for node in list(state.nodes.values()):
+                if node.waiting_on != before.id or node.name in self._tasks:
+                    continue
+                if node.name in on_card:
+                    node.waiting_on = card.id
+                else:
+                    self._resume(node)
+        if card is not None or before is not None:
             self._ctx.wake()
 
     def _retire(self, node: Node, version: int) -> None:

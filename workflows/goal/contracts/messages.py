@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from perdure.workflows.goal.contracts.plan import describe_validation_error
+from perdure.workflows.goal.contracts.plan import STEP_NAME, describe_validation_error
 from perdure.workflows.shared.canonical import digest_of
 from perdure.workflows.shared.statuses import ENDED_PHASES, STARTED
 
@@ -70,8 +70,13 @@ class Answer(_Message):
     question_id: str = Field(min_length=1, max_length=64)
     choice: str = Field(min_length=1, max_length=64, description="One of the question's option ids.")
     text: str | None = Field(default=None, max_length=MAX_TEXT)
-    steps: list[str] = Field(
-        default_factory=list, max_length=500, description="approve_some / refuse_some: the steps it names."
+    steps: list[Annotated[str, Field(pattern=STEP_NAME)]] = Field(
+        default_factory=list,
+        max_length=500,
+        # Left out when empty: an answer without steps is the message 1.0 goals (pinned to their
+        # version, which forbids unknown fields) take from a newer client.
+        exclude_if=lambda steps: not steps,
+        description="approve_some / refuse_some on an approvals-ahead card: the step names it picks.",
     )
 
 
@@ -314,14 +319,19 @@ def door_problem(state: GoalState, message: Any, load_problem: str | None = None
     return None
 
 
-def ahead_problem(question: Question, choice: str, steps: list[str]) -> str | None:
-    """Why an answer to an approvals-ahead card cannot apply: `*_some` names steps of the card."""
-    listed = [a.step for a in question.ahead]
-    if choice.endswith("_some") and not steps:
-        return f"{choice} names the steps it is about (steps on {question.id}: {', '.join(listed)})"
-    unknown = [s for s in steps if s not in listed]
+def steps_problem(question: Question, choice: str, steps: list[str]) -> str | None:
+    """Why an answer's `steps` cannot apply: only an approvals-ahead card's `*_some` options
+    name steps, and only steps that card lists."""
+    if question.topic != "approvals_ahead":
+        return f"{question.id} takes no steps (only an approvals-ahead card does)" if steps else None
+    listed = ", ".join(a.step for a in question.ahead)
+    if choice.endswith("_some") != bool(steps):
+        if steps:
+            return f"{choice} is about every step on {question.id}; name steps with approve_some or refuse_some"
+        return f"{choice} names the steps it is about (steps on {question.id}: {listed})"
+    unknown = [s for s in steps if s not in {a.step for a in question.ahead}]
     if unknown:
-        return f"step(s) {', '.join(unknown)} are not on {question.id} (its steps: {', '.join(listed)})"
+        return f"step(s) {', '.join(unknown)} are not on {question.id} (its steps: {listed})"
     return None
 
 
@@ -348,14 +358,17 @@ def turn_problem(state: GoalState, message: Any) -> str | None:
         question = next((q for q in state.questions if q.id == message.question_id), None)
         if question is None:
             return f"no question '{message.question_id}' on this goal"
+        if question.status == "closed":
+            return (
+                f"question '{message.question_id}' is closed ({question.answer_text or 'the goal no longer asks it'})"
+            )
         if question.status != "open":
             return f"question '{message.question_id}' is already answered"
         choice = chosen_option(message)
         if choice not in {o.id for o in question.options}:
             options = ", ".join(o.id for o in question.options)
             return f"'{choice}' is not an option of {question.id} (options: {options})"
-        if question.topic == "approvals_ahead":
-            return ahead_problem(question, choice, getattr(message, "steps", []))
+        return steps_problem(question, choice, getattr(message, "steps", []))
     elif kind == "park" and state.pause.mode == "parked":
         return f"the goal is already parked ({state.pause.reason})"
     elif kind == "resume" and state.pause.mode != "parked":

@@ -36,10 +36,13 @@ def bound_arguments(tool: str, args: dict) -> tuple[str, str | None]:
     return canonical_json(resolved), digest_of(resolved)
 
 
-def latest(state: GoalState, step: str) -> tuple[Question, AheadApproval] | None:
-    """The newest approvals-ahead card still standing that lists `step`, with its entry."""
+def latest(state: GoalState, step: str, answered_only: bool = False) -> tuple[Question, AheadApproval] | None:
+    """The newest approvals-ahead card still standing that lists `step`, with its entry
+    (`answered_only`: a decision a person made, not a card still open)."""
     for question in reversed(state.questions):
         if question.topic != TOPIC or question.status == "closed":
+            continue
+        if answered_only and question.status != "answered":
             continue
         for entry in question.ahead:
             if entry.step == step:
@@ -47,14 +50,36 @@ def latest(state: GoalState, step: str) -> tuple[Question, AheadApproval] | None
     return None
 
 
+def open_card(state: GoalState) -> Question | None:
+    """The approvals-ahead card still waiting for its answer, if any (one at a time)."""
+    return next((q for q in reversed(state.open_questions()) if q.topic == TOPIC), None)
+
+
+def same_list(card: Question, listed: list[AheadApproval]) -> bool:
+    """Whether a new plan's list is what the open card already shows: it stands, unchanged."""
+    shown = [(a.step, a.tool, a.arguments, a.digest, a.approved_before) for a in card.ahead]
+    return shown == [(a.step, a.tool, a.arguments, a.digest, a.approved_before) for a in listed]
+
+
+def matches(entry: AheadApproval, args: dict | None, prepared_digest: str | None = None) -> bool:
+    """Whether the call about to run is the one approved: its validated arguments (the
+    prepare's digest) or, for a tool the workflow cannot validate (a user's, an MCP
+    server's), the very arguments the plan gave, templates filled."""
+    if entry.digest is None:
+        return False
+    if prepared_digest is not None and entry.digest == prepared_digest:
+        return True
+    return args is not None and not template_refs(args) and entry.digest == digest_of(args)
+
+
 def to_list(state: GoalState, plan: Plan, tools: Mapping[str, ToolSpec]) -> list[AheadApproval]:
-    """The plan's irreversible steps no standing approval already covers (same arguments)."""
+    """The plan's irreversible steps no approval a person gave already covers (same arguments)."""
     listed = []
     for step in plan.steps:
         if not isinstance(step, ToolStep) or (spec := tools.get(step.tool)) is None or spec.risk != "irreversible":
             continue
         shown, digest = bound_arguments(step.tool, step.args)
-        before = latest(state, step.name)
+        before = latest(state, step.name, answered_only=True)
         if before is not None and before[1].decision == "approved" and digest and before[1].digest == digest:
             continue
         earlier = before[1].arguments if before is not None and before[1].decision == "approved" else ""

@@ -6,6 +6,7 @@ costs, and a recommendation, so a person can answer without reading the log.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
@@ -265,7 +266,7 @@ def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]
         state,
         now,
         "approvals_ahead",
-        f"Approve {len(listed)} irreversible step(s) ahead",
+        f"Approve ahead: {_names(entry.step for entry in listed)}",
         "These steps cannot be undone; approved now, each runs later without asking again if its arguments "
         "are still exactly these: " + "; ".join(lines),
         [
@@ -277,3 +278,10 @@ def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]
         "approve only if the amounts, recipients and reasons are what you expect",
         ahead=listed,
     )
+
+
+def _names(steps: Iterable[str], shown: int = 5) -> str:
+    """Step names for a card's title: the first few, and how many more."""
+    names = list(steps)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(f"'{n}'" for n in names[:shown]) + more
