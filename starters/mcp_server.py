@@ -96,6 +96,10 @@ Work = _like(Queue, "text", "The follow-up work, in words the model reads.")
 QuestionId = _like(Answer, "question_id", "The question's id (e.g. q1), from goal_status's questions.")
 Choice = _like(Answer, "choice", "One of the question's option ids.")
 Note = _like(Answer, "text", "A note that goes with the answer.")
+Steps = Annotated[
+    list[str] | None,
+    Field(description="approve_some / refuse_some on an approvals-ahead card: the step names it picks (its `ahead`)."),
+]
 Approved = _like(Approve, "approved", "True to approve, false to refuse what the question proposes.")
 Reason = _like(Park, "reason", "What the goal waits for.")
 Until = _like(Park, "until", "Wake at this time (ISO 8601, UTC unless it has an offset); else wait for resume.")
@@ -291,10 +295,13 @@ def build_server(connect_to: Callable[[], Awaitable[Client]] = connect) -> Perdu
 
     @server.tool(annotations=MUTATES)
     async def answer(
-        goal_id: GoalId, question_id: QuestionId, choice: Choice, text: Note = None, request_id: RequestId = None
-    ) -> SendResult:
-        """Answer a question the goal asked (goal_status lists them with their options)."""
-        return await send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text)
+        goal_id: GoalId, question_id: QuestionId, choice: Choice, text: Note = None, steps: Steps = None,
+        request_id: RequestId = None,
+    ) -> SendResult:  # fmt: skip
+        """Answer a question the goal asked (goal_status lists them with their options); on an
+        approvals-ahead card, approve_some / refuse_some name the steps they pick."""
+        picked = {"steps": steps} if steps else {}
+        return await send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text, **picked)
 
     @server.tool(annotations=MUTATES)
     async def approve(

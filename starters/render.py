@@ -26,6 +26,7 @@ from perdure.starters.client.goal_reads import PendingActivity, is_open, read_re
 from perdure.starters.client.message_delivery import InboxResult
 from perdure.workers.deployment import Pinning
 from perdure.workflows.goal.contracts.goal_contracts import (
+    AHEAD_INTRO,
     ForkOrigin,
     GoalResult,
     OwnCalls,
@@ -255,13 +256,21 @@ def print_questions(console: Console, snap: ProgressSnapshot) -> None:
     for q in snap.questions:
         console.rule(f"[bold]needs you[/bold] · {q.id}: {escape(q.title)}")
         say(console, f"done: {escape(q.done)}")
-        say(console, f"stuck: {escape(q.stuck)}")
+        if q.ahead:
+            # An approvals-ahead card: a line per step (its text says the same in one line).
+            say(console, f"stuck: {escape(AHEAD_INTRO)}:")
+            for entry in q.ahead:
+                say(console, f"  · {escape(entry.line())}")
+        else:
+            say(console, f"stuck: {escape(q.stuck)}")
         for option in q.options:
             cost = f" ({option['cost']})" if option.get("cost") else ""
             say(console, f"  [bold]{option['id']}[/bold]: {escape(option['label'] + cost)}")
         say(console, f"recommended: {escape(q.recommendation)}")
         print_deadline(console, q)
         say(console, f"answer with: perdure answer {snap.goal_id} {q.id} <option>")
+        if q.ahead:
+            say(console, f"  or name steps: perdure answer {snap.goal_id} {q.id} approve_some --steps STEP,STEP")
     for line in snap.expired_questions:
         say(console, f"[yellow]expired[/yellow] {escape(line)}")
 

@@ -12,12 +12,14 @@ import asyncio
 
 import pytest
 
+import perdure
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from perdure.workflows.goal.contracts.messages import Answer, Queue
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.statuses import ENDED_PHASES
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.test_cli_outcomes import perdure as cli
 
 
 @pytest.fixture
@@ -150,3 +152,61 @@ async def test_a_card_still_open_when_the_plan_changes_is_replaced_and_its_waiti
     assert result.outcome == "succeeded", result.excerpt
     assert [e["memo"] for e in payments.ledger()] == ["invoice pay-a", "invoice pay-b"]
     assert seen - {card.id} == set()  # no other card after it
+
+
+# --- the answer with steps, from outside -------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_the_cli_and_the_client_answer_some_steps_and_bad_steps_are_refused_in_one_line(
+    env, task_queue, store, workspace, payments, tmp_path
+):
+    (workspace / "memo.txt").write_text("invoice 9, April")
+    steps = [
+        {"name": "memo", "kind": "tool", "tool": "read_file", "args": {"path": "memo.txt"}},
+        pay_step("pay-a"),
+        pay_step("pay-b", needs=["pay-a"]),
+        {**pay_step("pay-t"), "args": {**pay_step("pay-t")["args"], "memo": "{{steps.memo}}"}, "needs": ["memo"]},
+    ]
+    client = perdure.Client(env.client)
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "read_file"])
+        await wait_until(handle, lambda s: s.questions)
+        shown = (await cli(env, tmp_path, "status", handle.id)).stdout
+        answer = ("answer", handle.id, "q1")
+        said = {
+            "unknown step": await cli(env, tmp_path, *answer, "approve_some", "--steps", "pay-x", code=2),
+            "steps with approve": await cli(env, tmp_path, *answer, "approve", "--steps", "pay-a", code=2),
+            "no steps": await cli(env, tmp_path, *answer, "refuse_some", code=2),
+            "bad name": await cli(env, tmp_path, *answer, "refuse_some", "--steps", "Pay A", code=2),
+        }
+        with pytest.raises(perdure.InvalidRequest) as not_sent:
+            await client.answer(handle.id, "q1", "refuse_some", steps=["Pay A"])
+        still = await handle.query(GoalWorkflow.progress)
+        refused = await client.answer(handle.id, "q1", "refuse_some", steps=["pay-b"])
+        confirm = await wait_until(handle, lambda s: any(q.topic == "confirm_effect" for q in s.questions))
+        said["steps on a card that takes none"] = await cli(
+            env, tmp_path, "answer", handle.id, confirm.questions[0].id, "approve", "--steps", "pay-t", code=2
+        )
+        await cli(env, tmp_path, "approve", handle.id, confirm.questions[0].id)
+        result = await asyncio.wait_for(handle.result(), 30)
+
+    # `perdure status` lists the card's steps, a line each, and how to name some.
+    assert '  · pay-a: make_payment {"amount_cents":12500,"currency":"EUR","memo":"invoice pay-a"' in shown, shown
+    assert '"memo":"{{steps.memo}}","recipient":"ACME GmbH"} (will ask when known)' in shown, shown
+    assert f"perdure answer {handle.id} q1 approve_some --steps STEP,STEP" in shown, shown
+    expected = {
+        "unknown step": "rejected: step(s) pay-x are not on q1 (its steps: pay-a, pay-b, pay-t)",
+        "steps with approve": "rejected: approve is about every step on q1; name steps with approve_some",
+        "no steps": "rejected: refuse_some names the steps it is about (steps on q1: pay-a, pay-b, pay-t)",
+        "bad name": "error: steps.0: String should match pattern",
+        "steps on a card that takes none": f"rejected: {confirm.questions[0].id} takes no steps",
+    }
+    for case, words in expected.items():
+        text = said[case].stdout + said[case].stderr
+        assert words in text and len(text.strip().splitlines()) == 1, (case, text)
+    assert "steps.0: String should match pattern" in str(not_sent.value)
+    assert [q.id for q in still.questions] == ["q1"]  # nothing lost: the card waits as it was
+    assert refused.receipt is not None and refused.receipt.status == "applied"
+    assert [e["memo"] for e in payments.ledger()] == ["invoice pay-a", "invoice 9, April"]
+    assert result.outcome == "partial", result.excerpt  # pay-b refused

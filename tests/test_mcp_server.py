@@ -93,6 +93,9 @@ async def pay_with_approval(client: Client, workspace: Path, payments: PaymentsA
     question = snapshot["questions"][0]
     assert question["topic"] == "approvals_ahead" and [a["step"] for a in question["ahead"]] == ["pay"]
     assert payments.ledger() == []  # nothing paid before the approval
+    some = {"goal_id": goal_id, "question_id": question["id"], "choice": "approve_some"}
+    wrong = await refusal(client, "answer", **some, steps=["pay-x"])
+    assert f"rejected: step(s) pay-x are not on {question['id']} (its steps: pay)" in wrong, wrong
     approved = await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-42")
     again = await call(client, "approve", goal_id=goal_id, question_id=question["id"], request_id="ok-42")
     assert approved["status"] == "applied" and approved["via"] == "update" and approved["request_id_made"] is False

@@ -1,7 +1,8 @@
 """perdure ui's page in a real browser (Debian's headless Chromium, driven through its
 DevTools protocol): a running node turns succeeded without a reload and the report shows
 when the goal is done, a question is answered by clicking its button and its receipt
-lands in the inbox, a node is rewound by clicking it after the page said what becomes
+lands in the inbox, an approvals-ahead card's ticked steps are refused (a tick survives the
+card's redraw), a node is rewound by clicking it after the page said what becomes
 void, older plan versions are drawn read-only, the goal list filters and puts a goal
 waiting on a person first, the list and a goal's header name it by its text, a card's
 "done so far" is what is done when shown, a premise is narrowed from its panel, a goal is
@@ -26,6 +27,7 @@ from starlette.routing import Mount, Route
 from perdure.starters.client.goal_starts import start_goal
 from perdure.starters.ui_server import build_app
 from perdure.testing.browser import CHROMIUM, Browser
+from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from perdure.workflows.goal.contracts.events import token_delta_id, token_retry_id
 from perdure.workflows.goal.contracts.messages import Abort, Park
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -113,6 +115,46 @@ async def test_a_question_is_answered_by_clicking_its_button(env, task_queue, st
     assert row.startswith("answerapplied") and "ui-" in row, row  # kind, status, note, the page's request id
     assert page.errors == []
     assert (laptop.root / "out.txt").read_text() == "hello\n"
+
+
+async def test_an_approvals_ahead_card_has_a_checkbox_per_step_and_refuses_the_checked_ones(
+    env, task_queue, store, workspace, ui, tmp_path, fake_service
+):
+    payments = fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
+
+    def pay(name: str, **extra) -> dict:
+        args = {"amount_cents": 900, "currency": "EUR", "recipient": "ACME GmbH", "memo": f"invoice {name}"}
+        return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
+
+    steps = [pay("pay-a"), pay("pay-b", needs=["pay-a"]), pay("pay-c"), gate()]
+    card = "document.querySelector('[data-question=\"q1\"]')"
+    box = f"{card}?.querySelector('input[data-step=\"pay-c\"]')"
+    receipt = f"{card}?.querySelector('.receipt')?.textContent"
+    async with running_worker(env, task_queue, store), Browser(tmp_path / "profile") as page:
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
+        await page.open(f"{ui}/goals/{handle.id}")
+        listed = await page.wait_for(
+            f"{card}?.querySelectorAll('input[type=checkbox]').length === 3 && "
+            f"[...{card}.querySelectorAll('label[data-step]')].map((l) => l.textContent)"
+        )
+        buttons = await page.evaluate(f"[...{card}.querySelectorAll('button')].map((b) => b.textContent)")
+        # Nothing ticked: the goal refuses "approve checked" and says why on the card.
+        await page.evaluate(f"{card}.querySelector('button[data-option=\"approve_some\"]').click()")
+        empty = await page.wait_for(f"{receipt}?.startsWith('answer: rejected') && {receipt}")
+        await page.evaluate(f"{box}.click(); window.before = {card}")
+        (workspace / "GO").write_text("")  # the goal moves on: the card is redrawn, the tick stays
+        await page.wait_for(f"{status_of('gate')} === 'succeeded' && {card} !== window.before")
+        ticked = await page.evaluate(f"{box}.checked")
+        await page.evaluate(f"{card}.querySelector('button[data-option=\"refuse_some\"]').click()")
+        result = await goal_result(handle)
+    shown = '{"amount_cents":900,"currency":"EUR","memo":"invoice pay-X","recipient":"ACME GmbH"}'
+    assert listed == [f" pay-{x} · make_payment {shown.replace('X', x)}" for x in "abc"], listed
+    assert buttons == ["approve all", "approve checked", "refuse checked", "refuse all"], buttons
+    assert "approve_some names the steps it is about" in empty, empty
+    assert ticked is True
+    assert [e["memo"] for e in payments.ledger()] == ["invoice pay-a", "invoice pay-b"]
+    assert result.outcome == "partial", result.excerpt  # pay-c refused on the card
+    assert page.errors == []
 
 
 async def test_a_question_cards_done_so_far_is_what_is_done_when_shown_not_when_asked(

@@ -111,10 +111,17 @@ def answer(
     question_id: str,
     choice: str,
     text: Annotated[str | None, typer.Option(help="A note with the answer.")] = None,
+    steps: Annotated[
+        str | None,
+        typer.Option(
+            help="approve_some / refuse_some on an approvals-ahead card: the steps it picks, comma-separated."
+        ),
+    ] = None,
     request_id: RequestId = None,
 ) -> None:
     """Answer a question the goal asked (see `perdure status`)."""
-    _send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text)
+    picked = [s.strip() for s in (steps or "").split(",") if s.strip()]
+    _send(goal_id, Answer, request_id, question_id=question_id, choice=choice, text=text, steps=picked)
 
 
 @app.command()

@@ -10,7 +10,7 @@ state and decides nothing the goal decides (whether a message applies is the goa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -60,10 +60,21 @@ class SteeringVerbs(ABC):
         return await self._verb(goal_id, messages.Queue, request_id, text=text)
 
     async def answer(
-        self, goal_id: str, question_id: str, choice: str, *, text: str | None = None, request_id: str | None = None
+        self,
+        goal_id: str,
+        question_id: str,
+        choice: str,
+        *,
+        text: str | None = None,
+        steps: Sequence[str] = (),
+        request_id: str | None = None,
     ) -> Delivery:
-        """Answer an open question with one of its option ids (see `questions`), and a note."""
-        return await self._verb(goal_id, messages.Answer, request_id, question_id=question_id, choice=choice, text=text)
+        """Answer an open question with one of its option ids (see `questions`), and a note.
+        `steps`: the step names an approvals-ahead card's `approve_some` / `refuse_some` pick
+        (the question's `ahead` lists them); the goal refuses steps the card does not list."""
+        return await self._verb(
+            goal_id, messages.Answer, request_id, question_id=question_id, choice=choice, text=text, steps=list(steps)
+        )
 
     async def approve(
         self,

@@ -331,8 +331,8 @@ function showNode(snapshot, node, state, readonly) {
 }
 
 // What a card says is done comes with each snapshot: it is what is done now, not when asked.
-function drawQuestions(snapshot) {
-  return snapshot.questions.map((q) => el("div", { class: "card", "data-question": q.id },
+function drawQuestions(snapshot, state) {
+  return snapshot.questions.map((q) => (q.ahead || []).length ? drawAheadCard(snapshot, q, state) : el("div", { class: "card", "data-question": q.id },
     el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`), el("p", {}, q.stuck),
     ...q.options.map((o) => {
       const requestId = newRequestId();
@@ -377,6 +377,41 @@ function drawAbort(abort) {
   if (abort.stage === "achieved" && !items.length) items.push(el("li", {}, "nothing was running or left to undo"));
   return el("div", { id: "abort", class: `abort ${abort.stage}`, "data-stage": abort.stage },
     el("b", {}, `${head} · rollback: ${abort.rollback ? "yes" : "no"} · ${abort.reason}${tail}`), el("ul", {}, ...items));
+}
+
+// The buttons of an approvals-ahead card (workflows/goal/rules/questions.py): whether each names the ticked steps.
+const AHEAD_BUTTONS = [["approve", "approve all", false], ["approve_some", "approve checked", true],
+  ["refuse_some", "refuse checked", true], ["reject", "refuse all", false]];
+
+// An approvals-ahead card: a checkbox per step it lists. What is ticked, and the answer's
+// receipt, are kept in the state: the card is redrawn as the goal moves on meanwhile.
+function drawAheadCard(snapshot, q, state) {
+  if (!state.picked.has(q.id)) state.picked.set(q.id, new Set());
+  const picked = state.picked.get(q.id);
+  const steps = q.ahead.map((a) => el("label", { class: "ahead-step", "data-step": a.step },
+    el("input", { type: "checkbox", "data-step": a.step, checked: picked.has(a.step),
+      onchange: (e) => { if (e.target.checked) picked.add(a.step); else picked.delete(a.step); } }),
+    " ", el("b", {}, a.step), ` · ${a.tool} `, el("code", {}, a.arguments),
+    a.digest ? "" : el("i", {}, " will ask when known"),
+    a.approved_before ? el("span", { class: "approved-before" }, ` · approved before as ${a.approved_before}`) : ""));
+  const receipt = el("p", { class: "receipt" }, state.answers.get(q.id) || "");
+  const buttons = AHEAD_BUTTONS.filter(([id]) => q.options.some((o) => o.id === id)).map(([id, label, named]) =>
+    el("button", { "data-option": id, title: q.options.find((o) => o.id === id).label, onclick: async () => {
+      const chosen = named ? q.ahead.map((a) => a.step).filter((s) => picked.has(s)) : [];
+      // One request id per card, choice and ticked steps: a double click is one message.
+      const key = `${q.id} ${id} ${chosen.join(",")}`;
+      if (!state.requestIds.has(key)) state.requestIds.set(key, newRequestId());
+      const message = { request_id: state.requestIds.get(key), kind: "answer", question_id: q.id, choice: id };
+      const answer = await send(snapshot.goal_id, named ? { ...message, steps: chosen } : message);
+      state.noteReceipt(answer);
+      state.answers.set(q.id, receiptText("answer", answer));
+      receipt.textContent = state.answers.get(q.id);
+    } }, label));
+  return el("div", { class: "card ahead", "data-question": q.id },
+    el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`),
+    el("p", {}, "These steps cannot be undone. Approved now, each runs later without asking again if its arguments are still exactly these:"),
+    el("div", { class: "ahead-steps" }, ...steps), ...buttons, receipt,
+    el("p", {}, `recommended: ${q.recommendation}`));
 }
 
 function drawSummary(snapshot) {
@@ -502,7 +537,7 @@ async function showGoal(goalId) {
   const state = {
     status: new Map(), nodeEvents: new Map(), live: new Map(), seen: new Set(), plans: new Map(),
     receipts: new Map(), rewound: new Map(), refused: 0, snapshot: null, view: null, refresh: null, lastRefresh: 0,
-    premises: null, parkedAs: null, reported: false, wouldVoid: new Set(),
+    premises: null, parkedAs: null, reported: false, wouldVoid: new Set(), picked: new Map(), answers: new Map(), requestIds: new Map(),
   };
   // The panels are kept across renders: a reason or a premise value being typed, or a
   // receipt, must not vanish when the goal makes progress.
@@ -545,7 +580,7 @@ async function showGoal(goalId) {
     picker.replaceChildren(...Array.from({ length: s.plan_version }, (_, i) => i + 1).map((v) =>
       el("option", { value: v, selected: v === chosen }, v === s.plan_version ? `plan v${v} (current)` : `plan v${v}`)));
     drawCurrentGraph();
-    questions.replaceChildren(...drawQuestions(s));
+    questions.replaceChildren(...drawQuestions(s, state));
     const premisesNow = JSON.stringify(s.premises);
     if (premisesNow !== state.premises) {
       state.premises = premisesNow;

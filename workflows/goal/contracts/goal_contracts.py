@@ -562,6 +562,13 @@ class NodeView(BaseModel):
     )
 
 
+AHEAD_INTRO = (
+    "These steps cannot be undone; approved now, each runs later without asking again if its arguments "
+    "are still exactly these"
+)
+"""What an approvals-ahead card says before its list of steps."""
+
+
 class AheadApproval(BaseModel):
     """One irreversible step on an approvals-ahead card, and what a person decided for it:
     an approval is bound to `digest` (of the arguments as they will run); a step whose
@@ -573,6 +580,12 @@ class AheadApproval(BaseModel):
     digest: str | None = Field(default=None, description="None: the arguments are not known in advance.")
     approved_before: str = Field(default="", description="What an earlier approval of this step was bound to.")
     decision: Literal["ask", "approved", "refused"] = "ask"
+
+    def line(self) -> str:
+        """The step as a card lists it (the card's text, `perdure status`)."""
+        args = self.arguments if self.digest else f"{self.arguments} (will ask when known)"
+        was = f" (approved before as {self.approved_before})" if self.approved_before else ""
+        return f"{self.step}: {self.tool} {args}{was}"
 
 
 class QuestionView(BaseModel):

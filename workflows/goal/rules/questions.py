@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
+from perdure.workflows.goal.contracts.goal_contracts import AHEAD_INTRO, AheadApproval
 from perdure.workflows.goal.contracts.state import GoalState, Question, QuestionOption
 from perdure.workflows.shared.durations import duration_text
 
@@ -257,18 +257,12 @@ def device_offline(
 def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]) -> Question:
     """One card, when a plan is adopted, for every irreversible step in it: answered now, the
     goal runs unattended and each call still goes as late as risk ordering puts it."""
-    lines = []
-    for entry in listed:
-        args = entry.arguments if entry.digest else f"{entry.arguments} (will ask when known)"
-        was = f" (approved before as {entry.approved_before})" if entry.approved_before else ""
-        lines.append(f"{entry.step}: {entry.tool} {args}{was}")
     return _card(
         state,
         now,
         "approvals_ahead",
         f"Approve ahead: {_names(entry.step for entry in listed)}",
-        "These steps cannot be undone; approved now, each runs later without asking again if its arguments "
-        "are still exactly these: " + "; ".join(lines),
+        f"{AHEAD_INTRO}: " + "; ".join(entry.line() for entry in listed),
         [
             ("approve", "Approve them all", "each runs once, as shown, when its turn comes"),
             ("approve_some", "Approve the steps named (the rest are asked when they run)", "as for approve"),
