@@ -45,6 +45,7 @@ from perdure.workflows.goal.contracts.goal_contracts import Activities, GoalResu
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.shared.contracts import ToolBatchResult
+from perdure.workflows.shared.statuses import ENDED_PHASES
 from tests.builders import scripted_profile, spec
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
@@ -212,6 +213,18 @@ async def perdure_result(env, goal_id: str, home: Path) -> str:
         done = await asyncio.to_thread(CliRunner().invoke, cli.app, ["result", goal_id], env=variables)
     assert done.exit_code == 0, done.output
     return done.output
+
+
+async def cards_until_the_end(handle: WorkflowHandle) -> set[str]:
+    """Every card the goal shows from now until it ends (polled every 0.1 s, 30 s at most)."""
+    seen: set[str] = set()
+    for _ in range(300):
+        snapshot = await handle.query(GoalWorkflow.progress)
+        seen.update(q.id for q in snapshot.questions)
+        if snapshot.phase in ENDED_PHASES:
+            break
+        await asyncio.sleep(0.1)
+    return seen
 
 
 async def submit(handle: WorkflowHandle, message):

@@ -658,8 +658,9 @@ async def record_worker_offers(env: WorkflowEnvironment, out: Path) -> None:
 
 async def record_devices_offline_then_back(env: WorkflowEnvironment, out: Path) -> None:
     """A goal whose device went offline before it started: a read waits as `offline`, the
-    device announces itself again, the read runs there and a write on the device asks for
-    and gets approval. Kept: the goal's history and the device registry's."""
+    device announces itself again, the read runs there and a write on the device (on the
+    approvals-ahead card at adoption, its content known only then) asks for and gets
+    approval. Kept: the goal's history and the device registry's."""
     async with rig(env) as (workspace, task_queue):
         with tempfile.TemporaryDirectory() as machines:
             laptop = InProcessDevice(env, task_queue, "laptop", Path(machines) / "laptop")
@@ -689,10 +690,13 @@ async def record_devices_offline_then_back(env: WorkflowEnvironment, out: Path) 
                 GoalWorkflow.run, GoalInput(spec=goal_spec), id=f"{out.stem}-goal", task_queue=task_queue
             )
             await wait_until(handle, lambda s: s.waiting_for_devices == {"read": "laptop"})
+            # Since issue 38 the write is on the approvals-ahead card at adoption (q1), its
+            # content "will ask when known": approved there, it is asked again when it runs.
+            await submit(handle, Approve(request_id="ok-0", question_id="q1"))
             back = InProcessDevice(env, task_queue, "laptop", laptop.root)
             await back.start()
-            await wait_until(handle, lambda s: bool(s.questions))
-            await submit(handle, Approve(request_id="ok-1", question_id="q1"))
+            asked = await wait_until(handle, lambda s: any(q.topic == "confirm_device_call" for q in s.questions))
+            await submit(handle, Approve(request_id="ok-1", question_id=asked.questions[0].id))
             result = await handle.result()
             await back.stop()
             goal_history = await handle.fetch_history()

@@ -14,11 +14,21 @@ import pytest
 
 import perdure
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
-from perdure.workflows.goal.contracts.messages import Answer, Queue
+from perdure.workflows.goal.contracts.messages import Answer, Queue, Rewind
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from perdure.workflows.shared.statuses import ENDED_PHASES
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
-from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
+from tests.helpers import (
+    cards_until_the_end,
+    completions,
+    goal_result,
+    running_worker,
+    scheduled_activities,
+    start,
+    statuses,
+    submit,
+    wait_until,
+)
 from tests.test_cli_outcomes import perdure as cli
 
 
@@ -42,18 +52,6 @@ def first_event(history, step: str) -> int:
 def completed_at(history, step: str) -> int:
     ours = {event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary}
     return max(done for done, scheduled in completions(history) if scheduled in ours)
-
-
-async def cards_until_the_end(handle) -> set[str]:
-    """Every card the goal shows from now until it ends (polled)."""
-    seen: set[str] = set()
-    for _ in range(300):
-        snapshot = await handle.query(GoalWorkflow.progress)
-        seen.update(q.id for q in snapshot.questions)
-        if snapshot.phase in ENDED_PHASES:
-            break
-        await asyncio.sleep(0.1)
-    return seen
 
 
 @pytest.mark.slow
@@ -210,3 +208,57 @@ async def test_the_cli_and_the_client_answer_some_steps_and_bad_steps_are_refuse
     assert refused.receipt is not None and refused.receipt.status == "applied"
     assert [e["memo"] for e in payments.ledger()] == ["invoice pay-a", "invoice 9, April"]
     assert result.outcome == "partial", result.excerpt  # pay-b refused
+
+
+@pytest.mark.slow
+async def test_a_card_whose_steps_can_no_longer_run_is_closed_and_the_goal_ends_without_an_answer(
+    env, task_queue, store, workspace, payments
+):
+    fetch = {"name": "fetch", "kind": "tool", "tool": "read_file", "args": {"path": "missing.md"}}
+    async with running_worker(env, task_queue, store):
+        steps = [fetch, pay_step("pay", needs=["fetch"])]
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "make_payment"])
+        await wait_until(handle, lambda s: s.questions)
+        result = await asyncio.wait_for(goal_result(handle), 30)  # nobody answers: fetch fails, pay cannot run
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "failed" and snapshot.questions == [], result.excerpt
+    assert payments.ledger() == []
+
+
+# --- steps on a device or the goal's host ---------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_device_write_is_on_the_card_with_the_payment_and_its_approval_is_bound_to_the_root_it_ran_in(
+    env, task_queue, store, workspace, payments, devices, tmp_path
+):
+    async with running_worker(env, task_queue, store):
+        laptop = devices("laptop")
+        await laptop.start()
+        steps = [write_on("laptop"), pay_step("pay-a"), gate(["save", "pay-a"])]  # the gate keeps the goal on
+        tools = ["write_file", "make_payment", "run_command"]
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=tools)
+        [card] = (await wait_until(handle, lambda s: s.questions)).questions
+        await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
+        await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        ran = await handle.query(GoalWorkflow.progress)
+        # The laptop now serves another folder: the approval was for the one it ran in.
+        await laptop.stop()
+        await registry_says(env, task_queue, "laptop", online=False)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        moved = InProcessDevice(env, task_queue, "laptop", elsewhere)
+        await moved.start()
+        try:
+            await wait_until(handle, lambda s: "session 2" in s.devices.get("laptop", ""))
+            await submit(handle, Rewind(request_id="again", node="save", why="write it once more"))
+            again = await question_of(handle, "confirm_device_call")
+            await handle.terminate()
+        finally:
+            await moved.stop()
+
+    assert [(a.step, a.on) for a in card.ahead] == [("save", "laptop"), ("pay-a", None)]
+    assert 'save: write_file {"base_version":null,"content":"hello\\n","path":"out.txt"} on laptop;' in card.stuck
+    assert ran.questions == [] and (laptop.root / "out.txt").read_text() == "hello\n"  # no card on the device
+    assert "approved earlier as {" in again.stuck and f"on laptop in {laptop.root}; now different" in again.stuck
+    assert str(elsewhere) in again.stuck and not (elsewhere / "out.txt").exists()

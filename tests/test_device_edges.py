@@ -118,9 +118,18 @@ async def test_an_approval_for_one_root_is_not_used_in_another_which_is_asked_ab
     env, task_queue, store, workspace, devices, tmp_path
 ):
     async with running_worker(env, task_queue, store):
-        laptop = devices("laptop")
+        # The device's own rule asks, the goal's would not: nothing is on an approvals-ahead card
+        # (the goal has not heard the device's rules at adoption), so the call asks when it runs.
+        laptop = devices("laptop", approval={"write_file": "always"})
         await laptop.start()
-        handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
+        handle = await start(
+            env,
+            task_queue,
+            workspace,
+            [write_on("laptop")],
+            allowed_tools=["write_file"],
+            device_approval={"write_file": "never"},
+        )
         card = await question_of(handle, "confirm_device_call")
         assert str(laptop.root) in card.stuck
         await laptop.stop()
@@ -129,7 +138,7 @@ async def test_an_approval_for_one_root_is_not_used_in_another_which_is_asked_ab
         await registry_says(env, task_queue, "laptop", online=False)
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
-        moved = InProcessDevice(env, task_queue, "laptop", elsewhere)
+        moved = InProcessDevice(env, task_queue, "laptop", elsewhere, approval={"write_file": "always"})
         await moved.start()
         try:
             await wait_until(handle, lambda s: "session 2" in s.devices.get("laptop", ""))

@@ -11,7 +11,16 @@ from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import agent, openai_profile, spec, tool_then_answer
 from tests.device_rig import question_of, registry_says, write_on
-from tests.helpers import goal_result, run_goal, running_worker, start, statuses, submit, wait_until
+from tests.helpers import (
+    cards_until_the_end,
+    goal_result,
+    run_goal,
+    running_worker,
+    start,
+    statuses,
+    submit,
+    wait_until,
+)
 
 
 @pytest.mark.slow
@@ -22,12 +31,19 @@ async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_run
         laptop = devices("laptop")
         await laptop.start()
         handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
-        card = await question_of(handle, "confirm_device_call")
-        assert "device laptop" in card.title and str(laptop.root) in card.stuck and '"content":"hello\\n"' in card.stuck
+        # Asked at adoption on the approvals-ahead card (issue 38): the call and the device it runs
+        # on (its root is not known before the device announces itself; it is bound at first use).
+        card = await question_of(handle, "approvals_ahead")
+        [entry] = card.ahead
+        assert (entry.step, entry.on) == ("save", "laptop") and '"content":"hello\\n"' in card.stuck
+        assert "on laptop" in card.stuck
+        await wait_until(handle, lambda s: statuses(s)["save"] == "blocked")
         assert not (laptop.root / "out.txt").exists()  # nothing ran before the answer
         await submit(handle, Approve(request_id="ok-1", question_id=card.id, approved=True))
+        seen = await cards_until_the_end(handle)
         result = await handle.result()
     assert result.outcome == "succeeded", result.excerpt
+    assert seen == set()  # no second card on the device
     assert (laptop.root / "out.txt").read_text() == "hello\n"
     assert not (workspace / "out.txt").exists()
 
@@ -38,7 +54,7 @@ async def test_a_refused_device_call_fails_its_step_and_runs_nothing(env, task_q
         laptop = devices("laptop")
         await laptop.start()
         handle = await start(env, task_queue, workspace, [write_on("laptop")], allowed_tools=["write_file"])
-        card = await question_of(handle, "confirm_device_call")
+        card = await question_of(handle, "approvals_ahead")
         await submit(handle, Approve(request_id="no-1", question_id=card.id, approved=False, text="not my laptop"))
         result = await goal_result(handle)
         snap = await handle.query(GoalWorkflow.progress)
@@ -70,8 +86,15 @@ async def test_a_long_absence_becomes_a_question_and_another_device_can_take_the
         await desktop.start()
         await laptop.stop()
         await registry_says(env, task_queue, "laptop", online=False)
+        # The goal's rule asks nobody for writes (else the step is on an approvals-ahead card,
+        # and the goal waits on a person first): this test is about the device's absence.
         handle = await start(
-            env, task_queue, workspace, [write_on("laptop", device_wait_s=2)], allowed_tools=["write_file"]
+            env,
+            task_queue,
+            workspace,
+            [write_on("laptop", device_wait_s=2)],
+            allowed_tools=["write_file"],
+            device_approval={"write_file": "never"},
         )
         snap = await wait_until(handle, lambda s: s.waiting_for_devices == {"save": "laptop"})
         assert snap.phase == "awaiting_device" and statuses(snap) == {"save": "offline"}

@@ -391,7 +391,7 @@ function drawAheadCard(snapshot, q, state) {
   const steps = q.ahead.map((a) => el("label", { class: "ahead-step", "data-step": a.step },
     el("input", { type: "checkbox", "data-step": a.step, checked: picked.has(a.step),
       onchange: (e) => { if (e.target.checked) picked.add(a.step); else picked.delete(a.step); } }),
-    " ", el("b", {}, a.step), ` · ${a.tool} `, el("code", {}, a.arguments),
+    " ", el("b", {}, a.step), ` · ${a.tool} `, el("code", {}, a.arguments), a.on ? ` on ${a.on}` : "",
     a.digest ? "" : el("i", {}, " will ask when known"),
     a.approved_before ? el("span", { class: "approved-before" }, ` · approved before as ${a.approved_before}`) : ""));
   const receipt = el("p", { class: "receipt" }, state.answers.get(q.id) || "");
@@ -409,7 +409,7 @@ function drawAheadCard(snapshot, q, state) {
     } }, label));
   return el("div", { class: "card ahead", "data-question": q.id },
     el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`),
-    el("p", {}, "These steps cannot be undone. Approved now, each runs later without asking again if its arguments are still exactly these:"),
+    el("p", {}, "These steps wait for a person (they cannot be undone, or run where a person approves each call). Approved now, each runs later without asking again if its call is still exactly this:"),
     el("div", { class: "ahead-steps" }, ...steps), ...buttons, receipt,
     el("p", {}, `recommended: ${q.recommendation}`));
 }

@@ -50,10 +50,10 @@ from perdure.workflows.devices.device_contracts import (
     registry_id,
 )
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeWaiting
-from perdure.workflows.goal.contracts.goal_contracts import Activities
+from perdure.workflows.goal.contracts.goal_contracts import Activities, AheadApproval
 from perdure.workflows.goal.contracts.plan import AgentStep, Plan, ToolStep, devices_named
 from perdure.workflows.goal.contracts.state import DeviceWait, Node, Question
-from perdure.workflows.goal.rules import questions
+from perdure.workflows.goal.rules import approvals_ahead, questions
 from perdure.workflows.goal.tool_runner import tool_timeout
 from perdure.workflows.shared.canonical import canonical_json, digest_of
 from perdure.workflows.shared.contracts import ToolInput, ToolResult
@@ -92,15 +92,15 @@ class Devices:
         host of the goal's workspace (None: the workers)."""
         if node is None or node.kind not in ("tool", "agent"):
             return None
-        return self._own_device(node) or self.host()
+        return self._own_device(node.name) or self.host()
 
-    def _own_device(self, node: Node) -> str | None:
+    def _own_device(self, name: str) -> str | None:
         """The device a person or the plan step put this node on (not the workspace's host)."""
-        moved = self._ctx.state.device_moves.get(node.name)
+        moved = self._ctx.state.device_moves.get(name)
         if moved:
             return moved
         try:
-            step = self._ctx.plan().step(node.name)
+            step = self._ctx.plan().step(name)
         except KeyError:
             return None
         return step.device if isinstance(step, ToolStep | AgentStep) else None
@@ -109,7 +109,37 @@ class Devices:
         """The device this call of `tool` runs on, or None (a worker): an agent's
         read_artifact reads the workers' artifact store, so it stays there; on the goal's
         host, every call that needs the workspace (a user tool declared `workspace=True` too)."""
-        name = self.device_of(node)
+        return self._placed(self.device_of(node), tool)
+
+    def approval_ahead(self, step: ToolStep) -> tuple[str, str | None] | None:
+        """The device (or host) a plan's tool step will run on, and its root if the goal has
+        heard of it, when a call there waits for a person's approval as far as the goal knows
+        at adoption: the device's own rules once it has announced them, else the goal's
+        (approvals collected ahead, rules/approvals_ahead.py)."""
+        name = self._placed(self._own_device(step.name) or self.host(), step.tool)
+        if name is None:
+            return None
+        presence = self._ctx.state.devices.get(name)
+        rules = presence.approval if presence is not None else {}
+        if not needs_approval(step.tool, step.args, rules, self._ctx.state.spec.device_approval, self._ctx.tools()):
+            return None
+        return name, self.root_for(name, presence) if presence is not None else None
+
+    def asks(self, entry: AheadApproval) -> bool:
+        """Whether a call of an approvals-ahead card's step waits for a person on the device it
+        was listed for: True until that device has announced its own rules."""
+        presence = self._ctx.state.devices.get(entry.on or "")
+        if presence is None:
+            return True
+        try:
+            args = getattr(self._ctx.plan().step(entry.step), "args", None)
+        except KeyError:
+            args = None
+        return needs_approval(
+            entry.tool, args, presence.approval, self._ctx.state.spec.device_approval, self._ctx.tools()
+        )
+
+    def _placed(self, name: str | None, tool: str) -> str | None:
         spec = self._ctx.tools().get(tool)
         if not name or spec is None:
             return None
@@ -154,7 +184,7 @@ class Devices:
     def _moves_workspace(self, node: Node, device: str) -> bool:
         """Whether moving this node off `device` moves the goal's workspace: it waits for the
         workspace's host, not for a device of its own."""
-        return self.bound() is not None and device == self.host() and self._own_device(node) is None
+        return self.bound() is not None and device == self.host() and self._own_device(node.name) is None
 
     # --- presence ----------------------------------------------------------------------
 
@@ -373,6 +403,21 @@ class Devices:
         if not needs_approval(tool_input.tool, args, presence.approval, rules, self._ctx.tools()):
             return None
         root = self.root_for(name, presence)
+        ahead = approvals_ahead.latest(self._ctx.state, node.name)
+        changed = ""
+        if ahead is not None:
+            card, entry = ahead
+            if card.status == "open":
+                await self._ctx.ask(node, card)  # the step waits for the card that lists it
+            if entry.decision == "refused":
+                return card
+            if entry.decision == "approved":
+                _, digest = approvals_ahead.bound_arguments(tool_input.tool, args)
+                if entry.on == name and entry.root in (None, root) and approvals_ahead.matches(entry, args, digest):
+                    # Bound to the root it first runs in: the same call in another root asks again.
+                    entry.root = root
+                    return None
+                changed = f" (approved earlier as {entry.line_of_call()}; now different)"
         call = {"call": tool_input.node_key, "tool": tool_input.tool, "args": args, "on": name, "in": root}
         key = "device-call:" + digest_of(call)
         question = self._ctx.question_about(node, key, "confirm_device_call") or questions.confirm_device_call(
@@ -380,7 +425,7 @@ class Devices:
             workflow.now(),
             node.name,
             tool_input.tool,
-            f"{tool_input.tool} {canonical_json(args)[:600]}",
+            f"{tool_input.tool} {canonical_json(args)[:600]}{changed}",
             name,
             root or presence.root,
             key,

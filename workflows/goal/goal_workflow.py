@@ -303,6 +303,7 @@ class GoalWorkflow:
                 if self._planner.drift_check_due() and not self._ctx.writes_in_flight:
                     await self._planner.check_drift()
                     continue
+            self._scheduler.tidy_ahead_card()
             running = index().any(IN_FLIGHT) or self._scheduler.starting_in_next_task()
             if not running and state.pause.mode == "running" and not state.open_questions():
                 if index().ready():

@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from perdure.workflows.goal.contracts.goal_contracts import Usage
 from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
-from perdure.workflows.goal.contracts.plan import Plan, PlanStep
+from perdure.workflows.goal.contracts.plan import Plan, PlanStep, ToolStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
 from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
@@ -260,8 +260,10 @@ class Scheduler:
         covers. Nothing waits for it but those steps, when their turn comes (EffectGuard). A
         card still open from the plan before stands if it lists the same; else it is replaced,
         and its steps still waiting wait for the new card (or run on, if it lists them no more)."""
-        state = self._ctx.state
-        listed = approvals_ahead.to_list(state, self._ctx.plan(), self._ctx.tools())
+        state, plan = self._ctx.state, self._ctx.plan()
+        placed = {s.name: self._devices.approval_ahead(s) for s in plan.steps if isinstance(s, ToolStep)}
+        on_devices = {name: where for name, where in placed.items() if where is not None}
+        listed = approvals_ahead.to_list(state, plan, self._ctx.tools(), on_devices)
         before = approvals_ahead.open_card(state)
         if before is not None and approvals_ahead.same_list(before, listed):
             return
@@ -282,6 +284,28 @@ class Scheduler:
                     self._resume(node)
         if card is not None or before is not None:
             self._ctx.wake()
+
+    def tidy_ahead_card(self) -> None:
+        """The open approvals-ahead card, kept to what still needs a person: a step listed only
+        for its device leaves it once that device's own rules say its calls ask nobody (they
+        are not known at adoption); a card with no step left to run (they failed, were given up,
+        ran where nobody is asked) is closed: it must not keep the goal waiting."""
+        state = self._ctx.state
+        card = approvals_ahead.open_card(state)
+        if card is None:
+            return
+        tools = self._ctx.tools()
+        kept = [
+            a
+            for a in card.ahead
+            if a.on is None or (a.tool in tools and tools[a.tool].risk == "irreversible") or self._devices.asks(a)
+        ]
+        if kept and len(kept) < len(card.ahead):
+            card.ahead = kept
+            card.title, card.stuck = questions.ahead_text(kept)
+        if not kept or approvals_ahead.unneeded(state) is not None:
+            card.status, card.answered_at = "closed", workflow.now()
+            card.answer_text = "not needed: none of its steps is left to run where a person is asked"
 
     def _retire(self, node: Node, version: int) -> None:
         """Keep a node plan v`version` had and the next one leaves out, unless it never

@@ -563,8 +563,8 @@ class NodeView(BaseModel):
 
 
 AHEAD_INTRO = (
-    "These steps cannot be undone; approved now, each runs later without asking again if its arguments "
-    "are still exactly these"
+    "These steps wait for a person (they cannot be undone, or run where a person approves each call); "
+    "approved now, each runs later without asking again if its call is still exactly this"
 )
 """What an approvals-ahead card says before its list of steps."""
 
@@ -578,14 +578,23 @@ class AheadApproval(BaseModel):
     tool: str
     arguments: str = Field(description="The arguments as they will run, or the template when not known yet.")
     digest: str | None = Field(default=None, description="None: the arguments are not known in advance.")
+    on: str | None = Field(default=None, description="The device or host it runs on, whose rules ask; None: a worker.")
+    root: str | None = Field(
+        default=None, description="The device's root: as known when listed, else the one it first runs in."
+    )
     approved_before: str = Field(default="", description="What an earlier approval of this step was bound to.")
     decision: Literal["ask", "approved", "refused"] = "ask"
 
+    def line_of_call(self) -> str:
+        """The call: its arguments and where it runs."""
+        where = f" on {self.on}" + (f" in {self.root}" if self.root else "") if self.on else ""
+        return f"{self.arguments}{where}"
+
     def line(self) -> str:
         """The step as a card lists it (the card's text, `perdure status`)."""
-        args = self.arguments if self.digest else f"{self.arguments} (will ask when known)"
+        call = self.line_of_call() if self.digest else f"{self.line_of_call()} (will ask when known)"
         was = f" (approved before as {self.approved_before})" if self.approved_before else ""
-        return f"{self.step}: {self.tool} {args}{was}"
+        return f"{self.step}: {self.tool} {call}{was}"
 
 
 class QuestionView(BaseModel):

@@ -17,6 +17,7 @@ from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep, template_refs
 from perdure.workflows.goal.contracts.state import GoalState, Question
 from perdure.workflows.shared.canonical import canonical_json, digest_of
+from perdure.workflows.shared.statuses import TERMINAL
 from perdure.workflows.shared.tool_specs import ToolSpec
 
 TOPIC = "approvals_ahead"
@@ -57,8 +58,7 @@ def open_card(state: GoalState) -> Question | None:
 
 def same_list(card: Question, listed: list[AheadApproval]) -> bool:
     """Whether a new plan's list is what the open card already shows: it stands, unchanged."""
-    shown = [(a.step, a.tool, a.arguments, a.digest, a.approved_before) for a in card.ahead]
-    return shown == [(a.step, a.tool, a.arguments, a.digest, a.approved_before) for a in listed]
+    return [a.line() for a in card.ahead] == [a.line() for a in listed]
 
 
 def matches(entry: AheadApproval, args: dict | None, prepared_digest: str | None = None) -> bool:
@@ -72,21 +72,49 @@ def matches(entry: AheadApproval, args: dict | None, prepared_digest: str | None
     return args is not None and not template_refs(args) and entry.digest == digest_of(args)
 
 
-def to_list(state: GoalState, plan: Plan, tools: Mapping[str, ToolSpec]) -> list[AheadApproval]:
-    """The plan's irreversible steps no approval a person gave already covers (same arguments)."""
+def to_list(
+    state: GoalState, plan: Plan, tools: Mapping[str, ToolSpec], on_devices: Mapping[str, tuple[str, str | None]]
+) -> list[AheadApproval]:
+    """The plan's steps that will wait for a person (irreversible, or on a device or host whose
+    rules ask: `on_devices`, step -> (device, its root if known)) no approval given already
+    covers (same arguments, same device)."""
     listed = []
     for step in plan.steps:
-        if not isinstance(step, ToolStep) or (spec := tools.get(step.tool)) is None or spec.risk != "irreversible":
+        if not isinstance(step, ToolStep) or (spec := tools.get(step.tool)) is None:
+            continue
+        on, root = on_devices.get(step.name, (None, None))
+        if spec.risk != "irreversible" and on is None:
             continue
         shown, digest = bound_arguments(step.tool, step.args)
         before = latest(state, step.name, answered_only=True)
-        if before is not None and before[1].decision == "approved" and digest and before[1].digest == digest:
+        earlier = before[1] if before is not None and before[1].decision == "approved" else None
+        if earlier is not None and digest and earlier.digest == digest and earlier.on == on:
             continue
-        earlier = before[1].arguments if before is not None and before[1].decision == "approved" else ""
         listed.append(
-            AheadApproval(step=step.name, tool=step.tool, arguments=shown, digest=digest, approved_before=earlier)
+            AheadApproval(
+                step=step.name,
+                tool=step.tool,
+                arguments=shown,
+                digest=digest,
+                on=on,
+                root=root,
+                approved_before=earlier.line_of_call() if earlier is not None else "",
+            )
         )
     return listed
+
+
+def unneeded(state: GoalState) -> Question | None:
+    """The open approvals-ahead card none of whose steps is left to run (each settled, or no
+    longer in the plan): nobody would act on its answer, and it must not keep the goal waiting."""
+    card = open_card(state)
+    if card is None:
+        return None
+    for entry in card.ahead:
+        node = state.nodes.get(entry.step)
+        if node is not None and node.status not in TERMINAL:
+            return None
+    return card
 
 
 def decide(question: Question, choice: str, steps: list[str]) -> None:

@@ -255,14 +255,16 @@ def device_offline(
 
 
 def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]) -> Question:
-    """One card, when a plan is adopted, for every irreversible step in it: answered now, the
-    goal runs unattended and each call still goes as late as risk ordering puts it."""
+    """One card, when a plan is adopted, for every step in it that will wait for a person
+    (irreversible, or on a device whose rules ask): answered now, the goal runs unattended
+    and each call still goes as late as risk ordering puts it."""
+    title, stuck = ahead_text(listed)
     return _card(
         state,
         now,
         "approvals_ahead",
-        f"Approve ahead: {_names(entry.step for entry in listed)}",
-        f"{AHEAD_INTRO}: " + "; ".join(entry.line() for entry in listed),
+        title,
+        stuck,
         [
             ("approve", "Approve them all", "each runs once, as shown, when its turn comes"),
             ("approve_some", "Approve the steps named (the rest are asked when they run)", "as for approve"),
@@ -272,6 +274,12 @@ def approvals_ahead(state: GoalState, now: datetime, listed: list[AheadApproval]
         "approve only if the amounts, recipients and reasons are what you expect",
         ahead=listed,
     )
+
+
+def ahead_text(listed: list[AheadApproval]) -> tuple[str, str]:
+    """An approvals-ahead card's title and text, for the steps it lists."""
+    title = f"Approve ahead: {_names(entry.step for entry in listed)}"
+    return title, f"{AHEAD_INTRO}: " + "; ".join(entry.line() for entry in listed)
 
 
 def _names(steps: Iterable[str], shown: int = 5) -> str:
