@@ -224,8 +224,9 @@ async def test_a_device_that_offers_a_user_tool_runs_its_steps_there_after_its_o
             # The module's tools declared for devices, and the built-in one named.
             assert "tools charge, read_file, refund_charge · network" in online, online
             handle = await start(env, task_queue, workspace, steps, allowed_tools=["charge"])
-            card = await question_of(handle, "confirm_device_call")
-            assert "device laptop" in card.title and payments.ledger() == []  # asked before anything ran
+            # On the approvals-ahead card at adoption (issue 38), with the device it runs on.
+            card = await question_of(handle, "approvals_ahead")
+            assert [(a.step, a.on) for a in card.ahead] == [("pay", "laptop")] and payments.ledger() == []
             await submit(handle, Approve(request_id="ok-1", question_id=card.id))
             result = await goal_result(handle)
             snapshot = await handle.query(GoalWorkflow.progress)
