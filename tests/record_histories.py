@@ -1224,7 +1224,8 @@ async def record_goal_decision_log(env: WorkflowEnvironment, out: Path) -> None:
 
 
 async def record_goal_question_expired(env: WorkflowEnvironment, out: Path) -> None:
-    """A payment's confirmation with a 6 s deadline, reminding 4 s before it, denied on expiry
+    """A payment's confirmation (on the approvals-ahead card, with its step's deadline) with a 6 s
+    deadline, reminding 4 s before it, denied on expiry
     (issue 38): the reminder and the deadline on one durable timer each, the payment never
     sent, the read that needs it dropped, the independent read done; the goal's own default
     deadline (48 h) beside the step's."""
@@ -1251,6 +1252,7 @@ async def record_goal_question_expired(env: WorkflowEnvironment, out: Path) -> N
             result = await handle.result()
         assert payments.ledger() == []
     assert result.outcome == "partial", result.excerpt
+    save(out, await handle.fetch_history())
 
 
 async def record_goal_approvals_ahead(env: WorkflowEnvironment, out: Path) -> None:

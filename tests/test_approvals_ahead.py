@@ -240,7 +240,7 @@ async def test_a_device_write_is_on_the_card_with_the_payment_and_its_approval_i
         handle = await start(env, task_queue, workspace, steps, allowed_tools=tools)
         [card] = (await wait_until(handle, lambda s: s.questions)).questions
         await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
-        await wait_until(handle, lambda s: statuses(s)["gate"] == "running")
+        await wait_until(handle, lambda s: statuses(s).get("gate") == "running")
         ran = await handle.query(GoalWorkflow.progress)
         # The laptop now serves another folder: the approval was for the one it ran in.
         await laptop.stop()

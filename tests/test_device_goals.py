@@ -37,7 +37,7 @@ async def test_a_write_on_a_device_waits_for_a_persons_approval_showing_what_run
         [entry] = card.ahead
         assert (entry.step, entry.on) == ("save", "laptop") and '"content":"hello\\n"' in card.stuck
         assert "on laptop" in card.stuck
-        await wait_until(handle, lambda s: statuses(s)["save"] == "blocked")
+        await wait_until(handle, lambda s: statuses(s).get("save") == "blocked")
         assert not (laptop.root / "out.txt").exists()  # nothing ran before the answer
         await submit(handle, Approve(request_id="ok-1", question_id=card.id, approved=True))
         seen = await cards_until_the_end(handle)

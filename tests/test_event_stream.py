@@ -21,7 +21,7 @@ from perdure.workflows.goal.contracts.events import (
 from perdure.workflows.goal.contracts.messages import Approve, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import chain, gate, openai_profile
-from tests.helpers import running_worker, start, stream_events, submit, wait_until
+from tests.helpers import running_worker, start, statuses, stream_events, submit, wait_until
 
 READS = [
     {"name": f"read-{i}", "kind": "tool", "tool": "read_file", "args": {"path": "notes.md", "max_bytes": 100 + i}}
@@ -171,7 +171,8 @@ async def test_a_node_event_says_running_again_after_an_answer_and_a_failed_one_
             handle = await start(
                 env, task_queue, workspace, [write_on("laptop"), missing], allowed_tools=["write_file", "read_file"]
             )
-            await wait_until(handle, lambda s: bool(s.questions))
+            # The write is on the approvals-ahead card (q1) at adoption: answered once it waits for it.
+            await wait_until(handle, lambda s: statuses(s).get("save") == "blocked")
             await submit(handle, Approve(request_id="ok-1", question_id="q1"))
             await handle.result()
             events = await asyncio.wait_for(collect(env, handle.id), 30)

@@ -3,7 +3,8 @@ item 2), on a real server: durable timers in history, the reminder in the gate l
 `perdure questions`, the event stream and the owner's router inbox; the expiry recorded as
 expiry (never as a person's answer) in the gate log, the report and the event stream; deny,
 park and abort; an assumption only for a tool that declares it safe, refused in one line
-otherwise; across continue-as-new and a worker SIGKILL."""
+otherwise; across continue-as-new and a worker SIGKILL. A payment is first asked on the
+approvals-ahead card at adoption (item 1), which takes its step's deadline."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ async def test_a_ten_minute_deadline_reminds_at_its_time_then_denies_and_the_goa
         status = await perdure_status(ts_env, handle.id)
 
     assert result.outcome == "partial", result.excerpt
-    assert "expired question q1 (Confirm make_payment in step 'pay'): expired (deny), nobody answered" in status
+    assert "expired question q1 (Approve ahead: 'pay'): expired (deny), nobody answered" in status
     assert payments.ledger() == []  # nobody confirmed it: never sent
     assert statuses(snapshot) == {"pay": "failed", "receipt": "abandoned", "summary": "succeeded"}
     pay = next(n for n in snapshot.nodes if n.name == "pay")
@@ -128,11 +129,9 @@ async def test_a_ten_minute_deadline_reminds_at_its_time_then_denies_and_the_goa
     assert reminder.status == "open" and remind_at <= reminder.reminded_at <= remind_at + timedelta(seconds=5)
     assert expiry.status == "expired" and expiry.answer == "reject" and expiry.expired_at >= asked.deadline_at
     gates = " | ".join(snapshot.gate_log)
-    assert "reminder: q1 (Confirm make_payment in step 'pay') is unanswered; it expires at" in gates
-    assert "expired: q1 (Confirm make_payment in step 'pay') unanswered by" in gates and "deny (reject)" in gates
-    assert snapshot.expired_questions == [
-        "question q1 (Confirm make_payment in step 'pay'): expired (deny), nobody answered"
-    ]
+    assert "reminder: q1 (Approve ahead: 'pay') is unanswered; it expires at" in gates
+    assert "expired: q1 (Approve ahead: 'pay') unanswered by" in gates and "deny (reject)" in gates
+    assert snapshot.expired_questions == ["question q1 (Approve ahead: 'pay'): expired (deny), nobody answered"]
     # The decision log says who decided: the deadline, not a person.
     [expiry] = [d for d in log.recent if d.kind == "expiry"]
     assert expiry.who == "expired" and expiry.about == ["pay"] and "deny (reject)" in expiry.text
@@ -154,7 +153,7 @@ async def test_park_on_expiry_parks_the_goal_and_keeps_the_question_for_a_person
         result = await goal_result(handle)
         snapshot = await handle.query(GoalWorkflow.progress)
 
-    assert parked.pause_reason == "question q1 expired unanswered: Confirm make_payment in step 'pay'"
+    assert parked.pause_reason == "question q1 expired unanswered: Approve ahead: 'pay'"
     # Time skips on while it is parked: the park's own expiry may have asked too.
     open_card = next(q for q in parked.questions if q.id == "q1")
     assert open_card.id == "q1" and open_card.expired_at is not None and open_card.on_expiry == "park"
@@ -162,9 +161,7 @@ async def test_park_on_expiry_parks_the_goal_and_keeps_the_question_for_a_person
     assert result.outcome == "succeeded", result.excerpt
     assert [e["kind"] for e in payments.ledger()] == ["payment"]  # the person's late approval
     assert "the goal parks; the question stays open" in " | ".join(snapshot.gate_log)
-    assert "question q1 (Confirm make_payment in step 'pay'): expired (park), then approve" in store.get_text(
-        result.report
-    )
+    assert "question q1 (Approve ahead: 'pay'): expired (park), then approve" in store.get_text(result.report)
 
 
 async def test_abort_on_expiry_stops_the_goal(ts_env, task_queue, store, workspace, scripted, payments):
@@ -174,11 +171,9 @@ async def test_abort_on_expiry_stops_the_goal(ts_env, task_queue, store, workspa
         result = await goal_result(handle)
 
     assert result.outcome == "aborted"
-    assert result.failure == "aborted: question q1 expired unanswered (Confirm make_payment in step 'pay')"
+    assert result.failure == "aborted: question q1 expired unanswered (Approve ahead: 'pay')"
     assert payments.ledger() == []
-    assert "question q1 (Confirm make_payment in step 'pay'): expired (abort), nobody answered" in store.get_text(
-        result.report
-    )
+    assert "question q1 (Approve ahead: 'pay'): expired (abort), nobody answered" in store.get_text(result.report)
 
 
 async def test_a_declared_assumption_settles_an_uncertain_webhook_on_expiry_without_sending_it_again(
@@ -274,12 +269,17 @@ async def test_the_reminder_shows_in_status_questions_the_stream_and_the_owners_
     assert reminded.questions[0].reminded_at >= card.remind_at
     for shown in (status, listed):
         assert "reminder: deadline " in shown and "on expiry: deny; reminded " in shown, shown
-    assert "reminder: q1 (Confirm make_payment in step 'pay') is unanswered" in status  # the gate log
+    assert "reminder: q1 (Approve ahead: 'pay') is unanswered" in status  # the gate log
     [reminder] = held.reminders
     assert (reminder.goal_id, reminder.question_id, reminder.on_expiry) == (handle.id, "q1", "deny")
-    assert reminder.deadline_at == card.deadline_at and reminder.options == ["approve", "reject"]
-    assert f"reminder goal {handle.id} asks q1: Confirm make_payment in step 'pay' · unanswered" in inbox
-    assert f"answer with: perdure say --card {handle.id}:q1=approve|reject" in inbox
+    assert reminder.deadline_at == card.deadline_at and reminder.options == [
+        "approve",
+        "approve_some",
+        "refuse_some",
+        "reject",
+    ]
+    assert f"reminder goal {handle.id} asks q1: Approve ahead: 'pay' · unanswered" in inbox
+    assert f"answer with: perdure say --card {handle.id}:q1=approve|approve_some|refuse_some|reject" in inbox
     marks = [e.id for e in question_events(events)]
     assert marks == ["question:q1:open", "question:q1:open:reminded", "question:q1:answered"]
     assert result.outcome == "succeeded", result.excerpt

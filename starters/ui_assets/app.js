@@ -411,7 +411,7 @@ function drawAheadCard(snapshot, q, state) {
     el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`),
     el("p", {}, "These steps wait for a person (they cannot be undone, or run where a person approves each call). Approved now, each runs later without asking again if its call is still exactly this:"),
     el("div", { class: "ahead-steps" }, ...steps), ...buttons, receipt,
-    el("p", {}, `recommended: ${q.recommendation}`));
+    el("p", {}, `recommended: ${q.recommendation}`), ...drawDeadline(q));
 }
 
 function drawSummary(snapshot) {

@@ -145,4 +145,4 @@ class QuestionDeadlines:
         """The expiry in the gate log and the decision log, decided by no person."""
         said = deadlines.expiry_text(question, what)
         self._ctx.log_gate(said)
-        self._ctx.decide("expiry", said, EXPIRED, question.nodes)
+        self._ctx.decide("expiry", said, EXPIRED, question.about())

@@ -165,14 +165,16 @@ class Steering:
         choice = chosen_option(message)
         question.status, question.answer, question.answer_text = "answered", choice, message.text
         question.answered_at = state.last_progress_at = workflow.now()
-        said = f": {message.text}" if message.text else ""
-        self._ctx.decide("answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.nodes)
-        self.act_on(question, choice)
+        steps = getattr(message, "steps", [])
+        said = (f" {', '.join(steps)}" if steps else "") + (f": {message.text}" if message.text else "")
+        self._ctx.decide("answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.about())
+        self.act_on(question, choice, steps)
         return Applied(f"{question.id} answered: {choice}")
 
-    def act_on(self, question: Question, choice: str) -> None:
+    def act_on(self, question: Question, choice: str, steps: list[str] | None = None) -> None:
         """What a choice on a question the goal itself asked does, whoever made it: a person's
-        answer, or its deadline (workflows/goal/question_deadlines.py)."""
+        answer, or its deadline (workflows/goal/question_deadlines.py); `steps`: those an
+        approvals-ahead card's answer names."""
         if question.topic == "park_expired":
             if choice == "resume":
                 self._pause.resume("the user answered the expiry question")
@@ -187,7 +189,7 @@ class Steering:
         elif question.topic == "escalation" and choice == "park":
             self._pause.park("parked after a watchdog escalation", None, timedelta(hours=48))
         elif question.topic == "approvals_ahead":
-            approvals_ahead.decide(question, choice, getattr(message, "steps", []))
+            approvals_ahead.decide(question, choice, steps or [])
         elif question.topic == "escalation" and choice == "abort":
             self._pause.abort("stopped after a watchdog escalation", rollback=False, by=f"answer to {question.id}")
 

@@ -238,10 +238,15 @@ class Question(BaseModel):
         default=None, description="When its deadline passed unanswered (a park keeps it open, for a person)."
     )
 
+    def about(self) -> list[str]:
+        """The steps it is about: its nodes, or an approvals-ahead card's steps."""
+        return self.nodes or [entry.step for entry in self.ahead]
+
     @property
     def decided(self) -> bool:
         """Answered by a person or decided by its deadline: a step waiting on it acts on `answer`."""
         return self.status in ("answered", "expired")
+
     ahead: list[AheadApproval] = Field(default_factory=list, description="An approvals-ahead card's steps.")
 
 

@@ -25,8 +25,9 @@ from perdure.workflows.goal.rules.timing import parse_duration
 from perdure.workflows.shared.durations import duration_text
 from perdure.workflows.shared.tool_specs import ExpiryOutcome, ToolSpec
 
-# A confirmation of a write is denied when nobody answers: the effect is never made unasked.
-DENIED_BY_DEFAULT = ("confirm_effect", "confirm_device_call")
+# A confirmation of a write is denied when nobody answers: the effect is never made unasked
+# (an approvals-ahead card, which confirms such calls early, refuses them all).
+DENIED_BY_DEFAULT = ("confirm_effect", "confirm_device_call", "approvals_ahead")
 # The option `deny` picks, by the question's kind: the one that refuses what was proposed.
 DENY_CHOICE = {
     "confirm_effect": "reject",
@@ -47,13 +48,15 @@ def rules_for(state: GoalState, question: Question) -> list[QuestionDeadline]:
     found: list[QuestionDeadline] = []
     plan = state.plan
     if plan is not None:
-        for name in question.nodes[:1]:
+        # An approvals-ahead card is about several steps: the first of them with a rule of its own.
+        for name in question.nodes[:1] or [entry.step for entry in question.ahead]:
             try:
                 step_rule = plan.step(name).question_deadline
             except KeyError:
                 step_rule = None
             if step_rule is not None:
                 found.append(step_rule)
+                break
         if plan.question_deadline is not None:
             found.append(plan.question_deadline)
     if state.spec.question_deadline is not None:
