@@ -167,7 +167,9 @@ class Steering:
         question.answered_at = state.last_progress_at = workflow.now()
         steps = getattr(message, "steps", [])
         said = (f" {', '.join(steps)}" if steps else "") + (f": {message.text}" if message.text else "")
-        self._ctx.decide("answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.about())
+        self._ctx.decide(
+            "answer", f"{question.id} ({question.title}): {choice}{said}", who_sent(entry), question.about()
+        )
         self.act_on(question, choice, steps)
         return Applied(f"{question.id} answered: {choice}")
 
