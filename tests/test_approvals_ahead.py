@@ -1,21 +1,29 @@
 """Approvals collected ahead (issue 38, item 1): when a plan is adopted, one card lists
-every irreversible step with the arguments it will run with; an early approval is bound
-to a digest of those arguments, so the payment runs later (as late as risk ordering puts
-it) with no second card; a step whose arguments changed after approval is asked again,
-and the card shows the old and the new. From outside: the progress query's cards, the
-fake payments service's ledger and the order of activities in the goal's history.
-"""
+every step that will wait for a person (irreversible, or on a device whose rules ask) with
+the call it will make; an early approval is bound to a digest of that call, so the payment
+runs later (as late as risk ordering puts it) with no second card; a step whose arguments
+changed after approval is asked again, and the card shows the old and the new; refusing
+some drops them. A card replaced by a re-plan, a card none of whose steps can still run,
+a device write bound to the folder it first ran in; the answer with steps from the CLI and
+perdure.Client, bad steps refused in one line. From outside: the progress query's cards,
+the fake payments service's ledger, the order of activities in the goal's history, what
+`perdure status` and `perdure answer` print."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 
 import perdure
 from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
 from perdure.workflows.goal.contracts.messages import Answer, Queue, Rewind
+from perdure.workflows.goal.contracts.state import Question
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules import approvals_ahead
+from perdure.workflows.shared.canonical import digest_of
 from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
 from tests.helpers import (
@@ -262,3 +270,41 @@ async def test_a_device_write_is_on_the_card_with_the_payment_and_its_approval_i
     assert ran.questions == [] and (laptop.root / "out.txt").read_text() == "hello\n"  # no card on the device
     assert "approved earlier as {" in again.stuck and f"on laptop in {laptop.root}; now different" in again.stuck
     assert str(elsewhere) in again.stuck and not (elsewhere / "out.txt").exists()
+
+
+# --- the pure rules -----------------------------------------------------------------------
+
+
+def ahead_card(*entries: AheadApproval) -> Question:
+    return Question(
+        id="q1", topic="approvals_ahead", title="t", done="", stuck="", options=[], recommendation="",
+        asked_at=datetime(2026, 12, 1, tzinfo=UTC), ahead=list(entries),
+    )  # fmt: skip
+
+
+def entry(step: str, digest: str | None = "d") -> AheadApproval:
+    return AheadApproval(step=step, tool="make_payment", arguments="{}", digest=digest)
+
+
+@pytest.mark.parametrize(
+    ("choice", "steps", "decided"),
+    [
+        ("approve", [], {"a": "approved", "b": "approved", "t": "ask"}),
+        ("reject", [], {"a": "refused", "b": "refused", "t": "refused"}),
+        ("approve_some", ["a", "t"], {"a": "approved", "b": "ask", "t": "ask"}),
+        ("refuse_some", ["a"], {"a": "refused", "b": "approved", "t": "ask"}),
+    ],
+)
+def test_an_answer_decides_each_step_and_a_template_is_never_approved_ahead(choice, steps, decided):
+    card = ahead_card(entry("a"), entry("b"), entry("t", digest=None))
+    approvals_ahead.decide(card, choice, steps)
+    assert {e.step: e.decision for e in card.ahead} == decided
+
+
+def test_a_call_matches_its_approval_by_the_validated_or_the_plans_own_arguments():
+    args = {"amount_cents": 1200, "recipient": "ACME GmbH"}
+    approved = entry("wire", digest=digest_of(args))
+    assert approvals_ahead.matches(approved, args, prepared_digest="other")  # a user tool's defaults filled in
+    assert approvals_ahead.matches(approved, {**args, "memo": "x"}, prepared_digest=digest_of(args))
+    assert not approvals_ahead.matches(approved, {**args, "amount_cents": 1300}, prepared_digest="other")
+    assert not approvals_ahead.matches(entry("t", digest=None), args, prepared_digest=digest_of(args))

@@ -570,9 +570,10 @@ AHEAD_INTRO = (
 
 
 class AheadApproval(BaseModel):
-    """One irreversible step on an approvals-ahead card, and what a person decided for it:
-    an approval is bound to `digest` (of the arguments as they will run); a step whose
-    arguments wait on another step's output has none and is asked when they are known."""
+    """One step on an approvals-ahead card (irreversible, or on a device whose rules ask), and
+    what a person decided for it: an approval is bound to `digest` (of the arguments as they
+    will run) and, on a device, to `on` and `root`; a step whose arguments wait on another
+    step's output has no digest and is asked when they are known."""
 
     step: str
     tool: str

@@ -237,6 +237,7 @@ class Question(BaseModel):
     expired_at: datetime | None = Field(
         default=None, description="When its deadline passed unanswered (a park keeps it open, for a person)."
     )
+    ahead: list[AheadApproval] = Field(default_factory=list, description="An approvals-ahead card's steps.")
 
     def about(self) -> list[str]:
         """The steps it is about: its nodes, or an approvals-ahead card's steps."""
@@ -246,8 +247,6 @@ class Question(BaseModel):
     def decided(self) -> bool:
         """Answered by a person or decided by its deadline: a step waiting on it acts on `answer`."""
         return self.status in ("answered", "expired")
-
-    ahead: list[AheadApproval] = Field(default_factory=list, description="An approvals-ahead card's steps.")
 
 
 class ParkCondition(BaseModel):

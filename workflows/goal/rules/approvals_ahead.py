@@ -1,9 +1,12 @@
 """Approvals collected ahead (issue 38): which steps of a plan an approvals-ahead card
-lists, what an answer to it decides per step, and what an earlier decision means for a
-call about to be sent. Pure: the goal's loop asks the card, the effect guard consults it.
+lists (irreversible ones, and those on a device or host whose rules ask), what an answer to
+it decides per step, what an earlier decision means for a call about to be sent, and when
+an open card is no longer needed. Pure: the scheduler asks the card at each adoption and
+keeps it tidy; the effect guard and the device placement consult it before a call.
 
 An approval is bound to a digest of the arguments as the call's prepare sees them (the
-same `digest_of` of the validated arguments), so a call that changed since is asked again.
+same `digest_of` of the validated arguments; the plan's own for a tool the workflow cannot
+validate), so a call that changed since is asked again.
 """
 
 from __future__ import annotations
@@ -118,14 +121,15 @@ def unneeded(state: GoalState) -> Question | None:
 
 
 def decide(question: Question, choice: str, steps: list[str]) -> None:
-    """Record an answer per step: approve (all), reject (all), approve_some (the rest asked when they run),
-    refuse_some (the rest approved). A step whose arguments are not known yet is never
-    approved ahead: it is asked when they are."""
+    """Record an answer per step: approve (all), reject (all), approve_some (the named; the
+    rest asked when they run), refuse_some (the named; the rest approved). A step whose
+    arguments are not known yet is never approved ahead: it is asked when they are."""
     named = set(steps)
     for entry in question.ahead:
-        if choice == "reject" or (choice == "refuse_some" and entry.step in named):
+        picked = entry.step in named
+        if choice == "reject" or (choice == "refuse_some" and picked):
             entry.decision = "refused"
-        elif choice == "approve" or (choice == "approve_some") == (entry.step in named):
+        elif choice == "approve" or (choice == "approve_some" and picked) or (choice == "refuse_some" and not picked):
             entry.decision = "approved" if entry.digest else "ask"
         else:
             entry.decision = "ask"
