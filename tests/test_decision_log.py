@@ -41,6 +41,7 @@ from tests.helpers import (
 )
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
+PAY = {"amount_cents": 1_000, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 38"}
 
 
 # --- the rules ---------------------------------------------------------------------
@@ -148,6 +149,41 @@ async def test_a_replan_a_rewind_and_an_answer_are_logged_in_order_with_who_deci
     report = store.get_text(result.report)
     assert "## Decisions" in report and f"`perdure log {handle.id}`" in report
     assert "· answer · alice ·" in report
+
+
+@pytest.mark.slow
+async def test_an_expiry_a_rewind_and_a_replan_are_one_log_in_order(
+    env, task_queue, store, workspace, scripted, tmp_path, monkeypatch
+):
+    """Issue 38's Done-when: `perdure log` of a goal whose approval expired (deny), then a person
+    rewound a step and a re-plan followed; printed, as a user reads it."""
+    monkeypatch.setenv("PERDURE_USER", "alice")
+    server = scripted({"replies": [{"when": "Revise the current plan", "json": REVISED}, *STEP_REPLY["replies"]]})
+    client = PerdureClient(env.client)
+    pay = {"name": "pay", "kind": "tool", "tool": "make_payment", "args": PAY, "needs": ["gate"]}
+    pay["question_deadline"] = {"after": "6s", "remind_before": "3s", "on_expiry": "deny"}
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        steps = [llm("find"), gate(), pay]
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command", "make_payment"])
+        await wait_until(handle, lambda s: s.questions and statuses(s).get("find") == "succeeded")
+        await wait_until(handle, lambda s: not s.questions, timeout_s=30)  # nobody answered: it expired
+        await client.rewind(handle.id, "find", "it read the wrong source")
+        await client.queue(handle.id, "Add an extra section; finding sources again is not needed.")
+        (workspace / "GO").touch()
+        await asyncio.wait_for(goal_result(handle), 60)
+    code, output, _ = await perdure_log(env, tmp_path, handle.id)
+    print(output)  # the paste of issue 38's closing note
+    assert code == 0, output
+    table = rows(output)
+    kinds = [(cells[2], cells[3]) for cells in table]
+    expiry = kinds.index(("expiry", "expired"))
+    rewind = kinds.index(("rewind", "alice"))
+    replan = kinds.index(("replan", "model"))
+    assert kinds[0] == ("plan", "plan file") and 0 < expiry < rewind < replan, kinds
+    assert "q1" in table[expiry][4] and "deny" in table[expiry][4] and "pay" in table[expiry][5], table[expiry]
+    assert [int(cells[0]) for cells in table] == list(range(1, len(table) + 1))
+    # A reminder is no decision, and the expiry is logged once, as an expiry.
+    assert not any("reminder" in cells[4] for cells in table) and sum("expired: q1" in c[4] for c in table) == 1
 
 
 def reasoned_turns(count: int) -> list[dict]:

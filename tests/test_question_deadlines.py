@@ -379,7 +379,8 @@ async def test_a_deadline_holds_when_the_worker_is_sigkilled_while_it_runs(crash
         "args": {"command": "echo went on"},
         "replay": "safe",
     }
-    steps = [pay_step(after="25s", remind_before="20s") | {"defer": False}, after]
+    # The reminder 5 s after asking, the deadline 35 s after it: room for a slow restart in between.
+    steps = [pay_step(after="40s", remind_before="35s") | {"defer": False}, after]
     goal_spec = spec(workspace, plan={"steps": steps}, allowed_tools=["make_payment", "run_command"], drift_every=0)
     handle = await rig.start_goal(goal_spec)
     worker = rig.start_worker()

@@ -86,7 +86,7 @@ class QuestionDeadlines:
 
     def _remind(self, question: Question) -> None:
         question.reminded_at = workflow.now()
-        self._ctx.log_gate(deadlines.reminder_text(question, question.reminded_at))
+        self._ctx.log_gate(deadlines.reminder_text(question, question.reminded_at), kind=None)  # no decision
         self._ctx.wake()  # published with the next pass: status, the page, the event stream
         owner = workflow.info().typed_search_attributes.get(OWNER)
         if owner:
@@ -110,7 +110,7 @@ class QuestionDeadlines:
                 RouterHandlers.QUESTION_REMINDER, reminder.model_dump(mode="json")
             )
         except Exception as err:  # noqa: BLE001 - e.g. no router: the goal's own status still shows it
-            self._ctx.log_gate(f"reminder of {question.id} not sent to {router_id(owner)}: {str(err)[:200]}")
+            self._ctx.log_gate(f"reminder of {question.id} not sent to {router_id(owner)}: {str(err)[:200]}", kind=None)
 
     def _expire(self, question: Question) -> None:
         state, now = self._ctx.state, workflow.now()
@@ -144,5 +144,5 @@ class QuestionDeadlines:
     def _record(self, question: Question, what: str) -> None:
         """The expiry in the gate log and the decision log, decided by no person."""
         said = deadlines.expiry_text(question, what)
-        self._ctx.log_gate(said)
+        self._ctx.log_gate(said, kind=None)  # recorded as the expiry it is, next
         self._ctx.decide("expiry", said, EXPIRED, question.about())
