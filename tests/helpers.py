@@ -195,6 +195,26 @@ def statuses(snapshot: ProgressSnapshot) -> dict[str, str]:
     return {n.name: n.status for n in snapshot.nodes}
 
 
+async def run_cli(env: WorkflowEnvironment, home: Path, *args: str, code: int | None = 0):
+    """Run `perdure ARGS` in a thread (the CLI runs its own event loop); returns the result,
+    whose stdout and stderr are what the terminal showed. `code` None: any exit code."""
+    variables = {
+        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
+        "PERDURE_HOME": str(home),
+        "PERDURE_CONFIG": str(home / "config.toml"),
+    }
+    # Wide, so a line of the output is a line of the text (the consoles measured no terminal).
+    with mock.patch.object(terminal.console, "_width", 300), mock.patch.object(terminal.err_console, "_width", 300):
+        result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
+    said = result.stdout + result.stderr
+    assert "Traceback" not in said and result.exception is None or isinstance(result.exception, SystemExit), (
+        said + repr(result.exception)
+    )
+    if code is not None:
+        assert result.exit_code == code, said
+    return result
+
+
 async def perdure_status(env: WorkflowEnvironment, goal_id: str, width: int = 400) -> str:
     """What `perdure status GOAL` prints, run in this process against the test's server.
     The CLI's console is made `width` columns wide: the one it made at import measured

@@ -37,7 +37,7 @@ from tests.helpers import (
     submit,
     wait_until,
 )
-from tests.test_cli_outcomes import perdure as cli
+from tests.helpers import run_cli as cli
 
 
 @pytest.fixture

@@ -25,28 +25,9 @@ from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, submit, wait_until
+from tests.helpers import run_cli as perdure
 
 GATE_THEN_LIST = [gate(), {"name": "after", "kind": "tool", "tool": "list_dir", "needs": ["gate"], "args": {}}]
-
-
-async def perdure(env, home: Path, *args: str, code: int | None = 0):
-    """Run `perdure ARGS` in a thread (the CLI runs its own event loop); returns the result,
-    whose stdout and stderr are what the terminal showed. `code` None: any exit code."""
-    variables = {
-        "PERDURE_TEMPORAL": env.client.service_client.config.target_host,
-        "PERDURE_HOME": str(home),
-        "PERDURE_CONFIG": str(home / "config.toml"),
-    }
-    # Wide, so a line of the output is a line of the text (the consoles measured no terminal).
-    with mock.patch.object(terminal.console, "_width", 300), mock.patch.object(terminal.err_console, "_width", 300):
-        result = await asyncio.to_thread(CliRunner().invoke, cli.app, list(args), env=variables)
-    said = result.stdout + result.stderr
-    assert "Traceback" not in said and result.exception is None or isinstance(result.exception, SystemExit), (
-        said + repr(result.exception)
-    )
-    if code is not None:
-        assert result.exit_code == code, said
-    return result
 
 
 async def test_result_and_watch_of_an_aborted_goal_show_the_outcome_the_reason_and_the_unfinished_list(

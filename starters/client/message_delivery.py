@@ -35,8 +35,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from perdure.starters.client import goal_reads
 from perdure.starters.client import start_checks as capabilities
 from perdure.starters.client.client_errors import GoalEnded, MessageRejected
-from perdure.workflows.goal.contracts.goal_contracts import Signals, Updates
-from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxView, Receipt, Refusal
+from perdure.workflows.goal.contracts.goal_contracts import GOAL_MEMO, MESSAGE_FORMAT_MEMO, Signals, Updates
+from perdure.workflows.goal.contracts.messages import LATER_KINDS, InboxView, Receipt, Refusal, beyond_format_1
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 
 # How long a send waits for the goal's receipt, and how often it looks.
@@ -85,7 +85,24 @@ async def deliver(client: Client, goal_id: str, message: BaseModel) -> Delivery:
     return await _answer_ended(client, desc, message)
 
 
+def fitted(desc: WorkflowExecutionDescription, message: BaseModel) -> BaseModel:
+    """The message as the goal's code reads it. A goal that perdure 1.0's front ends started
+    (its memo has the goal's text but no message format) runs 1.0 code, pinned to its
+    workers, which refuses any field it does not know: the sender's name is left out (its
+    decision log says "user"), and what it cannot take at all is refused here, in one line,
+    before anything is sent. A goal started with no memo (a program's own start) is taken
+    to run this code."""
+    memo = desc.raw_description.workflow_execution_info.memo.fields
+    if MESSAGE_FORMAT_MEMO in memo or GOAL_MEMO not in memo:
+        return message
+    problem = beyond_format_1(message)
+    if problem is not None:
+        raise MessageRejected(f"goal {desc.id} runs perdure 1.0 code, which {problem}")
+    return message.model_copy(update={"by": None}) if getattr(message, "by", None) is not None else message
+
+
 async def _deliver_to_open(client: Client, desc: WorkflowExecutionDescription, message: BaseModel) -> Delivery:
+    message = fitted(desc, message)
     failure = await goal_reads.workflow_task_failure(client, desc)
     if failure is not None:
         # The server takes no update while the goal's workflow task fails; a signal is

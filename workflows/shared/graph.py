@@ -19,8 +19,8 @@ DONE = {"succeeded"}
 
 def step_input(step: PlanStep) -> dict:
     """The part of a step that determines its output; name, edges, premises and the
-    flags about how it is scheduled, retried, sandboxed or verified (wrap_up, replay,
-    network, verify, writes, defer) excluded."""
+    flags about how it is scheduled, retried, sandboxed, verified or asked about (wrap_up,
+    replay, network, verify, writes, defer, question_deadline) excluded."""
     dumped = step.model_dump(
         mode="json",
         exclude={
@@ -34,6 +34,7 @@ def step_input(step: PlanStep) -> dict:
             "verify",
             "writes",
             "defer",
+            "question_deadline",
         },
     )
     if dumped.get("device", "") is None:

@@ -29,9 +29,17 @@ GOAL_MEMO = "perdure_goal"
 GOAL_MEMO_CHARS = 200
 
 
-def goal_memo(goal: str) -> dict[str, str]:
-    """The memo entry a goal starts with: its text, as far as a list shows it."""
-    return {GOAL_MEMO: goal[:GOAL_MEMO_CHARS]}
+# The memo key that says which message format a goal's code reads (messages.MESSAGE_FORMAT);
+# a goal started before it existed reads perdure 1.0's (message_delivery fits a message to it).
+MESSAGE_FORMAT_MEMO = "perdure.message_format"
+
+
+def goal_memo(goal: str) -> dict[str, str | int]:
+    """The memo entries a goal starts with: its text, as far as a list shows it, and the
+    message format its code reads."""
+    from perdure.workflows.goal.contracts.messages import MESSAGE_FORMAT
+
+    return {GOAL_MEMO: goal[:GOAL_MEMO_CHARS], MESSAGE_FORMAT_MEMO: MESSAGE_FORMAT}
 
 
 class Activities:

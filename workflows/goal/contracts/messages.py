@@ -39,6 +39,17 @@ MAX_REFUSALS = 100
 EXAMPLE = '{"request_id": "r1", "kind": "steer", "text": "..."}'
 
 
+# The message format this code reads. 1: perdure 1.0, whose goals forbid any field they do not
+# know. 2: `by`, Park's conditions, Signal, Answer.steps. A field added since 1.0 is left out of
+# the payload while it has its default, so a message that uses nothing new reads as 1.0 wrote
+# it; the client fits a message to a goal started before 2 (starters/client/message_delivery.py).
+MESSAGE_FORMAT = 2
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -47,6 +58,7 @@ class _Message(BaseModel):
         default=None,
         min_length=1,
         max_length=64,
+        exclude_if=_unset,
         description="Who sent it (a user's name, `watchdog`): the decision log says who decided.",
     )
 
@@ -99,13 +111,24 @@ class Park(_Message):
     until: datetime | None = Field(default=None, description="Wake at this time; otherwise wait for resume.")
     expiry_hours: float = Field(default=48, gt=0, le=24 * 365)
     # At most one condition that ends the park by itself (workflows/goal/park_conditions.py).
-    until_file: str | None = Field(default=None, description="Resume once this workspace path exists.")
-    until_command: str | None = Field(
-        default=None, max_length=MAX_TEXT, description="Resume once this command (sandboxed, in the workspace) exits 0."
+    until_file: str | None = Field(
+        default=None, exclude_if=_unset, description="Resume once this workspace path exists."
     )
-    until_signal: str | None = Field(default=None, description="Resume once `perdure signal GOAL NAME` names it.")
-    poll_first_s: float = Field(default=2, ge=0.5, le=3600, description="First wait between checks; it doubles.")
-    poll_max_s: float = Field(default=300, ge=0.5, le=86_400, description="Longest wait between checks.")
+    until_command: str | None = Field(
+        default=None,
+        max_length=MAX_TEXT,
+        exclude_if=_unset,
+        description="Resume once this command (sandboxed, in the workspace) exits 0.",
+    )
+    until_signal: str | None = Field(
+        default=None, exclude_if=_unset, description="Resume once `perdure signal GOAL NAME` names it."
+    )
+    poll_first_s: float = Field(
+        default=2, ge=0.5, le=3600, exclude_if=lambda v: v == 2, description="First wait between checks; it doubles."
+    )
+    poll_max_s: float = Field(
+        default=300, ge=0.5, le=86_400, exclude_if=lambda v: v == 300, description="Longest wait between checks."
+    )
 
     @field_validator("until_file")
     @classmethod
@@ -184,6 +207,20 @@ class Escalate(_Message):
     kind: Literal["escalate"] = "escalate"
     finding: str = Field(min_length=1, max_length=64, description="What the watchdog classified, e.g. stalled.")
     detail: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+def beyond_format_1(message: BaseModel) -> str | None:
+    """What in `message` a goal reading message format 1 (perdure 1.0) cannot take, as the end
+    of "this goal runs perdure 1.0 code, which ..."; None when it can (once `by` is left out)."""
+    if isinstance(message, Signal):
+        return "takes no named signals"
+    if isinstance(message, Park) and any(
+        value is not None for value in (message.until_file, message.until_command, message.until_signal)
+    ):
+        return "cannot park until a file, a command or a signal (park it until a time or until resumed)"
+    if isinstance(message, Answer) and message.steps:
+        return "has no approvals-ahead card to answer step by step"
+    return None
 
 
 UserMessage = Annotated[

@@ -34,6 +34,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     ParentLink,
     SubgoalOutcome,
     Usage,
+    goal_memo,
 )
 from perdure.workflows.goal.contracts.plan import SubgoalStep
 from perdure.workflows.goal.contracts.state import GoalInput, GoalState, Node
@@ -64,6 +65,7 @@ class SubgoalNode:
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 task_timeout=child_spec.task_timeout(),
                 static_summary=f"subgoal {step.name} of {ctx.goal_id}"[:200],
+                memo=goal_memo(child_spec.goal),  # its text in lists, the message format it reads
                 result_type=GoalResult,
             )
             asyncio.create_task(self._watch(handle, node.child))
