@@ -73,8 +73,10 @@ async def test_a_hosts_quota_spaces_every_goals_requests_to_it(env, tmp_path: Pa
     assert [n.status for n in nodes] == ["succeeded"] * 6
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     # 120 a minute: a slot every 0.5 s (and 3 %); a request may leave up to 0.25 s after its
-    # slot (activities/quota/quota_admission.py LATE), so two arrivals are never closer than 0.25 s.
-    assert len(times) == 6 and min(gaps) >= 0.25, gaps
+    # slot (activities/quota/quota_admission.py LATE), so two never leave closer than 0.25 s.
+    # They are timed where they arrive, and on a loaded 2-core CI run one took 0.04 s longer on
+    # its way than the next (a gap of 0.21 s): a burst, two at once, is what this rules out.
+    assert len(times) == 6 and min(gaps) >= 0.1, gaps
     assert times[-1] - times[0] >= 5 * 0.5 - 0.25, gaps
 
 
