@@ -304,7 +304,17 @@ def test_an_answer_decides_each_step_and_a_template_is_never_approved_ahead(choi
 def test_a_call_matches_its_approval_by_the_validated_or_the_plans_own_arguments():
     args = {"amount_cents": 1200, "recipient": "ACME GmbH"}
     approved = entry("wire", digest=digest_of(args))
-    assert approvals_ahead.matches(approved, args, prepared_digest="other")  # a user tool's defaults filled in
-    assert approvals_ahead.matches(approved, {**args, "memo": "x"}, prepared_digest=digest_of(args))
-    assert not approvals_ahead.matches(approved, {**args, "amount_cents": 1300}, prepared_digest="other")
-    assert not approvals_ahead.matches(entry("t", digest=None), args, prepared_digest=digest_of(args))
+    pay = "make_payment"
+    assert approvals_ahead.matches(approved, pay, args, prepared_digest="other")  # a user tool's defaults filled in
+    assert approvals_ahead.matches(approved, pay, {**args, "memo": "x"}, prepared_digest=digest_of(args))
+    assert not approvals_ahead.matches(approved, pay, {**args, "amount_cents": 1300}, prepared_digest="other")
+    assert not approvals_ahead.matches(entry("t", digest=None), pay, args, prepared_digest=digest_of(args))
+    # A re-plan that keeps the step's name and arguments but swaps its tool: nothing runs on it.
+    assert not approvals_ahead.matches(approved, "cancel_order", args, prepared_digest=digest_of(args))
+
+
+def test_a_card_nobody_answered_refuses_what_it_could_approve_and_asks_the_rest_when_known():
+    card = ahead_card(entry("a"), entry("t", digest=None))
+    card.status = "expired"
+    approvals_ahead.decide(card, "reject", [])
+    assert {e.step: e.decision for e in card.ahead} == {"a": "refused", "t": "ask"}

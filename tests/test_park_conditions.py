@@ -63,6 +63,22 @@ async def test_park_until_a_file_resumes_within_one_poll_of_it_appearing(env, ta
     assert len(calls_for(server, "only")) == 1
 
 
+async def test_a_check_that_fails_is_not_yet_and_says_why_and_the_goal_goes_on(
+    env, task_queue, store, workspace, scripted
+):
+    server = scripted(STEP_REPLY)
+    handle = await parked_goal(env, task_queue, workspace, until_file="READY")
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        await wait_until(handle, lambda s: s.parked and "checked 1 times" in (s.pause_reason or ""))
+        moved = workspace.rename(workspace.with_name("elsewhere"))  # the check itself cannot run now
+        failing = await wait_until(handle, lambda s: s.parked and "last check: the check failed" in s.pause_reason)
+        moved.rename(workspace)
+        (workspace / "READY").touch()
+        result = await handle.result()
+    assert "READY" in failing.pause_reason, failing.pause_reason
+    assert result.outcome == "succeeded"  # the failed check neither failed nor ended the goal
+
+
 async def test_park_until_a_command_succeeds(env, task_queue, store, workspace, scripted):
     server = scripted(STEP_REPLY)
     handle = await parked_goal(env, task_queue, workspace, until_command="test -f ci-passed")

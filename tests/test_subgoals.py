@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
 from perdure.workflows.goal.contracts.goal_contracts import GoalResult, Signals
-from perdure.workflows.goal.contracts.messages import Abort, Park, Resume, Steer
+from perdure.workflows.goal.contracts.messages import Abort, Park, Resume, Signal, Steer
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, gate, llm, openai_profile, spec
@@ -116,6 +116,23 @@ async def test_park_resume_steer_and_abort_of_a_parent_reach_its_running_subgoal
     assert result.outcome == "aborted" and child_outcome == "aborted"
     told = {(e.request_id, e.kind) for e in inbox.entries}
     assert {("parent.pk-1", "park"), ("parent.rs-1", "resume"), ("parent.st-1", "steer")} <= told
+
+
+@pytest.mark.slow
+async def test_a_parent_parked_until_a_signal_parks_its_subgoal_until_it_resumes(env, task_queue, store, workspace):
+    steps = [subgoal("waiting", [gate()])]
+    async with running_worker(env, task_queue, store):
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command"])
+        child = await started(env, f"{handle.id}--waiting-1")
+        await wait_until(child, lambda s: "gate" in s.running)
+        await submit(handle, Park(request_id="pk-1", reason="CI", until_signal="ci-done"))
+        parked = await wait_until(child, lambda s: s.parked)
+        await submit(handle, Signal(request_id="sg-1", name="ci-done"))  # it reaches only the parent
+        resumed = await wait_until(child, lambda s: not s.parked)
+        await submit(handle, Abort(request_id="ab-1"))
+        await asyncio.wait_for(goal_result(handle), 30)
+    assert parked.pause_reason == "CI (until the parent goal resumes)"
+    assert not resumed.parked
 
 
 async def wait_until_inbox_has(handle, request_id: str) -> None:

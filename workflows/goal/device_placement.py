@@ -413,7 +413,11 @@ class Devices:
                 return card
             if entry.decision == "approved":
                 _, digest = approvals_ahead.bound_arguments(tool_input.tool, args)
-                if entry.on == name and entry.root in (None, root) and approvals_ahead.matches(entry, args, digest):
+                if (
+                    entry.on == name
+                    and entry.root in (None, root)
+                    and approvals_ahead.matches(entry, tool_input.tool, args, digest)
+                ):
                     # Bound to the root it first runs in: the same call in another root asks again.
                     entry.root = root
                     return None

@@ -269,12 +269,17 @@ class EffectGuard:
             return None
         question, entry = found
         if question.status == "open":
+            # Waited on by a step "asked when known" too: the card may refuse it.
             await self._ctx.ask(node, question)
         if entry.decision == "refused":
             return question
         if entry.decision != "approved":
             return None
-        return True if approvals_ahead.matches(entry, tool_input.args, prepared.arguments_digest) else entry.arguments
+        return (
+            True
+            if approvals_ahead.matches(entry, tool_input.tool, tool_input.args, prepared.arguments_digest)
+            else entry.arguments
+        )
 
     async def _send(
         self, tool_input: ToolInput, summary: str, node: Node, key: str, record: CompensationRecord | None

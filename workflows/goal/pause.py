@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext, NodeWaiting
 from perdure.workflows.goal.contracts.decision_contracts import RULE
+from perdure.workflows.goal.contracts.messages import Resume
 from perdure.workflows.goal.contracts.state import Node, ParkCondition
 from perdure.workflows.goal.rules import questions, timing
 from perdure.workflows.goal.verify_due import note_wait_ended
@@ -110,7 +112,11 @@ class Pause:
         why = f"park ended: {condition.held_text()}"
         self._ctx.log_gate(why, kind=None)
         self._ctx.decide("park", why, who)
+        parked_since = self._ctx.state.pause.parked_since or self._ctx.state.pause.parked_at
         self.resume(why)
+        # Children were parked until this parent resumes them (Steering._pass_on).
+        request_id = f"parent.park-ended-{parked_since:%Y%m%dT%H%M%S%f}" if parked_since else "parent.park-ended"
+        self._ctx.tell_children(lambda _child: Resume(request_id=request_id))
 
     async def _check_condition(self) -> None:
         pause = self._ctx.state.pause
@@ -120,7 +126,14 @@ class Pause:
         if self.run_check is None:
             return
         check = park_conditions.check_input(self._ctx.state, self._ctx.goal_id, condition)
-        result = await self.run_check(check, park_conditions.summary(condition))
+        try:
+            result = await self.run_check(check, park_conditions.summary(condition))
+        except ActivityError as err:
+            # The check itself failed (its workspace gone, out of attempts): not yet, and
+            # the goal says why in status; it must not fail the goal.
+            result = ToolResult(
+                call_id=check.call_id, tool=check.tool, ok=False, error=f"the check failed: {err.cause or err}"
+            )
         if pause.mode != "parked" or pause.condition is not condition:
             return  # resumed, re-parked or aborted while the check ran
         if result.ok:

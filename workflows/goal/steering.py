@@ -18,6 +18,7 @@ from temporalio import workflow
 
 from perdure.workflows.goal import park_conditions
 from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts import messages
 from perdure.workflows.goal.contracts.decision_contracts import sender
 from perdure.workflows.goal.contracts.messages import LATER_KINDS, PARENT_STOP, InboxEntry, chosen_option
 from perdure.workflows.goal.contracts.state import PlanDiff, Question, RejectedPath
@@ -87,7 +88,13 @@ class Steering:
         if not self._ctx.children() or entry.request_id in self._passed_on:
             return
         self._passed_on.add(entry.request_id)
-        message = entry.message.model_copy(update={"request_id": f"parent.{entry.request_id}"[:128]})
+        update: dict = {"request_id": f"parent.{entry.request_id}"[:128]}
+        if entry.kind == "park" and park_conditions.condition_of(entry.message) is not None:
+            # The parent checks its condition (a signal reaches only the parent): a child
+            # parks until the parent resumes it (Pause.condition_held).
+            update |= {"until_file": None, "until_command": None, "until_signal": None}
+            update["reason"] = f"{entry.message.reason} (until the parent goal resumes)"[: messages.MAX_TEXT]
+        message = entry.message.model_copy(update=update)
         self._ctx.tell_children(lambda _child: message)
 
     def _park(self, entry: InboxEntry) -> Applied:

@@ -267,7 +267,10 @@ class ParkCondition(BaseModel):
         if self.kind == "signal":
             return f"until signal {self.target}"
         what = f"until file {self.target} exists" if self.kind == "file" else f"until command `{self.target}` exits 0"
-        return f"{what}; checked {self.checks} times"
+        # What the last check said: a command that cannot run at all (no network, not
+        # installed) shows here, not only at the park's expiry.
+        last = f"; last check: {self.last_result[:120]}" if self.last_result else ""
+        return f"{what}; checked {self.checks} times{last}"
 
     def held_text(self) -> str:
         """Why the park ended, for the gate log and the event stream."""

@@ -64,11 +64,12 @@ def same_list(card: Question, listed: list[AheadApproval]) -> bool:
     return [a.line() for a in card.ahead] == [a.line() for a in listed]
 
 
-def matches(entry: AheadApproval, args: dict | None, prepared_digest: str | None = None) -> bool:
-    """Whether the call about to run is the one approved: its validated arguments (the
-    prepare's digest) or, for a tool the workflow cannot validate (a user's, an MCP
-    server's), the very arguments the plan gave, templates filled."""
-    if entry.digest is None:
+def matches(entry: AheadApproval, tool: str, args: dict | None, prepared_digest: str | None = None) -> bool:
+    """Whether the call about to run is the one approved: the same tool, and its validated
+    arguments (the prepare's digest) or, for a tool the workflow cannot validate (a user's,
+    an MCP server's), the very arguments the plan gave, templates filled. A re-plan that keeps
+    a step's name and arguments but gives it another tool runs nothing on the old approval."""
+    if entry.digest is None or entry.tool != tool:
         return False
     if prepared_digest is not None and entry.digest == prepared_digest:
         return True
@@ -91,7 +92,7 @@ def to_list(
         shown, digest = bound_arguments(step.tool, step.args)
         before = latest(state, step.name, answered_only=True)
         earlier = before[1] if before is not None and before[1].decision == "approved" else None
-        if earlier is not None and digest and earlier.digest == digest and earlier.on == on:
+        if earlier is not None and digest and (earlier.tool, earlier.digest, earlier.on) == (step.tool, digest, on):
             continue
         listed.append(
             AheadApproval(
@@ -122,10 +123,15 @@ def unneeded(state: GoalState) -> Question | None:
 
 def decide(question: Question, choice: str, steps: list[str]) -> None:
     """Record an answer per step: approve (all), reject (all), approve_some (the named; the
-    rest asked when they run), refuse_some (the named; the rest approved). A step whose
+    rest asked when they run), refuse_some (the named; the rest approved), expired (nobody
+    answered by the card's deadline: the steps it could approve are refused, the ones whose
+    arguments are not known yet asked when they are, as the card said). A step whose
     arguments are not known yet is never approved ahead: it is asked when they are."""
     named = set(steps)
     for entry in question.ahead:
+        if question.status == "expired" and entry.digest is None:
+            entry.decision = "ask"
+            continue
         picked = entry.step in named
         if choice == "reject" or (choice == "refuse_some" and picked):
             entry.decision = "refused"
