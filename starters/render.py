@@ -34,8 +34,8 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     QuestionView,
 )
 from perdure.workflows.goal.contracts.messages import InboxView, Receipt
-from perdure.workflows.goal.rules.deadlines import deadline_line
 from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
+from perdure.workflows.goal.rules.question_deadline_rules import deadline_line
 from perdure.workflows.shared import search_attributes as sa
 from perdure.workflows.shared.durations import duration_text
 from perdure.workflows.shared.statuses import IN_FLIGHT

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.goal.contracts.state import GoalState, PlanVersion
-from perdure.workflows.goal.rules import deadlines, questions
+from perdure.workflows.goal.rules import question_deadline_rules as deadlines
+from perdure.workflows.goal.rules import questions
 from tests.builders import spec
 
 ASKED = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

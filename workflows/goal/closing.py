@@ -25,7 +25,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
 )
 from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
-from perdure.workflows.goal.rules import deadlines
+from perdure.workflows.goal.rules import question_deadline_rules as deadlines
 from perdure.workflows.goal.rules.progress_view import owned_objects
 from perdure.workflows.shared import graph, metrics
 from perdure.workflows.shared.retries import HEARTBEAT_TIMEOUT, REPORT_RETRY, REPORT_TIMEOUT

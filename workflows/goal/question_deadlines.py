@@ -1,5 +1,5 @@
 """Question deadlines in the goal: every open question is stamped once with its deadline,
-reminder and outcome on expiry (workflows/goal/rules/deadlines.py); one durable timer (`clock`,
+reminder and outcome on expiry (workflows/goal/rules/question_deadline_rules.py); one durable timer (`clock`,
 beside the budget's) waits for the earliest of them and wakes the loop, which acts at its safe
 point. They hold across worker loss and continue-as-new: they are state, counted from
 `asked_at`, and a new run sets its timer from them.
@@ -26,7 +26,7 @@ from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts.decision_contracts import EXPIRED
 from perdure.workflows.goal.contracts.state import Question
 from perdure.workflows.goal.pause import Pause
-from perdure.workflows.goal.rules import deadlines
+from perdure.workflows.goal.rules import question_deadline_rules as deadlines
 from perdure.workflows.router.router_contracts import QuestionReminder, RouterHandlers, router_id
 from perdure.workflows.shared.search_attributes import OWNER
 

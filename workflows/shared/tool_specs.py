@@ -31,7 +31,7 @@ RiskClass = Literal["read", "local-write", "remote-write", "irreversible"]
 WRITE_RISKS: tuple[RiskClass, ...] = ("remote-write", "irreversible")
 ReplayPolicy = Literal["safe", "keyed", "check", "once"]
 ExpiryOutcome = Literal["deny", "park", "abort", "happened", "not_happened"]
-"""What a question decides when nobody answers it by its deadline (workflows/goal/rules/deadlines.py)."""
+"""What a question decides when nobody answers it by its deadline (workflows/goal/rules/question_deadline_rules.py)."""
 ExpiryAssumption = Literal["happened", "not_happened"]
 """The outcomes that assume what became of an uncertain call: only for a tool that declares them safe."""
 

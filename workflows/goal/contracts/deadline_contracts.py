@@ -1,6 +1,6 @@
 """How long a question waits for a person, when it reminds them, and what it decides when
 nobody answers: `QuestionDeadline`, set by the goal (GoalSpec), a plan and a plan step,
-the most specific winning field by field (workflows/goal/rules/deadlines.py applies it).
+the most specific winning field by field (workflows/goal/rules/question_deadline_rules.py applies it).
 
 Pure validation only. `happened` and `not_happened` assume what became of one tool's
 uncertain call, so they are taken only on a step, about a tool that declares them safe

@@ -229,7 +229,8 @@ class Question(BaseModel):
     hold: list[str] = Field(default_factory=list, description="Pending nodes that wait for the answer.")
     effect_key: str | None = Field(default=None, description="The effect a confirmation or uncertain card is about.")
     tool: str | None = Field(default=None, description="The tool whose call a confirmation or uncertain card is about.")
-    # Its deadline (workflows/goal/rules/deadlines.py): set once, from its asking, by its step's, plan's or goal's rule.
+    # Its deadline (workflows/goal/rules/question_deadline_rules.py): set once, from its asking,
+    # by its step's, plan's or goal's rule.
     deadline_at: datetime | None = None
     remind_at: datetime | None = None
     on_expiry: ExpiryOutcome | None = None

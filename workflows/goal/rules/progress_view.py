@@ -10,9 +10,9 @@ from __future__ import annotations
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
-from perdure.workflows.goal.rules.deadlines import deadline_line, report_note
 from perdure.workflows.goal.rules.eta import Eta
 from perdure.workflows.goal.rules.node_index import NodeIndex
+from perdure.workflows.goal.rules.question_deadline_rules import deadline_line, report_note
 from perdure.workflows.goal.rules.questions import done_so_far
 from perdure.workflows.goal.rules.risk_order import ORDER_KEYS
 from perdure.workflows.quota.quota_workflow import QUOTA_KEY
