@@ -462,8 +462,9 @@ def _env(name: str, value: str):
 
 
 async def record_goal_approval_and_rollback(env: WorkflowEnvironment, out: Path) -> None:
-    """An irreversible payment asked for and approved, then an abort with rollback: the
-    payment is refunded by the compensation recorded before it was sent."""
+    """An irreversible payment approved on the approvals-ahead card asked at adoption (1.1:
+    1.0 code asked when the payment was due), then an abort with rollback: the payment is
+    refunded by the compensation recorded before it was sent."""
     pay = {"amount_cents": 12_500, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 42"}
     steps = [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": pay}, gate(["pay"])]
     with services((PaymentsAPI, {"api_key": PAYMENTS_KEY})):
@@ -1308,7 +1309,7 @@ SCENARIOS = {
     "goal-1.0-dispatch-passes": record_goal_dispatch_passes,
     "goal-1.0-read-error": record_goal_read_error,
     "goal-1.0-resume-behind-park": record_goal_resume_behind_park,
-    "goal-1.0-approval-and-rollback": record_goal_approval_and_rollback,
+    "goal-1.1-approval-and-rollback": record_goal_approval_and_rollback,
     "goal-1.0-uncertain-answered": record_goal_uncertain_answered,
     "goal-1.0-writes-prepared-in-workflow": record_goal_writes_prepared_in_workflow,
     "goal-1.0-drift-and-hard-gate": record_goal_drift_and_hard_gate,
@@ -1330,7 +1331,7 @@ SCENARIOS = {
     "goal-1.1-approvals-ahead": record_goal_approvals_ahead,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
-    "devices-1.0-offline-then-back": record_devices_offline_then_back,
+    "devices-1.1-offline-then-back": record_devices_offline_then_back,
     "router-1.0-routes": record_router_routes,
     "router-1.0-starts-a-goal": record_router_starts_a_goal,
     "watchdog-1.0-nudge": record_watchdog_nudge,
