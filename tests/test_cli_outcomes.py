@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from pathlib import Path
 from unittest import mock
 
@@ -21,7 +22,7 @@ from perdure.runtime.connect import connect
 from perdure.starters import cli
 from perdure.starters.cli import terminal
 from perdure.workflows.goal.contracts.messages import Abort, Steer
-from perdure.workflows.goal.contracts.state import GoalInput
+from perdure.workflows.goal.contracts.state import GoalInput, GoalState
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, openai_profile, spec
 from tests.helpers import new_goal_id, running_worker, submit, wait_until
@@ -224,6 +225,49 @@ async def test_a_finished_goal_is_named_in_perdures_words_and_inbox_without_a_wo
         said.getvalue().split()
         == f"error: goal {handle.id} has finished (outcome terminated); see `perdure result {handle.id}`".split()
     )
+
+
+@pytest.mark.slow  # waits for a query no worker answers to time out
+async def test_questions_of_a_goal_no_worker_answers_for_or_that_is_stuck_says_what_status_says(
+    env, task_queue, store, tmp_path, workspace
+):
+    """`perdure questions` needs the goal's answer; with no worker, or a goal whose workflow task
+    fails, it says so in status's words and exits as status does: never a traceback, never only
+    "error from Temporal"."""
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST})),
+        id=new_goal_id("cli-questions"),
+        task_queue=task_queue,
+    )
+    status = await perdure(env, tmp_path, "status", handle.id)
+    asked = await perdure(env, tmp_path, "questions", handle.id)
+    unanswered = next(line for line in status.stdout.splitlines() if "no worker answered" in line)
+    assert unanswered.startswith("no worker answered the progress query"), status.stdout
+    assert asked.stderr == "" and asked.stdout.splitlines() == [
+        unanswered.replace("showing server facts", "its open questions cannot be read until a worker answers")
+    ], asked.stdout
+    await handle.terminate("test over")
+
+    # Stuck: a state newer than the worker's (as tests/test_cli.py does), the task failing.
+    newer = GoalState(spec=spec(workspace)).model_dump(mode="json") | {"schema_version": "99.0"}
+    async with running_worker(env, task_queue, store):
+        stuck = await env.client.start_workflow(
+            GoalWorkflow.run,
+            GoalInput(spec=spec(workspace, plan={"steps": GATE_THEN_LIST}), state=json.dumps(newer)),
+            id=new_goal_id("cli-questions-stuck"),
+            task_queue=task_queue,
+        )
+        while (await stuck.describe()).raw_description.pending_workflow_task.attempt < 2:
+            await asyncio.sleep(0.2)
+        status = await perdure(env, tmp_path, "status", stuck.id)
+        asked = await perdure(env, tmp_path, "questions", stuck.id)
+    await stuck.terminate("test over")
+    said = [line for line in status.stdout.splitlines() if "stuck:" in line]
+    assert said and said[0].startswith("stuck: every workflow task of this goal fails"), status.stdout
+    assert said[0] in asked.stdout.splitlines(), asked.stdout
+    assert "the carried state is schema v99.0, newer than this worker's" in asked.stdout
+    assert "error from Temporal" not in asked.stdout + asked.stderr
 
 
 async def test_quoted_text_prints_as_written_brackets_emoji_codes_and_control_characters(

@@ -218,7 +218,7 @@ def status(
         snapshot = None
         try:
             snapshot = await client.progress(goal_id)
-        except RPCError as err:
+        except (RPCError, WorkflowQueryFailedError) as err:
             console.print(f"[yellow]{escape(goal_reads.unanswered_text(desc, err))}[/yellow]")
         render.print_status(console, desc, snapshot, why=why)
         is_open = goal_reads.is_open(desc)

@@ -20,7 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from perdure.runtime import settings
 from perdure.starters import render, render_abort, router_view
 from perdure.starters.cli.terminal import UserError, console, err_console, key_values, refuse, run
-from perdure.starters.client import PerdureClient
+from perdure.starters.client import PerdureClient, goal_reads
 from perdure.starters.client.client_errors import MessageRejected, SayRefused
 from perdure.workflows.goal.contracts.messages import (
     Abort,
@@ -130,7 +130,19 @@ def questions(goal_id: str) -> None:
     nobody answers by then; and those their deadline decided."""
 
     async def _questions() -> None:
-        snapshot = await (await PerdureClient.connect()).progress(goal_id)
+        client = await PerdureClient.connect()
+        desc = await client.describe(goal_id)
+        failure = await client.stuck(desc)
+        if failure is not None:
+            # A query would wait for a task that cannot run: say what the worker said, as status does.
+            render.print_stuck(console, goal_id, failure)
+            return
+        try:
+            snapshot = await client.progress(goal_id)
+        except (RPCError, WorkflowQueryFailedError) as err:
+            unread = "its open questions cannot be read until a worker answers"
+            console.print(f"[yellow]{escape(goal_reads.unanswered_text(desc, err, instead=unread))}[/yellow]")
+            return
         if not snapshot.questions:
             console.print("no open questions")
         render.print_questions(console, snapshot)

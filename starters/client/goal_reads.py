@@ -27,6 +27,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistory,
     WorkflowHistoryEventFilterType,
+    WorkflowQueryFailedError,
 )
 from temporalio.client import WorkflowExecution as WorkflowExecution_
 from temporalio.converter import DataConverter
@@ -184,16 +185,21 @@ async def progress(client: Client, goal_id: str, timeout_s: float = 5) -> Progre
         raise
 
 
-def unanswered_text(desc: WorkflowExecutionDescription, err: RPCError) -> str:
-    """Why `status` has no snapshot: the progress query needs a worker, which may be replaying a
-    goal that is not in its cache (its whole history: seconds for a long goal) or not run at all."""
-    where = "what the goal published" if not is_open(desc) else "server facts"
+def unanswered_text(
+    desc: WorkflowExecutionDescription, err: RPCError | WorkflowQueryFailedError, instead: str | None = None
+) -> str:
+    """Why `status` (or `questions`) has no snapshot: the progress query needs a worker, which may
+    be replaying a goal that is not in its cache (its whole history: seconds for a long goal) or
+    not run at all. `instead`: what the command does without it (status shows server facts)."""
+    where = instead or f"showing {'what the goal published' if not is_open(desc) else 'server facts'}"
+    if isinstance(err, WorkflowQueryFailedError):  # a worker ran the query and it failed
+        return f"the goal's worker could not answer the progress query ({err}); {where}"
     if err.status != RPCStatusCode.DEADLINE_EXCEEDED:  # the server knows no worker polls
-        return f"no worker answered the progress query ({err.message}); showing {where}"
+        return f"no worker answered the progress query ({err.message}); {where}"
     events = desc.raw_description.workflow_execution_info.history_length
     return (
         f"no worker answered the progress query in time: a worker may be replaying this goal's {events} events "
-        f"(ask again in a moment), or none runs; showing {where}"
+        f"(ask again in a moment), or none runs; {where}"
     )
 
 
