@@ -5,38 +5,74 @@ refused at the door in one line."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from perdure.starters import cli
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult
 from perdure.workflows.goal.contracts.messages import Park, Signal
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, llm, openai_profile, spec
-from tests.helpers import calls_for, running_worker, start, submit, wait_until
+from tests.helpers import calls_for, goal_result, running_worker, start, submit, wait_until
 
 pytestmark = [pytest.mark.slow]
 
+POLL_MAX_S = 1.5
 
-def park_checks(history) -> list[tuple[str, datetime, bool]]:
-    """(summary, scheduled time, whether it held) of every park check, in order."""
-    scheduled, found = {}, []
+
+class ParkCheck(NamedTuple):
+    summary: str
+    scheduled: datetime
+    completed: datetime | None  # None: it never completed (failed, timed out, or still running)
+    held: bool
+
+
+def park_checks(history) -> list[ParkCheck]:
+    """Every park check in history, in order: its summary, when it was scheduled and when it
+    completed (UTC), and whether the condition held (the check's tool result said ok)."""
+    checks: dict[int, ParkCheck] = {}
     for event in history.events:
         if event.HasField("activity_task_scheduled_event_attributes"):
             summary = event.user_metadata.summary.data.decode().strip('"') if event.HasField("user_metadata") else ""
             if summary.startswith("park check"):
-                scheduled[event.event_id] = (summary, event.event_time.ToDatetime())
-        for attrs in ("activity_task_completed_event_attributes",):
-            if event.HasField(attrs) and getattr(event, attrs).scheduled_event_id in scheduled:
-                found.append(getattr(event, attrs).scheduled_event_id)
-    return [scheduled[i] for i in sorted(scheduled)]
+                checks[event.event_id] = ParkCheck(summary, event.event_time.ToDatetime(UTC), None, False)
+        if event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in checks:
+                held = json.loads(done.result.payloads[0].data)["ok"]
+                check = checks[done.scheduled_event_id]
+                checks[done.scheduled_event_id] = check._replace(completed=event.event_time.ToDatetime(UTC), held=held)
+    return [checks[i] for i in sorted(checks)]
+
+
+# How much later than one longest poll a park may end after its file appeared: the check's
+# sandboxed command and two workflow tasks, on a loaded 2-core machine.
+RESUME_SLACK_S = 5.0
+
+
+def assert_resumed_within_one_poll(checks: list[ParkCheck], result: GoalResult, appeared: datetime, poll_max_s: float):
+    """The park ended on the first check that ran after the file appeared (one still running
+    then may have missed it), and no later than one longest poll (plus slack) after."""
+    assert checks and checks[-1].held, checks
+    assert not any(c.held for c in checks[:-1]), checks
+    missed_after = [c for c in checks[:-1] if c.completed is not None and c.completed >= appeared]
+    assert len(missed_after) <= 1, checks  # only a check under way when the file appeared
+    assert checks[-1].completed is not None and checks[-1].completed >= appeared, checks
+    assert result.decisions is not None and not result.decisions.chunks  # a short log: all of it kept
+    ended = [d for d in result.decisions.recent if d.kind == "park" and d.text.startswith("park ended")]
+    assert len(ended) == 1, result.decisions.recent
+    latency = (ended[0].at - appeared).total_seconds()
+    assert 0 < latency <= poll_max_s + RESUME_SLACK_S, (latency, checks)
 
 
 async def parked_goal(env, task_queue, workspace, **condition):
     handle = await start(env, task_queue, workspace, [llm("only")])
-    park = Park(request_id="p1", reason="waiting for CI", poll_first_s=0.5, poll_max_s=1.5, **condition)
+    park = Park(request_id="p1", reason="waiting for CI", poll_first_s=0.5, poll_max_s=POLL_MAX_S, **condition)
     await handle.signal(GoalWorkflow.message_signal, park.model_dump(mode="json"))
     return handle
 
@@ -49,16 +85,16 @@ async def test_park_until_a_file_resumes_within_one_poll_of_it_appearing(env, ta
         assert "until file build/READY exists" in snapshot.pause_reason
         assert server.requests() == []  # nothing ran while parked
         (workspace / "build").mkdir()
+        appeared = datetime.now(UTC)  # just before: the file is there by any check after this
         (workspace / "build" / "READY").touch()
-        appeared = datetime.utcnow()
-        await handle.result()
+        result = await goal_result(handle)
         history = await handle.fetch_history()
         snapshot = await handle.query(GoalWorkflow.progress)
 
     checks = park_checks(history)
-    after = [c for c in checks if c[1] >= appeared]
-    assert len(checks) >= 3 and len(after) <= 1  # the first check after it appeared saw it
-    assert all(summary == "park check · file build/READY" for summary, _ in checks)
+    assert len(checks) >= 4, checks  # three missed before the file, then the one that saw it
+    assert_resumed_within_one_poll(checks, result, appeared, POLL_MAX_S)
+    assert all(c.summary == "park check · file build/READY" for c in checks)
     assert any("park ended: file build/READY exists" in entry for entry in snapshot.gate_log)
     assert len(calls_for(server, "only")) == 1
 
@@ -152,21 +188,22 @@ async def test_park_until_a_file_survives_a_worker_sigkill(crash_rig, tmp_path):
     workspace.mkdir()
     step = {"name": "after", "kind": "tool", "tool": "run_command", "args": {"command": "echo went on"}}
     handle = await rig.start_goal(spec(workspace, plan={"steps": [step]}, allowed_tools=["run_command"]))
-    park = Park(request_id="p1", reason="waiting for CI", until_file="READY", poll_first_s=0.5, poll_max_s=1.5)
+    park = Park(request_id="p1", reason="waiting for CI", until_file="READY", poll_first_s=0.5, poll_max_s=POLL_MAX_S)
     await handle.signal(GoalWorkflow.message_signal, park.model_dump(mode="json"))
     worker = rig.start_worker()
     await wait_until(handle, lambda s: "checked 2 times" in (s.pause_reason or ""), timeout_s=60)
     worker.kill()  # SIGKILL: the park is state, its next check a durable timer
     await rig.start_worker().wait_polling()
     await wait_until(handle, lambda s: "checked 3 times" in (s.pause_reason or ""), timeout_s=60)
+    appeared = datetime.now(UTC)  # just before: the file is there by any check after this
     (workspace / "READY").touch()
-    appeared = datetime.utcnow()
     result = await rig.result(handle)
     history = await handle.fetch_history()
 
     assert result.outcome == "succeeded", result.excerpt
-    after = [c for c in park_checks(history) if c[1] >= appeared]
-    assert len(after) <= 1  # resumed at the first check after the file appeared
+    checks = park_checks(history)
+    assert len(checks) >= 4, checks  # three missed (one before the kill), then the one that saw it
+    assert_resumed_within_one_poll(checks, result, appeared, POLL_MAX_S)
     assert rig.store.get_text(result.outputs["after"]).startswith("$ echo went on")
 
 
