@@ -50,9 +50,6 @@ def pay_step(name: str, cents: int = 12_500, **extra) -> dict:
     return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
 
 
-SLOW = {"name": "slow", "kind": "tool", "tool": "run_command", "args": {"command": "sleep 2; echo built"}}
-
-
 def first_event(history, step: str) -> int:
     return min(event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary)
 
@@ -66,23 +63,26 @@ def completed_at(history, step: str) -> int:
 async def test_two_payments_are_approved_once_on_one_card_at_the_start_and_run_last(
     env, task_queue, store, workspace, payments
 ):
-    steps = [pay_step("pay-a"), pay_step("pay-b", needs=["pay-a"]), SLOW]
+    # The local work is a gate (it ends when the test creates GO), not a timed command: the card
+    # must be seen while it is still to do, however slowly a loaded machine reaches the card.
+    steps = [pay_step("pay-a"), pay_step("pay-b", needs=["pay-a"]), gate()]
     async with running_worker(env, task_queue, store):
         handle = await start(env, task_queue, workspace, steps, allowed_tools=["make_payment", "run_command"])
         first = await wait_until(handle, lambda s: s.questions)
-        assert statuses(first)["slow"] in ("pending", "running")  # asked while the work goes on
+        assert statuses(first)["gate"] in ("pending", "running")  # asked while the work goes on
         [card] = first.questions
         assert card.topic == "approvals_ahead"
         assert [a.step for a in card.ahead] == ["pay-a", "pay-b"]
         assert all('"amount_cents":12500' in a.arguments and a.digest for a in card.ahead)
         await submit(handle, Answer(request_id="ok", question_id=card.id, choice="approve"))
+        (workspace / "GO").touch()
         seen = await cards_until_the_end(handle)
         result = await handle.result()
         history = await handle.fetch_history()
 
     assert result.outcome == "succeeded", result.excerpt
     assert [e["kind"] for e in payments.ledger()] == ["payment", "payment"]
-    assert completed_at(history, "slow") < first_event(history, "pay-a")  # run last, as risk ordering says
+    assert completed_at(history, "gate") < first_event(history, "pay-a")  # run last, as risk ordering says
     assert seen - {card.id} == set()  # no other card, ever
 
 
