@@ -258,8 +258,12 @@ async def test_questions_of_a_goal_no_worker_answers_for_or_that_is_stuck_says_w
             id=new_goal_id("cli-questions-stuck"),
             task_queue=task_queue,
         )
-        while (await stuck.describe()).raw_description.pending_workflow_task.attempt < 2:
+        for _ in range(150):  # 30 s
+            if (await stuck.describe()).raw_description.pending_workflow_task.attempt >= 2:
+                break
             await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the workflow task never failed")
         status = await perdure(env, tmp_path, "status", stuck.id)
         asked = await perdure(env, tmp_path, "questions", stuck.id)
     await stuck.terminate("test over")
