@@ -137,8 +137,9 @@ async def test_a_command_running_past_the_wall_budget_is_stopped_by_the_clock_an
     # No model call was charged: the clock alone stopped it, at the budget, not at the command's end.
     assert WALL_S <= took < WALL_S + 10, took
     assert result.outcome == "aborted", ([(n.name, n.status, n.error) for n in snapshot.nodes], snapshot.gate_log)
-    # At the budget, give or take the workflow task that reads the clock: 100 %, or just past it.
-    stopped = re.search(r"emergency stop: active wall time at 10\d% \(31 s of 31 s\)", result.failure or "")
+    # At the budget, give or take the workflow task that reads the clock: 100 %, or just past it
+    # (a loaded 2-core CI run read it a second late: 32 s of 31 s).
+    stopped = re.search(r"emergency stop: active wall time at 10\d% \(3[12] s of 31 s\)", result.failure or "")
     assert stopped, result.failure
     assert {k: v for k, v in statuses(snapshot).items() if not k.startswith("read")} == {
         "build": "abandoned",
