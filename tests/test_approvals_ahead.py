@@ -222,11 +222,15 @@ async def test_the_cli_and_the_client_answer_some_steps_and_bad_steps_are_refuse
 async def test_a_card_whose_steps_can_no_longer_run_is_closed_and_the_goal_ends_without_an_answer(
     env, task_queue, store, workspace, payments
 ):
-    fetch = {"name": "fetch", "kind": "tool", "tool": "read_file", "args": {"path": "missing.md"}}
+    # fetch fails only once the test has seen the card (a fetch that failed at once closed the
+    # card before a loaded machine's first poll saw it).
+    command = "while [ ! -f GO ]; do sleep 0.05; done; exit 1"
+    fetch = {"name": "fetch", "kind": "tool", "tool": "run_command", "args": {"command": command}}
     async with running_worker(env, task_queue, store):
         steps = [fetch, pay_step("pay", needs=["fetch"])]
-        handle = await start(env, task_queue, workspace, steps, allowed_tools=["read_file", "make_payment"])
+        handle = await start(env, task_queue, workspace, steps, allowed_tools=["run_command", "make_payment"])
         await wait_until(handle, lambda s: s.questions)
+        (workspace / "GO").touch()
         result = await asyncio.wait_for(goal_result(handle), 30)  # nobody answers: fetch fails, pay cannot run
         snapshot = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "failed" and snapshot.questions == [], result.excerpt
