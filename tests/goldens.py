@@ -5,6 +5,8 @@ shared by the replay tests and by the tests that replay them under other setting
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio.client import WorkflowHistory
@@ -32,3 +34,52 @@ def replayer(**options) -> Replayer:
     from perdure.runtime.plugin import PerdurePlugin
 
     return Replayer(**{"workflows": WORKFLOWS, "plugins": [PerdurePlugin()], "debug_mode": True, **options})
+
+
+@contextmanager
+def activations_split(signals_last: bool = True) -> Iterator[list[int]]:
+    """Replay as if every activation of several jobs had come as one activation per job,
+    resolutions first and signals and updates last (or first): what Temporal's core does
+    when a query answered by a worker that had not cached the run applied the events that
+    arrived since the last workflow task, and the task that followed brought the rest. A
+    workflow whose commands depend on that grouping fails its replay wherever its history
+    was made the other way. Yields the history lengths at which an activation was split.
+
+    Patches the SDK's private `_WorkflowInstanceImpl.activate` (the only place the
+    grouping can be chosen in a replay): a rename there fails this loudly, never silently."""
+    from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+    from temporalio.worker import _workflow_instance
+
+    cls = _workflow_instance._WorkflowInstanceImpl
+    activate = cls.activate
+    split: list[int] = []
+
+    def one_job_at_a_time(self, act: WorkflowActivation):
+        jobs = list(act.jobs)
+        kinds = {job.WhichOneof("variant") for job in jobs}
+        if len(jobs) < 2 or kinds & {"initialize_workflow", "query_workflow", "remove_from_cache"}:
+            return activate(self, act)
+        messages = [j for j in jobs if j.WhichOneof("variant") in ("signal_workflow", "do_update")]
+        others = [j for j in jobs if j not in messages]
+        order = others + messages if signals_last else messages + others
+        split.append(act.history_length)
+        completion = None
+        for job in order:
+            part = WorkflowActivation()
+            part.CopyFrom(act)
+            del part.jobs[:]
+            part.jobs.append(job)
+            done = activate(self, part)
+            if completion is None:
+                completion = done
+            elif done.HasField("failed"):
+                return done
+            else:
+                completion.successful.commands.extend(done.successful.commands)
+        return completion
+
+    cls.activate = one_job_at_a_time
+    try:
+        yield split
+    finally:
+        cls.activate = activate

@@ -62,9 +62,10 @@ async def running_worker(
     *profiles: ModelProfile,
     mcp: McpServers | None = None,
     user_tools: Toolbox | None = None,
+    **worker_options,
 ) -> AsyncIterator[Worker]:
     """The production worker (every workflow and activity) on `task_queue`, with these model
-    profiles, MCP servers and user tools (none unless given)."""
+    profiles, MCP servers and user tools (none unless given), and these options of the SDK's Worker."""
     config = ModelConfig(profiles={p.name: p for p in profiles})
     worker = build_worker(
         env.client,
@@ -73,6 +74,7 @@ async def running_worker(
         model_config=config,
         mcp_servers=mcp or McpServers({}),
         user_tools=user_tools,
+        **worker_options,
     )
     async with worker:
         yield worker

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from perdure.workflows.devices.device_contracts import DEVICE_PRESENCE_SIGNAL
+    from perdure.workflows.goal.alarm import Alarm
     from perdure.workflows.goal.closing import Closing
     from perdure.workflows.goal.context import GoalContext, GoalFailed
     from perdure.workflows.goal.contracts.decision_contracts import DECISIONS_QUERY, DecisionLog
@@ -54,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.question_deadlines import QuestionDeadlines
     from perdure.workflows.goal.rules.forking import FORK_POINT_QUERY, ForkPoint, ForkPointInput, fork_point
     from perdure.workflows.goal.scheduler import Scheduler
-    from perdure.workflows.goal.spend import Spend
+    from perdure.workflows.goal.spend import Spend, same_moment
     from perdure.workflows.goal.steering import Steering
     from perdure.workflows.goal.stream import EventStream
     from perdure.workflows.goal.tool_runner import ToolRunner
@@ -116,8 +117,10 @@ class GoalWorkflow:
         self._deadlines = QuestionDeadlines(ctx, self._pause, self._steering.act_on)
         self._verifier = Verifier(ctx, self._scheduler, calls)
         self._closing = Closing(ctx, self._publisher.publish)
+        self._alarm = Alarm()
         self._clock: asyncio.Task | None = None
         self._question_clock: asyncio.Task | None = None
+        self._alarm_task: asyncio.Task | None = None
 
     def _load(self, input: GoalInput) -> GoalState:
         fresh = GoalState(spec=input.spec, premises=dict(input.spec.premises))
@@ -154,6 +157,7 @@ class GoalWorkflow:
         self._spend.mark_activity(True)  # planning, or resuming work carried over
         self._clock = asyncio.create_task(self._budget_clock())
         self._question_clock = asyncio.create_task(self._deadlines.clock())
+        self._alarm_task = asyncio.create_task(self._alarm.run())
         try:
             if state.plan is None:
                 await self._planner.make_plan()
@@ -372,21 +376,25 @@ class GoalWorkflow:
     async def _budget_clock(self) -> None:
         """A durable timer for the moment a time budget runs out (active time or the
         deadline), whatever is in flight: then the goal stops as it would when a charge
-        goes past the budget. Re-armed only when the goal turns active or idle, so a
-        long goal does not pay a timer per loop pass."""
+        goes past the budget. Set again only when that moment moves (the goal turned idle
+        or active), not when the goal turns idle and active again in one workflow task: the
+        timer must not depend on how the task's events were grouped (workflows/goal/alarm.py)."""
         spend = self._spend
         while self._ctx.state.pause.mode != "aborting":
-            seen = spend.activity_changes
-            due = spend.time_to_limit()
+            seen, at = spend.activity_changes, spend.limit_at()
             try:
-                if due is not None and due <= timedelta(0):
+                if at is not None and at <= workflow.now():
                     # Already out: no zero-length timer (whether one is a command differs
                     # between Python versions of the SDK's event loop).
                     raise TimeoutError
+
+                def moved(seen: int = seen, at: datetime | None = at) -> bool:
+                    return spend.activity_changes != seen and not same_moment(spend.limit_at(), at)
+
                 await workflow.wait_condition(
-                    lambda seen=seen: spend.activity_changes != seen or self._ctx.state.pause.mode == "aborting",
-                    timeout=due,
-                    timeout_summary="time budget runs out" if due is not None else None,
+                    lambda: moved() or self._ctx.state.pause.mode == "aborting",
+                    timeout=None if at is None else at - workflow.now(),
+                    timeout_summary="time budget runs out" if at is not None else None,
                 )
             except TimeoutError:
                 spend.on_clock()
@@ -398,12 +406,14 @@ class GoalWorkflow:
         self._wakeups += 1
 
     async def _next_wakeup(self, timeout: timedelta | None = None, summary: str | None = None) -> None:
+        """Until something wakes the loop; TimeoutError once `timeout` has passed. The timer
+        is the alarm's, kept while the deadline stays the same (workflows/goal/alarm.py)."""
         seen = self._wakeups
-        await workflow.wait_condition(
-            lambda: self._wakeups != seen,
-            timeout=timeout,
-            timeout_summary=(summary or "parked: wake or expiry") if timeout else None,
-        )
+        at = None if timeout is None else workflow.now() + timeout
+        self._alarm.set(at, (summary or "parked: wake or expiry") if at is not None else None)
+        await workflow.wait_condition(lambda: self._wakeups != seen or self._alarm.rang(at))
+        if self._wakeups == seen:
+            raise TimeoutError
 
     def _waiting_phase(self) -> str:
         state = self._ctx.state

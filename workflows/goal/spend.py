@@ -13,7 +13,7 @@ branch of `admit` (before dispatch) or of `charge` (after a call).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
 from temporalio import workflow
@@ -122,6 +122,12 @@ class Spend:
         ledger = self._ctx.state.ledger
         running = (workflow.now() - ledger.active_since).total_seconds() if ledger.active_since else 0.0
         return ledger.active_seconds + running
+
+    def limit_at(self) -> datetime | None:
+        """The moment a time budget runs out at the current pace, or None: the same while the
+        goal stays active (or idle), wherever in the workflow task it is worked out."""
+        left = self.time_to_limit()
+        return None if left is None else workflow.now() + left
 
     def time_to_limit(self) -> timedelta | None:
         """How long until a time budget runs out at the current pace (active time
@@ -339,3 +345,10 @@ class Spend:
         if plan is None:
             return True  # planning
         return any(not plan.step(name).wrap_up for name in self._ctx.index().names(("running",)))
+
+
+def same_moment(a: datetime | None, b: datetime | None) -> bool:
+    """Two budget deadlines worked out at different times (float seconds): equal to the millisecond."""
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) < timedelta(milliseconds=1)
