@@ -22,16 +22,16 @@ from pathlib import Path
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from bench.storage import Server, Storage
+from bench.storage import start_server as start_storage_server
 from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore, artifact_store
 from perdure.activities.models.model_activities import ModelActivities
 from perdure.activities.models.profiles import ModelConfig
 from perdure.activities.tools.run_tool import ToolActivities
 from perdure.runtime import settings
 from perdure.runtime.converter import STORE_ENV, THRESHOLD_ENV
-from perdure.testing.servers import dev_server_options
 from perdure.workers import heap
 from perdure.workers.orchestrator import build_worker
 from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec
@@ -53,10 +53,20 @@ def use_home(home: Path) -> None:
     os.environ["PERDURE_WATCHDOG_INTERVAL_S"] = "0"
 
 
-async def start_server() -> WorkflowEnvironment:
-    """One dev server (in-memory database), every perdure search attribute registered,
-    configured like the embedded server (temporal-dev/dynamic-config.yaml)."""
-    return await WorkflowEnvironment.start_local(**dev_server_options())
+async def start_server(workdir: Path) -> Server:
+    """The dev server `perdure server start` runs, its history in a SQLite db file in
+    `workdir` (bench/storage.py, as the headline row of `make bench-peers`): a figure that
+    waits on the server pays the db file's writes, as on a real deployment. RuntimeError
+    when `workdir` is in memory (a tmpfs would leave those writes out under a disk's name)."""
+    problem = bench_storage(workdir).refusal()
+    if problem:
+        raise RuntimeError(problem)
+    return await start_storage_server(workdir / "temporal-dev", on_file=True)
+
+
+def bench_storage(workdir: Path) -> Storage:
+    """The storage `make bench` runs on: the db-file row of bench/storage.py."""
+    return Storage("db file", "", workdir, server_on_file=True)
 
 
 def new_id(prefix: str) -> str:
@@ -250,11 +260,11 @@ def on_own_server(measure, options: dict):
     async def _main():
         with tempfile.TemporaryDirectory(prefix="perdure-bench-") as tmp:
             use_home(Path(tmp) / "home")
-            env = await start_server()
+            server = await start_server(Path(tmp))
             try:
-                return await measure(env.client, Path(tmp), **options)
+                return await measure(server.client, Path(tmp), **options)
             finally:
-                await env.shutdown()
+                server.stop()
 
     return asyncio.run(_main())
 

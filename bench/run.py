@@ -1,14 +1,17 @@
 """Run every benchmark in bench/ and merge their headline figures into
 bench/results.json (`make bench`).
 
-One dev server (in-memory) serves all of them, one after another, each on its
-own task queues; PERDURE_HOME and the payload store point at a scratch
-directory. Every figure is printed with its target and, where it has one, as a
+One dev server serves all of them, one after another, each on its own task
+queues: the server `perdure server start` runs, its history in a SQLite db file on
+disk, as in the headline row of `make bench-peers` (bench/storage.py), so every
+figure that waits on the server pays its writes; PERDURE_HOME and the payload
+store point at the same scratch directory (`--disk-dir`, the system's temporary
+directory by default; a tmpfs is refused). Every figure is printed with its target and, where it has one, as a
 ratio of the raw-Temporal baseline measured in the same run (bench/raw.py).
 A benchmark that cannot produce a figure says why and leaves the key out of
 results.json rather than keeping an old value.
 
-    .venv/bin/python bench/run.py [--only overhead,scale,...]
+    .venv/bin/python bench/run.py [--only overhead,scale,...] [--disk-dir /tmp]
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from bench import (  # noqa: E402
     ui_events,
     watchdog,
 )
-from bench.common import Section, start_server, use_home  # noqa: E402
+from bench.common import Section, bench_storage, start_server, use_home  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
 
@@ -118,33 +121,36 @@ def ratios(key: str, value: float, known: dict[str, float]) -> str:
     return f"  (= {', '.join(shown)})" if shown else ""
 
 
-def merge(figures: dict[str, float], dropped: set[str]) -> dict:
+def merge(figures: dict[str, float], dropped: set[str], storage: str) -> dict:
     """Merge headline figures into results.json, keeping keys other benchmarks wrote;
-    keys a benchmark owns but could not measure this time are removed."""
+    keys a benchmark owns but could not measure this time are removed. `bench_storage`
+    says what the server kept its history on."""
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for key in dropped:
         results.pop(key, None)
     results.update(figures)
+    results["bench_storage"] = storage
     RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
     return results
 
 
-async def run(names: list[str]) -> tuple[dict[str, float], set[str], list[str]]:
+async def run(names: list[str], disk_dir: Path) -> tuple[dict[str, float], set[str], list[str]]:
     figures: dict[str, float] = {}
     extra: dict[str, float] = {}
     dropped: set[str] = set()
     failed: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="perdure-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="perdure-bench-", dir=disk_dir) as tmp:
         workdir = Path(tmp)
         use_home(workdir / "home")
-        env = await start_server()
+        server = await start_server(workdir)
+        print(f"storage: {bench_storage(workdir).server()} ({server.db})", flush=True)
         try:
             for name in names:
                 keys, measure = BENCHMARKS[name]
                 print(f"\n== {name} ==", flush=True)
                 started = time.monotonic()
                 try:
-                    section: Section = await measure(env.client, workdir)
+                    section: Section = await measure(server.client, workdir)
                 except Exception:
                     failed.append(name)
                     print(f"{name} FAILED:\n{traceback.format_exc()}", flush=True)
@@ -157,7 +163,7 @@ async def run(names: list[str]) -> tuple[dict[str, float], set[str], list[str]]:
                 extra.update(section.extra)
                 print(f"({name}: {time.monotonic() - started:.0f} s)", flush=True)
         finally:
-            await env.shutdown()
+            server.stop()
     known = {**extra, **figures}
     print("\n== figures ==")
     for key, value in figures.items():
@@ -172,15 +178,26 @@ async def run(names: list[str]) -> tuple[dict[str, float], set[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated: " + ", ".join(BENCHMARKS))
+    parser.add_argument(
+        "--disk-dir",
+        default=tempfile.gettempdir(),
+        help="where the server's db file and the scratch files go (on disk, not a tmpfs)",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    disk_dir = Path(args.disk_dir)
+    problem = bench_storage(disk_dir).refusal()
+    if problem:
+        print(f"error: --disk-dir: {problem}", file=sys.stderr)
+        return 2
     started = time.monotonic()
-    figures, dropped, failed = asyncio.run(run(names))
-    merge(figures, dropped)
-    print(f"merged into {RESULTS.relative_to(ROOT)} ({time.monotonic() - started:.0f} s in all)")
+    figures, dropped, failed = asyncio.run(run(names, disk_dir))
+    merge(figures, dropped, bench_storage(disk_dir).server())
+    shown = RESULTS.relative_to(ROOT) if RESULTS.is_relative_to(ROOT) else RESULTS
+    print(f"merged into {shown} ({time.monotonic() - started:.0f} s in all)")
     if failed:
         print(f"benchmarks that failed: {', '.join(failed)}")
     return 1 if failed else 0
