@@ -5,20 +5,27 @@ An agent step whose scripted model takes 1 s per reply (the scripted server's
 the real OpenAI wire format through perdure's provider, as in production. A
 turn's time is read from the 8-turn goals' histories: from one agent-turn
 activity scheduled to the next (the model activity, its tool call and the
-workflow between), the median over every turn of 3 goals run after an untimed
-warm-up goal; overhead = (turn time - 1 s) / 1 s x 100. The wall-time slope
-between goals of 2 and 8 turns says the same, printed as a check: it swings by
-a per cent or more with the load of a shared machine, since one goal's wall time
-moves by tens of ms. A raw Temporal loop of the very same activities
-(bench/raw.py), run alternately with the goals, gives
-`raw_agent_turn_overhead_pct`: what Temporal and the activities themselves cost
-per turn on the same server and machine, the floor of the goal's figure.
+workflow between), the median over every turn of 4 goals of 10 turns run after
+an untimed warm-up goal; overhead = (turn time - 1 s) / 1 s x 100. The
+wall-time slope between goals of 2 and 10 turns says the same, printed as a
+check: it swings by a per cent or more with the load of a shared machine, since
+one goal's wall time moves by tens of ms. A raw Temporal loop of the very same
+activities (bench/raw.py) gives `raw_agent_turn_overhead_pct`: what Temporal and
+the activities themselves cost per turn on the same server and machine, the
+floor of the goal's figure.
 
-    .venv/bin/python -m bench.agent_turn [--turns 8] [--delay-s 1.0] [--repeats 3]
+The goal and the raw loop run side by side, the raw loop started half a model
+reply after the goal, so each turn's few tens of ms of work falls between the
+other's and both meet the same machine: a shared machine's load moves a turn by
+tens of ms from one minute to the next, which run one after the other showed as
+a difference of a per cent either way between two equal loops.
+
+    .venv/bin/python -m bench.agent_turn [--turns 10] [--delay-s 1.0] [--repeats 4]
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -56,6 +63,12 @@ def marker(turns: int, k: int) -> str:
     return f"AGT{turns}-{k}-END"
 
 
+def step_name(turns: int) -> str:
+    """The agent step of a goal of `turns` turns; no step's name is inside another's (the
+    script matches on text): agent-2turns is not in agent-12turns."""
+    return f"agent-{turns}turns"
+
+
 def script(turn_counts: list[int], delay_s: float) -> dict:
     """Turn 1 answers the step prompt with a read of file 1; turn k answers the
     content of file k-1 with a read of file k; the last turn answers in text.
@@ -63,7 +76,7 @@ def script(turn_counts: list[int], delay_s: float) -> dict:
     replies = []
     for turns in turn_counts:
         for k in range(1, turns + 1):
-            when_last = f"step: agent-t{turns}" if k == 1 else marker(turns, k - 1)
+            when_last = f"step: {step_name(turns)}" if k == 1 else marker(turns, k - 1)
             if k < turns:
                 reply: dict = {"tool_calls": [{"name": "read_file", "arguments": {"path": f"t{turns}-{k}.txt"}}]}
             else:
@@ -76,7 +89,7 @@ async def run_agent_goal(client: Client, task_queue: str, workspace: Path, turns
     """One goal of a single agent step of `turns` turns: (wall seconds, its handle)."""
     steps = [
         {
-            "name": f"agent-t{turns}",
+            "name": step_name(turns),
             "kind": "agent",
             "prompt": PROMPT,
             "tools": ["read_file"],
@@ -112,7 +125,7 @@ async def run_raw_agent(client: Client, task_queue: str, workspace: Path, turns:
     workflow_id = new_id(f"raw-agent-{turns}")
     raw = RawAgentInput(
         profile=PROFILE,
-        step=f"agent-t{turns}",
+        step=step_name(turns),
         prompt=PROMPT,
         tools=["read_file"],
         max_turns=turns + 2,
@@ -127,7 +140,19 @@ async def run_raw_agent(client: Client, task_queue: str, workspace: Path, turns:
     return time.perf_counter() - started, handle
 
 
-async def measure(client: Client, workdir: Path, turns: int = 8, delay_s: float = 1.0, repeats: int = 3) -> Section:
+async def side_by_side(first, second, offset_s: float) -> tuple:
+    """`await first()` and, `offset_s` after it started, `await second()`: both results."""
+    started = asyncio.create_task(first())
+    try:
+        await asyncio.sleep(offset_s)
+        other = await second()
+    except BaseException:
+        started.cancel()
+        raise
+    return await started, other
+
+
+async def measure(client: Client, workdir: Path, turns: int = 10, delay_s: float = 1.0, repeats: int = 4) -> Section:
     home = workdir / "agent"
     sizes = (2, turns)
     files = {f"t{t}-{k}.txt": marker(t, k) + "\n" for t in sizes for k in range(1, t)}
@@ -150,9 +175,12 @@ async def measure(client: Client, workdir: Path, turns: int = 8, delay_s: float 
                 await runners[kind](client, queues[kind], workspace, sizes[0])
             for _ in range(repeats):
                 for t in sizes:
-                    # The goal and the raw loop one after the other, so both meet the same machine.
-                    for kind in KINDS:
-                        seconds, handle = await runners[kind](client, queues[kind], workspace, t)
+                    ran = await side_by_side(
+                        lambda t=t: run_agent_goal(client, goal_queue, workspace, t),
+                        lambda t=t: run_raw_agent(client, raw_queue, workspace, t),
+                        delay_s / 2,
+                    )
+                    for kind, (seconds, handle) in zip(KINDS, ran, strict=True):
                         walls[(kind, t)].append(seconds)
                         if t == turns:
                             histories[kind].append((await run_chain(client, handle))[0])
@@ -170,7 +198,11 @@ async def measure(client: Client, workdir: Path, turns: int = 8, delay_s: float 
             f"{model * 1000:.1f} ms, tool call and workflow between turns {(interval - model) * 1000:.1f} ms; "
             f"wall-time slope {sizes[0]} -> {sizes[1]} turns (medians of {repeats}): {slope:.1f}%"
         )
-    notes.insert(0, f"agent turn (model reply delayed {delay_s:g} s, one read_file per turn, after a warm-up):")
+    notes.insert(
+        0,
+        f"agent turn (model reply delayed {delay_s:g} s, one read_file per turn, after a warm-up; "
+        f"the goal and the raw loop side by side, the raw loop {delay_s / 2:g} s behind):",
+    )
     return Section(
         figures={
             "agent_turn_overhead_pct": round(figures["goal"], 2),
@@ -189,7 +221,7 @@ def slope_overhead(walls: dict, kind: str, sizes: tuple[int, int], delay_s: floa
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_standalone(measure, parse_options(__doc__, argv, turns=8, delay_s=1.0, repeats=3))
+    return run_standalone(measure, parse_options(__doc__, argv, turns=10, delay_s=1.0, repeats=4))
 
 
 if __name__ == "__main__":
