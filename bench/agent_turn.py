@@ -26,6 +26,7 @@ a difference of a per cent either way between two equal loops.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 
@@ -184,10 +185,10 @@ async def measure(client: Client, workdir: Path, turns: int = 10, delay_s: float
                         walls[(kind, t)].append(seconds)
                         if t == turns:
                             histories[kind].append((await run_chain(client, handle))[0])
-    notes, figures = [], {}
+    notes, figures, turns_of = [], {}, {}
     for kind, label in (("goal", "goal"), ("raw", "raw Temporal loop of the same activities")):
         spans = [turn_spans(h) for h in histories[kind]]
-        intervals = [i for intervals, _ in spans for i in intervals]
+        intervals = turns_of[kind] = [i for intervals, _ in spans for i in intervals]
         models = [m for _, ms in spans for m in ms]
         interval, model = median(intervals), median(models)
         figures[kind] = (interval - delay_s) / delay_s * 100
@@ -198,6 +199,11 @@ async def measure(client: Client, workdir: Path, turns: int = 10, delay_s: float
             f"{model * 1000:.1f} ms, tool call and workflow between turns {(interval - model) * 1000:.1f} ms; "
             f"wall-time slope {sizes[0]} -> {sizes[1]} turns (medians of {repeats}): {slope:.1f}%"
         )
+    low, high = difference_interval(turns_of["goal"], turns_of["raw"])
+    notes.append(
+        f"goal - raw: {figures['goal'] - figures['raw']:+.2f} percentage points; 90 % of the differences with "
+        f"the turns drawn again: {low / delay_s * 100:+.2f} to {high / delay_s * 100:+.2f}"
+    )
     notes.insert(
         0,
         f"agent turn (model reply delayed {delay_s:g} s, one read_file per turn, after a warm-up; "
@@ -211,6 +217,22 @@ async def measure(client: Client, workdir: Path, turns: int = 10, delay_s: float
         },
         notes=notes,
     )
+
+
+def difference_interval(
+    goal: list[float], raw: list[float], draws: int = 2000, confidence: float = 0.9
+) -> tuple[float, float]:
+    """How far the difference of the two medians (goal - raw) moves when each side's turns
+    are drawn again with replacement: the `confidence` interval of `draws` such differences,
+    from a fixed seed (the same turns give the same interval). Turns on a shared machine
+    spread by tens of ms; the interval says whether a difference of a few ms was measured or
+    is noise."""
+    rng = random.Random(0)
+    differences = sorted(
+        median(rng.choices(goal, k=len(goal))) - median(rng.choices(raw, k=len(raw))) for _ in range(draws)
+    )
+    tail = (1 - confidence) / 2
+    return differences[int(tail * (draws - 1))], differences[int((1 - tail) * (draws - 1))]
 
 
 def slope_overhead(walls: dict, kind: str, sizes: tuple[int, int], delay_s: float) -> float:

@@ -129,4 +129,19 @@ class RawAgentWorkflow:
         return input.max_turns
 
 
+HOLD_ACTIVITY = "bench.hold"
+
+
+@workflow.defn(name="bench.RawHold")
+class RawHoldWorkflow:
+    """One local activity that sleeps `hold_s`: its workflow task stays open, and the SDK
+    heartbeats it at 80 % of the task timeout (bench/task_timeout.py)."""
+
+    @workflow.run
+    async def run(self, hold_s: float) -> None:
+        await workflow.execute_local_activity(
+            HOLD_ACTIVITY, hold_s, start_to_close_timeout=timedelta(seconds=hold_s + 60)
+        )
+
+
 RAW_WORKFLOWS = [RawToolsWorkflow, RawAgentWorkflow]

@@ -95,6 +95,7 @@ async def measure(client: Client, workdir: Path, goals: int = 100) -> Section:
         seconds = time.perf_counter() - started
         peak_mb = proc_status_kb(proc.pid, "VmHWM") / 1024
         end_mb = proc_status_kb(proc.pid, "VmRSS") / 1024
+        threads = proc_status_kb(proc.pid, "Threads")
     finally:
         kill_child(proc)
     reasons = Counter(f"{r.outcome}: {'; '.join(r.unfinished)}" for r in results if r.outcome != "succeeded")
@@ -102,7 +103,8 @@ async def measure(client: Client, workdir: Path, goals: int = 100) -> Section:
     notes = [
         f"one `perdure worker` process, {goals} concurrent goals (3 tool steps + 1 llm step each, scripted model): "
         f"{ok} of {goals} succeeded in {seconds:.1f} s; RSS idle {idle_mb:.0f} MB, after {end_mb:.0f} MB, "
-        f"peak (VmHWM) {peak_mb:.0f} MB ({(peak_mb - idle_mb) / goals:.2f} MB per goal above idle)"
+        f"peak (VmHWM) {peak_mb:.0f} MB ({(peak_mb - idle_mb) / goals:.2f} MB per goal above idle); "
+        f"{threads} threads at the end"
     ]
     notes += [f"  NOT SUCCEEDED x{count}: {reason}" for reason, count in reasons.most_common(5)]
     return Section(figures={"worker_peak_rss_mb": round(peak_mb, 1)}, notes=notes)

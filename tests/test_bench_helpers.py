@@ -4,6 +4,8 @@ benchmarks themselves are not run by `make test`."""
 from __future__ import annotations
 
 import dataclasses
+import random
+from statistics import median
 
 import pytest
 from temporalio.api.common.v1 import Payload
@@ -111,3 +113,17 @@ def test_each_goal_is_a_chain_of_a_wait_then_a_read_its_plan_accepts():
     assert [s.get("after") for s in steps[::2]] == ["7s", "30s", "30s"]
     assert all(s["needs"] == [prev["name"]] for prev, s in zip(steps, steps[1:], strict=False))
     Plan(steps=steps)
+
+
+def test_the_overhead_difference_comes_with_an_interval_that_covers_it_and_narrows_with_more_turns():
+    from bench.agent_turn import difference_interval
+
+    rng = random.Random(7)
+    goal = [1.003 + rng.expovariate(1 / 0.02) for _ in range(40)]
+    raw = [1.000 + rng.expovariate(1 / 0.02) for _ in range(40)]
+    low, high = difference_interval(goal, raw)
+    assert low < median(goal) - median(raw) < high
+    many_low, many_high = difference_interval(goal * 10, raw * 10)
+    assert many_high - many_low < high - low
+    # The same turns give the same interval (a fixed seed): the printed figure can be checked.
+    assert difference_interval(goal, raw) == (low, high)
