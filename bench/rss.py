@@ -49,7 +49,10 @@ def proc_status_kb(pid: int, field: str) -> int:
     raise KeyError(f"{field} not in /proc/{pid}/status")
 
 
-def start_worker(client: Client, home: Path, task_queue: str, log: Path) -> subprocess.Popen:
+def start_worker(
+    client: Client, home: Path, task_queue: str, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`perdure worker` as a user starts it, with `env` added to its environment."""
     script = home / "script.yaml"
     script.write_text('replies:\n  - {when: PERDURE-STEP, content: "A short summary of a.txt and b.txt."}\n')
     config = home / "config.toml"
@@ -62,6 +65,7 @@ def start_worker(client: Client, home: Path, task_queue: str, log: Path) -> subp
         "PERDURE_HOME": str(home),
         "PERDURE_CONFIG": str(config),
         "PERDURE_WATCHDOG_INTERVAL_S": "0",
+        **(env or {}),
     }
     with open(log, "wb") as out:
         return subprocess.Popen(

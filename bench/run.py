@@ -43,6 +43,7 @@ from bench import (  # noqa: E402
     replay,
     rss,
     scale,
+    task_timeout,
     ui_events,
     watchdog,
 )
@@ -93,6 +94,9 @@ BENCHMARKS = {
     "agent_turn": (agent_turn.KEYS, agent_turn.measure),
     # With the command's recovery (bench/recovery_command.py), so recovery_s is the worst of all.
     "recovery": (recovery.KEYS, recovery.measure),
+    # Why a worker restarted in place takes a goal back no sooner: what a shorter workflow
+    # task timeout costs busy workers, and how long `perdure worker` takes to start.
+    "task_timeout": (task_timeout.KEYS, task_timeout.measure),
     "command_sandbox": (command_sandbox.KEYS, command_sandbox.measure),
     # Disk and an S3-compatible store (moto's server on localhost: said in its output).
     "artifact_store": (artifact_store.KEYS, artifact_store.measure),

@@ -127,3 +127,13 @@ def test_the_overhead_difference_comes_with_an_interval_that_covers_it_and_narro
     assert many_high - many_low < high - low
     # The same turns give the same interval (a fixed seed): the printed figure can be checked.
     assert difference_interval(goal, raw) == (low, high)
+
+
+def test_max_goals_tries_3000_goals_on_a_worker_whose_cache_holds_them_all():
+    from bench import max_goals
+
+    assert max(int(n) for n in max_goals.LEVELS.split(",")) == 3000
+    assert max_goals.worker_env([1000, 2000, 3000]) == {"PERDURE_WORKFLOW_CACHE": "3000"}
+    assert max_goals.worker_env([100, 1000]) == {}  # the default cache (1,000 runs) holds them
+    # Starting 1,000 goals took 100-250 s under load: their first tasks get more than the 300 s of a few.
+    assert max_goals.ramp_limit_s(1000) > max_goals.ramp_limit_s(100) >= 300
