@@ -1,10 +1,13 @@
 """Peak memory of one worker process running 100 goals at once (`worker_peak_rss_mb`).
 
 Starts `perdure worker` as a subprocess, exactly as a user does (PERDURE_TEMPORAL,
-PERDURE_HOME, PERDURE_TASK_QUEUE, PERDURE_CONFIG), with a scripted model profile
-served in the worker. Then starts 100 small goals together, each three tool
-steps (list_dir, two read_file) and an llm step that needs them, waits for all
-of them, and reads the worker's VmHWM (peak resident set) from /proc.
+PERDURE_HOME, PERDURE_TASK_QUEUE, PERDURE_CONFIG), with a model profile speaking the
+OpenAI format to the scripted model server, which runs in the benchmark's process as
+a provider's API runs elsewhere: the worker's memory is the worker's, not a model
+server's (served in the worker, its thread per request held ~10 MB more at the
+peak). Then starts 100 small goals together, each three tool steps (list_dir, two
+read_file) and an llm step that needs them, waits for all of them, and reads the
+worker's VmHWM (peak resident set) from /proc.
 
     .venv/bin/python -m bench.rss [--goals 100]
 """
@@ -31,6 +34,7 @@ from bench.common import (
     run_standalone,
     start_goal,
 )
+from perdure.activities.models.scripted import ScriptedServer
 
 KEYS = ("worker_peak_rss_mb",)
 PROFILE = "bench-rss"
@@ -49,14 +53,22 @@ def proc_status_kb(pid: int, field: str) -> int:
     raise KeyError(f"{field} not in /proc/{pid}/status")
 
 
+SCRIPT = {"replies": [{"when": "PERDURE-STEP", "content": "A short summary of a.txt and b.txt."}]}
+
+
 def start_worker(
-    client: Client, home: Path, task_queue: str, log: Path, env: dict[str, str] | None = None
+    client: Client,
+    home: Path,
+    task_queue: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    model_url: str | None = None,
 ) -> subprocess.Popen:
-    """`perdure worker` as a user starts it, with `env` added to its environment."""
-    script = home / "script.yaml"
-    script.write_text('replies:\n  - {when: PERDURE-STEP, content: "A short summary of a.txt and b.txt."}\n')
+    """`perdure worker` as a user starts it, with `env` added to its environment; with
+    `model_url`, its profile PROFILE calls the OpenAI-compatible server there."""
     config = home / "config.toml"
-    config.write_text(f'[profiles.{PROFILE}]\nprovider = "scripted"\nmodel = "scripted"\nscript = "{script}"\n')
+    profile = f'[profiles.{PROFILE}]\nprovider = "openai"\nmodel = "scripted-gpt"\nbase_url = "{model_url}"\n'
+    config.write_text(profile if model_url else "")
     env = {
         **os.environ,
         "PERDURE_TEMPORAL": client.service_client.config.target_host,
@@ -86,7 +98,14 @@ async def measure(client: Client, workdir: Path, goals: int = 100) -> Section:
     workspace = make_workspace(home / "ws", {"a.txt": "alpha\n", "b.txt": "beta\n"})
     task_queue = new_id("bench-rss")
     log = home / "worker.log"
-    proc = start_worker(client, home, task_queue, log)
+    with ScriptedServer(SCRIPT) as model:
+        return await measure_worker(client, home, workspace, task_queue, log, model.openai_base_url, goals)
+
+
+async def measure_worker(
+    client: Client, home: Path, workspace: Path, task_queue: str, log: Path, model_url: str, goals: int
+) -> Section:
+    proc = start_worker(client, home, task_queue, log, model_url=model_url)
     try:
         await wait_polling(proc, log)
         idle_mb = proc_status_kb(proc.pid, "VmRSS") / 1024
@@ -105,7 +124,8 @@ async def measure(client: Client, workdir: Path, goals: int = 100) -> Section:
     reasons = Counter(f"{r.outcome}: {'; '.join(r.unfinished)}" for r in results if r.outcome != "succeeded")
     ok = goals - sum(reasons.values())
     notes = [
-        f"one `perdure worker` process, {goals} concurrent goals (3 tool steps + 1 llm step each, scripted model): "
+        f"one `perdure worker` process, {goals} concurrent goals (3 tool steps + 1 llm step each; "
+        "the model server outside the worker): "
         f"{ok} of {goals} succeeded in {seconds:.1f} s; RSS idle {idle_mb:.0f} MB, after {end_mb:.0f} MB, "
         f"peak (VmHWM) {peak_mb:.0f} MB ({(peak_mb - idle_mb) / goals:.2f} MB per goal above idle); "
         f"{threads} threads at the end"

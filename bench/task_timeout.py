@@ -23,7 +23,7 @@ This benchmark measures both sides on the bench's server:
   restarted in place takes a goal back after the later of the two: its start and the dead
   worker's task timeout.
 
-    .venv/bin/python -m bench.task_timeout [--timeouts 1,1.5,2] [--workflows 40] [--hold-s 8] [--burners 3]
+    .venv/bin/python -m bench.task_timeout [--timeouts 1,1.5,2] [--workflows 60] [--hold-s 8] [--burners 3]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,8 +60,20 @@ async def hold(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-async def busy_tasks(client: Client, timeout_s: float, workflows: int, hold_s: float) -> tuple[int, int]:
-    """(workflow tasks timed out, workflow tasks in all) of `workflows` held open at once."""
+@dataclass
+class Busy:
+    timeout_s: float
+    timed_out: int  # workflow tasks timed out, their worker alive
+    tasks: int  # workflow tasks in all
+    unfinished: int  # workflows not done within the wait: their tasks kept timing out
+
+    def describe(self) -> str:
+        stuck = f"; {self.unfinished} workflow(s) NOT done after the wait" if self.unfinished else ""
+        return f"  task timeout {self.timeout_s:g} s: {self.timed_out} of {self.tasks} workflow tasks timed out{stuck}"
+
+
+async def busy_tasks(client: Client, timeout_s: float, workflows: int, hold_s: float) -> Busy:
+    """`workflows` held open at once on one worker, waited for up to three holds and a minute."""
     task_queue = f"bench-hold-{uuid.uuid4().hex[:8]}"
     async with Worker(client, task_queue=task_queue, workflows=[RawHoldWorkflow], activities=[hold]):
         handles = await asyncio.gather(
@@ -75,15 +88,20 @@ async def busy_tasks(client: Client, timeout_s: float, workflows: int, hold_s: f
                 for i in range(workflows)
             )
         )
-        await asyncio.gather(*(h.result() for h in handles))
-    timed_out = tasks = 0
+        results = [asyncio.ensure_future(h.result()) for h in handles]
+        await asyncio.wait(results, timeout=3 * hold_s + 60)
+        unfinished = [h for h, r in zip(handles, results, strict=True) if not r.done()]
+        for result in results:
+            result.cancel()
+        await asyncio.gather(*(h.terminate("benchmark over") for h in unfinished))
+    busy = Busy(timeout_s, 0, 0, len(unfinished))
     for handle in handles:
         async for event in handle.fetch_history_events():
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
-                tasks += 1
+                busy.tasks += 1
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-                timed_out += 1
-    return timed_out, tasks
+                busy.timed_out += 1
+    return busy
 
 
 async def worker_start(client: Client, root: Path) -> float:
@@ -102,7 +120,7 @@ async def measure(
     client: Client,
     workdir: Path,
     timeouts: str = "1,1.5,2",
-    workflows: int = 40,
+    workflows: int = 60,
     hold_s: float = 8.0,
     burners: int = 3,
     starts: int = 3,
@@ -115,9 +133,10 @@ async def measure(
     procs = [subprocess.Popen(BURNER, stdin=subprocess.DEVNULL) for _ in range(burners)]
     try:
         for timeout_s in sorted(float(t) for t in timeouts.split(",")):
-            timed_out, tasks = await busy_tasks(client, timeout_s, workflows, hold_s)
-            figures[timeouts_key(timeout_s)] = round(100 * timed_out / tasks, 1)
-            notes.append(f"  task timeout {timeout_s:g} s: {timed_out} of {tasks} workflow tasks timed out")
+            busy = await busy_tasks(client, timeout_s, workflows, hold_s)
+            figures[timeouts_key(timeout_s)] = round(100 * busy.timed_out / busy.tasks, 1)
+            notes.append(busy.describe())
+            print(busy.describe(), flush=True)
     finally:
         for proc in procs:
             kill_child(proc)
@@ -131,7 +150,7 @@ async def measure(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    options = parse_options(__doc__, argv, timeouts="1,1.5,2", workflows=40, hold_s=8.0, burners=3, starts=3)
+    options = parse_options(__doc__, argv, timeouts="1,1.5,2", workflows=60, hold_s=8.0, burners=3, starts=3)
     return run_standalone(measure, options)
 
 
