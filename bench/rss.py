@@ -4,8 +4,7 @@ Starts `perdure worker` as a subprocess, exactly as a user does (PERDURE_TEMPORA
 PERDURE_HOME, PERDURE_TASK_QUEUE, PERDURE_CONFIG), with a model profile speaking the
 OpenAI format to the scripted model server, which runs in the benchmark's process as
 a provider's API runs elsewhere: the worker's memory is the worker's, not a model
-server's (served in the worker, its thread per request held ~10 MB more at the
-peak). Then starts 100 small goals together, each three tool steps (list_dir, two
+server's. Then starts 100 small goals together, each three tool steps (list_dir, two
 read_file) and an llm step that needs them, waits for all of them, and reads the
 worker's VmHWM (peak resident set) from /proc.
 
