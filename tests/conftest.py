@@ -30,7 +30,7 @@ from perdure.runtime import settings as settings_
 from perdure.runtime.s3_client import S3Location
 from perdure.starters.ui_server import build_app
 from perdure.testing.crash import CrashRig
-from perdure.testing.fakes import FakeService
+from perdure.testing.fakes import PAYMENTS_KEY, FakeService, PaymentsAPI
 from perdure.testing.s3_server import S3Server
 from tests.device_rig import InProcessDevice
 from tests.helpers import dev_server_options, free_ports
@@ -158,6 +158,12 @@ def fake_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Fake
     yield start
     for service in services:
         service.stop()
+
+
+@pytest.fixture
+def payments(fake_service) -> PaymentsAPI:
+    """The fake payments API (its real format) for this test, its key set for the worker."""
+    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 @pytest.fixture

@@ -345,6 +345,17 @@ def completions(history: WorkflowHistory) -> list[tuple[int, int]]:
     return found
 
 
+def first_event(history: WorkflowHistory, step: str) -> int:
+    """The event id of the first activity scheduled for `step` (a write's prepare included)."""
+    return min(event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary)
+
+
+def completed_at(history: WorkflowHistory, step: str) -> int:
+    """The event id at which `step`'s last activity completed."""
+    ours = {event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary}
+    return max(done for done, scheduled in completions(history) if scheduled in ours)
+
+
 def workflow_task_failures(history: WorkflowHistory, *, burst: bool = False) -> list[str]:
     """The failure message of every workflow task that failed, but those the server failed
     itself because a signal or an update came in while the workflow was completing

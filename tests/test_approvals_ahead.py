@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 import pytest
 
 import perdure
-from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
 from perdure.workflows.goal.contracts.goal_contracts import AheadApproval
 from perdure.workflows.goal.contracts.messages import Answer, Queue, Rewind
 from perdure.workflows.goal.contracts.state import Question
@@ -28,10 +27,10 @@ from tests.builders import STEP_REPLY, gate, llm, openai_profile
 from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
 from tests.helpers import (
     cards_until_the_end,
-    completions,
+    completed_at,
+    first_event,
     goal_result,
     running_worker,
-    scheduled_activities,
     start,
     statuses,
     submit,
@@ -40,23 +39,9 @@ from tests.helpers import (
 from tests.helpers import run_cli as cli
 
 
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
-
-
 def pay_step(name: str, cents: int = 12_500, **extra) -> dict:
     args = {"amount_cents": cents, "currency": "EUR", "recipient": "ACME GmbH", "memo": f"invoice {name}"}
     return {"name": name, "kind": "tool", "tool": "make_payment", "args": args, **extra}
-
-
-def first_event(history, step: str) -> int:
-    return min(event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary)
-
-
-def completed_at(history, step: str) -> int:
-    ours = {event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary}
-    return max(done for done, scheduled in completions(history) if scheduled in ours)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from perdure.activities.tools.catalogue.http_tools import HttpRequestArgs
-from perdure.testing.fakes import PAYMENTS_KEY, LedgerAPI, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import LedgerAPI, WebhookReceiver
 from perdure.testing.repo import git, init_repo
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
@@ -30,11 +30,6 @@ from tests.helpers import (
 )
 
 RECIPIENTS = ["ada", "grace", "alan", "edsger", "barbara"]
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 def pay_step(name: str = "pay", **extra) -> dict:

@@ -24,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 
 from perdure.activities.artifacts import ArtifactStore, DiskArtifactStore
 from perdure.starters.mcp_server import build_server
-from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI
+from perdure.testing.fakes import PaymentsAPI
 from tests.builders import gate
 from tests.helpers import free_ports, goal_result, running_worker
 from tests.mcp_rig import call, status_until, stdio_server
@@ -37,11 +37,6 @@ PAY_PLAN = {
     "goal": "Pay invoice 42",
     "steps": [{"name": "pay", "kind": "tool", "tool": "make_payment", "args": PAYMENT}],
 }
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 @pytest.fixture

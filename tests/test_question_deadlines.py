@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from perdure.starters import cli
 from perdure.starters.cli import terminal
-from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import WebhookReceiver
 from perdure.workflows.goal.contracts.events import QuestionChanged
 from perdure.workflows.goal.contracts.messages import Approve, Resume
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -54,11 +54,6 @@ pytestmark = [pytest.mark.slow]
 
 PAY = {"amount_cents": 1_000, "currency": "EUR", "recipient": "ACME GmbH", "memo": "invoice 38"}
 TIMER_SUMMARY = "a question's reminder or deadline"
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 def pay_step(**deadline) -> dict:

@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 
 from perdure.starters import cli
 from perdure.starters.cli import terminal
-from perdure.testing.fakes import MAIL_KEY, PAYMENTS_KEY, MailAPI, PaymentsAPI
+from perdure.testing.fakes import MAIL_KEY, MailAPI
 from perdure.workflows.goal.contracts.messages import Answer, Approve, Steer
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules import risk_order
 from tests.builders import STEP_REPLY, agent, gate, llm, openai_profile, write_notes
-from tests.helpers import completions, running_worker, scheduled_activities, start, statuses, submit, wait_until
+from tests.helpers import completed_at, first_event, running_worker, start, statuses, submit, wait_until
 
 MAIL = {"to": "owner@example.com", "subject": "Done", "body": "The notes are summarised."}
 
@@ -31,11 +31,6 @@ MAIL = {"to": "owner@example.com", "subject": "Done", "body": "The notes are sum
 @pytest.fixture
 def mail(fake_service) -> MailAPI:
     return fake_service(MailAPI, api_key=MAIL_KEY)
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 def pay_step(name: str = "pay", **extra) -> dict:
@@ -57,17 +52,6 @@ async def status_why(env, goal_id: str) -> str:
         ran = await asyncio.to_thread(CliRunner().invoke, cli.app, ["status", goal_id, "--why"], env=address)
     assert ran.exit_code == 0, ran.output
     return ran.output
-
-
-def first_event(history, step: str) -> int:
-    """The event id of the first activity scheduled for `step` (a write's prepare included)."""
-    return min(event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary)
-
-
-def completed_at(history, step: str) -> int:
-    """The event id at which `step`'s last activity completed."""
-    ours = {event_id for event_id, _, summary in scheduled_activities(history) if f" · {step} · " in summary}
-    return max(done for done, scheduled in completions(history) if scheduled in ours)
 
 
 # --- from outside ---------------------------------------------------------------------

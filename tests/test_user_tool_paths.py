@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from perdure.activities.tools.user.tool_modules import load_toolbox
-from perdure.testing.fakes import PAYMENTS_KEY, QUOTES_KEY, LedgerAPI, PaymentsAPI, QuotesAPI, WebhookReceiver
+from perdure.testing.fakes import QUOTES_KEY, LedgerAPI, QuotesAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.shared.retries import RETRY_BY_POLICY
@@ -25,11 +25,6 @@ from tests.helpers import goal_result, running_worker, scheduled_activities, sta
 
 SAMPLE = "tests.usertool_sample"
 CHARGE = {"amount_cents": 1200, "recipient": "ACME GmbH", "memo": "invoice 7"}
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 @pytest.fixture(scope="module")

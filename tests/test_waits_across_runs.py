@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from perdure.testing.fakes import PAYMENTS_KEY, PaymentsAPI, WebhookReceiver
+from perdure.testing.fakes import WebhookReceiver
 from perdure.workflows.goal.contracts.messages import Answer, Approve, Park, Resume, Rewind, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import STEP_REPLY, agent, llm, openai_profile, tool_then_answer
@@ -18,11 +18,6 @@ pytestmark = pytest.mark.slow
 READS = 150
 # Enough chained reads for three runs of 50 events (a dozen reads each) and a margin.
 SHORT_CHAIN = 45
-
-
-@pytest.fixture
-def payments(fake_service) -> PaymentsAPI:
-    return fake_service(PaymentsAPI, api_key=PAYMENTS_KEY)
 
 
 async def start_long(env, task_queue, workspace, steps, tools, events: int = 50, **extra):
