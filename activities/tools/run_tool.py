@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from perdure.activities.heartbeat import Heartbeat
 from perdure.activities.mcp.mcp_calls import McpEffectTool, McpReadTool, McpServers
 from perdure.activities.spans import tool_call_span
 from perdure.activities.tools import sandbox
+from perdure.activities.tools.batch_journal import BatchJournal
 from perdure.activities.tools.catalogue import TOOL_SPECS, TOOLS
 from perdure.activities.tools.catalogue.command_tool import RunCommandArgs, decide_command_retry
 from perdure.activities.tools.catalogue.file_tools import ReadFileArgs, WriteFileArgs
@@ -66,6 +67,14 @@ from perdure.workflows.shared.effects import prepared_effect
 from perdure.workflows.shared.mcp_tools import schema_problems, schema_summary
 from perdure.workflows.shared.tool_specs import Tool, ToolArgs, ToolSpec
 
+# A batch's calls start in its order, this many at a time, each holding its place until it
+# ends or for HELD_PLACE_S at most. Started all at once, 100 small reads each queue for
+# the worker's few threads behind the others (their arguments, their read, their output's
+# put): all of them are answered, and kept (activities/tools/batch_journal.py), ~30 ms
+# after the first read, so a worker killed meanwhile loses reads that had run. A call
+# that outlasts its place (a slow or blocked read) stops holding back the ones after it.
+BATCH_CALLS_AT_ONCE = 4
+HELD_PLACE_S = 0.01
 MAX_ERROR_CHARS = 2_000
 """Errors travel in workflow history and into prompts; keep them short."""
 
@@ -90,6 +99,7 @@ class ToolActivities:
         # The MCP servers config.toml names: a goal's MCP tools are called through them.
         self._mcp = mcp or McpServers({})
         self.versions = WorkspaceVersions(store)
+        self.journal = BatchJournal.beside(store)
         # The built-in tools this worker runs (a test may put its own implementation in), and
         # the user's own it loads (their names never clash with a built-in one's).
         self.tools: dict[str, Tool] = {**TOOLS, **(user_tools or {})}
@@ -101,15 +111,33 @@ class ToolActivities:
         alone with its own retries, and the others' results stand."""
 
         real_roots: dict[str, Path] = {}
+        # What a killed worker's run of this very batch answered: those calls are not run again.
+        kept, run_id = None, activity.info().workflow_run_id
+        if input.batch is not None and run_id:
+            kept = self.journal.open(run_id, input.batch, input.recorded_below)
 
-        async def one(call: ToolInput, summary: str) -> ToolBatchEntry:
+        places = asyncio.Semaphore(BATCH_CALLS_AT_ONCE)
+
+        async def one(index: int, call: ToolInput, summary: str) -> ToolBatchEntry:
+            answered = kept.answer(index, call) if kept is not None else None
+            if answered is not None:
+                return answered
             try:
-                return ToolBatchEntry(call=summary, result=await self._run(call, real_roots))
+                entry = ToolBatchEntry(call=summary, result=await _in_order(places, self._run(call, real_roots)))
             except Exception as err:  # noqa: BLE001 - the goal re-runs this call alone
                 return ToolBatchEntry(call=summary, error=f"{type(err).__name__}: {err}"[:2000])
+            if kept is not None:
+                kept.keep(index, call, entry)
+            return entry
 
         summaries = input.summaries + [""] * (len(input.calls) - len(input.summaries))
-        entries = await asyncio.gather(*(one(call, summaries[i]) for i, call in enumerate(input.calls)))
+        try:
+            entries = await asyncio.gather(*(one(i, call, summaries[i]) for i, call in enumerate(input.calls)))
+        finally:
+            if kept is not None:
+                kept.close()
+        if kept is not None and kept.served:
+            activity.logger.info("batch answers taken from the journal", extra={"served": kept.served})
         size = sum(len(entry.model_dump_json().encode()) for entry in entries)
         return ToolBatchResult(entries=list(entries), size_bytes=size)
 
@@ -175,8 +203,12 @@ class ToolActivities:
                 raise ApplicationError(str(err), type="WorkspaceMissing", non_retryable=True) from None
 
         try:
-            # Off the loop: templates and a model's arguments are read from the store.
-            args = await asyncio.to_thread(self._arguments, input, spec)
+            if input.args_ref is None and not input.inputs:
+                # Nothing to read from the store: validated here, without a thread's hand-off.
+                args = self._arguments(input, spec)
+            else:
+                # Off the loop: templates and a model's arguments are read from the store.
+                args = await asyncio.to_thread(self._arguments, input, spec)
         except _BadArguments as err:
             return await failed(str(err))
 
@@ -358,6 +390,19 @@ class ToolActivities:
             # The store is this machine's disk: retrying here will not bring the
             # blob back. The workflow decides (re-run the producer, or fail).
             raise ApplicationError(f"cannot load {what}: {err}", type=type(err).__name__, non_retryable=True) from None
+
+
+async def _in_order(places: asyncio.Semaphore, call: Coroutine[Any, Any, ToolResult]) -> ToolResult:
+    """The call's result, started once it has a place (BATCH_CALLS_AT_ONCE), which it gives up
+    when it ends or after HELD_PLACE_S."""
+    async with places:
+        running = asyncio.ensure_future(call)
+        try:
+            await asyncio.wait({running}, timeout=HELD_PLACE_S)
+        except asyncio.CancelledError:
+            running.cancel()
+            raise
+    return await running
 
 
 def _fence_token(input: ToolInput) -> FenceToken | None:

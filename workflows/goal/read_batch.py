@@ -23,6 +23,12 @@ started in this activation has made its call. A call that raised in the batch (n
 a tool error, which is data) is run again alone by its caller, with the retry policy
 it has without a batch: errors keep their meaning and their retries.
 
+A batch's answers reach history only when its workflow task completes; a worker killed
+before then loses them. Each batch carries its number in the run (counted as batches are
+scheduled: the same on replay) and the number below which the run's batches are in
+history, so the worker keeps its answers until then (activities/tools/batch_journal.py)
+and a worker running the same batch again after a crash reads only what was running.
+
 Workflow code.
 """
 
@@ -83,6 +89,12 @@ class ReadBatcher:
         self._dependents: tuple[Plan, dict[str, list[ToolStep]]] | None = None
         # (history length when the workflow task started, bytes its local activities returned)
         self._spent = (0, 0)
+        # This run's batches, counted as they are scheduled (the same count on replay), and
+        # those not known to be in history yet: batch -> history length when it was
+        # answered (None: still running). The worker keeps a batch's answers until then
+        # (activities/tools/batch_journal.py), for a worker running it again after a crash.
+        self._batches = 0
+        self._unrecorded: dict[int, int | None] = {}
 
     def read_ahead(self, node: Node | None, tool_input: ToolInput) -> ToolResult | None:
         """The result a batch read ahead for this node's call, if it still stands."""
@@ -171,7 +183,13 @@ class ReadBatcher:
         """One batch's answers, one per call; answers missing (the batch failed as a whole)
         mean each of its calls runs alone, with its own retries. `local`: in this workflow
         task, as a local activity; else as an activity, which ends the task."""
-        batch = ToolBatchInput(calls=[c.tool_input for c in chunk], summaries=[c.summary for c in chunk])
+        number, recorded_below = self._number_batch()
+        batch = ToolBatchInput(
+            calls=[c.tool_input for c in chunk],
+            summaries=[c.summary for c in chunk],
+            batch=number,
+            recorded_below=recorded_below,
+        )
         # The activity runs the calls side by side: the slowest one's limit bounds it.
         options = dict(
             result_type=ToolBatchResult,
@@ -192,7 +210,23 @@ class ReadBatcher:
             # A local activity out of attempts raises its cause (an ApplicationError, a
             # TimeoutError), an activity an ActivityError: any failure of the batch as a whole.
             return [None] * len(chunk)
+        finally:
+            self._unrecorded[number] = workflow.info().get_current_history_length()
         return [entry for entry in answered.entries]
+
+    def _number_batch(self) -> tuple[int, int]:
+        """The next batch's number, and the run's batches below which all are in history: a
+        batch answered before the current workflow task started was recorded when the task
+        that took its answer completed (a task heartbeat records the answers it has)."""
+        now = workflow.info().get_current_history_length()
+        for number, answered_at in list(self._unrecorded.items()):
+            if answered_at is not None and answered_at < now:
+                del self._unrecorded[number]
+        number = self._batches
+        self._batches += 1
+        recorded_below = min(self._unrecorded, default=number)
+        self._unrecorded[number] = None
+        return number, recorded_below
 
     def _local_room(self) -> int:
         """Calls this activation may still place in local activities (LOCAL_BYTES_PER_TASK)."""

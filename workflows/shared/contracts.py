@@ -132,6 +132,13 @@ class ToolBatchInput(BaseModel):
 
     calls: list[ToolInput] = Field(min_length=1)
     summaries: list[str] = Field(default_factory=list, description="Each call's summary, echoed in its entry.")
+    batch: int | None = Field(
+        default=None,
+        description="The batch's number in its goal run: the worker keeps its answers until its workflow task "
+        "is recorded, for a worker that runs it again after a crash (activities/tools/batch_journal.py). "
+        "None: nothing kept.",
+    )
+    recorded_below: int = Field(default=0, description="The run's batches numbered below this are in history.")
 
 
 class ToolBatchEntry(BaseModel):
