@@ -39,6 +39,8 @@ class Heartbeat:
     def set(self, details: Any) -> None:
         """Beat now with these details; later beats repeat them."""
         self.details = details
+        if activity.in_activity() and activity.info().is_local:
+            return  # a local activity has no heartbeat (the SDK warns at each): its details stay here
         activity.heartbeat(details)
 
     async def __aenter__(self) -> Heartbeat:

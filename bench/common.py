@@ -122,6 +122,7 @@ def goal_spec(workspace: Path, steps: list[dict], **overrides) -> GoalSpec:
         model_profile="none",
         workspace=str(workspace),
         drift_every=0,
+        local_keyed_writes=True,  # as every start (starters/client/goal_specs.py)
     )
     fields.update(overrides)
     return GoalSpec(**fields)

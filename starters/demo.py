@@ -144,6 +144,7 @@ async def run_demo(console: Console) -> None:
         allowed_tools=DEMO_TOOLS,
         workspace=str(workspace),
         budget=Budget().with_default_tokens(),  # as `perdure start` gives a goal with no budget
+        local_keyed_writes=True,  # as every start
     )
     goal_id = new_goal_id("demo")
     await start_goal(client.temporal, spec, goal_id)

@@ -132,6 +132,7 @@ async def run_demo_crash(console: Console) -> bool:
             plan=demo_plan(ledger.base_url),
             workspace=str(workdir),
             allowed_tools=["send_email", "http_request"],
+            local_keyed_writes=True,  # as every start: the keyed writes run as local activities
         )
         handle = await client.start_workflow(
             GoalWorkflow.run,

@@ -228,6 +228,7 @@ async def _one_goal(rig, report, rng, root, seed, kills, max_kills_per_goal, mai
         model_profile="test",
         workspace=str(repo),
         allowed_tools=["send_email", "http_request", "write_file", "git_commit"],
+        local_keyed_writes=True,  # as every start: its keyed and checked writes run as local activities
     )
     handle = await rig.start_goal(spec, goal_id)
     result_task = asyncio.create_task(ended(handle))

@@ -77,3 +77,9 @@ def test_the_question_deadline_every_start_gets_digests_as_no_deadline_did():
     assert spec_digest(defaulted) == spec_digest(spec)
     shorter = spec.model_copy(update={"question_deadline": QuestionDeadline(after="10m")})
     assert spec_digest(shorter) != spec_digest(spec)
+
+
+def test_keyed_writes_as_local_activities_are_no_part_of_the_digest():
+    """Every start now sets it: a start retried across that upgrade still names its goal."""
+    spec = GoalSpec(goal="tidy the notes", workspace="/tmp/w")
+    assert spec_digest(spec.model_copy(update={"local_keyed_writes": True})) == spec_digest(spec)

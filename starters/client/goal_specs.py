@@ -157,6 +157,7 @@ LATER_SPEC_FIELDS = (
     *("evidence_window", "min_new_information", "evidence_spacing_s", "continue_as_new_after_nodes"),
     "decisions_kept",
     "question_deadline",
+    "local_keyed_writes",
 )
 
 
@@ -171,6 +172,7 @@ def spec_digest(spec: GoalSpec) -> str:
     unset = {n for n in LATER_SPEC_FIELDS if getattr(spec, n) == fields[n].get_default(call_default_factory=True)}
     if spec.question_deadline == DEFAULT_QUESTION_DEADLINE:
         unset.add("question_deadline")  # what every start gets: as good as unset for a start retried across an upgrade
+    unset.add("local_keyed_writes")  # how writes run, not what the goal is: a retried start matches either way
     text = spec.model_dump_json(exclude=unset)
     if spec.plan is not None:
         data = json.loads(text)
@@ -297,6 +299,7 @@ def spec_of(
     budget = with_default_budget(limits, no_budget)
     spec = build_spec(
         question_deadline=question_deadline or DEFAULT_QUESTION_DEADLINE,
+        local_keyed_writes=True,
         goal=options.goal,
         plan=options.plan,
         constraints=options.constraints,
@@ -322,11 +325,15 @@ def question_deadline_of(after: str | None, remind_before: str | None, on_expiry
         raise InvalidRequest(describe_validation_error(err, root="question deadline")) from None
 
 
-def with_question_deadline(spec: GoalSpec) -> GoalSpec:
-    """A spec a program built without a question deadline gets the one every start gets."""
-    if spec.question_deadline is not None:
-        return spec
-    return spec.model_copy(update={"question_deadline": DEFAULT_QUESTION_DEADLINE})
+def with_start_defaults(spec: GoalSpec) -> GoalSpec:
+    """A spec a program built gets what every start gets where it says nothing: the default
+    question deadline, and keyed writes as local activities."""
+    update: dict = {}
+    if spec.question_deadline is None:
+        update["question_deadline"] = DEFAULT_QUESTION_DEADLINE
+    if "local_keyed_writes" not in spec.model_fields_set:
+        update["local_keyed_writes"] = True
+    return spec.model_copy(update=update) if update else spec
 
 
 def new_goal_id(goal: str) -> str:

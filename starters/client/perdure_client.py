@@ -147,8 +147,9 @@ class Client(SteeringVerbs):
         against what the workers offer (NotOffered when they lack its profile, a tool or a
         device); a start repeated with the same spec names the goal already there (`started`
         False). StartRefused for another spec under a live id, or a finished goal's id
-        without `replace`. A spec without a question deadline gets the default one."""
-        spec = goal_specs.with_question_deadline(spec)
+        without `replace`. A spec gets what every start gets where it says nothing
+        (goal_specs.with_start_defaults)."""
+        spec = goal_specs.with_start_defaults(spec)
         warnings = await start_checks.start_warnings(self.temporal, spec)
         answer = await goal_starts.start_or_existing(self.temporal, spec, goal_id, replace)
         return dataclasses.replace(answer, warnings=tuple(warnings))

@@ -31,6 +31,7 @@ from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
 from perdure.workflows.goal.read_batch import ReadBatcher
 from perdure.workflows.goal.rules import segments
+from perdure.workflows.goal.rules.segments import HARMLESS_AGAIN
 from perdure.workflows.shared.contracts import ToolInput, ToolResult, WorkspaceFence
 from perdure.workflows.shared.retries import (
     HEARTBEAT_TIMEOUT,
@@ -82,7 +83,8 @@ class ToolRunner:
         if self._devices is not None and self._devices.runs_on(node, tool):
             # On a device: an activity on its queue, never in a read segment of the workers'.
             return segments.Placement(where="activity", why="runs on the step's device")
-        return segments.place(self._tools().get(tool), self._state.spec.local_activities_up_to_s)
+        spec = self._state.spec
+        return segments.place(self._tools().get(tool), spec.local_activities_up_to_s, spec.local_keyed_writes)
 
     async def check(self, tool_input: ToolInput, summary: str) -> ToolResult:
         """A call of no step (a park's check): on the goal's host when its workspace lives on
@@ -118,7 +120,20 @@ class ToolRunner:
         if node is not None:
             node.placements[tool_input.tool] = placement.describe()
         try:
-            if placement.local:
+            if placement.local and spec is not None and spec.risk != "read" and spec.replay in HARMLESS_AGAIN:
+                # A write whose re-run is harmless, in this workflow task: no intent recorded
+                # before it, so a crash before the task completes sends it again (its effect key
+                # dedups it, or its lookup finds it). Alone: never beside reads (ordered around it).
+                self._batches.forget_ahead()
+                result = await workflow.execute_local_activity(
+                    Activities.RUN_TOOL,
+                    self._fenced(tool_input, node),
+                    result_type=ToolResult,
+                    start_to_close_timeout=tool_timeout(tool_input, spec),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+            elif placement.local:
                 # Part of a read segment: the result is written to history with the next
                 # workflow task; a crash before then re-runs the (free) read.
                 result = self._batches.read_ahead(node, tool_input)
@@ -139,12 +154,14 @@ class ToolRunner:
             else:
                 self._batches.forget_ahead()
                 result = await self._activity(tool_input, spec, retry, summary, node)
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
+            # A local activity's own failure is raised bare (an ApplicationError), an
+            # activity's, and a local activity's timeout, as an ActivityError around it.
             if spec is None or spec.risk not in ("remote-write", "irreversible"):
                 raise
             # Out of attempts (or time) on a write to the outside world: whether it
             # landed is unknown, and that is a question for a person, not a failure.
-            details = getattr(err.cause, "details", None) or [{}]
+            details = getattr(_cause(err), "details", None) or [{}]
             key = details[0].get("effect_key") if isinstance(details[0], dict) else None
             result = ToolResult(
                 call_id=tool_input.call_id,
@@ -336,9 +353,14 @@ def failed_cost(err: ActivityError) -> float:
     return float(cost)
 
 
-def failure_message(err: ActivityError) -> str:
-    """The innermost application message of an activity failure, with its type."""
-    cause = err.cause
+def _cause(err: ActivityError | ApplicationError) -> BaseException | None:
+    return err if isinstance(err, ApplicationError) else err.cause
+
+
+def failure_message(err: ActivityError | ApplicationError) -> str:
+    """The innermost application message of an activity failure (or a local activity's own
+    ApplicationError), with its type."""
+    cause = _cause(err)
     while cause is not None and not isinstance(cause, ApplicationError) and cause.cause is not None:
         cause = cause.cause
     if isinstance(cause, ApplicationError):

@@ -391,6 +391,7 @@ class RouterWorkflow:
                 model_profile=state.profile,
                 budget=Budget().with_default_tokens(),
                 question_deadline=DEFAULT_QUESTION_DEADLINE,
+                local_keyed_writes=True,  # as every start (starters/client/goal_specs.py)
             )
         except ValidationError as err:
             raise _Unrouted(f"cannot start a goal from it: {describe_validation_error(err)}") from None

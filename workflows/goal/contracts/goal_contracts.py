@@ -198,6 +198,14 @@ class GoalSpec(BaseModel):
         description="Short replay-safe tool calls expected to take at most this long run as local activities, "
         "checkpointed together at the next side effect; 0 = every call is a regular activity.",
     )
+    local_keyed_writes: bool = Field(
+        default=False,
+        description="Writes whose re-run is harmless (replay `keyed`: the service deduplicates by the effect key; "
+        "`check`: looked up before writing) run as local activities too, without an activity's round trip; "
+        "`once` and irreversible calls keep their activity, scheduled (a durable intent) before the call. "
+        "Every start sets it (starters/client/goal_specs.py); False, a 1.0 goal's, keeps every write an "
+        "activity, so goals recorded before it replay.",
+    )
     continue_as_new_after_events: int = Field(
         default=10_000, ge=50, description="Continue as new by this many history events, if the server has not said so."
     )

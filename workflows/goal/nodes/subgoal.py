@@ -112,6 +112,7 @@ class SubgoalNode:
             drift_every=spec.drift_every,
             recovery_mode=spec.recovery_mode,
             question_deadline=spec.question_deadline,
+            local_keyed_writes=spec.local_keyed_writes,
             parent=ParentLink(goal_id=self._ctx.goal_id, node=node.name),
         )
 

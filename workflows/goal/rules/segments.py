@@ -9,6 +9,10 @@ are written to history together at the next workflow-task boundary. Anything
 that reaches the outside world (`remote-write`, `irreversible`) is a regular
 activity with its own checkpoint, so a segment always ends before it; so is any
 call expected to take long, which needs heartbeats to notice a lost worker.
+Except, in a goal that says so (`GoalSpec.local_keyed_writes`, which every start
+sets), a write whose re-run is harmless: `keyed` (the service deduplicates by its
+effect key) or `check` (looked up before it writes), and not irreversible, runs as a
+local activity too; a crash before its workflow task completes sends it again.
 
 This module is the one place that rule lives. Pure: the workflow calls it.
 """
@@ -23,6 +27,15 @@ from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.workflows.shared.tool_specs import ToolSpec
 
 Where = Literal["local", "activity"]
+
+HARMLESS_AGAIN = {
+    "keyed": "a re-run is deduplicated by its effect key",
+    "check": "a re-run looks its effect up first",
+}
+"""Writes a worker lost in the middle may simply run again: as local activities they have no
+intent recorded before the call, and a replacement worker runs them again from attempt 1.
+A `once` call's retry must know an attempt existed (a scheduled activity's attempt count),
+so it keeps its activity; so does every irreversible call."""
 
 DEFAULT_LOCAL_UP_TO_S = 2.0
 """Calls expected to take longer than this stay regular activities with heartbeats.
@@ -42,23 +55,30 @@ class Placement(BaseModel):
         return f"{'local activity' if self.local else 'activity'}: {self.why}"
 
 
-def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S) -> Placement:
-    """Decide from the tool's risk class, replay policy and expected duration."""
+def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S, keyed_writes: bool = False) -> Placement:
+    """Decide from the tool's risk class, replay policy and expected duration; `keyed_writes`:
+    writes whose re-run is harmless run locally too (GoalSpec.local_keyed_writes)."""
     if spec is None:
         return Placement(where="activity", why="unknown tool: the activity reports the error")
-    if spec.risk in ("remote-write", "irreversible"):
-        return Placement(where="activity", why=f"{spec.risk}: a side effect gets its own checkpoint")
-    if spec.replay != "safe":
-        return Placement(where="activity", why=f"replay policy '{spec.replay}': re-running it is not free")
-    if spec.expected_s is None:
-        return Placement(where="activity", why="duration not known in advance: heartbeats notice a lost worker")
+    # A harmless write's duration is its service's, known in advance or not: bounded by its
+    # timeout, and a lost worker is noticed by the workflow task timeout as for any local activity.
+    harmless = keyed_writes and spec.risk != "irreversible" and spec.replay in HARMLESS_AGAIN
+    if not harmless:
+        if spec.risk in ("remote-write", "irreversible"):
+            return Placement(where="activity", why=f"{spec.risk}: a side effect gets its own checkpoint")
+        if spec.replay != "safe":
+            return Placement(where="activity", why=f"replay policy '{spec.replay}': re-running it is not free")
+        if spec.expected_s is None:
+            return Placement(where="activity", why="duration not known in advance: heartbeats notice a lost worker")
     if local_up_to_s <= 0:
         return Placement(where="activity", why="local activities are turned off for this goal")
-    if spec.expected_s > local_up_to_s:
+    if spec.expected_s is not None and spec.expected_s > local_up_to_s:
         return Placement(
             where="activity",
             why=f"expected {spec.expected_s:g} s > {local_up_to_s:g} s: long calls heartbeat as activities",
         )
+    if harmless:
+        return Placement(where="local", why=f"{spec.risk}, {HARMLESS_AGAIN[spec.replay]}: recorded with its task")
     return Placement(
         where="local",
         why=f"{spec.risk}, safe to re-run, expected ≤ {spec.expected_s:g} s: checkpointed with its segment",
