@@ -1155,6 +1155,42 @@ async def record_goal_writes_prepared_in_workflow(env: WorkflowEnvironment, out:
     save(out, await handle.fetch_history())
 
 
+async def record_goal_keyed_local_writes(env: WorkflowEnvironment, out: Path) -> None:
+    """Keyed writes as local activities (GoalSpec.local_keyed_writes, issue 39): two ledger
+    entries, the first with its undo recorded before it is sent, the second naming the
+    first's output; then a once webhook, which keeps its activity scheduled before the call."""
+    with services((LedgerAPI, {}), (WebhookReceiver, {})) as (ledger, hook):
+        entries = f"{ledger.base_url}/entries"
+        first = {
+            "method": "POST",
+            "url": entries,
+            "body": {"n": 1},
+            "undo": {"method": "DELETE", "url": f"{entries}/1"},
+        }
+        second = {"method": "POST", "url": entries, "body": {"after": "{{steps.first}}"}}
+        notice = {"url": f"{hook.base_url}/deploys", "payload": {"entries": 2}}
+        steps = [
+            {"name": "first", "kind": "tool", "tool": "http_request", "args": first},
+            {"name": "second", "kind": "tool", "tool": "http_request", "args": second, "needs": ["first"]},
+            {"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice, "needs": ["second"]},
+        ]
+        async with rig(env) as (workspace, task_queue):
+            goal_spec = spec(
+                workspace,
+                plan={"steps": steps},
+                allowed_tools=["http_request", "notify_webhook"],
+                drift_every=0,
+                local_keyed_writes=True,
+            )
+            handle = await env.client.start_workflow(
+                GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
+            )
+            result = await handle.result()
+        assert len(ledger.ledger()) == 2 and len(hook.ledger()) == 1
+    assert result.outcome == "succeeded", result.excerpt
+    save(out, await handle.fetch_history())
+
+
 async def record_goal_park_until_file(env: WorkflowEnvironment, out: Path) -> None:
     """A read, then a park until a workspace file exists: two checks miss (each a
     run_command activity, a doubling timer between), the file appears, the next check sees
@@ -1329,6 +1365,7 @@ SCENARIOS = {
     "goal-1.1-decision-log": record_goal_decision_log,
     "goal-1.1-question-expired": record_goal_question_expired,
     "goal-1.1-approvals-ahead": record_goal_approvals_ahead,
+    "goal-1.1-keyed-local-writes": record_goal_keyed_local_writes,
     "goal-1.0-memory": record_goal_memory,
     "memory-1.0-card-to-router": record_memory_card_to_router,
     "devices-1.1-offline-then-back": record_devices_offline_then_back,
