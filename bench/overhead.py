@@ -9,9 +9,13 @@
   `node_overhead_ratio`; the N-step goal's history gives `events_per_node` and
   `max_payload_bytes`.
 - Write chain: the same with `http_request` POSTs carrying an Idempotency-Key to
-  the fake ledger service (`write_step_ms`, against the raw activity's
-  `raw_write_activity_ms`), per step read off the histories of the largest
-  chains: the median time from one write activity scheduled to the next.
+  the fake ledger service (`write_step_ms`; a keyed write runs as a local activity,
+  GoalSpec.local_keyed_writes), against the raw workflow's activity and local activity
+  with the same call (`raw_write_activity_ms`, `raw_local_write_ms`), per step read
+  off the histories of the largest chains: the median time from one write to the next
+  (an activity scheduled to the next; a local activity's completion, in its marker, to
+  the next). And with `notify_webhook` POSTs to a fake webhook, a `once` write, which
+  keeps its activity (`once_write_step_ms`, against `raw_once_write_activity_ms`).
 - Fan-out: 100 independent read steps against 100 concurrent raw activities
   (`fanout_ratio` = raw time / goal time).
 
@@ -20,6 +24,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,7 +51,7 @@ from bench.common import (
 )
 from bench.raw import RawMode, RawToolsInput, RawToolsWorkflow
 from perdure.activities.tools.catalogue import TOOL_SPECS
-from perdure.testing.fakes import LedgerAPI
+from perdure.testing.fakes import LedgerAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.shared.contracts import ToolInput
 
@@ -59,6 +64,9 @@ KEYS = (
     "raw_activity_ms",
     "write_step_ms",
     "raw_write_activity_ms",
+    "raw_local_write_ms",
+    "once_write_step_ms",
+    "raw_once_write_activity_ms",
     "fanout_ratio",
 )
 
@@ -111,14 +119,33 @@ async def run_raw(
 
 
 def tool_call_intervals(history) -> list[float]:
-    """Seconds between consecutive tool activities (perdure.tool.run) scheduled in a history."""
+    """Seconds between consecutive tool calls (perdure.tool.run) in a history: activities
+    from one scheduled to the next, else local activities from one's completion to the
+    next's (the time each marker records: markers reach history only with their task)."""
     times = [
         event_seconds(e)
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == Activities.RUN_TOOL
-    ]
+    ] or local_call_times(history)
     return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def local_call_times(history) -> list[float]:
+    """When each local perdure.tool.run of a history completed, from its marker's data."""
+    times = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+            continue
+        data = json.loads(event.marker_recorded_event_attributes.details["data"].payloads[0].data)
+        if data.get("activity_type") == Activities.RUN_TOOL:
+            done = data["complete_time"]
+            times.append(int(done["seconds"]) + int(done.get("nanos", 0)) / 1e9)
+    return times
+
+
+def once_args(hook: WebhookReceiver, count: int, tag: str) -> list[dict]:
+    return [{"url": f"{hook.base_url}/deploys", "payload": {"bench": tag, "n": i}} for i in range(count)]
 
 
 async def run_perdure(client: Client, task_queue: str, workspace: Path, steps: list[dict], tools: list[str]):
@@ -139,12 +166,30 @@ async def measure(
     times: dict[tuple[str, int], list[float]] = {}
     notes: list[str] = []
 
-    write_histories: dict[str, list] = {"goal": [], "raw": []}
+    write_histories: dict[str, list] = {kind: [] for kind in ("goal", "raw", "raw-local", "goal-once", "raw-once")}
 
     def record(kind: str, size: int, seconds: float) -> None:
         times.setdefault((kind, size), []).append(seconds)
 
-    with LedgerAPI() as ledger:
+    async def history(workflow_id: str):
+        return await client.get_workflow_handle(workflow_id).fetch_history()
+
+    async def once_and_local_writes(tag: str, size: int) -> None:
+        """The same keyed calls from a raw workflow's local activities, and a chain of once
+        writes from a goal and from a raw workflow's activities."""
+        raw_id = new_id("raw-local-write")
+        args = write_args(ledger, size, tag + "-raw-local")
+        await run_raw(client, tq_raw, workspace, "http_request", args, "local", raw_id)
+        write_histories["raw-local"].append(await history(raw_id))
+        steps = chain_steps("notify_webhook", once_args(hook, size, tag))
+        _, once_goal = await run_perdure(client, tq_goal, workspace, steps, ["notify_webhook"])
+        write_histories["goal-once"].append((await run_chain(client, once_goal))[0])
+        raw_id = new_id("raw-once")
+        args = once_args(hook, size, tag + "-raw")
+        await run_raw(client, tq_raw, workspace, "notify_webhook", args, "sequential", raw_id)
+        write_histories["raw-once"].append(await history(raw_id))
+
+    with LedgerAPI() as ledger, WebhookReceiver() as hook:
         async with perdure_worker(client, tq_goal, home), raw_worker(client, tq_raw, home):
             # Warm up both paths (sandbox imports, connections) before anything is timed.
             await run_perdure(client, tq_goal, workspace, chain_steps("read_file", read_args(3)), ["read_file"])
@@ -178,6 +223,7 @@ async def measure(
                     if size == writes:
                         write_histories["goal"].append((await run_chain(client, write_goal))[0])
                         write_histories["raw"].append(await client.get_workflow_handle(raw_id).fetch_history())
+                        await once_and_local_writes(tag, size)
 
             fan_steps = [
                 {"name": f"f{i:05d}", "kind": "tool", "tool": "read_file", "args": a}
@@ -201,8 +247,9 @@ async def measure(
     # A write step is read off the histories: the median time from one write activity
     # scheduled to the next, over every step of the largest chains. The wall-time slope
     # (printed too) moves by tens of per cent between runs on a loaded machine.
-    write_ms, raw_write_ms = (
-        median(i for h in write_histories[kind] for i in tool_call_intervals(h)) * 1000 for kind in ("goal", "raw")
+    write_ms, raw_write_ms, raw_local_write_ms, once_ms, raw_once_ms = (
+        median(i for h in write_histories[kind] for i in tool_call_intervals(h)) * 1000
+        for kind in ("goal", "raw", "raw-local", "goal-once", "raw-once")
     )
     write_slope = per_step("goal-write", small_writes, writes)
     raw_write_slope = per_step("raw-write", small_writes, writes)
@@ -224,8 +271,13 @@ async def measure(
         f"  goal/raw activity = {read_ms / raw_ms:.2f}x, goal/raw local activity = {read_ms / local_ms:.2f}x",
         f"write chain (http_request POST with Idempotency-Key to the fake ledger; median step of {repeats} chains "
         f"of {writes} in their histories):",
-        f"  goal {write_ms:.1f} ms/step, raw activity {raw_write_ms:.1f} ms/step -> {write_ms / raw_write_ms:.2f}x "
+        f"  goal {write_ms:.1f} ms/step (local activities), raw activity {raw_write_ms:.1f} ms/step -> "
+        f"{write_ms / raw_write_ms:.2f}x, raw local activity {raw_local_write_ms:.1f} ms/step -> "
+        f"{write_ms / raw_local_write_ms:.2f}x "
         f"(wall-time slope {small_writes} -> {writes}: {write_slope:.1f} and {raw_write_slope:.1f} ms/step)",
+        f"once write chain (notify_webhook POST to a fake webhook; median step of {repeats} chains of {writes}):",
+        f"  goal {once_ms:.1f} ms/step (activities), raw activity {raw_once_ms:.1f} ms/step -> "
+        f"{once_ms / raw_once_ms:.3f}x",
         f"fan-out of {fanout} independent reads: goal {goal_fan:.2f} s, raw concurrent {raw_fan:.2f} s "
         f"-> raw/goal {raw_fan / goal_fan:.2f}",
         f"history of the {nodes}-step goal: {len(history.events)} events ({len(history.events) / nodes:.2f}/step), "
@@ -242,6 +294,9 @@ async def measure(
         "write_step_ms": round(write_ms, 2),
         # Kept beside write_step_ms: its target is a ratio to this run's raw write activity.
         "raw_write_activity_ms": round(raw_write_ms, 2),
+        "raw_local_write_ms": round(raw_local_write_ms, 2),
+        "once_write_step_ms": round(once_ms, 2),
+        "raw_once_write_activity_ms": round(raw_once_ms, 2),
         "fanout_ratio": round(raw_fan / goal_fan, 3),
     }
     return Section(figures=figures, notes=notes)
