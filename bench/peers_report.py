@@ -17,6 +17,7 @@ from bench.fsyncs import STRACE, SYSCALLS
 
 if TYPE_CHECKING:
     from bench.peers_run import Crash, Steps
+    from bench.peers_writes import Writes
     from bench.storage import Storage
 
 # Peer -> how the table names it.
@@ -33,6 +34,7 @@ class Row:
     crash: Crash | None = None
     failures: list[str] = field(default_factory=list)
     raw_ms: float | None = None  # only the raw Temporal row, which has no ledger
+    writes: Writes | None = None  # only perdure's row
 
     @property
     def step_ms(self) -> float | None:
@@ -83,6 +85,16 @@ def figures(rows: dict[str, Row], suffix: str = "") -> dict[str, float | int | s
             for name, value in (("recovery_s", row.crash.resume_s), ("done_after_kill_s", row.crash.done_s)):
                 if value is not None:
                     out[prefix + name] = round(value, 2)
+    if perdure.writes is not None:
+        writes = perdure.writes
+        out["perdure_write_step_ms"] = round(writes.keyed_ms, 3)
+        out["raw_local_write_ms"] = round(writes.raw_local_keyed_ms, 3)
+        out["perdure_once_write_step_ms"] = round(writes.once_ms, 3)
+        out["raw_once_write_activity_ms"] = round(writes.raw_once_ms, 3)
+        out["perdure_once_write_ratio_to_raw"] = ratio(writes.once_ms, writes.raw_once_ms) or 0.0
+        write = ratio(writes.keyed_ms, rows[WRITE_PEER].step_ms)
+        if write is not None:
+            out[f"perdure_write_step_ratio_to_{WRITE_PEER}"] = write
     for peer in PEERS:
         row = rows[peer]
         step = ratio(perdure.step_ms, row.step_ms)
@@ -138,6 +150,10 @@ def table(rows: dict[str, Row], block_at: int, storage: Storage) -> Table:
 # peer's figure measured on the same storage, on each storage.
 STEP_TARGET_MS, STEP_PEER = 1.0, "langgraph"
 RECOVERY_TARGET_S, RECOVERY_PEER = 2.5, "dbos"
+# issue 39: a keyed write step within this many of the peer's durable step; a once write's
+# within this many of a raw Temporal activity with the same call.
+WRITE_TARGET_RATIO, WRITE_PEER = 2.0, "langgraph"
+ONCE_TARGET_RATIO = 1.05
 
 
 def targets(measured: dict[Storage, dict[str, Row]]) -> list[str]:
@@ -160,6 +176,24 @@ def targets(measured: dict[Storage, dict[str, Row]]) -> list[str]:
                 continue
             met = ours <= bound and ours < theirs
             lines.append(f"{goal}: {'met' if met else 'MISSED'} ({ours:.2f} against {theirs:.2f} {unit})")
+        lines += write_targets(storage, rows)
+    return lines
+
+
+def write_targets(storage: Storage, rows: dict[str, Row]) -> list[str]:
+    writes, peer = rows["perdure"].writes, rows[WRITE_PEER].step_ms
+    keyed = f"target ({storage.name}): perdure's keyed write step ≤ {WRITE_TARGET_RATIO:g}× {PEERS[WRITE_PEER]}'s step"
+    once = f"target ({storage.name}): perdure's once write step ≤ {ONCE_TARGET_RATIO:g}× a raw Temporal activity's"
+    if writes is None:
+        return [f"{keyed}: not measured this run", f"{once}: not measured this run"]
+    lines = []
+    if peer is None or peer <= 0:
+        lines.append(f"{keyed}: not measured this run")
+    else:
+        met = writes.keyed_ms <= WRITE_TARGET_RATIO * peer
+        lines.append(f"{keyed}: {'met' if met else 'MISSED'} ({writes.keyed_ms:.2f} against {peer:.2f} ms)")
+    met = writes.once_ms <= ONCE_TARGET_RATIO * writes.raw_once_ms
+    lines.append(f"{once}: {'met' if met else 'MISSED'} ({writes.once_ms:.2f} against {writes.raw_once_ms:.2f} ms)")
     return lines
 
 
@@ -196,6 +230,14 @@ def method(measured: dict[Storage, dict[str, Row]], options: dict) -> list[str]:
                     f"of {options['n']} steps"
                     for process, per_step in steps.fsyncs.items()
                 )
+            )
+        writes = rows["perdure"].writes
+        if writes is not None:
+            lines.append(
+                f"  perdure's write steps (median step of chains of {options['writes']}, from histories): keyed "
+                f"{writes.keyed_ms:.2f} ms as local activities (a raw local activity with the same call: "
+                f"{writes.raw_local_keyed_ms:.2f}); once {writes.once_ms:.2f} ms as activities (a raw activity: "
+                f"{writes.raw_once_ms:.2f})"
             )
         lines += ["  " + row.crash.describe(options["block_at"]) for row in rows.values() if row.crash]
     return lines

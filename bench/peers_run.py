@@ -14,6 +14,9 @@ in memory and the peers' files on a tmpfs (/dev/shm).
   each one's fixed cost (process, start, result) cancels out: the same for all. Each
   system's fsyncs per step are counted by strace (bench/fsyncs.py) in untimed runs of
   the same two sizes: perdure's server and worker, each peer's process.
+- writes: perdure's write steps on the same storage (bench/peers_writes.py): a keyed write
+  (a local activity) against LangGraph's step, a once write (an activity) against a raw
+  Temporal activity with the same call, each read off histories of `--writes` long chains.
 - crash: a 100-step run whose step 39 reads a FIFO the harness holds open, so the
   step blocks; the harness SIGKILLs the process running it, then serves the FIFO.
   A peer is started again in place (its database says what is left); perdure's goal
@@ -29,7 +32,7 @@ bench/peers_results.json (bench/peers_report.py): the db-file row's under their 
 names, the in-memory row's with `_memory` at the end, each system's storage beside them.
 
     .venv/bin/python -m bench.peers_run [--n 300] [--small 30] [--repeats 3] [--crash-n 100] [--block-at 39]
-                                        [--disk-dir /tmp] [--memory-dir /dev/shm] [--results FILE]
+                                        [--writes 30] [--disk-dir /tmp] [--memory-dir /dev/shm] [--results FILE]
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from bench.common import (
 from bench.fsyncs import STRACE
 from bench.overhead import run_perdure, run_raw
 from bench.peers_report import PEERS, RESTART, Row
+from bench.peers_writes import writes_perdure
 from bench.storage import Server, Storage, start_server
 from bench.storage import settings as storage_settings
 from perdure.testing.crash import CrashRig, open_writer, serve_fifo
@@ -502,6 +506,7 @@ async def run_all(
     crash_n: int,
     block_at: int,
     wait_s: float,
+    writes: int = 0,
 ) -> dict[str, Row]:
     """Every system through both tests on `storage`: the peers' databases and perdure's
     files in `work`, perdure's goals on `server`."""
@@ -542,6 +547,13 @@ async def run_all(
     print(f"steps: {small} and {n} sequential read steps, {repeats} repeats each", flush=True)
     for key in systems:
         await attempt(key, "steps", lambda key=key: steps(key))
+    if writes:
+        print(f"writes: chains of {writes} keyed and of {writes} once writes, {repeats} repeats each", flush=True)
+
+        async def measure_writes() -> None:
+            rows["perdure"].writes = await writes_perdure(work / "writes", client, writes, repeats)
+
+        await attempt("perdure", "writes", measure_writes)
     print(f"crash: SIGKILL while step {block_at} of {crash_n} runs, then resume", flush=True)
     for key in ["perdure", RESTART, *PEERS]:
         await attempt(key, "crash", lambda key=key: crash(key))
@@ -578,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         n=300,
         small=30,
         repeats=3,
+        writes=30,
         crash_n=100,
         block_at=39,
         wait_s=120.0,
@@ -633,6 +646,8 @@ def refusal(options: dict, storages: list[Storage]) -> str | None:
         return f"--block-at ({options['block_at']}) must be a step of the crash run (0 to {options['crash_n'] - 1})"
     if options["repeats"] < 1 or options["wait_s"] <= 0:
         return "--repeats and --wait-s must be positive"
+    if options["writes"] == 1 or options["writes"] < 0:
+        return "--writes must be 0 (no write steps) or at least 2"
     for storage, flag in zip(storages, ("--disk-dir", "--memory-dir"), strict=True):
         problem = storage.refusal()
         if problem:

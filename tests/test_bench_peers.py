@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import fsyncs, peers_run
-from bench.peers_report import RESTART, Row, figures, targets
+from bench.peers_report import RESTART, Row, figures, targets, write_targets
 from bench.peers_run import (
     Crash,
     Ledger,
@@ -29,6 +29,7 @@ from bench.peers_run import (
     step_name,
     step_workspace,
 )
+from bench.peers_writes import Writes
 from bench.storage import filesystem, server_argv, settings
 from perdure.starters.devserver import dev_server_argv
 
@@ -145,7 +146,7 @@ def test_a_step_killed_inside_its_read_is_on_the_ledger(tmp_path):
 
 
 def test_options_that_cannot_run_are_refused_with_what_is_wrong(tmp_path, monkeypatch):
-    good = dict(n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0)
+    good = dict(n=300, small=30, repeats=3, crash_n=100, block_at=39, wait_s=120.0, writes=30)
     storages = settings(str(tmp_path), "/dev/shm")
     monkeypatch.setattr(peers_run, "PEER_PYTHON", tmp_path / "python")
     (tmp_path / "python").touch()
@@ -153,6 +154,7 @@ def test_options_that_cannot_run_are_refused_with_what_is_wrong(tmp_path, monkey
     assert "--small (300)" in refusal({**good, "small": 300}, storages)
     assert "--block-at (100)" in refusal({**good, "block_at": 100}, storages)
     assert "--repeats" in refusal({**good, "repeats": 0}, storages)
+    assert "--writes" in refusal({**good, "writes": 1}, storages) and refusal({**good, "writes": 0}, storages) is None
     assert "is not a directory" in refusal(good, settings(str(tmp_path / "python"), "/dev/shm"))
     # A db-file row whose files would all be in memory, an in-memory row written to disk: unequal storage.
     assert "--disk-dir: /dev/shm is on tmpfs" in refusal(good, settings("/dev/shm", "/dev/shm"))
@@ -234,16 +236,43 @@ def test_targets_need_perdure_under_its_bound_and_under_the_peer_on_each_storage
         }
 
     on_file, in_memory = settings("/tmp", "/dev/shm")
-    step, recovery = targets({on_file: rows(0.9, 1.2, 2.0, 3.4)})
+    step, recovery, *_writes = targets({on_file: rows(0.9, 1.2, 2.0, 3.4)})
     assert "met (0.90 against 1.20 ms)" in step and "met (2.00 against 3.40 s)" in recovery
     assert step.startswith("target (db file)")
     # Under the bound but not under the peer, and the other way round; each storage judged on its own.
     judged = targets({on_file: rows(0.9, 1.2, 2.0, 3.4), in_memory: rows(0.9, 0.8, 3.0, 3.4)})
-    assert [line.split(":")[0] for line in judged] == ["target (db file)"] * 2 + ["target (memory)"] * 2
-    assert "met" in judged[0] and "MISSED" in judged[2] and "MISSED" in judged[3]
+    assert [line.split(":")[0] for line in judged] == ["target (db file)"] * 4 + ["target (memory)"] * 4
+    assert "met" in judged[0] and "MISSED" in judged[4] and "MISSED" in judged[5]
     assert "not measured" in targets({on_file: rows(0.9, 1.2, None, 3.4)})[1]
     # A slope below 0 (too few steps on a busy machine) is noise, never a target met.
     assert "not judged" in targets({on_file: rows(-0.5, 1.2, 2.0, 3.4)})[0]
+
+
+def test_write_targets_compare_a_keyed_write_with_the_peers_step_and_a_once_write_with_a_raw_activity():
+    on_file, _ = settings("/tmp", "/dev/shm")
+
+    def judged(keyed_ms: float, once_ms: float) -> list[str]:
+        writes = Writes(keyed_ms=keyed_ms, raw_local_keyed_ms=5.0, once_ms=once_ms, raw_once_ms=20.0)
+        rows = {"perdure": Row("perdure", writes=writes), "langgraph": Row("lg", steps=Steps(ms=2.0, per_step=1))}
+        return write_targets(on_file, rows)
+
+    keyed, once = judged(3.9, 21.0)
+    assert "keyed write step ≤ 2× LangGraph" in keyed and "met (3.90 against 2.00 ms)" in keyed
+    assert "met (21.00 against 20.00 ms)" in once
+    keyed, once = judged(4.1, 21.2)
+    assert "MISSED" in keyed and "MISSED" in once
+    assert "not measured" in write_targets(on_file, {"perdure": Row("perdure"), "langgraph": Row("lg")})[0]
+    out = figures(
+        {
+            "perdure": Row("perdure", writes=Writes(6.0, 5.0, 21.0, 20.0)),
+            "raw": Row("raw"),
+            RESTART: Row("restart"),
+            "langgraph": Row("lg", steps=Steps(ms=2.0, per_step=1)),
+            "dbos": Row("dbos"),
+        }
+    )
+    assert out["perdure_write_step_ms"] == 6.0 and out["perdure_write_step_ratio_to_langgraph"] == 3.0
+    assert out["perdure_once_write_step_ms"] == 21.0 and out["perdure_once_write_ratio_to_raw"] == 1.05
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +296,7 @@ def test_make_bench_peers_runs_every_system_on_a_db_file_and_again_in_memory_and
     results = tmp_path / "peers_results.json"
     ran = subprocess.run(
         [sys.executable, "-m", "bench.peers_run", "--n", "8", "--small", "3", "--repeats", "1"]
-        + ["--crash-n", "6", "--block-at", "2", "--wait-s", "60", "--results", str(results)],
+        + ["--crash-n", "6", "--block-at", "2", "--wait-s", "60", "--writes", "3", "--results", str(results)],
         cwd=peers_run.ROOT,
         capture_output=True,
         text=True,
@@ -278,7 +307,10 @@ def test_make_bench_peers_runs_every_system_on_a_db_file_and_again_in_memory_and
     assert "Traceback" not in out
     figures = json.loads(results.read_text())
     for suffix in ("", "_memory"):
-        for key in ("perdure_step_ratio_to_langgraph", "perdure_step_ratio_to_dbos", "perdure_rerun_steps"):
+        for key in (
+            *("perdure_step_ratio_to_langgraph", "perdure_step_ratio_to_dbos", "perdure_rerun_steps"),
+            *("perdure_write_step_ratio_to_langgraph", "perdure_once_write_ratio_to_raw"),
+        ):
             assert key + suffix in figures, (key + suffix, sorted(figures))
         for key in ("perdure_fsyncs_per_step", "peer_langgraph_fsyncs_per_step", "peer_dbos_fsyncs_per_step"):
             assert isinstance(figures[key + suffix], int | float)
