@@ -124,6 +124,10 @@ class ToolRunner:
                 # A write whose re-run is harmless, in this workflow task: no intent recorded
                 # before it, so a crash before the task completes sends it again (its effect key
                 # dedups it, or its lookup finds it). Alone: never beside reads (ordered around it).
+                # Its retries wait in the worker, inside the task (the SDK heartbeats a task whose
+                # local activities run at 80 % of its timeout): a wait longer than the SDK's
+                # local_retry_threshold (60 s) would be a durable timer that ends the task, and
+                # the keyed policy's longest is 8.1 s (workflows/shared/retries.py).
                 self._batches.forget_ahead()
                 result = await workflow.execute_local_activity(
                     Activities.RUN_TOOL,
