@@ -10,15 +10,17 @@ over sends it again under the same key, and the ledger holds it once.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from perdure.testing.fakes import LedgerAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from tests.builders import openai_profile, spec
-from tests.helpers import activity_outcomes, run_goal, running_worker, tool_timeline
+from tests.builders import agent, openai_profile, spec
+from tests.helpers import _summary, activity_outcomes, run_goal, running_worker, tool_timeline
 
 
 def entry_steps(ledger_url: str, count: int) -> list[dict]:
@@ -115,6 +117,63 @@ async def test_once_writes_keep_their_activity_and_keyed_ones_run_locally(
     )
     assert nodes["notice"].placements["notify_webhook"].startswith("activity: remote-write")
     assert len(hook.ledger()) == 1 and len(ledger.ledger()) == 2
+
+
+@pytest.mark.slow
+async def test_an_agents_keyed_write_between_two_reads_keeps_its_place(
+    env, task_queue, store, workspace, scripted, fake_service
+):
+    ledger = fake_service(LedgerAPI)
+    (workspace / "a.md").write_text("ALPHA\n")
+    (workspace / "b.md").write_text("BETA-CONTENT\n")
+    write = {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"ref": "between"}}
+    calls = [
+        {"name": "read_file", "arguments": {"path": "a.md"}},
+        {"name": "http_request", "arguments": write},
+        {"name": "read_file", "arguments": {"path": "b.md"}},
+    ]
+    server = scripted(
+        {
+            "replies": [
+                {"when": "BETA-CONTENT", "content": "done"},
+                {"when": "PERDURE-AGENT", "tool_calls": calls},
+            ]
+        }
+    )
+    goal = spec(
+        workspace,
+        plan={"steps": [agent("work", "Read a.md, record it, read b.md.", ["read_file", "http_request"])]},
+        allowed_tools=["read_file", "http_request"],
+        drift_every=0,
+        local_keyed_writes=True,
+    )
+    async with running_worker(env, task_queue, store, openai_profile(server)):
+        handle, result = await run_goal(env, task_queue, goal)
+    assert result.outcome == "succeeded", result.excerpt
+
+    # The reads around the write run as local activities too, but never beside it: the
+    # write starts once the first read ended, and the second read once the write ended.
+    calls_made = tool_local_activities(await handle.fetch_history())
+    assert [tool for tool, _, _ in calls_made] == ["read_file", "http_request", "read_file"]
+    (_, _, read_a_done), (_, write_scheduled, write_done), (_, read_b_scheduled, _) = calls_made
+    assert read_a_done <= write_scheduled and write_done <= read_b_scheduled
+
+
+TIMES = ("original_schedule_time", "complete_time")
+
+
+def tool_local_activities(history) -> list[tuple[str, float, float]]:
+    """(tool, scheduled, completed) of each local perdure.tool.run, from its marker."""
+    found = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+            continue
+        data = json.loads(event.marker_recorded_event_attributes.details["data"].payloads[0].data)
+        if data["activity_type"] != Activities.RUN_TOOL:
+            continue
+        times = [data[k]["seconds"] + data[k].get("nanos", 0) / 1e9 for k in TIMES]
+        found.append((_summary(event).split(" · ")[0].removeprefix("tool "), *times))
+    return sorted(found, key=lambda call: call[1])
 
 
 @pytest.mark.slow

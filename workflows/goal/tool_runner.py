@@ -31,7 +31,6 @@ from perdure.workflows.goal.contracts.state import GoalState, Node
 from perdure.workflows.goal.lost_workers import LostWorkers, last_attempt_lost
 from perdure.workflows.goal.read_batch import ReadBatcher
 from perdure.workflows.goal.rules import segments
-from perdure.workflows.goal.rules.segments import HARMLESS_AGAIN
 from perdure.workflows.shared.contracts import ToolInput, ToolResult, WorkspaceFence
 from perdure.workflows.shared.retries import (
     HEARTBEAT_TIMEOUT,
@@ -120,7 +119,7 @@ class ToolRunner:
         if node is not None:
             node.placements[tool_input.tool] = placement.describe()
         try:
-            if placement.local and spec is not None and spec.risk != "read" and spec.replay in HARMLESS_AGAIN:
+            if placement.alone:
                 # A write whose re-run is harmless, in this workflow task: no intent recorded
                 # before it, so a crash before the task completes sends it again (its effect key
                 # dedups it, or its lookup finds it). Alone: never beside reads (ordered around it).
@@ -137,7 +136,7 @@ class ToolRunner:
                     retry_policy=retry,
                     summary=summary,
                 )
-            elif placement.local:
+            elif placement.in_segment:
                 # Part of a read segment: the result is written to history with the next
                 # workflow task; a crash before then re-runs the (free) read.
                 result = self._batches.read_ahead(node, tool_input)

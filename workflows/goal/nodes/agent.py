@@ -115,7 +115,8 @@ class AgentNode:
 
         # A device's calls are not batched: one that waits for its device ends the node's
         # task, and a sibling still running under gather would be left without one.
-        local = [c.tool in offered and self._tools.placement(c.tool, node).local for c in calls]
+        # A write run locally (keyed, checked) is not among them: it keeps its place.
+        local = [c.tool in offered and self._tools.placement(c.tool, node).in_segment for c in calls]
         for group in segments.batches(local):
             await asyncio.gather(*(one(i) for i in group))
         return [progress.done[i] for i in range(len(calls))]

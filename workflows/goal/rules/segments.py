@@ -46,10 +46,16 @@ seconds a crash costs more time to notice than the saved round trip is worth."""
 class Placement(BaseModel):
     where: Where
     why: str
+    alone: bool = False  # a local write: runs by itself, in its order, never in a segment's batch
 
     @property
     def local(self) -> bool:
         return self.where == "local"
+
+    @property
+    def in_segment(self) -> bool:
+        """Runs with the replay-safe calls around it (together, in any order)."""
+        return self.local and not self.alone
 
     def describe(self) -> str:
         return f"{'local activity' if self.local else 'activity'}: {self.why}"
@@ -78,7 +84,8 @@ def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S, k
             why=f"expected {spec.expected_s:g} s > {local_up_to_s:g} s: long calls heartbeat as activities",
         )
     if harmless:
-        return Placement(where="local", why=f"{spec.risk}, {HARMLESS_AGAIN[spec.replay]}: recorded with its task")
+        why = f"{spec.risk}, {HARMLESS_AGAIN[spec.replay]}: recorded with its task"
+        return Placement(where="local", why=why, alone=True)
     return Placement(
         where="local",
         why=f"{spec.risk}, safe to re-run, expected ≤ {spec.expected_s:g} s: checkpointed with its segment",
