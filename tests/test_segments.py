@@ -34,6 +34,23 @@ def test_every_outside_effect_is_its_own_activity_whatever_its_duration():
             assert placement.why.startswith(f"{risk}: a side effect gets its own checkpoint")
 
 
+def test_with_local_keyed_writes_a_write_whose_rerun_is_harmless_runs_alone_as_a_local_activity():
+    for risk, replay in (("remote-write", "keyed"), ("remote-write", "check"), ("local-write", "check")):
+        for expected_s in (None, 0.5):
+            placement = place(tool(risk, replay, expected_s), keyed_writes=True)
+            assert placement.local and placement.alone and not placement.in_segment, (risk, replay)
+            assert placement.why.startswith(f"{risk}, a re-run ")
+    # Never a once or an irreversible call: its activity is the intent recorded before the call.
+    for risk, replay in (("remote-write", "once"), ("irreversible", "keyed"), ("irreversible", "check")):
+        assert place(tool(risk, replay), keyed_writes=True).where == "activity", (risk, replay)
+    # Nor a long one, nor in a goal that turned local activities off.
+    assert place(tool("remote-write", "keyed", expected_s=30), keyed_writes=True).where == "activity"
+    assert place(tool("remote-write", "keyed"), local_up_to_s=0, keyed_writes=True).where == "activity"
+    # Reads stay in segments; one that is not free to repeat (a paid read) stays an activity.
+    assert place(tool("read"), keyed_writes=True).in_segment
+    assert place(tool("read", "keyed"), keyed_writes=True).where == "activity"
+
+
 def test_a_call_that_is_not_free_to_repeat_is_an_activity():
     for replay in ("keyed", "check", "once"):
         placement = place(tool("read", replay))

@@ -68,7 +68,7 @@ def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S, k
         return Placement(where="activity", why="unknown tool: the activity reports the error")
     # A harmless write's duration is its service's, known in advance or not: bounded by its
     # timeout, and a lost worker is noticed by the workflow task timeout as for any local activity.
-    harmless = keyed_writes and spec.risk != "irreversible" and spec.replay in HARMLESS_AGAIN
+    harmless = keyed_writes and spec.risk in ("remote-write", "local-write") and spec.replay in HARMLESS_AGAIN
     if not harmless:
         if spec.risk in ("remote-write", "irreversible"):
             return Placement(where="activity", why=f"{spec.risk}: a side effect gets its own checkpoint")
