@@ -1156,22 +1156,25 @@ async def record_goal_writes_prepared_in_workflow(env: WorkflowEnvironment, out:
 
 
 async def record_goal_keyed_local_writes(env: WorkflowEnvironment, out: Path) -> None:
-    """Keyed writes as local activities (GoalSpec.local_keyed_writes, issue 39): two ledger
-    entries, the first with its undo recorded before it is sent, the second naming the
-    first's output; then a once webhook, which keeps its activity scheduled before the call."""
+    """Keyed writes as local activities (GoalSpec.local_keyed_writes, issue 39): a ledger
+    entry fully known at plan time runs as a local activity; one with an undo (recorded
+    before it is sent) and one naming the first's output keep their activities; then a once
+    webhook, which keeps its activity scheduled before the call."""
     with services((LedgerAPI, {}), (WebhookReceiver, {})) as (ledger, hook):
         entries = f"{ledger.base_url}/entries"
-        first = {
+        first = {"method": "POST", "url": entries, "body": {"n": 1}}
+        undone = {
             "method": "POST",
             "url": entries,
-            "body": {"n": 1},
-            "undo": {"method": "DELETE", "url": f"{entries}/1"},
+            "body": {"n": 2},
+            "undo": {"method": "DELETE", "url": f"{entries}/2"},
         }
         second = {"method": "POST", "url": entries, "body": {"after": "{{steps.first}}"}}
-        notice = {"url": f"{hook.base_url}/deploys", "payload": {"entries": 2}}
+        notice = {"url": f"{hook.base_url}/deploys", "payload": {"entries": 3}}
         steps = [
             {"name": "first", "kind": "tool", "tool": "http_request", "args": first},
-            {"name": "second", "kind": "tool", "tool": "http_request", "args": second, "needs": ["first"]},
+            {"name": "undone", "kind": "tool", "tool": "http_request", "args": undone, "needs": ["first"]},
+            {"name": "second", "kind": "tool", "tool": "http_request", "args": second, "needs": ["first", "undone"]},
             {"name": "notice", "kind": "tool", "tool": "notify_webhook", "args": notice, "needs": ["second"]},
         ]
         async with rig(env) as (workspace, task_queue):
@@ -1186,7 +1189,7 @@ async def record_goal_keyed_local_writes(env: WorkflowEnvironment, out: Path) ->
                 GoalWorkflow.run, GoalInput(spec=goal_spec), id=out.stem, task_queue=task_queue
             )
             result = await handle.result()
-        assert len(ledger.ledger()) == 2 and len(hook.ledger()) == 1
+        assert len(ledger.ledger()) == 3 and len(hook.ledger()) == 1
     assert result.outcome == "succeeded", result.excerpt
     save(out, await handle.fetch_history())
 

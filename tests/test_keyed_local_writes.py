@@ -1,7 +1,9 @@
 """Writes whose re-run is harmless run as local activities (issue 39 item 3): a `keyed` write
 (the service deduplicates by its effect key) and a `check` one (looked up before it writes)
-need no activity round trip of their own; a `once` write and an irreversible one keep their
-activity, scheduled in history before the call.
+need no activity round trip of their own when they are fully known at plan time and have
+nothing to undo; a `once` write, an irreversible one, and a harmless one with an undo or
+with arguments from other steps or a model keep their activity, scheduled in history
+before the call.
 
 The kill test is a real `perdure worker` SIGKILLed by a fault point right after the fake
 ledger accepted a keyed write and before its answer reached the goal: the worker that takes
@@ -10,17 +12,15 @@ over sends it again under the same key, and the ledger holds it once.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 
 from perdure.testing.fakes import LedgerAPI, WebhookReceiver
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import agent, openai_profile, spec
-from tests.helpers import _summary, activity_outcomes, run_goal, running_worker, tool_timeline
+from tests.helpers import activity_outcomes, run_goal, running_worker, tool_timeline
 
 
 def entry_steps(ledger_url: str, count: int) -> list[dict]:
@@ -120,7 +120,7 @@ async def test_once_writes_keep_their_activity_and_keyed_ones_run_locally(
 
 
 @pytest.mark.slow
-async def test_an_agents_keyed_write_between_two_reads_keeps_its_place(
+async def test_an_agents_keyed_write_keeps_its_activity_and_its_place_between_two_reads(
     env, task_queue, store, workspace, scripted, fake_service
 ):
     ledger = fake_service(LedgerAPI)
@@ -149,31 +149,53 @@ async def test_an_agents_keyed_write_between_two_reads_keeps_its_place(
     )
     async with running_worker(env, task_queue, store, openai_profile(server)):
         handle, result = await run_goal(env, task_queue, goal)
+        snapshot = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "succeeded", result.excerpt
 
-    # The reads around the write run as local activities too, but never beside it: the
-    # write starts once the first read ended, and the second read once the write ended.
-    calls_made = tool_local_activities(await handle.fetch_history())
-    assert [tool for tool, _, _ in calls_made] == ["read_file", "http_request", "read_file"]
-    (_, _, read_a_done), (_, write_scheduled, write_done), (_, read_b_scheduled, _) = calls_made
-    assert read_a_done <= write_scheduled and write_done <= read_b_scheduled
+    # A model's arguments are not known when the plan was made: a rewind of the turn could
+    # ask for another write, so this one's intent is in history before it is sent. The
+    # reads around it run as local activities, the second once the write ended.
+    timeline = [(where, summary.split(" · ")[0]) for where, summary in tool_timeline(await handle.fetch_history())]
+    assert timeline == [("local", "tool read_file"), ("activity", "tool http_request"), ("local", "tool read_file")]
+    placed = {n.name: n for n in snapshot.nodes}["work"].placements["http_request"]
+    assert placed == "activity: remote-write, keyed: its arguments are a model's, not known when the plan was made"
 
 
-TIMES = ("original_schedule_time", "complete_time")
+@pytest.mark.slow
+async def test_a_write_with_an_undo_or_arguments_from_another_step_keeps_its_activity(
+    env, task_queue, store, workspace, scripted, fake_service
+):
+    ledger = fake_service(LedgerAPI)
+    entries = f"{ledger.base_url}/entries"
+    fixed = {"method": "POST", "url": entries, "body": {"n": 1}}
+    undone = {"method": "POST", "url": entries, "body": {"n": 2}, "undo": {"method": "DELETE", "url": f"{entries}/2"}}
+    templated = {"method": "POST", "url": entries, "body": {"after": "{{steps.fixed}}"}}
+    steps = [
+        {"name": "fixed", "kind": "tool", "tool": "http_request", "args": fixed},
+        {"name": "undone", "kind": "tool", "tool": "http_request", "needs": ["fixed"], "args": undone},
+        {"name": "templated", "kind": "tool", "tool": "http_request", "needs": ["fixed", "undone"], "args": templated},
+    ]
+    goal = spec(
+        workspace, plan={"steps": steps}, allowed_tools=["http_request"], drift_every=0, local_keyed_writes=True
+    )
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
+        handle, result = await run_goal(env, task_queue, goal)
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "succeeded", result.excerpt
 
-
-def tool_local_activities(history) -> list[tuple[str, float, float]]:
-    """(tool, scheduled, completed) of each local perdure.tool.run, from its marker."""
-    found = []
-    for event in history.events:
-        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
-            continue
-        data = json.loads(event.marker_recorded_event_attributes.details["data"].payloads[0].data)
-        if data["activity_type"] != Activities.RUN_TOOL:
-            continue
-        times = [data[k]["seconds"] + data[k].get("nanos", 0) / 1e9 for k in TIMES]
-        found.append((_summary(event).split(" · ")[0].removeprefix("tool "), *times))
-    return sorted(found, key=lambda call: call[1])
+    # Sent from a local activity, an undoable write could land while a takeover applies an
+    # abort with rollback first, with no compensation recorded; a templated one could land
+    # twice, different, around a rewind. Their activities are scheduled before the call.
+    history = await handle.fetch_history()
+    assert [(where, step_of(s)) for where, s in tool_timeline(history)] == [
+        ("local", "fixed"),
+        ("activity", "undone"),
+        ("activity", "templated"),
+    ]
+    nodes = {n.name: n for n in snapshot.nodes}
+    assert "it has an undo" in nodes["undone"].placements["http_request"]
+    assert "other steps' outputs" in nodes["templated"].placements["http_request"]
+    assert len(ledger.ledger()) == 3
 
 
 @pytest.mark.slow

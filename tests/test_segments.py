@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
 from perdure.activities.tools.catalogue.file_tools import ReadFileArgs
-from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S, batches, place, place_tool
+from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S, batches, may_run_locally, place, place_tool
+from perdure.workflows.shared.contracts import ArtifactRef, ToolInput
 from perdure.workflows.shared.tool_specs import ToolSpec
 
 
@@ -34,18 +35,56 @@ def test_every_outside_effect_is_its_own_activity_whatever_its_duration():
             assert placement.why.startswith(f"{risk}: a side effect gets its own checkpoint")
 
 
+def call(args: dict | None = None, args_ref: bool = False) -> ToolInput:
+    ref = ArtifactRef(digest="sha256:" + "0" * 64, size=2) if args_ref else None
+    return ToolInput(goal_id="g", node_key="n", tool="t", workspace="/ws", args=args, args_ref=ref)
+
+
+FIXED = call({"method": "POST", "url": "https://ledger.example/entries", "body": {"n": 1}})
+
+
 def test_with_local_keyed_writes_a_write_whose_rerun_is_harmless_runs_alone_as_a_local_activity():
     for risk, replay in (("remote-write", "keyed"), ("remote-write", "check"), ("local-write", "check")):
         for expected_s in (None, 0.5):
-            placement = place(tool(risk, replay, expected_s), keyed_writes=True)
+            placement = place(tool(risk, replay, expected_s), keyed_writes=True, call=FIXED)
             assert placement.local and placement.alone and not placement.in_segment, (risk, replay)
             assert placement.why.startswith(f"{risk}, a re-run ")
     # Never a once or an irreversible call: its activity is the intent recorded before the call.
     for risk, replay in (("remote-write", "once"), ("irreversible", "keyed"), ("irreversible", "check")):
-        assert place(tool(risk, replay), keyed_writes=True).where == "activity", (risk, replay)
+        assert place(tool(risk, replay), keyed_writes=True, call=FIXED).where == "activity", (risk, replay)
     # Nor a long one, nor in a goal that turned local activities off.
-    assert place(tool("remote-write", "keyed", expected_s=30), keyed_writes=True).where == "activity"
-    assert place(tool("remote-write", "keyed"), local_up_to_s=0, keyed_writes=True).where == "activity"
+    assert place(tool("remote-write", "keyed", expected_s=30), keyed_writes=True, call=FIXED).where == "activity"
+    assert place(tool("remote-write", "keyed"), local_up_to_s=0, keyed_writes=True, call=FIXED).where == "activity"
+
+
+def test_a_harmless_write_keeps_its_activity_unless_it_is_fixed_at_plan_time_and_has_nothing_to_undo():
+    # A local activity records nothing before it runs: a rollback, rewind or narrowing
+    # applied by the worker taking over could stop the step before its effect is recorded.
+    keyed = tool("remote-write", "keyed")
+    undone = place(keyed, keyed_writes=True, call=FIXED, undoable=True)
+    assert undone.where == "activity" and "undo" in undone.why
+    templated = call({"method": "POST", "url": "https://l.example/e", "body": {"after": "{{steps.first}}"}})
+    assert place(keyed, keyed_writes=True, call=templated).where == "activity"
+    assert "other steps' outputs" in place(keyed, keyed_writes=True, call=templated).why
+    assert "a model's" in place(keyed, keyed_writes=True, call=call(args_ref=True)).why
+    assert place(keyed, keyed_writes=True).where == "activity"  # no call: not known yet
+    assert place(keyed, keyed_writes=True, call=FIXED).local
+
+
+@given(
+    st.sampled_from(["read", "local-write", "remote-write", "irreversible"]),
+    st.sampled_from(["safe", "keyed", "check", "once"]),
+    st.booleans(),
+    st.sampled_from(["fixed", "templated", "model"]),
+)
+def test_a_local_write_is_always_fixed_and_without_undo(risk, replay, undoable, args):
+    made = {"fixed": FIXED, "templated": call({"body": "{{steps.a}}"}), "model": call(args_ref=True)}[args]
+    placement = place(tool(risk, replay), keyed_writes=True, call=made, undoable=undoable)
+    if placement.local and risk != "read" and replay != "safe":
+        assert placement.alone and args == "fixed" and not undoable
+    # What the goal places locally, a worker agrees may run locally (run_tool checks its own declaration).
+    if placement.local:
+        assert may_run_locally(tool(risk, replay))
     # Reads stay in segments; one that is not free to repeat (a paid read) stays an activity.
     assert place(tool("read"), keyed_writes=True).in_segment
     assert place(tool("read", "keyed"), keyed_writes=True).where == "activity"

@@ -335,6 +335,42 @@ async def test_an_attempt_that_reuses_a_lost_answers_receipt_charges_the_cost_on
     assert len(payments.ledger()) == 1 and payments.requests == 1  # not sent again
 
 
+class Entry(BaseModel):
+    ref: str
+
+
+async def test_a_tool_this_worker_declares_once_is_not_sent_from_a_local_activity(tmp_path: Path):
+    """The goal planned with `post_entry` keyed and placed its call in a local activity; this
+    worker declares it `once`. A local activity's attempts restart at 1 on another worker,
+    so a once call there could be sent twice: it is answered uncertain, nothing sent."""
+    sent: list[str] = []
+
+    def declared(replay: str):
+        @perdure.tool(risk="remote-write", replay=replay)
+        async def post_entry(args: Entry, call: perdure.ToolCall) -> str:
+            """Post a ledger entry."""
+            sent.append(args.ref)
+            return "posted"
+
+        return ToolActivities(DiskArtifactStore(tmp_path / replay), user_tools=Toolbox([post_entry]).implementations())
+
+    def local() -> ActivityEnvironment:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, is_local=True)
+        return env
+
+    call = ToolInput(goal_id="g-4", node_key="n", tool="post_entry", workspace=str(tmp_path), args={"ref": "a"})
+    refused = await local().run(declared("once").run_tool, call)
+    assert not refused.ok and refused.uncertain and sent == []
+    assert "declared remote-write, replay once on this worker" in (refused.error or "")
+    # A person said it happened: recorded, still not sent.
+    settled = await local().run(declared("once").run_tool, call.model_copy(update={"resolution": "happened"}))
+    assert settled.ok and sent == []
+    # The same declaration as an activity, and a keyed one as a local activity, are sent.
+    assert (await ActivityEnvironment().run(declared("once").run_tool, call)).ok and sent == ["a"]
+    assert (await local().run(declared("keyed").run_tool, call)).ok and sent == ["a", "a"]
+
+
 class Rates(BaseModel):
     currency: str
 

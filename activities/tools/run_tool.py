@@ -52,6 +52,7 @@ from perdure.activities.tools.workspace_files import FileCall
 from perdure.activities.tools.workspace_versions import FenceToken, WorkspaceVersions, superseded_message
 from perdure.workflows.goal.contracts.goal_contracts import Activities
 from perdure.workflows.goal.contracts.plan import TEMPLATE, describe_validation_error
+from perdure.workflows.goal.rules import segments
 from perdure.workflows.quota.quota_workflow import QuotaLimits
 from perdure.workflows.shared.contracts import (
     ArtifactRef,
@@ -65,7 +66,7 @@ from perdure.workflows.shared.contracts import (
 )
 from perdure.workflows.shared.effects import prepared_effect
 from perdure.workflows.shared.mcp_tools import schema_problems, schema_summary
-from perdure.workflows.shared.tool_specs import Tool, ToolArgs, ToolSpec
+from perdure.workflows.shared.tool_specs import WRITE_RISKS, Tool, ToolArgs, ToolSpec
 
 # A batch's calls start in its order, this many at a time, each holding its place until it
 # ends or for HELD_PLACE_S at most. Started all at once, 100 small reads each queue for
@@ -174,6 +175,9 @@ class ToolActivities:
             return ToolResult(
                 call_id=input.call_id, tool=input.tool, ok=False, error=f"unknown tool '{input.tool}' (known: {known})"
             )
+
+        if not_local := _not_for_a_local_activity(input, spec):
+            return not_local
 
         meter = CallMeter()
 
@@ -284,17 +288,13 @@ class ToolActivities:
         if decide_command_retry(attempt, args) == "run":
             return None
         activity.logger.warning("command uncertain", extra={"attempt": attempt, "command": args.command[:200]})
-        return ToolResult(
-            call_id=input.call_id,
-            tool=input.tool,
-            risk=spec.risk,
-            ok=False,
+        return _not_run(
+            input,
+            spec,
+            f"an earlier attempt of run_command was interrupted (its worker was lost or it timed out) "
+            f"and may have run `{preview(args.command, 300)}`; a command that is neither declared "
+            'replay: "safe" nor read-only is never run twice on its own: a person must check and decide',
             uncertain=True,
-            error=_clip(
-                f"an earlier attempt of run_command was interrupted (its worker was lost or it timed out) "
-                f"and may have run `{preview(args.command, 300)}`; a command that is neither declared "
-                'replay: "safe" nor read-only is never run twice on its own: a person must check and decide'
-            ),
         )
 
     @activity.defn(name=Activities.PREPARE_EFFECT)
@@ -390,6 +390,36 @@ class ToolActivities:
             # The store is this machine's disk: retrying here will not bring the
             # blob back. The workflow decides (re-run the producer, or fail).
             raise ApplicationError(f"cannot load {what}: {err}", type=type(err).__name__, non_retryable=True) from None
+
+
+def _not_for_a_local_activity(input: ToolInput, spec: ToolSpec) -> ToolResult | None:
+    """The answer to a call this worker's declaration says a local activity may not run
+    (segments.may_run_locally), made in one: the goal placed it by the declaration it
+    planned with (a user tool redeclared since, say `once` where it was `keyed`). A local
+    activity has no attempt count that outlives its worker, so a `once` call's retry could
+    not know an earlier worker sent it: nothing is sent, and a write is uncertain (as a
+    `once` activity's second attempt is), a question for a person. None: run it."""
+    if not activity.in_activity() or not activity.info().is_local or segments.may_run_locally(spec):
+        return None
+    if input.resolution == "happened":
+        return None  # a person said it happened: recorded without sending (run_effect)
+    write = spec.risk in WRITE_RISKS
+    activity.logger.warning("call refused in a local activity", extra={"tool": input.tool, "replay": spec.replay})
+    return _not_run(
+        input,
+        spec,
+        f"{input.tool} is declared {spec.risk}, replay {spec.replay} on this worker, which a local activity "
+        "may not run (the goal placed it by the declaration it planned with): not sent"
+        + (" by this attempt; an earlier attempt on another worker may have sent it" if write else ""),
+        uncertain=write,
+    )
+
+
+def _not_run(input: ToolInput, spec: ToolSpec, why: str, uncertain: bool) -> ToolResult:
+    """A call answered without running it: `uncertain` when an earlier attempt may have."""
+    return ToolResult(
+        call_id=input.call_id, tool=input.tool, risk=spec.risk, ok=False, uncertain=uncertain, error=_clip(why)
+    )
 
 
 async def _in_order(places: asyncio.Semaphore, call: Coroutine[Any, Any, ToolResult]) -> ToolResult:

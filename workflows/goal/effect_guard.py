@@ -287,7 +287,7 @@ class EffectGuard:
         """The write itself, counted in flight while it runs, and what its outcome says."""
         self._ctx.writes_in_flight.setdefault(node.name, []).append(tool_input.tool)
         try:
-            result = await self._tools.execute(tool_input, summary, node)
+            result = await self._tools.execute(tool_input, summary, node, undoable=record is not None)
         except NodeWaiting as waiting:
             # Its device went offline before the write was sent, or while it ran (its
             # replay policy lets it run again then): nothing is in flight while it waits.

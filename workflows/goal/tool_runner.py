@@ -78,12 +78,18 @@ class ToolRunner:
         self._tools = tools
         self._batches = ReadBatcher(state)
 
-    def placement(self, tool: str, node: Node | None = None) -> segments.Placement:
+    def placement(
+        self, tool: str, node: Node | None = None, call: ToolInput | None = None, undoable: bool = False
+    ) -> segments.Placement:
+        """Where a call of `tool` runs; a harmless write runs locally only when its `call` is
+        known and not `undoable` (segments.intent_needed)."""
         if self._devices is not None and self._devices.runs_on(node, tool):
             # On a device: an activity on its queue, never in a read segment of the workers'.
             return segments.Placement(where="activity", why="runs on the step's device")
         spec = self._state.spec
-        return segments.place(self._tools().get(tool), spec.local_activities_up_to_s, spec.local_keyed_writes)
+        return segments.place(
+            self._tools().get(tool), spec.local_activities_up_to_s, spec.local_keyed_writes, call, undoable
+        )
 
     async def check(self, tool_input: ToolInput, summary: str) -> ToolResult:
         """A call of no step (a park's check): on the goal's host when its workspace lives on
@@ -94,7 +100,11 @@ class ToolRunner:
                 return on_host
         return await self.execute(tool_input, summary)
 
-    async def execute(self, tool_input: ToolInput, summary: str, node: Node | None = None) -> ToolResult:
+    async def execute(
+        self, tool_input: ToolInput, summary: str, node: Node | None = None, undoable: bool = False
+    ) -> ToolResult:
+        """The call, where its placement says; `undoable`: the effect guard recorded a
+        compensation for it (such a write keeps its activity)."""
         device = self._devices.runs_on(node, tool_input.tool) if self._devices is not None else None
         if device is not None and node is not None:
             self._batches.forget_ahead()
@@ -115,7 +125,7 @@ class ToolRunner:
             return result
         spec = self._tools().get(tool_input.tool)
         retry = RETRY_BY_TOOL.get(tool_input.tool) or (RETRY_BY_POLICY[spec.replay] if spec else TOOL_RETRY)
-        placement = self.placement(tool_input.tool)
+        placement = self.placement(tool_input.tool, call=tool_input, undoable=undoable)
         if node is not None:
             node.placements[tool_input.tool] = placement.describe()
         try:
@@ -124,9 +134,12 @@ class ToolRunner:
                 # before it, so a crash before the task completes sends it again (its effect key
                 # dedups it, or its lookup finds it). Alone: never beside reads (ordered around it).
                 # Its retries wait in the worker, inside the task (the SDK heartbeats a task whose
-                # local activities run at 80 % of its timeout): a wait longer than the SDK's
-                # local_retry_threshold (60 s) would be a durable timer that ends the task, and
-                # the keyed policy's longest is 8.1 s (workflows/shared/retries.py).
+                # local activities run at 80 % of its timeout), while a wait is shorter than the
+                # SDK's local_retry_threshold (60 s): the keyed policy's own waits are (0.1 to
+                # 8.1 s, workflows/shared/retries.py), a service's Retry-After need not be (the
+                # built-in HTTP tools clamp it to 300 s, a user tool's passes as given). A longer
+                # wait is a durable timer: the task completes with what it holds, and the SDK
+                # schedules the next attempt after the timer (its attempt count kept).
                 self._batches.forget_ahead()
                 result = await workflow.execute_local_activity(
                     Activities.RUN_TOOL,

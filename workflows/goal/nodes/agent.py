@@ -115,7 +115,8 @@ class AgentNode:
 
         # A device's calls are not batched: one that waits for its device ends the node's
         # task, and a sibling still running under gather would be left without one.
-        # A write run locally (keyed, checked) is not among them: it keeps its place.
+        # Nor is a write (a model's keyed write keeps its activity, segments.intent_needed):
+        # it keeps its place between them.
         local = [c.tool in offered and self._tools.placement(c.tool, node).in_segment for c in calls]
         for group in segments.batches(local):
             await asyncio.gather(*(one(i) for i in group))

@@ -12,7 +12,14 @@ call expected to take long, which needs heartbeats to notice a lost worker.
 Except, in a goal that says so (`GoalSpec.local_keyed_writes`, which every start
 sets), a write whose re-run is harmless: `keyed` (the service deduplicates by its
 effect key) or `check` (looked up before it writes), and not irreversible, runs as a
-local activity too; a crash before its workflow task completes sends it again.
+local activity too; a crash before its workflow task completes sends it again. Only
+when the write is fully known at plan time and has nothing to undo (`intent_needed`):
+a local activity records nothing before it runs, so a message applied by the worker
+that takes the goal over (an abort with rollback, a rewind, a narrowing: signals are
+applied before the lost task's results) can stop the step before the goal records it.
+A write with an undo would then have happened with no compensation recorded, and one
+whose arguments come from other steps' outputs or a model could, after a rewind, land a
+second, different write. Those keep their activity, scheduled (recorded) before the call.
 
 This module is the one place that rule lives. Pure: the workflow calls it.
 """
@@ -24,6 +31,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from perdure.activities.tools.catalogue import TOOL_SPECS
+from perdure.workflows.goal.contracts.plan import template_refs
+from perdure.workflows.shared.contracts import ToolInput
 from perdure.workflows.shared.tool_specs import ToolSpec
 
 Where = Literal["local", "activity"]
@@ -61,14 +70,51 @@ class Placement(BaseModel):
         return f"{'local activity' if self.local else 'activity'}: {self.why}"
 
 
-def place(spec: ToolSpec | None, local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S, keyed_writes: bool = False) -> Placement:
+def harmless_again(spec: ToolSpec) -> bool:
+    """A write whose re-run is harmless by its declaration (keyed or check, not irreversible)."""
+    return spec.risk in ("remote-write", "local-write") and spec.replay in HARMLESS_AGAIN
+
+
+def may_run_locally(spec: ToolSpec) -> bool:
+    """What a local activity may run by the tool's declaration: a call free to repeat, or a
+    write whose re-run is harmless. The worker checks its own declaration against it: the
+    goal placed the call by the declaration it planned with (activities/tools/run_tool.py)."""
+    if harmless_again(spec):
+        return True
+    return spec.replay == "safe" and spec.risk in ("read", "local-write")
+
+
+def intent_needed(call: ToolInput | None, undoable: bool) -> str | None:
+    """Why a harmless write must still have its intent in history before it is sent (None:
+    it need not). `undoable`: its prepared effect has a compensation."""
+    if call is None:
+        return "its arguments are not known yet"
+    if undoable:
+        return "it has an undo, recorded with its intent before it is sent, for a rollback"
+    if call.args_ref is not None or call.args is None:
+        return "its arguments are a model's, not known when the plan was made"
+    if template_refs(call.args):
+        return "its arguments name other steps' outputs, not known when the plan was made"
+    return None
+
+
+def place(
+    spec: ToolSpec | None,
+    local_up_to_s: float = DEFAULT_LOCAL_UP_TO_S,
+    keyed_writes: bool = False,
+    call: ToolInput | None = None,
+    undoable: bool = False,
+) -> Placement:
     """Decide from the tool's risk class, replay policy and expected duration; `keyed_writes`:
-    writes whose re-run is harmless run locally too (GoalSpec.local_keyed_writes)."""
+    writes whose re-run is harmless run locally too (GoalSpec.local_keyed_writes), when
+    `call` is fully known at plan time and nothing undoes it (`undoable`: see intent_needed)."""
     if spec is None:
         return Placement(where="activity", why="unknown tool: the activity reports the error")
     # A harmless write's duration is its service's, known in advance or not: bounded by its
     # timeout, and a lost worker is noticed by the workflow task timeout as for any local activity.
-    harmless = keyed_writes and spec.risk in ("remote-write", "local-write") and spec.replay in HARMLESS_AGAIN
+    harmless = keyed_writes and harmless_again(spec)
+    if harmless and (needed := intent_needed(call, undoable)) is not None:
+        return Placement(where="activity", why=f"{spec.risk}, {spec.replay}: {needed}")
     if not harmless:
         if spec.risk in ("remote-write", "irreversible"):
             return Placement(where="activity", why=f"{spec.risk}: a side effect gets its own checkpoint")
