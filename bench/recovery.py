@@ -136,7 +136,15 @@ async def remote_write(client: Client, root: Path, wait_s: float) -> Recovery:
                     "kind": "tool",
                     "tool": "http_request",
                     "needs": ["before"],
-                    "args": {"method": "POST", "url": f"{ledger.base_url}/entries", "body": {"bench": "recovery"}},
+                    # With an undo, so it keeps its activity (a fully known keyed write with
+                    # nothing to undo is a local activity since issue 39: docs/guide/side-effects.md)
+                    # and its recovery is a dead worker's activity noticed by its heartbeat.
+                    "args": {
+                        "method": "POST",
+                        "url": f"{ledger.base_url}/entries",
+                        "body": {"bench": "recovery"},
+                        "undo": {"method": "DELETE", "url": f"{ledger.base_url}/entries/1"},
+                    },
                 },
                 {"name": "after", "kind": "tool", "tool": "read_file", "needs": ["write"], "args": {"path": "b.txt"}},
             ]
