@@ -29,6 +29,7 @@ from perdure.activities.artifacts import ArtifactStore, artifact_store, checked_
 from perdure.activities.devices.device_calls import DeviceCallActivities
 from perdure.activities.goal.decision_chunks import DecisionActivities
 from perdure.activities.goal.memory_activities import MemoryActivities
+from perdure.activities.goal.past_chunks import PastActivities
 from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
 from perdure.activities.goal.report import ReportActivities
 from perdure.activities.goal.timer_history import TimingActivities
@@ -143,6 +144,7 @@ def build_worker(
             verification.verify_nodes,
             *TimingActivities(store).activities(),
             *DecisionActivities(store).activities(),
+            *PastActivities(store).activities(),
             *questions.activities(),
             report.write_report,
             *watchdog.activities(),

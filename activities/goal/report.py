@@ -19,6 +19,7 @@ from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, Artif
 from perdure.activities.faults import fault_point
 from perdure.activities.heartbeat import Heartbeat
 from perdure.workflows.goal.contracts.goal_contracts import Activities, ReportInput, ReportResult, StepOutcome
+from perdure.workflows.goal.contracts.past_chunks import PastChunk
 from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
 
 OUTPUT_CAP_CHARS = 4_000
@@ -183,6 +184,30 @@ def excerpt_of(report: str, limit: int = EXCERPT_CHARS) -> str:
     return report[:cut].rstrip() + "\n…"
 
 
+def with_past_steps(store: ArtifactStore, input: ReportInput) -> ReportInput:
+    """A large goal's settled steps stored out of its state (workflows/goal/past.py), read back
+    from their chunks, before its other steps (they settled first)."""
+    if not input.past:
+        return input
+    steps = [
+        _step_outcome(node) for ref in input.past for node in PastChunk.model_validate_json(store.get_text(ref)).nodes
+    ]
+    return input.model_copy(update={"steps": steps + input.steps, "past": []})
+
+
+def _step_outcome(node) -> StepOutcome:
+    return StepOutcome(
+        name=node.name,
+        kind=node.kind,
+        status=node.status,
+        output=node.output,
+        error=node.error,
+        tokens=node.tokens,
+        cost_usd=node.cost_usd,
+        reused=node.reused,
+    )
+
+
 class ReportActivities:
     """Worker-side report writer. Register `ReportActivities(store).write_report` with the worker."""
 
@@ -195,6 +220,7 @@ class ReportActivities:
         # Loading every step's output is disk I/O; keep it off the worker's event loop, which
         # heartbeats meanwhile so a killed worker is noticed in seconds (workflows/shared/retries.py).
         async with Heartbeat(lambda: f"writing the report of {len(input.steps)} steps"):
+            input = await asyncio.to_thread(with_past_steps, self.store, input)
             report = await asyncio.to_thread(render_report, self.store, input)
             ref = await asyncio.to_thread(self.store.put_text, report, "text/markdown")
         return ReportResult(report=ref, excerpt=excerpt_of(report))

@@ -23,7 +23,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     ReportResult,
     StepOutcome,
 )
-from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, RetiredNode
+from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, PastLog, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.rules import question_deadline_rules as deadlines
 from perdure.workflows.goal.rules.progress_view import owned_objects
@@ -47,16 +47,18 @@ class Closing:
         await self._memory.at_close()
         state.phase = "reporting"
         self._publish()
-        nodes = [state.nodes[name] for name in graph.topological_order(state.plan)] if state.plan else []
+        nodes = self._current_nodes()
+        past = state.past or PastLog(plan_version=0)
         # Work of earlier plan versions that the current plan left out and that did not end well.
         setbacks = [r for r in state.retired_nodes if r.node.status not in ("succeeded", "invalidated")]
-        outcome = self._outcome(nodes, setbacks)
+        outcome = self._outcome(nodes, setbacks, past)
         self._close_questions(outcome)
-        unfinished = [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
+        unfinished = past_unfinished(past)
+        unfinished += [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
         unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         if outcome == "failed" and failure is None:
-            failure = _nothing_succeeded(nodes)
+            failure = _nothing_succeeded(nodes, past)
         self._ctx.decide("end", _ending(outcome, failure, unfinished))
         log = state.decisions
         report = await workflow.execute_activity(
@@ -75,6 +77,7 @@ class Closing:
                 own_calls=state.ledger.own_calls,
                 decisions=log.recent[-REPORT_DECISIONS:],
                 decision_count=log.count,
+                past=past.chunks,
             ),
             result_type=ReportResult,
             start_to_close_timeout=REPORT_TIMEOUT,
@@ -89,7 +92,9 @@ class Closing:
             report=report.report,
             excerpt=report.excerpt,
             outputs={n.name: n.output for n in nodes if n.output is not None},
-            failed_steps=[n.name for n in nodes if n.status in ("failed", "abandoned")]
+            past=past.chunks,
+            failed_steps=[line.partition(": ")[0] for line in past.not_succeeded]
+            + [n.name for n in nodes if n.status in ("failed", "abandoned")]
             + [_label(r) for r in setbacks if r.node.status in ("failed", "abandoned")],
             unfinished=unfinished,
             tokens=state.ledger.tokens,
@@ -120,16 +125,36 @@ class Closing:
             question.status, question.answered_at = "closed", workflow.now()
             question.answer_text = f"not answered: the goal ended ({outcome}) first"
 
-    def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode]) -> Outcome:
+    def _current_nodes(self) -> list[Node]:
+        """The current plan's steps in topological order, as nodes; a large goal's steps stored
+        in the past are not among them (the report reads their chunks), and one of its steps
+        that never got a node is shown as the pending node it is."""
+        state = self._ctx.state
+        if state.plan is None:
+            return []
+        nodes = []
+        for name in graph.topological_order(state.plan):
+            node = state.nodes.get(name)
+            if node is None and name not in self._ctx.stored:
+                step = state.plan.step(name)
+                node = Node(name=name, kind=step.kind, needs=list(step.needs))
+            if node is not None:
+                nodes.append(node)
+        return nodes
+
+    def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode], past: PastLog) -> Outcome:
         state = self._ctx.state
         if state.failure:
             return "failed"
         if state.pause.mode == "aborting":
             return "aborted"
+        stored = {status: sum(kinds.values()) for status, kinds in past.counts.items()}
+        succeeded = stored.get("succeeded", 0) + sum(n.status == "succeeded" for n in nodes)
+        steps = past.count + len(nodes)
         # A step that failed in a plan version since left out still failed: not a success.
-        if nodes and all(n.status == "succeeded" for n in nodes) and not setbacks:
+        if steps and succeeded == steps and not setbacks:
             return "succeeded"
-        if nodes and not any(n.status == "succeeded" for n in nodes):
+        if steps and not succeeded:
             return "failed"  # nothing of the plan was done: not even part of it
         return "partial"
 
@@ -152,10 +177,20 @@ def _ending(outcome: Outcome, failure: str | None, unfinished: list[str]) -> str
     return said + (f"; {len(unfinished)} step(s) unfinished" if unfinished else "")
 
 
-def _nothing_succeeded(nodes: list[Node]) -> str:
+def past_unfinished(past: PastLog) -> list[str]:
+    """'step: why' for a large goal's stored steps that did not succeed, as far as the past
+    names them, and how many more there are."""
+    stored = sum(n for status, kinds in past.counts.items() if status != "succeeded" for n in kinds.values())
+    more = stored - len(past.not_succeeded)
+    return [*past.not_succeeded, *([f"(and {more} more stored steps: see the report)"] if more > 0 else [])]
+
+
+def _nothing_succeeded(nodes: list[Node], past: PastLog) -> str:
     """Why a goal with no failure of its own failed: how its steps ended, e.g.
     'no step succeeded (1 failed, 1 abandoned)'."""
     counts = Counter(n.status for n in nodes)
+    for status, kinds in past.counts.items():
+        counts[status] += sum(kinds.values())
     ended = [f"{counts[status]} {status}" for status in get_args(NodeStatus) if counts[status]]
     return f"no step succeeded ({', '.join(ended)})"
 

@@ -10,7 +10,7 @@ and never the workflow itself, so no room can reach into another's fields.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -72,6 +72,8 @@ class GoalContext:
         # Bumps the loop's wake-up counter: a node settled, a message or a question arrived.
         self.wake = wake
         self._index: NodeIndex | None = None
+        # A large goal's steps stored in the past (workflows/goal/past.py keeps it as PastLog.stored says).
+        self.stored: set[str] = set()
         # Node -> the tools of the remote writes it has in flight. A write in flight is never
         # cancelled: stopping or voiding its node waits for it to settle (nothing is in flight
         # at continue-as-new, so this is never carried).
@@ -91,6 +93,10 @@ class GoalContext:
         self.on_receipt: Callable[[Any], None] | None = None
         # The decision log's room (workflows/goal/decision_log.py): a decision was recorded.
         self.on_decision: Callable[[], None] | None = None
+        # The past (workflows/goal/past.py): a node settled, so it may be stored once no step
+        # needs it; and what brings the stored ones back before settled work is judged.
+        self.on_settled: Callable[[Node], None] | None = None
+        self.restore_past: Callable[[], Awaitable[None]] = _nothing_stored
         # The goal's perdure_* metrics (workflows/shared/metrics.py): the SDK's replay-safe meter, or
         # none where a room is exercised outside a workflow.
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
@@ -112,7 +118,7 @@ class GoalContext:
     def next_task_timeout(self) -> timedelta:
         """The workflow task timeout the next run gets: what its plan needs, never shorter
         than this run's (a goal started with a longer one keeps it)."""
-        return max(goal_task_timeout(len(self.state.nodes)), workflow.info().task_timeout)
+        return max(goal_task_timeout(self.state.plan_size() or len(self.state.nodes)), workflow.info().task_timeout)
 
     def tell_child(self, child_id: str, message: BaseModel) -> None:
         """Send a subgoal a message (as its user would, with a request id of its own); a
@@ -203,14 +209,36 @@ class GoalContext:
         built again when the plan or the node table changes."""
         state = self.state
         if self._index is None or not self._index.fits(state.plan, state.nodes):
-            self._index = NodeIndex(state.plan, state.nodes)
+            counts = state.past.counts if state.past is not None else None
+            self._index = NodeIndex(state.plan, state.nodes, self.stored, counts)
         return self._index
+
+    def forget_index(self) -> None:
+        """The steps stored in the past changed other than through the index: build it again."""
+        self._index = None
+
+    def node(self, name: str) -> Node:
+        """The node of step `name`. A large goal's pending step that has none yet gets it here
+        (workflows/goal/rules/frontier.py); KeyError: no step of the plan, or one stored in the past."""
+        node = self.state.nodes.get(name)
+        if node is not None:
+            return node
+        index = self.index()
+        if index.is_stored(name):
+            raise KeyError(f"step '{name}' is stored in the past")
+        step = self.plan().step(name)
+        node = Node(name=step.name, kind=step.kind, needs=list(step.needs))
+        self.state.nodes[name] = node
+        index.materialised(node)
+        return node
 
     def set_status(self, node: Node, status: NodeStatus) -> None:
         settles = status in TERMINAL and node.status != status
         self.index().set_status(node, status)
         if settles:
             self.metrics.add(metrics.NODES_SETTLED, 1, kind=node.kind, outcome=status)
+            if self.on_settled is not None:
+                self.on_settled(node)
         if self.on_status is not None:
             self.on_status(node)
 
@@ -269,6 +297,10 @@ class GoalContext:
             if question.topic == topic and question.effect_key == effect_key and node.name in question.nodes:
                 return question
         return None
+
+
+async def _nothing_stored() -> None:
+    return None
 
 
 def short_key(key: str | None) -> str:

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from perdure.workflows.goal.lost_workers import LostWorkers
     from perdure.workflows.goal.model_calls import ModelCalls
     from perdure.workflows.goal.nodes import NodeDeps, node_runners
+    from perdure.workflows.goal.past import Past
     from perdure.workflows.goal.pause import Pause
     from perdure.workflows.goal.planner import Planner
     from perdure.workflows.goal.publisher import Publisher
@@ -91,6 +92,8 @@ class GoalWorkflow:
         ctx = GoalContext(state, workflow.info().workflow_id, self._wake)
         self._ctx = ctx
         self._decisions = DecisionLogRoom(ctx)
+        self._past = Past(ctx)
+        ctx.on_settled, ctx.restore_past = self._past.settled, self._past.restore
         self._pause = Pause(ctx)
         if self._load_problem:
             self._pause.park(self._load_problem, None, timedelta(days=3650))
@@ -150,6 +153,7 @@ class GoalWorkflow:
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
+        await self._past.load()  # a large goal's plan, stored by reference (workflows/goal/past.py)
         if input.state is not None:
             note_wait_ended(state, state.last_progress_at, "continued as new")
         else:
@@ -444,6 +448,7 @@ class GoalWorkflow:
         events = workflow.info().get_current_history_length()
         self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events", kind="run")
         await self._decisions.settled()  # a chunk being stored: the next run carries its ref
+        await self._past.settle()  # settled steps no step needs, and a large plan, go by reference
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.

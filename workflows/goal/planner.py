@@ -213,6 +213,7 @@ class Planner:
         except GoalFailed as err:
             self._ctx.log_gate(f"replanning after the drift check failed: {err}")
             return
+        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
         self._scheduler.adopt_plan(plan, "drift", f"drift check: {verdict.reason}")
 
     # --- re-planning on evidence ---------------------------------------------------
@@ -275,6 +276,7 @@ class Planner:
         once those have settled (this is called again then)."""
         state = self._ctx.state
         log = state.evidence
+        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
         if log.pending is not None:
             self._adopt_pending()
             return
@@ -409,6 +411,7 @@ class Planner:
             for entry in queued:
                 self._inbox.settle(entry, "rejected", f"could not plan it: {err}")
             return
+        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
         diff = self._scheduler.adopt_plan(plan, "queue", "planned queued follow-up work")
         version = len(self._ctx.state.plan_versions)
         for entry in queued:

@@ -40,6 +40,7 @@ class Publisher:
             self._eta(),
             active_seconds=use.wall_seconds,
             abort=self._ctx.abort_progress(),
+            index=self._ctx.index(),
         )
 
     def publish(self) -> None:
@@ -91,10 +92,10 @@ class Publisher:
         state = self._ctx.state
         if state.phase in CLOSED_PHASES:
             return 100
-        if not state.nodes:
+        index = self._ctx.index()
+        if not index.total:
             return 0
-        settled = self._ctx.index().count(TERMINAL)
-        return int(100 * settled / len(state.nodes))
+        return int(100 * index.count(TERMINAL) / index.total)
 
     def _eta(self) -> Eta | None:
         state = self._ctx.state

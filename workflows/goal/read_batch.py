@@ -264,10 +264,11 @@ class ReadBatcher:
         while frontier and len(ahead) < room:
             name = frontier.pop(0)
             for step in dependents.get(name, ()):
+                # A large goal's pending step may have no node yet (workflows/goal/rules/frontier.py).
                 node = state.nodes.get(step.name)
-                if len(ahead) >= room or step.name in have or node is None or node.status != "pending":
+                if len(ahead) >= room or step.name in have or (node is not None and node.status != "pending"):
                     continue
-                if not all(n in have or state.nodes[n].status == "succeeded" for n in step.needs):
+                if not all(n in have or _succeeded(state, n) for n in step.needs):
                     continue
                 if not readable_ahead(step, local_up_to_s):
                     continue
@@ -308,6 +309,11 @@ def readable_ahead(step: ToolStep, local_up_to_s: float) -> bool:
     if not segments.place_tool(step.tool, local_up_to_s).local:
         return False
     return "{{" not in canonical_json(step.args)
+
+
+def _succeeded(state: GoalState, name: str) -> bool:
+    node = state.nodes.get(name)
+    return node is not None and node.status == "succeeded"
 
 
 def _risk(tool: str) -> str | None:

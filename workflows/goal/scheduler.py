@@ -27,7 +27,7 @@ from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes import NodeRunner
-from perdure.workflows.goal.rules import approvals_ahead, questions, risk_order
+from perdure.workflows.goal.rules import approvals_ahead, frontier, questions, risk_order
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared import graph
@@ -95,7 +95,10 @@ class Scheduler:
 
     def materialise_nodes(self) -> None:
         state = self._ctx.state
-        for step in self._ctx.plan().steps:
+        steps = self._ctx.plan().steps
+        if frontier.is_large(len(steps)):
+            return  # a large goal's step gets its node when it is touched (GoalContext.node)
+        for step in steps:
             if step.name not in state.nodes:
                 state.nodes[step.name] = Node(name=step.name, kind=step.kind, needs=list(step.needs))
 
@@ -167,12 +170,12 @@ class Scheduler:
             return  # a re-plan on evidence waits for the steps it lets finish: nothing starts under the old plan
         held = {name for q in state.open_questions() for name in q.hold}
         committed = self._spend.new_pass()
-        nodes = state.nodes
+        index = self._ctx.index()
         order = risk_order.OrderPass(
             risk_order.risk_facts(self._ctx.plan(), self._ctx.tools()),
-            self._ctx.index().ready(),
-            self._ctx.index().names(IN_FLIGHT),
-            lambda name: nodes[name].status,
+            index.ready(),
+            index.names(IN_FLIGHT),
+            lambda name: self._ctx.index().status_of(name),
         )
         for name in order.order():
             step = self._ctx.plan().step(name)
@@ -219,7 +222,7 @@ class Scheduler:
     def _held_back(self, order: risk_order.OrderPass, name: str) -> bool:
         """Whether the risk order makes `name` wait this pass; the decision is kept on
         the node (state: continue-as-new and replay keep it, `status --why` shows it)."""
-        node = self._ctx.state.nodes[name]
+        node = self._ctx.node(name)
         hold = order.hold(name)
         if hold is None:
             return False
@@ -235,6 +238,7 @@ class Scheduler:
         """Make `plan` current. Unchanged steps keep their nodes; changed or removed ones
         leave the node table (cancelled if in flight), what they did kept as retired
         work; finished work is reused by key."""
+        assert not self._ctx.stored, "stored work is restored before a plan changes (workflows/goal/past.py)"
         state = self._ctx.state
         old = {s.name: s for s in self._ctx.plan().steps}
         added = [s.name for s in plan.steps if s.name not in old or old[s.name] != s]
@@ -350,12 +354,13 @@ class Scheduler:
     def void(self, names: list[str]) -> None:
         """Reset void work to pending, cancelling it if in flight; its cached output
         is forgotten so it runs again. Abandoned work downstream may run again too."""
-        state = self._ctx.state
+        index = self._ctx.index()
+        assert not any(map(index.is_stored, names)), "stored work is restored before it is voided (past.py)"
         reset = set(names)
         for name in names:
-            reset.update(d for d in graph.downstream(self._ctx.plan(), name) if state.nodes[d].status == "abandoned")
+            reset.update(d for d in graph.downstream(self._ctx.plan(), name) if index.status_of(d) == "abandoned")
         for name in reset:
-            node = state.nodes[name]
+            node = self._ctx.node(name)
             if self._ctx.writes_in_flight.get(name):
                 # Never cut off a write: the node stops after it settles, then is reset.
                 self._ctx.stopping.add(name)
@@ -476,14 +481,15 @@ class Scheduler:
     def stop_pending(self, why: str) -> list[str]:
         """An emergency stop: every pending step but the wrap-up ones will not run; they
         are abandoned with the reason, and the wrap-up steps they held become ready."""
-        plan, nodes = self._ctx.plan(), self._ctx.state.nodes
+        plan = self._ctx.plan()
         wrap_up = []
         for name in self._ctx.index().names(("pending",)):
             if plan.step(name).wrap_up:
                 wrap_up.append(name)
             else:
-                self._ctx.set_status(nodes[name], "abandoned")
-                nodes[name].error = f"not started: {why}"
+                node = self._ctx.node(name)
+                self._ctx.set_status(node, "abandoned")
+                node.error = f"not started: {why}"
         return wrap_up
 
     def dispatch_wrap_up(self) -> None:
@@ -494,7 +500,7 @@ class Scheduler:
                 self._dispatch(plan.step(name))
 
     def _stop_node(self, name: str, reason: str) -> None:
-        node = self._ctx.state.nodes[name]
+        node = self._ctx.node(name)
         self._ctx.set_status(node, "abandoned")
         node.error = reason
         self._ctx.log_gate(f"{name}: {reason}", about=[name])
@@ -502,7 +508,7 @@ class Scheduler:
 
     def _dispatch(self, step: PlanStep) -> None:
         state = self._ctx.state
-        node = state.nodes[step.name]
+        node = self._ctx.node(step.name)
         deps = {dep: ref.digest for dep, ref in self._ctx.inputs(step).items()}
         node.key = graph.node_key(step, deps, state.premises)
         node.started_at = workflow.now()
@@ -655,9 +661,11 @@ class Scheduler:
         return [node, *followers]
 
     def _abandon_downstream(self, failed: str) -> None:
-        plan = self._ctx.plan()
+        plan, index = self._ctx.plan(), self._ctx.index()
         for name in graph.downstream(plan, failed):
-            blocked = self._ctx.state.nodes[name]
-            if blocked.status == "pending" and not plan.step(name).wrap_up:
+            if index.status_of(name) != "pending" or plan.step(name).wrap_up:
+                continue
+            blocked = self._ctx.node(name)
+            if blocked.status == "pending":
                 self._ctx.set_status(blocked, "abandoned")
                 blocked.error = f"needs '{failed}', which failed"

@@ -23,6 +23,7 @@ from perdure.workflows.goal.contracts.goal_contracts import Budget, OwnCalls, Us
 from perdure.workflows.goal.contracts.plan import PlanStep, SubgoalStep, ToolStep
 from perdure.workflows.goal.contracts.state import KindStats, Node
 from perdure.workflows.goal.pause import Pause
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.goal.rules.density import fair_share_limit, verdict_for_step
 from perdure.workflows.goal.rules.estimates import (
     DEFAULT_PRICE_PER_1K_TOKENS_USD,
@@ -64,7 +65,7 @@ class Spend:
     def admit(self, step: PlanStep, committed: budget.BudgetUse) -> Admission:
         """Whether `step` may start now, given what is spent and reserved (`committed`)."""
         state = self._ctx.state
-        node = state.nodes[step.name]
+        node = self._ctx.node(step.name)
         decision = budget.gate(
             state.spec.budget,
             committed,
@@ -78,7 +79,10 @@ class Spend:
                 return Admission("wait")
             self._ctx.metrics.add(metrics.GATE_DECISIONS, 1, decision=decision.action)
             return Admission("stop", f"not started: {decision.reason}")
-        if step.needs and state.spec.budget.max_cost_usd and not step.wrap_up:
+        # A large goal's node table holds only its frontier (workflows/goal/rules/frontier.py): its
+        # branches cannot be judged from it, and judging them from every node cost a scan per step.
+        large = frontier.is_large(state.plan_size())
+        if step.needs and state.spec.budget.max_cost_usd and not step.wrap_up and not large:
             limit = fair_share_limit(state.spec.budget.max_cost_usd, len(state.nodes))
             verdict = verdict_for_step(step.name, state.nodes, limit)
             if verdict.action != "ok":

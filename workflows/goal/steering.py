@@ -72,6 +72,8 @@ class Steering:
                 self._pass_on(entry)
             if entry.status != "pending" or entry.kind in LATER_KINDS:
                 continue
+            if self._judges_settled_work(entry):
+                await self._ctx.restore_past()  # a large goal's stored steps are judged too (past.py)
             problem = self._inbox.turn_problem(entry)
             if problem:
                 self._inbox.settle(entry, "rejected", problem)
@@ -80,6 +82,15 @@ class Steering:
             self._inbox.settle(entry, "applied", applied.note, applied.detail())
             if entry.kind in ("park", "resume"):
                 self._pass_on(entry)
+
+    def _judges_settled_work(self, entry: InboxEntry) -> bool:
+        """A rewind, a narrow, or an answer that redoes work: each may void settled steps."""
+        if entry.kind in ("rewind", "narrow"):
+            return True
+        if entry.kind in ("answer", "approve"):
+            asked = next((q for q in self._ctx.state.questions if q.id == entry.message.question_id), None)
+            return asked is not None and asked.topic == "narrow_confirm"
+        return False
 
     def _pass_on(self, entry: InboxEntry) -> None:
         """Subgoals hear what the message says for them: a park, a resume and a steer reach

@@ -94,6 +94,7 @@ class Verifier:
     async def run(self) -> None:
         state = self._ctx.state
         why, state.verify_due = state.verify_due or "", None
+        await self._ctx.restore_past()  # a large goal's stored steps are checked too (past.py)
         known = timeline(state.nodes.values())
         checks = [c for c in (self._check(s, known) for s in self._ctx.plan().steps) if c is not None]
         if not checks:
@@ -136,8 +137,8 @@ class Verifier:
         self._ctx.log_gate(f"{why}: {record.summary()}", kind="verify", about=[*record.void, *record.downstream])
 
     def _check(self, step: PlanStep, known: Mapping[str, list[Fingerprint]]) -> NodeCheck | None:
-        node: Node = self._ctx.state.nodes[step.name]
-        if node.status != "succeeded":
+        node = self._ctx.state.nodes.get(step.name)  # a large goal's pending step may have none yet
+        if node is None or node.status != "succeeded":
             return None
         spec = step.verify
         depth = spec.depth_for(self._ctx.state.spec.recovery_mode) if spec else self._ctx.state.spec.recovery_mode
@@ -164,8 +165,10 @@ class Verifier:
         voided = set(invalidate_nodes(plan, self._statuses(), list(void)).void)
         for step in plan.steps:
             spec = step.verify
-            node = self._ctx.state.nodes[step.name]
-            if spec is None or spec.question is None or node.status != "succeeded" or step.name in voided:
+            node = self._ctx.state.nodes.get(step.name)
+            if spec is None or spec.question is None or node is None or node.status != "succeeded":
+                continue
+            if step.name in voided:
                 continue
             if spec.depth_for(recovery_mode) != "semantic":
                 continue

@@ -507,6 +507,12 @@ class ReportInput(BaseModel):
     )
     decisions: list[Decision] = Field(default_factory=list, description="The latest entries of its decision log.")
     decision_count: int = Field(default=0, description="How many decisions its log holds in all.")
+    past: list[ArtifactRef] = Field(
+        default_factory=list,
+        exclude_if=lambda past: not past,
+        description="A large goal's settled steps stored out of its state, in chunks of nodes "
+        "(workflows/goal/past.py): the report lists them first.",
+    )
 
 
 class ReportResult(BaseModel):
@@ -519,7 +525,16 @@ class GoalResult(BaseModel):
     failure: str | None = None
     report: ArtifactRef
     excerpt: str
-    outputs: dict[str, ArtifactRef] = Field(default_factory=dict)
+    outputs: dict[str, ArtifactRef] = Field(
+        default_factory=dict,
+        description="Step -> its output; of a large goal, the steps not stored in `past` (their nodes have theirs).",
+    )
+    past: list[ArtifactRef] = Field(
+        default_factory=list,
+        exclude_if=lambda past: not past,
+        description="A large goal's settled steps stored out of its state: chunks, each a JSON object whose "
+        "`nodes` are the steps as they ended (workflows/goal/past.py).",
+    )
     failed_steps: list[str] = Field(default_factory=list)
     unfinished: list[str] = Field(default_factory=list)
     tokens: int = 0
@@ -663,6 +678,11 @@ class ProgressSnapshot(BaseModel):
     phase: str
     plan_version: int
     counts: dict[str, int]
+    unlisted: int = Field(
+        default=0,
+        description="Steps `nodes` leaves out: a goal of thousands of steps lists its frontier (in flight, next, "
+        "latest settled); `counts` has them all.",
+    )
     running: list[str]
     percent_done: int
     tokens: int

@@ -372,6 +372,10 @@ def steps_problem(question: Question, choice: str, steps: list[str]) -> str | No
     return None
 
 
+# The steps an unknown step's refusal names (a goal may have thousands).
+STEPS_LISTED = 40
+
+
 def turn_problem(state: GoalState, message: Any) -> str | None:
     """Why an admitted message cannot apply when its turn comes, or None. Judged on the
     state every message before it left, so a resume sent right after a park finds the
@@ -381,11 +385,15 @@ def turn_problem(state: GoalState, message: Any) -> str | None:
         return "the goal is being aborted"
     kind = message.kind
     if kind == "rewind":
-        if state.plan is None or message.node not in state.nodes:
-            known = ", ".join(state.nodes) or "none yet"
-            return f"unknown step '{message.node}' (steps: {known})"
-        if state.nodes[message.node].status not in STARTED:
-            return f"step '{message.node}' has not run yet ({state.nodes[message.node].status}); nothing to rewind"
+        # A large goal's pending step may have no node yet (workflows/goal/rules/frontier.py): it is pending.
+        known_steps = {s.name for s in state.plan.steps} if state.plan is not None else set()
+        if message.node not in state.nodes and message.node not in known_steps:
+            known = ", ".join(list(state.nodes)[:STEPS_LISTED]) or "none yet"
+            more = " …" if len(state.nodes) > STEPS_LISTED else ""
+            return f"unknown step '{message.node}' (steps: {known}{more})"
+        status = state.nodes[message.node].status if message.node in state.nodes else "pending"
+        if status not in STARTED:
+            return f"step '{message.node}' has not run yet ({status}); nothing to rewind"
     elif kind == "narrow":
         unknown = sorted(set(message.premises) - set(state.premises))
         if unknown:

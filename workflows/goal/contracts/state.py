@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from perdure.workflows.devices.device_contracts import DevicePresence
+from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline
 from perdure.workflows.goal.contracts.decision_contracts import DecisionLog
 from perdure.workflows.goal.contracts.goal_contracts import (
     AgentTurnResult,
@@ -123,6 +124,24 @@ class Node(BaseModel):
         super().__setattr__(name, value)
 
 
+class PastLog(BaseModel):
+    """The settled steps of a large goal that left its node table for the artifact store
+    (workflows/goal/past.py): the refs of their chunks, how many of each status and kind,
+    and which steps of the plan they are."""
+
+    plan_version: int = Field(description="The plan version whose step positions `stored` marks.")
+    chunks: list[ArtifactRef] = Field(default_factory=list, description="Each a JSON array of nodes, oldest first.")
+    count: int = 0
+    counts: dict[str, dict[str, int]] = Field(default_factory=dict, description="Status -> kind -> nodes.")
+    stored: str = Field(
+        default="",
+        description="Which plan steps are stored, by position: a bitmap (bit i: step i), zlib-compressed, base64.",
+    )
+    not_succeeded: list[str] = Field(
+        default_factory=list, description="'step: why' for the first stored steps that did not succeed (bounded)."
+    )
+
+
 class RetiredNode(BaseModel):
     """Work a plan change left out after it had run, failed or been given up. Kept, never
     run again, so the report, the progress query and the outcome still count it."""
@@ -179,11 +198,27 @@ class PlanDiff(BaseModel):
     to_confirm: list[str] = Field(default_factory=list)
 
 
+class StoredPlan(BaseModel):
+    """A plan of at least FRONTIER_STEPS steps as its version carries it: its steps in the
+    artifact store, in chunks (workflows/goal/past.py loads them as a run starts)."""
+
+    chunks: list[ArtifactRef]
+    steps: int = Field(description="How many steps the chunks hold, in all.")
+    # The plan's fields other than its steps.
+    question_deadline: QuestionDeadline | None = None
+
+
 class PlanVersion(BaseModel):
     version: int
     plan: Plan | None = Field(
-        description="Never None in a loaded state. In the carried form, None means the same plan as the "
-        "version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version."
+        description="Never None once a run has loaded its plans. In the carried form, None means the same plan as "
+        "the version before (a narrow or rewind keeps the plan): a 10,000-step plan travels once, not per version; "
+        "or a plan stored by reference (`stored`)."
+    )
+    stored: StoredPlan | None = Field(
+        default=None,
+        exclude_if=lambda stored: stored is None,
+        description="A large plan's steps in the artifact store: carried instead of the plan.",
     )
     reason: str
     source: Literal["planner", "plan-file", "narrow", "rewind", "queue", "drift", "verify", "evidence"]
@@ -454,23 +489,30 @@ class GoalState(BaseModel):
         description="The user's own tools the goal names, as a worker declared them when it started "
         "(workflows/shared/user_tools.py); None: it names none, or has not listed them yet.",
     )
+    past: PastLog | None = Field(
+        default=None,
+        exclude_if=lambda past: past is None,
+        description="A large goal's settled steps its frontier no longer needs, moved to the artifact store "
+        "(workflows/goal/past.py); their nodes are not in `nodes`.",
+    )
 
     @field_serializer("plan_versions", mode="wrap")
     def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:
         dumped = handler(versions)
-        for i in range(1, len(versions)):
-            before, plan = versions[i - 1].plan, versions[i].plan
-            if plan is before or plan == before:
+        for i, version in enumerate(versions):
+            if version.stored is not None:
+                dumped[i]["plan"] = None  # it travels by reference
+                continue
+            before = versions[i - 1].plan if i else None
+            if i and (version.plan is before or version.plan == before):
                 dumped[i]["plan"] = None
         return dumped
 
     @model_validator(mode="after")
     def _share_repeated_plans(self) -> GoalState:
-        for i, version in enumerate(self.plan_versions):
-            if version.plan is None:
-                if i == 0:
-                    raise ValueError("plan v1 has no plan")
-                version.plan = self.plan_versions[i - 1].plan
+        share_plans(self.plan_versions)
+        if self.plan_versions and self.plan_versions[0].plan is None and self.plan_versions[0].stored is None:
+            raise ValueError("plan v1 has no plan")
         return self
 
     def open_questions(self) -> list[Question]:
@@ -479,6 +521,23 @@ class GoalState(BaseModel):
     @property
     def plan(self) -> Plan | None:
         return self.plan_versions[-1].plan if self.plan_versions else None
+
+    def plan_size(self) -> int:
+        """Steps of the current plan (0: none yet), loaded or still by reference."""
+        if not self.plan_versions:
+            return 0
+        version = self.plan_versions[-1]
+        if version.plan is not None:
+            return len(version.plan.steps)
+        return version.stored.steps if version.stored is not None else 0
+
+
+def share_plans(versions: list[PlanVersion]) -> None:
+    """A version carried without its plan has its predecessor's (a stored plan, whose
+    steps are not loaded yet, leaves its own and its followers' to the loader)."""
+    for i, version in enumerate(versions):
+        if version.plan is None and version.stored is None and i:
+            version.plan = versions[i - 1].plan
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,11 @@ def fork_point(state: GoalState, request: ForkPointInput) -> ForkPoint:
     plan = state.plan
     if plan is None:
         return ForkPoint(refusal="the goal has no plan yet (it is still planning): fork it once it has one")
+    if state.past is not None:
+        return ForkPoint(
+            refusal=f"the goal has {len(plan.steps)} steps and keeps {state.past.count} settled ones in the artifact "
+            "store (workflows/goal/past.py): forking it is not supported; start a new goal with a plan file instead"
+        )
     point = ForkPoint(
         spec=state.spec.model_copy(update={"plan": None, "reuse_outputs": {}}),
         plan=plan,

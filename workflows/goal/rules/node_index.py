@@ -10,6 +10,10 @@ its status (workflows/goal/contracts/state.py), so the index cannot silently fal
 Answers come in the order of the plan (ready steps) or of the goal's node table
 (everything else), as the scans they replace did: dispatch order is recorded in
 history and must not depend on hashing.
+
+A large goal (workflows/goal/rules/frontier.py) has no node for a step it has not touched:
+the index counts such a step as pending (and lists it, in plan order, as one), and counts
+the steps stored in the past by status and kind without listing them.
 """
 
 from __future__ import annotations
@@ -24,17 +28,31 @@ from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
 
 
 class NodeIndex:
-    def __init__(self, plan: Plan | None, nodes: Mapping[str, Node]) -> None:
+    def __init__(
+        self,
+        plan: Plan | None,
+        nodes: Mapping[str, Node],
+        stored: Collection[str] = (),
+        stored_counts: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
+        """`stored`: the steps stored in the past (no node); `stored_counts`: status -> kind -> how many."""
         self.plan = plan
         self.size = len(nodes)
         self._nodes = nodes
-        self._position = {name: i for i, name in enumerate(nodes)}
-        self._by_status: dict[str, dict[str, None]] = {}
-        self._kinds: dict[str, dict[str, int]] = {}  # status -> kind -> count
-        for node in nodes.values():
-            self._enter(node.name, node.kind, node.status)
         steps = plan.steps if plan is not None else []
         self._step_position = {s.name: i for i, s in enumerate(steps)}
+        # A goal with steps that have no node lists in plan order, else in node table order.
+        self._stored = set(stored)
+        virtual = [s for s in steps if s.name not in nodes and s.name not in self._stored]
+        self._lazy = bool(virtual or self._stored)
+        self._position = self._step_position if self._lazy else {name: i for i, name in enumerate(nodes)}
+        self._by_status: dict[str, dict[str, None]] = {}
+        self._kinds: dict[str, dict[str, int]] = {}  # status -> kind -> count
+        self._stored_kinds: dict[str, dict[str, int]] = {s: dict(k) for s, k in (stored_counts or {}).items()}
+        for node in nodes.values():
+            self._enter(node.name, node.kind, node.status)
+        for step in virtual:
+            self._enter(step.name, step.kind, "pending")
         self._needs = {s.name: s.needs for s in steps}
         # Wrap-up steps (list what is unfinished, notify the owner) run once their needs
         # have ended, however they ended.
@@ -49,6 +67,46 @@ class NodeIndex:
         """Whether this index was built for this plan and node table (a new plan
         version, or nodes added or dropped with it, needs a new index)."""
         return plan is self.plan and len(nodes) == self.size and nodes is self._nodes
+
+    # --- a large goal's node table grows and shrinks ----------------------------------
+
+    def materialised(self, node: Node) -> None:
+        """A pending step without a node was given one (still pending): nothing else changes."""
+        self.size += 1
+
+    def stored(self, nodes: Collection[Node]) -> None:
+        """These settled nodes left the node table for the past: counted, never listed."""
+        for node in nodes:
+            self._leave(node.name, node.kind, node.status)
+            self._stored.add(node.name)
+            kinds = self._stored_kinds.setdefault(node.status, {})
+            kinds[node.kind] = kinds.get(node.kind, 0) + 1
+        self.size -= len(nodes)
+        self._lazy = True
+        self._position = self._step_position
+
+    def is_stored(self, name: str) -> bool:
+        return name in self._stored
+
+    def status_of(self, name: str) -> str:
+        """A step's status: its node's; "pending" for a step with no node yet; "stored" for a
+        step in the past."""
+        node = self._nodes.get(name)
+        if node is not None:
+            return node.status
+        return "stored" if name in self._stored else "pending"
+
+    def position(self, name: str) -> int:
+        """A step's position in the plan."""
+        return self._step_position[name]
+
+    def dependants(self, name: str) -> list[str]:
+        return self._dependants.get(name, [])
+
+    @property
+    def total(self) -> int:
+        """The plan's steps, whatever their state (the node table, when there is no plan)."""
+        return len(self._step_position) if self.plan is not None else self.size
 
     # --- the one door for status changes --------------------------------------------
 
@@ -84,17 +142,30 @@ class NodeIndex:
         return sorted(self._ready, key=self._step_position.__getitem__)
 
     def count(self, statuses: Collection[str]) -> int:
-        return sum(len(self._by_status.get(s, ())) for s in statuses)
+        """Steps in any of `statuses`, those stored in the past included."""
+        stored = sum(n for s in statuses for n in self._stored_kinds.get(s, {}).values())
+        return stored + sum(len(self._by_status.get(s, ())) for s in statuses)
 
     def count_of_kinds(self, statuses: Collection[str], kinds: Collection[str]) -> int:
-        """Nodes of any of `kinds` in any of `statuses`."""
-        return sum(self._kinds.get(s, {}).get(k, 0) for s in statuses for k in kinds)
+        """Steps of any of `kinds` in any of `statuses`, those stored in the past included."""
+        return sum(
+            self._kinds.get(s, {}).get(k, 0) + self._stored_kinds.get(s, {}).get(k, 0) for s in statuses for k in kinds
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Status -> steps, those stored in the past and those with no node yet included."""
+        found: dict[str, int] = {}
+        for status, kinds in (*self._kinds.items(), *self._stored_kinds.items()):
+            if n := sum(kinds.values()):
+                found[status] = found.get(status, 0) + n
+        return found
 
     def any(self, statuses: Collection[str]) -> bool:
-        return any(self._by_status.get(s) for s in statuses)
+        return any(self._by_status.get(s) or any(self._stored_kinds.get(s, {}).values()) for s in statuses)
 
     def names(self, statuses: Collection[str]) -> list[str]:
-        """Nodes in any of `statuses`, in the order of the goal's node table."""
+        """Steps in any of `statuses`, in the order of the goal's node table (of its plan, for
+        a large goal, whose pending steps may have no node yet); never those stored in the past."""
         found = [name for s in statuses for name in self._by_status.get(s, ())]
         return sorted(found, key=self._position.__getitem__)
 
@@ -110,11 +181,12 @@ class NodeIndex:
     # --- bookkeeping ------------------------------------------------------------------
 
     def _is_ready(self, name: str) -> bool:
-        nodes = self._nodes
-        if nodes[name].status != "pending":
+        if self.status_of(name) != "pending":
             return False
         settled = TERMINAL if name in self._wrap_up else ("succeeded",)
-        return all(nodes[d].status in settled for d in self._needs[name])
+        # A stored step is never one a pending step needs (rules/frontier.py): "stored" is no
+        # settled status here, so such a step would wait rather than start without its input.
+        return all(self.status_of(d) in settled for d in self._needs[name])
 
     def _enter(self, name: str, kind: str, status: str) -> None:
         self._by_status.setdefault(status, {})[name] = None
@@ -122,5 +194,5 @@ class NodeIndex:
         kinds[kind] = kinds.get(kind, 0) + 1
 
     def _leave(self, name: str, kind: str, status: str) -> None:
-        self._by_status[status].pop(name, None)
-        self._kinds[status][kind] -= 1
+        if self._by_status[status].pop(name, 0) is None:
+            self._kinds[status][kind] -= 1

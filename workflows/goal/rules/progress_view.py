@@ -10,6 +10,7 @@ from __future__ import annotations
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.goal_contracts import NodeView, ProgressSnapshot, QuestionView
 from perdure.workflows.goal.contracts.state import GoalState, Node
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.goal.rules.eta import Eta
 from perdure.workflows.goal.rules.node_index import NodeIndex
 from perdure.workflows.goal.rules.question_deadline_rules import deadline_line, report_note
@@ -19,6 +20,8 @@ from perdure.workflows.quota.quota_workflow import QUOTA_KEY
 from perdure.workflows.shared.statuses import ENDED_PHASES, IN_FLIGHT
 
 GOAL_SHOWN = 300
+# Of a large goal's steps in each group (ready, settled last, failed), the most a snapshot lists.
+LISTED_EACH = 100
 OBJECTS_SHOWN = 50
 EXPIRED_SHOWN = 10
 
@@ -31,19 +34,25 @@ def progress_snapshot(
     eta: Eta | None,
     active_seconds: float = 0.0,
     abort: AbortProgress | None = None,
+    index: NodeIndex | None = None,
 ) -> ProgressSnapshot:
     """`abort`: what an abort has done so far (workflows/goal/rules/abort_view.py); while it is
-    under way the phase says "aborting"."""
-    nodes = list(state.nodes.values())
-    counts: dict[str, int] = {}
-    for node in nodes:
-        counts[node.status] = counts.get(node.status, 0) + 1
+    under way the phase says "aborting". `index`: the goal's node index, which a large goal's
+    snapshot counts from and lists its frontier by (rules/frontier.py)."""
+    nodes, unlisted = listed_nodes(state, index)
+    if unlisted or (index is not None and index.total != len(state.nodes)):
+        counts = index.counts() if index is not None else {}
+    else:
+        counts = {}
+        for node in nodes:
+            counts[node.status] = counts.get(node.status, 0) + 1
     open_questions = state.open_questions()
     return ProgressSnapshot(
         goal_id=goal_id,
         phase="aborting" if abort is not None and state.phase not in ENDED_PHASES else state.phase,
         plan_version=len(state.plan_versions),
         counts=counts,
+        unlisted=unlisted,
         running=[n.name for n in nodes if n.status == "running"],
         percent_done=percent,
         tokens=state.ledger.tokens,
@@ -110,6 +119,26 @@ def progress_snapshot(
         objects=owned_objects(state),
         abort=abort,
     )
+
+
+def listed_nodes(state: GoalState, index: NodeIndex | None) -> tuple[list[Node], int]:
+    """The nodes a snapshot lists, and how many steps it leaves out. A goal of fewer than
+    FRONTIER_STEPS steps lists every node; a large one its frontier: every step in flight,
+    the next ready ones, and the latest that settled (at most LISTED_EACH of each, and of its
+    failed ones), in plan order; its counts have the rest."""
+    nodes = list(state.nodes.values())
+    if index is None or state.plan is None or not frontier.is_large(index.total):
+        return nodes, 0
+    ready = []
+    for name in index.ready()[:LISTED_EACH]:
+        step = state.plan.step(name)
+        ready.append(state.nodes.get(name) or Node(name=name, kind=step.kind, needs=list(step.needs)))
+    picked = {n.name: n for n in nodes if n.status in IN_FLIGHT}
+    picked.update((n.name, n) for n in [n for n in nodes if n.status in ("failed", "abandoned")][:LISTED_EACH])
+    picked.update((n.name, n) for n in [n for n in nodes if n.status == "succeeded"][-LISTED_EACH:])
+    picked.update((n.name, n) for n in ready)
+    listed = sorted(picked.values(), key=lambda n: index.position(n.name))
+    return listed, index.total - len(listed)
 
 
 def owned_objects(state: GoalState) -> list[str]:
@@ -191,7 +220,7 @@ def details_markdown(
     """The UI's current details: a few lines, from the index, never a scan of every node."""
     running = index.names(("running",))
     lines = [
-        f"**{state.phase}** · {percent}% · {index.count(('succeeded',))}/{len(state.nodes)} nodes succeeded",
+        f"**{state.phase}** · {percent}% · {index.count(('succeeded',))}/{index.total} nodes succeeded",
         f"running: {', '.join(running) or '—'}",
         f"tokens {state.ledger.tokens} · ${state.ledger.cost_usd:.4f} · "
         f"{state.ledger.model_calls} model calls · {state.ledger.tool_calls} tool calls",

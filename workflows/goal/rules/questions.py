@@ -11,15 +11,21 @@ from datetime import datetime, timedelta
 
 from perdure.workflows.goal.contracts.goal_contracts import AHEAD_INTRO, AheadApproval
 from perdure.workflows.goal.contracts.state import GoalState, Question, QuestionOption
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared.durations import duration_text
 
 
 def _done_summary(state: GoalState) -> str:
     done = [n.name for n in state.nodes.values() if n.status == "succeeded"]
     total = len(state.nodes)
-    if not done:
+    finished = len(done)
+    if frontier.is_large(state.plan_size()):
+        # Its node table holds its frontier; the steps stored in the past are counted (rules/frontier.py).
+        total = state.plan_size()
+        finished += sum(state.past.counts.get("succeeded", {}).values()) if state.past is not None else 0
+    if not finished:
         return f"nothing finished yet (0 of {total} steps)"
-    return f"{len(done)} of {total} steps finished: {', '.join(done[:12])}{' …' if len(done) > 12 else ''}"
+    return f"{finished} of {total} steps finished: {', '.join(done[:12])}{' …' if finished > 12 else ''}"
 
 
 def done_so_far(state: GoalState, asked: list[Question]) -> list[str]:

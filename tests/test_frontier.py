@@ -1,0 +1,78 @@
+"""A large goal's cost grows with its frontier, not its past: the state carried into each
+new run holds the work in flight and about to start, not every step settled before it
+(the settled ones go to the artifact store), and the plan travels by reference.
+Measured from outside: each run's input in the goal's real history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHandle
+
+from perdure.workflows.goal.contracts.past_chunks import PastChunk
+from perdure.workflows.goal.contracts.state import GoalInput
+from tests.builders import spec
+from tests.helpers import run_goal, run_ids, running_worker
+
+WIDTH = 10
+
+
+def chains(workspace: Path, width: int, depth: int) -> list[dict]:
+    """`width` independent chains of `depth` reads (each read needs the one before it)."""
+    for c in range(width):
+        (workspace / f"c{c}.txt").write_text(f"chain {c}\n")
+    steps = []
+    for c in range(width):
+        for d in range(depth):
+            step = {"name": f"c{c}-{d:04d}", "kind": "tool", "tool": "read_file", "args": {"path": f"c{c}.txt"}}
+            if d:
+                step["needs"] = [f"c{c}-{d - 1:04d}"]
+            steps.append(step)
+    return steps
+
+
+async def carried_inputs(handle: WorkflowHandle) -> list[GoalInput]:
+    """The input each run after the first started with (the carried state), decoded as a
+    worker decodes it (through the payload store)."""
+    client = handle._client
+    inputs = []
+    for run_id in (await run_ids(handle))[1:]:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+        [carried] = await client.data_converter.decode(payloads, [GoalInput])
+        inputs.append(carried)
+    return inputs
+
+
+@pytest.mark.slow
+async def test_the_state_carried_into_each_run_does_not_grow_with_the_steps_settled_before_it(
+    env, task_queue, store, workspace
+):
+    """2,400 reads in 10 chains, a new run every 400 settled: six runs. Every step settled
+    leaves the carried state; what is carried is the frontier (a step in flight or ready
+    per chain) and refs, so the last run starts with no more than the second did."""
+    depth = 240
+    goal = spec(
+        workspace,
+        plan={"steps": chains(workspace, WIDTH, depth)},
+        drift_every=0,
+        allowed_tools=["read_file"],
+        continue_as_new_after_nodes=400,
+    )
+    async with running_worker(env, task_queue, store):
+        handle, result = await run_goal(env, task_queue, goal, as_started=True)
+    assert result.outcome == "succeeded", result.excerpt
+    # Every step's output is findable: the frontier's in `outputs`, the rest in the stored chunks.
+    stored = [node for ref in result.past for node in PastChunk.model_validate_json(store.get_text(ref)).nodes]
+    assert {n.name for n in stored}.isdisjoint(result.outputs)
+    found = {**result.outputs, **{n.name: n.output for n in stored}}
+    assert len(found) == WIDTH * depth and all(ref is not None for ref in found.values())
+    report = store.get_text(result.report)
+    assert all(f"| c{c}-{d:04d} |" in report for c in range(WIDTH) for d in range(depth))
+    carried = await carried_inputs(handle)
+    assert len(carried) >= 4, len(carried)
+    sizes = [len(c.state or "") for c in carried]
+    # Growth with the past was ~1 KB per settled step (a 10,000-step goal carried 15 MB).
+    assert sizes[-1] <= sizes[0] * 1.1, sizes
+    assert max(sizes) < 64_000, sizes

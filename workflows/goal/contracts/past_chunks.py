@@ -1,0 +1,49 @@
+"""What a large goal keeps out of its carried state, by reference: the settled steps its
+frontier no longer needs (their nodes, in chunks) and its plan (its steps, in chunks).
+Pure contracts; workflows/goal/past.py stores and loads them, workflows/goal/rules/frontier.py
+has the rules.
+
+A goal whose plan has at least FRONTIER_STEPS steps (rules/frontier.py) carries into each
+new run what is in flight, ready or about to be, plus these refs and counts, so the cost of
+a run grows with its frontier and not with the steps settled before it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from perdure.workflows.goal.contracts.plan import PlanStep
+from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.shared.contracts import ArtifactRef
+
+# Activity names (stable: histories depend on them); local activities, like the decision log's.
+WRITE_PAST = "perdure.past.write_chunk"
+READ_PAST = "perdure.past.read_chunk"
+WRITE_PLAN = "perdure.plan.write_chunk"
+READ_PLAN = "perdure.plan.read_chunk"
+
+
+class WritePastInput(BaseModel):
+    goal_id: str
+    nodes: list[Node]
+
+
+class PastChunk(BaseModel):
+    """Nodes stored as one JSON array."""
+
+    nodes: list[Node]
+
+
+class WritePlanInput(BaseModel):
+    goal_id: str
+    steps: list[PlanStep]
+
+
+class PlanChunk(BaseModel):
+    """Consecutive steps of a plan, stored as one JSON object."""
+
+    steps: list[PlanStep]
+
+
+class ReadChunkInput(BaseModel):
+    ref: ArtifactRef

@@ -1,0 +1,242 @@
+"""A large goal's past: its settled steps stored out of the node table, and its plan
+stored by reference, so what each run carries and loads grows with its frontier
+(workflows/goal/rules/frontier.py has the rules and the sizes).
+
+Workflow code, by local activities (activities/goal/past_chunks.py), like the decision log's
+chunks: a chunk of settled nodes is written in a task of its own once enough of them are no
+longer needed by any step still to start, and the nodes leave the table when its ref is
+back; before a run continues as new the rest of them go too, and a plan not stored yet is
+stored. A new run loads its stored plans first, chunk by chunk, one workflow task each
+(a 1 ms timer between them), so no task validates more than PLAN_CHUNK_STEPS steps.
+
+What judges settled work (a rewind, a narrow, a re-plan, a check after a long wait) first
+brings the stored nodes back (`restore`), chunk by chunk too; they are stored again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+from perdure.workflows.goal.context import GoalContext
+from perdure.workflows.goal.contracts import past_chunks as chunks
+from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.state import Node, PastLog, PlanVersion, StoredPlan, share_plans
+from perdure.workflows.goal.rules import frontier
+from perdure.workflows.shared.contracts import ArtifactRef
+
+STORE_TIMEOUT = timedelta(seconds=60)
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=5)
+# Between two chunks loaded or stored in a row: ends the workflow task, so each chunk's
+# validation has a task of its own.
+CHUNK_PAUSE = timedelta(milliseconds=1)
+# How many stored steps that did not succeed the past names (the report's and result's lists).
+NAMED_KEPT = 100
+
+
+class Past:
+    def __init__(self, ctx: GoalContext) -> None:
+        self._ctx = ctx
+        # Settled nodes not stored yet, oldest first: what a store pass looks through.
+        self._candidates: dict[str, None] = {}
+        self._since_look = 0
+        self._writing: asyncio.Task | None = None
+        self._restoring = False
+        self._bits: bytearray | None = None  # PastLog.stored, decoded
+
+    # --- as a run starts ----------------------------------------------------------------
+
+    async def load(self) -> None:
+        """The plans stored by reference (each loaded once however many versions share it),
+        then which steps are stored in the past."""
+        state = self._ctx.state
+        loaded: dict[tuple[str, ...], Plan] = {}
+        for version in state.plan_versions:
+            if version.plan is None and version.stored is not None:
+                key = tuple(ref.digest for ref in version.stored.chunks)
+                if key not in loaded:
+                    loaded[key] = await self._read_plan(version.stored)
+                version.plan = loaded[key]
+        share_plans(state.plan_versions)
+        self._decode_stored()
+        for name, node in state.nodes.items():
+            if node.status in frontier.STORABLE:
+                self._candidates[name] = None
+
+    def _decode_stored(self) -> None:
+        state, ctx = self._ctx.state, self._ctx
+        ctx.stored.clear()
+        self._bits = None
+        if state.past is not None and state.plan is not None:
+            steps = state.plan.steps
+            self._bits = frontier.decode_bits(state.past.stored, len(steps))
+            ctx.stored.update(s.name for i, s in enumerate(steps) if frontier.bit(self._bits, i))
+        ctx.forget_index()
+
+    async def _read_plan(self, stored: StoredPlan) -> Plan:
+        steps = []
+        for i, ref in enumerate(stored.chunks):
+            if i:
+                await workflow.sleep(CHUNK_PAUSE)
+            chunk = await workflow.execute_local_activity(
+                chunks.READ_PLAN,
+                chunks.ReadChunkInput(ref=ref),
+                result_type=chunks.PlanChunk,
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary=f"load plan, chunk {i + 1} of {len(stored.chunks)}",
+            )
+            steps.extend(chunk.steps)
+        # Validated when it was adopted, and each chunk as it was read: the graph is not checked again.
+        return Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
+
+    # --- storing settled nodes ------------------------------------------------------------
+
+    def large(self) -> bool:
+        return frontier.is_large(self._ctx.state.plan_size())
+
+    def settled(self, node: Node) -> None:
+        """A node settled: it may be stored once no step still to start needs it."""
+        if not self.large():
+            return
+        self._candidates[node.name] = None
+        self._since_look += 1
+        if self._since_look >= frontier.PAST_CHUNK_NODES and not self._busy():
+            self._since_look = 0
+            storable = self._storable()
+            if len(storable) >= frontier.PAST_CHUNK_NODES:
+                self._writing = asyncio.create_task(self._store(storable[: frontier.PAST_CHUNK_NODES]))
+
+    def _busy(self) -> bool:
+        return self._restoring or (self._writing is not None and not self._writing.done())
+
+    def _storable(self) -> list[Node]:
+        ctx, nodes = self._ctx, self._ctx.state.nodes
+        index, held = ctx.index(), frontier.held_names(ctx.state)
+        found = []
+        for name in list(self._candidates):
+            node = nodes.get(name)
+            if node is None or node.status not in frontier.STORABLE:
+                del self._candidates[name]  # stored, voided or left out meanwhile
+                continue
+            if node.statements is None and frontier.storable(node, index.dependants(name), index.status_of, held):
+                found.append(node)
+        return found
+
+    async def settle(self) -> None:
+        """Before the run continues as new: the chunk being written, then every settled node
+        no step still to start needs, and each large plan not stored yet."""
+        await self._wait_for_writing()
+        if not self.large():
+            return
+        storable = self._storable()
+        for i in range(0, len(storable), frontier.PAST_CHUNK_NODES):
+            if i:
+                await workflow.sleep(CHUNK_PAUSE)
+            await self._store(storable[i : i + frontier.PAST_CHUNK_NODES])
+        for version in self._ctx.state.plan_versions:
+            if version.stored is None and version.plan is not None and frontier.is_large(len(version.plan.steps)):
+                await self._store_plan(version)
+
+    async def _wait_for_writing(self) -> None:
+        while self._writing is not None and not self._writing.done():
+            await asyncio.wait([self._writing])
+
+    async def _store(self, nodes: list[Node]) -> None:
+        ctx, state = self._ctx, self._ctx.state
+        version = len(state.plan_versions)
+        ref = await workflow.execute_local_activity(
+            chunks.WRITE_PAST,
+            chunks.WritePastInput(goal_id=ctx.goal_id, nodes=nodes),
+            result_type=ArtifactRef,
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"store {len(nodes)} settled steps",
+        )
+        # Stored as they were when the chunk was written: one changed meanwhile (a plan
+        # change, a restore) keeps the whole chunk out, and its nodes stay in the table.
+        if len(state.plan_versions) != version or self._restoring:
+            return
+        if any(state.nodes.get(n.name) is not n or n.status not in frontier.STORABLE for n in nodes):
+            return
+        past = state.past or PastLog(plan_version=version)
+        index = ctx.index()
+        bits = self._bits if self._bits is not None else frontier.decode_bits(past.stored, index.total)
+        for node in nodes:
+            frontier.set_bit(bits, index.position(node.name))
+            kinds = past.counts.setdefault(node.status, {})
+            kinds[node.kind] = kinds.get(node.kind, 0) + 1
+            if node.status != "succeeded" and len(past.not_succeeded) < NAMED_KEPT:
+                past.not_succeeded.append(f"{node.name}: {node.error or node.status}")
+        self._bits = bits
+        past.stored, past.count = frontier.encode_bits(bits), past.count + len(nodes)
+        past.chunks.append(ref)
+        state.past = past
+        index.stored(nodes)  # before the table shrinks, so the index still fits it
+        for node in nodes:
+            del state.nodes[node.name]
+            self._candidates.pop(node.name, None)
+            ctx.stored.add(node.name)
+            if node.key is not None and node.output is not None and state.outputs_by_key.get(node.key) == node.output:
+                # Reuse by key looks among the frontier; a restore brings these back.
+                del state.outputs_by_key[node.key]
+
+    # --- storing a plan ---------------------------------------------------------------------
+
+    async def _store_plan(self, version: PlanVersion) -> None:
+        plan = version.plan
+        assert plan is not None
+        refs, size = [], frontier.PLAN_CHUNK_STEPS
+        for i in range(0, len(plan.steps), size):
+            if i:
+                await workflow.sleep(CHUNK_PAUSE)
+            steps = plan.steps[i : i + size]
+            refs.append(
+                await workflow.execute_local_activity(
+                    chunks.WRITE_PLAN,
+                    chunks.WritePlanInput(goal_id=self._ctx.goal_id, steps=steps),
+                    result_type=ArtifactRef,
+                    start_to_close_timeout=STORE_TIMEOUT,
+                    retry_policy=STORE_RETRY,
+                    summary=f"store plan v{version.version}, steps {i + 1}-{i + len(steps)}",
+                )
+            )
+        version.stored = StoredPlan(chunks=refs, steps=len(plan.steps), question_deadline=plan.question_deadline)
+
+    # --- bringing the past back -------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Every stored node back in the node table, before settled work is judged (a rewind,
+        a narrow, a re-plan, a check of finished work)."""
+        await self._wait_for_writing()
+        state = self._ctx.state
+        past = state.past
+        if past is None:
+            return
+        self._restoring = True
+        try:
+            restored: list[Node] = []
+            for i, ref in enumerate(past.chunks):
+                if i:
+                    await workflow.sleep(CHUNK_PAUSE)
+                chunk = await workflow.execute_local_activity(
+                    chunks.READ_PAST,
+                    chunks.ReadChunkInput(ref=ref),
+                    result_type=chunks.PastChunk,
+                    start_to_close_timeout=STORE_TIMEOUT,
+                    retry_policy=STORE_RETRY,
+                    summary=f"restore stored steps, chunk {i + 1} of {len(past.chunks)}",
+                )
+                restored.extend(chunk.nodes)
+        finally:
+            self._restoring = False
+        for node in restored:
+            state.nodes[node.name] = node
+            self._candidates[node.name] = None
+            if node.status == "succeeded" and node.key is not None and node.output is not None:
+                state.outputs_by_key.setdefault(node.key, node.output)
+        state.past = None
+        self._decode_stored()
