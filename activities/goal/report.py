@@ -19,7 +19,7 @@ from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, Artif
 from perdure.activities.faults import fault_point
 from perdure.activities.heartbeat import Heartbeat
 from perdure.workflows.goal.contracts.goal_contracts import Activities, ReportInput, ReportResult, StepOutcome
-from perdure.workflows.goal.contracts.past_chunks import PastChunk
+from perdure.workflows.goal.contracts.past_chunks import PastChunk, step_outcome
 from perdure.workflows.goal.rules.own_calls import own_call_lines, tool_spend
 
 OUTPUT_CAP_CHARS = 4_000
@@ -190,22 +190,9 @@ def with_past_steps(store: ArtifactStore, input: ReportInput) -> ReportInput:
     if not input.past:
         return input
     steps = [
-        _step_outcome(node) for ref in input.past for node in PastChunk.model_validate_json(store.get_text(ref)).nodes
+        step_outcome(node) for ref in input.past for node in PastChunk.model_validate_json(store.get_text(ref)).nodes
     ]
     return input.model_copy(update={"steps": steps + input.steps, "past": []})
-
-
-def _step_outcome(node) -> StepOutcome:
-    return StepOutcome(
-        name=node.name,
-        kind=node.kind,
-        status=node.status,
-        output=node.output,
-        error=node.error,
-        tokens=node.tokens,
-        cost_usd=node.cost_usd,
-        reused=node.reused,
-    )
 
 
 class ReportActivities:

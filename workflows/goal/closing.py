@@ -23,6 +23,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     ReportResult,
     StepOutcome,
 )
+from perdure.workflows.goal.contracts.past_chunks import step_outcome
 from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, PastLog, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.rules import question_deadline_rules as deadlines
@@ -68,7 +69,7 @@ class Closing:
                 goal=state.spec.goal,
                 outcome=outcome,
                 failure=failure,
-                steps=[_step_outcome(n) for n in nodes] + [_earlier_step(r) for r in state.retired_nodes],
+                steps=[step_outcome(n) for n in nodes] + [_earlier_step(r) for r in state.retired_nodes],
                 unfinished=unfinished,
                 notes=self._notes(),
                 tokens=state.ledger.tokens,
@@ -224,19 +225,3 @@ def _label(retired: RetiredNode) -> str:
 def _earlier_step(retired: RetiredNode) -> StepOutcome:
     step = StepOutcome.model_validate(retired.node, from_attributes=True)
     return step.model_copy(update={"plan_version": retired.plan_version})
-
-
-def _step_outcome(node: Node) -> StepOutcome:
-    """A current plan step's outcome. Built field by field: validating the node from its
-    attributes looked up `plan_version`, which a node has not, through pydantic's slow
-    missing-attribute path (most of a 1,000-step goal's report time)."""
-    return StepOutcome(
-        name=node.name,
-        kind=node.kind,
-        status=node.status,
-        output=node.output,
-        error=node.error,
-        tokens=node.tokens,
-        cost_usd=node.cost_usd,
-        reused=node.reused,
-    )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -27,6 +28,8 @@ from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import Node, PastLog, PlanVersion, StoredPlan, share_plans
 from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared.contracts import ArtifactRef
+
+T = TypeVar("T")
 
 STORE_TIMEOUT = timedelta(seconds=60)
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=5)
@@ -77,19 +80,8 @@ class Past:
         ctx.forget_index()
 
     async def _read_plan(self, stored: StoredPlan) -> Plan:
-        steps = []
-        for i, ref in enumerate(stored.chunks):
-            if i:
-                await workflow.sleep(CHUNK_PAUSE)
-            chunk = await workflow.execute_local_activity(
-                chunks.READ_PLAN,
-                chunks.ReadChunkInput(ref=ref),
-                result_type=chunks.PlanChunk,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary=f"load plan, chunk {i + 1} of {len(stored.chunks)}",
-            )
-            steps.extend(chunk.steps)
+        loaded = await _read_chunks(stored.chunks, chunks.READ_PLAN, chunks.PlanChunk, "load plan")
+        steps = [step for chunk in loaded for step in chunk.steps]
         # Validated when it was adopted, and each chunk as it was read: the graph is not checked again.
         return Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
 
@@ -218,21 +210,10 @@ class Past:
             return
         self._restoring = True
         try:
-            restored: list[Node] = []
-            for i, ref in enumerate(past.chunks):
-                if i:
-                    await workflow.sleep(CHUNK_PAUSE)
-                chunk = await workflow.execute_local_activity(
-                    chunks.READ_PAST,
-                    chunks.ReadChunkInput(ref=ref),
-                    result_type=chunks.PastChunk,
-                    start_to_close_timeout=STORE_TIMEOUT,
-                    retry_policy=STORE_RETRY,
-                    summary=f"restore stored steps, chunk {i + 1} of {len(past.chunks)}",
-                )
-                restored.extend(chunk.nodes)
+            loaded = await _read_chunks(past.chunks, chunks.READ_PAST, chunks.PastChunk, "restore stored steps")
         finally:
             self._restoring = False
+        restored = [node for chunk in loaded for node in chunk.nodes]
         for node in restored:
             state.nodes[node.name] = node
             self._candidates[node.name] = None
@@ -240,3 +221,22 @@ class Past:
                 state.outputs_by_key.setdefault(node.key, node.output)
         state.past = None
         self._decode_stored()
+
+
+async def _read_chunks(refs: list[ArtifactRef], activity: str, result_type: type[T], what: str) -> list[T]:
+    """Each chunk by a local activity, in a workflow task of its own (a timer between two)."""
+    found = []
+    for i, ref in enumerate(refs):
+        if i:
+            await workflow.sleep(CHUNK_PAUSE)
+        found.append(
+            await workflow.execute_local_activity(
+                activity,
+                chunks.ReadChunkInput(ref=ref),
+                result_type=result_type,
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary=f"{what}, chunk {i + 1} of {len(refs)}",
+            )
+        )
+    return found

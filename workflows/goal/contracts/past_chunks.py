@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from perdure.workflows.goal.contracts.goal_contracts import StepOutcome
 from perdure.workflows.goal.contracts.plan import PlanStep
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.shared.contracts import ArtifactRef
@@ -47,3 +48,20 @@ class PlanChunk(BaseModel):
 
 class ReadChunkInput(BaseModel):
     ref: ArtifactRef
+
+
+def step_outcome(node: Node) -> StepOutcome:
+    """A step's outcome as the report lists it (closing.py for the current steps, the report
+    activity for stored ones). Built field by field: validating the node from its
+    attributes looked up `plan_version`, which a node has not, through pydantic's slow
+    missing-attribute path (most of a 1,000-step goal's report time)."""
+    return StepOutcome(
+        name=node.name,
+        kind=node.kind,
+        status=node.status,
+        output=node.output,
+        error=node.error,
+        tokens=node.tokens,
+        cost_usd=node.cost_usd,
+        reused=node.reused,
+    )
