@@ -1,4 +1,5 @@
-"""A goal of 10,000 nodes: wall time, its continue-as-new chain, events per run.
+"""Goals of 1,000 to 100,000 nodes: wall time, their continue-as-new chains, events per
+run, the state carried into each run, and the longest workflow task.
 
 Shape: W independent chains of D `read_file` steps (W x D nodes; each step needs
 the one before it in its chain, chains share nothing), W = 100 by default. The
@@ -9,13 +10,21 @@ the goal's bookkeeping, not of the shape.
 Sizes run smallest first, within one time budget for all of them. From the
 last two, a quadratic fit predicts the time of each next size; a size predicted
 to exceed what is left of the budget is skipped (and said so), so the figure
-`nodes_10k_wall_s` is recorded only when 10,000 nodes actually ran. Each goal's
-run chain is walked through `continued_as_new` events to count runs and the
-largest number of events in any one run (`max_events_per_run`). One run of a
-few hundred events is then replayed under cProfile to show where workflow time
-goes.
+`nodes_10k_wall_s` is recorded only when 10,000 nodes actually ran (and
+`nodes_100k_wall_s` only when 100,000 did). Each goal's run chain is walked
+through `continued_as_new` events to count runs, the largest number of events in
+any one run (`max_events_per_run`), the longest workflow task
+(`max_workflow_task_ms`: what the SDK's 2 s deadlock check and the task timeout
+see) and the state each run after the first started with (`carried_state_bytes`,
+at the largest size: what grows with the past unless settled steps leave it).
+Then `--concurrent` goals of 10,000 nodes run at once on the one worker
+(`concurrent_10k_max_task_ms`). One run of a few hundred events is then replayed
+under cProfile to show where workflow time goes.
 
-    .venv/bin/python -m bench.scale [--sizes 500,2000,10000] [--width 100] [--budget-s 900]
+Plans of thousands of steps are stored in the artifact store first and started
+by reference, as `perdure start` does (starters/client/plan_upload.py).
+
+    .venv/bin/python -m bench.scale [--sizes 1000,10000,30000,100000] [--width 100] [--budget-s 1500]
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import os
 import pstats
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporalio.api.common.v1 import Payload
@@ -38,6 +47,7 @@ from temporalio.worker import Replayer
 
 from bench.common import (
     Section,
+    bench_store,
     event_seconds,
     goal_spec,
     make_workspace,
@@ -49,13 +59,24 @@ from bench.common import (
 )
 from perdure.runtime.converter import STORE_ENV, data_converter
 from perdure.runtime.plugin import PerdurePlugin
+from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal.contracts.migrations import load_state
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.watchdog.watchdog_workflow import WatchdogWorkflow
 
-KEYS = ("nodes_10k_wall_s", "max_events_per_run", "workflow_task_ms_per_node")
+KEYS = (
+    "nodes_10k_wall_s",
+    "max_events_per_run",
+    "workflow_task_ms_per_node",
+    "nodes_100k_wall_s",
+    "carried_state_bytes",
+    "max_workflow_task_ms",
+    "ms_per_node_100k_over_1k",
+    "concurrent_10k_max_task_ms",
+)
 TARGET_NODES = 10_000
+LARGEST_NODES = 100_000
 PROFILE_MAX_EVENTS = 700
 
 
@@ -80,6 +101,10 @@ class SizeRun:
     runs: list[WorkflowHistory]
     largest_offloaded: int
     largest_offloaded_path: Path | None = None
+    carried: list[int] = field(default_factory=list)  # state bytes each run after the first started with
+
+    def longest_task_ms(self) -> float:
+        return max((most for _, most in self.workflow_task_ms()), default=0.0)
 
     @property
     def events(self) -> list[int]:
@@ -121,9 +146,11 @@ class SizeRun:
 
     def describe(self) -> str:
         tasks = [f"{mean:.0f}/{most:.0f}" for mean, most in self.workflow_task_ms()]
+        carried = f"{max(self.carried):,} B" if self.carried else "none (one run)"
         return (
-            f"{self.nodes:>6} nodes: {self.seconds:7.1f} s ({self.seconds / self.nodes * 1000:.1f} ms/node), "
+            f"{self.nodes:>6} nodes: {self.seconds:7.1f} s ({self.seconds / self.nodes * 1000:.2f} ms/node), "
             f"{self.outcome}, {len(self.runs)} run(s), events per run {self.events}, "
+            f"largest state carried into a run {carried}, longest workflow task {self.longest_task_ms():.0f} ms, "
             f"largest payload in history {max(max_payload_bytes(h) for h in self.runs)} B, "
             f"largest payload offloaded to the store {self.largest_offloaded} B, "
             f"workflow task mean/longest per run {tasks} ms, "
@@ -132,13 +159,22 @@ class SizeRun:
 
 
 async def run_size(
-    client: Client, task_queue: str, workspace: Path, payloads: Path, width: int, nodes: int, timeout_s: float
+    client: Client,
+    task_queue: str,
+    workspace: Path,
+    payloads: Path,
+    width: int,
+    nodes: int,
+    timeout_s: float,
+    home: Path,
+    label: str = "",
 ) -> SizeRun:
     depth = max(1, nodes // width)
     spec = goal_spec(workspace, chains(width, depth), allowed_tools=["read_file"], label=f"{width}x{depth} chains")
+    spec = await with_stored_plan(spec, bench_store(home))  # as `perdure start` starts it
     before = _offloaded(payloads)
     started = time.perf_counter()
-    handle: WorkflowHandle = await start_goal(client, task_queue, spec, f"bench-scale-{nodes}")
+    handle: WorkflowHandle = await start_goal(client, task_queue, spec, f"bench-scale-{nodes}{label}")
     try:
         result = await asyncio.wait_for(handle.result(), timeout_s)
         outcome = result.outcome
@@ -151,7 +187,20 @@ async def run_size(
     runs = await run_chain(client, handle)
     new = {name: size for name, size in _offloaded(payloads).items() if name not in before}
     path = max(new, key=new.__getitem__, default=None)
-    return SizeRun(width * depth, seconds, outcome, runs, new.get(path, 0) if path else 0, Path(path) if path else None)
+    run = SizeRun(width * depth, seconds, outcome, runs, new.get(path, 0) if path else 0, Path(path) if path else None)
+    run.carried = await carried_state_bytes(client, runs)
+    return run
+
+
+async def carried_state_bytes(client: Client, runs: list[WorkflowHistory]) -> list[int]:
+    """The state each run after the first started with (bytes of its JSON text), decoded as a
+    worker decodes it (through the payload store)."""
+    sizes = []
+    for history in runs[1:]:
+        payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+        [carried] = await client.data_converter.decode(payloads, [GoalInput])
+        sizes.append(len((carried.state or "").encode()))
+    return sizes
 
 
 def _offloaded(payloads: Path) -> dict[str, int]:
@@ -227,10 +276,11 @@ async def profile_replay(history: WorkflowHistory, top: int = 14) -> list[str]:
 async def measure(
     client: Client,
     workdir: Path,
-    sizes: tuple[int, ...] = (500, 2000, TARGET_NODES),
+    sizes: tuple[int, ...] = (1_000, TARGET_NODES, 30_000, LARGEST_NODES),
     width: int = 100,
-    budget_s: float = 900,
+    budget_s: float = 1500,
     profile: bool = True,
+    concurrent: int = 3,
 ) -> Section:
     home = workdir / "scale"
     workspace = make_workspace(home / "ws", {f"c{c:03d}.txt": "x\n" for c in range(width)})
@@ -250,11 +300,12 @@ async def measure(
                         f"({left:.0f} s of the {budget_s:.0f} s budget left)"
                     )
                     continue
-            run = await run_size(client, task_queue, workspace, payloads, width, nodes, timeout_s=max(left, 30))
+            run = await run_size(client, task_queue, workspace, payloads, width, nodes, max(left, 30), home)
             done.append(run)
             notes.append(run.describe())
             if run.outcome != "succeeded":
                 break
+        together = await run_together(client, task_queue, workspace, payloads, width, concurrent, deadline, home)
     if profile and done:
         # A run of a few hundred events is enough to see what grows; larger ones profile slowly.
         runs = sorted((h for r in done for h in r.runs), key=lambda h: len(h.events))
@@ -268,6 +319,7 @@ async def measure(
         )
     figures: dict[str, float] = {}
     extra: dict[str, float] = {}
+    figures.update(frontier_figures(done, together, notes))
     full = next((r for r in done if r.nodes >= TARGET_NODES and r.outcome == "succeeded"), None)
     if full is not None:
         figures["nodes_10k_wall_s"] = round(full.seconds, 1)
@@ -293,19 +345,78 @@ async def measure(
     return Section(figures=figures, notes=notes, extra=extra)
 
 
+async def run_together(
+    client: Client,
+    task_queue: str,
+    workspace: Path,
+    payloads: Path,
+    width: int,
+    count: int,
+    deadline: float,
+    home: Path,
+) -> list[SizeRun]:
+    """`count` goals of 10,000 nodes at once on the one worker (none when the budget is spent)."""
+    left = deadline - time.monotonic()
+    if count <= 0 or left < 60:
+        return []
+    return list(
+        await asyncio.gather(
+            *(
+                run_size(client, task_queue, workspace, payloads, width, TARGET_NODES, left, home, f"-together-{i}")
+                for i in range(count)
+            )
+        )
+    )
+
+
+def frontier_figures(done: list[SizeRun], together: list[SizeRun], notes: list[str]) -> dict[str, float]:
+    """What grows with a goal's past, if anything: the state carried into its runs, its longest
+    workflow task, its cost per node at 100,000 nodes against 1,000."""
+    figures: dict[str, float] = {}
+    finished = [r for r in done if r.outcome == "succeeded"]
+    if finished:
+        largest = max(finished, key=lambda r: r.nodes)
+        figures["carried_state_bytes"] = max(largest.carried, default=0)
+        figures["max_workflow_task_ms"] = round(max(r.longest_task_ms() for r in done), 1)
+        notes.append(
+            f"largest goal that finished: {largest.nodes:,} nodes, state carried into its runs at most "
+            f"{figures['carried_state_bytes']:,} B; longest workflow task of any size "
+            f"{figures['max_workflow_task_ms']:.0f} ms; workflow tasks timed out or failed: "
+            f"{sum(r.workflow_task_failures() for r in done)}"
+        )
+    small = next((r for r in finished if r.nodes == 1_000), None)
+    big = next((r for r in finished if r.nodes >= LARGEST_NODES), None)
+    if big is not None:
+        figures["nodes_100k_wall_s"] = round(big.seconds, 1)
+        notes.append(f"100,000-node goal: workflow task time per node {big.workflow_task_ms_per_node():.3f} ms")
+    if big is not None and small is not None:
+        ratio = (big.seconds / big.nodes) / (small.seconds / small.nodes)
+        figures["ms_per_node_100k_over_1k"] = round(ratio, 3)
+    if together:
+        figures["concurrent_10k_max_task_ms"] = round(max(r.longest_task_ms() for r in together), 1)
+        outcomes = ", ".join(r.outcome for r in together)
+        notes.append(
+            f"{len(together)} goals of 10,000 nodes at once on one worker: {outcomes}; slowest "
+            f"{max(r.seconds for r in together):.1f} s, longest workflow task "
+            f"{figures['concurrent_10k_max_task_ms']:.0f} ms, workflow tasks timed out or failed: "
+            f"{sum(r.workflow_task_failures() for r in together)}"
+        )
+    return figures
+
+
 def main(argv: list[str] | None = None) -> dict:
     from bench.common import run_standalone
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="500,2000,10000")
+    parser.add_argument("--sizes", default="1000,10000,30000,100000")
     parser.add_argument("--width", type=int, default=100)
-    parser.add_argument("--budget-s", type=float, default=900, help="for all sizes together")
+    parser.add_argument("--budget-s", type=float, default=1500, help="for all sizes together")
+    parser.add_argument("--concurrent", type=int, default=3, help="goals of 10,000 nodes run at once, after")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    return run_standalone(
-        measure, {"sizes": sizes, "width": args.width, "budget_s": args.budget_s, "profile": not args.no_profile}
-    )
+    options = {"sizes": sizes, "width": args.width, "budget_s": args.budget_s, "profile": not args.no_profile}
+    return run_standalone(measure, {**options, "concurrent": args.concurrent})
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from perdure.activities.artifacts import ObjectStoreUnavailable, artifact_store
 from perdure.runtime import settings
 from perdure.starters.client.client_errors import GoalNotFound, StartRefused
 from perdure.starters.client.goal_reads import describe, finished_text, is_open
 from perdure.starters.client.goal_specs import SPEC_DIGEST_MEMO, check_goal_id, spec_digest, static_details
+from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal.contracts.goal_contracts import GoalSpec, goal_memo
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
@@ -34,9 +36,14 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
     FAIL) and, unless `replace`, an id a finished run had (reuse REJECT_DUPLICATE), so two
     starts racing cannot both win; `start` in the CLI decides before it gets here."""
     check_goal_id(goal_id)
+    try:
+        started = await with_stored_plan(spec, artifact_store())
+    except (OSError, ObjectStoreUnavailable) as err:
+        what = f"the plan's {spec.plan_steps()} steps could not be stored in the artifact store"
+        raise StartRefused(f"{what}: {err}; nothing started") from None
     return await client.start_workflow(
         GoalWorkflow.run,
-        GoalInput(spec=spec),
+        GoalInput(spec=started),
         id=goal_id,
         task_queue=settings.task_queue(),
         static_summary=spec.goal[:200],

@@ -452,7 +452,7 @@ class GoalWorkflow:
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.
-        state.spec = state.spec.model_copy(update={"plan": None, "reuse_outputs": {}})
+        state.spec = state.spec.model_copy(update={"plan": None, "stored_plan": None, "reuse_outputs": {}})
         continue_on_current_version(
             GoalInput(spec=state.spec, state=state.model_dump_json(), stream=self._events.get_state()),
             task_timeout=self._ctx.next_task_timeout(),

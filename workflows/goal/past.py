@@ -56,6 +56,10 @@ class Past:
         """The plans stored by reference (each loaded once however many versions share it),
         then which steps are stored in the past."""
         state = self._ctx.state
+        spec = state.spec
+        if not state.plan_versions and spec.plan is None and spec.stored_plan is not None:
+            # A plan file the client stored: the planner adopts it as it would one in the spec.
+            spec.plan = await self._read_plan(spec.stored_plan)
         loaded: dict[tuple[str, ...], Plan] = {}
         for version in state.plan_versions:
             if version.plan is None and version.stored is not None:

@@ -91,6 +91,12 @@ class Planner:
         if user_tools_named(spec.allowed_tools, TOOL_SPECS) and state.user_tools is None:
             await self._list_user_tools()
         if spec.plan is not None:
+            if spec.stored_plan is not None:
+                # Stored by the client and loaded chunk by chunk without its graph checked (past.py).
+                try:
+                    spec.plan._graph_is_sound()
+                except ValueError as err:
+                    raise GoalFailed(f"the plan file cannot run: {err}") from None
             devices = await self._devices.check_plan_devices(spec.plan)
             missing = self._mcp_problems() | self._user_tool_problems()
             # A step naming a tool no catalogue has is said once, by the catalogue (why it is missing).
@@ -103,8 +109,15 @@ class Planner:
             problems = list(missing.values()) + [p for p in checked if not p.startswith(said)]
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
+            # A stored plan file was loaded into the spec as the run started (past.py): its refs go on.
             self._adopt_first(
-                PlanVersion(version=1, plan=spec.plan, reason="declarative plan from the user", source="plan-file")
+                PlanVersion(
+                    version=1,
+                    plan=spec.plan,
+                    reason="declarative plan from the user",
+                    source="plan-file",
+                    stored=spec.stored_plan,
+                )
             )
             return
         plan, repairs = await self._ask(None)

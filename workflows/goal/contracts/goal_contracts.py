@@ -7,13 +7,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed
 from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
-from perdure.workflows.goal.contracts.plan import NodeKind, Plan, VerifyDepth
+from perdure.workflows.goal.contracts.plan import NodeKind, Plan, StoredPlan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
 from perdure.workflows.shared.mcp_tools import McpTool
@@ -164,6 +164,12 @@ class GoalSpec(BaseModel):
         description="A declarative plan (plan file) instead of the planner. Once it is the goal's plan v1 "
         "the carried state keeps it there only: a continued run's spec has none.",
     )
+    stored_plan: StoredPlan | None = Field(
+        default=None,
+        exclude_if=lambda stored: stored is None,
+        description="A plan file of thousands of steps, stored in the artifact store by the client that started the "
+        "goal (`perdure start`), instead of `plan`: the goal loads it one chunk per workflow task.",
+    )
     constraints: list[str] = Field(default_factory=list)
     budget: Budget = Field(default_factory=Budget)
     model_profile: str = "default"
@@ -297,9 +303,21 @@ class GoalSpec(BaseModel):
             raise ValueError(problem)
         return value
 
+    @model_validator(mode="after")
+    def _one_plan_file(self) -> GoalSpec:
+        if self.plan is not None and self.stored_plan is not None:
+            raise ValueError("a goal has a plan or a stored plan, not both")
+        return self
+
     def task_timeout(self) -> timedelta:
         """The workflow task timeout a goal's first run is started with (workflows/shared/run_boundary.py)."""
-        return goal_task_timeout(len(self.plan.steps) if self.plan is not None else 0)
+        return goal_task_timeout(self.plan_steps())
+
+    def plan_steps(self) -> int:
+        """Steps of its plan file (0: the planner plans)."""
+        if self.plan is not None:
+            return len(self.plan.steps)
+        return self.stored_plan.steps if self.stored_plan is not None else 0
 
 
 class Usage(BaseModel):

@@ -20,15 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from perdure.activities.tools.catalogue import DEVICE_TOOLS, TOOL_SPECS
 from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed, step_expiry_problems
 from perdure.workflows.goal.rules.timing import DURATION_FORMAT, parse_duration
+from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.mcp_tools import is_mcp_tool, schema_problems
 from perdure.workflows.shared.tool_specs import DEVICE_NAME, ToolSpec
 
 STEP_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
 TEMPLATE = re.compile(r"\{\{\s*steps\.([a-z][a-z0-9_-]{0,63})\s*\}\}")
 # A plan file (or a plan built by a program) may be large: goals run for days and
-# thousands of nodes. A model's plan is held to far fewer steps (MAX_PLANNED_STEPS):
-# longer model-written plans are rarely coherent, and a goal re-plans as it goes.
-MAX_STEPS = 10_000
+# thousands of nodes (a plan of thousands travels by reference: StoredPlan). A model's
+# plan is held to far fewer steps (MAX_PLANNED_STEPS): longer model-written plans are
+# rarely coherent, and a goal re-plans as it goes.
+MAX_STEPS = 100_000
 MAX_PLANNED_STEPS = 64
 
 
@@ -254,6 +256,18 @@ class Plan(BaseModel):
 
 
 _POSITIONS = "_step_positions"
+
+
+class StoredPlan(BaseModel):
+    """A large plan's steps in the artifact store, in chunks of consecutive steps (each a JSON
+    object with `steps`), with its other fields: how a plan of thousands of steps travels, so no
+    workflow task validates more than one chunk of it (workflows/goal/past.py loads them)."""
+
+    chunks: list[ArtifactRef] = Field(min_length=1)
+    steps: int = Field(ge=1, le=MAX_STEPS, description="How many steps the chunks hold, in all.")
+    question_deadline: QuestionDeadline | None = None
+
+
 SubgoalStep.model_rebuild()  # its `plan` is a Plan, defined after it
 
 

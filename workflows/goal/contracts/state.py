@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from perdure.workflows.devices.device_contracts import DevicePresence
-from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline
 from perdure.workflows.goal.contracts.decision_contracts import DecisionLog
 from perdure.workflows.goal.contracts.goal_contracts import (
     AgentTurnResult,
@@ -29,7 +28,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
 )
 from perdure.workflows.goal.contracts.memory_contracts import GoalMemory, Recalled
 from perdure.workflows.goal.contracts.messages import InboxEntry, Refusal
-from perdure.workflows.goal.contracts.plan import NodeKind, Plan
+from perdure.workflows.goal.contracts.plan import NodeKind, Plan, StoredPlan
 from perdure.workflows.goal.rules.evidence import EvidenceLog
 from perdure.workflows.goal.rules.stall import StallAction, StallState
 from perdure.workflows.goal.rules.timing import TimerRecord
@@ -196,16 +195,6 @@ class PlanDiff(BaseModel):
     invalidated: list[str] = Field(default_factory=list)
     kept: list[str] = Field(default_factory=list)
     to_confirm: list[str] = Field(default_factory=list)
-
-
-class StoredPlan(BaseModel):
-    """A plan of at least FRONTIER_STEPS steps as its version carries it: its steps in the
-    artifact store, in chunks (workflows/goal/past.py loads them as a run starts)."""
-
-    chunks: list[ArtifactRef]
-    steps: int = Field(description="How many steps the chunks hold, in all.")
-    # The plan's fields other than its steps.
-    question_deadline: QuestionDeadline | None = None
 
 
 class PlanVersion(BaseModel):

@@ -63,7 +63,7 @@ def fork_point(state: GoalState, request: ForkPointInput) -> ForkPoint:
             "store (workflows/goal/past.py): forking it is not supported; start a new goal with a plan file instead"
         )
     point = ForkPoint(
-        spec=state.spec.model_copy(update={"plan": None, "reuse_outputs": {}}),
+        spec=state.spec.model_copy(update={"plan": None, "stored_plan": None, "reuse_outputs": {}}),
         plan=plan,
         plan_version=len(state.plan_versions),
         premises={**state.premises, **request.premises},
