@@ -26,6 +26,7 @@ from perdure.workflows.goal.contracts.goal_contracts import (
 from perdure.workflows.goal.contracts.past_chunks import step_outcome
 from perdure.workflows.goal.contracts.state import CompensationRecord, Ledger, Node, PastLog, RetiredNode
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.goal.rules import question_deadline_rules as deadlines
 from perdure.workflows.goal.rules.progress_view import owned_objects
 from perdure.workflows.shared import graph, metrics
@@ -127,14 +128,18 @@ class Closing:
             question.answer_text = f"not answered: the goal ended ({outcome}) first"
 
     def _current_nodes(self) -> list[Node]:
-        """The current plan's steps in topological order, as nodes; a large goal's steps stored
-        in the past are not among them (the report reads their chunks), and one of its steps
-        that never got a node is shown as the pending node it is."""
+        """The current plan's steps in topological order (a large plan's in plan order), as
+        nodes; a large goal's steps stored in the past are not among them (the report reads
+        their chunks), and one of its steps that never got a node is shown as the pending
+        node it is."""
         state = self._ctx.state
         if state.plan is None:
             return []
         nodes = []
-        for name in graph.topological_order(state.plan):
+        # A large plan in its own order (a plan file lists steps after what they need, mostly):
+        # ordering 100,000 steps topologically took most of a second.
+        large = frontier.is_large(len(state.plan.steps))
+        for name in [s.name for s in state.plan.steps] if large else graph.topological_order(state.plan):
             node = state.nodes.get(name)
             if node is None and name not in self._ctx.stored:
                 step = state.plan.step(name)

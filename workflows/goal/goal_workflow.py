@@ -166,6 +166,7 @@ class GoalWorkflow:
             if state.plan is None:
                 await self._planner.make_plan()
                 self._scheduler.ask_approvals_ahead()
+            await self._past.prepare()
             self._scheduler.materialise_nodes()
             self._scheduler.adopt_carried_twins()
             self._devices.watch()

@@ -16,6 +16,8 @@ brings the stored nodes back (`restore`), chunk by chunk too; they are stored ag
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -24,9 +26,11 @@ from temporalio.common import RetryPolicy
 
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts import past_chunks as chunks
+from perdure.workflows.goal.contracts.migrations import collector_paused
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import Node, PastLog, PlanVersion, StoredPlan, share_plans
-from perdure.workflows.goal.rules import frontier
+from perdure.workflows.goal.rules import frontier, risk_order
+from perdure.workflows.goal.rules.node_index import plan_graph
 from perdure.workflows.shared.contracts import ArtifactRef
 
 T = TypeVar("T")
@@ -84,10 +88,21 @@ class Past:
         ctx.forget_index()
 
     async def _read_plan(self, stored: StoredPlan) -> Plan:
-        loaded = await _read_chunks(stored.chunks, chunks.READ_PLAN, chunks.PlanChunk, "load plan")
-        steps = [step for chunk in loaded for step in chunk.steps]
-        # Validated when it was adopted, and each chunk as it was read: the graph is not checked again.
-        return Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
+        texts = await _read_chunks(stored.chunks, chunks.READ_PLAN, str, "load plan", _validate_plan_chunk)
+        return _plan_of(self._ctx.goal_id, stored, texts)
+
+    async def prepare(self) -> None:
+        """Before the first dispatch of a plan of more than one chunk: what the node index and
+        the risk order derive from it (its graph, its risk facts), each in a workflow task of
+        its own (a smaller plan's take a few tens of milliseconds)."""
+        plan = self._ctx.state.plan
+        if plan is None or len(plan.steps) <= frontier.PLAN_CHUNK_STEPS:
+            return
+        await workflow.sleep(CHUNK_PAUSE)
+        plan_graph(plan)
+        await workflow.sleep(CHUNK_PAUSE)
+        risk_order.risk_facts(plan, self._ctx.tools())
+        await workflow.sleep(CHUNK_PAUSE)
 
     # --- storing settled nodes ------------------------------------------------------------
 
@@ -214,7 +229,7 @@ class Past:
             return
         self._restoring = True
         try:
-            loaded = await _read_chunks(past.chunks, chunks.READ_PAST, chunks.PastChunk, "restore stored steps")
+            loaded = await _read_chunks(past.chunks, chunks.READ_PAST, chunks.PastChunk, "restore stored steps", None)
         finally:
             self._restoring = False
         restored = [node for chunk in loaded for node in chunk.nodes]
@@ -227,20 +242,78 @@ class Past:
         self._decode_stored()
 
 
-async def _read_chunks(refs: list[ArtifactRef], activity: str, result_type: type[T], what: str) -> list[T]:
-    """Each chunk by a local activity, in a workflow task of its own (a timer between two)."""
+async def _read_chunks(
+    refs: list[ArtifactRef],
+    activity: str,
+    result_type: type[T],
+    what: str,
+    validate: Callable[[ArtifactRef, T], object] | None,
+) -> list[T]:
+    """Each chunk by a local activity, and `validate`d, in a workflow task of its own (a timer
+    between two)."""
     found = []
     for i, ref in enumerate(refs):
         if i:
             await workflow.sleep(CHUNK_PAUSE)
-        found.append(
-            await workflow.execute_local_activity(
-                activity,
-                chunks.ReadChunkInput(ref=ref),
-                result_type=result_type,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary=f"{what}, chunk {i + 1} of {len(refs)}",
-            )
+        chunk = await workflow.execute_local_activity(
+            activity,
+            chunks.ReadChunkInput(ref=ref),
+            result_type=result_type,
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"{what}, chunk {i + 1} of {len(refs)}",
         )
+        if validate is not None:
+            validate(ref, chunk)
+        found.append(chunk)
     return found
+
+
+# --- a large plan, validated once per worker ------------------------------------------------
+#
+# A run of a large goal loads its plan (read by local activities: recorded, so a replay and
+# every worker sees the same text) and needs it validated, with the graph and risk facts built
+# on it: a second or more per 100,000 steps, in every run. The text is content-addressed, so a
+# worker keeps what it validated by digest and gives the next run the same objects: what the
+# goal decides is the same either way (the same text is the same plan), only the time differs.
+# Plans and their steps are never changed in place by the goal's code (a plan change is a new
+# plan), so runs of one goal on one worker share them (a plan's derived facts depend on its
+# goal's tools: never shared between goals). Bounded: the oldest go first. Workflow tasks of
+# different goals run in threads of their own: one lock.
+
+PLAN_STEPS_CACHED = 300_000
+PLANS_CACHED = 4
+_cache_lock = threading.Lock()
+_chunks: dict[str, list] = {}  # chunk digest -> its validated steps
+_plans: dict[tuple, Plan] = {}  # (goal id, chunk digests, other fields) -> the plan
+
+
+def _validate_plan_chunk(ref: ArtifactRef, text: str) -> list:
+    with _cache_lock:
+        steps = _chunks.get(ref.digest)
+    if steps is not None:
+        return steps
+    with collector_paused():
+        steps = chunks.PlanChunk.model_validate_json(text).steps
+    with _cache_lock:
+        _chunks[ref.digest] = steps
+        while sum(len(s) for s in _chunks.values()) > PLAN_STEPS_CACHED and len(_chunks) > 1:
+            _chunks.pop(next(iter(_chunks)))
+    return steps
+
+
+def _plan_of(goal_id: str, stored: StoredPlan, texts: list[str]) -> Plan:
+    deadline = stored.question_deadline.model_dump_json() if stored.question_deadline is not None else None
+    key = (goal_id, tuple(ref.digest for ref in stored.chunks), deadline)
+    with _cache_lock:
+        plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    steps = [step for ref, text in zip(stored.chunks, texts, strict=True) for step in _validate_plan_chunk(ref, text)]
+    # Validated when it was adopted, and each chunk as it was read: the graph is not checked again.
+    plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
+    with _cache_lock:
+        _plans[key] = plan
+        while len(_plans) > PLANS_CACHED:
+            _plans.pop(next(iter(_plans)))
+    return plan

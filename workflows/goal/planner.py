@@ -97,6 +97,7 @@ class Planner:
                     spec.plan._graph_is_sound()
                 except ValueError as err:
                     raise GoalFailed(f"the plan file cannot run: {err}") from None
+                await workflow.sleep(timedelta(milliseconds=1))  # the checks below in a workflow task of their own
             devices = await self._devices.check_plan_devices(spec.plan)
             missing = self._mcp_problems() | self._user_tool_problems()
             # A step naming a tool no catalogue has is said once, by the catalogue (why it is missing).

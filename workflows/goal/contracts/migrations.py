@@ -49,7 +49,7 @@ MIGRATIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def load_state(data: Any) -> GoalState:
-    with _collector_paused():
+    with collector_paused():
         return _load(data)
 
 
@@ -60,7 +60,7 @@ def version_key(version: Any) -> tuple[int, int] | None:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Loading builds some twenty objects per node at once, and Python's collector
     would meanwhile walk the worker's whole heap again every 700 of them: a
     10,000-node state took 0.8-1.5 s to load (more the more the worker holds)

@@ -25,7 +25,7 @@ FRONTIER_STEPS = 1_000
 # Nodes per stored chunk: about 1 KB each, so a chunk is about 2 MB of JSON.
 PAST_CHUNK_NODES = 2_000
 # Plan steps per stored chunk: validated in one workflow task when a run loads its plan.
-PLAN_CHUNK_STEPS = 5_000
+PLAN_CHUNK_STEPS = 10_000
 # Statuses a stored node may have: settled, and nothing more to learn of it.
 STORABLE = frozenset({"succeeded", "failed", "abandoned", "invalidated"})
 

@@ -18,13 +18,67 @@ the steps stored in the past by status and kind without listing them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from perdure.workflows.goal.contracts.migrations import collector_paused
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.shared.statuses import TERMINAL, NodeStatus
+
+
+@dataclass(frozen=True)
+class PlanGraph:
+    """What the index needs of a plan that never changes with its statuses: built once per
+    plan object and kept beside its fields (a large goal's plan may be shared by its runs on
+    one worker: workflows/goal/past.py), so building an index costs what the goal holds, not
+    a pass over every step of a plan of 100,000."""
+
+    steps: list
+    position: dict[str, int]
+    needs: dict[str, list[str]]
+    kind: dict[str, str]
+    wrap_up: frozenset[str]
+    dependants: dict[str, list[str]]
+    roots: list[str]
+
+
+_GRAPH = "_plan_graph"
+_NO_GRAPH = PlanGraph([], {}, {}, {}, frozenset(), {}, [])
+
+
+def plan_graph(plan: Plan | None) -> PlanGraph:
+    if plan is None:
+        return _NO_GRAPH
+    graph = plan.__dict__.get(_GRAPH)
+    if graph is not None and graph.steps is plan.steps and len(graph.position) == len(plan.steps):
+        return graph
+    steps = plan.steps
+    with collector_paused():  # a list per step: the collector would walk the heap again and again
+        graph = _build_graph(steps)
+    plan.__dict__[_GRAPH] = graph  # never dumped, ignored by ==
+    return graph
+
+
+def _build_graph(steps: list) -> PlanGraph:
+    dependants: dict[str, list[str]] = {s.name: [] for s in steps}
+    for step in steps:
+        for dep in step.needs:
+            dependants[dep].append(step.name)
+    return PlanGraph(
+        steps=steps,
+        position={s.name: i for i, s in enumerate(steps)},
+        needs={s.name: s.needs for s in steps},
+        kind={s.name: s.kind for s in steps},
+        # Wrap-up steps (list what is unfinished, notify the owner) run once their needs
+        # have ended, however they ended.
+        wrap_up=frozenset(s.name for s in steps if s.wrap_up),
+        dependants=dependants,
+        roots=[s.name for s in steps if not s.needs],
+    )
 
 
 class NodeIndex:
@@ -39,11 +93,14 @@ class NodeIndex:
         self.plan = plan
         self.size = len(nodes)
         self._nodes = nodes
-        steps = plan.steps if plan is not None else []
-        self._step_position = {s.name: i for i, s in enumerate(steps)}
-        # A goal with steps that have no node lists in plan order, else in node table order.
+        graph = plan_graph(plan)
+        self._step_position = graph.position
+        self._needs = graph.needs
+        self._wrap_up = graph.wrap_up
+        self._dependants = graph.dependants
         self._stored = set(stored)
-        virtual = [s for s in steps if s.name not in nodes and s.name not in self._stored]
+        virtual = [n for n in graph.position if n not in nodes and n not in self._stored]
+        # A goal with steps that have no node lists in plan order, else in node table order.
         self._lazy = bool(virtual or self._stored)
         self._position = self._step_position if self._lazy else {name: i for i, name in enumerate(nodes)}
         self._by_status: dict[str, dict[str, None]] = {}
@@ -51,17 +108,21 @@ class NodeIndex:
         self._stored_kinds: dict[str, dict[str, int]] = {s: dict(k) for s, k in (stored_counts or {}).items()}
         for node in nodes.values():
             self._enter(node.name, node.kind, node.status)
-        for step in virtual:
-            self._enter(step.name, step.kind, "pending")
-        self._needs = {s.name: s.needs for s in steps}
-        # Wrap-up steps (list what is unfinished, notify the owner) run once their needs
-        # have ended, however they ended.
-        self._wrap_up = {s.name for s in steps if s.wrap_up}
-        self._dependants: dict[str, list[str]] = {s.name: [] for s in steps}
-        for step in steps:
-            for dep in step.needs:
-                self._dependants[dep].append(step.name)
-        self._ready = {s.name for s in steps if self._is_ready(s.name)}
+        if virtual:
+            self._by_status.setdefault("pending", {}).update(dict.fromkeys(virtual))
+            kinds = self._kinds.setdefault("pending", {})
+            for kind, count in Counter(graph.kind[n] for n in virtual).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        if self._lazy:
+            # Ready: pending with every need settled. A step with needs has one with a node (a
+            # stored step is no pending step's need), so only the roots and the dependants of
+            # nodes can be; the rest of a large plan is not looked at.
+            candidates = dict.fromkeys(graph.roots)
+            for name in nodes:
+                candidates.update(dict.fromkeys(self._dependants.get(name, ())))
+        else:
+            candidates = dict.fromkeys(graph.position)
+        self._ready = {name for name in candidates if self._is_ready(name)}
 
     def fits(self, plan: Plan | None, nodes: Mapping[str, Node]) -> bool:
         """Whether this index was built for this plan and node table (a new plan
