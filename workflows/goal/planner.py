@@ -30,13 +30,13 @@ from perdure.workflows.goal.contracts.goal_contracts import (
     PlanRevision,
 )
 from perdure.workflows.goal.contracts.messages import InboxEntry
-from perdure.workflows.goal.contracts.plan import Plan, ToolStep, check_plan
+from perdure.workflows.goal.contracts.plan import Plan, ToolStep, check_plan, graph_checks
 from perdure.workflows.goal.contracts.state import Node, PlanVersion
 from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.inbox import Inbox
 from perdure.workflows.goal.model_calls import ModelCalls
-from perdure.workflows.goal.rules import drift_outline, evidence
+from perdure.workflows.goal.rules import drift_outline, evidence, frontier
 from perdure.workflows.goal.rules.evidence import EvidenceTrigger
 from perdure.workflows.goal.scheduler import Scheduler
 from perdure.workflows.goal.spend import Spend
@@ -55,6 +55,8 @@ MCP_CATALOGUE_HEARTBEAT = timedelta(seconds=10)
 CATALOGUE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
 # A worker answers from memory: the tools it loaded at start.
 USER_TOOLS_TIMEOUT = timedelta(seconds=30)
+# Between two parts of a stored plan's checks: each in a workflow task of its own.
+CHECK_PAUSE = timedelta(milliseconds=1)
 
 
 class Planner:
@@ -92,12 +94,7 @@ class Planner:
             await self._list_user_tools()
         if spec.plan is not None:
             if spec.stored_plan is not None:
-                # Stored by the client and loaded chunk by chunk without its graph checked (past.py).
-                try:
-                    spec.plan._graph_is_sound()
-                except ValueError as err:
-                    raise GoalFailed(f"the plan file cannot run: {err}") from None
-                await workflow.sleep(timedelta(milliseconds=1))  # the checks below in a workflow task of their own
+                await self._check_stored_graph(spec.plan)
             devices = await self._devices.check_plan_devices(spec.plan)
             missing = self._mcp_problems() | self._user_tool_problems()
             # A step naming a tool no catalogue has is said once, by the catalogue (why it is missing).
@@ -106,7 +103,7 @@ class Planner:
                 for step in spec.plan.steps
                 if isinstance(step, ToolStep) and step.tool in missing
             )
-            checked = check_plan(spec.plan, spec.allowed_tools, devices, self._ctx.tools())
+            checked = await self._checked(spec.plan, spec.allowed_tools, devices, spec.stored_plan is not None)
             problems = list(missing.values()) + [p for p in checked if not p.startswith(said)]
             if problems:
                 raise GoalFailed("the plan file cannot run: " + "; ".join(problems))
@@ -124,6 +121,29 @@ class Planner:
         plan, repairs = await self._ask(None)
         reason = "planned from the goal" if not repairs else f"planned after {repairs} repair(s)"
         self._adopt_first(PlanVersion(version=1, plan=plan, reason=reason, source="planner"))
+
+    async def _check_stored_graph(self, plan: Plan) -> None:
+        """A plan file the client stored was loaded chunk by chunk without its graph checked
+        (past.py): each check in a workflow task of its own."""
+        for problem in graph_checks(plan):
+            if problem:
+                raise GoalFailed(f"the plan file cannot run: {problem}")
+            await workflow.sleep(CHECK_PAUSE)
+
+    async def _checked(
+        self, plan: Plan, allowed: list[str], devices: dict[str, list[str]] | None, in_chunks: bool
+    ) -> list[str]:
+        """check_plan's problems; a stored plan's a chunk of steps per workflow task."""
+        tools = self._ctx.tools()
+        if not in_chunks:
+            return check_plan(plan, allowed, devices, tools)
+        problems: dict[str, None] = {}
+        size = frontier.PLAN_CHUNK_STEPS
+        for i in range(0, len(plan.steps), size):
+            part = Plan.model_construct(steps=plan.steps[i : i + size], question_deadline=plan.question_deadline)
+            problems.update(dict.fromkeys(check_plan(part, allowed, devices, tools)))
+            await workflow.sleep(CHECK_PAUSE)
+        return list(problems)
 
     def _adopt_first(self, version: PlanVersion) -> None:
         self._ctx.state.plan_versions.append(version)
