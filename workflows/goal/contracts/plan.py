@@ -363,8 +363,17 @@ def _check_subgoal_step(step: SubgoalStep, allowed: set[str], table: Mapping[str
 
 
 def devices_named(plan: Plan) -> list[str]:
-    """The devices a plan's steps run on, sorted."""
-    return sorted({s.device for s in plan.steps if isinstance(s, ToolStep | AgentStep) and s.device})
+    """The devices a plan's steps run on, sorted; kept beside the plan's fields (a large plan
+    may be shared by its goal's runs on one worker: workflows/goal/past.py)."""
+    cached = plan.__dict__.get(_DEVICES)
+    if cached is not None and cached[0] is plan.steps and cached[1] == len(plan.steps):
+        return cached[2]
+    named = sorted({s.device for s in plan.steps if isinstance(s, ToolStep | AgentStep) and s.device})
+    plan.__dict__[_DEVICES] = (plan.steps, len(plan.steps), named)
+    return named
+
+
+_DEVICES = "_devices_named"
 
 
 def device_capable(tools: Mapping[str, ToolSpec] | None) -> list[str]:

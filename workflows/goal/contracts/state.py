@@ -487,15 +487,16 @@ class GoalState(BaseModel):
 
     @field_serializer("plan_versions", mode="wrap")
     def _carry_each_plan_once(self, versions: list[PlanVersion], handler: SerializerFunctionWrapHandler) -> Any:
-        dumped = handler(versions)
+        carried = []
         for i, version in enumerate(versions):
-            if version.stored is not None:
-                dumped[i]["plan"] = None  # it travels by reference
-                continue
             before = versions[i - 1].plan if i else None
-            if i and (version.plan is before or version.plan == before):
-                dumped[i]["plan"] = None
-        return dumped
+            # A stored plan travels by reference; a plan like the version before's, as None.
+            if version.plan is not None and (
+                version.stored is not None or (i and (version.plan is before or version.plan == before))
+            ):
+                version = version.model_copy(update={"plan": None})  # never dumped, not even to be dropped
+            carried.append(version)
+        return handler(carried)
 
     @model_validator(mode="after")
     def _share_repeated_plans(self) -> GoalState:
