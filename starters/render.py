@@ -179,6 +179,9 @@ def print_status(
             Text(printable(node_note(node, snap.hosts))),
         )
     say(console, table)
+    if snap.unlisted:
+        counts = " · ".join(f"{status} {n}" for status, n in sorted(snap.counts.items()))
+        say(console, f"[dim]{snap.unlisted} more steps not listed (in flight, next and latest are): {counts}[/dim]")
     for node_name, device in sorted(snap.waiting_for_devices.items()):
         seen = snap.devices.get(device, "not heard of yet")
         waited = escape(machine(device, snap.hosts))

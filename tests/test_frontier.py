@@ -5,15 +5,29 @@ Measured from outside: each run's input in the goal's real history."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHandle
 
-from perdure.workflows.goal.contracts.past_chunks import PastChunk
+from perdure.workflows.goal.contracts.messages import Rewind
+from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk
 from perdure.workflows.goal.contracts.state import GoalInput
-from tests.builders import spec
-from tests.helpers import run_goal, run_ids, running_worker
+from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from tests.builders import gate, spec
+from tests.goldens import replayer
+from tests.helpers import (
+    goal_result,
+    local_activities,
+    new_goal_id,
+    perdure_status,
+    run_goal,
+    run_ids,
+    running_worker,
+    submit,
+    wait_until,
+)
 
 WIDTH = 10
 
@@ -76,3 +90,47 @@ async def test_the_state_carried_into_each_run_does_not_grow_with_the_steps_sett
     # Growth with the past was ~1 KB per settled step (a 10,000-step goal carried 15 MB).
     assert sizes[-1] <= sizes[0] * 1.1, sizes
     assert max(sizes) < 64_000, sizes
+
+
+@pytest.mark.slow
+async def test_a_large_goal_brings_its_stored_steps_back_to_rewind_one_and_status_lists_its_frontier(
+    env, task_queue, store, workspace
+):
+    """1,200 reads in 10 chains and a step that waits for GO after chain 0: a new run every
+    300 steps settled, so by the time the gate waits most reads are stored. A rewind of a
+    stored step brings them back and voids it with everything after it in its chain (110
+    steps), which run again; `perdure status` meanwhile lists the frontier, not 1,201 rows."""
+    depth = 120
+    steps = [*chains(workspace, WIDTH, depth), gate([f"c0-{depth - 1:04d}"])]
+    goal = spec(
+        workspace,
+        plan={"steps": steps},
+        drift_every=0,
+        allowed_tools=["read_file", "run_command"],
+        continue_as_new_after_nodes=300,
+    )
+    async with running_worker(env, task_queue, store):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal), id=new_goal_id("frontier"), task_queue=task_queue
+        )
+        latest = env.client.get_workflow_handle(handle.id)  # queries and updates reach the chain's last run
+        done = await wait_until(latest, lambda snap: "gate" in snap.running and snap.counts.get("succeeded") == 1_200)
+        assert done.unlisted > 0 and len(done.nodes) <= 400, (done.unlisted, len(done.nodes))
+        status = await perdure_status(env, handle.id)
+        assert "more steps not listed" in status and "succeeded 1200" in status, status
+        receipt = await submit(latest, Rewind(request_id="r1", node="c3-0010", why="read it again"))
+        assert receipt.status == "applied", receipt
+        assert receipt.detail["void"] == [f"c3-{d:04d}" for d in range(10, depth)]
+        (workspace / "GO").write_text("go\n")
+        result = await goal_result(handle)
+    assert result.outcome == "succeeded", result.excerpt
+    assert "rewind of 'c3-0010'" in store.get_text(result.report)
+    runs = await run_ids(handle)
+    assert len(runs) >= 3
+    stored = [json.loads(c.state or "{}").get("past", {}).get("count", 0) for c in await carried_inputs(handle)]
+    assert max(stored) >= 600, stored
+    histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in runs]
+    assert any(a[1] == READ_PAST for h in histories for a in local_activities(h)), "the rewind restored nothing"
+    # Every run replays: storing, loading and restoring are recorded like any other work.
+    for history in histories:
+        await replayer().replay_workflow(history)
