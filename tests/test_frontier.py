@@ -83,7 +83,8 @@ async def test_the_state_carried_into_each_run_does_not_grow_with_the_steps_sett
     found = {**result.outputs, **{n.name: n.output for n in stored}}
     assert len(found) == WIDTH * depth and all(ref is not None for ref in found.values())
     report = store.get_text(result.report)
-    assert all(f"| c{c}-{d:04d} |" in report for c in range(WIDTH) for d in range(depth))
+    assert f"{WIDTH * depth} steps: {WIDTH * depth} succeeded." in report
+    assert report.count(" | tool | succeeded | ") == 100  # the last that succeeded, not 2,400 rows
     carried = await carried_inputs(handle)
     assert len(carried) >= 4, len(carried)
     sizes = [len(c.state or "") for c in carried]

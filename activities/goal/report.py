@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import Counter
 
 from temporalio import activity
 
@@ -26,6 +27,10 @@ OUTPUT_CAP_CHARS = 4_000
 """Characters of each step's output quoted in the report; the full output stays in the store."""
 
 EXCERPT_CHARS = 1_500
+# A goal of more steps than this lists those that did not succeed and the last that did (a
+# table of 100,000 rows is no report); the outputs quoted are those of the steps listed.
+STEPS_LISTED = 1_000
+LATEST_LISTED = 100
 
 
 def render_report(store: ArtifactStore, input: ReportInput) -> str:
@@ -48,11 +53,20 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         "",
     ]
     current = [s for s in input.steps if s.plan_version is None]
+    listed = _listed(current)
+    if len(listed) < len(current):
+        counts = Counter(s.status for s in current)
+        said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        lines += [
+            f"{len(current)} steps: {said}. Listed: every step that did not succeed (up to {STEPS_LISTED}) and "
+            f"the last {LATEST_LISTED} that did; the goal's result holds every output.",
+            "",
+        ]
     if current:
         lines += [
             "| step | kind | status | tokens | cost (USD) |",
             "|---|---|---|---:|---:|",
-            *(f"| {_cell(s.name)} | {s.kind} | {_status(s)} | {s.tokens} | {s.cost_usd:.4f} |" for s in current),
+            *(f"| {_cell(s.name)} | {s.kind} | {_status(s)} | {s.tokens} | {s.cost_usd:.4f} |" for s in listed),
         ]
     else:
         lines.append("No steps ran.")
@@ -85,6 +99,8 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         ]
 
     succeeded = [s for s in input.steps if s.status == "succeeded"]
+    if len(current) > STEPS_LISTED:
+        succeeded = succeeded[-LATEST_LISTED:]  # those the table lists
     if succeeded:
         lines += ["", "## Outputs"]
         for step in succeeded:
@@ -118,6 +134,16 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         ]
 
     return "\n".join(lines) + "\n"
+
+
+def _listed(steps: list[StepOutcome]) -> list[StepOutcome]:
+    """Every step, up to STEPS_LISTED; of more (a goal of thousands), those that did not
+    succeed (up to STEPS_LISTED) and the last LATEST_LISTED that did, in the report's order."""
+    if len(steps) <= STEPS_LISTED:
+        return steps
+    keep = {id(s) for s in [s for s in steps if s.status != "succeeded"][:STEPS_LISTED]}
+    keep |= {id(s) for s in [s for s in steps if s.status == "succeeded"][-LATEST_LISTED:]}
+    return [s for s in steps if id(s) in keep]
 
 
 def _status(step: StepOutcome) -> str:

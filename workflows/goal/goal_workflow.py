@@ -319,6 +319,8 @@ class GoalWorkflow:
                     continue  # made ready during the pass (a wrap-up step whose need was refused)
                 queued = self._inbox.pending(("queue",))
                 if not queued:
+                    if self._past.ends_in_a_run_of_its_own():
+                        await self._continue_as_new()
                     return
                 await self._planner.plan_follow_up(queued)
                 continue

@@ -109,6 +109,12 @@ class Past:
     def large(self) -> bool:
         return frontier.is_large(self._ctx.state.plan_size())
 
+    def ends_in_a_run_of_its_own(self) -> bool:
+        """A large goal whose work is done, in a run that settled many steps: it reports in a
+        new run. A query on a finished goal (`perdure status`) replays the goal's last run on a
+        worker; that run then holds the report only, not thousands of steps."""
+        return self.large() and self._ctx.settled_this_run >= frontier.LAST_RUN_AFTER
+
     def settled(self, node: Node) -> None:
         """A node settled: it may be stored once no step still to start needs it."""
         if not self.large():

@@ -93,9 +93,11 @@ class Publisher:
         if state.phase in CLOSED_PHASES:
             return 100
         index = self._ctx.index()
-        if not index.total:
+        # A large goal's plan is loaded as each run starts (past.py): meanwhile its size is the stored plan's.
+        total = index.total if state.plan is not None else state.plan_size() or index.total
+        if not total:
             return 0
-        return int(100 * index.count(TERMINAL) / index.total)
+        return int(100 * index.count(TERMINAL) / total)
 
     def _eta(self) -> Eta | None:
         state = self._ctx.state

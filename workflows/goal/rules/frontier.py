@@ -26,6 +26,9 @@ FRONTIER_STEPS = 1_000
 PAST_CHUNK_NODES = 2_000
 # Plan steps per stored chunk: validated in one workflow task when a run loads its plan.
 PLAN_CHUNK_STEPS = 10_000
+# A large goal whose last run settled at least this many steps reports in a run of its own
+# (workflows/goal/past.py): a query on the finished goal replays only that one.
+LAST_RUN_AFTER = 2 * FRONTIER_STEPS
 # Statuses a stored node may have: settled, and nothing more to learn of it.
 STORABLE = frozenset({"succeeded", "failed", "abandoned", "invalidated"})
 
