@@ -27,7 +27,7 @@ from temporalio.common import RetryPolicy
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts import past_chunks as chunks
 from perdure.workflows.goal.contracts.migrations import collector_paused
-from perdure.workflows.goal.contracts.plan import Plan
+from perdure.workflows.goal.contracts.plan import Plan, mark_checked
 from perdure.workflows.goal.contracts.state import Node, PastLog, PlanVersion, StoredPlan, share_plans
 from perdure.workflows.goal.rules import frontier, risk_order
 from perdure.workflows.goal.rules.node_index import plan_graph
@@ -316,8 +316,10 @@ def _plan_of(goal_id: str, stored: StoredPlan, texts: list[str]) -> Plan:
     if plan is not None:
         return plan
     steps = [step for ref, text in zip(stored.chunks, texts, strict=True) for step in _validate_plan_chunk(ref, text)]
-    # Validated when it was adopted, and each chunk as it was read: the graph is not checked again.
+    # Validated when it was adopted (a plan file the client stored: by the planner, before it
+    # adopts it), and each chunk as it was read: the graph is not checked again.
     plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
+    mark_checked(plan)
     with _cache_lock:
         _plans[key] = plan
         while len(_plans) > PLANS_CACHED:

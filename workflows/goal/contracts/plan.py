@@ -223,9 +223,15 @@ class Plan(BaseModel):
 
     @model_validator(mode="after")
     def _graph_is_sound(self) -> Plan:
+        # Pydantic runs this again whenever a model takes this plan as a field (a plan version,
+        # the state): a plan whose steps were checked already is not walked again.
+        checked = self.__dict__.get(_CHECKED)
+        if checked is not None and checked[0] is self.steps and checked[1] == len(self.steps):
+            return self
         for problem in graph_checks(self):
             if problem:
                 raise ValueError(problem)
+        mark_checked(self)
         return self
 
     def step(self, name: str) -> PlanStep:
@@ -245,6 +251,12 @@ class Plan(BaseModel):
 
 
 _POSITIONS = "_step_positions"
+_CHECKED = "_graph_checked"
+
+
+def mark_checked(plan: Plan) -> None:
+    """`plan`'s graph is sound as its steps are now (kept beside its fields, never dumped)."""
+    plan.__dict__[_CHECKED] = (plan.steps, len(plan.steps))
 
 
 class StoredPlan(BaseModel):

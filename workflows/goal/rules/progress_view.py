@@ -20,8 +20,10 @@ from perdure.workflows.quota.quota_workflow import QUOTA_KEY
 from perdure.workflows.shared.statuses import ENDED_PHASES, IN_FLIGHT
 
 GOAL_SHOWN = 300
-# Of a large goal's steps in each group (ready, settled last, failed), the most a snapshot lists.
-LISTED_EACH = 100
+# Of a large goal's steps in each group (ready, settled last, failed), the most a snapshot
+# lists, and of its steps in flight: `perdure status` prints a row for each.
+LISTED_EACH = 25
+IN_FLIGHT_LISTED = 100
 OBJECTS_SHOWN = 50
 EXPIRED_SHOWN = 10
 
@@ -123,9 +125,9 @@ def progress_snapshot(
 
 def listed_nodes(state: GoalState, index: NodeIndex | None) -> tuple[list[Node], int]:
     """The nodes a snapshot lists, and how many steps it leaves out. A goal of fewer than
-    FRONTIER_STEPS steps lists every node; a large one its frontier: every step in flight,
-    the next ready ones, and the latest that settled (at most LISTED_EACH of each, and of its
-    failed ones), in plan order; its counts have the rest."""
+    FRONTIER_STEPS steps lists every node; a large one its frontier: its steps in flight (at
+    most IN_FLIGHT_LISTED), the next ready ones, and the latest that settled (at most
+    LISTED_EACH of each, and of its failed ones), in plan order; its counts have the rest."""
     nodes = list(state.nodes.values())
     if index is None or state.plan is None or not frontier.is_large(index.total):
         return nodes, 0
@@ -133,7 +135,7 @@ def listed_nodes(state: GoalState, index: NodeIndex | None) -> tuple[list[Node],
     for name in index.ready()[:LISTED_EACH]:
         step = state.plan.step(name)
         ready.append(state.nodes.get(name) or Node(name=name, kind=step.kind, needs=list(step.needs)))
-    picked = {n.name: n for n in nodes if n.status in IN_FLIGHT}
+    picked = {n.name: n for n in [n for n in nodes if n.status in IN_FLIGHT][:IN_FLIGHT_LISTED]}
     picked.update((n.name, n) for n in [n for n in nodes if n.status in ("failed", "abandoned")][:LISTED_EACH])
     picked.update((n.name, n) for n in [n for n in nodes if n.status == "succeeded"][-LISTED_EACH:])
     picked.update((n.name, n) for n in ready)
