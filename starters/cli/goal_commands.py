@@ -5,6 +5,8 @@ prints with starters/render.py.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -216,6 +218,8 @@ def status(
             render.print_activities(console, await client.pending_activities(desc))
             return
         snapshot = None
+        # Both queries at once: on a finished goal each has a worker replay its last run.
+        inbox = asyncio.ensure_future(client.inbox(goal_id))
         try:
             snapshot = await client.progress(goal_id)
         except (RPCError, WorkflowQueryFailedError) as err:
@@ -228,7 +232,11 @@ def status(
         render.print_pinning(console, await deployment.pinning(client.temporal, desc) if is_open else None, snapshot)
         if snapshot is not None:
             render.print_children(console, await _children(client, snapshot), snapshot)
-            render.print_refusals(console, goal_id, await client.inbox(goal_id))
+            render.print_refusals(console, goal_id, await inbox)
+        else:
+            inbox.cancel()  # nothing of it is shown without a snapshot
+            with contextlib.suppress(BaseException):
+                await inbox
         render.print_activities(console, await client.pending_activities(desc))
 
     run(_status)
