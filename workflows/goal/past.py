@@ -287,8 +287,8 @@ async def _read_chunks(
 # goal's tools: never shared between goals). Bounded: the oldest go first. Workflow tasks of
 # different goals run in threads of their own: one lock.
 
-PLAN_STEPS_CACHED = 300_000
-PLANS_CACHED = 4
+PLAN_STEPS_CACHED = 100_000
+PLANS_CACHED = 2
 _cache_lock = threading.Lock()
 _chunks: dict[str, list] = {}  # chunk digest -> its validated steps
 _plans: dict[tuple, Plan] = {}  # (goal id, chunk digests, other fields) -> the plan
