@@ -72,6 +72,8 @@ class Past:
                     loaded[key] = await self._read_plan(version.stored)
                 version.plan = loaded[key]
         share_plans(state.plan_versions)
+        if state.past is not None and state.plan_size() > frontier.PLAN_CHUNK_STEPS:
+            await workflow.sleep(CHUNK_PAUSE)  # not in the task that validated the plan's last chunk
         self._decode_stored()
         for name, node in state.nodes.items():
             if node.status in frontier.STORABLE:
@@ -84,7 +86,7 @@ class Past:
         if state.past is not None and state.plan is not None:
             steps = state.plan.steps
             self._bits = frontier.decode_bits(state.past.stored, len(steps))
-            ctx.stored.update(s.name for i, s in enumerate(steps) if frontier.bit(self._bits, i))
+            ctx.stored.update(frontier.marked(self._bits, [s.name for s in steps]))
         ctx.forget_index()
 
     async def _read_plan(self, stored: StoredPlan) -> Plan:
