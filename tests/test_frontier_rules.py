@@ -11,7 +11,6 @@ from perdure.workflows.goal.contracts.state import Node
 from perdure.workflows.goal.rules import frontier
 from perdure.workflows.goal.rules.node_index import NodeIndex
 
-
 SIZES = st.integers(min_value=0, max_value=3_000)
 
 
