@@ -102,6 +102,7 @@ class SizeRun:
     largest_offloaded: int
     largest_offloaded_path: Path | None = None
     carried: list[int] = field(default_factory=list)  # state bytes each run after the first started with
+    carried_input: int = 0  # the largest whole input of such a run (spec, state and event stream)
 
     def longest_task_ms(self) -> float:
         return max((most for _, most in self.workflow_task_ms()), default=0.0)
@@ -146,7 +147,9 @@ class SizeRun:
 
     def describe(self) -> str:
         tasks = [f"{mean:.0f}/{most:.0f}" for mean, most in self.workflow_task_ms()]
-        carried = f"{max(self.carried):,} B" if self.carried else "none (one run)"
+        carried = "none (one run)"
+        if self.carried:
+            carried = f"{max(self.carried):,} B (whole input {self.carried_input:,} B)"
         return (
             f"{self.nodes:>6} nodes: {self.seconds:7.1f} s ({self.seconds / self.nodes * 1000:.2f} ms/node), "
             f"{self.outcome}, {len(self.runs)} run(s), events per run {self.events}, "
@@ -188,19 +191,21 @@ async def run_size(
     new = {name: size for name, size in _offloaded(payloads).items() if name not in before}
     path = max(new, key=new.__getitem__, default=None)
     run = SizeRun(width * depth, seconds, outcome, runs, new.get(path, 0) if path else 0, Path(path) if path else None)
-    run.carried = await carried_state_bytes(client, runs)
+    inputs = await carried_inputs(client, runs)
+    run.carried = [len((carried.state or "").encode()) for carried in inputs]
+    run.carried_input = max((len(carried.model_dump_json().encode()) for carried in inputs), default=0)
     return run
 
 
-async def carried_state_bytes(client: Client, runs: list[WorkflowHistory]) -> list[int]:
-    """The state each run after the first started with (bytes of its JSON text), decoded as a
-    worker decodes it (through the payload store)."""
-    sizes = []
+async def carried_inputs(client: Client, runs: list[WorkflowHistory]) -> list[GoalInput]:
+    """What each run after the first started with, decoded as a worker decodes it (through
+    the payload store): its state is what `carried_state_bytes` measures."""
+    inputs = []
     for history in runs[1:]:
         payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
         [carried] = await client.data_converter.decode(payloads, [GoalInput])
-        sizes.append(len((carried.state or "").encode()))
-    return sizes
+        inputs.append(carried)
+    return inputs
 
 
 def _offloaded(payloads: Path) -> dict[str, int]:
