@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowHandle
 
+from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal.contracts.messages import Rewind
-from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk
+from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk, PlanChunk
+from perdure.workflows.goal.contracts.plan import StoredPlan
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, spec
@@ -138,3 +140,26 @@ async def test_a_large_goal_brings_its_stored_steps_back_to_rewind_one_and_statu
     # Every run replays: storing, loading and restoring are recorded like any other work.
     for history in histories:
         await replayer().replay_workflow(history)
+
+
+@pytest.mark.slow
+async def test_a_plan_file_of_thousands_of_steps_starts_by_reference_and_its_graph_is_checked(
+    env, task_queue, store, workspace
+):
+    """As `perdure start` starts it: the plan's chunks in the artifact store, the goal's input
+    names them (no step in it), the goal loads and checks them. One whose chunks make a cycle
+    (stored by hand: the client refuses such a plan file) ends failed, saying so."""
+    depth = 150
+    goal = spec(workspace, plan={"steps": chains(workspace, WIDTH, depth)}, drift_every=0, allowed_tools=["read_file"])
+    started = await with_stored_plan(goal, store)
+    assert started.plan is None and started.stored_plan is not None and started.stored_plan.steps == WIDTH * depth
+    assert len(GoalInput(spec=started).model_dump_json()) < 5_000
+    async with running_worker(env, task_queue, store):
+        _, result = await run_goal(env, task_queue, started, as_started=True)
+        assert result.outcome == "succeeded", result.excerpt
+        looped = goal.plan.model_dump()["steps"]
+        looped[0]["needs"] = [looped[depth - 1]["name"]]  # chain c0's first step needs its last: a cycle
+        chunk = store.put_text(PlanChunk.model_validate({"steps": looped}).model_dump_json(), "application/json")
+        cyclic = started.model_copy(update={"stored_plan": StoredPlan(chunks=[chunk], steps=len(looped))})
+        _, failed = await run_goal(env, task_queue, cyclic, as_started=True)
+    assert failed.outcome == "failed" and "the plan file cannot run: steps form a cycle" in (failed.failure or "")

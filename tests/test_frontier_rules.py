@@ -7,9 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perdure.workflows.goal.contracts.plan import Plan, ToolStep
-from perdure.workflows.goal.contracts.state import Node
+from perdure.workflows.goal.contracts.state import GoalState, Node, PastLog, PlanVersion
 from perdure.workflows.goal.rules import frontier
+from perdure.workflows.goal.rules.forking import ForkPointInput, fork_point
 from perdure.workflows.goal.rules.node_index import NodeIndex
+from tests.builders import spec
 
 SIZES = st.integers(min_value=0, max_value=3_000)
 
@@ -62,3 +64,14 @@ def test_the_index_counts_steps_without_a_node_as_pending_and_stored_ones_by_sta
     index.stored([nodes["s6"]])
     del nodes["s6"]
     assert index.fits(plan, nodes) and index.counts() == {"succeeded": 7, "pending": 3}
+
+
+def test_a_goal_with_stored_steps_is_not_forked_and_says_why(tmp_path):
+    plan = chain(1_200)
+    state = GoalState(
+        spec=spec(tmp_path),
+        plan_versions=[PlanVersion(version=1, plan=plan, reason="plan file", source="plan-file")],
+        past=PastLog(plan_version=1, count=600, counts={"succeeded": {"tool": 600}}),
+    )
+    point = fork_point(state, ForkPointInput(node="s700"))
+    assert point.plan is None and "keeps 600 settled ones in the artifact store" in point.refusal
