@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowHandle
 
 from perdure.starters.client.plan_upload import with_stored_plan
-from perdure.workflows.goal.contracts.messages import Rewind
+from perdure.workflows.goal.contracts.messages import Abort, Rewind
 from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk, PlanChunk
 from perdure.workflows.goal.contracts.plan import StoredPlan
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -163,3 +163,23 @@ async def test_a_plan_file_of_thousands_of_steps_starts_by_reference_and_its_gra
         cyclic = started.model_copy(update={"stored_plan": StoredPlan(chunks=[chunk], steps=len(looped))})
         _, failed = await run_goal(env, task_queue, cyclic, as_started=True)
     assert failed.outcome == "failed" and "the plan file cannot run: steps form a cycle" in (failed.failure or "")
+
+
+@pytest.mark.slow
+async def test_a_large_goal_aborted_early_counts_the_steps_that_never_started(env, task_queue, store, workspace):
+    """1,200 reads wait behind one step; the goal is aborted while it runs: its result and
+    report count the reads that never started in one line, not one per step."""
+    steps = [gate(), *chains(workspace, WIDTH, 120)]
+    for step in steps[1:]:
+        step.setdefault("needs", ["gate"])
+    goal = spec(workspace, plan={"steps": steps}, drift_every=0, allowed_tools=["read_file", "run_command"])
+    async with running_worker(env, task_queue, store):
+        handle = await env.client.start_workflow(
+            GoalWorkflow.run, GoalInput(spec=goal), id=new_goal_id("frontier"), task_queue=task_queue
+        )
+        await wait_until(handle, lambda snap: "gate" in snap.running, timeout_s=60)
+        await submit(handle, Abort(request_id="a1", reason="not needed after all"))
+        result = await goal_result(handle)
+    assert result.outcome == "aborted"
+    assert "(and 1200 steps that never started)" in result.unfinished
+    assert len(result.unfinished) < 10, result.unfinished

@@ -51,12 +51,15 @@ class Closing:
         self._publish()
         nodes = self._current_nodes()
         past = state.past or PastLog(plan_version=0)
+        # A large goal's steps that never got a node (it ended before they could start): counted.
+        never = state.plan_size() - len(nodes) - past.count if state.plan is not None else 0
         # Work of earlier plan versions that the current plan left out and that did not end well.
         setbacks = [r for r in state.retired_nodes if r.node.status not in ("succeeded", "invalidated")]
-        outcome = self._outcome(nodes, setbacks, past)
+        outcome = self._outcome(nodes, setbacks, past, never)
         self._close_questions(outcome)
         unfinished = past_unfinished(past)
         unfinished += [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
+        unfinished += [f"(and {never} steps that never started)"] if never > 0 else []
         unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         if outcome == "failed" and failure is None:
@@ -128,27 +131,19 @@ class Closing:
             question.answer_text = f"not answered: the goal ended ({outcome}) first"
 
     def _current_nodes(self) -> list[Node]:
-        """The current plan's steps in topological order (a large plan's in plan order), as
-        nodes; a large goal's steps stored in the past are not among them (the report reads
-        their chunks), and one of its steps that never got a node is shown as the pending
-        node it is."""
+        """The current plan's steps that have a node, in topological order (a large plan's in
+        plan order: ordering 100,000 steps topologically took most of a second); a large goal's
+        steps stored in the past are not among them (the report reads their chunks), nor those
+        that never got a node (counted by the caller)."""
         state = self._ctx.state
         if state.plan is None:
             return []
-        nodes = []
-        # A large plan in its own order (a plan file lists steps after what they need, mostly):
-        # ordering 100,000 steps topologically took most of a second.
-        large = frontier.is_large(len(state.plan.steps))
-        for name in [s.name for s in state.plan.steps] if large else graph.topological_order(state.plan):
-            node = state.nodes.get(name)
-            if node is None and name not in self._ctx.stored:
-                step = state.plan.step(name)
-                node = Node(name=name, kind=step.kind, needs=list(step.needs))
-            if node is not None:
-                nodes.append(node)
-        return nodes
+        if not frontier.is_large(len(state.plan.steps)):
+            return [state.nodes[name] for name in graph.topological_order(state.plan)]
+        index = self._ctx.index()
+        return sorted(state.nodes.values(), key=lambda n: index.position(n.name))
 
-    def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode], past: PastLog) -> Outcome:
+    def _outcome(self, nodes: list[Node], setbacks: list[RetiredNode], past: PastLog, never: int = 0) -> Outcome:
         state = self._ctx.state
         if state.failure:
             return "failed"
@@ -156,7 +151,7 @@ class Closing:
             return "aborted"
         stored = {status: sum(kinds.values()) for status, kinds in past.counts.items()}
         succeeded = stored.get("succeeded", 0) + sum(n.status == "succeeded" for n in nodes)
-        steps = past.count + len(nodes)
+        steps = past.count + len(nodes) + never
         # A step that failed in a plan version since left out still failed: not a success.
         if steps and succeeded == steps and not setbacks:
             return "succeeded"
