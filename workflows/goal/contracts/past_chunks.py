@@ -30,7 +30,7 @@ class WritePastInput(BaseModel):
 
 
 class PastChunk(BaseModel):
-    """Nodes stored as one JSON array."""
+    """Settled nodes stored as one JSON object."""
 
     nodes: list[Node]
 

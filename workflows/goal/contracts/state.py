@@ -129,7 +129,9 @@ class PastLog(BaseModel):
     and which steps of the plan they are."""
 
     plan_version: int = Field(description="The plan version whose step positions `stored` marks.")
-    chunks: list[ArtifactRef] = Field(default_factory=list, description="Each a JSON array of nodes, oldest first.")
+    chunks: list[ArtifactRef] = Field(
+        default_factory=list, description="Each a JSON object whose `nodes` are stored steps, oldest first."
+    )
     count: int = 0
     counts: dict[str, dict[str, int]] = Field(default_factory=dict, description="Status -> kind -> nodes.")
     stored: str = Field(
