@@ -8,9 +8,12 @@ artifact. These activities decide nothing and read no clock.
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 
 from perdure.activities.artifacts import ArtifactStore
+from perdure.workflows.goal import plan_cache
 from perdure.workflows.goal.contracts import past_chunks as chunks
 from perdure.workflows.shared.contracts import ArtifactRef
 
@@ -36,5 +39,8 @@ class PastActivities:
 
     @activity.defn(name=chunks.READ_PLAN)
     async def read_plan(self, input: chunks.ReadChunkInput) -> str:
-        """The chunk's JSON text: the goal validates it unless its worker holds it validated already."""
-        return await self._store.aget_text(input.ref)
+        """The chunk's JSON text, validated here for the goal this worker runs (plan_cache.py):
+        a run replayed on another worker validates the text itself."""
+        text = await self._store.aget_text(input.ref)
+        await asyncio.to_thread(plan_cache.validated, input.ref, text)
+        return text

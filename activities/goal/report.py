@@ -53,13 +53,15 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         "",
     ]
     current = [s for s in input.steps if s.plan_version is None]
-    listed = _listed(current)
-    if len(listed) < len(current):
-        counts = Counter(s.status for s in current)
+    unread = sum(input.past_counts.values())  # stored steps not read back (with_past_steps)
+    listed = _listed(current, len(current) + unread)
+    if len(listed) < len(current) + unread:
+        counts = Counter(s.status for s in current) + Counter(input.past_counts)
         said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         lines += [
-            f"{len(current)} steps: {said}. Listed: every step that did not succeed (up to {STEPS_LISTED}) and "
-            f"the last {LATEST_LISTED} that did; the goal's result holds every output.",
+            f"{len(current) + unread} steps: {said}. Listed: every step that did not succeed (up to "
+            f"{STEPS_LISTED}; the unfinished work below names those stored earlier) and the last "
+            f"{LATEST_LISTED} that did; the goal's result holds every output.",
             "",
         ]
     if current:
@@ -72,8 +74,8 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         lines.append("No steps ran.")
     # The totals count every model call; what no step was charged for (planning, repairs,
     # drift checks, stall judgements) gets its own line, so the rows add up to the totals.
-    outside_tokens = input.tokens - sum(s.tokens for s in input.steps)
-    outside_cost = input.cost_usd - sum(s.cost_usd for s in input.steps)
+    outside_tokens = input.tokens - sum(s.tokens for s in input.steps) - input.past_tokens
+    outside_cost = input.cost_usd - sum(s.cost_usd for s in input.steps) - input.past_cost_usd
     if outside_tokens > 0 or outside_cost > 5e-5:
         outside = f"{max(outside_tokens, 0)} | {max(outside_cost, 0):.4f}"
         if current:
@@ -99,7 +101,7 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         ]
 
     succeeded = [s for s in input.steps if s.status == "succeeded"]
-    if len(current) > STEPS_LISTED:
+    if len(current) + unread > STEPS_LISTED:
         succeeded = succeeded[-LATEST_LISTED:]  # those the table lists
     if succeeded:
         lines += ["", "## Outputs"]
@@ -136,10 +138,11 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _listed(steps: list[StepOutcome]) -> list[StepOutcome]:
-    """Every step, up to STEPS_LISTED; of more (a goal of thousands), those that did not
-    succeed (up to STEPS_LISTED) and the last LATEST_LISTED that did, in the report's order."""
-    if len(steps) <= STEPS_LISTED:
+def _listed(steps: list[StepOutcome], total: int) -> list[StepOutcome]:
+    """Every step, of a goal of up to STEPS_LISTED; of more (`total`, a goal of thousands),
+    those that did not succeed (up to STEPS_LISTED) and the last LATEST_LISTED that did, in the
+    report's order."""
+    if total <= STEPS_LISTED:
         return steps
     keep = {id(s) for s in [s for s in steps if s.status != "succeeded"][:STEPS_LISTED]}
     keep |= {id(s) for s in [s for s in steps if s.status == "succeeded"][-LATEST_LISTED:]}
@@ -211,14 +214,25 @@ def excerpt_of(report: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 def with_past_steps(store: ArtifactStore, input: ReportInput) -> ReportInput:
-    """A large goal's settled steps stored out of its state (workflows/goal/past.py), read back
-    from their chunks, before its other steps (they settled first)."""
+    """A large goal's settled steps stored out of its state (workflows/goal/past.py): the
+    latest chunks read back, newest first, until they hold the last LATEST_LISTED that
+    succeeded, and put before its other steps (they settled first); what was not read stays
+    counted (`past_counts`, `past_tokens`, `past_cost_usd`), not listed. Reading every chunk of
+    100,000 steps took the report seconds."""
     if not input.past:
         return input
-    steps = [
-        step_outcome(node) for ref in input.past for node in PastChunk.model_validate_json(store.get_text(ref)).nodes
-    ]
-    return input.model_copy(update={"steps": steps + input.steps, "past": []})
+    counts, tokens, cost = Counter(input.past_counts), input.past_tokens, input.past_cost_usd
+    read: list[StepOutcome] = []
+    for ref in reversed(input.past):
+        steps = [step_outcome(node) for node in PastChunk.model_validate_json(store.get_text(ref)).nodes]
+        read = steps + read
+        counts.subtract(s.status for s in steps)
+        tokens, cost = tokens - sum(s.tokens for s in steps), cost - sum(s.cost_usd for s in steps)
+        if sum(s.status == "succeeded" for s in read) >= LATEST_LISTED:
+            break
+    left = {status: n for status, n in counts.items() if n > 0}
+    update = {"steps": read + input.steps, "past": [], "past_counts": left, "past_tokens": max(tokens, 0)}
+    return input.model_copy(update={**update, "past_cost_usd": max(cost, 0.0)})
 
 
 class ReportActivities:

@@ -6,8 +6,8 @@ Workflow code, by local activities (activities/goal/past_chunks.py), like the de
 chunks: a chunk of settled nodes is written in a task of its own once enough of them are no
 longer needed by any step still to start, and the nodes leave the table when its ref is
 back; before a run continues as new the rest of them go too, and a plan not stored yet is
-stored. A new run loads its stored plans first, chunk by chunk, one workflow task each
-(a 1 ms timer between them), so no task validates more than PLAN_CHUNK_STEPS steps.
+stored. A new run loads its stored plans first, chunk by chunk; the worker keeps them
+validated (plan_cache.py).
 
 What judges settled work (a rewind, a narrow, a re-plan, a check after a long wait) first
 brings the stored nodes back (`restore`), chunk by chunk too; they are stored again later.
@@ -16,7 +16,6 @@ brings the stored nodes back (`restore`), chunk by chunk too; they are stored ag
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -24,10 +23,10 @@ from typing import TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+from perdure.workflows.goal import plan_cache
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts import past_chunks as chunks
-from perdure.workflows.goal.contracts.migrations import collector_paused
-from perdure.workflows.goal.contracts.plan import Plan, mark_checked
+from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import Node, PastLog, PlanVersion, StoredPlan, share_plans
 from perdure.workflows.goal.rules import frontier, risk_order
 from perdure.workflows.goal.rules.node_index import plan_graph
@@ -90,8 +89,11 @@ class Past:
         ctx.forget_index()
 
     async def _read_plan(self, stored: StoredPlan) -> Plan:
-        texts = await _read_chunks(stored.chunks, chunks.READ_PLAN, str, "load plan", _validate_plan_chunk)
-        return _plan_of(self._ctx.goal_id, stored, texts)
+        # No pause between the chunks: the activity that reads one validates it for the goal
+        # (plan_cache.py); only a run replayed on another worker validates them here, one
+        # local activity's result (one activation) at a time.
+        texts = await _read_chunks(stored.chunks, chunks.READ_PLAN, str, "load plan", plan_cache.validated, pause=False)
+        return plan_cache.plan_of(self._ctx.goal_id, stored, texts)
 
     async def prepare(self) -> None:
         """Before the first dispatch of a plan of more than one chunk: what the node index and
@@ -190,6 +192,7 @@ class Past:
             kinds[node.kind] = kinds.get(node.kind, 0) + 1
             if node.status != "succeeded" and len(past.not_succeeded) < NAMED_KEPT:
                 past.not_succeeded.append(f"{node.name}: {node.error or node.status}")
+            past.tokens, past.cost_usd = past.tokens + node.tokens, past.cost_usd + node.cost_usd
         self._bits = bits
         past.stored, past.count = frontier.encode_bits(bits), past.count + len(nodes)
         past.chunks.append(ref)
@@ -237,7 +240,9 @@ class Past:
             return
         self._restoring = True
         try:
-            loaded = await _read_chunks(past.chunks, chunks.READ_PAST, chunks.PastChunk, "restore stored steps", None)
+            loaded = await _read_chunks(
+                past.chunks, chunks.READ_PAST, chunks.PastChunk, "restore stored steps", None, pause=True
+            )
         finally:
             self._restoring = False
         restored = [node for chunk in loaded for node in chunk.nodes]
@@ -256,12 +261,13 @@ async def _read_chunks(
     result_type: type[T],
     what: str,
     validate: Callable[[ArtifactRef, T], object] | None,
+    pause: bool,
 ) -> list[T]:
-    """Each chunk by a local activity, and `validate`d, in a workflow task of its own (a timer
-    between two)."""
+    """Each chunk by a local activity, and `validate`d; with `pause`, each in a workflow task of
+    its own (a timer between two)."""
     found = []
     for i, ref in enumerate(refs):
-        if i:
+        if i and pause:
             await workflow.sleep(CHUNK_PAUSE)
         chunk = await workflow.execute_local_activity(
             activity,
@@ -275,55 +281,3 @@ async def _read_chunks(
             validate(ref, chunk)
         found.append(chunk)
     return found
-
-
-# --- a large plan, validated once per worker ------------------------------------------------
-#
-# A run of a large goal loads its plan (read by local activities: recorded, so a replay and
-# every worker sees the same text) and needs it validated, with the graph and risk facts built
-# on it: a second or more per 100,000 steps, in every run. The text is content-addressed, so a
-# worker keeps what it validated by digest and gives the next run the same objects: what the
-# goal decides is the same either way (the same text is the same plan), only the time differs.
-# Plans and their steps are never changed in place by the goal's code (a plan change is a new
-# plan), so runs of one goal on one worker share them (a plan's derived facts depend on its
-# goal's tools: never shared between goals). Bounded: the oldest go first. Workflow tasks of
-# different goals run in threads of their own: one lock.
-
-PLAN_STEPS_CACHED = 100_000
-PLANS_CACHED = 2
-_cache_lock = threading.Lock()
-_chunks: dict[str, list] = {}  # chunk digest -> its validated steps
-_plans: dict[tuple, Plan] = {}  # (goal id, chunk digests, other fields) -> the plan
-
-
-def _validate_plan_chunk(ref: ArtifactRef, text: str) -> list:
-    with _cache_lock:
-        steps = _chunks.get(ref.digest)
-    if steps is not None:
-        return steps
-    with collector_paused():
-        steps = chunks.PlanChunk.model_validate_json(text).steps
-    with _cache_lock:
-        _chunks[ref.digest] = steps
-        while sum(len(s) for s in _chunks.values()) > PLAN_STEPS_CACHED and len(_chunks) > 1:
-            _chunks.pop(next(iter(_chunks)))
-    return steps
-
-
-def _plan_of(goal_id: str, stored: StoredPlan, texts: list[str]) -> Plan:
-    deadline = stored.question_deadline.model_dump_json() if stored.question_deadline is not None else None
-    key = (goal_id, tuple(ref.digest for ref in stored.chunks), deadline)
-    with _cache_lock:
-        plan = _plans.get(key)
-    if plan is not None:
-        return plan
-    steps = [step for ref, text in zip(stored.chunks, texts, strict=True) for step in _validate_plan_chunk(ref, text)]
-    # Validated when it was adopted (a plan file the client stored: by the planner, before it
-    # adopts it), and each chunk as it was read: the graph is not checked again.
-    plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
-    mark_checked(plan)
-    with _cache_lock:
-        _plans[key] = plan
-        while len(_plans) > PLANS_CACHED:
-            _plans.pop(next(iter(_plans)))
-    return plan

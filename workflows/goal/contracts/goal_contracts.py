@@ -529,8 +529,13 @@ class ReportInput(BaseModel):
         default_factory=list,
         exclude_if=lambda past: not past,
         description="A large goal's settled steps stored out of its state, in chunks of nodes "
-        "(workflows/goal/past.py): the report lists them first.",
+        "(workflows/goal/past.py): the report reads the latest back and counts the rest.",
     )
+    past_counts: dict[str, int] = Field(
+        default_factory=dict, exclude_if=lambda counts: not counts, description="Those steps: status -> how many."
+    )
+    past_tokens: int = Field(default=0, exclude_if=lambda n: not n, description="Those steps' tokens, in all.")
+    past_cost_usd: float = Field(default=0.0, exclude_if=lambda n: not n, description="Those steps' cost, in all.")
 
 
 class ReportResult(BaseModel):

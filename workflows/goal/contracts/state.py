@@ -141,6 +141,8 @@ class PastLog(BaseModel):
     not_succeeded: list[str] = Field(
         default_factory=list, description="'step: why' for the first stored steps that did not succeed (bounded)."
     )
+    tokens: int = Field(default=0, description="The stored steps' tokens, in all.")
+    cost_usd: float = Field(default=0.0, description="The stored steps' cost, in all.")
 
 
 class RetiredNode(BaseModel):

@@ -1,0 +1,69 @@
+"""A worker's validated large plans, by content: what lets a large goal's next run on the same
+worker start without validating its plan again (workflows/goal/past.py loads it).
+
+A run of a large goal loads its plan by local activities (recorded: a replay, and every worker,
+sees the same text) and needs it validated, with the graph and risk facts built on it: a second
+or more per 100,000 steps, in every run. The text is content-addressed, so the worker keeps what
+it validated by digest: the activity that reads a chunk validates it (off the workflow task, in
+the activity's thread), and the goal takes the validated steps from here, or validates the text
+itself when they are not here (a replay on another worker, or evicted meanwhile). What the goal
+decides is the same either way (the same text is the same plan); only the time differs.
+
+Plans and their steps are never changed in place by the goal's code (a plan change is a new
+plan), so runs of one goal on one worker share a plan object and what is derived and kept beside
+it (rules/node_index.py plan_graph, rules/risk_order.py risk_facts: the latter depends on the
+goal's tools, so plans are never shared between goals). Bounded, the oldest going first. Workflow
+tasks and activities of different goals run in threads of their own: one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from perdure.workflows.goal.contracts.migrations import collector_paused
+from perdure.workflows.goal.contracts.past_chunks import PlanChunk
+from perdure.workflows.goal.contracts.plan import Plan, StoredPlan, mark_checked
+from perdure.workflows.shared.contracts import ArtifactRef
+
+# Steps kept validated (about a kilobyte each in memory), and plans.
+PLAN_STEPS_CACHED = 100_000
+PLANS_CACHED = 2
+
+_lock = threading.Lock()
+_chunks: dict[str, list] = {}  # chunk digest -> its validated steps
+_plans: dict[tuple, Plan] = {}  # (goal id, chunk digests, other fields) -> the plan
+
+
+def validated(ref: ArtifactRef, text: str) -> list:
+    """The steps of the plan chunk `text` (whose digest `ref` names), validated once."""
+    with _lock:
+        steps = _chunks.get(ref.digest)
+    if steps is not None:
+        return steps
+    with collector_paused():
+        steps = PlanChunk.model_validate_json(text).steps
+    with _lock:
+        _chunks[ref.digest] = steps
+        while sum(len(s) for s in _chunks.values()) > PLAN_STEPS_CACHED and len(_chunks) > 1:
+            _chunks.pop(next(iter(_chunks)))
+    return steps
+
+
+def plan_of(goal_id: str, stored: StoredPlan, texts: list[str]) -> Plan:
+    """The plan whose chunks are `texts`, as goal `goal_id` had it in its last run on this worker."""
+    deadline = stored.question_deadline.model_dump_json() if stored.question_deadline is not None else None
+    key = (goal_id, tuple(ref.digest for ref in stored.chunks), deadline)
+    with _lock:
+        plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    steps = [step for ref, text in zip(stored.chunks, texts, strict=True) for step in validated(ref, text)]
+    # Validated when it was adopted (a plan file the client stored: by the planner, before it
+    # adopts it), and each chunk as it was read: the graph is not checked again.
+    plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
+    mark_checked(plan)
+    with _lock:
+        _plans[key] = plan
+        while len(_plans) > PLANS_CACHED:
+            _plans.pop(next(iter(_plans)))
+    return plan
