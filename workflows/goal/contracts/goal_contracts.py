@@ -168,7 +168,7 @@ class GoalSpec(BaseModel):
         default=None,
         exclude_if=lambda stored: stored is None,
         description="A plan file of thousands of steps, stored in the artifact store by the client that started the "
-        "goal (`perdure start`), instead of `plan`: the goal loads it one chunk per workflow task.",
+        "goal (`perdure start`), instead of `plan`: the goal loads it chunk by chunk (workflows/goal/past.py).",
     )
     constraints: list[str] = Field(default_factory=list)
     budget: Budget = Field(default_factory=Budget)
