@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
 
 from perdure.starters.client.plan_upload import with_stored_plan
+from perdure.workflows.goal import plan_cache
+from perdure.workflows.goal.contracts.goal_contracts import Budget
 from perdure.workflows.goal.contracts.messages import Abort, Rewind
 from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk, PlanChunk
 from perdure.workflows.goal.contracts.plan import StoredPlan
@@ -24,6 +27,7 @@ from tests.helpers import (
     local_activities,
     new_goal_id,
     perdure_status,
+    run_cli,
     run_goal,
     run_ids,
     running_worker,
@@ -46,6 +50,15 @@ def chains(workspace: Path, width: int, depth: int) -> list[dict]:
                 step["needs"] = [f"c{c}-{d - 1:04d}"]
             steps.append(step)
     return steps
+
+
+async def replay_elsewhere(history) -> None:
+    """Replay `history` as a worker that never read the goal's plan would: the plans this
+    process's worker validated and kept (workflows/goal/plan_cache.py) are forgotten first, so
+    each chunk is validated by the replay as its local activity's result comes."""
+    plan_cache._chunks.clear()
+    plan_cache._plans.clear()
+    await replayer().replay_workflow(history)
 
 
 async def carried_inputs(handle: WorkflowHandle) -> list[GoalInput]:
@@ -137,9 +150,11 @@ async def test_a_large_goal_brings_its_stored_steps_back_to_rewind_one_and_statu
     assert max(stored) >= 600, stored
     histories = [await env.client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in runs]
     assert any(a[1] == READ_PAST for h in histories for a in local_activities(h)), "the rewind restored nothing"
-    # Every run replays: storing, loading and restoring are recorded like any other work.
+    # Every run replays: storing, loading and restoring are recorded like any other work; and
+    # on a worker that never validated the plan (its chunks are validated as they are read back).
     for history in histories:
         await replayer().replay_workflow(history)
+        await replay_elsewhere(history)
 
 
 @pytest.mark.slow
@@ -155,8 +170,10 @@ async def test_a_plan_file_of_thousands_of_steps_starts_by_reference_and_its_gra
     assert started.plan is None and started.stored_plan is not None and started.stored_plan.steps == WIDTH * depth
     assert len(GoalInput(spec=started).model_dump_json()) < 5_000
     async with running_worker(env, task_queue, store):
-        _, result = await run_goal(env, task_queue, started, as_started=True)
+        handle, result = await run_goal(env, task_queue, started, as_started=True)
         assert result.outcome == "succeeded", result.excerpt
+        for run_id in await run_ids(handle):
+            await replay_elsewhere(await env.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history())
         looped = goal.plan.model_dump()["steps"]
         looped[0]["needs"] = [looped[depth - 1]["name"]]  # chain c0's first step needs its last: a cycle
         chunk = store.put_text(PlanChunk.model_validate({"steps": looped}).model_dump_json(), "application/json")
@@ -183,3 +200,92 @@ async def test_a_large_goal_aborted_early_counts_the_steps_that_never_started(en
     assert result.outcome == "aborted"
     assert "(and 1200 steps that never started)" in result.unfinished
     assert len(result.unfinished) < 10, result.unfinished
+
+
+@pytest.mark.slow
+async def test_a_write_late_in_a_large_goal_is_checked_against_what_the_steps_before_it_read(
+    env, task_queue, store, workspace
+):
+    """'early' reads early.txt; 1,100 reads in 10 chains follow it, a new run every 300
+    settled; 'w' writes early.txt once chain c0 is done. The write is checked against the
+    version 'early' read (tool_runner.versions_seen): 'early' stays in the node table until
+    'w' settles, and the write goes through (before: 'early' was stored at the first boundary
+    and the write was refused as replacing content the step had not seen)."""
+    (workspace / "early.txt").write_text("first\n")
+    steps = [{"name": "early", "kind": "tool", "tool": "read_file", "args": {"path": "early.txt"}}]
+    for step in chains(workspace, WIDTH, 110):
+        steps.append(step if "needs" in step else step | {"needs": ["early"]})
+    steps.append(
+        {
+            "name": "w",
+            "kind": "tool",
+            "tool": "write_file",
+            "args": {"path": "early.txt", "content": "second\n"},
+            "needs": ["c0-0109"],
+        }
+    )
+    goal = spec(
+        workspace,
+        plan={"steps": steps},
+        drift_every=0,
+        allowed_tools=["read_file", "write_file"],
+        continue_as_new_after_nodes=300,
+    )
+    async with running_worker(env, task_queue, store):
+        handle, result = await run_goal(env, task_queue, goal, as_started=True)
+    assert result.outcome == "succeeded", result.unfinished[:3]
+    assert (workspace / "early.txt").read_text() == "second\n"
+    # The other chains' reads were stored meanwhile: the frontier still works.
+    stored = [json.loads(c.state or "{}").get("past", {}).get("count", 0) for c in await carried_inputs(handle)]
+    assert max(stored) >= 300, stored
+
+
+@pytest.mark.slow
+async def test_an_emergency_stop_of_a_large_goal_abandons_the_steps_not_started_by_count(
+    env, task_queue, store, workspace
+):
+    """A command outlives the wall budget while 1,200 reads wait behind it, and a wrap-up step
+    after them: the clock's emergency stop abandons the reads without a node each, the result
+    says so in one line, and the wrap-up step still runs (before: a node was made for each,
+    and the unfinished work listed 1,200 lines)."""
+    steps = [gate(), *chains(workspace, WIDTH, 120)]
+    for step in steps[1:]:
+        step.setdefault("needs", ["gate"])
+    tidy = {"name": "tidy", "kind": "tool", "tool": "list_dir", "args": {"path": "."}, "wrap_up": True}
+    steps.append(tidy | {"needs": ["c0-0119"]})
+    goal = spec(
+        workspace,
+        plan={"steps": steps},
+        drift_every=0,
+        allowed_tools=["read_file", "run_command", "list_dir"],
+        budget=Budget(max_wall_seconds=31),
+    )
+    async with running_worker(env, task_queue, store):
+        handle, result = await run_goal(env, task_queue, goal, as_started=True)
+        snapshot = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "aborted" and "emergency stop" in (result.failure or ""), result.failure
+    assert "tidy" in result.outputs, result.unfinished[:5]
+    assert len(result.unfinished) < 10, result.unfinished[:5]
+    assert any(line.startswith("(and 1200 steps abandoned, not started: emergency stop") for line in result.unfinished)
+    assert snapshot.counts.get("abandoned", 0) >= 1_200, snapshot.counts
+    report = store.get_text(result.report)
+    assert "1202 steps: " in report and "1200 abandoned" in report, report[:600]
+
+
+async def test_a_plan_of_thousands_of_steps_is_refused_in_one_line_when_the_payload_store_is_off(
+    env, tmp_path, workspace, monkeypatch
+):
+    """Such a goal's carried state may pass Temporal's 2 MB payload limit without the payload
+    store: `perdure start` says so in one line and starts nothing."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"goal": "read a lot", "steps": chains(workspace, WIDTH, 100)}))
+    monkeypatch.setenv("PERDURE_PAYLOAD_STORE", "off")
+    goal_id = new_goal_id("frontier")
+    args = ["start", "--plan", str(plan), "--workspace", str(workspace), "--id", goal_id]
+    refused = await run_cli(env, tmp_path / "home", *args, code=None)
+    said = [line for line in (refused.stdout + refused.stderr).splitlines() if line.strip()]
+    assert refused.exit_code != 0 and len(said) == 1, said
+    assert "a plan of 1000 steps needs the payload store, and PERDURE_PAYLOAD_STORE is off" in said[0], said
+    assert "nothing started" in said[0]
+    with pytest.raises(RPCError):
+        await env.client.get_workflow_handle(goal_id).describe()

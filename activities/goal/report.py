@@ -14,6 +14,7 @@ import asyncio
 import re
 from collections import Counter
 
+from pydantic import ValidationError
 from temporalio import activity
 
 from perdure.activities.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
@@ -59,9 +60,10 @@ def render_report(store: ArtifactStore, input: ReportInput) -> str:
         counts = Counter(s.status for s in current) + Counter(input.past_counts)
         said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         lines += [
-            f"{len(current) + unread} steps: {said}. Listed: every step that did not succeed (up to "
-            f"{STEPS_LISTED}; the unfinished work below names those stored earlier) and the last "
-            f"{LATEST_LISTED} that did; the goal's result holds every output.",
+            f"{len(current) + unread} steps: {said}. Listed: the steps that did not succeed among those the "
+            f"goal still held and the latest it stored (up to {STEPS_LISTED}; the unfinished work below names "
+            f"the first stored earlier and counts the rest), and the last {LATEST_LISTED} that succeeded. The "
+            "goal's result holds every step: each stored one in a chunk of its `past`.",
             "",
         ]
     if current:
@@ -224,7 +226,11 @@ def with_past_steps(store: ArtifactStore, input: ReportInput) -> ReportInput:
     counts, tokens, cost = Counter(input.past_counts), input.past_tokens, input.past_cost_usd
     read: list[StepOutcome] = []
     for ref in reversed(input.past):
-        steps = [step_outcome(node) for node in PastChunk.model_validate_json(store.get_text(ref)).nodes]
+        try:
+            nodes = PastChunk.model_validate_json(store.get_text(ref)).nodes
+        except (ArtifactMissing, ArtifactCorrupt, ValidationError):
+            break  # what it holds stays counted, not listed: the report is still written
+        steps = [step_outcome(node) for node in nodes]
         read = steps + read
         counts.subtract(s.status for s in steps)
         tokens, cost = tokens - sum(s.tokens for s in steps), cost - sum(s.cost_usd for s in steps)

@@ -235,7 +235,7 @@ def status(
             render.print_refusals(console, goal_id, await inbox)
         else:
             inbox.cancel()  # nothing of it is shown without a snapshot
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await inbox
         render.print_activities(console, await client.pending_activities(desc))
 

@@ -21,6 +21,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from perdure.activities.artifacts import ObjectStoreUnavailable, artifact_store
 from perdure.runtime import settings
+from perdure.runtime.converter import STORE_ENV, payload_location
 from perdure.starters.client.client_errors import GoalNotFound, StartRefused
 from perdure.starters.client.goal_reads import describe, finished_text, is_open
 from perdure.starters.client.goal_specs import SPEC_DIGEST_MEMO, check_goal_id, spec_digest, static_details
@@ -28,6 +29,7 @@ from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal.contracts.goal_contracts import GoalSpec, goal_memo
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared import search_attributes as sa
 
 
@@ -36,6 +38,14 @@ async def start_goal(client: Client, spec: GoalSpec, goal_id: str, replace: bool
     FAIL) and, unless `replace`, an id a finished run had (reuse REJECT_DUPLICATE), so two
     starts racing cannot both win; `start` in the CLI decides before it gets here."""
     check_goal_id(goal_id)
+    steps = spec.plan_steps()
+    if frontier.is_large(steps) and payload_location() is None:
+        # Such a goal's carried state, or its plan when the artifact store fails to take it, may
+        # pass Temporal's 2 MB payload limit: only the payload store keeps that out of history.
+        raise StartRefused(
+            f"a plan of {steps} steps needs the payload store, and {STORE_ENV} is off: set it (or unset it, "
+            "to keep payloads beside the artifacts) for the CLI and the workers; nothing started"
+        )
     try:
         started = await with_stored_plan(spec, artifact_store())
     except (OSError, ObjectStoreUnavailable) as err:

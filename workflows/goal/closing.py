@@ -9,7 +9,7 @@ whether it finished, failed, was aborted or could not load its state.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import get_args
 
 from temporalio import workflow
@@ -35,36 +35,46 @@ from perdure.workflows.shared.statuses import NodeStatus
 
 # The latest decisions the report lists (`perdure log` shows them all).
 REPORT_DECISIONS = 10
+# Lines of unfinished work the result and the report name (a large goal may leave thousands).
+UNFINISHED_LISTED = 100
 
 
 class Closing:
-    def __init__(self, ctx: GoalContext, publish: Callable[[], None]) -> None:
+    def __init__(
+        self, ctx: GoalContext, publish: Callable[[], None], quiet_past: Callable[[], Awaitable[None]]
+    ) -> None:
         self._ctx = ctx
         self._publish = publish
         self._memory = GoalMemoryRoom(ctx)
+        # A large goal's store pass in flight ends, and no other starts (workflows/goal/past.py):
+        # a step both listed from the node table and counted in the past would be told twice.
+        self._quiet_past = quiet_past
 
     async def report(self) -> GoalResult:
         state = self._ctx.state
+        await self._quiet_past()
         # What is still to be written, and what the end-of-goal card chose to keep.
         await self._memory.at_close()
         state.phase = "reporting"
         self._publish()
         nodes = self._current_nodes()
         past = state.past or PastLog(plan_version=0)
-        # A large goal's steps that never got a node (it ended before they could start): counted.
+        # A large goal's steps that never got a node (it ended before they could start, or an
+        # emergency stop abandoned them): counted.
         never = state.plan_size() - len(nodes) - past.count if state.plan is not None else 0
         # Work of earlier plan versions that the current plan left out and that did not end well.
         setbacks = [r for r in state.retired_nodes if r.node.status not in ("succeeded", "invalidated")]
         outcome = self._outcome(nodes, setbacks, past, never)
         self._close_questions(outcome)
-        unfinished = past_unfinished(past)
-        unfinished += [f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"]
-        unfinished += [f"(and {never} steps that never started)"] if never > 0 else []
-        unfinished += [f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks]
+        unfinished, unfinished_count = _unfinished(nodes, past, setbacks, never, state.stopped_untouched)
         failure = state.failure or (f"aborted: {state.abort_reason}" if outcome == "aborted" else None)
         if outcome == "failed" and failure is None:
             failure = _nothing_succeeded(nodes, past)
-        self._ctx.decide("end", _ending(outcome, failure, unfinished))
+        self._ctx.decide("end", _ending(outcome, failure, unfinished_count))
+        past_counts = {status: sum(kinds.values()) for status, kinds in past.counts.items()}
+        if never > 0:
+            untouched = "abandoned" if state.stopped_untouched is not None else "never started"
+            past_counts[untouched] = past_counts.get(untouched, 0) + never
         log = state.decisions
         report = await workflow.execute_activity(
             Activities.WRITE_REPORT,
@@ -83,7 +93,7 @@ class Closing:
                 decisions=log.recent[-REPORT_DECISIONS:],
                 decision_count=log.count,
                 past=past.chunks,
-                past_counts={status: sum(kinds.values()) for status, kinds in past.counts.items()},
+                past_counts=past_counts,
                 past_tokens=past.tokens,
                 past_cost_usd=past.cost_usd,
             ),
@@ -175,18 +185,34 @@ class Closing:
         return notes
 
 
-def _ending(outcome: Outcome, failure: str | None, unfinished: list[str]) -> str:
+def _ending(outcome: Outcome, failure: str | None, unfinished: int) -> str:
     """The decision log's last entry: how the goal ended."""
     said = f"the goal ended {outcome}" + (f": {failure}" if failure else "")
-    return said + (f"; {len(unfinished)} step(s) unfinished" if unfinished else "")
+    return said + (f"; {unfinished} step(s) unfinished" if unfinished else "")
 
 
-def past_unfinished(past: PastLog) -> list[str]:
-    """'step: why' for a large goal's stored steps that did not succeed, as far as the past
-    names them, and how many more there are."""
+def _unfinished(
+    nodes: list[Node], past: PastLog, setbacks: list[RetiredNode], never: int, stopped: str | None
+) -> tuple[list[str], int]:
+    """'step: why' for each step that did not succeed, at most UNFINISHED_LISTED of them (a
+    large goal's stored ones as far as its past names them: PastLog.not_succeeded), then how
+    many more there are and the steps that never got a node, one line each; and the count."""
     stored = sum(n for status, kinds in past.counts.items() if status != "succeeded" for n in kinds.values())
-    more = stored - len(past.not_succeeded)
-    return [*past.not_succeeded, *([f"(and {more} more stored steps: see the report)"] if more > 0 else [])]
+    named = [
+        *past.not_succeeded,
+        *(f"{n.name}: {n.error or n.status}" for n in nodes if n.status != "succeeded"),
+        *(f"{_label(r)}: {r.node.error or r.node.status}" for r in setbacks),
+    ]
+    count = stored - len(past.not_succeeded) + len(named)
+    listed = named[:UNFINISHED_LISTED]
+    if count > len(listed):
+        listed.append(
+            f"(and {count - len(listed)} more that did not succeed: the report counts them by status; "
+            "each stored step is in a chunk of the result's `past`)"
+        )
+    if never > 0:
+        listed.append(f"(and {never} steps abandoned, {stopped})" if stopped else f"(and {never} steps never started)")
+    return listed, count + never
 
 
 def _nothing_succeeded(nodes: list[Node], past: PastLog) -> str:

@@ -94,9 +94,10 @@ class GoalContext:
         # The decision log's room (workflows/goal/decision_log.py): a decision was recorded.
         self.on_decision: Callable[[], None] | None = None
         # The past (workflows/goal/past.py): a node settled, so it may be stored once no step
-        # needs it; and what brings the stored ones back before settled work is judged.
+        # needs it; and what brings the stored ones back before settled work is judged (False:
+        # they could not be read, the goal is parked saying why, and the judging must not go on).
         self.on_settled: Callable[[Node], None] | None = None
-        self.restore_past: Callable[[], Awaitable[None]] = _nothing_stored
+        self.restore_past: Callable[[], Awaitable[bool]] = _nothing_stored
         # The goal's perdure_* metrics (workflows/shared/metrics.py): the SDK's replay-safe meter, or
         # none where a room is exercised outside a workflow.
         self.metrics = metrics.PerdureMeter(workflow.metric_meter() if workflow.in_workflow() else MetricMeter.noop)
@@ -210,7 +211,8 @@ class GoalContext:
         state = self.state
         if self._index is None or not self._index.fits(state.plan, state.nodes):
             counts = state.past.counts if state.past is not None else None
-            self._index = NodeIndex(state.plan, state.nodes, self.stored, counts)
+            untouched = "pending" if state.stopped_untouched is None else "abandoned"
+            self._index = NodeIndex(state.plan, state.nodes, self.stored, counts, untouched)
         return self._index
 
     def forget_index(self) -> None:
@@ -228,6 +230,9 @@ class GoalContext:
             raise KeyError(f"step '{name}' is stored in the past")
         step = self.plan().step(name)
         node = Node(name=step.name, kind=step.kind, needs=list(step.needs))
+        if index.status_of(name) == "abandoned":  # after an emergency stop (Scheduler.stop_pending)
+            node = Node(name=step.name, kind=step.kind, needs=list(step.needs), status="abandoned")
+            node.error = self.state.stopped_untouched
         self.state.nodes[name] = node
         index.materialised(node)
         return node
@@ -299,8 +304,8 @@ class GoalContext:
         return None
 
 
-async def _nothing_stored() -> None:
-    return None
+async def _nothing_stored() -> bool:
+    return True
 
 
 def short_key(key: str | None) -> str:

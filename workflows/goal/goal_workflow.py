@@ -69,6 +69,12 @@ with workflow.unsafe.imports_passed_through():
 
 # What a subgoal_settled signal sent with no argument is given (a RawValue that decodes to nothing).
 NO_OUTCOME = RawValue(Payload())
+# A goal parked because a stored chunk could not be read asks again after this long (pause.py).
+UNREADABLE_EXPIRY = timedelta(hours=48)
+
+
+class _AbortedUnloaded(Exception):
+    """Aborted while parked because its stored plan could not be read: nothing of it ran."""
 
 
 # A ValidationError raised by workflow code means data this code cannot accept (a
@@ -95,6 +101,7 @@ class GoalWorkflow:
         self._past = Past(ctx)
         ctx.on_settled, ctx.restore_past = self._past.settled, self._past.restore
         self._pause = Pause(ctx)
+        self._past.on_unreadable = self._park_unreadable
         if self._load_problem:
             self._pause.park(self._load_problem, None, timedelta(days=3650))
         self._inbox = Inbox(ctx, self._load_problem)
@@ -119,7 +126,7 @@ class GoalWorkflow:
         self._steering = Steering(ctx, self._inbox, self._pause, self._scheduler)
         self._deadlines = QuestionDeadlines(ctx, self._pause, self._steering.act_on)
         self._verifier = Verifier(ctx, self._scheduler, calls)
-        self._closing = Closing(ctx, self._publisher.publish)
+        self._closing = Closing(ctx, self._publisher.publish, self._past.close)
         self._alarm = Alarm()
         self._clock: asyncio.Task | None = None
         self._question_clock: asyncio.Task | None = None
@@ -153,7 +160,7 @@ class GoalWorkflow:
         state = self._ctx.state
         if self._load_problem:
             return await self._refuse_to_resume()
-        await self._past.load()  # a large goal's plan, stored by reference (workflows/goal/past.py)
+        loaded = await self._load_past()
         if input.state is not None:
             note_wait_ended(state, state.last_progress_at, "continued as new")
         else:
@@ -163,6 +170,8 @@ class GoalWorkflow:
         self._question_clock = asyncio.create_task(self._deadlines.clock())
         self._alarm_task = asyncio.create_task(self._alarm.run())
         try:
+            if not loaded:
+                raise _AbortedUnloaded
             if state.plan is None:
                 await self._planner.make_plan()
                 self._scheduler.ask_approvals_ahead()
@@ -175,6 +184,8 @@ class GoalWorkflow:
             await self._run_graph()
         except GoalFailed as err:
             state.failure = str(err)
+        except _AbortedUnloaded:
+            self._pause.abort_achieved()  # nothing ran in this run: nothing to wait for or undo
         self._inbox.close()
         result = await self._closing.report()
         # A goal in which no step succeeded failed with a reason of its own (closing.py).
@@ -206,6 +217,24 @@ class GoalWorkflow:
         self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise ApplicationError(state.failure, result.model_dump(mode="json"), type="GoalFailed", non_retryable=True)
+
+    async def _load_past(self) -> bool:
+        """A large goal's plan, stored by reference (workflows/goal/past.py). One whose chunks
+        cannot be read parks the goal saying why; meanwhile only a park, a resume or an abort
+        is applied (the rest waits for the plan), a resume tries again. False: aborted."""
+        state = self._ctx.state
+        while not await self._past.load():
+            while state.pause.mode == "parked":
+                await self._next_wakeup()
+                await self._steering.apply_pending(only=("park", "resume", "abort"))
+            if state.pause.mode == "aborting":
+                return False
+        return True
+
+    def _park_unreadable(self, why: str) -> None:
+        """A stored chunk could not be read (workflows/goal/past.py): parked, saying what to do."""
+        self._pause.park(why, None, UNREADABLE_EXPIRY)
+        self._ctx.decide("park", f"parked: {why}")
 
     async def _tell_parent(self, result: GoalResult) -> None:
         """A subgoal tells its parent how it ended (to the parent's latest run: a parent that
@@ -442,6 +471,13 @@ class GoalWorkflow:
 
     async def _continue_as_new(self) -> None:
         state = self._ctx.state
+        # A large goal's settled steps no step needs, and its plan, go by reference first: the
+        # store's local activities and timers open workflow tasks, in which an update may
+        # arrive; it is applied here, so that it gets its receipt in this run.
+        await self._past.settle()
+        while self._inbox.awaiting_receipt():
+            await self._steering.apply_pending()
+            await self._past.settle()
         # Handlers still running would be cut off by the new run; let them finish. The
         # stream's subscribers are let go first: they follow the chain to the new run.
         self._publisher.sync_events()
@@ -451,7 +487,6 @@ class GoalWorkflow:
         events = workflow.info().get_current_history_length()
         self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events", kind="run")
         await self._decisions.settled()  # a chunk being stored: the next run carries its ref
-        await self._past.settle()  # settled steps no step needs, and a large plan, go by reference
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.

@@ -98,6 +98,12 @@ class Inbox:
     def pending(self, kinds: tuple[str, ...]) -> list[InboxEntry]:
         return [e for e in self._ctx.state.inbox if e.status == "pending" and e.kind in kinds]
 
+    def awaiting_receipt(self) -> bool:
+        """Whether an update's handler waits for its message's turn (`on_update`): before a run
+        ends, it must get its receipt in that run."""
+        inbox = self._ctx.state.inbox
+        return any(e.status == "pending" and e.via == "update" and e.kind not in LATER_KINDS for e in inbox)
+
     def settle(self, entry: InboxEntry, status: str, note: str, detail: dict[str, Any] | None = None) -> None:
         entry.status, entry.note, entry.settled_at = status, note, workflow.now()
         entry.detail.update(detail or {})

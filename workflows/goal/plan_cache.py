@@ -31,7 +31,7 @@ PLANS_CACHED = 2
 
 _lock = threading.Lock()
 _chunks: dict[str, list] = {}  # chunk digest -> its validated steps
-_plans: dict[tuple, Plan] = {}  # (goal id, chunk digests, other fields) -> the plan
+_plans: dict[tuple, Plan] = {}  # (goal id, first run id, chunk digests, other fields) -> the plan
 
 
 def validated(ref: ArtifactRef, text: str) -> list:
@@ -49,15 +49,19 @@ def validated(ref: ArtifactRef, text: str) -> list:
     return steps
 
 
-def plan_of(goal_id: str, stored: StoredPlan, texts: list[str]) -> Plan:
-    """The plan whose chunks are `texts`, as goal `goal_id` had it in its last run on this worker."""
+def plan_of(owner: tuple[str, str], stored: StoredPlan, chunk_steps: list[list]) -> Plan:
+    """The plan whose chunks hold `chunk_steps` (each validated as it was read: `validated`), as
+    its goal had it in its last run on this worker. `owner`: the goal's id and the run id of
+    its chain's first run, so a goal started again under the same id (`perdure start
+    --replace`, whose tools may say other risks) never takes the risk facts kept beside
+    another chain's plan."""
     deadline = stored.question_deadline.model_dump_json() if stored.question_deadline is not None else None
-    key = (goal_id, tuple(ref.digest for ref in stored.chunks), deadline)
+    key = (*owner, tuple(ref.digest for ref in stored.chunks), deadline)
     with _lock:
         plan = _plans.get(key)
     if plan is not None:
         return plan
-    steps = [step for ref, text in zip(stored.chunks, texts, strict=True) for step in validated(ref, text)]
+    steps = [step for part in chunk_steps for step in part]
     # Validated when it was adopted (a plan file the client stored: by the planner, before it
     # adopts it), and each chunk as it was read: the graph is not checked again.
     plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)

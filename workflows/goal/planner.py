@@ -239,6 +239,9 @@ class Planner:
         self._ctx.log_gate(f"{summary}: {'on track' if verdict.on_track else 'drifting'} ({verdict.reason})")
         if verdict.on_track:
             return
+        # A plan change judges a large goal's stored steps too, and the planner is told them (past.py).
+        if not await self._ctx.restore_past():
+            return  # parked, saying why
         revision = PlanRevision(
             reason=f"a drift check found: {verdict.reason}", current=self._ctx.plan(), finished=self._finished()
         )
@@ -247,7 +250,6 @@ class Planner:
         except GoalFailed as err:
             self._ctx.log_gate(f"replanning after the drift check failed: {err}")
             return
-        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
         self._scheduler.adopt_plan(plan, "drift", f"drift check: {verdict.reason}")
 
     # --- re-planning on evidence ---------------------------------------------------
@@ -310,7 +312,9 @@ class Planner:
         once those have settled (this is called again then)."""
         state = self._ctx.state
         log = state.evidence
-        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
+        # A plan change judges a large goal's stored steps too, and the planner is told them (past.py).
+        if not await self._ctx.restore_past():
+            return  # parked, saying why: tried again once resumed
         if log.pending is not None:
             self._adopt_pending()
             return
@@ -433,6 +437,9 @@ class Planner:
 
     async def plan_follow_up(self, queued: list[InboxEntry]) -> None:
         """The goal would be idle: plan the queued follow-up work as a new plan version."""
+        # A plan change judges a large goal's stored steps too, and the planner is told them (past.py).
+        if not await self._ctx.restore_past():
+            return  # parked, saying why: planned once resumed
         revision = PlanRevision(
             reason="the user queued follow-up work",
             current=self._ctx.plan(),
@@ -445,7 +452,6 @@ class Planner:
             for entry in queued:
                 self._inbox.settle(entry, "rejected", f"could not plan it: {err}")
             return
-        await self._ctx.restore_past()  # a plan change judges a large goal's stored steps too (past.py)
         diff = self._scheduler.adopt_plan(plan, "queue", "planned queued follow-up work")
         version = len(self._ctx.state.plan_versions)
         for entry in queued:

@@ -28,6 +28,7 @@ from perdure.workflows.goal.device_placement import Devices
 from perdure.workflows.goal.goal_memory import GoalMemoryRoom
 from perdure.workflows.goal.nodes import NodeRunner
 from perdure.workflows.goal.rules import approvals_ahead, frontier, questions, risk_order
+from perdure.workflows.goal.rules.node_index import plan_graph
 from perdure.workflows.goal.spend import Spend
 from perdure.workflows.goal.tool_runner import failure_message
 from perdure.workflows.shared import graph
@@ -480,16 +481,28 @@ class Scheduler:
 
     def stop_pending(self, why: str) -> list[str]:
         """An emergency stop: every pending step but the wrap-up ones will not run; they
-        are abandoned with the reason, and the wrap-up steps they held become ready."""
-        plan = self._ctx.plan()
+        are abandoned with the reason, and the wrap-up steps they held become ready. A large
+        goal's steps that have no node are abandoned without one (GoalState.stopped_untouched:
+        counted as closing.py counts the steps that never started, not made a node each)."""
+        state, plan, index = self._ctx.state, self._ctx.plan(), self._ctx.index()
+        large = frontier.is_large(len(plan.steps))
+        if large:
+            pending = {name for name, node in state.nodes.items() if node.status == "pending"}
+            pending.update(w for w in plan_graph(plan).wrap_up if index.status_of(w) == "pending")
+            names = sorted(pending, key=index.position)
+        else:
+            names = index.names(("pending",))
         wrap_up = []
-        for name in self._ctx.index().names(("pending",)):
+        for name in names:
+            node = self._ctx.node(name)
             if plan.step(name).wrap_up:
                 wrap_up.append(name)
             else:
-                node = self._ctx.node(name)
                 self._ctx.set_status(node, "abandoned")
                 node.error = f"not started: {why}"
+        if large:
+            state.stopped_untouched = f"not started: {why}"
+            self._ctx.index().abandon_untouched()
         return wrap_up
 
     def dispatch_wrap_up(self) -> None:

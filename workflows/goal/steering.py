@@ -63,17 +63,22 @@ class Steering:
             "escalate": self._escalate,
         }
 
-    async def apply_pending(self) -> None:
+    async def apply_pending(self, only: tuple[str, ...] | None = None) -> None:
         """Apply every pending message, in the order they were sent: each is judged on
         the state the ones before it left, and one that cannot apply then is settled
-        "rejected" with the reason (its receipt), not skipped or refused."""
+        "rejected" with the reason (its receipt), not skipped or refused. `only`: these
+        kinds, the others wait (a goal whose plan is not loaded yet)."""
         for entry in list(self._ctx.state.inbox):
+            if only is not None and entry.kind not in only:
+                continue
             if entry.kind == "steer" and entry.status == "pending":
                 self._pass_on(entry)
             if entry.status != "pending" or entry.kind in LATER_KINDS:
                 continue
-            if self._judges_settled_work(entry):
-                await self._ctx.restore_past()  # a large goal's stored steps are judged too (past.py)
+            # A large goal's stored steps are judged too (past.py): brought back first.
+            if self._judges_settled_work(entry) and not await self._ctx.restore_past():
+                self._inbox.settle(entry, "rejected", f"not applied: {self._ctx.state.pause.reason}")
+                continue
             problem = self._inbox.turn_problem(entry)
             if problem:
                 self._inbox.settle(entry, "rejected", problem)

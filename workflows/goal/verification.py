@@ -94,7 +94,9 @@ class Verifier:
     async def run(self) -> None:
         state = self._ctx.state
         why, state.verify_due = state.verify_due or "", None
-        await self._ctx.restore_past()  # a large goal's stored steps are checked too (past.py)
+        if not await self._ctx.restore_past():  # a large goal's stored steps are checked too (past.py)
+            state.verify_due = why  # parked, saying why: checked once resumed
+            return
         known = timeline(state.nodes.values())
         checks = [c for c in (self._check(s, known) for s in self._ctx.plan().steps) if c is not None]
         if not checks:

@@ -25,7 +25,6 @@ READ_PLAN = "perdure.plan.read_chunk"
 
 
 class WritePastInput(BaseModel):
-    goal_id: str
     nodes: list[Node]
 
 
@@ -36,7 +35,6 @@ class PastChunk(BaseModel):
 
 
 class WritePlanInput(BaseModel):
-    goal_id: str
     steps: list[PlanStep]
 
 
@@ -48,6 +46,13 @@ class PlanChunk(BaseModel):
 
 class ReadChunkInput(BaseModel):
     ref: ArtifactRef
+
+
+class ReadPlanResult(BaseModel):
+    """A plan chunk as its JSON text: the worker that read it validated it (workflows/goal/
+    plan_cache.py); decoding it as steps here would validate it again in the workflow task."""
+
+    text: str
 
 
 def step_outcome(node: Node) -> StepOutcome:

@@ -482,6 +482,12 @@ class GoalState(BaseModel):
         description="The user's own tools the goal names, as a worker declared them when it started "
         "(workflows/shared/user_tools.py); None: it names none, or has not listed them yet.",
     )
+    stopped_untouched: str | None = Field(
+        default=None,
+        exclude_if=lambda why: why is None,
+        description="Why every step of a large goal that had no node when an emergency stop came is abandoned "
+        "(counted, never given a node: workflows/goal/rules/node_index.py); None: no such stop.",
+    )
     past: PastLog | None = Field(
         default=None,
         exclude_if=lambda past: past is None,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from perdure.workflows.goal.contracts.goal_contracts import GoalSpec
 from perdure.workflows.goal.contracts.plan import Plan
 from perdure.workflows.goal.contracts.state import GoalState
+from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared.contracts import ArtifactRef
 from perdure.workflows.shared.graph import downstream, node_key, topological_order
 
@@ -57,10 +58,12 @@ def fork_point(state: GoalState, request: ForkPointInput) -> ForkPoint:
     plan = state.plan
     if plan is None:
         return ForkPoint(refusal="the goal has no plan yet (it is still planning): fork it once it has one")
-    if state.past is not None:
+    if frontier.is_large(len(plan.steps)):
+        # Its node table holds only its frontier: the work a fork would reuse is stored in
+        # chunks or not touched yet (workflows/goal/past.py), and a fork's input would carry the plan.
         return ForkPoint(
-            refusal=f"the goal has {len(plan.steps)} steps and keeps {state.past.count} settled ones in the artifact "
-            "store (workflows/goal/past.py): forking it is not supported; start a new goal with a plan file instead"
+            refusal=f"the goal's plan has {len(plan.steps)} steps: a goal of {frontier.FRONTIER_STEPS} steps or more "
+            "cannot be forked; start a new goal with a plan file instead"
         )
     point = ForkPoint(
         spec=state.spec.model_copy(update={"plan": None, "stored_plan": None, "reuse_outputs": {}}),

@@ -88,8 +88,11 @@ class NodeIndex:
         nodes: Mapping[str, Node],
         stored: Collection[str] = (),
         stored_counts: Mapping[str, Mapping[str, int]] | None = None,
+        untouched: str = "pending",
     ) -> None:
-        """`stored`: the steps stored in the past (no node); `stored_counts`: status -> kind -> how many."""
+        """`stored`: the steps stored in the past (no node); `stored_counts`: status -> kind -> how
+        many; `untouched`: the status of a step with no node and not stored ("abandoned" once an
+        emergency stop gave up every step not started: GoalState.stopped_untouched)."""
         self.plan = plan
         self.size = len(nodes)
         self._nodes = nodes
@@ -98,7 +101,9 @@ class NodeIndex:
         self._needs = graph.needs
         self._wrap_up = graph.wrap_up
         self._dependants = graph.dependants
+        self._kind_of = graph.kind
         self._stored = set(stored)
+        self._untouched = untouched
         virtual = [n for n in graph.position if n not in nodes and n not in self._stored]
         # A goal with steps that have no node lists in plan order, else in node table order.
         self._lazy = bool(virtual or self._stored)
@@ -109,8 +114,8 @@ class NodeIndex:
         for node in nodes.values():
             self._enter(node.name, node.kind, node.status)
         if virtual:
-            self._by_status.setdefault("pending", {}).update(dict.fromkeys(virtual))
-            kinds = self._kinds.setdefault("pending", {})
+            self._by_status.setdefault(untouched, {}).update(dict.fromkeys(virtual))
+            kinds = self._kinds.setdefault(untouched, {})
             for kind, count in Counter(graph.kind[n] for n in virtual).items():
                 kinds[kind] = kinds.get(kind, 0) + count
         if self._lazy:
@@ -120,6 +125,8 @@ class NodeIndex:
             candidates = dict.fromkeys(graph.roots)
             for name in nodes:
                 candidates.update(dict.fromkeys(self._dependants.get(name, ())))
+                if name in self._wrap_up:  # its needs may all be abandoned without a node
+                    candidates[name] = None
         else:
             candidates = dict.fromkeys(graph.position)
         self._ready = {name for name in candidates if self._is_ready(name)}
@@ -132,8 +139,26 @@ class NodeIndex:
     # --- a large goal's node table grows and shrinks ----------------------------------
 
     def materialised(self, node: Node) -> None:
-        """A pending step without a node was given one (still pending): nothing else changes."""
+        """A step without a node was given one (in the status it had: `untouched`): nothing else changes."""
         self.size += 1
+
+    def abandon_untouched(self) -> None:
+        """Every step with no node and not stored is abandoned (an emergency stop), counted
+        and never given a node; the wrap-up steps among them must have been given one."""
+        if self._untouched == "abandoned":
+            return
+        self._untouched = "abandoned"
+        pending = self._by_status.get("pending", {})
+        virtual = [name for name in pending if name not in self._nodes]
+        for name in virtual:
+            kind = self._kind_of[name]
+            self._leave(name, kind, "pending")
+            self._enter(name, kind, "abandoned")
+            self._ready.discard(name)
+        for name in virtual:  # a wrap-up step waits for its needs to end, however they end
+            for dependant in self._dependants.get(name, ()):
+                if dependant in self._wrap_up and self._is_ready(dependant):
+                    self._ready.add(dependant)
 
     def stored(self, nodes: Collection[Node]) -> None:
         """These settled nodes left the node table for the past: counted, never listed."""
@@ -150,12 +175,12 @@ class NodeIndex:
         return name in self._stored
 
     def status_of(self, name: str) -> str:
-        """A step's status: its node's; "pending" for a step with no node yet; "stored" for a
-        step in the past."""
+        """A step's status: its node's; "pending" for a step with no node yet (or "abandoned",
+        after an emergency stop); "stored" for a step in the past."""
         node = self._nodes.get(name)
         if node is not None:
             return node.status
-        return "stored" if name in self._stored else "pending"
+        return "stored" if name in self._stored else self._untouched
 
     def position(self, name: str) -> int:
         """A step's position in the plan."""
