@@ -17,7 +17,9 @@ any one run (`max_events_per_run`), the longest workflow task
 (`max_workflow_task_ms`: what the SDK's 2 s deadlock check and the task timeout
 see) and the state each run after the first started with (`carried_state_bytes`,
 at the largest size: what grows with the past unless settled steps leave it).
-Then `--concurrent` goals of 10,000 nodes run at once on the one worker
+At 100,000 nodes `perdure status GOAL` is timed as a person runs it (the CLI in a process of
+its own, wall time) while the goal runs and once it has finished: `status_100k_s`, the slower
+of the two (the issue's bound: under 2 s). Then `--concurrent` goals of 10,000 nodes run at once on the one worker
 (`concurrent_10k_max_task_ms`). One run of a few hundred events is then replayed
 under cProfile to show where workflow time goes.
 
@@ -35,6 +37,7 @@ import cProfile
 import io
 import os
 import pstats
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,10 +77,13 @@ KEYS = (
     "max_workflow_task_ms",
     "ms_per_node_100k_over_1k",
     "concurrent_10k_max_task_ms",
+    "status_100k_s",
 )
 TARGET_NODES = 10_000
 LARGEST_NODES = 100_000
 PROFILE_MAX_EVENTS = 700
+# Seconds after a 100,000-node goal started at which `perdure status` is timed while it runs.
+STATUS_WHILE_RUNNING_AFTER_S = 60
 
 
 def chains(width: int, depth: int) -> list[dict]:
@@ -103,6 +109,7 @@ class SizeRun:
     largest_offloaded_path: Path | None = None
     carried: list[int] = field(default_factory=list)  # state bytes each run after the first started with
     carried_input: int = 0  # the largest whole input of such a run (spec, state and event stream)
+    status_s: dict[str, float] = field(default_factory=dict)  # `perdure status` wall time: "running", "finished"
 
     def longest_task_ms(self) -> float:
         return max((most for _, most in self.workflow_task_ms()), default=0.0)
@@ -178,15 +185,27 @@ async def run_size(
     before = _offloaded(payloads)
     started = time.perf_counter()
     handle: WorkflowHandle = await start_goal(client, task_queue, spec, f"bench-scale-{nodes}{label}")
+    timed: dict[str, float] = {}
+    while_running = None
+    if nodes >= LARGEST_NODES:
+        while_running = asyncio.ensure_future(_status_later(client, handle.id, timed))
     try:
         result = await asyncio.wait_for(handle.result(), timeout_s)
         outcome = result.outcome
+        if while_running is not None:
+            if "running" in timed:
+                await while_running
+            else:
+                while_running.cancel()  # it finished before it was timed while running
+            timed["finished"] = await status_seconds(client, handle.id)
     except TimeoutError:
         outcome = f"NOT FINISHED after {timeout_s:.0f} s (terminated)"
         await handle.terminate("bench: over its time budget")
     except Exception as err:  # a failed goal is a finding to report, not a crash of the benchmark
         outcome = f"FAILED: {type(err).__name__}: {getattr(err, 'cause', None) or err}"
     seconds = time.perf_counter() - started
+    if while_running is not None and not while_running.done():
+        while_running.cancel()  # the goal failed or ran out of time
     runs = await run_chain(client, handle)
     new = {name: size for name, size in _offloaded(payloads).items() if name not in before}
     path = max(new, key=new.__getitem__, default=None)
@@ -194,7 +213,30 @@ async def run_size(
     inputs = await carried_inputs(client, runs)
     run.carried = [len((carried.state or "").encode()) for carried in inputs]
     run.carried_input = max((len(carried.model_dump_json().encode()) for carried in inputs), default=0)
+    run.status_s = timed
     return run
+
+
+async def _status_later(client: Client, goal_id: str, timed: dict[str, float]) -> None:
+    await asyncio.sleep(STATUS_WHILE_RUNNING_AFTER_S)
+    timed["running"] = float("nan")  # begun: waited for, not cancelled, once the goal ends
+    timed["running"] = await status_seconds(client, goal_id)
+
+
+async def status_seconds(client: Client, goal_id: str) -> float:
+    """Wall seconds of `perdure status GOAL`, the command in a process of its own (its start-up
+    included, as a person waits for it)."""
+    perdure = Path(sys.executable).parent / "perdure"
+    variables = {**os.environ, "PERDURE_TEMPORAL": client.service_client.config.target_host, "COLUMNS": "200"}
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        str(perdure), "status", goal_id, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=variables
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    took = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"perdure status {goal_id} exited {process.returncode}: {(out + err).decode()[-400:]}")
+    return took
 
 
 async def carried_inputs(client: Client, runs: list[WorkflowHistory]) -> list[GoalInput]:
@@ -394,6 +436,10 @@ def frontier_figures(done: list[SizeRun], together: list[SizeRun], notes: list[s
     if big is not None:
         figures["nodes_100k_wall_s"] = round(big.seconds, 1)
         notes.append(f"100,000-node goal: workflow task time per node {big.workflow_task_ms_per_node():.3f} ms")
+        if big.status_s:
+            figures["status_100k_s"] = round(max(big.status_s.values()), 2)
+            said = ", ".join(f"{when} {seconds:.2f} s" for when, seconds in big.status_s.items())
+            notes.append(f"100,000-node goal: `perdure status` (the CLI, wall time) {said}")
     if big is not None and small is not None:
         ratio = (big.seconds / big.nodes) / (small.seconds / small.nodes)
         figures["ms_per_node_100k_over_1k"] = round(ratio, 3)

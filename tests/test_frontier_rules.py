@@ -132,7 +132,8 @@ def test_a_goal_started_again_under_its_id_never_takes_the_risk_facts_of_the_cha
     (plan_cache.py). `perdure start --replace` starts a new chain under the same goal id, whose
     tools may say another risk for the same step: that chain's plan is its own."""
     steps = [ToolStep(name=f"s{i}", tool="send_invoice", args={}) for i in range(3)]
-    stored = StoredPlan(chunks=[ArtifactRef(digest="sha256:" + "d" * 64, size=1, media_type="application/json")], steps=3)
+    chunk = ArtifactRef(digest="sha256:" + "d" * 64, size=1, media_type="application/json")
+    stored = StoredPlan(chunks=[chunk], steps=3)
 
     def tools(risk: str) -> dict[str, ToolSpec]:
         spec = ToolSpec(name="send_invoice", risk=risk, replay="keyed", description="", args_model=BaseModel)

@@ -63,7 +63,9 @@ def flaky(tmp_path: Path) -> FlakyStore:
 @pytest.fixture
 def quick_backoff(monkeypatch):
     """A chunk read is tried again after a tenth of a second, twice, then the goal parks."""
-    monkeypatch.setattr(past_module, "READ_BACKOFF", (timedelta(milliseconds=100), timedelta(milliseconds=100)))
+    backoff = (timedelta(milliseconds=100), timedelta(milliseconds=100))
+    # raising=False: the code before this fix had no READ_BACKOFF (a run on it shows what it did).
+    monkeypatch.setattr(past_module, "READ_BACKOFF", backoff, raising=False)
 
 
 def stored_steps(store: DiskArtifactStore, result) -> list:
@@ -176,18 +178,19 @@ async def test_stored_steps_that_cannot_be_read_back_park_the_goal_and_the_rewin
 async def test_an_update_that_arrives_while_a_run_stores_its_steps_at_the_boundary_gets_its_receipt(
     env, task_queue, flaky, workspace, monkeypatch
 ):
-    """1,200 reads, a new run every 400 settled, chunks of 100 steps written slowly (0.4 s
-    each): each boundary stores its steps over seconds, in workflow tasks of their own. A
-    message is sent every 0.3 s meanwhile (an answer to no question: rejected at its turn).
-    Every one gets a receipt (before: one that arrived while the boundary stored steps was
-    cut off by the new run, its handler never finished)."""
+    """1,200 reads and a gate after them, a new run every 400 settled, chunks of 100 steps
+    written slowly (1 s each): each boundary stores its steps over seconds, in workflow tasks
+    of their own. A message is sent every 0.1 s until the reads are done (an answer to no
+    question: rejected at its turn). Every one gets a receipt (before: one that arrived while
+    the boundary stored steps was cut off by the new run, its handler never finished)."""
     monkeypatch.setattr(frontier, "PAST_CHUNK_NODES", 100)
-    flaky.write_delay_s = 0.4
+    flaky.write_delay_s = 1.0
+    depth = 120
     goal = spec(
         workspace,
-        plan={"steps": chains(workspace, WIDTH, 120)},
+        plan={"steps": [*chains(workspace, WIDTH, depth), gate([f"c{c}-{depth - 1:04d}" for c in range(WIDTH)])]},
         drift_every=0,
-        allowed_tools=["read_file"],
+        allowed_tools=["read_file", "run_command"],
         continue_as_new_after_nodes=400,
     )
     async with running_worker(env, task_queue, flaky):
@@ -206,20 +209,36 @@ async def test_an_update_that_arrives_while_a_run_stores_its_steps_at_the_bounda
                 message = Answer(request_id=f"a{i}", question_id="q-none", choice="yes")
                 receipts.append(await asyncio.wait_for(submit(latest, message), 60))
             except (WorkflowUpdateFailedError, RPCError, TimeoutError) as err:
-                failures.append(f"a{i}: {type(err).__name__}: {err}")
+                failures.append(f"a{i}: {type(err).__name__}: {err}: {getattr(err, 'cause', None)}")
 
-        sent = []
-        result_task = asyncio.ensure_future(goal_result(handle))
-        i = 0
-        while not result_task.done():
-            sent.append(asyncio.ensure_future(one(i)))
-            i += 1
-            await asyncio.sleep(0.3)
+        sent: list[asyncio.Future] = []
+        reads_done = asyncio.Event()
+
+        async def keep_sending() -> None:
+            while not reads_done.is_set():
+                # Temporal takes at most 10 updates in flight per workflow: 4 here.
+                if sum(not f.done() for f in sent) < 4:
+                    sent.append(asyncio.ensure_future(one(len(sent))))
+                await asyncio.sleep(0.1)
+
+        sender = asyncio.ensure_future(keep_sending())
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:  # a query that reaches a run as it continues as new is refused: asked again
+                if (await latest.query(GoalWorkflow.progress)).counts.get("succeeded", 0) >= WIDTH * depth:
+                    break
+            except RPCError:
+                pass
+            await asyncio.sleep(0.2)
+        reads_done.set()
+        await sender
         await asyncio.gather(*sent)
-        result = result_task.result()
+        (workspace / "GO").write_text("go\n")
+        result = await goal_result(handle)
     assert result.outcome == "succeeded", result.excerpt
     assert not failures, failures[:5]
     assert len(receipts) == len(sent) >= 10
+    assert all(r.status == "rejected" for r in receipts)
     assert len(await carried_inputs(handle)) >= 2
 
 

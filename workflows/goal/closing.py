@@ -211,7 +211,8 @@ def _unfinished(
             "each stored step is in a chunk of the result's `past`)"
         )
     if never > 0:
-        listed.append(f"(and {never} steps abandoned, {stopped})" if stopped else f"(and {never} steps never started)")
+        untouched = f"abandoned, {stopped}" if stopped else "that never started"
+        listed.append(f"(and {never} steps {untouched})")
     return listed, count + never
 
 

@@ -198,7 +198,8 @@ class GoalContext:
         except for a wrap-up step's needs that ended without one)."""
         refs = {}
         for dep in step.needs:
-            output = self.state.nodes[dep].output
+            node = self.state.nodes.get(dep)  # a wrap-up step's need abandoned without a node (stop_pending)
+            output = node.output if node is not None else None
             if output is None:
                 assert step.wrap_up, f"step '{step.name}' is ready without the output of '{dep}'"
                 continue

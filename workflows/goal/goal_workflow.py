@@ -471,22 +471,25 @@ class GoalWorkflow:
 
     async def _continue_as_new(self) -> None:
         state = self._ctx.state
-        # A large goal's settled steps no step needs, and its plan, go by reference first: the
-        # store's local activities and timers open workflow tasks, in which an update may
-        # arrive; it is applied here, so that it gets its receipt in this run.
+        # What may take workflow tasks of its own comes first: a large goal's settled steps no
+        # step needs and its plan go by reference, a decision chunk being stored ends (the
+        # next run carries their refs).
         await self._past.settle()
+        state.runs += 1
+        events = workflow.info().get_current_history_length()
+        self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events", kind="run")
+        await self._decisions.settled()
+        # An update that arrived meanwhile waits for its message's turn: it gets its receipt in
+        # this run (the new run would cut its handler off).
         while self._inbox.awaiting_receipt():
             await self._steering.apply_pending()
             await self._past.settle()
+            await self._decisions.settled()
         # Handlers still running would be cut off by the new run; let them finish. The
         # stream's subscribers are let go first: they follow the chain to the new run.
         self._publisher.sync_events()
         self._events.release_subscribers()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        state.runs += 1
-        events = workflow.info().get_current_history_length()
-        self._ctx.log_gate(f"continued as new: run {state.runs} after {events} events", kind="run")
-        await self._decisions.settled()  # a chunk being stored: the next run carries its ref
         # The plan travels once, in plan_versions: a plan file's copy in the spec is not
         # read again once planned, and at 10,000 steps each copy costs the next run's
         # first workflow task a second of validation.

@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 from perdure.workflows.goal import plan_cache
 from perdure.workflows.goal.context import GoalContext
@@ -238,8 +238,8 @@ class Past:
                 retry_policy=STORE_RETRY,
                 summary=f"store {len(nodes)} settled steps",
             )
-        except ActivityError as err:
-            ctx.log_gate(f"{len(nodes)} settled steps stay in the goal's state: {failure_message(err)}")
+        except FailureError as err:
+            ctx.log_gate(f"{len(nodes)} settled steps stay in the goal's state: {_why(err)}")
             return False
         # Stored as they were when the chunk was written: one changed meanwhile (a plan
         # change, a restore) keeps the whole chunk out, and its nodes stay in the table.
@@ -294,8 +294,8 @@ class Past:
                         summary=f"store plan v{version.version}, steps {i + 1}-{i + len(steps)}",
                     )
                 )
-            except ActivityError as err:
-                self._ctx.log_gate(f"plan v{version.version} is carried whole: {failure_message(err)}")
+            except FailureError as err:
+                self._ctx.log_gate(f"plan v{version.version} is carried whole: {_why(err)}")
                 return
         version.stored = StoredPlan(chunks=refs, steps=len(plan.steps), question_deadline=plan.question_deadline)
 
@@ -357,14 +357,22 @@ class Past:
                         summary=f"load {what}, chunk {i + 1} of {len(refs)}",
                     )
                     break
-                except ActivityError as err:
-                    why = failure_message(err)
+                except FailureError as err:
+                    why = _why(err)
                     if wait is None:
                         raise PastUnreadable(_unreadable(what, i, len(refs), why)) from None
                     self._ctx.log_gate(f"{what}: chunk {i + 1} of {len(refs)} not read ({why}); again in {wait}")
                     await workflow.sleep(wait, summary=f"read {what} again")
             found.append(validate(ref, chunk) if validate is not None else chunk)
         return found
+
+
+def _why(err: FailureError) -> str:
+    """A chunk activity's failure as said to a person: a local activity's comes as the
+    activity's own ApplicationError (its type says which: activities/goal/past_chunks.py)."""
+    if isinstance(err, ApplicationError):
+        return f"{err.message} ({err.type})" if err.type else err.message
+    return failure_message(err) if isinstance(err, ActivityError) else str(err)
 
 
 def _unreadable(what: str, i: int, count: int, why: str) -> str:
