@@ -14,7 +14,7 @@ from temporalio.service import RPCError
 
 from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal import plan_cache
-from perdure.workflows.goal.contracts.goal_contracts import Budget
+from perdure.workflows.goal.contracts.goal_contracts import Budget, GoalSpec, ProgressSnapshot
 from perdure.workflows.goal.contracts.messages import Abort, Rewind
 from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk, PlanChunk
 from perdure.workflows.goal.contracts.plan import StoredPlan
@@ -52,6 +52,45 @@ def chains(workspace: Path, width: int, depth: int) -> list[dict]:
     return steps
 
 
+def reads_goal(workspace: Path, depth: int, **overrides) -> GoalSpec:
+    """WIDTH chains of `depth` reads, nothing else to do."""
+    return spec(
+        workspace,
+        plan={"steps": chains(workspace, WIDTH, depth)},
+        drift_every=0,
+        allowed_tools=["read_file"],
+        **overrides,
+    )
+
+
+def gated_reads(workspace: Path, depth: int = 120) -> GoalSpec:
+    """WIDTH chains of `depth` reads and a step that waits for GO after chain 0, a new run
+    every 300 steps settled: by the time the gate waits, most reads are stored."""
+    steps = [*chains(workspace, WIDTH, depth), gate([f"c0-{depth - 1:04d}"])]
+    tools = ["read_file", "run_command"]
+    return spec(workspace, plan={"steps": steps}, drift_every=0, allowed_tools=tools, continue_as_new_after_nodes=300)
+
+
+async def start_large(env, task_queue: str, goal: GoalSpec) -> tuple[WorkflowHandle, WorkflowHandle]:
+    """The goal started as `perdure start` starts it (its task timeout), and a handle on the
+    latest run of its chain (queries and updates reach the run that holds the goal now)."""
+    handle = await env.client.start_workflow(
+        GoalWorkflow.run,
+        GoalInput(spec=goal),
+        id=new_goal_id("frontier"),
+        task_queue=task_queue,
+        task_timeout=goal.task_timeout(),
+    )
+    return handle, env.client.get_workflow_handle(handle.id)
+
+
+async def until_the_gate_waits(latest: WorkflowHandle, reads: int = WIDTH * 120) -> ProgressSnapshot:
+    # Generous: 1,200 reads and four run boundaries on a loaded machine.
+    return await wait_until(
+        latest, lambda snap: "gate" in snap.running and snap.counts.get("succeeded") == reads, timeout_s=180
+    )
+
+
 async def replay_elsewhere(history) -> None:
     """Replay `history` as a worker that never read the goal's plan would: the plans this
     process's worker validated and kept (workflows/goal/plan_cache.py) are forgotten first, so
@@ -82,13 +121,7 @@ async def test_the_state_carried_into_each_run_does_not_grow_with_the_steps_sett
     leaves the carried state; what is carried is the frontier (a step in flight or ready
     per chain) and refs, so the last run starts with no more than the second did."""
     depth = 240
-    goal = spec(
-        workspace,
-        plan={"steps": chains(workspace, WIDTH, depth)},
-        drift_every=0,
-        allowed_tools=["read_file"],
-        continue_as_new_after_nodes=400,
-    )
+    goal = reads_goal(workspace, depth, continue_as_new_after_nodes=400)
     async with running_worker(env, task_queue, store):
         handle, result = await run_goal(env, task_queue, goal, as_started=True)
     assert result.outcome == "succeeded", result.excerpt
@@ -117,23 +150,9 @@ async def test_a_large_goal_brings_its_stored_steps_back_to_rewind_one_and_statu
     stored step brings them back and voids it with everything after it in its chain (110
     steps), which run again; `perdure status` meanwhile lists the frontier, not 1,201 rows."""
     depth = 120
-    steps = [*chains(workspace, WIDTH, depth), gate([f"c0-{depth - 1:04d}"])]
-    goal = spec(
-        workspace,
-        plan={"steps": steps},
-        drift_every=0,
-        allowed_tools=["read_file", "run_command"],
-        continue_as_new_after_nodes=300,
-    )
     async with running_worker(env, task_queue, store):
-        handle = await env.client.start_workflow(
-            GoalWorkflow.run, GoalInput(spec=goal), id=new_goal_id("frontier"), task_queue=task_queue
-        )
-        latest = env.client.get_workflow_handle(handle.id)  # queries and updates reach the chain's last run
-        # Generous: 1,200 reads and four run boundaries on a loaded machine.
-        done = await wait_until(
-            latest, lambda snap: "gate" in snap.running and snap.counts.get("succeeded") == 1_200, timeout_s=180
-        )
+        handle, latest = await start_large(env, task_queue, gated_reads(workspace, depth))
+        done = await until_the_gate_waits(latest)
         assert done.unlisted > 0 and len(done.nodes) <= 200, (done.unlisted, len(done.nodes))
         status = await perdure_status(env, handle.id)
         assert "more steps not listed" in status and "succeeded 1200" in status, status
@@ -165,7 +184,7 @@ async def test_a_plan_file_of_thousands_of_steps_starts_by_reference_and_its_gra
     names them (no step in it), the goal loads and checks them. One whose chunks make a cycle
     (stored by hand: the client refuses such a plan file) ends failed, saying so."""
     depth = 150
-    goal = spec(workspace, plan={"steps": chains(workspace, WIDTH, depth)}, drift_every=0, allowed_tools=["read_file"])
+    goal = reads_goal(workspace, depth)
     started = await with_stored_plan(goal, store)
     assert started.plan is None and started.stored_plan is not None and started.stored_plan.steps == WIDTH * depth
     assert len(GoalInput(spec=started).model_dump_json()) < 5_000

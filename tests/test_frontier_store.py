@@ -22,13 +22,20 @@ from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal import past as past_module
 from perdure.workflows.goal.contracts.messages import Answer, Resume, Rewind
 from perdure.workflows.goal.contracts.past_chunks import PastChunk
-from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared.contracts import ArtifactRef
 from tests.builders import gate, spec
-from tests.helpers import goal_result, new_goal_id, run_goal, running_worker, submit, wait_until
-from tests.test_frontier import WIDTH, carried_inputs, chains
+from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
+from tests.test_frontier import (
+    WIDTH,
+    carried_inputs,
+    chains,
+    gated_reads,
+    reads_goal,
+    start_large,
+    until_the_gate_waits,
+)
 
 
 class FlakyStore(DiskArtifactStore):
@@ -81,13 +88,7 @@ async def test_a_store_that_fails_keeps_the_settled_steps_in_the_carried_state_a
     the goal finishes with every output (before: the failed store failed the workflow, with
     no report)."""
     flaky.refuse_writes = True
-    goal = spec(
-        workspace,
-        plan={"steps": chains(workspace, WIDTH, 120)},
-        drift_every=0,
-        allowed_tools=["read_file"],
-        continue_as_new_after_nodes=300,
-    )
+    goal = reads_goal(workspace, 120, continue_as_new_after_nodes=300)
     async with running_worker(env, task_queue, flaky):
         handle, result = await run_goal(env, task_queue, goal, as_started=True)
     assert result.outcome == "succeeded", result.excerpt
@@ -106,18 +107,11 @@ async def test_a_plan_whose_chunk_is_missing_parks_the_goal_saying_what_to_do_an
     """A plan file of 1,100 reads started by reference; its chunk files are moved out of the
     artifact store before the goal starts. The goal reads them again twice, then parks saying
     which chunk could not be read and what to do; put back and resumed, it runs to the end."""
-    goal = spec(workspace, plan={"steps": chains(workspace, WIDTH, 110)}, drift_every=0, allowed_tools=["read_file"])
-    started = await with_stored_plan(goal, flaky)
+    started = await with_stored_plan(reads_goal(workspace, 110), flaky)
     chunk_refs = started.stored_plan.chunks
     flaky.move_aside(chunk_refs, tmp_path / "aside")
     async with running_worker(env, task_queue, flaky):
-        handle = await env.client.start_workflow(
-            GoalWorkflow.run,
-            GoalInput(spec=started),
-            id=new_goal_id("frontier"),
-            task_queue=task_queue,
-            task_timeout=started.task_timeout(),
-        )
+        handle, _ = await start_large(env, task_queue, started)
         parked = await wait_until(handle, lambda snap: snap.parked, timeout_s=60)
         reason = parked.pause_reason or ""
         assert "the goal's plan could not be read: chunk 1 of 1" in reason, reason
@@ -140,22 +134,9 @@ async def test_stored_steps_that_cannot_be_read_back_park_the_goal_and_the_rewin
     the goal reads them again twice, parks saying why, and the rewind's receipt says it was not
     applied. Chunks back, resumed, the rewind sent again applies and the goal finishes."""
     depth = 120
-    steps = [*chains(workspace, WIDTH, depth), gate([f"c0-{depth - 1:04d}"])]
-    goal = spec(
-        workspace,
-        plan={"steps": steps},
-        drift_every=0,
-        allowed_tools=["read_file", "run_command"],
-        continue_as_new_after_nodes=300,
-    )
     async with running_worker(env, task_queue, flaky):
-        handle = await env.client.start_workflow(
-            GoalWorkflow.run, GoalInput(spec=goal), id=new_goal_id("frontier"), task_queue=task_queue
-        )
-        latest = env.client.get_workflow_handle(handle.id)
-        await wait_until(
-            latest, lambda snap: "gate" in snap.running and snap.counts.get("succeeded") == 1_200, timeout_s=180
-        )
+        handle, latest = await start_large(env, task_queue, gated_reads(workspace, depth))
+        await until_the_gate_waits(latest)
         carried = (await carried_inputs(handle))[-1]
         chunk_refs = [ArtifactRef.model_validate(r) for r in json.loads(carried.state or "{}")["past"]["chunks"]]
         flaky.move_aside(chunk_refs, tmp_path / "aside")
@@ -194,14 +175,7 @@ async def test_an_update_that_arrives_while_a_run_stores_its_steps_at_the_bounda
         continue_as_new_after_nodes=400,
     )
     async with running_worker(env, task_queue, flaky):
-        handle = await env.client.start_workflow(
-            GoalWorkflow.run,
-            GoalInput(spec=goal),
-            id=new_goal_id("frontier"),
-            task_queue=task_queue,
-            task_timeout=goal.task_timeout(),
-        )
-        latest = env.client.get_workflow_handle(handle.id)
+        handle, latest = await start_large(env, task_queue, goal)
         receipts, failures = [], []
 
         async def one(i: int) -> None:
@@ -251,13 +225,7 @@ async def test_a_store_pass_in_flight_when_the_goal_ends_is_finished_before_the_
     result's outputs and in a stored chunk, and no name is repeated in failed_steps."""
     monkeypatch.setattr(frontier, "PAST_CHUNK_NODES", 100)
     flaky.write_delay_s = 1.0
-    goal = spec(
-        workspace,
-        plan={"steps": chains(workspace, WIDTH, 110)},
-        drift_every=0,
-        allowed_tools=["read_file"],
-        continue_as_new_after_nodes=5_000,
-    )
+    goal = reads_goal(workspace, 110, continue_as_new_after_nodes=5_000)
     async with running_worker(env, task_queue, flaky):
         _, result = await run_goal(env, task_queue, goal, as_started=True)
     assert result.outcome == "succeeded", result.excerpt

@@ -218,22 +218,24 @@ def status(
             render.print_activities(console, await client.pending_activities(desc))
             return
         snapshot = None
-        # Both queries at once: on a finished goal each has a worker replay its last run.
-        inbox = asyncio.ensure_future(client.inbox(goal_id))
+        is_open = goal_reads.is_open(desc)
+        # On a finished goal each query has a worker replay its last run: both at once. A
+        # running goal answers a query between its workflow tasks, and two at once waited for
+        # each other's (on a busy 100,000-step goal 1.3-4.5 s, against 0.04-0.5 s each alone).
+        inbox = None if is_open else asyncio.ensure_future(client.inbox(goal_id))
         try:
             snapshot = await client.progress(goal_id)
         except (RPCError, WorkflowQueryFailedError) as err:
             console.print(f"[yellow]{escape(goal_reads.unanswered_text(desc, err))}[/yellow]")
         render.print_status(console, desc, snapshot, why=why)
-        is_open = goal_reads.is_open(desc)
         ended = None if snapshot is not None or is_open else await client.published_ending(desc)
         if ended is not None:
             render.print_published(console, goal_id, ended)
         render.print_pinning(console, await deployment.pinning(client.temporal, desc) if is_open else None, snapshot)
         if snapshot is not None:
             render.print_children(console, await _children(client, snapshot), snapshot)
-            render.print_refusals(console, goal_id, await inbox)
-        else:
+            render.print_refusals(console, goal_id, await (inbox or client.inbox(goal_id)))
+        elif inbox is not None:
             inbox.cancel()  # nothing of it is shown without a snapshot
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await inbox

@@ -82,23 +82,26 @@ class Past:
         is parked saying so (`on_unreadable`), and this is to be called again once resumed."""
         state = self._ctx.state
         spec = state.spec
+        loaded: dict[tuple[str, ...], Plan] = {}
         try:
             if not state.plan_versions and spec.plan is None and spec.stored_plan is not None:
                 # A plan file the client stored: the planner adopts it as it would one in the spec.
                 spec.plan = await self._read_plan(spec.stored_plan)
-            loaded: dict[tuple[str, ...], Plan] = {}
             for version in state.plan_versions:
-                if version.plan is None and version.stored is not None:
-                    key = tuple(ref.digest for ref in version.stored.chunks)
-                    if key not in loaded:
-                        loaded[key] = await self._read_plan(version.stored)
-                    version.plan = loaded[key]
+                key = tuple(ref.digest for ref in version.stored.chunks) if version.stored is not None else ()
+                if version.plan is None and key and key not in loaded:
+                    loaded[key] = await self._read_plan(version.stored)
         except PastUnreadable as err:
             self.on_unreadable(str(err))
             return False
-        share_plans(state.plan_versions)
         if state.past is not None and state.plan_size() > frontier.PLAN_CHUNK_STEPS:
             await workflow.sleep(CHUNK_PAUSE)  # not in the task that validated the plan's last chunk
+        # The plans and which of their steps are stored, in one activation: a query in between
+        # would count the stored steps twice (as stored, and as pending steps with no node).
+        for version in state.plan_versions:
+            if version.plan is None and version.stored is not None:
+                version.plan = loaded[tuple(ref.digest for ref in version.stored.chunks)]
+        share_plans(state.plan_versions)
         self._decode_stored()
         for name, node in state.nodes.items():
             if node.status in frontier.STORABLE:
@@ -230,13 +233,8 @@ class Past:
         ctx, state = self._ctx, self._ctx.state
         version = len(state.plan_versions)
         try:
-            ref = await workflow.execute_local_activity(
-                chunks.WRITE_PAST,
-                chunks.WritePastInput(nodes=nodes),
-                result_type=ArtifactRef,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary=f"store {len(nodes)} settled steps",
+            ref = await _chunk_activity(
+                chunks.WRITE_PAST, chunks.WritePastInput(nodes=nodes), ArtifactRef, f"store {len(nodes)} settled steps"
             )
         except FailureError as err:
             ctx.log_gate(f"{len(nodes)} settled steps stay in the goal's state: {_why(err)}")
@@ -284,15 +282,9 @@ class Past:
                 await workflow.sleep(CHUNK_PAUSE)
             steps = plan.steps[i : i + size]
             try:
+                summary = f"store plan v{version.version}, steps {i + 1}-{i + len(steps)}"
                 refs.append(
-                    await workflow.execute_local_activity(
-                        chunks.WRITE_PLAN,
-                        chunks.WritePlanInput(steps=steps),
-                        result_type=ArtifactRef,
-                        start_to_close_timeout=STORE_TIMEOUT,
-                        retry_policy=STORE_RETRY,
-                        summary=f"store plan v{version.version}, steps {i + 1}-{i + len(steps)}",
-                    )
+                    await _chunk_activity(chunks.WRITE_PLAN, chunks.WritePlanInput(steps=steps), ArtifactRef, summary)
                 )
             except FailureError as err:
                 self._ctx.log_gate(f"plan v{version.version} is carried whole: {_why(err)}")
@@ -348,14 +340,8 @@ class Past:
                 await workflow.sleep(CHUNK_PAUSE)
             for wait in (*READ_BACKOFF, None):
                 try:
-                    chunk = await workflow.execute_local_activity(
-                        activity,
-                        chunks.ReadChunkInput(ref=ref),
-                        result_type=result_type,
-                        start_to_close_timeout=STORE_TIMEOUT,
-                        retry_policy=STORE_RETRY,
-                        summary=f"load {what}, chunk {i + 1} of {len(refs)}",
-                    )
+                    summary = f"load {what}, chunk {i + 1} of {len(refs)}"
+                    chunk = await _chunk_activity(activity, chunks.ReadChunkInput(ref=ref), result_type, summary)
                     break
                 except FailureError as err:
                     why = _why(err)
@@ -365,6 +351,17 @@ class Past:
                     await workflow.sleep(wait, summary=f"read {what} again")
             found.append(validate(ref, chunk) if validate is not None else chunk)
         return found
+
+
+async def _chunk_activity(activity: str, input: object, result_type: type[T], summary: str) -> T:
+    return await workflow.execute_local_activity(
+        activity,
+        input,
+        result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT,
+        retry_policy=STORE_RETRY,
+        summary=summary,
+    )
 
 
 def _why(err: FailureError) -> str:

@@ -29,8 +29,9 @@ from perdure.workflows.goal.rules.node_index import plan_graph
 
 # Plans of at least this many steps run with a frontier (see above).
 FRONTIER_STEPS = 1_000
-# Nodes per stored chunk: about 1 KB each, so a chunk is about 2 MB of JSON.
-PAST_CHUNK_NODES = 2_000
+# Nodes per stored chunk: about 1 KB each (a read's), so a chunk is about 500 KB of JSON, well
+# under Temporal's 2 MB payload (a chunk read back is a local activity's recorded result).
+PAST_CHUNK_NODES = 500
 # Plan steps per stored chunk: validated in one workflow task when a run loads its plan, and
 # recorded as a local activity's result (a few hundred KB: well under Temporal's 2 MB payload).
 PLAN_CHUNK_STEPS = 2_000
