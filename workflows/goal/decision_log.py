@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import FailureError
 
 from perdure.workflows.goal.context import GoalContext
 from perdure.workflows.goal.contracts import decision_contracts as decisions
@@ -78,8 +78,9 @@ class DecisionLogRoom:
                 retry_policy=STORE_RETRY,
                 summary=f"decisions {first}-{last}",
             )
-        except ActivityError as err:
-            # Kept in the state meanwhile: nothing is lost, the run only carries more.
+        except FailureError as err:
+            # A local activity fails as its own error (ApplicationError, TimeoutError), not an
+            # ActivityError. Kept in the state meanwhile: nothing is lost, the run only carries more.
             self._failed_at = len(self._ctx.state.decisions.recent)
             workflow.logger.warning("decisions not stored", extra={"error": str(err.cause or err)[:200]})
             return

@@ -69,7 +69,10 @@ with workflow.unsafe.imports_passed_through():
 
 # What a subgoal_settled signal sent with no argument is given (a RawValue that decodes to nothing).
 NO_OUTCOME = RawValue(Payload())
-# A goal parked because a stored chunk could not be read asks again after this long (pause.py).
+# A goal parked because a stored chunk could not be read asks again after this long (pause.py),
+# when the chunk was one of its settled steps (the loop runs). Parked because its plan could
+# not be read as a run starts, it waits for a message only (`_load_past`): a resume tries
+# again, an abort ends it; no expiry question, which only the loop could take an answer to.
 UNREADABLE_EXPIRY = timedelta(hours=48)
 
 
@@ -185,7 +188,11 @@ class GoalWorkflow:
         except GoalFailed as err:
             state.failure = str(err)
         except _AbortedUnloaded:
-            self._pause.abort_achieved()  # nothing ran in this run: nothing to wait for or undo
+            # Nothing of this run's plan ran, but earlier runs' effects may be asked to be
+            # undone: their records are carried in the state, and undoing needs no plan.
+            if state.pause.rollback:
+                await self._guard.roll_back(self._events.abort_changed)
+            self._pause.abort_achieved()
         self._inbox.close()
         result = await self._closing.report()
         # A goal in which no step succeeded failed with a reason of its own (closing.py).
