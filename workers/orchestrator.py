@@ -29,7 +29,7 @@ from perdure.activities.artifacts import ArtifactStore, artifact_store, checked_
 from perdure.activities.devices.device_calls import DeviceCallActivities
 from perdure.activities.goal.decision_chunks import DecisionActivities
 from perdure.activities.goal.memory_activities import MemoryActivities
-from perdure.activities.goal.past_chunks import PastActivities
+from perdure.activities.goal.past_chunk_store import PastActivities
 from perdure.activities.goal.recheck import VerificationActivities, VerifyQuestionActivities
 from perdure.activities.goal.report import ReportActivities
 from perdure.activities.goal.timer_history import TimingActivities

@@ -158,6 +158,7 @@ LATER_SPEC_FIELDS = (
     "decisions_kept",
     "question_deadline",
     "local_keyed_writes",
+    "stored_plan",
 )
 
 

@@ -2,7 +2,7 @@
 stored by reference, so what each run carries and loads grows with its frontier
 (workflows/goal/rules/frontier.py has the rules and the sizes).
 
-Workflow code, by local activities (activities/goal/past_chunks.py), like the decision log's
+Workflow code, by local activities (activities/goal/past_chunk_store.py), like the decision log's
 chunks: a chunk of settled nodes is written in a task of its own once enough of them are no
 longer needed by any step not settled yet, and the nodes leave the table when its ref is
 back; before a run continues as new the rest of them go too, and a plan not stored yet is
@@ -366,7 +366,7 @@ async def _chunk_activity(activity: str, input: object, result_type: type[T], su
 
 def _why(err: FailureError) -> str:
     """A chunk activity's failure as said to a person: a local activity's comes as the
-    activity's own ApplicationError (its type says which: activities/goal/past_chunks.py)."""
+    activity's own ApplicationError (its type says which: activities/goal/past_chunk_store.py)."""
     if isinstance(err, ApplicationError):
         return f"{err.message} ({err.type})" if err.type else err.message
     return failure_message(err) if isinstance(err, ActivityError) else str(err)
