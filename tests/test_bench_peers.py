@@ -31,6 +31,7 @@ from bench.peers_run import (
 )
 from bench.peers_writes import Writes
 from bench.storage import filesystem, server_argv, settings
+from perdure.runtime.converter import STORE_ENV, THRESHOLD_ENV
 from perdure.starters.devserver import dev_server_argv
 
 
@@ -190,6 +191,16 @@ def test_a_server_that_does_not_start_is_reported_on_its_row_without_a_traceback
     async def refused(data, on_file):
         raise RuntimeError(f"the dev server did not start (no answer): {'db file' if on_file else 'memory'}")
 
+    # peers_run points this process's PERDURE_HOME and payload store at its scratch directory
+    # (bench/common.py use_home): noted here so they are put back, or later tests in this
+    # process would read their payloads from a directory gone with the run.
+    for name in ("PERDURE_HOME", STORE_ENV, THRESHOLD_ENV, "PERDURE_WATCHDOG_INTERVAL_S"):
+        was = os.environ.get(name)
+        monkeypatch.setenv(name, "")  # recorded as it was (set or not), put back after the test
+        if was is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, was)
     monkeypatch.setattr(peers_run, "PEER_PYTHON", tmp_path / "python")
     (tmp_path / "python").touch()
     monkeypatch.setattr(peers_run, "start_server", refused)

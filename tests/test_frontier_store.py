@@ -26,8 +26,7 @@ from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules import frontier
 from perdure.workflows.shared.contracts import ArtifactRef
 from tests.builders import gate, spec
-from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
-from tests.test_frontier import (
+from tests.frontier_rig import (
     WIDTH,
     carried_inputs,
     chains,
@@ -36,6 +35,7 @@ from tests.test_frontier import (
     start_large,
     until_the_gate_waits,
 )
+from tests.helpers import goal_result, run_goal, running_worker, submit, wait_until
 
 
 class FlakyStore(DiskArtifactStore):

@@ -276,9 +276,14 @@ async def test_a_goal_s_artifacts_live_in_the_bucket_and_read_from_anywhere(
     assert all(is_sealed(blob) for blob in artifacts.values())
     # Nothing on the worker's disk: its PERDURE_HOME holds no artifact, no payload, no watchdog
     # memory; only what docs/guide/deployment.md lists as this host's (its memory store's SQLite
-    # file, which the worker warns about, and the fences of the workspaces it writes to).
+    # file, which the worker warns about, the fences of the workspaces it writes to, the journal).
     assert not (rig.home / "artifacts").exists() and not (rig.home / "payloads").exists()
-    assert {p.name for p in rig.home.iterdir()} <= {"memory", "workspace-versions"}, sorted(rig.home.rglob("*"))
+    # The read batches' journal (answers kept until their task is recorded) is this host's too, sealed.
+    assert {p.name for p in rig.home.iterdir()} <= {"memory", "workspace-versions", "batch-journal"}, sorted(
+        rig.home.rglob("*")
+    )
+    for kept in (p for p in (rig.home / "batch-journal").rglob("*") if p.is_file()):
+        assert MARKER.encode() not in kept.read_bytes(), f"{MARKER!r} in plaintext in {kept}"
     assert "the memory store is this host's own SQLite file" in worker.log_text()
 
     # What they are: the outputs, the agent's transcript and the write_file call's arguments.

@@ -13,12 +13,13 @@ Plans and their steps are never changed in place by the goal's code (a plan chan
 plan), so runs of one goal on one worker share a plan object and what is derived and kept beside
 it (rules/node_index.py plan_graph, rules/risk_order.py risk_facts: the latter depends on the
 goal's tools, so plans are never shared between goals). Bounded, the oldest going first. Workflow
-tasks and activities of different goals run in threads of their own: one lock.
+tasks and activities of different goals run in threads of their own; each step here is one
+dict operation (atomic in CPython) or works on a copy, so no lock is needed (a workflow module
+imports no threading: tests/test_workflow_code_sources.py), and a race costs at most a
+validation done twice.
 """
 
 from __future__ import annotations
-
-import threading
 
 from perdure.workflows.goal.contracts.migrations import collector_paused
 from perdure.workflows.goal.contracts.past_chunks import PlanChunk
@@ -29,23 +30,19 @@ from perdure.workflows.shared.contracts import ArtifactRef
 PLAN_STEPS_CACHED = 100_000
 PLANS_CACHED = 2
 
-_lock = threading.Lock()
 _chunks: dict[str, list] = {}  # chunk digest -> its validated steps
 _plans: dict[tuple, Plan] = {}  # (goal id, first run id, chunk digests, other fields) -> the plan
 
 
 def validated(ref: ArtifactRef, text: str) -> list:
     """The steps of the plan chunk `text` (whose digest `ref` names), validated once."""
-    with _lock:
-        steps = _chunks.get(ref.digest)
+    steps = _chunks.get(ref.digest)
     if steps is not None:
         return steps
     with collector_paused():
         steps = PlanChunk.model_validate_json(text).steps
-    with _lock:
-        _chunks[ref.digest] = steps
-        while sum(len(s) for s in _chunks.values()) > PLAN_STEPS_CACHED and len(_chunks) > 1:
-            _chunks.pop(next(iter(_chunks)))
+    _chunks[ref.digest] = steps
+    _evict(_chunks, lambda kept: sum(len(s) for s in kept.values()) > PLAN_STEPS_CACHED)
     return steps
 
 
@@ -57,8 +54,7 @@ def plan_of(owner: tuple[str, str], stored: StoredPlan, chunk_steps: list[list])
     another chain's plan."""
     deadline = stored.question_deadline.model_dump_json() if stored.question_deadline is not None else None
     key = (*owner, tuple(ref.digest for ref in stored.chunks), deadline)
-    with _lock:
-        plan = _plans.get(key)
+    plan = _plans.get(key)
     if plan is not None:
         return plan
     steps = [step for part in chunk_steps for step in part]
@@ -66,8 +62,15 @@ def plan_of(owner: tuple[str, str], stored: StoredPlan, chunk_steps: list[list])
     # adopts it), and each chunk as it was read: the graph is not checked again.
     plan = Plan.model_construct(steps=steps, question_deadline=stored.question_deadline)
     mark_checked(plan)
-    with _lock:
-        _plans[key] = plan
-        while len(_plans) > PLANS_CACHED:
-            _plans.pop(next(iter(_plans)))
+    _plans[key] = plan
+    _evict(_plans, lambda kept: len(kept) > PLANS_CACHED)
     return plan
+
+
+def _evict(cache: dict, too_big) -> None:
+    """Drop the oldest entries while `too_big(a copy of cache)` holds, keeping at least one."""
+    while True:
+        kept = dict(cache)  # one copy: another thread may add or drop meanwhile
+        if len(kept) <= 1 or not too_big(kept):
+            return
+        cache.pop(next(iter(kept)), None)
