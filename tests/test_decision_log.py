@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,6 +91,36 @@ async def perdure_log(env, home: Path, *args: str) -> tuple[int, str, float]:
 # room for a loaded 2-core machine and still fails a wait on something that never answers (one
 # that never ends at all is failed by pytest's own timeout).
 NO_HANG_S = 30
+
+
+async def test_a_chunk_whose_local_activity_fails_stays_in_the_state_and_waits_for_more_before_trying_again(
+    monkeypatch,
+):
+    """A local activity fails as its own error (here an ApplicationError: the store refused),
+    not an ActivityError. The chunk stays in the state and the log waits for more entries
+    before it tries again (before: the error escaped the store task, and every new decision
+    started another write)."""
+    from temporalio.exceptions import ApplicationError
+
+    from perdure.workflows.goal import decision_log
+    from perdure.workflows.goal.context import GoalContext
+    from perdure.workflows.goal.contracts.state import GoalState
+
+    async def refused(*args, **kwargs):
+        raise ApplicationError("No space left on device", type="OSError")
+
+    monkeypatch.setattr(decision_log.workflow, "execute_local_activity", refused)
+    monkeypatch.setattr(decision_log.workflow, "logger", logging.getLogger("perdure.test"))  # no workflow here
+    state = GoalState(spec=spec(Path("/tmp"), plan={"steps": [llm("a")]}, decisions_kept=4))
+    room = decision_log.DecisionLogRoom(GoalContext(state, "g", lambda: None))
+    for i in range(7):
+        decisions.record(state.decisions, AT, "gate", f"d{i + 1}", "rule")
+    due = decisions.chunk_due(state.decisions, 4)
+    assert due
+    await room._store(due)  # raised before
+    assert len(state.decisions.recent) == 7 and state.decisions.chunks == []
+    room._store_if_due()
+    assert room._writing is None  # not again before kept // 2 more entries
 
 
 def rows(output: str) -> list[list[str]]:
