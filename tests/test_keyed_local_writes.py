@@ -39,6 +39,17 @@ def step_of(summary: str) -> str:
     return summary.split(" · ")[1]
 
 
+async def run_writes(env, task_queue, store, scripted, workspace, steps: list[dict], tools: list[str]):
+    """Run a goal of these steps with local keyed writes on: its result, its last snapshot, and
+    where each tool call ran, (local|activity, step), in the order of its history."""
+    goal = spec(workspace, plan={"steps": steps}, allowed_tools=tools, drift_every=0, local_keyed_writes=True)
+    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
+        handle, result = await run_goal(env, task_queue, goal)
+        snapshot = await handle.query(GoalWorkflow.progress)
+    history = await handle.fetch_history()
+    return result, snapshot, [(where, step_of(s)) for where, s in tool_timeline(history)]
+
+
 @pytest.mark.slow
 @pytest.mark.process
 async def test_a_keyed_local_write_killed_after_the_service_accepted_it_lands_once(crash_rig, fake_service, tmp_path):
@@ -93,20 +104,11 @@ async def test_once_writes_keep_their_activity_and_keyed_ones_run_locally(
             "args": {"url": f"{hook.base_url}/hook", "payload": {"entries": 2}},
         },
     ]
-    goal = spec(
-        workspace,
-        plan={"steps": steps},
-        allowed_tools=["http_request", "notify_webhook"],
-        drift_every=0,
-        local_keyed_writes=True,
+    result, snapshot, placed = await run_writes(
+        env, task_queue, store, scripted, workspace, steps, ["http_request", "notify_webhook"]
     )
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
-        handle, result = await run_goal(env, task_queue, goal)
-        snapshot = await handle.query(GoalWorkflow.progress)
     assert result.outcome == "succeeded", result.excerpt
-
-    history = await handle.fetch_history()
-    assert [(where, step_of(s)) for where, s in tool_timeline(history)] == [
+    assert placed == [
         ("local", "entry-1"),
         ("local", "entry-2"),
         ("activity", "notice"),
@@ -175,19 +177,13 @@ async def test_a_write_with_an_undo_or_arguments_from_another_step_keeps_its_act
         {"name": "undone", "kind": "tool", "tool": "http_request", "needs": ["fixed"], "args": undone},
         {"name": "templated", "kind": "tool", "tool": "http_request", "needs": ["fixed", "undone"], "args": templated},
     ]
-    goal = spec(
-        workspace, plan={"steps": steps}, allowed_tools=["http_request"], drift_every=0, local_keyed_writes=True
-    )
-    async with running_worker(env, task_queue, store, openai_profile(scripted({"replies": []}))):
-        handle, result = await run_goal(env, task_queue, goal)
-        snapshot = await handle.query(GoalWorkflow.progress)
+    result, snapshot, placed = await run_writes(env, task_queue, store, scripted, workspace, steps, ["http_request"])
     assert result.outcome == "succeeded", result.excerpt
 
     # Sent from a local activity, an undoable write could land while a takeover applies an
     # abort with rollback first, with no compensation recorded; a templated one could land
     # twice, different, around a rewind. Their activities are scheduled before the call.
-    history = await handle.fetch_history()
-    assert [(where, step_of(s)) for where, s in tool_timeline(history)] == [
+    assert placed == [
         ("local", "fixed"),
         ("activity", "undone"),
         ("activity", "templated"),
