@@ -37,7 +37,7 @@ def replayer(**options) -> Replayer:
 
 
 @contextmanager
-def activations_split(signals_last: bool = True) -> Iterator[list[int]]:
+def activations_split(signals_last: bool = True, stale_now: bool = False) -> Iterator[list[int]]:
     """Replay as if every activation of several jobs had come as one activation per job,
     resolutions first and signals and updates last (or first): what Temporal's core does
     when a query answered by a worker that had not cached the run applied the events that
@@ -45,18 +45,27 @@ def activations_split(signals_last: bool = True) -> Iterator[list[int]]:
     workflow whose commands depend on that grouping fails its replay wherever its history
     was made the other way. Yields the history lengths at which an activation was split.
 
+    `stale_now`: every part but the last sees the time of the activation before (the query's
+    replay knows no later workflow task), as it was in the live run that failed; the last
+    part sees the task's own time.
+
     Patches the SDK's private `_WorkflowInstanceImpl.activate` (the only place the
     grouping can be chosen in a replay): a rename there fails this loudly, never silently."""
+    from google.protobuf.timestamp_pb2 import Timestamp
     from temporalio.bridge.proto.workflow_activation import WorkflowActivation
     from temporalio.worker import _workflow_instance
 
     cls = _workflow_instance._WorkflowInstanceImpl
     activate = cls.activate
     split: list[int] = []
+    times: dict[int, Timestamp] = {}  # each run's last activation time (by instance)
 
     def one_job_at_a_time(self, act: WorkflowActivation):
         jobs = list(act.jobs)
         kinds = {job.WhichOneof("variant") for job in jobs}
+        before = times.get(id(self))
+        if act.HasField("timestamp"):
+            times[id(self)] = act.timestamp
         if len(jobs) < 2 or kinds & {"initialize_workflow", "query_workflow", "remove_from_cache"}:
             return activate(self, act)
         messages = [j for j in jobs if j.WhichOneof("variant") in ("signal_workflow", "do_update")]
@@ -64,11 +73,13 @@ def activations_split(signals_last: bool = True) -> Iterator[list[int]]:
         order = others + messages if signals_last else messages + others
         split.append(act.history_length)
         completion = None
-        for job in order:
+        for n, job in enumerate(order):
             part = WorkflowActivation()
             part.CopyFrom(act)
             del part.jobs[:]
             part.jobs.append(job)
+            if stale_now and before is not None and n < len(order) - 1:
+                part.timestamp.CopyFrom(before)
             done = activate(self, part)
             if completion is None:
                 completion = done

@@ -8,8 +8,9 @@ activation; a replay elsewhere later sees them as one. A goal whose timed wait w
 again at every wake-up made a timer in the first grouping that the second never made, and
 its replay failed with `[TMPRL1100] Timer fired event did not have expected timer id`
 (seen in test_hosts when a host that ran the goal was killed and `perdure status` asked
-about it). These tests record a real goal whose workflow task carries two messages at
-once, then replay its history both grouped and split one job per activation.
+about it). These tests record a real goal whose workflow task carries two events at once (two
+messages; a device call's timeout and a message), then replay its history both grouped and
+split one job per activation, the earlier ones at the earlier time where that matters.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Worker
 
-from perdure.workflows.goal.contracts.messages import Abort, Park, Steer
+from perdure.activities.devices.device_tools import DeviceToolActivities
+from perdure.workflows.devices.device_contracts import DeviceActivities, DeviceToolInput, DeviceToolResult, device_queue
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Park, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests import goldens
+from tests.device_rig import InProcessDevice, question_of, write_on
 from tests.helpers import goal_result, running_worker, start, submit, wait_until
 
 WAIT_AN_HOUR = {"name": "later", "kind": "wait", "after": "1h"}
@@ -80,6 +86,88 @@ async def test_a_parked_goal_woken_twice_in_one_task_replays_however_the_task_is
     assert signals_in_one_task(history) >= 2  # the grouping under test happened
     await goldens.replayer().replay_workflow(history)  # as recorded: one activation
     with goldens.activations_split() as split:
+        replayed = await goldens.replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert split, "no activation of several jobs was split: the test would prove nothing"
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+class HangsOnFirstWrite(DeviceToolActivities):
+    """A device whose first write hangs without a heartbeat: the machine froze mid-call."""
+
+    hung = 0
+
+    @activity.defn(name=DeviceActivities.RUN_TOOL)
+    async def run_tool(self, input: DeviceToolInput) -> DeviceToolResult:
+        if input.tool == "write_file" and not HangsOnFirstWrite.hung:
+            HangsOnFirstWrite.hung += 1
+            await asyncio.sleep(3600)
+        return await super().run_tool(input)
+
+
+async def history_has(handle, event_type, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.event_type == event_type for e in (await handle.fetch_history()).events):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no {EventType.Name(event_type)} in {timeout_s} s")
+
+
+async def device_call_running(handle, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pending = (await handle.describe()).raw_description.pending_activities
+        if any(p.activity_type.name == DeviceActivities.RUN_TOOL and p.HasField("last_started_time") for p in pending):
+            return
+        await asyncio.sleep(0.1)
+    snap = await handle.query(GoalWorkflow.progress)
+    raise AssertionError(f"the device call did not start in {timeout_s} s (phase {snap.phase}): {snap.nodes}")
+
+
+@pytest.mark.slow
+async def test_a_device_wait_begun_in_one_activation_and_past_its_limit_in_the_next_replays_however_split(
+    env, task_queue, store, workspace, tmp_path
+):
+    # The step's device call times out while no worker runs the goal, and a message comes
+    # too: the next task carries both. Split, the timeout is seen at the time of the task
+    # before (as by a query's replay on a worker that had not cached the goal), the message
+    # at the task's own time, by when the device wait's 1 s limit has passed. The wait's
+    # timer was once set as "now + 1 s" at each of them: a timer the grouped run never made
+    # (the failure seen in test_hosts, [TMPRL1100] Timer fired event did not have expected timer id).
+    root = tmp_path / "machine"
+    root.mkdir()
+    laptop = InProcessDevice(env, task_queue, "laptop", root, lease_s=2.0, approval={"*": "never"})
+    HangsOnFirstWrite.hung = 0
+    async with running_worker(env, task_queue, store):
+        await laptop.start()
+        assert laptop.worker is not None
+        await laptop.worker.shutdown()  # announced; a worker that hangs serves its queue instead
+        tools = frozenset(laptop.announced["tools"])
+        acts = HangsOnFirstWrite(root, tools, False, laptop.state, tmp_path / "scratch")
+        queue = device_queue("laptop", task_queue)
+        hanging = Worker(env.client, task_queue=queue, activities=[acts.run_tool, acts.lease])
+        serving = asyncio.create_task(hanging.run())
+        try:
+            steps = [write_on("laptop", device_wait_s=1)]
+            handle = await start(env, task_queue, workspace, steps, allowed_tools=["write_file"])
+            await device_call_running(handle)
+        except BaseException:
+            await hanging.shutdown()
+            raise
+    try:
+        await handle.signal(GoalWorkflow.message_signal, Steer(request_id="s1", text="hint").model_dump())
+        await history_has(handle, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)  # the heartbeat's 3 s
+    finally:
+        await hanging.shutdown()  # the device is gone for good
+        await serving
+    async with running_worker(env, task_queue, store):
+        card = await question_of(handle, "device_offline")
+        await submit(handle, Answer(request_id="skip-1", question_id=card.id, choice="skip"))
+        result = await goal_result(handle)
+    assert result.outcome != "succeeded", result.excerpt  # the write was skipped
+    history = await handle.fetch_history()
+    await goldens.replayer().replay_workflow(history)  # as recorded: one activation
+    with goldens.activations_split(stale_now=True) as split:
         replayed = await goldens.replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert split, "no activation of several jobs was split: the test would prove nothing"
     assert replayed.replay_failure is None, replayed.replay_failure

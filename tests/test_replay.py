@@ -42,6 +42,16 @@ async def test_golden_history_replays(path: Path):
     await goldens.replayer().replay_workflow(load(path))
 
 
+@pytest.mark.parametrize("signals_last", [True, False], ids=["signals-last", "signals-first"])
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+@pytest.mark.slow
+async def test_golden_history_replays_with_its_activations_split(path: Path, signals_last: bool):
+    # As a worker that had not cached the run would see it: each job alone, the earlier ones at
+    # the time of the task before (tests/test_activation_grouping.py says why this matters).
+    with goldens.activations_split(signals_last=signals_last, stale_now=True):
+        await goldens.replayer().replay_workflow(load(path))
+
+
 @workflow.defn(name=GOAL_WORKFLOW)
 class GoalWorkflowThatReportsFirst:
     """A plausible edit: someone moves the report before planning."""

@@ -117,6 +117,14 @@ async def test_a_question_is_answered_by_clicking_its_button(env, task_queue, st
     assert (laptop.root / "out.txt").read_text() == "hello\n"
 
 
+# The page's POSTs answered 2 s late, as by a slow server: whatever redraws meanwhile comes first.
+SLOW_REPLIES = """window.fetch = ((fetch) => async (url, init) => {
+  const response = await fetch(url, init);
+  if (init?.method === "POST") await new Promise((done) => setTimeout(done, 2000));
+  return response;
+})(window.fetch)"""
+
+
 async def test_an_approvals_ahead_card_has_a_checkbox_per_step_and_refuses_the_checked_ones(
     env, task_queue, store, workspace, ui, tmp_path, fake_service
 ):
@@ -138,7 +146,10 @@ async def test_an_approvals_ahead_card_has_a_checkbox_per_step_and_refuses_the_c
             f"[...{card}.querySelectorAll('label[data-step]')].map((l) => l.textContent)"
         )
         buttons = await page.evaluate(f"[...{card}.querySelectorAll('button')].map((b) => b.textContent)")
-        # Nothing ticked: the goal refuses "approve checked" and says why on the card.
+        # Nothing ticked: the goal refuses "approve checked" and says why on the card. The answer's
+        # reply comes late (a slow server): the card is redrawn first, as the goal took the message,
+        # and the receipt must land on the card shown, not on the one clicked (lost once on CI).
+        await page.evaluate(SLOW_REPLIES)
         await page.evaluate(f"{card}.querySelector('button[data-option=\"approve_some\"]').click()")
         empty = await page.wait_for(f"{receipt}?.startsWith('answer: rejected') && {receipt}")
         await page.evaluate(f"{box}.click(); window.before = {card}")

@@ -63,6 +63,13 @@ function receiptText(kind, receipt) {
   return `${kind}: ${receipt.status || receipt.error}${receipt.note ? " · " + receipt.note : ""}`;
 }
 
+// A reply lands on the element the page shows now: the goal took the message before its reply
+// came, so the panel it was sent from may have been drawn again meanwhile (kept in the state too,
+// for the next redraw).
+function showReceipt(selector, text) {
+  for (const element of document.querySelectorAll(selector)) element.textContent = text;
+}
+
 // --- the list of goals ---------------------------------------------------------------
 
 const FILTERS = ["status", "phase", "needs_human", "parked", "query"];
@@ -405,7 +412,7 @@ function drawAheadCard(snapshot, q, state) {
       const answer = await send(snapshot.goal_id, named ? { ...message, steps: chosen } : message);
       state.noteReceipt(answer);
       state.answers.set(q.id, receiptText("answer", answer));
-      receipt.textContent = state.answers.get(q.id);
+      showReceipt(`[data-question="${q.id}"] .receipt`, state.answers.get(q.id));
     } }, label));
   return el("div", { class: "card ahead", "data-question": q.id },
     el("b", {}, `${q.id}: ${q.title}`), el("p", { class: "done-so-far" }, `done so far: ${q.done}`),
@@ -441,7 +448,7 @@ function drawInbox(box, state) {
 function drawPremises(box, snapshot, state) {
   const entries = Object.entries(snapshot.premises);
   const why = el("input", { id: "narrow-why", placeholder: "why the requirement changed", size: "30" });
-  const answer = el("p", { class: "narrow-receipt" });
+  const answer = el("p", { class: "narrow-receipt" }, state.narrowReceipt || "");
   const rows = entries.map(([key, value]) => {
     const input = el("input", { name: key, value, size: "16" });
     const requestId = newRequestId();
@@ -450,7 +457,8 @@ function drawPremises(box, snapshot, state) {
       el("button", { onclick: async () => {
         const receipt = await send(snapshot.goal_id, { request_id: requestId, kind: "narrow", premises: { [key]: input.value }, why: why.value || null });
         state.noteReceipt(receipt);
-        answer.textContent = receiptText("narrow", receipt);
+        state.narrowReceipt = receiptText("narrow", receipt);
+        showReceipt(".narrow-receipt", state.narrowReceipt);
       } }, "narrow"));
   });
   box.replaceChildren(el("h3", {}, "premises"),
@@ -461,10 +469,11 @@ function drawPremises(box, snapshot, state) {
 // arrives), resume, and send the signal a park waits for. Redrawn only when the goal parks or
 // resumes, so a reason being typed stays.
 function drawPark(box, snapshot, state) {
-  const answer = el("p", { class: "park-receipt" });
+  const answer = el("p", { class: "park-receipt" }, state.parkReceipt || "");
   const sent = (kind) => (receipt) => {
     state.noteReceipt(receipt);
-    answer.textContent = receiptText(kind, receipt);
+    state.parkReceipt = receiptText(kind, receipt);
+    showReceipt(".park-receipt", state.parkReceipt);
   };
   if (snapshot.parked) {
     const waitsFor = /until signal ([^ );]+)/.exec(snapshot.pause_reason || "");

@@ -10,7 +10,10 @@ every pass of the loop. Two reasons, both about history:
   arrived since the last workflow task; the task that follows brings the rest). A timer
   started at the first and cancelled at the second is a command the other grouping never
   makes, and a replay of that history then fails with a nondeterminism error. Keyed on
-  its absolute time, the timer is the same command either way.
+  its absolute time, the timer is the same command either way. So the deadline given must be
+  a time taken from the goal's state, never `now` plus something: two activations of one
+  history need not share `now` (a device wait's limit already past was once set again as
+  "now + 1 s" at each of them, and a replay failed in test_hosts).
 
 Workflow code.
 """
@@ -35,8 +38,17 @@ class Alarm:
             self._at, self._summary = at, summary
 
     def rang(self, at: datetime | None) -> bool:
-        """Whether the timer for `at` has fired."""
+        """Whether the timer for `at` has fired (and the loop has not yet acted on it)."""
         return at is not None and self._rang == at
+
+    def take(self, at: datetime | None) -> bool:
+        """Whether the timer for `at` has fired; the loop acts on it once. A deadline still
+        set after that (past, and nothing changed it) gets a timer of its own again, at
+        least a second long, so a deadline no action clears is retried, never spun on."""
+        if not self.rang(at):
+            return False
+        self._rang = None
+        return True
 
     async def run(self) -> None:
         """Keep one timer for the deadline set last (a background task of the goal's run)."""

@@ -307,17 +307,15 @@ class Devices:
             return "resume"
         return None
 
-    def time_to_deadline(self) -> timedelta | None:
-        """Until the earliest wait past which a person is asked; None without such a wait."""
+    def deadline(self) -> datetime | None:
+        """When the earliest wait passes its limit and a person is asked; None without such a wait."""
         state = self._ctx.state
         due = [
             self._deadline(name, wait)
             for name, wait in state.device_waits.items()
             if not wait.question and name in state.nodes and state.nodes[name].status == "offline"
         ]
-        if not due:
-            return None
-        return max(min(due) - workflow.now(), timedelta(seconds=1))
+        return min(due, default=None)
 
     async def on_deadline(self) -> None:
         """Ask a person about every wait longer than its limit (one card per wait), with the

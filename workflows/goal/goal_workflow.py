@@ -363,12 +363,12 @@ class GoalWorkflow:
             state.phase = self._waiting_phase()
             self._spend.mark_activity(self._active())
             self._publisher.publish()
-            timeout, summary = self._pause.timeout(), None
-            device_wait = self._devices.time_to_deadline()
+            at, summary = self._pause.deadline(), None
+            device_wait = self._devices.deadline()
             if device_wait is not None and state.pause.mode == "running":
-                timeout, summary = device_wait, "a step's wait for its device reaches its limit"
+                at, summary = device_wait, "a step's wait for its device reaches its limit"
             try:
-                await self._next_wakeup(timeout, summary)
+                await self._next_wakeup(at, summary)
             except TimeoutError:
                 await self._pause.on_deadline()
                 if state.pause.mode == "running":
@@ -448,14 +448,17 @@ class GoalWorkflow:
     def _wake(self) -> None:
         self._wakeups += 1
 
-    async def _next_wakeup(self, timeout: timedelta | None = None, summary: str | None = None) -> None:
-        """Until something wakes the loop; TimeoutError once `timeout` has passed. The timer
-        is the alarm's, kept while the deadline stays the same (workflows/goal/alarm.py)."""
+    async def _next_wakeup(self, at: datetime | None = None, summary: str | None = None) -> None:
+        """Until something wakes the loop; TimeoutError once the time `at` has come (at once if
+        it came while the loop was busy). The timer is the alarm's, keyed on `at` as a time,
+        never on `now`: a deadline already past when a pass reaches here is the same deadline
+        at every pass (workflows/goal/alarm.py)."""
         seen = self._wakeups
-        at = None if timeout is None else workflow.now() + timeout
+        if self._alarm.take(at):
+            raise TimeoutError
         self._alarm.set(at, (summary or "parked: wake or expiry") if at is not None else None)
         await workflow.wait_condition(lambda: self._wakeups != seen or self._alarm.rang(at))
-        if self._wakeups == seen:
+        if self._wakeups == seen and self._alarm.take(at):
             raise TimeoutError
 
     def _waiting_phase(self) -> str:

@@ -93,16 +93,15 @@ class Pause:
         if pause.abort_achieved_at is None:
             pause.abort_achieved_at = workflow.now()
 
-    def timeout(self) -> timedelta | None:
-        """How long the loop may wait before a parked goal's next deadline (wake or expiry)."""
+    def deadline(self) -> datetime | None:
+        """A parked goal's next deadline (wake, expiry or the condition's next check), as a
+        time: the loop's alarm is keyed on it (workflows/goal/alarm.py)."""
         pause = self._ctx.state.pause
         if pause.mode != "parked":
             return None
         check_at = pause.condition.next_check_at if pause.condition is not None else None
         deadlines = [d for d in (pause.wake_at, None if pause.expiry_asked else pause.expires_at, check_at) if d]
-        if not deadlines:
-            return None
-        return max(min(deadlines) - workflow.now(), timedelta(seconds=1))
+        return min(deadlines, default=None)
 
     def condition_held(self, who: str = RULE) -> None:
         """The park's condition holds: the goal resumes by itself and says why (`who`: the
