@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from temporalio import activity
 from temporalio.client import WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
@@ -17,10 +18,13 @@ from perdure.activities.tools.user.toolbox import Toolbox
 from perdure.workflows.devices.device_contracts import (
     DEVICE_REGISTRY_WORKFLOW,
     DEVICE_TOOLS,
+    DeviceActivities,
     DeviceAnnouncement,
     DeviceListing,
     DeviceRegistryInput,
     DeviceSession,
+    DeviceToolInput,
+    DeviceToolResult,
     RegistryQueries,
     RegistryUpdates,
     device_queue,
@@ -29,13 +33,49 @@ from perdure.workflows.devices.device_contracts import (
 from tests.helpers import wait_until
 
 
+def freezing_on_first(tool: str) -> type[DeviceToolActivities]:
+    """Device activities whose first call of `tool` hangs without a heartbeat: the machine
+    froze mid-call (the goal's heartbeat timeout ends the call)."""
+
+    class FreezesOnFirstCall(DeviceToolActivities):
+        frozen = 0
+
+        @activity.defn(name=DeviceActivities.RUN_TOOL)
+        async def run_tool(self, input: DeviceToolInput) -> DeviceToolResult:
+            if input.tool == tool and not FreezesOnFirstCall.frozen:
+                FreezesOnFirstCall.frozen += 1
+                await asyncio.sleep(3600)
+            return await super().run_tool(input)
+
+    return FreezesOnFirstCall
+
+
+async def device_call_running(handle: WorkflowHandle, timeout_s: float = 30) -> None:
+    """Until a worker has picked up the goal's device call (activity started events reach the
+    history only when the call ends: this reads the pending activities)."""
+    for _ in range(int(timeout_s * 10)):
+        pending = (await handle.describe()).raw_description.pending_activities
+        if any(p.activity_type.name == DeviceActivities.RUN_TOOL and p.HasField("last_started_time") for p in pending):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the device call did not start in {timeout_s} s")
+
+
 class InProcessDevice:
     """A device daemon's activities and announce, without its process (no SIGKILL here)."""
 
     def __init__(
-        self, env, task_queue: str, name: str, root: Path, user_tools: Toolbox | None = None, **announced
+        self,
+        env,
+        task_queue: str,
+        name: str,
+        root: Path,
+        user_tools: Toolbox | None = None,
+        activities: type[DeviceToolActivities] = DeviceToolActivities,
+        **announced,
     ) -> None:
         self.env, self.task_queue, self.name, self.root = env, task_queue, name, root
+        self.activities = activities  # e.g. freezing_on_first("git_commit")
         # The user's own tools it runs (announce their names in `tools` too).
         self.user_tools = user_tools or Toolbox()
         # A 1 s lease lapsed on a loaded 2-core machine (the lease activity not picked up or
@@ -65,7 +105,7 @@ class InProcessDevice:
         )
         self.state.generation = session.generation
         scratch = self.root.parent / f"scratch-{self.name}-{session.generation}"
-        acts = DeviceToolActivities(
+        acts = self.activities(
             self.root,
             frozenset(self.announced["tools"]),
             self.announced.get("network", False),

@@ -20,16 +20,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.worker import Worker
 
-from perdure.activities.devices.device_tools import DeviceToolActivities
-from perdure.workflows.devices.device_contracts import DeviceActivities, DeviceToolInput, DeviceToolResult, device_queue
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Park, Steer
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests import goldens
-from tests.device_rig import InProcessDevice, question_of, write_on
+from tests.device_rig import InProcessDevice, device_call_running, freezing_on_first, question_of, write_on
 from tests.helpers import goal_result, running_worker, start, submit, wait_until
 
 WAIT_AN_HOUR = {"name": "later", "kind": "wait", "after": "1h"}
@@ -91,19 +87,6 @@ async def test_a_parked_goal_woken_twice_in_one_task_replays_however_the_task_is
     assert replayed.replay_failure is None, replayed.replay_failure
 
 
-class HangsOnFirstWrite(DeviceToolActivities):
-    """A device whose first write hangs without a heartbeat: the machine froze mid-call."""
-
-    hung = 0
-
-    @activity.defn(name=DeviceActivities.RUN_TOOL)
-    async def run_tool(self, input: DeviceToolInput) -> DeviceToolResult:
-        if input.tool == "write_file" and not HangsOnFirstWrite.hung:
-            HangsOnFirstWrite.hung += 1
-            await asyncio.sleep(3600)
-        return await super().run_tool(input)
-
-
 async def history_has(handle, event_type, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -111,17 +94,6 @@ async def history_has(handle, event_type, timeout_s: float = 30) -> None:
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"no {EventType.Name(event_type)} in {timeout_s} s")
-
-
-async def device_call_running(handle, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pending = (await handle.describe()).raw_description.pending_activities
-        if any(p.activity_type.name == DeviceActivities.RUN_TOOL and p.HasField("last_started_time") for p in pending):
-            return
-        await asyncio.sleep(0.1)
-    snap = await handle.query(GoalWorkflow.progress)
-    raise AssertionError(f"the device call did not start in {timeout_s} s (phase {snap.phase}): {snap.nodes}")
 
 
 @pytest.mark.slow
@@ -136,30 +108,22 @@ async def test_a_device_wait_begun_in_one_activation_and_past_its_limit_in_the_n
     # (the failure seen in test_hosts, [TMPRL1100] Timer fired event did not have expected timer id).
     root = tmp_path / "machine"
     root.mkdir()
-    laptop = InProcessDevice(env, task_queue, "laptop", root, lease_s=2.0, approval={"*": "never"})
-    HangsOnFirstWrite.hung = 0
+    frozen = freezing_on_first("write_file")
+    laptop = InProcessDevice(env, task_queue, "laptop", root, activities=frozen, lease_s=2.0, approval={"*": "never"})
     async with running_worker(env, task_queue, store):
         await laptop.start()
-        assert laptop.worker is not None
-        await laptop.worker.shutdown()  # announced; a worker that hangs serves its queue instead
-        tools = frozenset(laptop.announced["tools"])
-        acts = HangsOnFirstWrite(root, tools, False, laptop.state, tmp_path / "scratch")
-        queue = device_queue("laptop", task_queue)
-        hanging = Worker(env.client, task_queue=queue, activities=[acts.run_tool, acts.lease])
-        serving = asyncio.create_task(hanging.run())
         try:
             steps = [write_on("laptop", device_wait_s=1)]
             handle = await start(env, task_queue, workspace, steps, allowed_tools=["write_file"])
             await device_call_running(handle)
         except BaseException:
-            await hanging.shutdown()
+            await laptop.stop()
             raise
     try:
         await handle.signal(GoalWorkflow.message_signal, Steer(request_id="s1", text="hint").model_dump())
         await history_has(handle, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)  # the heartbeat's 3 s
     finally:
-        await hanging.shutdown()  # the device is gone for good
-        await serving
+        await laptop.stop()  # the device is gone for good
     async with running_worker(env, task_queue, store):
         card = await question_of(handle, "device_offline")
         await submit(handle, Answer(request_id="skip-1", question_id=card.id, choice="skip"))

@@ -21,17 +21,21 @@ from perdure.runtime.plugin import PerdurePlugin
 from perdure.workers import device as daemon
 from perdure.workflows.devices.device_contracts import (
     DeviceActivities,
-    DeviceToolInput,
-    DeviceToolResult,
     LeaseInput,
     LeaseResult,
-    device_queue,
     registry_id,
 )
 from perdure.workflows.devices.device_registry import DeviceRegistryWorkflow
 from perdure.workflows.goal.contracts.messages import Abort, Answer, Approve
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
-from tests.device_rig import InProcessDevice, question_of, registry_says, write_on
+from tests.device_rig import (
+    InProcessDevice,
+    device_call_running,
+    freezing_on_first,
+    question_of,
+    registry_says,
+    write_on,
+)
 from tests.helpers import goal_result, running_worker, start, statuses, submit, wait_until
 
 
@@ -65,19 +69,6 @@ async def test_a_skipped_steps_wait_is_gone_and_sets_no_timer_while_another_step
     assert snap.waiting_for_devices == {"other": "desktop"}
 
 
-class FreezesOnFirstCommit(DeviceToolActivities):
-    """A device whose first git_commit hangs without a heartbeat: the machine froze mid-commit."""
-
-    frozen = 0
-
-    @activity.defn(name=DeviceActivities.RUN_TOOL)
-    async def run_tool(self, input: DeviceToolInput) -> DeviceToolResult:
-        if input.tool == "git_commit" and not FreezesOnFirstCommit.frozen:
-            FreezesOnFirstCommit.frozen += 1
-            await asyncio.sleep(3600)
-        return await super().run_tool(input)
-
-
 @pytest.mark.slow
 async def test_an_abort_while_a_device_write_is_lost_mid_call_ends_with_the_write_uncertain(
     env, task_queue, store, workspace, tmp_path
@@ -85,30 +76,19 @@ async def test_an_abort_while_a_device_write_is_lost_mid_call_ends_with_the_writ
     root = tmp_path / "machine"
     root.mkdir()
     async with running_worker(env, task_queue, store):
-        device = InProcessDevice(env, task_queue, "laptop", root, approval={"*": "never"})
+        frozen = freezing_on_first("git_commit")
+        device = InProcessDevice(env, task_queue, "laptop", root, activities=frozen, approval={"*": "never"})
         await device.start()
-        assert device.worker is not None
-        await device.worker.shutdown()
-        acts = FreezesOnFirstCommit(root, frozenset(device.announced["tools"]), False, device.state, tmp_path / "s")
-        worker = Worker(
-            env.client, task_queue=device_queue("laptop", task_queue), activities=[acts.run_tool, acts.lease]
-        )
-        run = asyncio.create_task(worker.run())
         try:
             step = {"name": "commit", "kind": "tool", "tool": "git_commit", "device": "laptop"}
             step["args"] = {"message": "x"}
             handle = await start(env, task_queue, workspace, [step], allowed_tools=["git_commit"])
-            for _ in range(300):
-                pending = (await handle.describe()).raw_description.pending_activities
-                if any(p.activity_type.name == DeviceActivities.RUN_TOOL for p in pending):
-                    break
-                await asyncio.sleep(0.1)
+            await device_call_running(handle)
             await submit(handle, Abort(request_id="stop-1", reason="enough"))
             result = await asyncio.wait_for(goal_result(handle), timeout=30)
             snap = await handle.query(GoalWorkflow.progress)
         finally:
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
+            await device.stop()
     assert result.outcome == "aborted"
     assert statuses(snap) == {"commit": "uncertain"}  # the commit may have happened: never "abandoned"
 
