@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import FailureError
 
 from perdure.workflows.goal.context import NodeFailed, short_key
 from perdure.workflows.goal.contracts.goal_contracts import Activities
@@ -123,7 +123,9 @@ class ToolNode:
                 retry_policy=LOOK_RETRY,
                 summary=f"look {when} {node.name}: {len(sources)} sources the goal read",
             )
-        except ActivityError:
+        except FailureError:
+            # A local activity's own failure comes bare (an ApplicationError), its timeout as an
+            # ActivityError: either way no look, and the step goes on unverified.
             return None
         return result.looked if len(result.looked) == len(sources) else None
 
