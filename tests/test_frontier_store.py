@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 from perdure.activities.artifacts import DiskArtifactStore
 from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal import past as past_module
-from perdure.workflows.goal.contracts.messages import Answer, Resume, Rewind
+from perdure.workflows.goal.contracts.messages import Abort, Answer, Resume, Rewind
 from perdure.workflows.goal.contracts.past_chunks import PastChunk
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from perdure.workflows.goal.rules import frontier
@@ -123,6 +123,29 @@ async def test_a_plan_whose_chunk_is_missing_parks_the_goal_saying_what_to_do_an
         result = await goal_result(handle)
     assert result.outcome == "succeeded", result.excerpt
     assert len(result.outputs) + len(stored_steps(flaky, result)) == WIDTH * 110
+
+
+@pytest.mark.slow
+async def test_an_abort_with_rollback_while_parked_on_an_unreadable_plan_ends_the_goal_aborted_with_nothing_run(
+    env, task_queue, flaky, workspace, tmp_path, quick_backoff
+):
+    """The plan's chunks are gone when the goal starts: it parks; an abort asking for a
+    rollback ends it at once, aborted, the abort achieved with nothing running or to undo,
+    nothing of the plan run. (The rollback of an earlier run's effects on this path is not
+    exercised here: that needs a write, a run boundary and then the chunks gone.)"""
+    started = await with_stored_plan(reads_goal(workspace, 110), flaky)
+    flaky.move_aside(started.stored_plan.chunks, tmp_path / "aside")
+    async with running_worker(env, task_queue, flaky):
+        handle, _ = await start_large(env, task_queue, started)
+        await wait_until(handle, lambda snap: snap.parked, timeout_s=60)
+        receipt = await submit(handle, Abort(request_id="a1", reason="wrong plan", rollback=True))
+        assert receipt.status == "applied", receipt
+        result = await asyncio.wait_for(goal_result(handle), timeout=60)
+        snap = await handle.query(GoalWorkflow.progress)
+    assert result.outcome == "aborted", result.excerpt
+    assert result.outputs == {} and result.past == []
+    assert snap.abort is not None and snap.abort.stage == "achieved" and snap.abort.rollback
+    assert snap.abort.running == [] and snap.abort.to_undo == [] and snap.abort.undone == []
 
 
 @pytest.mark.slow
