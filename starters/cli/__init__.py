@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from perdure.runtime import settings, telemetry
+from perdure.runtime import settings
 from perdure.starters.cli import (
     decision_commands,
     deploy_commands,
@@ -101,7 +101,11 @@ def main() -> None:
         app()
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    telemetry.flush()
+    # Spans and metrics of a command that set telemetry up (importing it costs a command that
+    # did not a third of a second: temporalio's plugin and worker modules).
+    telemetry = sys.modules.get("perdure.runtime.telemetry")
+    if telemetry is not None:
+        telemetry.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -14,19 +14,20 @@ import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perdure.memory.forget import ForgetReport, forget
 from perdure.memory.store import MemoryStore, MemoryStoreError, open_store
-from perdure.memory.summaries import summarize, summarizer_for
 from perdure.starters.cli.terminal import console, refuse
 from perdure.workflows.goal.contracts.memory_contracts import Memory, MemorySource, NewMemory
 from perdure.workflows.goal.rules.memory_rules import SHELF_LIFE
 from perdure.workflows.shared.durations import duration_text
+
+if TYPE_CHECKING:
+    from perdure.memory.forget import ForgetReport
 
 app = typer.Typer()
 # `perdure memory …`, nested in this group beside `perdure forget`.
@@ -84,6 +85,8 @@ def forget_command(
     ] = None,
 ) -> None:
     """Revoke matching memories and everything derived from them; derived ones are re-made or dropped."""
+
+    from perdure.memory.forget import forget  # the summariser's model clients: only here
 
     def work(store: MemoryStore) -> ForgetReport:
         return asyncio.run(forget(store, target, datetime.now(UTC), profile))
@@ -243,6 +246,8 @@ def summarize_command(
     ] = None,
 ) -> None:
     """Derive one summary from memories; it records what it was derived from."""
+
+    from perdure.memory.summaries import summarize, summarizer_for
 
     def work(store: MemoryStore) -> Memory:
         summary, _ = asyncio.run(summarize(store, ids, summarizer_for(profile), datetime.now(UTC)))

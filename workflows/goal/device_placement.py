@@ -27,7 +27,7 @@ Workflow code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -51,7 +51,7 @@ from perdure.workflows.devices.device_contracts import (
 )
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeWaiting
 from perdure.workflows.goal.contracts.goal_contracts import Activities, AheadApproval
-from perdure.workflows.goal.contracts.plan import AgentStep, Plan, ToolStep, devices_named
+from perdure.workflows.goal.contracts.plan import AgentStep, Plan, PlanStep, ToolStep, devices_named
 from perdure.workflows.goal.contracts.state import DeviceWait, Node, Question
 from perdure.workflows.goal.rules import approvals_ahead, questions
 from perdure.workflows.goal.tool_runner import tool_timeout
@@ -111,12 +111,25 @@ class Devices:
         host, every call that needs the workspace (a user tool declared `workspace=True` too)."""
         return self._placed(self.device_of(node), tool)
 
-    def approval_ahead(self, step: ToolStep) -> tuple[str, str | None] | None:
-        """The device (or host) a plan's tool step will run on, and its root if the goal has
-        heard of it, when a call there waits for a person's approval as far as the goal knows
-        at adoption: the device's own rules once it has announced them, else the goal's
-        (approvals collected ahead, rules/approvals_ahead.py)."""
-        name = self._placed(self._own_device(step.name) or self.host(), step.tool)
+    def approvals_ahead(self, steps: Iterable[PlanStep]) -> dict[str, tuple[str, str | None]]:
+        """Step -> the device (or host) a plan's tool step will run on, and its root if the goal
+        has heard of it, for each step whose call there waits for a person's approval as far as
+        the goal knows at adoption: the device's own rules once it has announced them, else the
+        goal's (approvals collected ahead, rules/approvals_ahead.py). A step on no device, in a
+        goal with no host, is passed over at once: at 100,000 steps, looking each one up again
+        made the adoption's workflow task the goal's longest."""
+        host, moves = self.host(), self._ctx.state.device_moves
+        found = {}
+        for step in steps:
+            if not isinstance(step, ToolStep) or (step.device is None and host is None and step.name not in moves):
+                continue
+            where = self._approval_ahead(step, moves.get(step.name) or step.device or host)
+            if where is not None:
+                found[step.name] = where
+        return found
+
+    def _approval_ahead(self, step: ToolStep, device: str | None) -> tuple[str, str | None] | None:
+        name = self._placed(device, step.tool)
         if name is None:
             return None
         presence = self._ctx.state.devices.get(name)

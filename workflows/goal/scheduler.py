@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 from perdure.workflows.goal.context import GoalContext, NodeFailed, NodeStopped, NodeWaiting
 from perdure.workflows.goal.contracts.goal_contracts import Usage
 from perdure.workflows.goal.contracts.messages import PARENT_STOP, Abort
-from perdure.workflows.goal.contracts.plan import Plan, PlanStep, ToolStep
+from perdure.workflows.goal.contracts.plan import Plan, PlanStep
 from perdure.workflows.goal.contracts.state import Node, PlanDiff, PlanVersion, RetiredNode
 from perdure.workflows.goal.decision_log import plan_adopted
 from perdure.workflows.goal.device_placement import Devices
@@ -266,8 +266,7 @@ class Scheduler:
         card still open from the plan before stands if it lists the same; else it is replaced,
         and its steps still waiting wait for the new card (or run on, if it lists them no more)."""
         state, plan = self._ctx.state, self._ctx.plan()
-        placed = {s.name: self._devices.approval_ahead(s) for s in plan.steps if isinstance(s, ToolStep)}
-        on_devices = {name: where for name, where in placed.items() if where is not None}
+        on_devices = self._devices.approvals_ahead(plan.steps)
         listed = approvals_ahead.to_list(state, plan, self._ctx.tools(), on_devices)
         before = approvals_ahead.open_card(state)
         if before is not None and approvals_ahead.same_list(before, listed):
