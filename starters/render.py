@@ -318,12 +318,14 @@ def print_admitted(console: Console, messages: list) -> None:
     say(console, table)
 
 
-def print_refusals(console: Console, goal_id: str, view: InboxView, last: int = 3) -> None:
-    """The latest messages the goal refused at the door, for `perdure status`."""
-    for refusal in view.refused[-last:]:
+def print_refusals(console: Console, goal_id: str, snapshot: ProgressSnapshot) -> None:
+    """The latest messages the goal refused at the door, for `perdure status` (the snapshot
+    carries them: one query of a busy goal, not two)."""
+    for refusal in snapshot.refused:
         say(console, f"[red]refused[/red] {escape(refusal.request_id or '(no id)')}: {escape(refusal.reason)}")
-    if len(view.refused) > last:
-        say(console, f"[dim]{len(view.refused) - last} earlier refusal(s): perdure inbox {goal_id}[/dim]")
+    if snapshot.refused_count > len(snapshot.refused):
+        earlier = snapshot.refused_count - len(snapshot.refused)
+        say(console, f"[dim]{earlier} earlier refusal(s): perdure inbox {goal_id}[/dim]")
 
 
 def stuck_advice(goal_id: str) -> str:

@@ -5,8 +5,6 @@ prints with starters/render.py.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -219,10 +217,9 @@ def status(
             return
         snapshot = None
         is_open = goal_reads.is_open(desc)
-        # On a finished goal each query has a worker replay its last run: both at once. A
-        # running goal answers a query between its workflow tasks, and two at once waited for
-        # each other's (on a busy 100,000-step goal 1.3-4.5 s, against 0.04-0.5 s each alone).
-        inbox = None if is_open else asyncio.ensure_future(client.inbox(goal_id))
+        # One query: a running goal answers it between its workflow tasks (on a busy
+        # 100,000-step goal a second query, for the refusals now in the snapshot, waited for
+        # another task: 1.3-4.5 s against 0.04-0.5 s alone).
         try:
             snapshot = await client.progress(goal_id)
         except (RPCError, WorkflowQueryFailedError) as err:
@@ -234,11 +231,7 @@ def status(
         render.print_pinning(console, await deployment.pinning(client.temporal, desc) if is_open else None, snapshot)
         if snapshot is not None:
             render.print_children(console, await _children(client, snapshot), snapshot)
-            render.print_refusals(console, goal_id, await (inbox or client.inbox(goal_id)))
-        elif inbox is not None:
-            inbox.cancel()  # nothing of it is shown without a snapshot
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await inbox
+            render.print_refusals(console, goal_id, snapshot)
         render.print_activities(console, await client.pending_activities(desc))
 
     run(_status)

@@ -13,6 +13,7 @@ from perdure.activities.tools.catalogue import DEFAULT_TOOLS
 from perdure.workflows.goal.contracts.abort_contracts import AbortProgress
 from perdure.workflows.goal.contracts.deadline_contracts import QuestionDeadline, not_assumed
 from perdure.workflows.goal.contracts.decision_contracts import DEFAULT_KEPT, Decision, DecisionLog
+from perdure.workflows.goal.contracts.messages import Refusal
 from perdure.workflows.goal.contracts.plan import NodeKind, Plan, StoredPlan, VerifyDepth
 from perdure.workflows.goal.rules.segments import DEFAULT_LOCAL_UP_TO_S
 from perdure.workflows.shared.contracts import ArtifactRef, ToolResult
@@ -773,3 +774,9 @@ class ProgressSnapshot(BaseModel):
         description="An abort: requested (what still runs, what is still to undo), then achieved "
         "(what was undone and what could not be); None: not aborted (workflows/goal/rules/abort_view.py).",
     )
+    refused: list[Refusal] = Field(
+        default_factory=list,
+        description="The latest messages refused at the door (rules/progress_view.py REFUSALS_SHOWN), for "
+        "`perdure status` without a second query; `perdure inbox` has them all.",
+    )
+    refused_count: int = Field(default=0, description="Messages refused at the door, all told.")

@@ -26,6 +26,8 @@ LISTED_EACH = 25
 IN_FLIGHT_LISTED = 100
 OBJECTS_SHOWN = 50
 EXPIRED_SHOWN = 10
+# The latest messages refused at the door a snapshot carries (`perdure status` prints them).
+REFUSALS_SHOWN = 3
 
 
 def progress_snapshot(
@@ -67,6 +69,8 @@ def progress_snapshot(
         lost_attempts=state.ledger.lost_attempts,
         estimated_cost_usd=state.ledger.estimated_cost_usd,
         tool_calls=state.ledger.tool_calls,
+        refused=state.refused[-REFUSALS_SHOWN:],
+        refused_count=len(state.refused),
         nodes=[node_view(n) for n in nodes],
         earlier=[node_view(r.node, r.plan_version) for r in state.retired_nodes],
         results={n.name: n.output.digest for n in nodes if n.output is not None},
