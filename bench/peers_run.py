@@ -70,11 +70,12 @@ from bench.common import (
 )
 from bench.fsyncs import STRACE
 from bench.overhead import run_perdure, run_raw
-from bench.peers_report import PEERS, RESTART, Row
+from bench.peers_report import PEERS, RESTART, WRITE_PEER, Row
 from bench.peers_writes import writes_perdure
 from bench.storage import Server, Storage, start_server
 from bench.storage import settings as storage_settings
 from perdure.testing.crash import CrashRig, open_writer, serve_fifo
+from perdure.testing.fakes import LedgerAPI
 
 PEERS_DIR = ROOT / "bench" / "peers"
 PEER_PYTHON = PEERS_DIR / ".venv" / "bin" / "python"
@@ -403,6 +404,25 @@ async def steps_peer(peer: str, root: Path, small: int, large: int, repeats: int
     return steps
 
 
+async def writes_peer(peer: str, root: Path, count: int, repeats: int, dbs: Path) -> float:
+    """The peer's keyed write step, ms: chains of `count` steps each making the call perdure's
+    keyed write step makes (a POST with an Idempotency-Key to the same fake ledger), the slope
+    between chains of a third as many and of `count` (bench/peers/peer_common.py `writes`)."""
+    small = max(2, count // 3)
+    workspace = root / "ws"
+    workspace.mkdir(parents=True)
+    with LedgerAPI() as ledger:
+        options = ("--url", f"{ledger.base_url}/entries", "--sizes", f"{small},{count}", "--repeats", str(repeats))
+        log = root / f"{peer}-writes.log"
+        proc = await start_peer(peer, "writes", dbs / f"{peer}-writes.db", workspace, log, *options)
+        runs = parse_runs(await peer_output(proc, peer, log))
+        made = len(ledger.ledger())
+    expected = WARM_UP + repeats * (small + count)
+    if made != expected:
+        raise RuntimeError(f"the ledger holds {made} writes of {peer}'s, not {expected}")
+    return per_step_ms(runs, small, count)
+
+
 async def peer_fsyncs(peer: str, root: Path, workspace: Path, dbs: Path, small: int, large: int) -> dict[str, float]:
     """Counted in runs of their own (strace slows what it traces): one of each size, each on a
     new database (a peer's count does not vary between runs, perdure's does: see perdure_fsyncs)."""
@@ -553,7 +573,11 @@ async def run_all(
         async def measure_writes() -> None:
             rows["perdure"].writes = await writes_perdure(work / "writes", client, writes, repeats)
 
+        async def measure_peer_writes() -> None:
+            rows[WRITE_PEER].write_ms = await writes_peer(WRITE_PEER, work / "peer-writes", writes, repeats, dbs)
+
         await attempt("perdure", "writes", measure_writes)
+        await attempt(WRITE_PEER, "writes", measure_peer_writes)
     print(f"crash: SIGKILL while step {block_at} of {crash_n} runs, then resume", flush=True)
     for key in ["perdure", RESTART, *PEERS]:
         await attempt(key, "crash", lambda key=key: crash(key))

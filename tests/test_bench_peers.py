@@ -259,30 +259,36 @@ def test_targets_need_perdure_under_its_bound_and_under_the_peer_on_each_storage
     assert "not judged" in targets({on_file: rows(-0.5, 1.2, 2.0, 3.4)})[0]
 
 
-def test_write_targets_compare_a_keyed_write_with_the_peers_step_and_a_once_write_with_a_raw_activity():
+def test_write_targets_compare_a_keyed_write_with_the_peers_write_step_and_a_once_write_with_a_raw_activity():
     on_file, _ = settings("/tmp", "/dev/shm")
+    reads = Steps(ms=0.5, per_step=1)  # the peer's read step: not what a write is judged against
 
     def judged(keyed_ms: float, once_ms: float) -> list[str]:
         writes = Writes(keyed_ms=keyed_ms, raw_local_keyed_ms=5.0, once_ms=once_ms, raw_once_ms=20.0)
-        rows = {"perdure": Row("perdure", writes=writes), "langgraph": Row("lg", steps=Steps(ms=2.0, per_step=1))}
+        rows = {"perdure": Row("perdure", writes=writes), "langgraph": Row("lg", steps=reads, write_ms=2.0)}
         return write_targets(on_file, rows)
 
     keyed, once = judged(3.9, 21.0)
-    assert "keyed write step ≤ 2× LangGraph" in keyed and "met (3.90 against 2.00 ms)" in keyed
+    assert "keyed write step ≤ 2× LangGraph" in keyed and "step making the same call" in keyed
+    assert "met (3.90 against 2.00 ms)" in keyed
     assert "met (21.00 against 20.00 ms)" in once
     keyed, once = judged(4.1, 21.2)
     assert "MISSED" in keyed and "MISSED" in once
+    perdure_only = Row("perdure", writes=Writes(3.9, 5.0, 21.0, 20.0))
+    no_peer_write = {"perdure": perdure_only, "langgraph": Row("lg", steps=reads)}
+    assert "not measured" in write_targets(on_file, no_peer_write)[0]
     assert "not measured" in write_targets(on_file, {"perdure": Row("perdure"), "langgraph": Row("lg")})[0]
     out = figures(
         {
             "perdure": Row("perdure", writes=Writes(6.0, 5.0, 21.0, 20.0)),
             "raw": Row("raw"),
             RESTART: Row("restart"),
-            "langgraph": Row("lg", steps=Steps(ms=2.0, per_step=1)),
+            "langgraph": Row("lg", steps=Steps(ms=2.0, per_step=1), write_ms=4.0),
             "dbos": Row("dbos"),
         }
     )
-    assert out["perdure_write_step_ms"] == 6.0 and out["perdure_write_step_ratio_to_langgraph"] == 3.0
+    assert out["perdure_write_step_ms"] == 6.0 and out["langgraph_write_step_ms"] == 4.0
+    assert out["perdure_write_step_ratio_to_langgraph"] == 1.5
     assert out["perdure_once_write_step_ms"] == 21.0 and out["perdure_once_write_ratio_to_raw"] == 1.05
 
 
@@ -320,7 +326,7 @@ def test_make_bench_peers_runs_every_system_on_a_db_file_and_again_in_memory_and
     for suffix in ("", "_memory"):
         for key in (
             *("perdure_step_ratio_to_langgraph", "perdure_step_ratio_to_dbos", "perdure_rerun_steps"),
-            *("perdure_write_step_ratio_to_langgraph", "perdure_once_write_ratio_to_raw"),
+            *("perdure_write_step_ratio_to_langgraph", "perdure_once_write_ratio_to_raw", "langgraph_write_step_ms"),
         ):
             assert key + suffix in figures, (key + suffix, sorted(figures))
         for key in ("perdure_fsyncs_per_step", "peer_langgraph_fsyncs_per_step", "peer_dbos_fsyncs_per_step"):

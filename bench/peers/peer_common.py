@@ -10,6 +10,10 @@ A peer program measures nothing itself but the wall time of its own runs; the ha
     crash --db PATH --workspace DIR --n 100
         start the run "crash", or resume it when the database already holds it;
         prints {"done": N, "resumed": true|false} when it has finished.
+    writes --db PATH --workspace DIR --url URL --sizes 10,30 --repeats 3
+        as `steps`, but each step is a keyed write: POST {"bench": ..., "n": i} to URL with an
+        Idempotency-Key header, the call perdure's keyed write step makes to the same fake ledger
+        (bench/peers_writes.py), so the two write steps are compared like for like.
 
 Step i of every run reads the file `s{i:05d}` in the workspace (the same 2-byte file
 perdure's read steps read, or the FIFO the harness holds for the step that blocks):
@@ -22,6 +26,8 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,10 +38,28 @@ def step_file(workspace: str, index: int) -> Path:
     return Path(workspace) / f"s{index:05d}"
 
 
+# Set by `writes`: every step POSTs to this URL instead of reading its file.
+WRITE_URL: str | None = None
+
+
 def read_step(workspace: str, index: int) -> int:
-    """The body of every step: read its file (a FIFO blocks here until the harness writes)."""
+    """The body of every step: read its file (a FIFO blocks here until the harness writes),
+    or in `writes`, make one keyed write."""
+    if WRITE_URL is not None:
+        return write_step(WRITE_URL, index)
     with open(step_file(workspace, index), "rb") as handle:
         handle.read()
+    return index + 1
+
+
+def write_step(url: str, index: int) -> int:
+    """One keyed write to the fake ledger, answered before the step ends (a key of its own per
+    call, as each of perdure's write steps has)."""
+    body = json.dumps({"bench": "peer", "n": index}).encode()
+    headers = {"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex}
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        answer.read()
     return index + 1
 
 
@@ -47,13 +71,17 @@ def main(run: Callable[[str, int], None], resume: Callable[[str], bool], setup: 
     """run(run_id, n) runs n steps to the end; resume(run_id) finishes a run the database
     holds, returning False when it holds none; setup(db, workspace) opens the peer."""
     parser = argparse.ArgumentParser(description="one peer of `make bench-peers`")
-    parser.add_argument("mode", choices=["steps", "crash"])
+    parser.add_argument("mode", choices=["steps", "crash", "writes"])
+    parser.add_argument("--url", help="writes: the ledger's entries URL")
     parser.add_argument("--db", required=True)
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--sizes", default="30,300")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--n", type=int, default=100)
     args = parser.parse_args()
+    if args.mode == "writes":
+        global WRITE_URL
+        WRITE_URL = args.url
     setup(args.db, args.workspace)
     if args.mode == "crash":
         resumed = resume(CRASH_RUN)
