@@ -159,6 +159,13 @@ RECOVERY_TARGET_S, RECOVERY_PEER = 2.5, "dbos"
 # call (a POST with an Idempotency-Key to the same fake ledger); a once write's within this
 # many of a raw Temporal activity with the same call.
 WRITE_TARGET_RATIO, WRITE_PEER = 2.0, "langgraph"
+
+
+def write_sizes(count: int) -> tuple[int, int]:
+    """The two chain lengths whose slope is the peer's write step (`--writes` is the longer)."""
+    return max(2, count // 3), count
+
+
 ONCE_TARGET_RATIO = 1.05
 
 
@@ -247,6 +254,12 @@ def method(measured: dict[Storage, dict[str, Row]], options: dict) -> list[str]:
                 f"{writes.keyed_ms:.2f} ms as local activities (a raw local activity with the same call: "
                 f"{writes.raw_local_keyed_ms:.2f}); once {writes.once_ms:.2f} ms as activities (a raw activity: "
                 f"{writes.raw_once_ms:.2f})"
+            )
+        peer_write = rows[WRITE_PEER].write_ms
+        if peer_write is not None:
+            lines.append(
+                f"  {PEERS[WRITE_PEER]}'s write step, the same keyed call to the same ledger (slope between chains "
+                "of {} and {}): {:.2f} ms".format(*write_sizes(options["writes"]), peer_write)
             )
         lines += ["  " + row.crash.describe(options["block_at"]) for row in rows.values() if row.crash]
     return lines

@@ -408,7 +408,7 @@ async def writes_peer(peer: str, root: Path, count: int, repeats: int, dbs: Path
     """The peer's keyed write step, ms: chains of `count` steps each making the call perdure's
     keyed write step makes (a POST with an Idempotency-Key to the same fake ledger), the slope
     between chains of a third as many and of `count` (bench/peers/peer_common.py `writes`)."""
-    small = max(2, count // 3)
+    small, count = report.write_sizes(count)
     workspace = root / "ws"
     workspace.mkdir(parents=True)
     with LedgerAPI() as ledger:
