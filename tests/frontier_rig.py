@@ -8,14 +8,17 @@ from pathlib import Path
 from temporalio.client import WorkflowHandle
 
 from perdure.workflows.goal import plan_cache
-from perdure.workflows.goal.contracts.goal_contracts import GoalSpec, ProgressSnapshot
+from perdure.workflows.goal.contracts.goal_contracts import GoalResult, GoalSpec, ProgressSnapshot
+from perdure.workflows.goal.contracts.messages import Rewind
 from perdure.workflows.goal.contracts.state import GoalInput
 from perdure.workflows.goal.goal_workflow import GoalWorkflow
 from tests.builders import gate, spec
 from tests.goldens import replayer
 from tests.helpers import (
+    goal_result,
     new_goal_id,
     run_ids,
+    submit,
     wait_until,
 )
 
@@ -73,6 +76,18 @@ async def until_the_gate_waits(latest: WorkflowHandle, reads: int = WIDTH * 120)
     return await wait_until(
         latest, lambda snap: "gate" in snap.running and snap.counts.get("succeeded") == reads, timeout_s=180
     )
+
+
+async def rewind_a_stored_read_and_finish(
+    handle: WorkflowHandle, latest: WorkflowHandle, workspace: Path, depth: int, request_id: str
+) -> GoalResult:
+    """Rewind c3-0010 of `gated_reads` (most of its chain stored by now): it voids the rest of
+    chain 3 and is applied; then the gate opens and the goal runs to its end."""
+    receipt = await submit(latest, Rewind(request_id=request_id, node="c3-0010", why="read it again"))
+    assert receipt.status == "applied", receipt
+    assert receipt.detail["void"] == [f"c3-{d:04d}" for d in range(10, depth)]
+    (workspace / "GO").write_text("go\n")
+    return await goal_result(handle)
 
 
 async def replay_elsewhere(history) -> None:

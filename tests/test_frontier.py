@@ -12,7 +12,7 @@ from temporalio.service import RPCError
 
 from perdure.starters.client.plan_upload import with_stored_plan
 from perdure.workflows.goal.contracts.goal_contracts import Budget
-from perdure.workflows.goal.contracts.messages import Abort, Rewind
+from perdure.workflows.goal.contracts.messages import Abort
 from perdure.workflows.goal.contracts.past_chunks import READ_PAST, PastChunk, PlanChunk
 from perdure.workflows.goal.contracts.plan import StoredPlan
 from perdure.workflows.goal.contracts.state import GoalInput
@@ -25,6 +25,7 @@ from tests.frontier_rig import (
     gated_reads,
     reads_goal,
     replay_elsewhere,
+    rewind_a_stored_read_and_finish,
     start_large,
     until_the_gate_waits,
 )
@@ -86,11 +87,7 @@ async def test_a_large_goal_brings_its_stored_steps_back_to_rewind_one_and_statu
         assert done.unlisted > 0 and len(done.nodes) <= 200, (done.unlisted, len(done.nodes))
         status = await perdure_status(env, handle.id)
         assert "more steps not listed" in status and "succeeded 1200" in status, status
-        receipt = await submit(latest, Rewind(request_id="r1", node="c3-0010", why="read it again"))
-        assert receipt.status == "applied", receipt
-        assert receipt.detail["void"] == [f"c3-{d:04d}" for d in range(10, depth)]
-        (workspace / "GO").write_text("go\n")
-        result = await goal_result(handle)
+        result = await rewind_a_stored_read_and_finish(handle, latest, workspace, depth, "r1")
     assert result.outcome == "succeeded", result.excerpt
     assert "rewind of 'c3-0010'" in store.get_text(result.report)
     runs = await run_ids(handle)

@@ -32,6 +32,7 @@ from tests.frontier_rig import (
     chains,
     gated_reads,
     reads_goal,
+    rewind_a_stored_read_and_finish,
     start_large,
     until_the_gate_waits,
 )
@@ -170,11 +171,7 @@ async def test_stored_steps_that_cannot_be_read_back_park_the_goal_and_the_rewin
         assert snap.parked and "Put the chunk back in the artifact store" in (snap.pause_reason or "")
         flaky.put_back(chunk_refs, tmp_path / "aside")
         assert (await submit(latest, Resume(request_id="r1"))).status == "applied"
-        receipt = await submit(latest, Rewind(request_id="w2", node="c3-0010", why="read it again"))
-        assert receipt.status == "applied", receipt
-        assert receipt.detail["void"] == [f"c3-{d:04d}" for d in range(10, depth)]
-        (workspace / "GO").write_text("go\n")
-        result = await goal_result(handle)
+        result = await rewind_a_stored_read_and_finish(handle, latest, workspace, depth, "w2")
     assert result.outcome == "succeeded", result.excerpt
 
 
